@@ -1,0 +1,66 @@
+// im2col / col2im for the unrolled-GEMM backend (backends/gemm.py).
+//
+// Layout of the column matrix, row-major: cols[f][kh][kw][S][oh][ow], i.e. a
+// (f*kh*kw) x (S*oh*ow) matrix whose columns are output positions. fprop is then
+// one GEMM W(f', f*kh*kw) @ cols. Output position index is fastest, so the writes
+// of im2col and the reads of col2im are coalesced across a warp.
+//
+// Both kernels use a grid-stride loop with 64-bit indices: a column matrix can
+// hold more than 2^31 elements before the backend's chunking caps it.
+
+extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict__ cols,
+                                  int S, int f, int h, int w, int kh, int kw,
+                                  int sh, int sw, int ph, int pw, int oh, int ow)
+{
+    const long long total = (long long)f * kh * kw * S * oh * ow;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long t = idx;
+        const int ox = t % ow; t /= ow;
+        const int oy = t % oh; t /= oh;
+        const int s  = t % S;  t /= S;
+        const int j  = t % kw; t /= kw;
+        const int i  = t % kh;
+        const int c  = (int)(t / kh);
+        const int iy = oy * sh - ph + i;
+        const int ix = ox * sw - pw + j;
+        float v = 0.f;  // implicit zero padding: no padded copy of x is made
+        if (iy >= 0 && iy < h && ix >= 0 && ix < w)
+            v = x[(((long long)s * f + c) * h + iy) * w + ix];
+        cols[idx] = v;
+    }
+}
+
+// Gather formulation: one thread per input pixel sums the column entries of every
+// kernel tap that covers it. No atomics, so the result is deterministic.
+extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restrict__ gx,
+                                  int S, int f, int h, int w, int kh, int kw,
+                                  int sh, int sw, int ph, int pw, int oh, int ow)
+{
+    const long long total = (long long)S * f * h * w;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long t = idx;
+        const int ix = t % w; t /= w;
+        const int iy = t % h; t /= h;
+        const int c  = t % f;
+        const int s  = (int)(t / f);
+        float acc = 0.f;
+        // Only taps i with (iy + ph - i) divisible by sh land on an output row.
+        for (int i = (iy + ph) % sh; i < kh; i += sh) {
+            const int yy = iy + ph - i;
+            if (yy < 0) break;  // i only grows, so yy only shrinks
+            const int oy = yy / sh;
+            if (oy >= oh) continue;
+            for (int j = (ix + pw) % sw; j < kw; j += sw) {
+                const int xx = ix + pw - j;
+                if (xx < 0) break;
+                const int ox = xx / sw;
+                if (ox >= ow) continue;
+                acc += cols[((((long long)c * kh + i) * kw + j) * S + s) * oh * (long long)ow
+                            + (long long)oy * ow + ox];
+            }
+        }
+        gx[idx] = acc;
+    }
+}

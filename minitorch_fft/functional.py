@@ -1,0 +1,295 @@
+"""Differentiable operations, each written once against the array module ``xp``.
+
+Only ``conv2d`` is device-specific, and it delegates to ``backends``.
+"""
+import numpy as np
+
+import backends
+
+from . import random as _random
+from .device import get_array_module
+from .utils import pair as _pair
+from .tensor import Function, Tensor
+
+
+# -- elementwise and shape ---------------------------------------------------
+class Add(Function):
+    def forward(self, a, b):
+        return a + b
+
+    def backward(self, g):
+        return g, g
+
+
+class Mul(Function):
+    def forward(self, a, b):
+        self.a, self.b = a, b
+        return a * b
+
+    def backward(self, g):
+        return (g * self.b if self.needs_input_grad[0] else None,
+                g * self.a if self.needs_input_grad[1] else None)
+
+
+class Sum(Function):
+    def forward(self, x):
+        self.shape = x.shape
+        return x.sum(dtype=x.dtype).reshape(())
+
+    def backward(self, g):
+        return get_array_module(g).broadcast_to(g, self.shape).copy()
+
+
+class Reshape(Function):
+    def forward(self, x, shape):
+        self.in_shape = x.shape
+        try:
+            return x.reshape(shape)
+        except ValueError:
+            raise ValueError(f"cannot view a tensor of shape {tuple(x.shape)} as {tuple(shape)}: "
+                             "the element counts differ") from None
+
+    def backward(self, g):
+        return g.reshape(self.in_shape)
+
+
+def _check_same_shape(a, b, op):
+    if a.shape != b.shape:
+        raise ValueError(f"{op}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)} (no broadcasting)")
+
+
+def add(a, b):
+    _check_same_shape(a, b, "add")
+    return Add.apply(a, b)
+
+
+def mul(a, b):
+    _check_same_shape(a, b, "mul")
+    return Mul.apply(a, b)
+
+
+def sum(x):  # noqa: A001 - the Torch name
+    return Sum.apply(x)
+
+
+def reshape(x, shape):
+    return Reshape.apply(x, shape=tuple(int(s) for s in shape))
+
+
+# -- layers' maths -----------------------------------------------------------
+class ReLUFn(Function):
+    def forward(self, x):
+        self.mask = x > 0
+        return x * self.mask  # NaN * False is NaN: NaN propagates, as in Torch
+
+    def backward(self, g):
+        return g * self.mask
+
+
+def relu(x):
+    return ReLUFn.apply(x)
+
+
+class LinearFn(Function):
+    def forward(self, x, w, b=None):
+        self.x, self.w = x, w
+        y = x @ w.T  # (S, in) @ (in, out) -> (S, out)
+        if b is not None:
+            y += b
+        return y
+
+    def backward(self, g):
+        gx = g @ self.w if self.needs_input_grad[0] else None
+        gw = g.T @ self.x if self.needs_input_grad[1] else None
+        gb = g.sum(axis=0) if len(self.needs_input_grad) > 2 else None
+        return (gx, gw, gb)[:len(self.parents)]
+
+
+def linear(x, weight, bias=None):
+    if x.ndim != 2:
+        raise ValueError(f"linear expects input of shape (batch, features), got {tuple(x.shape)}")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear: input has {x.shape[1]} features, weight expects {weight.shape[1]}")
+    return LinearFn.apply(x, weight) if bias is None else LinearFn.apply(x, weight, bias)
+
+
+class MaxPool2dFn(Function):
+    """Max pooling without padding, floor mode (Torch's default)."""
+
+    def forward(self, x, kernel_size, stride):
+        xp = get_array_module(x)
+        (kh, kw), (sh, sw) = kernel_size, stride
+        n, c, h, w = x.shape
+        oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+        self.x_shape, self.geom = x.shape, (kh, kw, sh, sw, oh, ow)
+        out, arg = None, xp.zeros((n, c, oh, ow), dtype=np.uint8)
+        # One pass per kernel offset: k*k strided views, no im2col copy.
+        for i in range(kh):
+            for j in range(kw):
+                v = x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+                if out is None:
+                    out = v.copy()
+                    continue
+                take = (v > out) | xp.isnan(v)  # NaN wins, so it propagates
+                out = xp.where(take, v, out)
+                arg[take] = i * kw + j
+        self.arg = arg
+        return out
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        kh, kw, sh, sw, oh, ow = self.geom
+        gx = xp.zeros(self.x_shape, dtype=g.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                gx[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
+                    g * (self.arg == i * kw + j)
+        return gx
+
+
+def max_pool2d(x, kernel_size, stride=None):
+    k = _pair(kernel_size, "kernel_size")
+    s = k if stride is None else _pair(stride, "stride")
+    if x.ndim != 4:
+        raise ValueError(f"max_pool2d expects NCHW input (4 dims), got shape {tuple(x.shape)}")
+    if min(k) < 1 or min(s) < 1:
+        raise ValueError(f"max_pool2d: kernel_size {k} and stride {s} must be >= 1")
+    if x.shape[2] < k[0] or x.shape[3] < k[1]:
+        raise ValueError(f"max_pool2d: kernel {k} larger than the input's {tuple(x.shape[2:])}")
+    return MaxPool2dFn.apply(x, kernel_size=k, stride=s)
+
+
+class DropoutFn(Function):
+    def forward(self, x, p):
+        xp = get_array_module(x)
+        keep = _random.uniform(x.shape, xp) >= p
+        self.scale = keep.astype(x.dtype) / (1.0 - p)  # inverted dropout: eval is the identity
+        return x * self.scale
+
+    def backward(self, g):
+        return g * self.scale
+
+
+def dropout(x, p=0.5, training=True):
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    return DropoutFn.apply(x, p=p)
+
+
+def _log_softmax(x):
+    xp = get_array_module(x)
+    m = x.max(axis=1, keepdims=True)
+    z = x - m
+    return z - xp.log(xp.exp(z).sum(axis=1, keepdims=True))
+
+
+class LogSoftmaxFn(Function):
+    def forward(self, x):
+        self.y = _log_softmax(x)
+        return self.y
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        return g - xp.exp(self.y) * g.sum(axis=1, keepdims=True)
+
+
+def log_softmax(x):
+    if x.ndim != 2:
+        raise ValueError(f"log_softmax expects (batch, classes), got shape {tuple(x.shape)}")
+    return LogSoftmaxFn.apply(x)
+
+
+def _check_targets(x, target):
+    xp = get_array_module(x.data)
+    t = xp.asarray(target)
+    if t.ndim != 1 or t.shape[0] != x.shape[0]:
+        raise ValueError(f"targets must have shape ({x.shape[0]},), got {tuple(t.shape)}")
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"targets must be integer class indices, got dtype {t.dtype}")
+    if t.size and (int(t.min()) < 0 or int(t.max()) >= x.shape[1]):
+        raise ValueError(f"targets must lie in [0, {x.shape[1]}), got values in "
+                         f"[{int(t.min())}, {int(t.max())}]")
+    return t.astype(np.int64)
+
+
+class NLLFn(Function):
+    """Mean negative log-likelihood of the targets, input already log-probabilities."""
+
+    def forward(self, logp, target):
+        xp = get_array_module(logp)
+        self.target, self.shape = target, logp.shape
+        picked = logp[xp.arange(logp.shape[0]), target]
+        return (-picked.mean()).reshape(()).astype(logp.dtype)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        gx = xp.zeros(self.shape, dtype=g.dtype)
+        gx[xp.arange(self.shape[0]), self.target] = -g / self.shape[0]
+        return gx
+
+
+class CrossEntropyFn(Function):
+    """LogSoftMax + ClassNLL fused: one pass, and the stable softmax - onehot gradient."""
+
+    def forward(self, x, target):
+        xp = get_array_module(x)
+        self.logp, self.target = _log_softmax(x), target
+        return (-self.logp[xp.arange(x.shape[0]), target].mean()).reshape(()).astype(x.dtype)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        n = self.logp.shape[0]
+        gx = xp.exp(self.logp)
+        gx[xp.arange(n), self.target] -= 1.0
+        return gx * (g / n)
+
+
+def nll_loss(logp, target):
+    return NLLFn.apply(logp, target=_check_targets(logp, target))
+
+
+def cross_entropy(x, target):
+    if x.ndim != 2:
+        raise ValueError(f"cross_entropy expects (batch, classes), got shape {tuple(x.shape)}")
+    return CrossEntropyFn.apply(x, target=_check_targets(x, target))
+
+
+# -- convolution: the only device-specific op, through the backend registry --
+class Conv2dFn(Function):
+    """Each pass goes to the backend chosen for it (they may differ per pass)."""
+
+    def forward(self, x, w, b=None, *, stride, padding, backend):
+        self.x, self.w = x, w
+        self.stride, self.padding, self.backend = stride, padding, backend
+        fprop = backends.choose(backend, "fprop", x.shape, w.shape, stride, padding)
+        y = fprop.fprop(x, w, stride=stride, padding=padding)
+        if b is not None:
+            y += b.reshape(1, -1, 1, 1)
+        return y
+
+    def backward(self, g):
+        x, w, stride, padding = self.x, self.w, self.stride, self.padding
+        g = get_array_module(g).ascontiguousarray(g)
+        gx = gw = gb = None
+        if self.needs_input_grad[0]:  # skipped for the first layer: nobody wants d(image)
+            be = backends.choose(self.backend, "bprop", x.shape, w.shape, stride, padding)
+            gx = be.bprop(g, w, x.shape, stride=stride, padding=padding)
+        if self.needs_input_grad[1]:
+            be = backends.choose(self.backend, "accgrad", x.shape, w.shape, stride, padding)
+            gw = be.accgrad(g, x, w.shape, stride=stride, padding=padding)
+        if len(self.parents) > 2 and self.needs_input_grad[2]:
+            gb = g.sum(axis=(0, 2, 3))
+        return (gx, gw, gb)[:len(self.parents)]
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, backend="auto"):
+    """Cross-correlation of NCHW `x` with `weight` (out, in, kh, kw), as Torch computes it."""
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
+    # Validate here, with the caller's names, before any backend sees the arrays.
+    backends.geometry(x.shape, weight.shape, stride, padding)
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"conv2d: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    args = (x, weight) if bias is None else (x, weight, bias)
+    return Conv2dFn.apply(*args, stride=stride, padding=padding, backend=backend)
