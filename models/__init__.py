@@ -1,0 +1,31 @@
+"""The model zoo. Each file holds one architecture; the backend comes from configuration."""
+from . import alexnet, digits_net, overfeat
+from minitorch_fft.utils import positive_int
+
+# name -> (class, input shape (C, H, W))
+_ZOO = {
+    "digits": (digits_net.DigitsNet, digits_net.INPUT_SHAPE),
+    "alexnet": (alexnet.AlexNet, alexnet.INPUT_SHAPE),
+    "overfeat_fast": (overfeat.OverFeatFast, overfeat.INPUT_SHAPE),
+}
+
+
+def names():
+    return list(_ZOO)
+
+
+def _entry(name):
+    if name not in _ZOO:
+        raise ValueError(f"unknown model {name!r}; available: {names()}")
+    return _ZOO[name]
+
+
+def get(name, num_classes=1000, backend="auto"):
+    """A freshly initialised model (parameters drawn from minitorch_fft.random)."""
+    cls, _ = _entry(name)
+    return cls(num_classes=positive_int(num_classes, "num_classes"), backend=backend)
+
+
+def input_shape(name):
+    """(C, H, W) the model expects."""
+    return _entry(name)[1]

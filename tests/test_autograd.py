@@ -1,0 +1,97 @@
+"""The autograd engine against central finite differences (float32 ops, float64 differences)."""
+import numpy as np
+import pytest
+
+import backends
+import minitorch_fft as mt
+import minitorch_fft.functional as F
+
+
+def numeric_grad(f, arrays, i, eps=1e-2):
+    """d sum(f * probe) / d arrays[i], central differences, one element at a time."""
+    a = arrays[i]
+    grad = np.zeros(a.shape, np.float64)
+    for idx in np.ndindex(a.shape):
+        orig = a[idx]
+        a[idx] = orig + eps
+        hi = f(*arrays)
+        a[idx] = orig - eps
+        lo = f(*arrays)
+        a[idx] = orig
+        grad[idx] = (hi - lo) / (2 * eps)
+    return grad
+
+
+OPS = {  # name -> (function of Tensors returning a scalar Tensor, input shapes)
+    "conv2d": (lambda x, w: F.conv2d(x, w, stride=(2, 1), padding=(1, 0)), [(2, 2, 5, 4), (3, 2, 3, 2)]),
+    "linear": (lambda x, w, b: F.linear(x, w, b), [(3, 4), (2, 4), (2,)]),
+    "relu": (F.relu, [(3, 5)]),
+    "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2), [(1, 2, 7, 7)]),
+    "log_softmax": (F.log_softmax, [(3, 4)]),
+    "reshape": (lambda x: F.reshape(x, (6, 2)), [(3, 4)]),
+    "mul": (lambda a, b: a * b, [(3, 2), (3, 2)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_gradients_match_finite_differences(name):
+    rng = np.random.default_rng(7)
+    fn, shapes = OPS[name]
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    probe = rng.standard_normal(fn(*[mt.Tensor(a) for a in arrays]).shape).astype(np.float32)
+    if name == "relu":  # keep away from the kink, where differences are meaningless
+        arrays[0][np.abs(arrays[0]) < 0.05] = 0.5
+
+    def scalar(*arrs):
+        return float((fn(*[mt.Tensor(a) for a in arrs]).data.astype(np.float64) * probe).sum())
+
+    ts = [mt.Tensor(a, requires_grad=True) for a in arrays]
+    (fn(*ts) * mt.Tensor(probe)).sum().backward()
+    for i, t in enumerate(ts):
+        num = numeric_grad(scalar, [a.astype(np.float64).astype(np.float32) for a in arrays], i)
+        np.testing.assert_allclose(t.grad, num, rtol=2e-2, atol=2e-2, err_msg=f"{name} input {i}")
+
+
+def test_cross_entropy_gradient():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    y = np.array([0, 3, 4, 1])
+    t = mt.Tensor(x, requires_grad=True)
+    F.cross_entropy(t, y).backward()
+    num = numeric_grad(lambda a: float(F.cross_entropy(mt.Tensor(a), y).data), [x.copy()], 0, eps=1e-3)
+    np.testing.assert_allclose(t.grad, num, rtol=1e-2, atol=1e-3)
+
+
+def test_gradients_accumulate_and_no_grad():
+    w = mt.Tensor(np.ones((2, 2)), requires_grad=True)
+    x = mt.Tensor(np.full((2, 2), 3.0))
+    (w * x).sum().backward()
+    (w * x).sum().backward()
+    assert np.array_equal(w.grad, np.full((2, 2), 6.0, np.float32))
+    with mt.no_grad():
+        y = w * x
+    assert not y.requires_grad and y._ctx is None
+    assert mt.is_grad_enabled()
+
+
+def test_shared_subexpression_gradient():
+    a = mt.Tensor(np.array([2.0, -1.0]), requires_grad=True)
+    b = a * a
+    (b * b + b).sum().backward()  # d/da (a^4 + a^2) = 4a^3 + 2a
+    np.testing.assert_allclose(a.grad, 4 * a.data ** 3 + 2 * a.data)
+
+
+def test_first_layer_skips_bprop(monkeypatch):
+    """No gradInput for an input that does not require grad: bprop is never called."""
+    calls = []
+    monkeypatch.setattr(backends.gemm, "bprop", lambda *a, **k: calls.append(1))
+    conv = mt.SpatialConvolution(2, 3, 3)
+    conv(mt.Tensor(np.random.default_rng(0).standard_normal((1, 2, 5, 5)))).sum().backward()
+    assert calls == [] and conv.weight.grad is not None and conv.bias.grad is not None
+
+
+def test_tensor_dtype_policy():
+    assert mt.Tensor(np.arange(4, dtype=np.float64)).data.dtype == np.float32
+    assert mt.Tensor(np.arange(4, dtype=np.int64)).data.dtype == np.float32
+    with pytest.raises(TypeError, match="real numbers"):
+        mt.Tensor(np.array(["a"]))

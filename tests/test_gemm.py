@@ -1,0 +1,89 @@
+"""The gemm backend's three passes against PyTorch float64, over many random geometries."""
+import numpy as np
+import pytest
+
+import backends
+from backends import gemm
+from conftest import DEVICES
+from reference import check_backend
+
+
+def random_geometry(rng):
+    """Strides, paddings, rectangular kernels and inputs, batch 1 and single channels included."""
+    kh, kw = rng.integers(1, 8, 2)
+    sh, sw = rng.integers(1, 5, 2)
+    ph, pw = rng.integers(0, 4, 2)
+    h = int(rng.integers(max(1, kh - 2 * ph), 20))
+    w = int(rng.integers(max(1, kw - 2 * pw), 20))
+    S, f, fo = rng.choice([1, 2, 3]), rng.choice([1, 2, 5]), rng.choice([1, 3, 4])
+    return (S, f, h, w), (fo, f, kh, kw), (int(sh), int(sw)), (int(ph), int(pw))
+
+
+@pytest.mark.parametrize("device,n", [("cpu", 60), pytest.param("cuda", 300, marks=pytest.mark.gpu)])
+def test_random_geometries(device, n):
+    rng = np.random.default_rng(2024)
+    worst = 0.0
+    for _ in range(n):
+        xs, ws, stride, pad = random_geometry(rng)
+        x = rng.standard_normal(xs).astype(np.float32)
+        w = rng.standard_normal(ws).astype(np.float32)
+        worst = max(worst, *check_backend(gemm, x, w, stride, pad, device=device, rng=rng).values())
+    assert worst <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_network_layers(device):
+    """AlexNet's strided conv1 and a 3x3 layer, at small batch."""
+    rng = np.random.default_rng(5)
+    for xs, ws, stride, pad in [((2, 3, 59, 59), (8, 3, 11, 11), (4, 4), (2, 2)),
+                                ((2, 16, 13, 13), (24, 16, 3, 3), (1, 1), (1, 1))]:
+        x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+        check_backend(gemm, x, w, stride, pad, device=device, rng=rng)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_chunking_gives_the_same_answer(device, monkeypatch):
+    """A workspace smaller than one batch forces chunks (here: one image each)."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((5, 3, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    monkeypatch.setattr(gemm, "WORKSPACE_BYTES", 1)
+    g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
+    assert len(gemm._batch_chunks(g)) == 5
+    check_backend(gemm, x, w, (1, 1), (1, 1), device=device, rng=rng)
+
+
+def test_registry():
+    assert "gemm" in backends.names()
+    assert backends.get("gemm") is gemm
+    assert backends.choose("auto", "fprop", (1, 1, 5, 5), (1, 1, 3, 3)) is gemm
+    with pytest.raises(ValueError, match="unknown convolution backend 'nope'"):
+        backends.get("nope")
+    with pytest.raises(ValueError, match="unknown pass"):
+        backends.choose("gemm", "forward", (1, 1, 5, 5), (1, 1, 3, 3))
+
+
+@pytest.mark.parametrize("x_shape,w_shape,stride,pad,msg", [
+    ((1, 3, 8, 8), (4, 2, 3, 3), 1, 0, "channel mismatch"),
+    ((3, 8, 8), (4, 3, 3, 3), 1, 0, "4-D"),
+    ((1, 3, 4, 4), (4, 3, 7, 7), 1, 1, "larger than the padded input"),
+    ((0, 3, 8, 8), (4, 3, 3, 3), 1, 0, "zero-size"),
+    ((1, 3, 8, 8), (4, 3, 3, 3), 0, 0, "stride must be >= 1"),
+    ((1, 3, 8, 8), (4, 3, 3, 3), 1, -1, "padding must be >= 0"),
+])
+def test_bad_geometry_is_a_clear_error(x_shape, w_shape, stride, pad, msg):
+    x = np.zeros(x_shape, np.float32) if min(x_shape) > 0 else np.zeros(x_shape, np.float32)
+    with pytest.raises(ValueError, match=msg):
+        gemm.fprop(x, np.ones(w_shape, np.float32), stride=(stride, stride), padding=(pad, pad))
+    assert not gemm.supports(x_shape, w_shape, (stride, stride), (pad, pad))
+
+
+def test_dtype_and_gradient_shape_errors():
+    x, w = np.ones((1, 2, 5, 5), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        gemm.fprop(x.astype(np.float64), w)
+    with pytest.raises(ValueError, match="gy must have shape"):
+        gemm.bprop(np.ones((1, 3, 4, 4), np.float32), w, x.shape)
+    # non-contiguous inputs work
+    xt = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
+    assert np.allclose(gemm.fprop(xt, w), gemm.fprop(x, w))

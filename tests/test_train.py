@@ -1,0 +1,73 @@
+"""train.py end to end: the default run, checkpoints, resume, and bad input."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minitorch_fft as mt
+import models
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_train(*args, check=True):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--no-progress", *args],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def test_default_run_learns_the_digits():
+    """`python train.py` with no arguments: the bundled digits, held-out accuracy >= 95%."""
+    p = run_train()
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert {"test_accuracy", "epochs", "model", "backend", "device", "seconds"} <= set(result)
+    assert result["model"] == "digits" and result["epochs"] == train.DEFAULTS["epochs"]
+    assert result["test_accuracy"] >= 0.95
+
+
+def test_fake_data_smoke():
+    result = json.loads(run_train("--data", "fake", "--epochs", "1", "--fake-size", "40",
+                                  "--batch-size", "16", "--device", "cpu").stdout.splitlines()[-1])
+    assert result["epochs"] == 1 and 0.0 <= result["test_accuracy"] <= 1.0
+
+
+def test_resume_continues_the_same_run(tmp_path):
+    """Two epochs, then two more from the checkpoint == four epochs straight (bit for bit)."""
+    straight = train_history(4)
+    ckpt = str(tmp_path / "run.ckpt")
+    assert train.main(["--no-progress", "--epochs", "4", "--checkpoint", ckpt, "--max-epochs-this-run", "2"]) == 0
+    assert mt.checkpoint.load(ckpt, models.get("digits", 10))["epoch"] == 2
+    assert train.main(["--no-progress", "--epochs", "4", "--checkpoint", ckpt, "--resume"]) == 0
+    meta = mt.checkpoint.load(ckpt, models.get("digits", 10))
+    assert meta["epoch"] == 4
+    assert meta["extra"]["progress"]["history"] == straight
+
+
+def train_history(epochs):
+    import io
+    from contextlib import redirect_stdout
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert train.main(["--no-progress", "--epochs", str(epochs)]) == 0
+    return json.loads(buf.getvalue().splitlines()[-1])["history"]
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--data", "bogus"], "bad --data"),
+    (["--data", "imagefolder:/no/such/dir"], "is not a directory"),
+    (["--model", "alexnet"], "expects input"),
+    (["--epochs", "0"], "positive integer"),
+    (["--lr", "abc"], "expected a number"),
+    (["--resume", "--checkpoint", "/no/such.ckpt"], "does not exist"),
+    (["--device", "tpu"], "unknown device"),
+])
+def test_bad_input_is_one_line_and_nonzero(args, msg):
+    p = run_train(*args, check=False)
+    assert p.returncode != 0
+    assert msg in p.stderr and "Traceback" not in p.stderr

@@ -1,0 +1,208 @@
+"""Train a model of the zoo with minitorch-fft.
+
+Examples:
+  python train.py                                   # small CNN on the bundled 8x8 digits, CPU or GPU
+  python train.py --device cuda --backend gemm
+  python train.py --model alexnet --data fake --device cuda --epochs 1
+  python train.py --checkpoint runs/digits.ckpt     # save after every epoch (and on Ctrl-C)
+  python train.py --checkpoint runs/digits.ckpt --resume
+  python train.py --model alexnet --data imagefolder:/data/imagenette --device cuda
+
+Progress bars go to stderr; the last line on stdout is one JSON object with the results.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+import backends
+import minitorch_fft as mt
+import models
+from minitorch_fft.checkpoint import CheckpointError
+
+# Defaults: the bundled digits run finishes in well under two minutes on a 2-core CPU.
+DEFAULTS = dict(model="digits", backend="auto", data="digits", epochs=10, batch_size=32, lr=0.05,
+                momentum=0.9, weight_decay=5e-4, device="auto", seed=0, fake_size=1024, num_classes=None)
+
+
+def positive_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def nonneg_float(s, allow_zero=True):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not np.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(f"expected a finite number {'>= 0' if allow_zero else '> 0'}, got {s!r}")
+    return v
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=models.names(), default=DEFAULTS["model"])
+    p.add_argument("--backend", choices=["auto"] + backends.names(), default=DEFAULTS["backend"],
+                   help="convolution algorithm for every layer (auto: best that supports each layer)")
+    p.add_argument("--data", default=DEFAULTS["data"],
+                   help="digits (bundled) | fake | imagefolder:PATH | cifar10:PATH")
+    p.add_argument("--epochs", type=positive_int, default=DEFAULTS["epochs"])
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"])
+    p.add_argument("--lr", type=lambda s: nonneg_float(s, allow_zero=False), default=DEFAULTS["lr"])
+    p.add_argument("--momentum", type=nonneg_float, default=DEFAULTS["momentum"])
+    p.add_argument("--weight-decay", type=nonneg_float, default=DEFAULTS["weight_decay"])
+    p.add_argument("--device", default=DEFAULTS["device"], help="auto (GPU if CuPy sees one) | cpu | cuda")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    p.add_argument("--fake-size", type=positive_int, default=DEFAULTS["fake_size"],
+                   help="training images per epoch with --data fake")
+    p.add_argument("--num-classes", type=positive_int, default=DEFAULTS["num_classes"],
+                   help="classes for --data fake (default: 10 for digits, 1000 otherwise)")
+    p.add_argument("--checkpoint", default=None, help="file to save after every epoch and on Ctrl-C")
+    p.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--max-epochs-this-run", type=positive_int, default=None,
+                   help="stop (with a checkpoint) after this many epochs; --resume continues")
+    args = p.parse_args(argv)
+    if args.resume and not args.checkpoint:
+        p.error("--resume needs --checkpoint PATH")
+    return args
+
+
+def load_data(spec, model, seed, fake_size, num_classes):
+    """(train, test, num_classes) for a --data spec."""
+    shape = models.input_shape(model)
+    kind, _, path = spec.partition(":")
+    if kind == "digits" and not path:
+        if shape != (1, 8, 8):
+            raise ValueError(f"model {model!r} expects input {shape}; the digits are 1x8x8 "
+                             "(use --data fake, imagefolder:PATH or cifar10:PATH)")
+        train, test = mt.data.digits(seed=seed)
+        return train, test, 10
+    if kind == "fake" and not path:
+        n_cls = num_classes or (10 if model == "digits" else 1000)
+        return (mt.data.FakeDataset(fake_size, shape, n_cls, seed),
+                mt.data.FakeDataset(max(1, fake_size // 8), shape, n_cls, seed + 1), n_cls)
+    if kind == "imagefolder" and path:
+        train, test = mt.data.imagefolder(path, shape, seed=seed)
+        return train, test, len(train.ds.dataset.classes)
+    if kind == "cifar10" and path:
+        train, test = mt.data.cifar10(path, shape)
+        return train, test, 10
+    raise ValueError(f"bad --data {spec!r}; expected digits, fake, imagefolder:PATH or cifar10:PATH")
+
+
+def evaluate(model, dataset, batch_size, device):
+    model.eval()
+    correct = 0
+    with mt.no_grad():
+        for x, y in mt.data.batches(dataset, batch_size, shuffle=False):
+            logits = model(mt.Tensor(mt.to_device(x, device)))
+            correct += int((logits.numpy().argmax(axis=1) == y).sum())
+    model.train()
+    return correct / len(dataset)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = mt.normalize_device(args.device)
+    mt.manual_seed(args.seed)
+    train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes)
+    model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)
+    opt = mt.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                       weight_decay=args.weight_decay,
+                       lr_schedule=lambda e: 0.5 * (1 + np.cos(np.pi * e / args.epochs)))  # cosine
+    criterion = mt.CrossEntropyCriterion()
+
+    # Progress that a checkpoint carries: where we are, and the loss curve so far.
+    state = {"epoch": 0, "batch": 0, "history": [], "loss_sum": 0.0, "correct": 0, "seen": 0}
+    if args.resume:
+        meta = mt.checkpoint.load(args.checkpoint, model, opt)
+        state.update(meta["extra"]["progress"])
+        mt.random.set_state(meta["extra"]["rng"])
+        print(f"resumed {args.checkpoint} at epoch {state['epoch']} batch {state['batch']}", file=sys.stderr)
+
+    def save():
+        if args.checkpoint:
+            mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"],
+                               extra={"progress": state, "rng": mt.random.get_state(), "args": vars(args)})
+
+    n_batches = mt.data.num_batches(len(train), args.batch_size)
+    first_epoch = state["epoch"]
+    t_start, imgs_per_s = time.perf_counter(), 0.0
+    epochs = tqdm(range(state["epoch"], args.epochs), desc="epochs", disable=args.no_progress,
+                  initial=state["epoch"], total=args.epochs)
+    try:
+        for epoch in epochs:
+            opt.start_epoch(epoch)
+            bar = tqdm(mt.data.batches(train, args.batch_size, seed=args.seed, epoch=epoch, start=state["batch"]),
+                       total=n_batches, initial=state["batch"], desc=f"epoch {epoch + 1}", leave=False,
+                       disable=args.no_progress)
+            mt.synchronize(model.parameters()[0].xp)
+            t0, imgs = time.perf_counter(), 0
+            for x, y in bar:
+                y_dev = mt.to_device(y, device)
+                logits = model(mt.Tensor(mt.to_device(x, device)))
+                loss = criterion(logits, y_dev)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                # loss.item() and the argmax below are host-device sync points, once per batch.
+                state["loss_sum"] += loss.item() * len(y)
+                state["correct"] += int((logits.numpy().argmax(axis=1) == y).sum())
+                state["seen"] += len(y)
+                state["batch"] += 1
+                imgs += len(y)
+                bar.set_postfix(loss=f"{state['loss_sum'] / state['seen']:.4f}",
+                                acc=f"{state['correct'] / state['seen']:.3f}",
+                                img_s=f"{imgs / (time.perf_counter() - t0):.0f}")
+            mt.synchronize(model.parameters()[0].xp)
+            imgs_per_s = imgs / max(time.perf_counter() - t0, 1e-9)
+            state["history"].append({"epoch": epoch + 1, "loss": state["loss_sum"] / max(state["seen"], 1),
+                                     "train_accuracy": state["correct"] / max(state["seen"], 1)})
+            state.update(epoch=epoch + 1, batch=0, loss_sum=0.0, correct=0, seen=0)
+            save()
+            epochs.set_postfix(loss=f"{state['history'][-1]['loss']:.4f}", img_s=f"{imgs_per_s:.0f}")
+            if args.max_epochs_this_run and epoch + 1 - first_epoch >= args.max_epochs_this_run:
+                break
+    except KeyboardInterrupt:
+        save()
+        where = f"; saved {args.checkpoint} (resume with --resume)" if args.checkpoint else ""
+        print(f"train.py: interrupted at epoch {state['epoch']} batch {state['batch']}{where}", file=sys.stderr)
+        return 130
+
+    result = {
+        "model": args.model, "backend": args.backend, "device": device_name(device), "data": args.data,
+        "epochs": state["epoch"], "test_accuracy": round(evaluate(model, test, args.batch_size, device), 4),
+        "train_loss": state["history"][-1]["loss"] if state["history"] else None,
+        "images_per_s": round(imgs_per_s, 1), "seconds": round(time.perf_counter() - t_start, 2),
+        "history": state["history"],
+    }
+    print(json.dumps(result))
+    return 0
+
+
+def device_name(device):
+    if device == "cpu":
+        return "cpu"
+    import cupy
+    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ValueError, TypeError, OSError, CheckpointError) as e:
+        if os.environ.get("MINITORCH_DEBUG"):
+            raise
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
