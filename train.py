@@ -13,6 +13,7 @@ Progress bars go to stderr; the last line on stdout is one JSON object with the 
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -141,6 +142,14 @@ def main(argv=None):
     t_start, imgs_per_s = time.perf_counter(), 0.0
     epochs = tqdm(range(state["epoch"], args.epochs), desc="epochs", disable=args.no_progress,
                   initial=state["epoch"], total=args.epochs)
+    # Ctrl-C sets a flag; the step in flight finishes, so the checkpoint is consistent.
+    # A second Ctrl-C interrupts at once.
+    interrupted = []
+
+    def on_sigint(signum, frame):
+        interrupted.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_handler = signal.signal(signal.SIGINT, on_sigint)
     try:
         for epoch in epochs:
             opt.start_epoch(epoch)
@@ -165,6 +174,10 @@ def main(argv=None):
                 bar.set_postfix(loss=f"{state['loss_sum'] / state['seen']:.4f}",
                                 acc=f"{state['correct'] / state['seen']:.3f}",
                                 img_s=f"{imgs / (time.perf_counter() - t0):.0f}")
+                if interrupted:
+                    break
+            if interrupted:
+                break
             mt.synchronize(model.parameters()[0].xp)
             imgs_per_s = imgs / max(time.perf_counter() - t0, 1e-9)
             state["history"].append({"epoch": epoch + 1, "loss": state["loss_sum"] / max(state["seen"], 1),
@@ -174,7 +187,9 @@ def main(argv=None):
             epochs.set_postfix(loss=f"{state['history'][-1]['loss']:.4f}", img_s=f"{imgs_per_s:.0f}")
             if args.max_epochs_this_run and epoch + 1 - first_epoch >= args.max_epochs_this_run:
                 break
-    except KeyboardInterrupt:
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+    if interrupted:
         save()
         where = f"; saved {args.checkpoint} (resume with --resume)" if args.checkpoint else ""
         print(f"train.py: interrupted at epoch {state['epoch']} batch {state['batch']}{where}", file=sys.stderr)

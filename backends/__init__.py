@@ -11,6 +11,8 @@ a capability predicate):
 Arrays are float32 NCHW, NumPy or CuPy, and come back of the same kind. Bias is
 added outside the backends. Cross-correlation, as in Torch and PyTorch.
 """
+import warnings
+
 from . import gemm
 from .common import PASSES, geometry
 
@@ -55,4 +57,52 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     return backend
 
 
-__all__ = ["names", "get", "choose", "geometry", "PASSES"]
+def _is_out_of_memory(exc):
+    """CuPy's OutOfMemoryError is a MemoryError; cuFFT reports plan allocation failures itself."""
+    return isinstance(exc, MemoryError) or "CUFFT_ALLOC_FAILED" in str(exc)
+
+
+_warned = set()
+
+
+def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
+    """Run one pass on the backend chosen for it. If that backend runs out of GPU memory,
+    free what it allocated and fall back to `gemm` with a small workspace (the batch then
+    goes through in chunks, down to one image), saying so once per layer geometry."""
+    backend = choose(name, pass_name, x_shape, w_shape, stride, padding)
+    call = lambda b: getattr(b, pass_name)(*args, stride=stride, padding=padding)  # noqa: E731
+    try:
+        return call(backend)
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
+        if not _is_out_of_memory(e):
+            raise
+        first_error = e
+    _free_gpu_pool()
+    budget = gemm.WORKSPACE_BYTES
+    while True:
+        budget //= 4
+        key = (backend.__name__, pass_name, tuple(x_shape), tuple(w_shape))
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(f"{backend.__name__.split('.')[-1]} ran out of GPU memory in {pass_name} for input "
+                          f"{tuple(x_shape)}, weight {tuple(w_shape)} ({first_error}); falling back to gemm "
+                          f"with a {budget >> 20} MiB workspace", ResourceWarning, stacklevel=3)
+        saved, gemm.WORKSPACE_BYTES = gemm.WORKSPACE_BYTES, budget
+        try:
+            return call(gemm)
+        except Exception as e:  # noqa: BLE001
+            if not _is_out_of_memory(e) or budget < 1:
+                raise
+            _free_gpu_pool()
+        finally:
+            gemm.WORKSPACE_BYTES = saved
+
+
+def _free_gpu_pool():
+    from minitorch_fft.device import cupy_or_none
+    cp = cupy_or_none()
+    if cp is not None:
+        cp.get_default_memory_pool().free_all_blocks()
+
+
+__all__ = ["names", "get", "choose", "run_pass", "geometry", "PASSES"]

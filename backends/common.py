@@ -49,12 +49,13 @@ def geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 def check_arrays(**arrays):
     """float32, one array kind (NumPy or CuPy), made contiguous. Returns (xp, arrays...)."""
+    for name, a in arrays.items():
+        if not (isinstance(a, np.ndarray) or is_cupy(a)):
+            raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(a).__name__}")
     kinds = {name: ("cupy" if is_cupy(a) else "numpy") for name, a in arrays.items()}
     if len(set(kinds.values())) > 1:
         raise TypeError(f"arrays must all be NumPy or all CuPy, got {kinds}")
     for name, a in arrays.items():
-        if not hasattr(a, "dtype"):
-            raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(a).__name__}")
         if a.dtype != np.float32:
             raise TypeError(f"{name} must be float32, got {a.dtype} (backends do not cast; "
                             "Tensor() casts for you)")

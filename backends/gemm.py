@@ -75,8 +75,8 @@ def _gy_matrix(gy):
 
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw)."""
-    g = geometry(x.shape, w.shape, stride, padding)
     xp, x, w = check_arrays(x=x, w=w)
+    g = geometry(x.shape, w.shape, stride, padding)
     y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
     w2 = w.reshape(g.fo, -1)                                       # (f', f*kh*kw)
     for sl in _batch_chunks(g):
@@ -88,8 +88,8 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
 
 def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     """gx (S, f, h, w): gradient w.r.t. the input of fprop."""
-    g = geometry(x_shape, w.shape, stride, padding)
     xp, gy, w = check_arrays(gy=gy, w=w)
+    g = geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
     w2t = w.reshape(g.fo, -1).T                                    # (f*kh*kw, f')
@@ -101,8 +101,8 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
 
 def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch."""
-    g = geometry(x.shape, w_shape, stride, padding)
     xp, gy, x = check_arrays(gy=gy, x=x)
+    g = geometry(x.shape, w_shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     gw = xp.zeros((g.fo, g.f * g.kh * g.kw), dtype=np.float32)
     for sl in _batch_chunks(g):

@@ -80,7 +80,7 @@ def reshape(x, shape):
 class ReLUFn(Function):
     def forward(self, x):
         self.mask = x > 0
-        return x * self.mask  # NaN * False is NaN: NaN propagates, as in Torch
+        return get_array_module(x).maximum(x, 0)  # maximum propagates NaN, as Torch does
 
     def backward(self, g):
         return g * self.mask
@@ -263,22 +263,23 @@ class Conv2dFn(Function):
     def forward(self, x, w, b=None, *, stride, padding, backend):
         self.x, self.w = x, w
         self.stride, self.padding, self.backend = stride, padding, backend
-        fprop = backends.choose(backend, "fprop", x.shape, w.shape, stride, padding)
-        y = fprop.fprop(x, w, stride=stride, padding=padding)
+        y = self._run("fprop", x, w)
         if b is not None:
             y += b.reshape(1, -1, 1, 1)
         return y
 
+    def _run(self, pass_name, *arrays):
+        return backends.run_pass(self.backend, pass_name, *arrays, x_shape=self.x.shape,
+                                 w_shape=self.w.shape, stride=self.stride, padding=self.padding)
+
     def backward(self, g):
-        x, w, stride, padding = self.x, self.w, self.stride, self.padding
+        x, w = self.x, self.w
         g = get_array_module(g).ascontiguousarray(g)
         gx = gw = gb = None
         if self.needs_input_grad[0]:  # skipped for the first layer: nobody wants d(image)
-            be = backends.choose(self.backend, "bprop", x.shape, w.shape, stride, padding)
-            gx = be.bprop(g, w, x.shape, stride=stride, padding=padding)
+            gx = self._run("bprop", g, w, x.shape)
         if self.needs_input_grad[1]:
-            be = backends.choose(self.backend, "accgrad", x.shape, w.shape, stride, padding)
-            gw = be.accgrad(g, x, w.shape, stride=stride, padding=padding)
+            gw = self._run("accgrad", g, x, w.shape)
         if len(self.parents) > 2 and self.needs_input_grad[2]:
             gb = g.sum(axis=(0, 2, 3))
         return (gx, gw, gb)[:len(self.parents)]
