@@ -70,6 +70,8 @@ def parse_args(argv=None):
                    help="classes for --data fake (default: 10 for digits, 1000 otherwise)")
     p.add_argument("--checkpoint", default=None, help="file to save after every epoch and on Ctrl-C")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
+    p.add_argument("--tune-report", default=None,
+                   help="with --backend auto: write the autotuner's per-layer, per-pass choices here (JSON)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--max-epochs-this-run", type=positive_int, default=None,
                    help="stop (with a checkpoint) after this many epochs; --resume continues")
@@ -139,6 +141,7 @@ def main(argv=None):
 
     n_batches = mt.data.num_batches(len(train), args.batch_size)
     first_epoch = state["epoch"]
+    tuned_report_shown = False
     t_start, imgs_per_s = time.perf_counter(), 0.0
     epochs = tqdm(range(state["epoch"], args.epochs), desc="epochs", disable=args.no_progress,
                   initial=state["epoch"], total=args.epochs)
@@ -171,6 +174,9 @@ def main(argv=None):
                 state["seen"] += len(y)
                 state["batch"] += 1
                 imgs += len(y)
+                if args.backend == "auto" and not tuned_report_shown:
+                    tuned_report_shown = True  # the first step tuned every layer and pass
+                    tqdm.write("autotuner choices:\n" + backends.autotune.format_choices(), file=sys.stderr)
                 bar.set_postfix(loss=f"{state['loss_sum'] / state['seen']:.4f}",
                                 acc=f"{state['correct'] / state['seen']:.3f}",
                                 img_s=f"{imgs / (time.perf_counter() - t0):.0f}")
@@ -202,6 +208,9 @@ def main(argv=None):
         "images_per_s": round(imgs_per_s, 1), "seconds": round(time.perf_counter() - t_start, 2),
         "history": state["history"],
     }
+    if args.tune_report:
+        with open(args.tune_report, "w") as f:
+            json.dump(backends.autotune.choices(), f, indent=1)
     print(json.dumps(result))
     return 0
 

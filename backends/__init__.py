@@ -13,15 +13,16 @@ added outside the backends. Cross-correlation, as in Torch and PyTorch.
 """
 import warnings
 
-from . import gemm
+import numpy as np
+
+from . import autotune, cufft, gemm
 from .common import PASSES, geometry
+from minitorch_fft.device import get_array_module
 
 _REGISTRY = {
     "gemm": gemm,
+    "cufft": cufft,
 }
-
-# What "auto" tries, in order of preference, until the autotuner replaces it.
-_AUTO_ORDER = ("gemm",)
 
 
 def names():
@@ -37,17 +38,18 @@ def get(name):
     return _REGISTRY[name]
 
 
-def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
-    """The backend that runs `pass_name` of this geometry under the layer's setting `name`."""
+def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np):
+    """The backend that runs `pass_name` of this geometry under the layer's setting `name`
+    ("auto" asks the autotuner, which may time the candidates on `xp`'s device once)."""
     if pass_name not in PASSES:
         raise ValueError(f"unknown pass {pass_name!r}; expected one of {PASSES}")
     if name == "auto":
-        for candidate in _AUTO_ORDER:
-            if _REGISTRY[candidate].supports(x_shape, w_shape, stride, padding):
-                return _REGISTRY[candidate]
-        geometry(x_shape, w_shape, stride, padding)  # raises the precise reason
-        raise ValueError(f"no backend supports input {tuple(x_shape)}, weight {tuple(w_shape)}, "
-                         f"stride {stride}, padding {padding}")
+        geometry(x_shape, w_shape, stride, padding)  # an invalid geometry says why first
+        picked = autotune.pick(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
+        if picked is None:
+            raise ValueError(f"no backend supports input {tuple(x_shape)}, weight {tuple(w_shape)}, "
+                             f"stride {stride}, padding {padding}")
+        return _REGISTRY[picked]
     backend = get(name)
     if not backend.supports(x_shape, w_shape, stride, padding):
         geometry(x_shape, w_shape, stride, padding)  # an invalid geometry says why first
@@ -69,7 +71,7 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
     """Run one pass on the backend chosen for it. If that backend runs out of GPU memory,
     free what it allocated and fall back to `gemm` with a small workspace (the batch then
     goes through in chunks, down to one image), saying so once per layer geometry."""
-    backend = choose(name, pass_name, x_shape, w_shape, stride, padding)
+    backend = choose(name, pass_name, x_shape, w_shape, stride, padding, get_array_module(*args[:2]))
     call = lambda b: getattr(b, pass_name)(*args, stride=stride, padding=padding)  # noqa: E731
     try:
         return call(backend)

@@ -1,0 +1,440 @@
+"""cufft: convolution in the frequency domain with library FFTs and one complex GEMM (paper §3).
+
+  fprop   Y[s,j]  = sum_i X[s,i] conj(W[j,i])      per frequency (S, f)  @ (f, f')
+  bprop   GX[s,i] = sum_j GY[s,j] W[j,i]           per frequency (S, f') @ (f', f)
+  accGrad GW[j,i] = sum_s conj(GY[s,j]) X[s,i]     per frequency (f', S) @ (S, f)
+
+Every pass runs Table 1 of the paper: real-to-complex 2-D FFT of both operands over an n x m
+basis (the Hermitian half, m//2+1 columns) -> transpose to frequency-major (BDHW -> HWBD) -> one
+batched complex GEMM over all F = n*(m//2+1) frequencies -> transpose back -> complex-to-real
+inverse FFT -> clip to the pass's output (oh x ow, h x w, kh x kw). Conjugation turns the
+circular convolution into Torch's cross-correlation; no kernel is flipped. cuFFT and cuBLAS
+through CuPy on the GPU; pocketfft and BLAS through NumPy on the CPU, so CI tests all of it.
+
+Normalisation. Neither FFT is scaled (rfft2 norm "backward", irfft2 norm "forward"); the inverse
+transform's 1/(n*m) is applied to the smallest real tensor of the pass: the weight before its FFT
+(fprop, bprop) or gradWeight after its clip (accGrad), f'*f*kh*kw values, never a spectrum.
+
+Zero padding, without a padded copy of the input. Operands sit at offset 0 of the basis and the
+FFT's s= argument zero-extends them at the bottom/right. Top/left padding (ph, pw) is a cyclic
+shift by (-ph, -pw) given to whichever tensor is kernel-sized: the weight is written into its
+basis at rows (u - ph) mod n for fprop and bprop, and gradWeight is read back from rows
+(u - ph) mod n in accGrad. The circular correlation then equals the zero-padded one when
+n >= h + ph: the zero rows below the input serve as the bottom padding and, wrapped around, as
+the top padding. With n >= kh and n >= oh every operand fits, so the smallest basis is
+max(h + ph, kh, oh) (one padding, not two), and likewise for m (min_basis).
+
+Basis and GEMM choice. Untuned, a pass uses the smallest 2^a 3^b 5^c 7^d basis >= min_basis
+and the strided-batched GEMM, without timing anything. With tuning on (MINITORCH_CUFFT_TUNE:
+"auto" = on the GPU only, "on", "off"), the first call of a pass for a geometry times the basis
+sizes from min_basis up to the next power of two (rows, then columns: basis_sizes) and the three
+GEMM forms (GEMMS), checks the winner against the default, and caches it per device through
+backends.tuning (paper §3.4).
+
+Memory. Spectra and frequency-major copies live in scratch buffers owned by this module, one per
+role, grown when too small and reused by every call (paper §3.3). Above WORKSPACE_BYTES
+($MINITORCH_CUFFT_WORKSPACE_MB, default 2048) the batch is processed in chunks; accGrad sums the
+chunks' products in the frequency domain. Weight-sized buffers (f' x f planes) are not chunked.
+
+Reuse across passes. Within `with reuse_spectra():` the FFTs of x, w and gy are computed once
+per array object and shared by fprop, bprop and accGrad (6 forward FFTs per layer and step
+become 3). Layers need no change; the training loop wraps one step, forward and backward:
+
+    with backends.cufft.reuse_spectra():
+        loss = criterion(model(x), y)
+        loss.backward()
+    optimizer.step()                       # after the block: spectra of updated weights are stale
+
+Off by default: the spectra of every layer stay alive until the block ends. Only whole-batch
+(unchunked) spectra on the same basis are shared; tuned passes may pick different bases.
+"""
+import contextlib
+import math
+import os
+import warnings
+
+import numpy as np
+
+from . import tuning
+from .common import check_arrays, check_output_shape, geometry
+
+# S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
+# oh x ow output, n x m Fourier basis, F = n*(m//2+1) frequencies (Hermitian half)
+
+WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_CUFFT_WORKSPACE_MB", "2048")) * 2**20)
+TUNE = os.environ.get("MINITORCH_CUFFT_TUNE", "auto")
+GEMMS = ("batched", "loop", "gauss")
+# A host loop of more per-frequency GEMM calls than this is never a candidate (launch-bound).
+LOOP_GEMM_MAX_CALLS = 512
+# How far a tuned winner may stray from the default configuration before it is rejected.
+TUNE_CHECK_TOL = 1e-4
+
+
+def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """Stride 1 with any zero padding, kernel and input (rectangular ones included)."""
+    try:
+        g = geometry(x_shape, w_shape, stride, padding)
+    except (ValueError, TypeError):
+        return False
+    return (g.sh, g.sw) == (1, 1)
+
+
+def _stride1_geometry(x_shape, w_shape, stride, padding):
+    """geometry(), refusing strides other than 1 with a ValueError that says what to use instead."""
+    g = geometry(x_shape, w_shape, stride, padding)
+    if (g.sh, g.sw) != (1, 1):
+        raise ValueError(f"cufft supports stride 1 only, got stride {(g.sh, g.sw)} (strided FFT "
+                         "convolution is impractical, paper §2); use the gemm backend")
+    return g
+
+
+# -- the three passes ----------------------------------------------------------------------
+
+def fprop(x, w, stride=(1, 1), padding=(0, 0)):
+    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw)."""
+    xp, xa, wa = check_arrays(x=x, w=w)
+    g = _stride1_geometry(x.shape, w.shape, stride, padding)
+
+    def run(config):
+        basis = tuple(config["basis"])
+        wf = _shared(("w", basis, g.ph, g.pw), w, _weight_spectrum, xp, wa, g, basis)
+        b = _to_frequency_major(xp, wf, "rhs", swap=True, conj=True)         # (F, f, f'), conj(W)^T
+        y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
+        chunks = _batch_chunks(g, basis)
+        for sl in chunks:
+            owner = x if len(chunks) == 1 else None
+            xf = _shared(("x", basis), owner, _rfft2, xp, xa[sl], basis)     # (S', f, n, m//2+1)
+            a = _to_frequency_major(xp, xf, "lhs")                           # (F, S', f)
+            c = _cgemm(xp, a, b, "product", config["gemm"])                  # (F, S', f')
+            full = _irfft2(xp, _to_batch_major(xp, c, basis), basis)         # (S', f', n, m)
+            y[sl] = full[:, :, :g.oh, :g.ow]
+        return y
+
+    return _run(xp, "fprop", g, run)
+
+
+def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
+    """gx (S, f, h, w): gradient w.r.t. the input of fprop (a full convolution of gy with w)."""
+    xp, gya, wa = check_arrays(gy=gy, w=w)
+    g = _stride1_geometry(x_shape, w.shape, stride, padding)
+    check_output_shape("gy", gya, g, (g.oh, g.ow))
+
+    def run(config):
+        basis = tuple(config["basis"])
+        wf = _shared(("w", basis, g.ph, g.pw), w, _weight_spectrum, xp, wa, g, basis)
+        b = _to_frequency_major(xp, wf, "rhs")                               # (F, f', f)
+        gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
+        chunks = _batch_chunks(g, basis)
+        for sl in chunks:
+            owner = gy if len(chunks) == 1 else None
+            gyf = _shared(("gy", basis), owner, _rfft2, xp, gya[sl], basis)  # (S', f', n, m//2+1)
+            a = _to_frequency_major(xp, gyf, "lhs")                          # (F, S', f')
+            c = _cgemm(xp, a, b, "product", config["gemm"])                  # (F, S', f)
+            full = _irfft2(xp, _to_batch_major(xp, c, basis), basis)         # (S', f, n, m)
+            gx[sl] = full[:, :, :g.h, :g.w]        # the weight's (-ph, -pw) shift put row ph at 0
+        return gx
+
+    return _run(xp, "bprop", g, run)
+
+
+def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
+    """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch."""
+    xp, gya, xa = check_arrays(gy=gy, x=x)
+    g = _stride1_geometry(x.shape, w_shape, stride, padding)
+    check_output_shape("gy", gya, g, (g.oh, g.ow))
+
+    def run(config):
+        basis = tuple(config["basis"])
+        chunks = _batch_chunks(g, basis)
+        for k, sl in enumerate(chunks):
+            gy_owner, x_owner = (gy, x) if len(chunks) == 1 else (None, None)
+            gyf = _shared(("gy", basis), gy_owner, _rfft2, xp, gya[sl], basis)  # (S', f', n, m//2+1)
+            xf = _shared(("x", basis), x_owner, _rfft2, xp, xa[sl], basis)   # (S', f, n, m//2+1)
+            a = _to_frequency_major(xp, gyf, "lhs", swap=True, conj=True)    # (F, f', S'), conj(GY)^T
+            b = _to_frequency_major(xp, xf, "rhs")                           # (F, S', f)
+            if k == 0:
+                gwf = _cgemm(xp, a, b, "gw_sum", config["gemm"])             # (F, f', f)
+            else:
+                gwf += _cgemm(xp, a, b, "product", config["gemm"])           # summed over S-chunks
+        full = _irfft2(xp, _to_batch_major(xp, gwf, basis), basis)           # (f', f, n, m)
+        rows, cols = _kernel_positions(xp, g, basis)
+        gw = full[:, :, rows, cols]                                          # (f', f, kh, kw), a copy
+        gw *= np.float32(1 / (basis[0] * basis[1]))
+        return gw
+
+    return _run(xp, "accgrad", g, run)
+
+
+# -- steps of the pipeline ------------------------------------------------------------------
+
+def _rfft2(xp, a, basis):
+    """a (p, q, <=n, <=m) float32 -> (p, q, n, m//2+1) complex64, zero-extended to the basis by s=."""
+    # NumPy < 2 returns complex128 for float32 input; astype is a no-op where it is complex64.
+    return xp.fft.rfft2(a, s=basis).astype(np.complex64, copy=False)
+
+
+def _irfft2(xp, spec, basis):
+    """spec (p, q, n, m//2+1) complex64 -> (p, q, n, m) float32, unscaled. Overwrites spec on the GPU."""
+    if xp is np:
+        out = np.fft.irfft2(spec, s=basis, norm="forward")
+    else:  # cupyx's variant may destroy its input (our scratch), which saves cuFFT C2R a copy
+        import cupyx.scipy.fft
+        out = cupyx.scipy.fft.irfft2(spec, s=basis, norm="forward", overwrite_x=True)
+    return out.astype(np.float32, copy=False)
+
+
+def _kernel_positions(xp, g, basis):
+    """Index arrays (kh, 1), (kw,) of kernel tap (u, v) in the basis: ((u - ph) mod n, (v - pw) mod m)."""
+    n, m = basis
+    rows = (xp.arange(g.kh) - g.ph) % n
+    cols = (xp.arange(g.kw) - g.pw) % m
+    return rows[:, None], cols
+
+
+def _weight_spectrum(xp, w, g, basis):
+    """w (f', f, kh, kw) scaled by 1/(n*m), shifted by (-ph, -pw) in the basis -> (f', f, n, m//2+1)."""
+    n, m = basis
+    placed = _scratch(xp, "placed_weight", (g.fo, g.f, n, m), np.float32)    # (f', f, n, m)
+    placed.fill(0)
+    rows, cols = _kernel_positions(xp, g, basis)
+    placed[:, :, rows, cols] = w * np.float32(1 / (n * m))
+    return _rfft2(xp, placed, basis)
+
+
+def _to_frequency_major(xp, spec, role, swap=False, conj=False):
+    """spec (p, q, n, m//2+1) -> scratch (F, p, q), or (F, q, p) with swap, conjugated on request.
+
+    One copy, the paper's Trans2D (BDHW -> HWBD); the conjugation rides along for free.
+    """
+    p, q = spec.shape[:2]
+    flat = spec.reshape(p, q, -1)                                            # (p, q, F)
+    view = flat.transpose(2, 1, 0) if swap else flat.transpose(2, 0, 1)      # (F, q, p) | (F, p, q)
+    out = _scratch(xp, role, view.shape, np.complex64)
+    if conj:
+        xp.conjugate(view, out=out)
+    else:
+        out[...] = view
+    return out
+
+
+def _to_batch_major(xp, c, basis):
+    """c (F, p, q) -> scratch (p, q, n, m//2+1), the layout the inverse FFT reads. One copy."""
+    F, p, q = c.shape
+    out = _scratch(xp, "batch_major", (p, q, F), np.complex64)
+    out[...] = c.transpose(1, 2, 0)                                          # (p, q, F)
+    return out.reshape(p, q, basis[0], basis[1] // 2 + 1)                    # (p, q, n, m//2+1)
+
+
+def _cgemm(xp, a, b, role, how):
+    """a (F, p, r) @ b (F, r, q) -> scratch (F, p, q) for every frequency; `how` is one of GEMMS."""
+    c = _scratch(xp, role, (a.shape[0], a.shape[1], b.shape[2]), np.complex64)
+    if how == "batched":       # one call: cublasCgemmStridedBatched on the GPU
+        xp.matmul(a, b, out=c)
+    elif how == "loop":        # one cublasCgemm per frequency, issued from the host
+        for k in range(a.shape[0]):
+            xp.matmul(a[k], b[k], out=c[k])
+    elif how == "gauss":       # three real batched GEMMs instead of four (Gauss's trick)
+        ar, ai = xp.ascontiguousarray(a.real), xp.ascontiguousarray(a.imag)
+        br, bi = xp.ascontiguousarray(b.real), xp.ascontiguousarray(b.imag)
+        t1 = xp.matmul(ar + ai, br)              # ar br + ai br
+        t2 = xp.matmul(ar, bi - br)              # ar bi - ar br
+        t3 = xp.matmul(ai, br + bi)              # ai br + ai bi
+        xp.subtract(t1, t3, out=c.real)          # ar br - ai bi
+        xp.add(t1, t2, out=c.imag)               # ar bi + ai br
+    else:
+        raise ValueError(f"unknown complex GEMM form {how!r}; expected one of {GEMMS}")
+    return c
+
+
+def _batch_chunks(g, basis):
+    """Slices of the batch whose frequency-domain buffers fit WORKSPACE_BYTES (>= 1 image each).
+
+    Per image a pass holds about f + f' planes of real basis (4nm bytes: padded input, inverse
+    output) and of three spectra (24F bytes: FFT output, frequency-major copy, GEMM output or its
+    transpose). The f' x f weight-sized planes do not shrink with the batch and are set aside.
+    """
+    n, m = basis
+    F = n * (m // 2 + 1)
+    per_image = (g.f + g.fo) * (4 * n * m + 24 * F)
+    weights = g.f * g.fo * (4 * n * m + 16 * F)
+    step = max(1, (WORKSPACE_BYTES - weights) // per_image)
+    return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
+
+
+# -- scratch buffers: one per role, grown on demand, never handed to the caller ---------------
+
+_scratch_buffers = {}
+
+
+def _scratch(xp, role, shape, dtype):
+    """A view of `shape` on this module's buffer for `role`; the next call overwrites it."""
+    size = math.prod(shape)
+    device = "cpu" if xp is np else xp.cuda.Device().id
+    key = (role, np.dtype(dtype).str, device)
+    buf = _scratch_buffers.get(key)
+    if buf is None or buf.size < size:
+        _scratch_buffers.pop(key, None)          # let the allocator reuse the old memory
+        buf = _scratch_buffers[key] = xp.empty(size, dtype=dtype)
+    return buf[:size].reshape(shape)
+
+
+def release_buffers():
+    """Drop the scratch buffers (they are rebuilt on the next call), e.g. between benchmarks."""
+    _scratch_buffers.clear()
+
+
+# -- spectra shared across passes -----------------------------------------------------------
+
+class StepCache:
+    """Spectra of one training step's arrays, keyed by a tag and the array object's identity."""
+
+    def __init__(self):
+        self._entries = {}
+        self.hits = self.misses = 0
+
+    def get(self, tag, owner, compute):
+        """compute()'s spectrum of `owner` under `tag`, computed on the first request only."""
+        entry = self._entries.get((tag, id(owner)))
+        if entry is not None and entry[0] is owner:
+            self.hits += 1
+            return entry[1]
+        self.misses += 1
+        spectrum = compute()
+        self._entries[(tag, id(owner))] = (owner, spectrum)   # holding owner keeps its id unique
+        return spectrum
+
+
+_step_cache = None
+
+
+@contextlib.contextmanager
+def reuse_spectra():
+    """Within the block, passes share the spectra of the same x, w and gy objects (module docstring).
+
+    Arrays must not be modified in place inside the block. Yields the StepCache (hits, misses).
+    """
+    global _step_cache
+    outer, _step_cache = _step_cache, StepCache()
+    try:
+        yield _step_cache
+    finally:
+        _step_cache = outer
+
+
+def _shared(tag, owner, spectrum, *args):
+    """spectrum(*args), or the one already computed for `owner` in this reuse_spectra() block.
+
+    owner None: a chunk of the batch, never shared.
+    """
+    if _step_cache is None or owner is None:
+        return spectrum(*args)
+    return _step_cache.get(tag, owner, lambda: spectrum(*args))
+
+
+# -- basis sizes, configurations and tuning --------------------------------------------------
+
+def min_basis(g):
+    """The smallest n x m on which every pass of g is exact (module docstring, zero padding)."""
+    return (max(g.h + g.ph, g.kh, g.oh), max(g.w + g.pw, g.kw, g.ow))
+
+
+def basis_sizes(n):
+    """n, then the sizes 2^a 3^b 5^c 7^d (cuFFT's fast radices) up to the next power of two (§3.4).
+
+    n itself is kept even when it has other factors: the paper's autotuner found 13 for L5.
+    """
+    top = 1 << (n - 1).bit_length()
+    return [i for i in range(n, top + 1) if i == n or _is_7_smooth(i)]
+
+
+def _is_7_smooth(i):
+    for p in (2, 3, 5, 7):
+        while i % p == 0:
+            i //= p
+    return i == 1
+
+
+def default_config(g):
+    """The untuned choice: the smallest fast basis and the strided-batched GEMM."""
+    n0, m0 = min_basis(g)
+    n = next(i for i in basis_sizes(n0) if _is_7_smooth(i))
+    m = next(i for i in basis_sizes(m0) if _is_7_smooth(i))
+    return {"basis": [n, m], "gemm": "batched"}
+
+
+def _valid_config(config, g):
+    """Well-formed, with a basis large enough for g (a cached choice is checked before use)."""
+    try:
+        n, m = config["basis"]
+        how = config["gemm"]
+    except (TypeError, KeyError, ValueError):
+        return False
+    n0, m0 = min_basis(g)
+    return isinstance(n, int) and isinstance(m, int) and n >= n0 and m >= m0 and how in GEMMS
+
+
+def _tuning_enabled(xp):
+    if TUNE not in ("auto", "on", "off"):
+        raise ValueError(f"MINITORCH_CUFFT_TUNE (cufft.TUNE) must be 'auto', 'on' or 'off', got {TUNE!r}")
+    return TUNE == "on" or (TUNE == "auto" and xp is not np)
+
+
+def _tune_key(xp, pass_name, g):
+    return tuning.key(xp, np.float32, g, pass_name, "cufft")
+
+
+def config_for(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np):
+    """The configuration the next call of this pass will use: the cached winner or the default."""
+    g = _stride1_geometry(x_shape, w_shape, stride, padding)
+    if _tuning_enabled(xp):
+        config = tuning.default_cache().get(_tune_key(xp, pass_name, g))
+        if _valid_config(config, g):
+            return config
+    return default_config(g)
+
+
+def _run(xp, pass_name, g, run):
+    """run(config) with the configuration of this pass: default, cached, or tuned now and cached."""
+    if not _tuning_enabled(xp):
+        return run(default_config(g))
+    cache, key = tuning.default_cache(), _tune_key(xp, pass_name, g)
+    config = cache.get(key)
+    if not _valid_config(config, g):
+        if config is not None:
+            warnings.warn(f"ignoring invalid cached cufft choice {config!r} for {pass_name} {tuple(g)}")
+        config = _tune(xp, g, run)
+        cache.put(key, config)
+    return run(config)
+
+
+def _tune(xp, g, run):
+    """The fastest configuration for run: row size, then column size, then GEMM form (paper §3.4).
+
+    Spectrum sharing is off while timing (every candidate must pay for its FFTs). The winner must
+    agree with the default configuration to TUNE_CHECK_TOL, else the default is kept.
+    """
+    global _step_cache
+    outer, _step_cache = _step_cache, None
+    try:
+        default = default_config(g)
+        n0, m0 = min_basis(g)
+        best = tuning.fastest([dict(default, basis=[n, default["basis"][1]]) for n in basis_sizes(n0)],
+                              run, xp)
+        best = tuning.fastest([dict(best, basis=[best["basis"][0], m]) for m in basis_sizes(m0)],
+                              run, xp)
+        best = tuning.fastest([dict(best, gemm=how) for how in _gemm_forms(best)], run, xp)
+        if best != default:
+            reference, got = run(default), run(best)
+            err = float(xp.linalg.norm(got - reference)) / max(float(xp.linalg.norm(reference)), 1e-30)
+            if not err <= TUNE_CHECK_TOL:
+                warnings.warn(f"cufft tuning: {best} differs from {default} by {err:.2e} "
+                              f"(> {TUNE_CHECK_TOL}) on geometry {tuple(g)}; keeping the default")
+                return default
+        return best
+    finally:
+        _step_cache = outer
+
+
+def _gemm_forms(config):
+    n, m = config["basis"]
+    return [how for how in GEMMS if how != "loop" or n * (m // 2 + 1) <= LOOP_GEMM_MAX_CALLS]

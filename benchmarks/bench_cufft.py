@@ -1,0 +1,211 @@
+"""Benchmark: the cufft backend against gemm and cuDNN (through PyTorch), every pass, one process.
+
+Layers: the paper's Table 4 (S = 128, no padding) and the stride-1 layers of AlexNet and
+OverFeat-fast, batch 128. cuDNN runs twice, with torch.backends.cudnn.benchmark on: strict fp32
+(allow_tf32 off for cuDNN and cuBLAS, what the paper compared) and PyTorch's default TF32. Each
+implementation's result is checked against a float64 reference (PyTorch on the GPU) before it
+is timed; timings are medians of CUDA events after warm-up, on fresh random data per layer.
+
+  python benchmarks/bench_cufft.py                             # every layer (< 8 min on an H100)
+  python benchmarks/bench_cufft.py --quick                     # three layers, a smoke test
+  python benchmarks/bench_cufft.py --layers table4.L3,alexnet.conv3 --repeat 20
+  MINITORCH_CUFFT_TUNE=off python benchmarks/bench_cufft.py    # cufft untuned: smallest basis
+
+Writes results/<device>/bench_cufft.json and .md: median ms per pass; cufft's basis and GEMM
+form; speed-ups of cufft over cuDNN strict and TF32; TRED/s, the paper's Table 4 metric
+(S f f' kh kw oh ow / time, in 10^12 per second); the extra device memory each pass needs
+beyond its inputs (allocator high-water mark); relative errors against float64.
+"""
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
+
+from benchmarks.common import (RESULTS_DIR, median_ms, peak_extra_bytes, provenance,  # noqa: E402
+                               write_results)
+
+# -- defaults --------------------------------------------------------------------------------
+BATCH = 128
+WARMUP = 3
+REPEAT = 10
+SEED = 0
+# name: (f, f', h = w, k, padding), all stride 1
+LAYERS = {
+    "table4.L1": (3, 96, 128, 11, 0),
+    "table4.L2": (64, 64, 64, 9, 0),
+    "table4.L3": (128, 128, 32, 9, 0),
+    "table4.L4": (128, 128, 16, 7, 0),
+    "table4.L5": (384, 384, 13, 3, 0),
+    "alexnet.conv2": (64, 192, 27, 5, 2),
+    "alexnet.conv3": (192, 384, 13, 3, 1),
+    "alexnet.conv4": (384, 256, 13, 3, 1),
+    "alexnet.conv5": (256, 256, 13, 3, 1),
+    "overfeat.conv2": (96, 256, 28, 5, 0),
+    "overfeat.conv3": (256, 512, 12, 3, 1),
+    "overfeat.conv4": (512, 1024, 12, 3, 1),
+    "overfeat.conv5": (1024, 1024, 12, 3, 1),
+}
+QUICK = ("table4.L4", "table4.L5", "alexnet.conv3")
+IMPLS = ("cufft", "gemm", "cudnn_strict", "cudnn_tf32")
+PASSES = ("fprop", "bprop", "accgrad")
+# Largest relative error against float64 that counts as correct (TF32 keeps 10 mantissa bits).
+TOLERANCE = {"cufft": 1e-4, "gemm": 1e-4, "cudnn_strict": 1e-4, "cudnn_tf32": 1e-2}
+
+MARKDOWN_COLUMNS = [
+    ("layer", "layer", ""), ("pass", "pass", ""), ("basis", "basis", ""), ("GEMM", "gemm_form", ""),
+    ("cufft ms", "ms_cufft", ".3f"), ("gemm ms", "ms_gemm", ".3f"),
+    ("cuDNN strict ms", "ms_cudnn_strict", ".3f"), ("cuDNN TF32 ms", "ms_cudnn_tf32", ".3f"),
+    ("x strict", "speedup_strict", ".2f"), ("x TF32", "speedup_tf32", ".2f"),
+    ("TRED/s", "tred_cufft", ".2f"), ("cufft MiB", "mib_cufft", ".0f"),
+    ("cuDNN strict MiB", "mib_cudnn_strict", ".0f"), ("cufft err", "err_cufft", ".1e"),
+]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser.add_argument("--layers", default=",".join(LAYERS),
+                        help="comma-separated layer names (default: all): " + ", ".join(LAYERS))
+    parser.add_argument("--quick", action="store_true", help="only " + ", ".join(QUICK))
+    parser.add_argument("--batch", type=int, default=BATCH, help="batch size S (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="untimed runs (default %(default)s)")
+    parser.add_argument("--repeat", type=int, default=REPEAT, help="timed runs (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=SEED, help="random data seed (default %(default)s)")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results folder (default results/)")
+    args = parser.parse_args()
+    names = QUICK if args.quick else tuple(n.strip() for n in args.layers.split(",") if n.strip())
+    unknown = [n for n in names if n not in LAYERS]
+    if unknown or not names:
+        parser.error(f"unknown layer(s) {unknown or names}; choose from {', '.join(LAYERS)}")
+    if args.batch < 1 or args.warmup < 0 or args.repeat < 1:
+        parser.error(f"need --batch >= 1, --warmup >= 0, --repeat >= 1, got {args.batch}, "
+                     f"{args.warmup}, {args.repeat}")
+    args.names = names
+    return args
+
+
+# PyTorch's TF32 settings as the process started (filled in by main), restored for cudnn_tf32.
+TORCH_TF32_DEFAULTS = {}
+
+
+def bench_layer(name, args, tqdm_bar):
+    """One row per pass: every implementation checked against float64, then timed and measured."""
+    import cupy as cp
+    import torch
+    import torch.nn.functional as TF
+
+    from backends import cufft, gemm
+
+    f, fo, hw, k, p = LAYERS[name]
+    S, pad, stride = args.batch, (p, p), (1, 1)
+    oh = hw + 2 * p - k + 1
+    rng = cp.random.default_rng(args.seed + list(LAYERS).index(name))  # fresh data per layer
+    x = rng.standard_normal((S, f, hw, hw), dtype=cp.float32)
+    w = rng.standard_normal((fo, f, k, k), dtype=cp.float32)
+    gy = rng.standard_normal((S, fo, oh, oh), dtype=cp.float32)
+    xt, wt, gyt = (torch.from_dlpack(a) for a in (x, w, gy))       # the same memory, no copy
+
+    x64, w64, gy64 = xt.double(), wt.double(), gyt.double()
+    reference = {
+        "fprop": TF.conv2d(x64, w64, padding=pad),
+        "bprop": torch.nn.grad.conv2d_input(x64.shape, w64, gy64, padding=pad),
+        "accgrad": torch.nn.grad.conv2d_weight(x64, w64.shape, gy64, padding=pad),
+    }
+    del x64, w64, gy64
+
+    def ours(backend):
+        return {"fprop": lambda: backend.fprop(x, w, stride, pad),
+                "bprop": lambda: backend.bprop(gy, w, x.shape, stride, pad),
+                "accgrad": lambda: backend.accgrad(gy, x, w.shape, stride, pad)}
+
+    cudnn = {"fprop": lambda: TF.conv2d(xt, wt, padding=pad),
+             "bprop": lambda: torch.nn.grad.conv2d_input(xt.shape, wt, gyt, padding=pad),
+             "accgrad": lambda: torch.nn.grad.conv2d_weight(xt, wt.shape, gyt, padding=pad)}
+    runs = {"cufft": (ours(cufft), "cupy"), "gemm": (ours(gemm), "cupy"),
+            "cudnn_strict": (cudnn, "torch"), "cudnn_tf32": (cudnn, "torch")}
+
+    rows = {pn: {"layer": name, "pass": pn, "S": S, "f": f, "fo": fo, "h": hw, "w": hw, "k": k,
+                 "pad": p, "oh": oh, "ow": oh} for pn in PASSES}
+    for impl in IMPLS:
+        fns, lib = runs[impl]
+        # strict: no TF32 anywhere; otherwise PyTorch's defaults (TF32 on for cuDNN convolutions)
+        strict = impl != "cudnn_tf32"
+        torch.backends.cudnn.allow_tf32 = not strict and TORCH_TF32_DEFAULTS["cudnn"]
+        torch.backends.cuda.matmul.allow_tf32 = not strict and TORCH_TF32_DEFAULTS["matmul"]
+        for pn in PASSES:
+            tqdm_bar.set_postfix_str(f"{name} {impl} {pn}")
+            fn, row = fns[pn], rows[pn]
+            start = time.perf_counter()
+            got = fn()                                   # cufft tunes on this first call
+            got = torch.from_dlpack(got) if lib == "cupy" else got
+            torch.cuda.synchronize()
+            row[f"first_call_s_{impl}"] = time.perf_counter() - start
+            ref = reference[pn]
+            row[f"err_{impl}"] = float(torch.linalg.vector_norm(got.double() - ref)
+                                       / torch.linalg.vector_norm(ref))
+            del got
+            row[f"ms_{impl}"] = median_ms(fn, lib, args.warmup, args.repeat)
+            if impl == "cufft":
+                cufft.release_buffers()                  # count the scratch buffers it rebuilds
+            row[f"mib_{impl}"] = peak_extra_bytes(fn, lib) / 2**20
+        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+
+    reductions = S * f * fo * k * k * oh * oh
+    for pn, row in rows.items():
+        config = cufft.config_for(pn, x.shape, w.shape, stride, pad, xp=cp)
+        row["basis"] = "{}x{}".format(*config["basis"])
+        row["gemm_form"] = config["gemm"]
+        row["speedup_strict"] = row["ms_cudnn_strict"] / row["ms_cufft"]
+        row["speedup_tf32"] = row["ms_cudnn_tf32"] / row["ms_cufft"]
+        row["tred_cufft"] = reductions / (row["ms_cufft"] * 1e-3) / 1e12
+    return list(rows.values())
+
+
+def main():
+    args = parse_args()
+    import cupy as cp
+    import torch
+    from tqdm import tqdm
+
+    from backends import tuning
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_cufft needs a CUDA GPU visible to PyTorch and CuPy")
+    torch.backends.cudnn.benchmark = True
+    TORCH_TF32_DEFAULTS.update(cudnn=torch.backends.cudnn.allow_tf32,
+                               matmul=torch.backends.cuda.matmul.allow_tf32)
+    device = tuning.device_name(cp)
+    meta = provenance(device, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                      cupy=cp.__version__, cuda_runtime=cp.cuda.runtime.runtimeGetVersion(),
+                      batch=args.batch, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
+                      torch_tf32_defaults=dict(TORCH_TF32_DEFAULTS),
+                      cufft_tune=os.environ.get("MINITORCH_CUFFT_TUNE", "auto"),
+                      cupy_tf32=os.environ.get("CUPY_TF32", "0"))
+
+    rows = []
+    bar = tqdm(args.names, desc="layers")
+    for name in bar:
+        rows += bench_layer(name, args, bar)
+
+    failures = [f"{r['layer']} {r['pass']} {impl}: rel err {r[f'err_{impl}']:.1e} > {TOLERANCE[impl]}"
+                for r in rows for impl in IMPLS if not r[f"err_{impl}"] <= TOLERANCE[impl]]
+    notes = ("Median ms of CUDA events; x strict / x TF32 = cuDNN time / cufft time; TRED/s in "
+             "10^12 equivalent time-domain reductions per second; MiB = device memory a pass needs "
+             "beyond its inputs (output included); err = relative error of cufft against float64.")
+    if failures:
+        notes += "\n\nFAILED correctness checks:\n" + "\n".join(f"- {f}" for f in failures)
+    paths = write_results("bench_cufft", meta, rows, MARKDOWN_COLUMNS,
+                          title=f"cufft vs gemm vs cuDNN, batch {args.batch}, {device}",
+                          notes=notes, out_dir=args.out)
+    print("\n".join(str(p) for p in paths))
+    if failures:
+        sys.exit("correctness check failed:\n" + "\n".join(failures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Benchmark helpers: CUDA-event timing, allocator high-water marks, result files with provenance.
+
+Every result file says where and how it was measured: device name, UTC date, the exact command
+line, and library versions. Files go to results/<device-name-slug>/<name>.{json,md}.
+"""
+import datetime
+import json
+import platform
+import re
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+
+
+def median_ms(fn, lib, warmup=3, repeat=10):
+    """Median milliseconds of fn() between CUDA events, after `warmup` untimed calls.
+
+    lib is "cupy" or "torch": the events are recorded on that library's current stream, the one
+    the work is queued on. Each timed call ends with a wait on its end event (a sync point).
+    """
+    if lib == "cupy":
+        import cupy
+        new_event, elapsed = cupy.cuda.Event, cupy.cuda.get_elapsed_time
+    elif lib == "torch":
+        import torch
+
+        def new_event():
+            return torch.cuda.Event(enable_timing=True)
+
+        def elapsed(start, end):
+            return start.elapsed_time(end)
+    else:
+        raise ValueError(f"lib must be 'cupy' or 'torch', got {lib!r}")
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    for _ in range(warmup):
+        fn()
+    start, end = new_event(), new_event()
+    times = []
+    for _ in range(repeat):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(elapsed(start, end))
+    return statistics.median(times)
+
+
+def peak_extra_bytes(fn, lib):
+    """Device memory fn() needs beyond what is allocated before it (inputs), output included.
+
+    torch: the caching allocator's exact peak. cupy: the memory pool's size after one call, starting
+    from an emptied pool; the pool keeps what it frees, so this is its high-water mark (to the
+    pool's rounding).
+    """
+    if lib == "torch":
+        import torch
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    if lib == "cupy":
+        import cupy
+        pool = cupy.get_default_memory_pool()
+        cupy.cuda.Device().synchronize()
+        pool.free_all_blocks()
+        before = pool.used_bytes()
+        fn()
+        cupy.cuda.Device().synchronize()
+        return pool.total_bytes() - before
+    raise ValueError(f"lib must be 'cupy' or 'torch', got {lib!r}")
+
+
+def slug(name):
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (a directory name)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-device"
+
+
+def provenance(device, **versions):
+    """Where, when and how: device name, UTC date, exact command line, platform and versions."""
+    return {
+        "device": device,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv)),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        **versions,
+    }
+
+
+def markdown_table(rows, columns):
+    """A Markdown table of `rows` (dicts); columns is [(header, key, format spec)]."""
+    lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for row in rows:
+        cells = []
+        for _, key, spec in columns:
+            value = row.get(key)
+            cells.append("" if value is None else format(value, spec) if spec else str(value))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_results(name, meta, rows, columns, title, notes="", out_dir=RESULTS_DIR):
+    """Write out_dir/<device slug>/<name>.json (meta + rows) and .md (provenance + table).
+
+    Returns the two paths.
+    """
+    folder = Path(out_dir) / slug(meta["device"])
+    folder.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = folder / f"{name}.json", folder / f"{name}.md"
+    json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    header = [f"# {title}", ""]
+    header += [f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in meta.items()]
+    body = [markdown_table(rows, columns)]
+    md_path.write_text("\n".join(header + ["", notes.strip(), ""] + body) + "\n")
+    return json_path, md_path

@@ -1,0 +1,350 @@
+"""cufft backend: every pass against PyTorch in float64 (tests/reference.py), per device."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends import cufft, tuning
+from backends.common import geometry
+from conftest import DEVICES
+from minitorch_fft.device import get_array_module, to_device
+from reference import check_backend
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def untuned(tmp_path, monkeypatch):
+    """Each test starts untuned (tests that tune say so), with its own tuning-cache file."""
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "autotune.json"))
+    monkeypatch.setattr(cufft, "TUNE", "off")
+
+
+def arrays(rng, x_shape, w_shape):
+    return (rng.standard_normal(x_shape).astype(np.float32),
+            rng.standard_normal(w_shape).astype(np.float32))
+
+
+def check(rng, x_shape, w_shape, padding=(0, 0), device="cpu"):
+    x, w = arrays(rng, x_shape, w_shape)
+    return check_backend(cufft, x, w, (1, 1), padding, device=device, rng=rng)
+
+
+def all_passes(x, w, padding, device):
+    """(y, gx, gw) of cufft on `device`, with a fixed gy, as NumPy arrays."""
+    g = geometry(x.shape, w.shape, (1, 1), padding)
+    gy = np.random.default_rng(7).standard_normal((g.S, g.fo, g.oh, g.ow)).astype(np.float32)
+    xd, wd, gyd = (to_device(a, device) for a in (x, w, gy))
+    out = (cufft.fprop(xd, wd, padding=padding), cufft.bprop(gyd, wd, x.shape, padding=padding),
+           cufft.accgrad(gyd, xd, w.shape, padding=padding))
+    return tuple(to_device(a, "cpu") for a in out)
+
+
+# -- the paper's Table 2 grid: S, f, f', k (= kh = kw), output y (= oh = ow) -----------------
+
+CPU_GRID = [  # one or two large dimensions at a time, so the CPU run stays short
+    (1, 1, 1, 3, 1), (1, 4, 16, 5, 2), (16, 1, 4, 7, 4), (1, 16, 4, 9, 8), (16, 4, 1, 11, 1),
+    (1, 1, 64, 13, 2), (1, 64, 1, 3, 16), (1, 4, 4, 5, 32), (1, 1, 1, 13, 64), (1, 96, 4, 3, 4),
+    (1, 4, 128, 3, 2), (1, 256, 1, 5, 1), (1, 1, 256, 7, 2), (16, 16, 16, 3, 8), (64, 1, 1, 9, 4),
+    (128, 1, 1, 3, 2),
+]
+
+
+def _gpu_grid(count=40, max_reductions=3e8, seed=2015):
+    """A seeded sample of the full Table 2 grid, capped so the float64 CPU reference stays quick."""
+    rng = np.random.default_rng(seed)
+    grid = [(S, f, fo, k, y) for S in (1, 16, 64, 128) for f in (1, 4, 16, 64, 96, 128, 256)
+            for fo in (1, 4, 16, 64, 96, 128, 256) for k in (3, 5, 7, 9, 11, 13)
+            for y in (1, 2, 4, 8, 16, 32, 64) if S * f * fo * k * k * y * y <= max_reductions]
+    return [grid[i] for i in rng.choice(len(grid), size=count, replace=False)]
+
+
+def _grid_case(rng, S, f, fo, k, y, device):
+    h = y + k - 1
+    errs = check(rng, (S, f, h, h), (fo, f, k, k), device=device)
+    assert set(errs) == {"fprop", "bprop", "accgrad"}
+
+
+@pytest.mark.parametrize("S,f,fo,k,y", CPU_GRID)
+def test_table2_sample_cpu(rng, S, f, fo, k, y):
+    _grid_case(rng, S, f, fo, k, y, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("S,f,fo,k,y", _gpu_grid())
+def test_table2_sample_gpu(rng, S, f, fo, k, y):
+    _grid_case(rng, S, f, fo, k, y, "cuda")
+
+
+# -- padding, shapes, edge cases -----------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padding", [(1, 1), (2, 2), (1, 0), (0, 3), (2, 1), (4, 4)])
+def test_padding(rng, device, padding):
+    # (4, 4) exceeds the 3x3 kernel: the output (oh = h + 5) outgrows h + ph, so oh sets the basis
+    check(rng, (2, 3, 6, 7), (4, 3, 3, 3), padding, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_shape,w_shape,padding", [
+    ((2, 2, 9, 9), (3, 2, 1, 7), (0, 3)),
+    ((2, 2, 9, 9), (3, 2, 7, 1), (3, 0)),
+    ((2, 2, 5, 12), (3, 2, 3, 5), (1, 2)),
+    ((2, 2, 12, 5), (3, 2, 5, 2), (2, 1)),
+    ((2, 3, 5, 6), (2, 3, 7, 8), (1, 1)),     # kernel covers the padded input: 1x1 output
+    ((2, 3, 1, 1), (2, 3, 3, 3), (1, 1)),     # 1x1 input, padding only
+    ((2, 3, 6, 6), (4, 3, 1, 1), (0, 0)),     # 1x1 kernel
+])
+def test_rectangular_and_edge_shapes(rng, device, x_shape, w_shape, padding):
+    check(rng, x_shape, w_shape, padding, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_one_single_channel(rng, device):
+    check(rng, (1, 1, 9, 9), (1, 1, 3, 3), (1, 1), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_results_are_float32_of_the_input_kind(rng, device):
+    x, w = arrays(rng, (2, 3, 8, 8), (4, 3, 3, 3))
+    for out in all_passes(x, w, (1, 1), device):
+        assert out.dtype == np.float32
+    xd, wd = to_device(x, device), to_device(w, device)
+    y = cufft.fprop(xd, wd, padding=(1, 1))
+    assert type(y) is type(xd) and get_array_module(y) is get_array_module(xd)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(S=st.integers(1, 3), f=st.integers(1, 3), fo=st.integers(1, 3), h=st.integers(1, 9),
+       w=st.integers(1, 9), kh=st.integers(1, 6), kw=st.integers(1, 6), ph=st.integers(0, 3),
+       pw=st.integers(0, 3))
+def test_random_geometries(rng, S, f, fo, h, w, kh, kw, ph, pw):
+    if kh > h + 2 * ph or kw > w + 2 * pw:
+        return  # not a valid convolution; supports() says so (test_supports)
+    check(rng, (S, f, h, w), (fo, f, kh, kw), (ph, pw))
+
+
+# -- capability and argument checks ---------------------------------------------------------
+
+def test_supports():
+    assert cufft.supports((2, 3, 8, 8), (4, 3, 3, 3), (1, 1), (1, 1))
+    assert cufft.supports((2, 3, 8, 8), (4, 3, 3, 5), (1, 1), (0, 2))
+    assert not cufft.supports((2, 3, 8, 8), (4, 3, 3, 3), (2, 2), (0, 0))
+    assert not cufft.supports((2, 3, 8, 8), (4, 3, 3, 3), (1, 2), (0, 0))
+    assert not cufft.supports((2, 3, 8, 8), (4, 3, 9, 3), (1, 1), (0, 0))   # kernel too big
+    assert not cufft.supports((3, 8, 8), (4, 3, 3, 3), (1, 1), (0, 0))      # not 4-D
+    assert not cufft.supports((2, 3, 8, 8), (4, 2, 3, 3), (1, 1), (0, 0))   # channel mismatch
+
+
+def test_argument_errors(rng):
+    x, w = arrays(rng, (2, 3, 8, 8), (4, 3, 3, 3))
+    with pytest.raises(ValueError, match="stride 1 only"):
+        cufft.fprop(x, w, stride=(2, 2))
+    with pytest.raises(TypeError, match="float32"):
+        cufft.fprop(x.astype(np.float64), w)
+    with pytest.raises(ValueError, match="gy must have shape"):
+        cufft.bprop(np.zeros((2, 4, 5, 5), np.float32), w, x.shape)
+    with pytest.raises(ValueError, match="MINITORCH_CUFFT_TUNE"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cufft, "TUNE", "sometimes")
+            cufft.fprop(x, w)
+
+
+# -- basis sizes, GEMM forms, chunking --------------------------------------------------------
+
+def test_basis_sizes_and_minimum():
+    assert cufft.basis_sizes(13) == [13, 14, 15, 16]
+    assert cufft.basis_sizes(16) == [16]
+    assert cufft.basis_sizes(1) == [1]
+    assert cufft.basis_sizes(17) == [17, 18, 20, 21, 24, 25, 27, 28, 30, 32]
+    assert cufft.min_basis(geometry((1, 1, 13, 13), (1, 1, 3, 3), (1, 1), (1, 1))) == (14, 14)
+    assert cufft.min_basis(geometry((1, 1, 4, 4), (1, 1, 1, 1), (1, 1), (3, 0))) == (10, 4)
+    g = geometry((1, 1, 13, 13), (1, 1, 3, 3), (1, 1), (0, 0))
+    assert cufft.default_config(g) == {"basis": [14, 14], "gemm": "batched"}   # 13 is prime
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("how", cufft.GEMMS)
+def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how):
+    """A cached choice is used as is: an odd, oversized basis and each GEMM form stay exact."""
+    monkeypatch.setattr(cufft, "TUNE", "on")
+    x, w = arrays(rng, (3, 2, 7, 9), (4, 2, 3, 5))
+    padding = (1, 2)
+    g = geometry(x.shape, w.shape, (1, 1), padding)
+    xp = get_array_module(to_device(x, device))
+    config = {"basis": [11, 13], "gemm": how}
+    for pass_name in ("fprop", "bprop", "accgrad"):
+        tuning.default_cache().put(tuning.key(xp, np.float32, g, pass_name, "cufft"), config)
+    monkeypatch.setattr(tuning, "timeit", _no_timing)
+    check_backend(cufft, x, w, (1, 1), padding, device=device, rng=rng)
+    assert cufft.config_for("fprop", x.shape, w.shape, (1, 1), padding, xp=xp) == config
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_chunks_match_the_whole_batch(rng, monkeypatch, device):
+    x, w = arrays(rng, (5, 3, 8, 8), (4, 3, 3, 3))
+    whole = all_passes(x, w, (1, 1), device)
+    monkeypatch.setattr(cufft, "WORKSPACE_BYTES", 1)            # one image per chunk
+    g = geometry(x.shape, w.shape, (1, 1), (1, 1))
+    assert len(cufft._batch_chunks(g, cufft.default_config(g)["basis"])) == 5
+    chunked = all_passes(x, w, (1, 1), device)
+    for a, b in zip(whole, chunked, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    check_backend(cufft, x, w, (1, 1), (1, 1), device=device, rng=rng)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scratch_buffers_are_reused(rng, device):
+    x, w = arrays(rng, (2, 3, 8, 8), (4, 3, 3, 3))
+    all_passes(x, w, (1, 1), device)
+    before = {k: id(v) for k, v in cufft._scratch_buffers.items()}
+    all_passes(x, w, (1, 1), device)
+    assert before and {k: id(v) for k, v in cufft._scratch_buffers.items()} == before
+    cufft.release_buffers()
+    assert not cufft._scratch_buffers
+
+
+@pytest.mark.gpu
+def test_no_device_allocation_in_steady_state(rng):
+    import cupy
+    x, w = arrays(rng, (8, 16, 16, 16), (16, 16, 5, 5))
+    for _ in range(2):                                   # plans, scratch buffers, pool blocks
+        all_passes(x, w, (2, 2), "cuda")
+    pool = cupy.get_default_memory_pool()
+    held = pool.total_bytes()
+    all_passes(x, w, (2, 2), "cuda")
+    assert pool.total_bytes() == held
+
+
+# -- spectra shared across the passes of a step ----------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reuse_spectra_gives_identical_results(rng, device):
+    x, w = arrays(rng, (3, 2, 7, 8), (4, 2, 3, 3))
+    plain = all_passes(x, w, (1, 2), device)
+    g = geometry(x.shape, w.shape, (1, 1), (1, 2))
+    gy = to_device(np.random.default_rng(7).standard_normal((g.S, g.fo, g.oh, g.ow))
+                   .astype(np.float32), device)
+    xd, wd = to_device(x, device), to_device(w, device)
+    with cufft.reuse_spectra() as cache:
+        shared = (cufft.fprop(xd, wd, padding=(1, 2)), cufft.bprop(gy, wd, x.shape, padding=(1, 2)),
+                  cufft.accgrad(gy, xd, w.shape, padding=(1, 2)))
+    assert (cache.misses, cache.hits) == (3, 3)   # FFT of x, w, gy once each; w, gy, x reused
+    assert cufft._step_cache is None
+    for a, b in zip(plain, shared, strict=True):
+        np.testing.assert_array_equal(a, to_device(b, "cpu"))
+
+
+def test_reuse_spectra_tells_arrays_apart(rng):
+    x1, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
+    x2 = rng.standard_normal(x1.shape).astype(np.float32)
+    expected = [cufft.fprop(x, w) for x in (x1, x2)]
+    with cufft.reuse_spectra() as cache:
+        got = [cufft.fprop(x, w) for x in (x1, x2)]
+    assert (cache.misses, cache.hits) == (3, 1)   # x1, x2 and w computed; w shared
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# -- autotuning ------------------------------------------------------------------------------
+
+def _no_timing(*args, **kwargs):
+    raise AssertionError("timed a candidate although no tuning was due")
+
+
+def test_cpu_default_is_not_timed(rng, monkeypatch, tmp_path):
+    monkeypatch.setattr(cufft, "TUNE", "auto")                  # auto: tune on the GPU only
+    monkeypatch.setattr(tuning, "timeit", _no_timing)
+    check(rng, (2, 3, 8, 8), (4, 3, 3, 3), (1, 1))
+    assert not (tmp_path / "autotune.json").exists()
+
+
+def test_tuner_picks_a_valid_basis_and_caches_it(rng, monkeypatch, tmp_path):
+    monkeypatch.setattr(cufft, "TUNE", "on")
+    x, w = arrays(rng, (2, 2, 5, 7), (3, 2, 3, 3))
+    padding = (1, 0)
+    check_backend(cufft, x, w, (1, 1), padding, rng=rng)        # tunes all three passes
+
+    g = geometry(x.shape, w.shape, (1, 1), padding)
+    n0, m0 = cufft.min_basis(g)
+    saved = json.loads((tmp_path / "autotune.json").read_text())
+    assert saved["version"] == tuning.VERSION
+    choices = list(saved["devices"]["cpu"].values())
+    assert len(choices) == 3
+    for choice in choices:
+        n, m = choice["basis"]
+        assert n in cufft.basis_sizes(n0) and m in cufft.basis_sizes(m0)
+        assert choice["gemm"] in cufft.GEMMS
+
+    # Another process (a fresh cache object on the same file) reuses the choices without timing.
+    tuning._caches.clear()
+    monkeypatch.setattr(tuning, "timeit", _no_timing)
+    check_backend(cufft, x, w, (1, 1), padding, rng=rng)
+    assert cufft.config_for("accgrad", x.shape, w.shape, (1, 1), padding) in choices
+
+
+def test_tuner_keeps_the_default_when_the_winner_disagrees(rng, monkeypatch):
+    real_cgemm = cufft._cgemm
+
+    def wrong_gauss(xp, a, b, role, how):
+        c = real_cgemm(xp, a, b, role, how)
+        if how == "gauss":
+            c *= 2
+        return c
+
+    monkeypatch.setattr(cufft, "_cgemm", wrong_gauss)
+    monkeypatch.setattr(tuning, "fastest", lambda candidates, run, xp: candidates[-1])
+    monkeypatch.setattr(cufft, "TUNE", "on")
+    x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
+    with pytest.warns(UserWarning, match="keeping the default"):
+        y = cufft.fprop(x, w)
+    g = geometry(x.shape, w.shape, (1, 1), (0, 0))
+    assert cufft.config_for("fprop", x.shape, w.shape) == cufft.default_config(g)
+    monkeypatch.setattr(cufft, "TUNE", "off")
+    np.testing.assert_array_equal(y, cufft.fprop(x, w))
+
+
+def test_invalid_cached_choice_is_retuned(rng, monkeypatch):
+    monkeypatch.setattr(cufft, "TUNE", "on")
+    x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
+    g = geometry(x.shape, w.shape, (1, 1), (0, 0))
+    key = tuning.key(np, np.float32, g, "fprop", "cufft")
+    tuning.default_cache().put(key, {"basis": [4, 4], "gemm": "batched"})  # too small: would alias
+    with pytest.warns(UserWarning, match="invalid cached cufft choice"):
+        cufft.fprop(x, w)
+    (n, m), (n0, m0) = tuning.default_cache().get(key)["basis"], cufft.min_basis(g)
+    assert n >= n0 and m >= m0
+
+
+@pytest.mark.gpu
+def test_tuner_on_the_gpu(rng, monkeypatch):
+    monkeypatch.setattr(cufft, "TUNE", "auto")
+    check(rng, (8, 16, 13, 13), (16, 16, 3, 3), (1, 1), "cuda")
+
+
+# -- the benchmark script --------------------------------------------------------------------
+
+def test_benchmark_help_needs_no_gpu():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cufft.py"), "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--quick" in out.stdout and "table4.L1" in out.stdout
+
+
+def test_benchmark_results_files(tmp_path):
+    from benchmarks import common
+    meta = common.provenance("NVIDIA H100 80GB HBM3", torch="x")
+    rows = [{"layer": "table4.L3", "pass": "fprop", "ms_cufft": 0.5}]
+    json_path, md_path = common.write_results("bench_cufft", meta, rows,
+                                              [("layer", "layer", ""), ("cufft ms", "ms_cufft", ".3f")],
+                                              title="t", out_dir=tmp_path)
+    assert json_path.parent == tmp_path / "nvidia-h100-80gb-hbm3"
+    assert json.loads(json_path.read_text())["rows"] == rows
+    text = md_path.read_text()
+    assert "| table4.L3 | 0.500 |" in text and "- device: NVIDIA H100 80GB HBM3" in text
+    assert "- command: `" in text and "- date: " in text

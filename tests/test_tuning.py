@@ -1,0 +1,166 @@
+"""The shared autotune cache and timing helpers (backends/tuning.py)."""
+import json
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends import tuning
+from backends.common import geometry
+
+GEOMETRY = geometry((2, 3, 8, 8), (4, 3, 3, 3), (1, 1), (1, 1))
+
+
+def a_key(pass_name="fprop", device="cpu"):
+    return (device,) + tuning.key(np, np.float32, GEOMETRY, pass_name, "cufft")[1:]
+
+
+@pytest.fixture
+def path(tmp_path):
+    return tmp_path / "sub" / "autotune.json"
+
+
+def test_key_is_json_able_and_names_the_device():
+    key = tuning.key(np, np.float32, GEOMETRY, "bprop", "cufft")
+    assert key == ("cpu", "float32", tuple(GEOMETRY), "bprop", "cufft")
+    json.dumps(key)
+
+
+def test_round_trip_through_the_file(path):
+    tuning.TuneCache(path).put(a_key(), {"basis": [14, 16], "gemm": "batched"})
+    data = json.loads(path.read_text())
+    assert data["version"] == tuning.VERSION and list(data["devices"]) == ["cpu"]
+    assert tuning.TuneCache(path).get(a_key()) == {"basis": [14, 16], "gemm": "batched"}
+    assert tuning.TuneCache(path).get(a_key("accgrad")) is None
+
+
+def test_choices_are_kept_per_device(path):
+    cache = tuning.TuneCache(path)
+    cache.put(a_key(device="NVIDIA H100 80GB HBM3"), "h100 choice")
+    assert cache.get(a_key(device="NVIDIA H200")) is None
+    assert tuning.TuneCache(path).get(a_key(device="NVIDIA H100 80GB HBM3")) == "h100 choice"
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"version": 1, "devices": [1]}'])
+def test_corrupt_file_is_ignored_with_a_warning_and_rebuilt(path, text):
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.warns(UserWarning, match="autotune cache"):
+        cache = tuning.TuneCache(path)
+    assert cache.get(a_key()) is None
+    cache.put(a_key(), 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuning.TuneCache(path).get(a_key()) == 1
+
+
+def test_other_version_is_ignored_and_rewritten(path):
+    path.parent.mkdir(parents=True)
+    old_name = tuning._entry_name(a_key()[1:])
+    path.write_text(json.dumps({"version": tuning.VERSION + 1, "devices": {"cpu": {old_name: "old"}}}))
+    with pytest.warns(UserWarning, match="version"):
+        cache = tuning.TuneCache(path)
+    assert cache.get(a_key()) is None
+    cache.put(a_key("bprop"), "new")
+    data = json.loads(path.read_text())
+    assert data["version"] == tuning.VERSION
+    assert list(data["devices"]["cpu"].values()) == ["new"]
+
+
+def test_failed_write_leaves_the_old_file_and_no_temporary(path, monkeypatch):
+    cache = tuning.TuneCache(path)
+    cache.put(a_key(), "first")
+    before = path.read_text()
+
+    def refuse(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tuning.os, "replace", refuse)
+    with pytest.warns(UserWarning, match="cannot write"):
+        cache.put(a_key("bprop"), "second")
+    assert path.read_text() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    assert cache.get(a_key("bprop")) == "second"          # still known in memory
+
+
+def test_value_must_be_json_able(path):
+    with pytest.raises(TypeError, match="JSON-able"):
+        tuning.TuneCache(path).put(a_key(), {1, 2})
+    assert not path.exists()
+
+
+def test_writers_merge_instead_of_overwriting(path):
+    first, second = tuning.TuneCache(path), tuning.TuneCache(path)
+    first.put(a_key("fprop"), "from first")
+    second.put(a_key("bprop"), "from second")
+    fresh = tuning.TuneCache(path)
+    assert fresh.get(a_key("fprop")) == "from first"
+    assert fresh.get(a_key("bprop")) == "from second"
+
+
+def test_concurrent_writers_do_not_crash(path):
+    errors = []
+
+    def writer(i):
+        try:
+            cache = tuning.TuneCache(path)
+            for j in range(20):
+                cache.put(a_key(device=f"device {i}"), j)
+        except Exception as e:  # any failure of a writer fails the test below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                     # the final file is whole and current
+        final = tuning.TuneCache(path)
+    assert any(final.get(a_key(device=f"device {i}")) == 19 for i in range(8))
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_cache_location_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "mine.json"))
+    assert tuning.cache_path() == tmp_path / "mine.json"
+    assert tuning.default_cache().path == tmp_path / "mine.json"
+    monkeypatch.delenv("MINITORCH_TUNE_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert tuning.cache_path() == Path(tmp_path) / ".cache" / "minitorch_fft" / "autotune.json"
+
+
+def test_timeit_runs_warmup_then_takes_the_median(monkeypatch):
+    calls = []
+    clock = iter([0.0, 0.005, 1.0, 1.001, 2.0, 2.003])     # runs of 5, 1 and 3 ms
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: next(clock))
+    ms = tuning.timeit(lambda: calls.append(1), np, warmup=2, repeat=3)
+    assert len(calls) == 5
+    assert ms == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="repeat >= 1"):
+        tuning.timeit(lambda: None, np, warmup=0, repeat=0)
+
+
+def test_fastest_picks_the_quickest_and_skips_a_lone_candidate(monkeypatch):
+    monkeypatch.setattr(tuning, "timeit", lambda fn, xp, warmup, repeat: fn())
+    cost = {"a": 3.0, "b": 1.0, "c": 2.0}
+    assert tuning.fastest(["a", "b", "c"], cost.get) == "b"
+
+    def no_timing(*args):
+        raise AssertionError("a lone candidate was timed")
+
+    monkeypatch.setattr(tuning, "timeit", no_timing)
+    assert tuning.fastest(["only"], cost.get) == "only"
+    with pytest.raises(ValueError, match="no candidates"):
+        tuning.fastest([], cost.get)
+
+
+@pytest.mark.gpu
+def test_gpu_device_name_and_timing():
+    import cupy
+    assert tuning.device_name(cupy) and tuning.device_name(cupy) != "cpu"
+    a = cupy.ones((512, 512), dtype=np.float32)
+    assert tuning.timeit(lambda: a @ a, cupy, warmup=1, repeat=3) > 0
