@@ -115,7 +115,7 @@ def test_nan_and_inf_propagate(device):
 def test_numpy_mixed_with_cupy_is_a_clear_error():
     import cupy as cp
     for name in backends.names():
-        with pytest.raises(TypeError, match="all NumPy or all CuPy"):
+        with pytest.raises(TypeError, match="must all be NumPy or all CuPy"):
             backends.get(name).fprop(cp.asarray(X), W)
     with pytest.raises(TypeError, match="different devices"):
         mt.SpatialConvolution(3, 4, 3)(mt.Tensor(cp.asarray(X)))
