@@ -202,7 +202,7 @@ def main(argv=None):
         return 130
 
     result = {
-        "model": args.model, "backend": args.backend, "device": device_name(device), "data": args.data,
+        "model": args.model, "backend": args.backend, "device": backends.tuning.device_name(mt.get_array_module(model.parameters()[0].data)), "data": args.data,
         "epochs": state["epoch"], "test_accuracy": round(evaluate(model, test, args.batch_size, device), 4),
         "train_loss": state["history"][-1]["loss"] if state["history"] else None,
         "images_per_s": round(imgs_per_s, 1), "seconds": round(time.perf_counter() - t_start, 2),
@@ -213,13 +213,6 @@ def main(argv=None):
             json.dump(backends.autotune.choices(), f, indent=1)
     print(json.dumps(result))
     return 0
-
-
-def device_name(device):
-    if device == "cpu":
-        return "cpu"
-    import cupy
-    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
 
 
 if __name__ == "__main__":

@@ -348,3 +348,11 @@ def test_benchmark_results_files(tmp_path):
     text = md_path.read_text()
     assert "| table4.L3 | 0.500 |" in text and "- device: NVIDIA H100 80GB HBM3" in text
     assert "- command: `" in text and "- date: " in text
+
+
+def test_large_weights_do_not_shrink_chunks_to_single_images():
+    """OverFeat conv5 (f = f' = 1024): the weight spectra alone exceed the workspace, yet the
+    batch must still go through in large chunks (not 128 one-image GEMMs)."""
+    g = geometry((128, 1024, 12, 12), (1024, 1024, 3, 3), (1, 1), (1, 1))
+    chunks = cufft._batch_chunks(g, cufft.default_config(g)["basis"])
+    assert len(chunks) <= 2
