@@ -1,0 +1,359 @@
+"""The fbfft paper's timing study on today's GPU, cuDNN measured beside it in the same process.
+
+  python benchmarks/paper.py table3            # whole networks (paper Table 3): every conv layer, 3 passes
+  python benchmarks/paper.py table4            # representative layers L1-L5 (paper Table 4) under auto
+  python benchmarks/paper.py step              # a full training step: images/s and time in kernels
+  python benchmarks/paper.py all --quick       # everything, fewer repeats
+
+Our implementations are the registered backends (each on the layers it supports; a layer it
+cannot serve, such as the strided conv1 for the FFT backends, runs on the autotuner's pick, as
+the paper ran conv1 on cuDNN) and `auto`, the per-layer, per-pass autotuner over our backends
+only. cuDNN runs through PyTorch with torch.backends.cudnn.benchmark on, in fp32 strict
+(allow_tf32 off for cuDNN and cuBLAS) and in PyTorch's default (TF32 convolutions).
+
+Every timed result is first checked against a float64 reference (PyTorch on the GPU). Times are
+medians of CUDA events after warm-up, on fresh random data. Results go to
+results/<device>/paper_<table>.{json,md} with device, date and command.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
+
+from benchmarks.common import RESULTS_DIR, median_ms, provenance, write_results  # noqa: E402
+
+BATCH = 128
+PASSES = ("fprop", "bprop", "accgrad")
+TOLERANCE = {"strict": 1e-4, "tf32": 1e-2}  # relative error against float64
+# Paper Table 4 layers: name -> (f, f', h = w, k), S = 128, stride 1, no padding
+TABLE4 = {"L1": (3, 96, 128, 11), "L2": (64, 64, 64, 9), "L3": (128, 128, 32, 9),
+          "L4": (128, 128, 16, 7), "L5": (384, 384, 13, 3)}
+# Quoted, not measured: the paper's Table 3 (NVIDIA K40m, ms), for reference beside ours.
+PAPER_TABLE3_K40 = {
+    "alexnet": {"cuFFT": (94.34, 96.69, 93.20, 284.23), "cuDNN": (147.32, 167.79, 153.96, 469.07),
+                "ccn2": (99.03, 104.59, 103.29, 306.91)},
+    "overfeat_fast": {"cuFFT": (375.65, 460.48, 397.85, 1233.98),
+                      "cuDNN": (459.06, 634.26, 508.02, 1601.35),
+                      "ccn2": (433.11, 398.87, 450.82, 1282.80)},
+}
+TORCH_TF32_DEFAULTS = {}
+
+
+def conv_layers(model_name, batch):
+    """[(name, x_shape, w_shape, stride, padding)] of a zoo model's convolutions, by shape tracing."""
+    import minitorch_fft as mt
+    import models
+
+    c, h, w = models.input_shape(model_name)
+    net = models.get(model_name, num_classes=10)
+    layers = []
+    for i, m in enumerate(net.features.layers):
+        if isinstance(m, mt.SpatialConvolution):
+            (kh, kw), (sh, sw), (ph, pw) = m.kernel_size, m.stride, m.padding
+            layers.append((f"conv{len(layers) + 1}", (batch, c, h, w), (m.out_planes, c, kh, kw),
+                           m.stride, m.padding))
+            c, h, w = m.out_planes, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+        elif isinstance(m, mt.SpatialMaxPooling):
+            (kh, kw), (sh, sw) = m.kernel_size, m.stride
+            h, w = (h - kh) // sh + 1, (w - kw) // sw + 1
+    return layers
+
+
+class Layer:
+    """Random operands of one convolution on the GPU, float64 references, and timed passes."""
+
+    def __init__(self, x_shape, w_shape, stride, padding, seed):
+        import cupy as cp
+        import torch
+        import torch.nn.functional as TF
+
+        import backends
+        self.geom = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
+        g = backends.geometry(x_shape, w_shape, stride, padding)
+        self.g = g
+        rng = cp.random.default_rng(seed)
+        self.x = rng.standard_normal(x_shape, dtype=cp.float32)
+        self.w = rng.standard_normal(w_shape, dtype=cp.float32)
+        self.gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow), dtype=cp.float32)
+        self.xt, self.wt, self.gyt = (torch.from_dlpack(a) for a in (self.x, self.w, self.gy))
+        x64, w64, gy64 = self.xt.double(), self.wt.double(), self.gyt.double()
+        s, p = self.geom[2], self.geom[3]
+        self.ref = {"fprop": TF.conv2d(x64, w64, stride=s, padding=p),
+                    "bprop": torch.nn.grad.conv2d_input(x64.shape, w64, gy64, stride=s, padding=p),
+                    "accgrad": torch.nn.grad.conv2d_weight(x64, w64.shape, gy64, stride=s, padding=p)}
+
+    def ours(self, backend, pass_name):
+        s, p = self.geom[2], self.geom[3]
+        args = {"fprop": (self.x, self.w), "bprop": (self.gy, self.w, self.x.shape),
+                "accgrad": (self.gy, self.x, self.w.shape)}[pass_name]
+        return lambda: getattr(backend, pass_name)(*args, stride=s, padding=p)
+
+    def cudnn(self, pass_name):
+        import torch
+        import torch.nn.functional as TF
+        s, p = self.geom[2], self.geom[3]
+        return {"fprop": lambda: TF.conv2d(self.xt, self.wt, stride=s, padding=p),
+                "bprop": lambda: torch.nn.grad.conv2d_input(self.xt.shape, self.wt, self.gyt, stride=s, padding=p),
+                "accgrad": lambda: torch.nn.grad.conv2d_weight(self.xt, self.wt.shape, self.gyt,
+                                                               stride=s, padding=p)}[pass_name]
+
+    def measure(self, fn, lib, pass_name, tol, args):
+        """(median ms, relative error); the result is checked before it is timed."""
+        import torch
+        got = fn()
+        got = torch.from_dlpack(got) if lib == "cupy" else got
+        ref = self.ref[pass_name]
+        err = float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))
+        del got
+        if not err <= tol:
+            raise AssertionError(f"relative error {err:.2e} > {tol}")
+        return median_ms(fn, lib, args.warmup, args.repeat), err
+
+
+def set_tf32(mode):
+    import torch
+    on = mode == "tf32"
+    torch.backends.cudnn.allow_tf32 = on and TORCH_TF32_DEFAULTS["cudnn"]
+    torch.backends.cuda.matmul.allow_tf32 = on and TORCH_TF32_DEFAULTS["matmul"]
+
+
+def implementations():
+    """Our backends, then auto; cuDNN is added by the callers."""
+    import backends
+    return backends.names() + ["auto"]
+
+
+def run_ours(layer, impl, pass_name, args):
+    """(ms, err, backend actually used) of one of our implementations on one layer and pass."""
+    import cupy as cp
+
+    import backends
+    x_shape, w_shape, s, p = layer.geom
+    name = impl if impl != "auto" and backends.get(impl).supports(x_shape, w_shape, s, p) else "auto"
+    backend = backends.choose(name, pass_name, x_shape, w_shape, s, p, xp=cp)
+    ms, err = layer.measure(layer.ours(backend, pass_name), "cupy", pass_name, TOLERANCE["strict"], args)
+    return ms, err, backend.__name__.split(".")[-1]
+
+
+def table3(args, bar):
+    rows, failures = [], []
+    for net in ("alexnet", "overfeat_fast"):
+        layers = [Layer(*spec[1:], seed=args.seed + i) for i, spec in enumerate(conv_layers(net, args.batch))]
+        impls = implementations() + ["cudnn_strict", "cudnn_tf32"]
+        for impl in impls:
+            totals = {p: 0.0 for p in PASSES}
+            used = []
+            for li, layer in enumerate(layers):
+                for pn in PASSES:
+                    bar.set_postfix_str(f"{net} {impl} conv{li + 1} {pn}")
+                    try:
+                        if impl.startswith("cudnn"):
+                            mode = impl.split("_")[1]
+                            set_tf32(mode)
+                            ms, _ = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args)
+                            set_tf32("strict")
+                        else:
+                            ms, _, b = run_ours(layer, impl, pn, args)
+                            used.append(b)
+                    except Exception as e:  # noqa: BLE001 - reported, never hidden
+                        failures.append(f"{net} {impl} conv{li + 1} {pn}: {type(e).__name__}: {e}"[:300])
+                        ms = float("nan")
+                    totals[pn] += ms
+            rows.append({"network": net, "implementation": impl, **{f"{p}_ms": totals[p] for p in PASSES},
+                         "total_ms": sum(totals.values()),
+                         "backends_used": ",".join(sorted(set(used))) if used else "cudnn"})
+        bar.update(1)
+    for net in ("alexnet", "overfeat_fast"):
+        strict = next(r["total_ms"] for r in rows if r["network"] == net and r["implementation"] == "cudnn_strict")
+        tf32 = next(r["total_ms"] for r in rows if r["network"] == net and r["implementation"] == "cudnn_tf32")
+        for r in rows:
+            if r["network"] == net:
+                r["x_strict"], r["x_tf32"] = strict / r["total_ms"], tf32 / r["total_ms"]
+    quoted = [{"network": net, "implementation": f"{impl} (paper, K40, quoted)",
+               **dict(zip(["fprop_ms", "bprop_ms", "accgrad_ms", "total_ms"], v))}
+              for net, d in PAPER_TABLE3_K40.items() for impl, v in d.items()]
+    cols = [("network", "network", ""), ("implementation", "implementation", ""),
+            ("fprop ms", "fprop_ms", ".2f"), ("bprop ms", "bprop_ms", ".2f"),
+            ("accGrad ms", "accgrad_ms", ".2f"), ("total ms", "total_ms", ".2f"),
+            ("x cuDNN strict", "x_strict", ".2f"), ("x cuDNN TF32", "x_tf32", ".2f"),
+            ("backends used", "backends_used", "")]
+    return rows + quoted, cols, failures
+
+
+def table4(args, bar):
+    import cupy as cp
+
+    import backends
+    rows, failures = [], []
+    for name, (f, fo, hw, k) in TABLE4.items():
+        layer = Layer((args.batch, f, hw, hw), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
+        g = layer.g
+        for pn in PASSES:
+            bar.set_postfix_str(f"{name} {pn}")
+            row = {"layer": name, "pass": pn, "S": g.S, "f": f, "fo": fo, "hw": hw, "k": k}
+            try:
+                row["ms_auto"], row["err_auto"], row["backend"] = run_ours(layer, "auto", pn, args)
+                if row["backend"] == "cufft":
+                    basis = backends.cufft.config_for(pn, *layer.geom, xp=cp)["basis"]
+                    row["basis"] = "{}x{}".format(*basis)
+                for mode in ("strict", "tf32"):
+                    set_tf32(mode)
+                    row[f"ms_cudnn_{mode}"], _ = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args)
+                set_tf32("strict")
+                row["x_strict"] = row["ms_cudnn_strict"] / row["ms_auto"]
+                row["x_tf32"] = row["ms_cudnn_tf32"] / row["ms_auto"]
+                row["tred_s"] = g.S * f * fo * k * k * g.oh * g.ow / (row["ms_auto"] * 1e-3) / 1e12
+            except Exception as e:  # noqa: BLE001
+                failures.append(f"{name} {pn}: {type(e).__name__}: {e}"[:300])
+            rows.append(row)
+        bar.update(1)
+    cols = [("layer", "layer", ""), ("pass", "pass", ""), ("backend", "backend", ""), ("basis", "basis", ""),
+            ("auto ms", "ms_auto", ".3f"), ("cuDNN strict ms", "ms_cudnn_strict", ".3f"),
+            ("cuDNN TF32 ms", "ms_cudnn_tf32", ".3f"), ("x strict", "x_strict", ".2f"),
+            ("x TF32", "x_tf32", ".2f"), ("TRED/s", "tred_s", ".2f"), ("err", "err_auto", ".1e")]
+    return rows, cols, failures
+
+
+def torch_model(name, num_classes):
+    """The same architecture in PyTorch (torchvision's AlexNet; OverFeat-fast written out)."""
+    import torch.nn as nn
+    import torchvision
+    if name == "alexnet":
+        return torchvision.models.alexnet(num_classes=num_classes)
+    return nn.Sequential(
+        nn.Conv2d(3, 96, 11, 4), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(96, 256, 5), nn.ReLU(),
+        nn.MaxPool2d(2, 2), nn.Conv2d(256, 512, 3, padding=1), nn.ReLU(), nn.Conv2d(512, 1024, 3, padding=1),
+        nn.ReLU(), nn.Conv2d(1024, 1024, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
+        nn.Dropout(), nn.Linear(36864, 3072), nn.ReLU(), nn.Dropout(), nn.Linear(3072, 4096), nn.ReLU(),
+        nn.Linear(4096, num_classes))
+
+
+def step(args, bar):
+    """A full training step (forward, backward, SGD update), batch S, 1000 classes."""
+    import cupy as cp
+    import numpy as np
+    import torch
+
+    import minitorch_fft as mt
+    import models
+    rows, failures = [], []
+    n_steps = max(3, args.repeat // 2)
+    for net in ("alexnet", "overfeat_fast"):
+        shape = (args.batch,) + models.input_shape(net)
+        x_np = np.random.default_rng(args.seed).standard_normal(shape, dtype=np.float32)
+        y_np = np.random.default_rng(args.seed + 1).integers(0, 1000, args.batch)
+        # ours, backend auto
+        bar.set_postfix_str(f"{net} minitorch auto")
+        mt.manual_seed(args.seed)
+        model = models.get(net, num_classes=1000, backend="auto").to("cuda")
+        opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        crit = mt.CrossEntropyCriterion()
+        x, y = mt.Tensor(cp.asarray(x_np)), cp.asarray(y_np)
+
+        def our_step():
+            loss = crit(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        our_step()  # tunes every layer and pass
+        ms = median_ms(our_step, "cupy", 1, n_steps)
+        row = {"network": net, "implementation": "minitorch auto", "step_ms": ms,
+               "images_per_s": args.batch / ms * 1e3, "kernel_fraction": kernel_fraction(our_step)}
+        rows.append(row)
+        del model, opt
+        cp.get_default_memory_pool().free_all_blocks()
+        # PyTorch, same architecture
+        for mode in ("strict", "tf32"):
+            bar.set_postfix_str(f"{net} torch {mode}")
+            set_tf32(mode)
+            tm = torch_model(net, 1000).cuda()
+            topt = torch.optim.SGD(tm.parameters(), lr=0.01, momentum=0.9)
+            xt, yt = torch.from_numpy(x_np).cuda(), torch.from_numpy(y_np).cuda()
+
+            def torch_step():
+                loss = torch.nn.functional.cross_entropy(tm(xt), yt)
+                topt.zero_grad()
+                loss.backward()
+                topt.step()
+            torch_step()
+            ms = median_ms(torch_step, "torch", 1, n_steps)
+            rows.append({"network": net, "implementation": f"PyTorch cuDNN {mode}", "step_ms": ms,
+                         "images_per_s": args.batch / ms * 1e3})
+            del tm, topt
+            torch.cuda.empty_cache()
+        set_tf32("strict")
+        bar.update(1)
+    cols = [("network", "network", ""), ("implementation", "implementation", ""),
+            ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"),
+            ("time in GPU kernels", "kernel_fraction", ".1%")]
+    return rows, cols, failures
+
+
+def kernel_fraction(fn, steps=3):
+    """Share of a step's wall time that the GPU spends in kernels (CUPTI through torch.profiler,
+    which sees CuPy's kernels too: it traces the whole CUDA context)."""
+    import cupy as cp
+    from torch.profiler import ProfilerActivity, profile
+    cp.cuda.Device().synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        cp.cuda.Device().synchronize()
+        wall_us = (time.perf_counter() - t0) * 1e6
+    kernel_us = sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA"
+                    and not e.name.startswith(("Memcpy", "Memset")))
+    return kernel_us / wall_us
+
+
+COMMANDS = {"table3": (table3, "Whole networks, conv layers only (paper Table 3)", 2),
+            "table4": (table4, "Representative layers under auto (paper Table 4)", len(TABLE4)),
+            "step": (step, "Full training step (forward + backward + SGD)", 2)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser.add_argument("command", choices=list(COMMANDS) + ["all"])
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--quick", action="store_true", help="warm-up 1, repeat 3")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args()
+    if args.batch < 1 or args.warmup < 0 or args.repeat < 1:
+        parser.error(f"need --batch >= 1, --warmup >= 0, --repeat >= 1, got {args.batch}, {args.warmup}, {args.repeat}")
+    if args.quick:
+        args.warmup, args.repeat = 1, 3
+
+    import cupy as cp
+    import torch
+    from tqdm import tqdm
+
+    from backends import tuning
+    if not torch.cuda.is_available():
+        sys.exit("paper.py needs a CUDA GPU visible to PyTorch and CuPy")
+    torch.backends.cudnn.benchmark = True
+    TORCH_TF32_DEFAULTS.update(cudnn=torch.backends.cudnn.allow_tf32, matmul=torch.backends.cuda.matmul.allow_tf32)
+    set_tf32("strict")
+    meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                      cupy=cp.__version__, batch=args.batch, warmup=args.warmup, repeat=args.repeat)
+    for name in (COMMANDS if args.command == "all" else [args.command]):
+        fn, title, total = COMMANDS[name]
+        with tqdm(total=total, desc=name) as bar:
+            rows, cols, failures = fn(args, bar)
+        notes = ""
+        if failures:
+            notes = "FAILED (reported, not hidden):\n" + "\n".join(f"- {f}" for f in failures)
+        paths = write_results(f"paper_{name}", meta, rows, cols, f"{title}, batch {args.batch}, {meta['device']}",
+                              notes, out_dir=args.out)
+        print(paths[1].read_text())
+
+
+if __name__ == "__main__":
+    main()
