@@ -15,13 +15,14 @@ import warnings
 
 import numpy as np
 
-from . import autotune, cufft, gemm
+from . import autotune, cufft, fbfft, gemm
 from .common import PASSES, geometry
 from minitorch_fft.device import get_array_module
 
 _REGISTRY = {
     "gemm": gemm,
     "cufft": cufft,
+    "fbfft": fbfft,
 }
 
 

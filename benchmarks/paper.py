@@ -99,8 +99,9 @@ class Layer:
                 "accgrad": lambda: torch.nn.grad.conv2d_weight(self.xt, self.wt.shape, self.gyt,
                                                                stride=s, padding=p)}[pass_name]
 
-    def measure(self, fn, lib, pass_name, tol, args):
-        """(median ms, relative error); the result is checked before it is timed."""
+    def measure(self, fn, lib, pass_name, tol, args, flagged=None):
+        """(median ms, relative error); the result is checked before it is timed. Ours must pass
+        the check; a reference library's miss is timed anyway and appended to `flagged`."""
         import torch
         got = fn()
         got = torch.from_dlpack(got) if lib == "cupy" else got
@@ -108,7 +109,9 @@ class Layer:
         err = float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))
         del got
         if not err <= tol:
-            raise AssertionError(f"relative error {err:.2e} > {tol}")
+            if flagged is None:
+                raise AssertionError(f"relative error {err:.2e} > {tol}")
+            flagged.append(f"relative error {err:.1e} > {tol}")
         return median_ms(fn, lib, args.warmup, args.repeat), err
 
 
@@ -152,7 +155,9 @@ def table3(args, bar):
                         if impl.startswith("cudnn"):
                             mode = impl.split("_")[1]
                             set_tf32(mode)
-                            ms, _ = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args)
+                            flagged = []
+                            ms, _ = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args, flagged)
+                            failures += [f"{net} {impl} conv{li + 1} {pn} (cuDNN itself): {f}" for f in flagged]
                             set_tf32("strict")
                         else:
                             ms, _, b = run_ours(layer, impl, pn, args)
@@ -200,7 +205,10 @@ def table4(args, bar):
                     row["basis"] = "{}x{}".format(*basis)
                 for mode in ("strict", "tf32"):
                     set_tf32(mode)
-                    row[f"ms_cudnn_{mode}"], _ = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args)
+                    flagged = []
+                    row[f"ms_cudnn_{mode}"], _ = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode],
+                                                               args, flagged)
+                    failures += [f"{name} {pn} cuDNN {mode} (cuDNN itself): {f}" for f in flagged]
                 set_tf32("strict")
                 row["x_strict"] = row["ms_cudnn_strict"] / row["ms_auto"]
                 row["x_tf32"] = row["ms_cudnn_tf32"] / row["ms_auto"]

@@ -1,0 +1,142 @@
+"""fbfft: FFT convolution on our own CUDA FFT (kernels/fbfft.cu, the paper's section 5).
+
+  fprop   Y[s,j]  = sum_i X[s,i] conj(W[j,i])      per frequency (S, f)  @ (f, f')
+  bprop   GX[s,i] = sum_j GY[s,j] W[j,i]           per frequency (S, f') @ (f', f)
+  accGrad GW[j,i] = sum_s conj(GY[s,j]) X[s,i]     per frequency (f', S) @ (S, f)
+
+FFT -> complex GEMM -> inverse FFT, and nothing in between: the forward kernel reads the real
+planes with their zero padding implied (the plane sits at offset (ph, pw) of the basis, zeros
+elsewhere) and writes frequency-major spectra (n, n//2+1, planes), so the planes of one
+frequency are already the GEMM's row-major matrix; the inverse kernel reads that layout and
+writes only the window each pass needs (oh x ow for fprop, h x w at (ph, pw) for bprop,
+kh x kw for accGrad), scaled by 1/n^2 on the way out. No padded copy, no transposition
+kernel, no crop.
+
+Basis: the smallest power of two n >= max(h + ph, kh, oh) and >= max(w + pw, kw, ow): the zero
+rows past the input serve as bottom padding and, wrapped around, as top padding (the cufft
+backend's docstring has the argument). The kernels implement n <= 64; supports() is False
+beyond that or for strides other than 1.
+
+On the CPU the same passes run on the NumPy model of the kernels (fbfft_model), so CI checks
+the padding, layout and clipping arithmetic that the GPU runs.
+"""
+import os
+
+import numpy as np
+
+from . import fbfft_model
+from .common import check_arrays, check_output_shape, geometry
+
+# S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
+# oh x ow output, n x n Fourier basis, F = n*(n//2+1) frequencies (Hermitian half)
+
+MAX_BASIS = max(fbfft_model.SIZES)
+WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_FBFFT_WORKSPACE_MB", "2048")) * 2**20)
+
+
+def basis(g):
+    """The power-of-two basis n for geometry g, or None beyond the kernels' sizes."""
+    need = max(g.h + g.ph, g.kh, g.oh, g.w + g.pw, g.kw, g.ow)
+    n = 1 << max(1, (need - 1).bit_length())
+    return n if n <= MAX_BASIS else None
+
+
+def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """Stride 1, any zero padding, and a basis of at most 64 x 64."""
+    try:
+        g = geometry(x_shape, w_shape, stride, padding)
+    except (ValueError, TypeError):
+        return False
+    return (g.sh, g.sw) == (1, 1) and basis(g) is not None
+
+
+def _geometry(x_shape, w_shape, stride, padding):
+    g = geometry(x_shape, w_shape, stride, padding)
+    if (g.sh, g.sw) != (1, 1):
+        raise ValueError(f"fbfft supports stride 1 only, got stride {(g.sh, g.sw)}; use gemm or direct")
+    n = basis(g)
+    if n is None:
+        need = max(g.h + g.ph, g.kh, g.oh, g.w + g.pw, g.kw, g.ow)
+        raise ValueError(f"fbfft needs a Fourier basis of {need} for input {g.h}x{g.w} with padding "
+                         f"{(g.ph, g.pw)}; its kernels go up to {MAX_BASIS}; use cufft")
+    return g, n
+
+
+def _kernels(xp):
+    """The FFT pair for this array module: CUDA kernels on the GPU, their NumPy model on the CPU."""
+    if xp is np:
+        return (lambda x, n, padding: fbfft_model.rfft2(x, n, padding, check_coverage=False),
+                lambda F, n, out_shape, offset, out=None: _into(
+                    out, fbfft_model.irfft2(F, n, out_shape, offset, check_coverage=False)))
+    from . import fbfft_kernels
+    return (lambda x, n, padding: fbfft_kernels.rfft2(x, n, padding),
+            lambda F, n, out_shape, offset, out=None: fbfft_kernels.irfft2(F, n, out_shape, offset, out=out))
+
+
+def _into(out, y):
+    if out is None:
+        return y
+    out[...] = y
+    return out
+
+
+def _batch_chunks(g, n, planes_per_image):
+    """Slices of the batch whose spectra fit WORKSPACE_BYTES (at least one image each)."""
+    per_image = planes_per_image * n * (n // 2 + 1) * 8 * 3  # spectra in, GEMM out, conj copy
+    step = max(1, WORKSPACE_BYTES // per_image)
+    return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
+
+
+def fprop(x, w, stride=(1, 1), padding=(0, 0)):
+    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw)."""
+    xp, x, w = check_arrays(x=x, w=w)
+    g, n = _geometry(x.shape, w.shape, stride, padding)
+    fft, ifft = _kernels(xp)
+    F = n * (n // 2 + 1)
+    wf = fft(w.reshape(g.fo * g.f, g.kh, g.kw), n, (0, 0)).reshape(F, g.fo, g.f)
+    wct = xp.ascontiguousarray(xp.conj(wf).transpose(0, 2, 1))               # (F, f, f'), conj(W)^T
+    y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
+    for sl in _batch_chunks(g, n, g.f + g.fo):
+        s = sl.stop - sl.start
+        xf = fft(x[sl].reshape(s * g.f, g.h, g.w), n, (g.ph, g.pw)).reshape(F, s, g.f)
+        yf = xp.matmul(xf, wct)                                              # (F, S', f')
+        ifft(yf.reshape(n, n // 2 + 1, s * g.fo), n, (g.oh, g.ow), (0, 0),
+             out=y[sl].reshape(s * g.fo, g.oh, g.ow))
+    return y
+
+
+def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
+    """gx (S, f, h, w): gradient w.r.t. the input of fprop (a full convolution of gy with w)."""
+    xp, gy, w = check_arrays(gy=gy, w=w)
+    g, n = _geometry(x_shape, w.shape, stride, padding)
+    check_output_shape("gy", gy, g, (g.oh, g.ow))
+    fft, ifft = _kernels(xp)
+    F = n * (n // 2 + 1)
+    wf = fft(w.reshape(g.fo * g.f, g.kh, g.kw), n, (0, 0)).reshape(F, g.fo, g.f)
+    gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
+    for sl in _batch_chunks(g, n, g.f + g.fo):
+        s = sl.stop - sl.start
+        gyf = fft(gy[sl].reshape(s * g.fo, g.oh, g.ow), n, (0, 0)).reshape(F, s, g.fo)
+        gxf = xp.matmul(gyf, wf)                                             # (F, S', f)
+        # The input sat at (ph, pw) in fprop's basis: its gradient is read back from there.
+        ifft(gxf.reshape(n, n // 2 + 1, s * g.f), n, (g.h, g.w), (g.ph, g.pw),
+             out=gx[sl].reshape(s * g.f, g.h, g.w))
+    return gx
+
+
+def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
+    """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch."""
+    xp, gy, x = check_arrays(gy=gy, x=x)
+    g, n = _geometry(x.shape, w_shape, stride, padding)
+    check_output_shape("gy", gy, g, (g.oh, g.ow))
+    fft, ifft = _kernels(xp)
+    F = n * (n // 2 + 1)
+    gwf = None
+    for sl in _batch_chunks(g, n, g.f + g.fo):
+        s = sl.stop - sl.start
+        gyf = fft(gy[sl].reshape(s * g.fo, g.oh, g.ow), n, (0, 0)).reshape(F, s, g.fo)
+        xf = fft(x[sl].reshape(s * g.f, g.h, g.w), n, (g.ph, g.pw)).reshape(F, s, g.f)
+        part = xp.matmul(xp.conj(gyf).transpose(0, 2, 1), xf)               # (F, f', f)
+        gwf = part if gwf is None else gwf + part                            # summed over S-chunks
+    gw = ifft(xp.ascontiguousarray(gwf).reshape(n, n // 2 + 1, g.fo * g.f), n, (g.kh, g.kw), (0, 0))
+    return gw.reshape(tuple(w_shape))

@@ -1,0 +1,114 @@
+"""Host side of the fbfft CUDA kernels (kernels/fbfft.cu): check, allocate, launch.
+
+  rfft2(x, n, padding)            x (B, h, w) float32 -> F (n, n//2+1, B) complex64
+  irfft2(F, n, out_shape, offset) F (n, n//2+1, B)   -> y (B, out_h, out_w) float32
+
+F is frequency-major with the batch fastest (the layout the per-frequency GEMM of the
+FFT convolution reads), F[ky, kx, b] = rfft2(plane_b)[ky, kx]. Zero padding and clipping
+are implicit: no padded or cropped copy is ever made. CuPy arrays only; the NumPy model
+of the same kernels is fbfft_model.py.
+
+Every launch checks its arguments and raises ValueError naming what is wrong; with
+MINITORCH_FBFFT_CHECK=1 (or CHECK_LAUNCHES = True) each launch is followed by a device
+synchronisation, so a kernel fault surfaces at the call that caused it.
+"""
+import functools
+import os
+
+import numpy as np
+
+from minitorch_fft.device import is_cupy
+
+from .common import cuda_module
+from .fbfft_model import SIZES, check_size, plan
+
+# Every instantiation the module compiles (NVRTC name expressions).
+NAME_EXPRESSIONS = tuple(f"fbfft_rfft2<{n}>" for n in SIZES) + tuple(f"fbfft_irfft2<{n}>" for n in SIZES)
+CHECK_LAUNCHES = os.environ.get("MINITORCH_FBFFT_CHECK", "0") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(name, n):
+    """The compiled RawKernel fbfft_<name><n> (name 'rfft2' or 'irfft2'); compiled once."""
+    check_size(n)
+    return cuda_module("fbfft.cu", ("--std=c++17",), NAME_EXPRESSIONS).get_function(f"fbfft_{name}<{n}>")
+
+
+def _launch(name, n, B, args):
+    import cupy as cp
+    p = plan(n)
+    kernel(name, n)(((B + p.planes - 1) // p.planes,), (p.threads,), args)
+    if CHECK_LAUNCHES:
+        cp.cuda.runtime.deviceSynchronize()  # host-device sync point: debug only
+
+
+def _check_cupy(name, a, dtype):
+    if not is_cupy(a):
+        raise TypeError(f"fbfft: {name} must be a CuPy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise TypeError(f"fbfft: {name} must be {np.dtype(dtype).name}, got {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"fbfft: {name} must be C-contiguous (no hidden copies are made)")
+
+
+def _check_out(out, shape, dtype):
+    _check_cupy("out", out, dtype)
+    if tuple(out.shape) != shape:
+        raise ValueError(f"fbfft: out must have shape {shape}, got {tuple(out.shape)}")
+
+
+def rfft2(x, n, padding=(0, 0), out=None):
+    """F (n, n//2+1, B) complex64 = 2-D FFT of each x plane placed at offset `padding`
+    (top, left) of an n x n zero plane. x is (B, h, w) float32 (or (..., h, w): the
+    leading dimensions are the batch), h + top <= n, w + left <= n."""
+    check_size(n)
+    _check_cupy("x", x, np.float32)
+    if x.ndim < 3:
+        raise ValueError(f"fbfft: x must be (B, h, w) or (..., h, w), got shape {tuple(x.shape)}")
+    h, w = x.shape[-2:]
+    B = int(np.prod(x.shape[:-2]))
+    top, left = padding
+    if B < 1 or h < 1 or w < 1:
+        raise ValueError(f"fbfft: empty input of shape {tuple(x.shape)}")
+    if top < 0 or left < 0 or top + h > n or left + w > n:
+        raise ValueError(f"fbfft: input {h}x{w} at offset ({top}, {left}) does not fit "
+                         f"the {n}x{n} basis")
+    if B >= 2**31:
+        raise ValueError(f"fbfft: batch {B} exceeds the kernels' int32 batch index")
+    shape = (n, n // 2 + 1, B)
+    if out is None:
+        import cupy as cp
+        out = cp.empty(shape, dtype=np.complex64)
+    else:
+        _check_out(out, shape, np.complex64)
+    _launch("rfft2", n, B, (x, out, np.int32(B), np.int32(h), np.int32(w), np.int32(top), np.int32(left)))
+    return out
+
+
+def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, out=None):
+    """y (B, out_h, out_w) float32 = window (offset, out_shape) of the inverse 2-D FFT of
+    each Hermitian half-spectrum F (n, n//2+1, B) complex64, times scale (default 1/n^2,
+    the inverse of rfft2). out_shape defaults to (n, n)."""
+    check_size(n)
+    _check_cupy("F", F, np.complex64)
+    nh = n // 2 + 1
+    if F.ndim != 3 or tuple(F.shape[:2]) != (n, nh):
+        raise ValueError(f"fbfft: F must have shape ({n}, {nh}, B), got {tuple(F.shape)}")
+    B = F.shape[2]
+    out_h, out_w = (n, n) if out_shape is None else out_shape
+    row_off, col_off = offset
+    if B < 1 or B >= 2**31:
+        raise ValueError(f"fbfft: F must hold 1 to 2^31 - 1 planes, got B = {B}")
+    if out_h < 1 or out_w < 1 or row_off < 0 or col_off < 0 or row_off + out_h > n or col_off + out_w > n:
+        raise ValueError(f"fbfft: output window {out_h}x{out_w} at ({row_off}, {col_off}) "
+                         f"does not fit the {n}x{n} basis")
+    shape = (B, out_h, out_w)
+    if out is None:
+        import cupy as cp
+        out = cp.empty(shape, dtype=np.float32)
+    else:
+        _check_out(out, shape, np.float32)
+    scale = 1.0 / (n * n) if scale is None else scale
+    _launch("irfft2", n, B, (F, out, np.int32(B), np.int32(row_off), np.int32(col_off),
+                             np.int32(out_h), np.int32(out_w), np.float32(scale)))
+    return out

@@ -1,0 +1,343 @@
+"""NumPy model of the fbfft kernels (kernels/fbfft.cu), index for index.
+
+Not a wrapper around np.fft: it re-enacts the kernels' plan, thread roles, shared-memory
+layout, radix-2 decimation-in-frequency butterflies with bit-reversed registers, the
+two-real-signals-in-one-complex packing, implicit zero padding, clipping, and the
+frequency-major output layout, so that the CPU tests check the kernels' index arithmetic
+against np.fft without a GPU. Each "register" is a NumPy vector over all threads of one
+role and class (the kernel's SIMT lanes side by side); loops run in the kernel's order.
+
+Layouts (n the FFT size, nh = n // 2 + 1, B planes), as in the kernels:
+  rfft2   x (B, h, w) float32 at offset padding = (top, left) of an n x n zero plane
+          -> F (n, nh, B) complex64, F[ky, kx, b] = np.fft.rfft2(plane_b)[ky, kx]
+  irfft2  F (n, nh, B) complex64 -> y (B, out_h, out_w) float32,
+          y[b] = scale * n^2 * np.fft.irfft2(F[..., b], s=(n, n))[row_off:, col_off:][:out_h, :out_w]
+
+The model also checks what a GPU run cannot show directly: every shared-memory slot is
+written once before it is read, and every output element is written exactly once.
+"""
+from collections import namedtuple
+
+import numpy as np
+
+SIZES = (2, 4, 8, 16, 32, 64)
+TWIDDLE_N = 128  # kTwiddleN: the twiddle table holds exp(-2 pi i k / 128)
+
+Plan = namedtuple("Plan", "n split m log_m rows nh planes threads col_stride row_stride smem_elems")
+
+
+def check_size(n):
+    """ValueError unless n is an FFT size the kernels are instantiated for."""
+    if n not in SIZES:
+        raise ValueError(f"fbfft: FFT size {n!r} is not supported; supported sizes are {SIZES}")
+
+
+def plan(n):
+    """The kernel's Plan<N>: launch geometry and shared-memory strides (see fbfft.cu)."""
+    check_size(n)
+    split = 2 if n > 32 else 1
+    m = n // split
+    rows = n // 2
+    planes = {2: 128, 4: 128, 8: 64, 16: 32, 32: 8, 64: 2}[n]
+    if n <= 16:
+        col_stride = planes + 16 // rows
+        row_stride = n * col_stride
+    elif n == 32:
+        col_stride, row_stride = 9, n * 9 + 8
+    else:
+        col_stride, row_stride = 2, n * 2 + 2
+    return Plan(n, split, m, m.bit_length() - 1, rows, n // 2 + 1, planes,
+                rows * split * planes, col_stride, row_stride, rows * row_stride)
+
+
+def twiddle_table():
+    """kTwiddle: exp(-2 pi i k / 128) rounded to float32, k = 0..127."""
+    w = np.exp(-2j * np.pi * np.arange(TWIDDLE_N) / TWIDDLE_N)
+    return (w.real.astype(np.float32) + 1j * w.imag.astype(np.float32)).astype(np.complex64)
+
+
+_TW = twiddle_table()
+
+
+def bit_reverse(i, bits):
+    return int(format(i, f"0{bits}b")[::-1], 2) if bits else 0
+
+
+def reg_of(p, k):
+    """Register holding X[k] after load_split + dif_fft in thread class k % split."""
+    return bit_reverse(k // p.split, p.log_m)
+
+
+def twiddle(a, k, inverse):
+    """a * exp(-+2 pi i k / 128); k = 0 and the quarter turn k = 32 multiply exactly."""
+    if k == 0:
+        return a
+    if k == TWIDDLE_N // 4:
+        return a * np.complex64(1j if inverse else -1j)
+    w = _TW[k]
+    return a * (np.conj(w) if inverse else w)
+
+
+def dif_fft(v, inverse):
+    """In-place radix-2 DIF on the register list v: afterwards v[i] = X[bit_reverse(i)]."""
+    m = len(v)
+    for s in range(m.bit_length() - 1):
+        half = m >> (s + 1)
+        for i in range(m // 2):
+            j = i % half
+            lo = (i // half) * 2 * half + j
+            a, b = v[lo], v[lo + half]
+            v[lo] = a + b
+            v[lo + half] = twiddle(a - b, j * (TWIDDLE_N // (2 * half)), inverse)
+
+
+def load_split(p, c, inverse, load):
+    """The first radix-`split` DIF step on the fly, as the values are loaded."""
+    if p.split == 1:
+        return [load(j) for j in range(p.m)]
+    v = [None] * p.m
+    for j in range(p.m):  # (the kernel visits j and m - j together; same values)
+        a, b = load(j), load(j + p.m)
+        v[j] = a + b if c == 0 else twiddle(a - b, j * (TWIDDLE_N // p.n), inverse)
+    return v
+
+
+class _Shared:
+    """Shared memory of every block, poisoned; each slot written once, read only after."""
+
+    def __init__(self, blocks, p):
+        self.mem = np.full((blocks, p.smem_elems), np.nan + 1j * np.nan, dtype=np.complex64)
+        self.written = np.zeros((blocks, p.smem_elems), dtype=bool)
+
+    def store(self, blk, idx, val):
+        assert not self.written[blk, idx].any(), "fbfft model: shared slot written twice"
+        self.written[blk, idx] = True
+        self.mem[blk, idx] = val
+
+    def load(self, blk, idx):
+        assert self.written[blk, idx].all(), "fbfft model: shared slot read before written"
+        return self.mem[blk, idx]
+
+
+class _Output:
+    """A flat poisoned output that counts the stores to every element."""
+
+    def __init__(self, shape, dtype):
+        self.flat = np.full(int(np.prod(shape)), np.nan, dtype=dtype)
+        self.count = np.zeros(self.flat.size, dtype=np.int64)
+        self.shape = shape
+
+    def store(self, idx, val, mask):
+        np.add.at(self.count, idx[mask], 1)
+        self.flat[idx[mask]] = val[mask]
+
+
+def _roles(p, blocks, kind):
+    """Per-thread (blk, c, a, p) of a role, over every thread of the grid.
+
+    kind 'columns': tid = xp + rows * (p + planes * c), a = xp
+    kind 'rows':    tid = p + planes * (r + rows * c),  a = r
+    """
+    tid = np.tile(np.arange(p.threads), blocks)
+    blk = np.repeat(np.arange(blocks), p.threads)
+    if kind == "columns":
+        a, pl = tid % p.rows, (tid // p.rows) % p.planes
+        c = tid // (p.rows * p.planes)
+    else:
+        pl, a = tid % p.planes, (tid // p.planes) % p.rows
+        c = tid // (p.planes * p.rows)
+    return blk, c, a, pl
+
+
+def _check_batch(B):
+    if B < 1:
+        raise ValueError(f"fbfft: batch must have at least one plane, got {B}")
+
+
+def rfft2(x, n, padding=(0, 0), check_coverage=True):
+    """Model of fbfft_rfft2<n>: x (B, h, w) float32 placed at offset `padding` (top, left)
+    of an n x n zero plane -> F (n, n//2+1, B) complex64."""
+    p = plan(n)
+    pad_top, pad_left = padding
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    B, h, w = x.shape
+    _check_batch(B)
+    if not (0 <= pad_top and pad_top + h <= n and 0 <= pad_left and pad_left + w <= n):
+        raise ValueError(f"fbfft: input {h}x{w} at offset ({pad_top}, {pad_left}) "
+                         f"does not fit the {n}x{n} basis")
+    blocks = -(-B // p.planes)
+    smem = _Shared(blocks, p)
+    out = _Output((n, p.nh, B), np.complex64)
+    xflat = x.reshape(-1)
+
+    # pass 1: columns xp and xp + n/2 of plane b as one complex FFT along y
+    blk_all, c_all, xp_all, p_all = _roles(p, blocks, "columns")
+    for c in range(p.split):
+        sel = c_all == c
+        blk, xp, pl = blk_all[sel], xp_all[sel], p_all[sel]
+        b = blk * p.planes + pl
+        ix1, ix2 = xp - pad_left, xp + n // 2 - pad_left
+        plane_ok = b < B
+        ok1 = plane_ok & (ix1 >= 0) & (ix1 < w)
+        ok2 = plane_ok & (ix2 >= 0) & (ix2 < w)
+        base = np.where(plane_ok, b, 0).astype(np.int64) * h * w
+
+        def load(y):
+            iy = y - pad_top
+            row_ok = 0 <= iy < h
+            re = np.where(row_ok & ok1, xflat[np.where(row_ok & ok1, base + iy * w + ix1, 0)], 0)
+            im = np.where(row_ok & ok2, xflat[np.where(row_ok & ok2, base + iy * w + ix2, 0)], 0)
+            return (re + 1j * im).astype(np.complex64)
+
+        v = load_split(p, c, False, load)
+        dif_fft(v, False)
+        s1 = xp * p.col_stride + pl
+        s2 = s1 + (n // 2) * p.col_stride
+        for r in range(n // 2):
+            if r % p.split != c:
+                continue
+            if r == 0:
+                z0, zh = v[reg_of(p, 0)], v[reg_of(p, n // 2)]
+                smem.store(blk, s1, (z0.real + 1j * zh.real).astype(np.complex64))
+                smem.store(blk, s2, (z0.imag + 1j * zh.imag).astype(np.complex64))
+            else:
+                zk, zm = v[reg_of(p, r)], np.conj(v[reg_of(p, n - r)])
+                smem.store(blk, s1 + r * p.row_stride, (zk + zm) * np.float32(0.5))
+                smem.store(blk, s2 + r * p.row_stride, (zk - zm) * np.complex64(-0.5j))
+
+    # pass 2: row r of S along x; stores F[r], F[n-r] (row 0: F[0], F[n/2])
+    blk_all, c_all, r_all, p_all = _roles(p, blocks, "rows")
+    for c in range(p.split):
+        sel = c_all == c
+        blk, r, pl = blk_all[sel], r_all[sel], p_all[sel]
+        b = blk * p.planes + pl
+        s = r * p.row_stride + pl
+        v = load_split(p, c, False, lambda x_: smem.load(blk, s + x_ * p.col_stride))
+        dif_fft(v, False)
+        packed = r == 0
+        row_a = r.astype(np.int64)
+        row_b = np.where(packed, n // 2, n - r).astype(np.int64)
+        for kx in range(n // 2 + 1):
+            if kx % p.split != c:
+                continue
+            u = v[reg_of(p, kx)]
+            m = np.conj(v[reg_of(p, (n - kx) % n)])
+            a_val = np.where(packed, (u + m) * np.float32(0.5), u)
+            b_val = np.where(packed, (u - m) * np.complex64(-0.5j), m)
+            out.store((row_a * p.nh + kx) * B + b, a_val, b < B)
+            out.store((row_b * p.nh + kx) * B + b, b_val, b < B)
+
+    if check_coverage:
+        assert (out.count == 1).all(), "fbfft model: output not written exactly once"
+    return out.flat.reshape(out.shape)
+
+
+def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True):
+    """Model of fbfft_irfft2<n>: F (n, n//2+1, B) complex64 -> (B, out_h, out_w) float32."""
+    p = plan(n)
+    F = np.ascontiguousarray(F, dtype=np.complex64)
+    if F.ndim != 3 or F.shape[:2] != (n, p.nh):
+        raise ValueError(f"fbfft: spectrum must have shape ({n}, {p.nh}, B), got {F.shape}")
+    B = F.shape[2]
+    _check_batch(B)
+    out_h, out_w = (n, n) if out_shape is None else out_shape
+    row_off, col_off = offset
+    if not (0 <= row_off and row_off + out_h <= n and 0 <= col_off and col_off + out_w <= n
+            and out_h >= 1 and out_w >= 1):
+        raise ValueError(f"fbfft: output window {out_h}x{out_w} at ({row_off}, {col_off}) "
+                         f"does not fit the {n}x{n} basis")
+    scale = np.float32(1.0 / (n * n) if scale is None else scale)
+    blocks = -(-B // p.planes)
+    smem = _Shared(blocks, p)
+    out = _Output((B, out_h, out_w), np.float32)
+    fflat = F.reshape(-1)
+
+    # pass 1: row r of the full spectrum, rebuilt from the half, inverse FFT along kx
+    blk_all, c_all, r_all, p_all = _roles(p, blocks, "rows")
+    for c in range(p.split):
+        sel = c_all == c
+        blk, r, pl = blk_all[sel], r_all[sel], p_all[sel]
+        b = blk * p.planes + pl
+        bb = np.where(b < B, b, 0).astype(np.int64)
+        packed = r == 0
+        row_a = r.astype(np.int64)
+        row_b = np.where(packed, n // 2, n - r).astype(np.int64)
+        y = [None] * n
+        for k in range(n // 2 + 1):
+            a = fflat[(row_a * p.nh + k) * B + bb]
+            cc = fflat[(row_b * p.nh + k) * B + bb]
+            y[k] = np.where(packed, a + 1j * cc, a).astype(np.complex64)
+            if 0 < k < n // 2:
+                y[n - k] = np.where(packed, np.conj(a) + 1j * np.conj(cc), np.conj(cc)).astype(np.complex64)
+        v = load_split(p, c, True, lambda kx: y[kx])
+        dif_fft(v, True)
+        s = r * p.row_stride + pl
+        for x_ in range(n):
+            if x_ % p.split == c:
+                smem.store(blk, s + x_ * p.col_stride, v[reg_of(p, x_)])
+
+    # pass 2: columns xp and xp + n/2 as one complex inverse FFT along ky; clipped stores
+    blk_all, c_all, xp_all, p_all = _roles(p, blocks, "columns")
+    for c in range(p.split):
+        sel = c_all == c
+        blk, xp, pl = blk_all[sel], xp_all[sel], p_all[sel]
+        b = blk * p.planes + pl
+        s1 = xp * p.col_stride + pl
+        s2 = s1 + (n // 2) * p.col_stride
+
+        def load(ky):
+            if ky == 0:
+                return (smem.load(blk, s1).real + 1j * smem.load(blk, s2).real).astype(np.complex64)
+            if ky == n // 2:
+                return (smem.load(blk, s1).imag + 1j * smem.load(blk, s2).imag).astype(np.complex64)
+            if ky < n // 2:
+                return smem.load(blk, s1 + ky * p.row_stride) + 1j * smem.load(blk, s2 + ky * p.row_stride)
+            k = n - ky
+            return (np.conj(smem.load(blk, s1 + k * p.row_stride))
+                    + 1j * np.conj(smem.load(blk, s2 + k * p.row_stride))).astype(np.complex64)
+
+        v = load_split(p, c, True, load)
+        dif_fft(v, True)
+        ox1, ox2 = xp - col_off, xp + n // 2 - col_off
+        plane_ok = b < B
+        ok1 = plane_ok & (ox1 >= 0) & (ox1 < out_w)
+        ok2 = plane_ok & (ox2 >= 0) & (ox2 < out_w)
+        base = np.where(plane_ok, b, 0).astype(np.int64) * out_h * out_w
+        for y_ in range(n):
+            if y_ % p.split != c:
+                continue
+            oy = y_ - row_off
+            if not 0 <= oy < out_h:
+                continue
+            z = v[reg_of(p, y_)]
+            out.store(base + oy * out_w + ox1, scale * z.real, ok1)
+            out.store(base + oy * out_w + ox2, scale * z.imag, ok2)
+
+    if check_coverage:
+        assert (out.count == 1).all(), "fbfft model: output not written exactly once"
+    return out.flat.reshape(out.shape)
+
+
+def bank_conflicts(n):
+    """Worst-case ways of shared-memory bank conflict per access, for each of the four
+    access patterns (pass-1 stores / pass-2 loads of the forward; the inverse does the
+    same pattern the other way round). 64-bit accesses are served a half-warp at a time;
+    a half-warp's 16 words are conflict-free when they fall in 16 distinct bank pairs.
+    Threads of one address (broadcast) count once."""
+    p = plan(n)
+    tid = np.arange(p.threads)
+    cols = tid % p.rows, (tid // p.rows) % p.planes                  # (xp, p)
+    rows = (tid // p.planes) % p.rows, tid % p.planes                # (r, p)
+    patterns = {
+        "columns": [cols[0] * p.col_stride + cols[1] + r * p.row_stride for r in range(p.rows)],
+        "rows": [rows[0] * p.row_stride + x * p.col_stride + rows[1] for x in range(n)],
+    }
+    worst = {}
+    for name, accesses in patterns.items():
+        ways = 1
+        for addr in accesses:
+            for h0 in range(0, p.threads, 16):
+                words = np.unique(addr[h0:h0 + 16])
+                ways = max(ways, np.bincount(words % 16).max())
+        worst[name] = int(ways)
+    return worst

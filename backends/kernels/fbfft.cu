@@ -1,0 +1,439 @@
+// fbfft: batched 2-D real FFTs of small power-of-two size, for the FFT convolution
+// backend (after section 5 of Vasilache et al., "Fast convolutional nets with fbfft",
+// ICLR 2015). Host wrappers: backends/fbfft_kernels.py. NumPy model of exactly this
+// index arithmetic: backends/fbfft_model.py (the CPU tests run both against np.fft).
+//
+// Layouts (row-major, contiguous; B planes, n = N the FFT size, nh = n/2 + 1):
+//   fbfft_rfft2<N>   in : float   (B, h, w)        h, w <= n, placed at (pad_top, pad_left)
+//                                                   of an implicit n x n zero plane P_b
+//                    out: float2  (n, nh, B)       out[ky][kx][b] =
+//                          sum_{y,x} P_b[y][x] exp(-2 pi i (ky y + kx x) / n)
+//                          i.e. rfft2(P)[b, ky, kx], frequency-major with the batch
+//                          fastest: the layout the per-frequency GEMM wants (HWBD).
+//   fbfft_irfft2<N>  in : float2  (n, nh, B)       Hermitian half-spectra, as above
+//                    out: float   (B, out_h, out_w) out[b][i][j] =
+//                          scale * sum_{ky,kx} F_b[ky][kx] exp(+2 pi i (ky y + kx x) / n)
+//                          at y = row_off + i, x = col_off + j (scale = 1/n^2 is irfft2).
+// Zero padding is implicit (loads outside the input read 0: no padded copy), and the
+// inverse stores only the clipped window (no cropping copy), as in the paper's 5.1.
+// The inverse reads each spectrum as Hermitian-consistent (what rfft2, and products and
+// sums of rfft2 outputs, are): of F[ky][0] and F[ky][n/2] it uses only ky <= n/2.
+//
+// Algorithm. A 2-D real FFT is a pass of 1-D FFTs down the columns, a transpose, and a
+// pass along the rows. Each thread owns whole 1-D FFTs held in registers: a radix-2
+// decimation-in-frequency FFT whose register array is indexed by compile-time
+// constants only (N is a template parameter, every loop is unrolled), so its twiddles
+// are compile-time constants too (operands from the __constant__ table kTwiddle) and
+// the bit reversal of DIF's output costs nothing: X[k] simply lives in register
+// brev(k). The transpose between the passes goes through shared memory, once.
+//   Why not the paper's lanes-hold-elements shuffle FFT: on Kepler that saved shared
+//   memory; on sm_90 a warp shuffle moves no more bytes per cycle than shared memory,
+//   and a shuffle FFT moves every element log2(n) times where a transpose moves it once.
+//
+// Forward, per block of kPlanes planes:
+//   pass 1 (columns): thread (xp, p) loads columns xp and xp + n/2 of plane p as one
+//     complex signal z[y] = P[y][xp] + i P[y][xp + n/2] (two real FFTs for the price of
+//     one), FFTs it along y, and splits Z into the two columns' spectra
+//        C1[k] = (Z[k] + conj Z[n-k]) / 2,   C2[k] = (Z[k] - conj Z[n-k]) / 2i.
+//     A real column's spectrum is Hermitian, so rows ky = 0..n/2 suffice; rows 0 and n/2
+//     are real and share one slot: S[0][x] = C_x[0] + i C_x[n/2], S[r][x] = C_x[r].
+//   pass 2 (rows): thread (p, r) FFTs row r of S along x: Y = F[r][.] for r >= 1, while
+//     row 0 holds FFT(C[0] + i C[n/2]) = F[0][.] + i F[n/2][.], split as above. Thread
+//     (p, r) then writes F[r][kx] and F[n-r][kx] = conj F[r][n-kx] (or F[0], F[n/2]),
+//     kx = 0..n/2: every thread writes n + 2 values, and a warp's lanes are consecutive
+//     planes, so each store is a run of consecutive addresses in the (n, nh, B) layout.
+// Inverse: the same passes backwards (rows of the spectrum first, then columns, two
+//   real columns packed into one complex inverse FFT).
+//
+// Sizes 2..32 use one thread per column pair / row (kSplit = 1). n = 64 splits each
+// 64-point FFT over kSplit = 2 threads by one radix-2 DIF step taken as the values are
+// loaded (thread class c keeps outputs k = 2m + c), so no thread holds more than 32
+// complex values; for kSplit = 2 the pairs (k, n - k) used by the Hermitian splits
+// always share a class, so the classes never exchange data.
+
+namespace fbfft {
+
+__host__ __device__ constexpr int ilog2(int n) { return n <= 1 ? 0 : 1 + ilog2(n >> 1); }
+
+// Launch geometry and shared-memory layout for one size. The host wrapper
+// (fbfft_kernels.py) and the model (fbfft_model.py) carry the same table; a CPU test
+// compiles this file on the host and checks that they agree.
+//
+// Shared memory holds the transposed intermediate S[r][x][p] (rows r < n/2, columns
+// x < n, planes p < kPlanes) at r * kRowStride + x * kColStride + p. The strides are
+// padded so that, per half-warp of 64-bit accesses, pass 1's 16 lanes (consecutive xp,
+// then p) and pass 2's (consecutive p, then r) fall in distinct bank pairs:
+// x * kColStride + p distinct mod 16 in pass 1, r * kRowStride + p in pass 2. (n = 64
+// keeps a 2-way conflict on pass 1's side to stay under 48 KB of static shared memory.)
+template <int N>
+struct Plan {
+    static_assert(N == 2 || N == 4 || N == 8 || N == 16 || N == 32 || N == 64,
+                  "fbfft: N must be one of 2, 4, 8, 16, 32, 64");
+    static constexpr int kSplit = N > 32 ? 2 : 1;  // threads sharing one 1-D FFT
+    static constexpr int kM = N / kSplit;           // in-register FFT length (<= 32)
+    static constexpr int kLogM = ilog2(kM);
+    static constexpr int kRows = N / 2;             // column pairs (pass 1) = packed rows (pass 2)
+    static constexpr int kNh = N / 2 + 1;           // kx extent of a half-spectrum
+    static constexpr int kPlanes = N <= 4 ? 128 : N == 8 ? 64 : N == 16 ? 32 : N == 32 ? 8 : 2;
+    static constexpr int kThreads = kRows * kSplit * kPlanes;
+    static constexpr int kColStride = N <= 16 ? kPlanes + 16 / kRows : N == 32 ? 9 : 2;
+    static constexpr int kRowStride = N <= 16 ? N * kColStride : N == 32 ? N * 9 + 8 : N * 2 + 2;
+    static constexpr int kSmemElems = kRows * kRowStride;  // float2
+    // The class c = tid / (kRows * kPlanes) must be the same for a whole warp.
+    static_assert(kSplit == 1 || (kRows * kPlanes) % 32 == 0, "fbfft: split class not warp-uniform");
+    static_assert(kSmemElems * 8 <= 48 * 1024, "fbfft: static shared memory over 48 KB");
+};
+
+// Straight-line (no loop) so that it folds to a constant wherever i is one, which is
+// what lets the register arrays below be indexed by it. bits <= 7.
+__host__ __device__ constexpr int bit_reverse(int i, int bits)
+{
+    return (((i & 1) << 6) | ((i & 2) << 4) | ((i & 4) << 2) | (i & 8) | ((i & 16) >> 2) |
+            ((i & 32) >> 4) | ((i & 64) >> 6)) >> (7 - bits);
+}
+
+// The register that holds X[k] after load_split + dif_fft in thread class k % kSplit:
+// k = kSplit * m + c, and DIF leaves X_c[m] in register bit_reverse(m).
+template <int N>
+__host__ __device__ constexpr int reg_of(int k)
+{
+    return bit_reverse(k / Plan<N>::kSplit, Plan<N>::kLogM);
+}
+
+__device__ __forceinline__ float2 cadd(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
+__device__ __forceinline__ float2 csub(float2 a, float2 b) { return make_float2(a.x - b.x, a.y - b.y); }
+__device__ __forceinline__ float2 conjg(float2 a) { return make_float2(a.x, -a.y); }
+__device__ __forceinline__ float2 mul_i(float2 a) { return make_float2(-a.y, a.x); }        // i a
+__device__ __forceinline__ float2 mul_minus_i(float2 a) { return make_float2(a.y, -a.x); }  // -i a
+__device__ __forceinline__ float2 cscale(float2 a, float s) { return make_float2(a.x * s, a.y * s); }
+
+// kTwiddle[k] = exp(-2 pi i k / 128), rounded to float. Indexed only by compile-time
+// constants, so every use is a constant-bank operand of an FMUL/FFMA: no loads, no
+// registers, no special-function unit.
+constexpr int kTwiddleN = 128;
+__constant__ float2 kTwiddle[kTwiddleN] = {
+    {1.00000000e+00f, 0.00000000e+00f}, {9.98795450e-01f, -4.90676761e-02f}, {9.95184720e-01f, -9.80171412e-02f}, {9.89176512e-01f, -1.46730468e-01f},
+    {9.80785251e-01f, -1.95090324e-01f}, {9.70031261e-01f, -2.42980182e-01f}, {9.56940353e-01f, -2.90284663e-01f}, {9.41544056e-01f, -3.36889863e-01f},
+    {9.23879504e-01f, -3.82683426e-01f}, {9.03989315e-01f, -4.27555084e-01f}, {8.81921291e-01f, -4.71396744e-01f}, {8.57728601e-01f, -5.14102757e-01f},
+    {8.31469595e-01f, -5.55570245e-01f}, {8.03207517e-01f, -5.95699310e-01f}, {7.73010433e-01f, -6.34393275e-01f}, {7.40951121e-01f, -6.71558976e-01f},
+    {7.07106769e-01f, -7.07106769e-01f}, {6.71558976e-01f, -7.40951121e-01f}, {6.34393275e-01f, -7.73010433e-01f}, {5.95699310e-01f, -8.03207517e-01f},
+    {5.55570245e-01f, -8.31469595e-01f}, {5.14102757e-01f, -8.57728601e-01f}, {4.71396744e-01f, -8.81921291e-01f}, {4.27555084e-01f, -9.03989315e-01f},
+    {3.82683426e-01f, -9.23879504e-01f}, {3.36889863e-01f, -9.41544056e-01f}, {2.90284663e-01f, -9.56940353e-01f}, {2.42980182e-01f, -9.70031261e-01f},
+    {1.95090324e-01f, -9.80785251e-01f}, {1.46730468e-01f, -9.89176512e-01f}, {9.80171412e-02f, -9.95184720e-01f}, {4.90676761e-02f, -9.98795450e-01f},
+    {6.12323426e-17f, -1.00000000e+00f}, {-4.90676761e-02f, -9.98795450e-01f}, {-9.80171412e-02f, -9.95184720e-01f}, {-1.46730468e-01f, -9.89176512e-01f},
+    {-1.95090324e-01f, -9.80785251e-01f}, {-2.42980182e-01f, -9.70031261e-01f}, {-2.90284663e-01f, -9.56940353e-01f}, {-3.36889863e-01f, -9.41544056e-01f},
+    {-3.82683426e-01f, -9.23879504e-01f}, {-4.27555084e-01f, -9.03989315e-01f}, {-4.71396744e-01f, -8.81921291e-01f}, {-5.14102757e-01f, -8.57728601e-01f},
+    {-5.55570245e-01f, -8.31469595e-01f}, {-5.95699310e-01f, -8.03207517e-01f}, {-6.34393275e-01f, -7.73010433e-01f}, {-6.71558976e-01f, -7.40951121e-01f},
+    {-7.07106769e-01f, -7.07106769e-01f}, {-7.40951121e-01f, -6.71558976e-01f}, {-7.73010433e-01f, -6.34393275e-01f}, {-8.03207517e-01f, -5.95699310e-01f},
+    {-8.31469595e-01f, -5.55570245e-01f}, {-8.57728601e-01f, -5.14102757e-01f}, {-8.81921291e-01f, -4.71396744e-01f}, {-9.03989315e-01f, -4.27555084e-01f},
+    {-9.23879504e-01f, -3.82683426e-01f}, {-9.41544056e-01f, -3.36889863e-01f}, {-9.56940353e-01f, -2.90284663e-01f}, {-9.70031261e-01f, -2.42980182e-01f},
+    {-9.80785251e-01f, -1.95090324e-01f}, {-9.89176512e-01f, -1.46730468e-01f}, {-9.95184720e-01f, -9.80171412e-02f}, {-9.98795450e-01f, -4.90676761e-02f},
+    {-1.00000000e+00f, -1.22464685e-16f}, {-9.98795450e-01f, 4.90676761e-02f}, {-9.95184720e-01f, 9.80171412e-02f}, {-9.89176512e-01f, 1.46730468e-01f},
+    {-9.80785251e-01f, 1.95090324e-01f}, {-9.70031261e-01f, 2.42980182e-01f}, {-9.56940353e-01f, 2.90284663e-01f}, {-9.41544056e-01f, 3.36889863e-01f},
+    {-9.23879504e-01f, 3.82683426e-01f}, {-9.03989315e-01f, 4.27555084e-01f}, {-8.81921291e-01f, 4.71396744e-01f}, {-8.57728601e-01f, 5.14102757e-01f},
+    {-8.31469595e-01f, 5.55570245e-01f}, {-8.03207517e-01f, 5.95699310e-01f}, {-7.73010433e-01f, 6.34393275e-01f}, {-7.40951121e-01f, 6.71558976e-01f},
+    {-7.07106769e-01f, 7.07106769e-01f}, {-6.71558976e-01f, 7.40951121e-01f}, {-6.34393275e-01f, 7.73010433e-01f}, {-5.95699310e-01f, 8.03207517e-01f},
+    {-5.55570245e-01f, 8.31469595e-01f}, {-5.14102757e-01f, 8.57728601e-01f}, {-4.71396744e-01f, 8.81921291e-01f}, {-4.27555084e-01f, 9.03989315e-01f},
+    {-3.82683426e-01f, 9.23879504e-01f}, {-3.36889863e-01f, 9.41544056e-01f}, {-2.90284663e-01f, 9.56940353e-01f}, {-2.42980182e-01f, 9.70031261e-01f},
+    {-1.95090324e-01f, 9.80785251e-01f}, {-1.46730468e-01f, 9.89176512e-01f}, {-9.80171412e-02f, 9.95184720e-01f}, {-4.90676761e-02f, 9.98795450e-01f},
+    {-1.83697015e-16f, 1.00000000e+00f}, {4.90676761e-02f, 9.98795450e-01f}, {9.80171412e-02f, 9.95184720e-01f}, {1.46730468e-01f, 9.89176512e-01f},
+    {1.95090324e-01f, 9.80785251e-01f}, {2.42980182e-01f, 9.70031261e-01f}, {2.90284663e-01f, 9.56940353e-01f}, {3.36889863e-01f, 9.41544056e-01f},
+    {3.82683426e-01f, 9.23879504e-01f}, {4.27555084e-01f, 9.03989315e-01f}, {4.71396744e-01f, 8.81921291e-01f}, {5.14102757e-01f, 8.57728601e-01f},
+    {5.55570245e-01f, 8.31469595e-01f}, {5.95699310e-01f, 8.03207517e-01f}, {6.34393275e-01f, 7.73010433e-01f}, {6.71558976e-01f, 7.40951121e-01f},
+    {7.07106769e-01f, 7.07106769e-01f}, {7.40951121e-01f, 6.71558976e-01f}, {7.73010433e-01f, 6.34393275e-01f}, {8.03207517e-01f, 5.95699310e-01f},
+    {8.31469595e-01f, 5.55570245e-01f}, {8.57728601e-01f, 5.14102757e-01f}, {8.81921291e-01f, 4.71396744e-01f}, {9.03989315e-01f, 4.27555084e-01f},
+    {9.23879504e-01f, 3.82683426e-01f}, {9.41544056e-01f, 3.36889863e-01f}, {9.56940353e-01f, 2.90284663e-01f}, {9.70031261e-01f, 2.42980182e-01f},
+    {9.80785251e-01f, 1.95090324e-01f}, {9.89176512e-01f, 1.46730468e-01f}, {9.95184720e-01f, 9.80171412e-02f}, {9.98795450e-01f, 4.90676761e-02f},
+};
+
+// a * exp(-+2 pi i k / 128): minus for the forward transform, plus for the inverse.
+// k is a compile-time constant once the FFT loops are unrolled; k = 0 and k = 32
+// (a quarter turn, -i or +i) cost no multiplication.
+template <bool INV>
+__device__ __forceinline__ float2 twiddle(float2 a, int k)
+{
+    if (k == 0) return a;
+    if (k == kTwiddleN / 4) return INV ? mul_i(a) : mul_minus_i(a);
+    const float2 w = kTwiddle[k];
+    const float wy = INV ? -w.y : w.y;
+    return make_float2(a.x * w.x - a.y * wy, a.x * wy + a.y * w.x);
+}
+
+// In-place radix-2 decimation-in-frequency FFT of length M on registers (natural order
+// in, bit-reversed order out: afterwards v[i] = X[bit_reverse(i)]). Stage s combines
+// elements `half` = M / 2^(s+1) apart:  (a, b) -> (a + b, (a - b) W_{2 half}^j).
+template <int M, bool INV>
+__device__ __forceinline__ void dif_fft(float2 (&v)[M])
+{
+    constexpr int kStages = ilog2(M);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+        const int half = M >> (s + 1);
+#pragma unroll
+        for (int i = 0; i < M / 2; ++i) {
+            const int j = i % half;                       // position inside the butterfly group
+            const int lo = (i / half) * 2 * half + j;
+            const float2 a = v[lo], b = v[lo + half];
+            v[lo] = cadd(a, b);
+            v[lo + half] = twiddle<INV>(csub(a, b), j * (kTwiddleN / (2 * half)));
+        }
+    }
+}
+
+// Loads a length-N signal u = load(0..N-1) into v[0..kM) of thread class C, applying
+// the first radix-kSplit DIF step on the fly:
+//   kSplit = 1:  v[j] = u[j]
+//   kSplit = 2:  C = 0: v[j] = u[j] + u[j + M]             -> X[2m]     after dif_fft
+//                C = 1: v[j] = (u[j] - u[j + M]) W_N^j      -> X[2m + 1] after dif_fft
+// For kSplit = 2, j and M - j are done together: Hermitian sources load the same
+// values for u[j], u[N - j] and for u[M - j], u[M + j], so each is loaded once.
+template <int N, int C, bool INV, class Load>
+__device__ __forceinline__ void load_split(float2 (&v)[Plan<N>::kM], const Load& load)
+{
+    constexpr int M = Plan<N>::kM;
+    if constexpr (Plan<N>::kSplit == 1) {
+#pragma unroll
+        for (int j = 0; j < M; ++j) v[j] = load(j);
+    } else {
+        auto step = [&](int j) {
+            const float2 a = load(j), b = load(j + M);
+            v[j] = C == 0 ? cadd(a, b) : twiddle<INV>(csub(a, b), j * (kTwiddleN / N));
+        };
+#pragma unroll
+        for (int j = 0; j <= M / 2; ++j) {
+            step(j);
+            if (j > 0 && j < M / 2) step(M - j);
+        }
+    }
+}
+
+// ---- forward ------------------------------------------------------------------------
+
+// Pass 1, thread (xp, p) of class C: columns xp and xp + n/2 of plane b, padded on the
+// fly, as one complex FFT along y; writes rows 0..n/2-1 of S[.][xp] and S[.][xp + n/2].
+template <int N, int C>
+__device__ __forceinline__ void rfft2_columns(const float* __restrict__ in, float2* smem,
+                                              long long b, int B, int h, int w,
+                                              int pad_top, int pad_left, int xp, int p)
+{
+    using P = Plan<N>;
+    const int ix1 = xp - pad_left, ix2 = xp + N / 2 - pad_left;  // input columns
+    const bool plane_ok = b < B;
+    const bool ok1 = plane_ok && (unsigned)ix1 < (unsigned)w;
+    const bool ok2 = plane_ok && (unsigned)ix2 < (unsigned)w;
+    const float* plane = in + (plane_ok ? b : 0) * (long long)h * w;
+    // z[y] = P[y][xp] + i P[y][xp + n/2]; outside the input it reads 0 (implicit padding)
+    auto load = [&](int y) {
+        const int iy = y - pad_top;
+        const bool row_ok = (unsigned)iy < (unsigned)h;
+        const float re = (row_ok && ok1) ? plane[iy * w + ix1] : 0.f;
+        const float im = (row_ok && ok2) ? plane[iy * w + ix2] : 0.f;
+        return make_float2(re, im);
+    };
+    float2 v[P::kM];
+    load_split<N, C, false>(v, load);
+    dif_fft<P::kM, false>(v);
+    float2* s1 = smem + xp * P::kColStride + p;  // S[.][xp][p]
+    float2* s2 = s1 + (N / 2) * P::kColStride;   // S[.][xp + n/2][p]
+#pragma unroll
+    for (int r = 0; r < N / 2; ++r) {
+        if (r % P::kSplit != C) continue;
+        if (r == 0) {  // C1[0], C1[n/2], C2[0], C2[n/2] are real: one slot per column
+            const float2 z0 = v[reg_of<N>(0)], zh = v[reg_of<N>(N / 2)];
+            s1[0] = make_float2(z0.x, zh.x);
+            s2[0] = make_float2(z0.y, zh.y);
+        } else {       // C1 = (Z[r] + conj Z[n-r]) / 2,  C2 = (Z[r] - conj Z[n-r]) / 2i
+            const float2 zk = v[reg_of<N>(r)], zm = conjg(v[reg_of<N>(N - r)]);
+            s1[r * P::kRowStride] = cscale(cadd(zk, zm), 0.5f);
+            s2[r * P::kRowStride] = cscale(mul_minus_i(csub(zk, zm)), 0.5f);
+        }
+    }
+}
+
+// Pass 2, thread (p, r) of class C: row r of S along x, then the stores of F[r][kx]
+// and F[n-r][kx] = conj F[r][n-kx] (row 0: F[0] and F[n/2], split out of
+// FFT(C[0] + i C[n/2])), kx = 0..n/2, into out (n, nh, B).
+template <int N, int C>
+__device__ __forceinline__ void rfft2_rows(float2* __restrict__ out, const float2* smem,
+                                           long long b, int B, int r, int p)
+{
+    using P = Plan<N>;
+    const float2* s = smem + r * P::kRowStride + p;  // S[r][.][p]
+    auto load = [&](int x) { return s[x * P::kColStride]; };
+    float2 v[P::kM];
+    load_split<N, C, false>(v, load);
+    dif_fft<P::kM, false>(v);
+    if (b >= B) return;  // a plane past the batch (last block); no barrier follows
+    const bool packed = r == 0;
+    const long long fstride = B;  // distance between consecutive frequencies in out
+    float2* outA = out + (long long)r * P::kNh * fstride + b;
+    float2* outB = out + (long long)(packed ? N / 2 : N - r) * P::kNh * fstride + b;
+#pragma unroll
+    for (int kx = 0; kx <= N / 2; ++kx) {
+        if (kx % P::kSplit != C) continue;
+        const float2 u = v[reg_of<N>(kx)];                  // Y[kx]
+        const float2 m = conjg(v[reg_of<N>((N - kx) % N)]);  // conj Y[n - kx]
+        outA[kx * fstride] = packed ? cscale(cadd(u, m), 0.5f) : u;
+        outB[kx * fstride] = packed ? cscale(mul_minus_i(csub(u, m)), 0.5f) : m;
+    }
+}
+
+// ---- inverse ------------------------------------------------------------------------
+
+// Pass 1, thread (p, r) of class C: row r of the full spectrum rebuilt from the half
+// (row 0 packed as F[0] + i F[n/2]), inverse FFT along kx, into S[r][.][p].
+// Thread (p, r) reads F[r][0..n/2] and F[r'][0..n/2], r' = n - r (or n/2): each
+// element of the input exactly once.
+template <int N, int C>
+__device__ __forceinline__ void irfft2_rows(const float2* __restrict__ in, float2* smem,
+                                            long long b, int B, int r, int p)
+{
+    using P = Plan<N>;
+    const bool packed = r == 0;
+    const bool plane_ok = b < B;
+    const long long fstride = B;
+    // A plane past the batch (last block) reads plane 0 instead; its results are never stored.
+    const float2* inA = in + (long long)r * P::kNh * fstride + (plane_ok ? b : 0);
+    const float2* inB = in + (long long)(packed ? N / 2 : N - r) * P::kNh * fstride + (plane_ok ? b : 0);
+    // y[kx], kx = 0..n-1, from a = F[r][k] (or F[0][k]) and c = F[r'][k] (or F[n/2][k]):
+    //   y[k]     = a                            (packed: a + i c)
+    //   y[n - k] = conj F[r][...] = conj c      (packed: conj a + i conj c), 0 < k < n/2
+    // Each input element is loaded once, for both of the y's it feeds.
+    float2 y[N];
+#pragma unroll
+    for (int k = 0; k <= N / 2; ++k) {
+        const float2 a = inA[k * fstride], c = inB[k * fstride];
+        y[k] = packed ? cadd(a, mul_i(c)) : a;
+        if (k > 0 && k < N / 2) y[N - k] = packed ? cadd(conjg(a), mul_i(conjg(c))) : conjg(c);
+    }
+    auto load = [&](int kx) { return y[kx]; };
+    float2 v[P::kM];
+    load_split<N, C, true>(v, load);
+    dif_fft<P::kM, true>(v);
+    float2* s = smem + r * P::kRowStride + p;
+#pragma unroll
+    for (int x = 0; x < N; ++x) {
+        if (x % P::kSplit != C) continue;
+        s[x * P::kColStride] = v[reg_of<N>(x)];
+    }
+}
+
+// Pass 2, thread (xp, p) of class C: columns xp and xp + n/2 packed as one complex
+// inverse FFT along ky (a real column's spectrum G[ky] is Hermitian, so S holds
+// ky = 0..n/2, with G[0] + i G[n/2] in slot 0); stores the clipped window, scaled.
+template <int N, int C>
+__device__ __forceinline__ void irfft2_columns(float* __restrict__ out, const float2* smem,
+                                               long long b, int B, int row_off, int col_off,
+                                               int out_h, int out_w, float scale, int xp, int p)
+{
+    using P = Plan<N>;
+    const float2* s1 = smem + xp * P::kColStride + p;  // G1 = G[.][xp]
+    const float2* s2 = s1 + (N / 2) * P::kColStride;   // G2 = G[.][xp + n/2]
+    // Z[ky] = G1[ky] + i G2[ky] for ky = 0..n-1, using G[n - ky] = conj G[ky]
+    auto load = [&](int ky) {
+        if (ky == 0) return make_float2(s1[0].x, s2[0].x);
+        if (ky == N / 2) return make_float2(s1[0].y, s2[0].y);
+        if (ky < N / 2) return cadd(s1[ky * P::kRowStride], mul_i(s2[ky * P::kRowStride]));
+        const int k = N - ky;
+        return cadd(conjg(s1[k * P::kRowStride]), mul_i(conjg(s2[k * P::kRowStride])));
+    };
+    float2 v[P::kM];
+    load_split<N, C, true>(v, load);
+    dif_fft<P::kM, true>(v);  // v[reg_of(y)] = p1[y] + i p2[y], unscaled
+    const int ox1 = xp - col_off, ox2 = xp + N / 2 - col_off;  // output columns
+    const bool plane_ok = b < B;
+    const bool ok1 = plane_ok && (unsigned)ox1 < (unsigned)out_w;
+    const bool ok2 = plane_ok && (unsigned)ox2 < (unsigned)out_w;
+    float* plane = out + (plane_ok ? b : 0) * (long long)out_h * out_w;
+#pragma unroll
+    for (int y = 0; y < N; ++y) {
+        if (y % P::kSplit != C) continue;
+        const int oy = y - row_off;
+        if ((unsigned)oy >= (unsigned)out_h) continue;  // clipped: never stored
+        const float2 z = v[reg_of<N>(y)];
+        if (ok1) plane[oy * out_w + ox1] = scale * z.x;
+        if (ok2) plane[oy * out_w + ox2] = scale * z.y;
+    }
+}
+
+}  // namespace fbfft
+
+// ---- kernels ------------------------------------------------------------------------
+// One block transforms Plan<N>::kPlanes consecutive planes: grid = ceil(B / kPlanes),
+// block = Plan<N>::kThreads (checked: a mismatched launch traps instead of silently
+// transforming the wrong planes). Thread roles: pass "columns" is (xp, p, c) with xp
+// fastest (consecutive lanes read consecutive input columns); pass "rows" is (p, r, c)
+// with p fastest (consecutive lanes touch consecutive planes of one frequency).
+
+template <int N>
+__global__ void __launch_bounds__(fbfft::Plan<N>::kThreads)
+fbfft_rfft2(const float* __restrict__ in, float2* __restrict__ out,
+            int B, int h, int w, int pad_top, int pad_left)
+{
+    using P = fbfft::Plan<N>;
+    __shared__ float2 smem[P::kSmemElems];
+    if (blockDim.x != P::kThreads) __trap();
+    const int tid = threadIdx.x;
+    const long long b0 = (long long)blockIdx.x * P::kPlanes;
+    {
+        const int xp = tid % P::kRows, p = (tid / P::kRows) % P::kPlanes;
+        const int c = tid / (P::kRows * P::kPlanes);
+        if (c == 0) fbfft::rfft2_columns<N, 0>(in, smem, b0 + p, B, h, w, pad_top, pad_left, xp, p);
+        else if constexpr (P::kSplit == 2)
+            fbfft::rfft2_columns<N, 1>(in, smem, b0 + p, B, h, w, pad_top, pad_left, xp, p);
+    }
+    __syncthreads();
+    {
+        const int p = tid % P::kPlanes, r = (tid / P::kPlanes) % P::kRows;
+        const int c = tid / (P::kPlanes * P::kRows);
+        if (c == 0) fbfft::rfft2_rows<N, 0>(out, smem, b0 + p, B, r, p);
+        else if constexpr (P::kSplit == 2) fbfft::rfft2_rows<N, 1>(out, smem, b0 + p, B, r, p);
+    }
+}
+
+template <int N>
+__global__ void __launch_bounds__(fbfft::Plan<N>::kThreads)
+fbfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B,
+             int row_off, int col_off, int out_h, int out_w, float scale)
+{
+    using P = fbfft::Plan<N>;
+    __shared__ float2 smem[P::kSmemElems];
+    if (blockDim.x != P::kThreads) __trap();
+    const int tid = threadIdx.x;
+    const long long b0 = (long long)blockIdx.x * P::kPlanes;
+    {
+        const int p = tid % P::kPlanes, r = (tid / P::kPlanes) % P::kRows;
+        const int c = tid / (P::kPlanes * P::kRows);
+        if (c == 0) fbfft::irfft2_rows<N, 0>(in, smem, b0 + p, B, r, p);
+        else if constexpr (P::kSplit == 2) fbfft::irfft2_rows<N, 1>(in, smem, b0 + p, B, r, p);
+    }
+    __syncthreads();
+    {
+        const int xp = tid % P::kRows, p = (tid / P::kRows) % P::kPlanes;
+        const int c = tid / (P::kRows * P::kPlanes);
+        if (c == 0)
+            fbfft::irfft2_columns<N, 0>(out, smem, b0 + p, B, row_off, col_off, out_h, out_w, scale, xp, p);
+        else if constexpr (P::kSplit == 2)
+            fbfft::irfft2_columns<N, 1>(out, smem, b0 + p, B, row_off, col_off, out_h, out_w, scale, xp, p);
+    }
+}
+
+// ---- every instantiation backends/fbfft_kernels.py compiles -----------------------
+// (NAME_EXPRESSIONS there; a CPU test keeps the two lists equal). Compiled only for the
+// nvcc -cubin checks of tests/test_cuda_compile.py; at run time CuPy instantiates by
+// name expression.
+#ifdef MINITORCH_EXPLICIT_INSTANTIATIONS
+#define FBFFT_INSTANTIATE(N)                                                                   \
+    template __global__ void fbfft_rfft2<N>(const float* __restrict__, float2* __restrict__,  \
+                                            int, int, int, int, int);                          \
+    template __global__ void fbfft_irfft2<N>(const float2* __restrict__, float* __restrict__, \
+                                             int, int, int, int, int, float);
+// BEGIN SIZES (parsed by tests/test_fbfft_kernels.py)
+FBFFT_INSTANTIATE(2)
+FBFFT_INSTANTIATE(4)
+FBFFT_INSTANTIATE(8)
+FBFFT_INSTANTIATE(16)
+FBFFT_INSTANTIATE(32)
+FBFFT_INSTANTIATE(64)
+// END SIZES
+#endif

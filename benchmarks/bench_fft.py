@@ -1,0 +1,224 @@
+"""Batched 2-D real FFTs, fbfft against cuFFT: the 2-D half of the paper's Figures 7-8.
+
+  python benchmarks/bench_fft.py                                  # default grid, table + plot
+  python benchmarks/bench_fft.py --sizes 8 16 32 --batches 4096 16384 --iters 50
+  python benchmarks/bench_fft.py --no-plot --json /tmp/fft.json
+
+Planes are n x n (no padding, whole output), as in the paper's figure. Times are medians
+of CUDA events around single calls, with the GPU kept busy by a spin kernel while the host
+enqueues, so host launch overhead is not counted for either library. "cuFFT" is the
+cuFFT plan executed directly into a preallocated output (the fair kernel-to-kernel
+comparison); "cupy.fft" is the cupy.fft.rfft2/irfft2 call, which allocates its output
+and, for the inverse, copies its input first (C2R overwrites it); ANCHORS.md's cuFFT
+rows were measured that way. GB/s counts bytes read + written once each.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SIZES = (8, 16, 32, 64)
+BATCHES = (256, 4096, 16384, 65536)
+WARMUP, ITERS = 3, 20
+MAX_BYTES = 4e9          # skip cases whose input + output exceed this
+SPIN_US = 300            # GPU busy time covering the host's enqueue of one timed call
+
+_SPIN_SRC = r"""extern "C" __global__ void spin(long long cycles)
+{ long long t0 = clock64(); while (clock64() - t0 < cycles) {} }"""
+
+
+def device_name():
+    import cupy as cp
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def _spin():
+    import cupy as cp
+    if not hasattr(_spin, "kernel"):
+        _spin.kernel = cp.RawKernel(_SPIN_SRC, "spin")
+        khz = cp.cuda.Device().attributes["ClockRate"]
+        _spin.cycles = np.int64(SPIN_US * 1e-6 * khz * 1e3)
+    return _spin.kernel, _spin.cycles
+
+
+def gpu_time_ms(fn, warmup=WARMUP, iters=ITERS, before=None):
+    """Median GPU time of fn() in ms over `iters` calls after `warmup` calls. `before`,
+    if given, runs (untimed) before each timed call, e.g. to restore an input."""
+    import cupy as cp
+    spin, cycles = _spin()
+    for _ in range(warmup):
+        if before:
+            before()
+        fn()
+    cp.cuda.Device().synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(iters):
+        if before:
+            before()
+        spin((1,), (1,), (cycles,))   # keeps the GPU busy while we enqueue below
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()              # host-device sync point: after the timed region
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def copy_bandwidth_gbs(nbytes=1 << 30):
+    """Device-to-device copy bandwidth in GB/s, counting bytes read + written."""
+    import cupy as cp
+    a = cp.ones(nbytes // 4, dtype=np.float32)
+    b = cp.empty_like(a)
+    ms = gpu_time_ms(lambda: cp.copyto(b, a), warmup=3, iters=10)
+    return 2 * nbytes / ms / 1e6
+
+
+def case_bytes(n, B):
+    """(bytes of the real planes, bytes of the half-spectra) for B planes of n x n."""
+    return B * n * n * 4, n * (n // 2 + 1) * B * 8
+
+
+def bench_case(n, B, warmup=WARMUP, iters=ITERS):
+    """Times of one (n, B) case in ms, as a dict; None where a library call failed."""
+    import cupy as cp
+    import cupyx.scipy.fft as cpx_fft
+    from cupy.cuda import cufft
+
+    from backends import fbfft_kernels
+
+    nh = n // 2 + 1
+    x = cp.random.standard_normal((B, n, n), dtype=np.float32)
+    F = cp.empty((n, nh, B), dtype=np.complex64)             # fbfft's layout
+    y = cp.empty((B, n, n), dtype=np.float32)
+    spec = cp.fft.rfft2(x)                                    # cuFFT's layout (B, n, nh)
+    spec_in = spec.copy()
+    row = {"n": n, "batch": B}
+
+    row["fbfft_fwd_ms"] = gpu_time_ms(lambda: fbfft_kernels.rfft2(x, n, out=F), warmup, iters)
+    fbfft_kernels.rfft2(x, n, out=F)
+    row["fbfft_inv_ms"] = gpu_time_ms(lambda: fbfft_kernels.irfft2(F, n, out=y), warmup, iters)
+    try:  # cuFFT plans executed directly into preallocated outputs
+        p_fwd = cpx_fft.get_fft_plan(x, axes=(1, 2), value_type="R2C")
+        out_f = cp.empty((B, n, nh), dtype=np.complex64)
+        row["cufft_fwd_ms"] = gpu_time_ms(lambda: p_fwd.fft(x, out_f, cufft.CUFFT_FORWARD), warmup, iters)
+        p_inv = cpx_fft.get_fft_plan(spec, shape=(n, n), axes=(1, 2), value_type="C2R")
+        out_i = cp.empty((B, n, n), dtype=np.float32)
+        restore = lambda: cp.copyto(spec, spec_in)  # C2R overwrites its input
+        row["cufft_inv_ms"] = gpu_time_ms(lambda: p_inv.fft(spec, out_i, cufft.CUFFT_INVERSE),
+                                          warmup, iters, before=restore)
+    except Exception as exc:  # an API change in CuPy: keep the cupy.fft numbers
+        row["cufft_error"] = f"{type(exc).__name__}: {exc}"
+        row["cufft_fwd_ms"] = row["cufft_inv_ms"] = None
+    row["cupyfft_fwd_ms"] = gpu_time_ms(lambda: cp.fft.rfft2(x), warmup, iters)
+    row["cupyfft_inv_ms"] = gpu_time_ms(lambda: cp.fft.irfft2(spec_in, s=(n, n)), warmup, iters)
+
+    real_b, spec_b = case_bytes(n, B)
+    row["bytes"] = real_b + spec_b
+    for lib in ("fbfft", "cufft", "cupyfft"):
+        for d in ("fwd", "inv"):
+            ms = row[f"{lib}_{d}_ms"]
+            row[f"{lib}_{d}_gbs"] = None if ms is None else row["bytes"] / ms / 1e6
+    base = "cufft" if row["cufft_fwd_ms"] is not None else "cupyfft"
+    row["speedup_fwd"] = row[f"{base}_fwd_ms"] / row["fbfft_fwd_ms"]
+    row["speedup_inv"] = row[f"{base}_inv_ms"] / row["fbfft_inv_ms"]
+    row["speedup_base"] = base
+    return row
+
+
+def run(sizes=SIZES, batches=BATCHES, warmup=WARMUP, iters=ITERS, max_bytes=MAX_BYTES, log=print):
+    import cupy as cp
+    rows = []
+    for n in sizes:
+        for B in batches:
+            if sum(case_bytes(n, B)) > max_bytes:
+                log(f"skip n={n} batch={B}: {sum(case_bytes(n, B)) / 1e9:.1f} GB > {max_bytes / 1e9:.1f} GB")
+                continue
+            rows.append(bench_case(n, B, warmup, iters))
+            cp.get_default_memory_pool().free_all_blocks()  # the case's arrays are gone
+    return rows
+
+
+def format_table(rows, copy_gbs):
+    """Markdown table: ms, speedup over cuFFT, achieved GB/s and its share of copy bandwidth."""
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+    lines = [f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)", "",
+             "| n | batch | fbfft fwd ms | cuFFT fwd ms | fwd x | fbfft inv ms | cuFFT inv ms | inv x "
+             "| fbfft fwd GB/s (% copy) | fbfft inv GB/s (% copy) | cupy.fft fwd / inv ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = r["speedup_base"]
+        lines.append(
+            f"| {r['n']} | {r['batch']} | {r['fbfft_fwd_ms']:.4f} | {f(r[base + '_fwd_ms'], '.4f')} "
+            f"| {r['speedup_fwd']:.2f} | {r['fbfft_inv_ms']:.4f} | {f(r[base + '_inv_ms'], '.4f')} "
+            f"| {r['speedup_inv']:.2f} | {r['fbfft_fwd_gbs']:.0f} ({100 * r['fbfft_fwd_gbs'] / copy_gbs:.0f}%) "
+            f"| {r['fbfft_inv_gbs']:.0f} ({100 * r['fbfft_inv_gbs'] / copy_gbs:.0f}%) "
+            f"| {r['cupyfft_fwd_ms']:.4f} / {r['cupyfft_inv_ms']:.4f} |")
+    if rows and rows[0]["speedup_base"] != "cufft":
+        lines.append(f"\n(cuFFT plans could not be run directly: {rows[0].get('cufft_error')}; "
+                     "speed-ups are over cupy.fft)")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    """Speed-up over cuFFT against batch, one line per size, forward and inverse."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, d, title in ((axes[0], "fwd", "2-D FFT (R2C)"), (axes[1], "inv", "2-D IFFT (C2R)")):
+        for n in sorted({r["n"] for r in rows}):
+            rs = [r for r in rows if r["n"] == n]
+            ax.plot([r["batch"] for r in rs], [r[f"speedup_{d}"] for r in rs], "o-", label=f"{n}x{n}")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch (planes)")
+        ax.set_title(title)
+    axes[0].set_ylabel("speed-up over cuFFT")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=SIZES)
+    ap.add_argument("--batches", type=int, nargs="+", default=BATCHES)
+    ap.add_argument("--warmup", type=int, default=WARMUP)
+    ap.add_argument("--iters", type=int, default=ITERS)
+    ap.add_argument("--max-gb", type=float, default=MAX_BYTES / 1e9)
+    ap.add_argument("--out-dir", default=None, help="default: results/<device>/")
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args()
+
+    dev = device_name()
+    out_dir = Path(args.out_dir) if args.out_dir else ROOT / "results" / dev.lower().replace(" ", "-")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copy_gbs = copy_bandwidth_gbs()
+    rows = run(args.sizes, args.batches, args.warmup, args.iters, args.max_gb * 1e9)
+    table = format_table(rows, copy_gbs)
+    print(f"{dev}\n{table}")
+    (out_dir / "fft2d.md").write_text(f"# fbfft vs cuFFT, batched 2-D, {dev}\n\n{table}\n")
+    result = {"device": dev, "copy_gbs": copy_gbs, "rows": rows}
+    (out_dir / "fft2d.json").write_text(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    if not args.no_plot and plot(rows, out_dir / "fft2d.png"):
+        print(f"plot: {out_dir / 'fft2d.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The fbfft convolution backend against PyTorch float64: CPU (the kernels' NumPy model) and GPU."""
+import numpy as np
+import pytest
+
+import backends
+from backends import fbfft
+from conftest import DEVICES
+from reference import check_backend
+
+CASES = [  # (S, f, f', h, w, kh, kw, padding)
+    (2, 3, 4, 9, 11, 3, 5, (0, 0)),
+    (3, 2, 5, 13, 12, 4, 3, (1, 2)),      # rectangular, asymmetric padding
+    (1, 1, 1, 5, 5, 5, 5, (0, 0)),        # batch 1, single channel, kernel = input
+    (2, 8, 6, 13, 13, 3, 3, (1, 1)),      # the networks' 3x3 layers
+    (2, 4, 3, 27, 27, 5, 5, (2, 2)),      # AlexNet conv2's shape
+    (2, 2, 3, 7, 6, 2, 2, (3, 1)),        # padding larger than the kernel
+    (2, 3, 2, 60, 60, 9, 9, (0, 0)),      # basis 64, the largest
+    (4, 2, 2, 1, 1, 1, 1, (0, 0)),        # basis 2, the smallest
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES)
+def test_three_passes_match_the_reference(device, case, rng):
+    S, f, fo, h, w, kh, kw, pad = case
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = rng.standard_normal((fo, f, kh, kw)).astype(np.float32)
+    check_backend(fbfft, x, wt, (1, 1), pad, device=device, rng=rng)
+
+
+@pytest.mark.gpu
+def test_network_sized_layers_gpu(rng):
+    """Batch 128 layers of the paper's grid on the GPU, every basis size the kernels have."""
+    for S, f, fo, hw, k, p in [(128, 16, 16, 4, 3, 1), (128, 64, 64, 13, 3, 1), (16, 96, 128, 27, 5, 2),
+                               (64, 32, 32, 32, 9, 0), (8, 16, 16, 56, 9, 4)]:
+        x = rng.standard_normal((S, f, hw, hw)).astype(np.float32)
+        wt = rng.standard_normal((fo, f, k, k)).astype(np.float32)
+        check_backend(fbfft, x, wt, (1, 1), (p, p), device="cuda", rng=rng)
+
+
+def test_supports_and_basis():
+    assert fbfft.supports((1, 1, 13, 13), (1, 1, 3, 3), (1, 1), (1, 1))
+    assert fbfft.basis(backends.geometry((1, 1, 13, 13), (1, 1, 3, 3), 1, 1)) == 16
+    assert fbfft.basis(backends.geometry((1, 1, 27, 27), (1, 1, 5, 5), 1, 2)) == 32
+    assert not fbfft.supports((1, 1, 13, 13), (1, 1, 3, 3), (2, 2), (1, 1))      # strided
+    assert not fbfft.supports((1, 1, 64, 64), (1, 1, 9, 9), (1, 1), (1, 1))      # basis 128
+    with pytest.raises(ValueError, match="kernels go up to 64"):
+        fbfft.fprop(np.ones((1, 1, 70, 70), np.float32), np.ones((1, 1, 3, 3), np.float32))
+    with pytest.raises(ValueError, match="stride 1 only"):
+        fbfft.fprop(np.ones((1, 1, 9, 9), np.float32), np.ones((1, 1, 3, 3), np.float32), stride=(2, 2))
+    assert "fbfft" in backends.names()
+
+
+def test_chunked_batch_gives_the_same_answer(rng, monkeypatch):
+    monkeypatch.setattr(fbfft, "WORKSPACE_BYTES", 1)  # one image per chunk
+    x = rng.standard_normal((3, 2, 9, 9)).astype(np.float32)
+    wt = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    check_backend(fbfft, x, wt, (1, 1), (1, 1), rng=rng)

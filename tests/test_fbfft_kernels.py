@@ -1,0 +1,330 @@
+"""fbfft kernels: the NumPy model and a host emulation of the CUDA source against np.fft
+(CPU), and the CUDA kernels against cuFFT through cupy.fft (gpu marker).
+
+Spectra fed to the inverse are always rfft2 of real planes: the kernels read each
+spectrum as Hermitian-consistent (see fbfft.cu), as cuFFT's C2R also assumes.
+"""
+import ctypes
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from backends import fbfft_kernels
+from backends import fbfft_model as model
+from backends.common import KERNEL_DIR
+
+
+def geometries(n):
+    """(B, h, w, pad_top, pad_left): the whole plane; a batch that leaves the last block
+    partly empty, with an off-centre, non-square input; one pixel in the far corner."""
+    planes = model.plan(n).planes
+    h, w = max(1, n - 3), n // 2 + 1
+    return [(5, n, n, 0, 0),
+            (2 * planes + 3, h, w, min(2, n - h), min(1, n - w)),
+            (3, 1, 1, n - 1, n - 1)]
+
+
+CASES = [(n,) + g for n in model.SIZES for g in geometries(n)]
+CASE_IDS = [f"n{n}-B{B}-{h}x{w}-at{t},{l}" for n, B, h, w, t, l in CASES]
+TOL = 1e-5  # relative (norm-wise) error in float32; an FFT of size 64 reaches ~1e-7
+
+
+def padded(x, n, top, left):
+    P = np.zeros(x.shape[:1] + (n, n), dtype=np.float64)
+    P[:, top:top + x.shape[1], left:left + x.shape[2]] = x
+    return P
+
+
+def rel_err(got, ref):
+    got = np.asarray(got)
+    assert np.all(np.isfinite(got)), "non-finite values: an element was never written"
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def spectrum_case(rng, n, B):
+    """A Hermitian-consistent spectrum (n, n//2+1, B) and its real planes (B, n, n)."""
+    planes = rng.standard_normal((B, n, n))
+    return np.ascontiguousarray(np.fft.rfft2(planes).transpose(1, 2, 0), dtype=np.complex64), planes
+
+
+def windows(n):
+    """(out_h, out_w, row_off, col_off): whole plane, an interior window, a corner pixel."""
+    return [(n, n, 0, 0), (n - 3, n // 2 + 1, 2, 1) if n > 4 else (1, 2, 1, 0),
+            (1, 1, n - 1, n - 1)]
+
+
+# ---- NumPy model (CPU) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("n,B,h,w,top,left", CASES, ids=CASE_IDS)
+def test_model_rfft2_matches_numpy(rng, n, B, h, w, top, left):
+    x = rng.standard_normal((B, h, w)).astype(np.float32)
+    F = model.rfft2(x, n, (top, left))  # asserts every output written exactly once
+    ref = np.fft.rfft2(padded(x, n, top, left)).transpose(1, 2, 0)
+    assert F.shape == (n, n // 2 + 1, B) and F.dtype == np.complex64
+    assert rel_err(F, ref) < TOL
+
+
+@pytest.mark.parametrize("n", model.SIZES)
+def test_model_irfft2_matches_numpy(rng, n):
+    B = model.plan(n).planes + 1
+    F, planes = spectrum_case(rng, n, B)
+    for oh, ow, ro, co in windows(n):
+        y = model.irfft2(F, n, (oh, ow), (ro, co))  # asserts every output written once
+        ref = planes[:, ro:ro + oh, co:co + ow]
+        assert y.shape == (B, oh, ow) and y.dtype == np.float32
+        assert rel_err(y, ref) < TOL
+    y = model.irfft2(F, n, scale=1.0)
+    assert rel_err(y, planes * n * n) < TOL
+
+
+def test_model_is_the_algorithm_not_numpy(rng):
+    """Guard against a model that only wraps np.fft: it must use bit-reversed registers."""
+    v = [np.array([k], dtype=np.complex64) for k in range(8)]
+    model.dif_fft(v, False)
+    X = np.fft.fft(np.arange(8))
+    got = np.array([v[model.bit_reverse(k, 3)][0] for k in range(8)])
+    assert np.allclose(got, X, atol=1e-5)
+    assert not np.allclose([v[k][0] for k in range(8)], X, atol=1e-3)
+
+
+@pytest.mark.parametrize("n", model.SIZES)
+def test_shared_memory_bank_conflicts_as_documented(n):
+    want = {"columns": 2 if n == 64 else 1, "rows": 1}
+    assert model.bank_conflicts(n) == want
+
+
+def test_twiddle_table_in_source_matches_model():
+    src = (KERNEL_DIR / "fbfft.cu").read_text()
+    body = src[src.index("kTwiddle[kTwiddleN] = {"):]
+    body = body[:body.index("};")]
+    vals = [float(v) for v in re.findall(r"(-?\d\.\d+e[-+]\d+)f", body)]
+    table = np.array(vals, dtype=np.float32).reshape(-1, 2)
+    want = model.twiddle_table()
+    assert table.shape == (model.TWIDDLE_N, 2)
+    assert np.array_equal(table[:, 0], want.real) and np.array_equal(table[:, 1], want.imag)
+
+
+def test_instantiated_sizes_match_wrapper():
+    """fbfft.cu's explicit-instantiation list (nvcc checks) = the wrapper's name expressions."""
+    src = (KERNEL_DIR / "fbfft.cu").read_text()
+    block = src[src.index("// BEGIN SIZES"):src.index("// END SIZES")]
+    sizes = tuple(int(v) for v in re.findall(r"FBFFT_INSTANTIATE\((\d+)\)", block))
+    assert sizes == model.SIZES
+    assert fbfft_kernels.NAME_EXPRESSIONS == tuple(
+        f"fbfft_{name}<{n}>" for name in ("rfft2", "irfft2") for n in sizes)
+
+
+@pytest.mark.parametrize("bad", [1, 3, 12, 128, 256])
+def test_unsupported_size_raises(bad):
+    x = np.zeros((1, 1, 1), dtype=np.float32)
+    for call in (lambda: model.plan(bad), lambda: model.rfft2(x, bad),
+                 lambda: fbfft_kernels.rfft2(x, bad), lambda: fbfft_kernels.kernel("rfft2", bad),
+                 lambda: fbfft_kernels.irfft2(x, bad)):
+        with pytest.raises(ValueError, match=rf"size {bad}\b.*supported sizes are"):
+            call()
+
+
+def test_model_rejects_inputs_that_do_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        model.rfft2(np.zeros((1, 8, 8), np.float32), 8, (1, 0))
+    with pytest.raises(ValueError, match="does not fit"):
+        model.irfft2(np.zeros((8, 5, 1), np.complex64), 8, (8, 8), (0, 1))
+
+
+# ---- the CUDA source itself, compiled for the host (CPU) ---------------------------
+# A small shim maps the CUDA features fbfft.cu uses onto C++20: one std::thread per CUDA
+# thread, __syncthreads as a std::barrier, __shared__ as a static (one block at a time).
+# The kernels run unmodified, so this checks the real index arithmetic, not a copy.
+
+EMULATION = r"""
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __constant__
+#define __shared__ static
+#define __launch_bounds__(...)
+struct float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+struct Dim { unsigned x = 0, y = 0, z = 0; };
+static thread_local Dim threadIdx, blockIdx;
+static Dim blockDim, gridDim;
+static std::barrier<>* emu_barrier = nullptr;
+static inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
+[[noreturn]] static inline void __trap() { std::fprintf(stderr, "__trap\n"); std::abort(); }
+#include "KERNEL_PATH"
+
+template <class F> static void launch(unsigned grid, unsigned block, F kernel) {
+    gridDim.x = grid; blockDim.x = block;
+    for (unsigned bx = 0; bx < grid; ++bx) {
+        std::barrier<> bar(block); emu_barrier = &bar;
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < block; ++t)
+            ts.emplace_back([=] { threadIdx.x = t; blockIdx.x = bx; kernel(); });
+        for (auto& th : ts) th.join();
+    }
+}
+template <int N> static void plan(int* v) {
+    using P = fbfft::Plan<N>;
+    int vals[] = {P::kSplit, P::kPlanes, P::kThreads, P::kColStride, P::kRowStride, P::kSmemElems};
+    for (int i = 0; i < 6; ++i) v[i] = vals[i];
+}
+template <int N> static void fwd(const float* in, float* out, int B, int h, int w, int t, int l) {
+    using P = fbfft::Plan<N>;
+    launch((B + P::kPlanes - 1) / P::kPlanes, P::kThreads,
+           [=] { fbfft_rfft2<N>(in, (float2*)out, B, h, w, t, l); });
+}
+template <int N> static void inv(const float* in, float* out, int B, int ro, int co, int oh, int ow, float s) {
+    using P = fbfft::Plan<N>;
+    launch((B + P::kPlanes - 1) / P::kPlanes, P::kThreads,
+           [=] { fbfft_irfft2<N>((const float2*)in, out, B, ro, co, oh, ow, s); });
+}
+#define DISPATCH(CALL) switch (n) { case 2: CALL(2); break; case 4: CALL(4); break; \
+    case 8: CALL(8); break; case 16: CALL(16); break; case 32: CALL(32); break; \
+    case 64: CALL(64); break; default: return 1; } return 0;
+extern "C" int emu_plan(int n, int* v) {
+#define C(N) plan<N>(v)
+    DISPATCH(C)
+#undef C
+}
+extern "C" int emu_rfft2(int n, const float* in, float* out, int B, int h, int w, int t, int l) {
+#define C(N) fwd<N>(in, out, B, h, w, t, l)
+    DISPATCH(C)
+#undef C
+}
+extern "C" int emu_irfft2(int n, const float* in, float* out, int B, int ro, int co, int oh, int ow, float s) {
+#define C(N) inv<N>(in, out, B, ro, co, oh, ow, s)
+    DISPATCH(C)
+#undef C
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """fbfft.cu compiled for the host as a shared library (skips without g++)."""
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler (g++/clang++) for the CUDA-source emulation")
+    d = tmp_path_factory.mktemp("fbfft_emu")
+    (d / "emu.cpp").write_text(EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "fbfft.cu")))
+    lib = d / "libfbfft_emu.so"
+    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
+                          "-Wno-unknown-pragmas", "-o", str(lib), str(d / "emu.cpp")],
+                         capture_output=True, text=True)
+    if res.returncode != 0 and "barrier" in res.stderr and "No such file" in res.stderr:
+        pytest.skip(f"{cxx} lacks C++20 <barrier>")
+    assert res.returncode == 0, f"host compile of fbfft.cu failed:\n{res.stderr[-4000:]}"
+    return ctypes.CDLL(str(lib))
+
+
+def _ptr(a):
+    assert a.flags.c_contiguous
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("n", model.SIZES)
+def test_emulated_plan_matches_model(emulated, n):
+    v = (ctypes.c_int * 6)()
+    assert emulated.emu_plan(n, v) == 0
+    p = model.plan(n)
+    assert list(v) == [p.split, p.planes, p.threads, p.col_stride, p.row_stride, p.smem_elems]
+
+
+@pytest.mark.parametrize("n,B,h,w,top,left", CASES, ids=CASE_IDS)
+def test_emulated_rfft2_matches_numpy(emulated, rng, n, B, h, w, top, left):
+    x = rng.standard_normal((B, h, w)).astype(np.float32)
+    F = np.full((n, n // 2 + 1, B), np.nan, dtype=np.complex64)  # poisoned
+    assert emulated.emu_rfft2(n, _ptr(x), _ptr(F), B, h, w, top, left) == 0
+    ref = np.fft.rfft2(padded(x, n, top, left)).transpose(1, 2, 0)
+    assert rel_err(F, ref) < TOL
+
+
+@pytest.mark.parametrize("n", model.SIZES)
+def test_emulated_irfft2_matches_numpy(emulated, rng, n):
+    B = model.plan(n).planes + 1
+    F, planes = spectrum_case(rng, n, B)
+    for oh, ow, ro, co in windows(n):
+        y = np.full((B, oh, ow), np.nan, dtype=np.float32)  # poisoned
+        assert emulated.emu_irfft2(n, _ptr(F), _ptr(y), B, ro, co, oh, ow,
+                                   ctypes.c_float(1.0 / (n * n))) == 0
+        assert rel_err(y, planes[:, ro:ro + oh, co:co + ow]) < TOL
+
+
+# ---- CUDA kernels against cuFFT (GPU) ----------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,B,h,w,top,left", CASES, ids=CASE_IDS)
+def test_cuda_rfft2_matches_cufft(n, B, h, w, top, left):
+    import cupy as cp
+    rng = np.random.default_rng()  # fresh data every run
+    x = cp.asarray(rng.standard_normal((B, h, w)).astype(np.float32))
+    out = cp.full((n, n // 2 + 1, B), np.nan, dtype=np.complex64)  # poisoned
+    F = fbfft_kernels.rfft2(x, n, (top, left), out=out)
+    cp.cuda.runtime.deviceSynchronize()
+    P = cp.zeros((B, n, n), dtype=np.float32)
+    P[:, top:top + h, left:left + w] = x
+    ref = cp.fft.rfft2(P).transpose(1, 2, 0)
+    assert F is out
+    assert rel_err(cp.asnumpy(F), cp.asnumpy(ref)) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", model.SIZES)
+def test_cuda_irfft2_matches_cufft(n):
+    import cupy as cp
+    rng = np.random.default_rng()
+    B = 3 * model.plan(n).planes + 5
+    planes = cp.asarray(rng.standard_normal((B, n, n)).astype(np.float32))
+    spec = cp.fft.rfft2(planes)                                    # (B, n, nh)
+    F = cp.ascontiguousarray(spec.transpose(1, 2, 0)).astype(cp.complex64)
+    full = cp.fft.irfft2(spec, s=(n, n))
+    for oh, ow, ro, co in windows(n):
+        out = cp.full((B, oh, ow), np.nan, dtype=np.float32)       # poisoned
+        y = fbfft_kernels.irfft2(F, n, (oh, ow), (ro, co), out=out)
+        cp.cuda.runtime.deviceSynchronize()
+        assert rel_err(cp.asnumpy(y), cp.asnumpy(full[:, ro:ro + oh, co:co + ow])) < TOL
+
+
+@pytest.mark.gpu
+def test_cuda_round_trip_large_batch():
+    import cupy as cp
+    x = cp.random.standard_normal((70001, 13, 13), dtype=np.float32)
+    y = fbfft_kernels.irfft2(fbfft_kernels.rfft2(x, 16, (1, 2)), 16, (13, 13), (1, 2))
+    assert rel_err(cp.asnumpy(y), cp.asnumpy(x)) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["rfft2", "irfft2"])
+@pytest.mark.parametrize("n", model.SIZES)
+def test_cuda_kernels_live_in_registers(name, n):
+    k = fbfft_kernels.kernel(name, n)
+    assert k.local_size_bytes == 0, f"fbfft_{name}<{n}> uses local memory (spills)"
+    assert k.max_threads_per_block >= model.plan(n).threads
+
+
+@pytest.mark.gpu
+def test_cuda_rejects_bad_arguments():
+    import cupy as cp
+    x = cp.zeros((4, 8, 8), dtype=cp.float32)
+    with pytest.raises(ValueError, match="does not fit"):
+        fbfft_kernels.rfft2(x, 8, (1, 0))
+    with pytest.raises(TypeError, match="float32"):
+        fbfft_kernels.rfft2(x.astype(cp.float64), 8)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fbfft_kernels.rfft2(x.transpose(0, 2, 1), 8)
+    F = cp.zeros((8, 5, 4), dtype=cp.complex64)
+    with pytest.raises(ValueError, match="does not fit"):
+        fbfft_kernels.irfft2(F, 8, (8, 8), (0, 1))
+    with pytest.raises(ValueError, match="shape"):
+        fbfft_kernels.irfft2(F, 16)
+    with pytest.raises(ValueError, match="out must have shape"):
+        fbfft_kernels.rfft2(x, 8, out=cp.empty((8, 5, 3), cp.complex64))
