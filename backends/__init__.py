@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from . import autotune, cufft, fbfft, gemm
+from . import autotune, cufft, direct, fbfft, gemm
 from .common import PASSES, geometry
 from minitorch_fft.device import get_array_module
 
@@ -23,6 +23,7 @@ _REGISTRY = {
     "gemm": gemm,
     "cufft": cufft,
     "fbfft": fbfft,
+    "direct": direct,
 }
 
 

@@ -20,7 +20,7 @@ from reference import check_backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_EXAMPLES = 150   # random geometries per backend in CI (each checks fprop, bprop, accGrad)
-GPU_EXAMPLES = 500   # the larger run on a GPU
+GPU_EXAMPLES = 300   # the larger run on a GPU
 
 
 @st.composite
