@@ -81,6 +81,8 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
         if not _is_out_of_memory(e):
             raise
         first_error = e
+    if hasattr(backend, "release_buffers"):  # scratch it kept would otherwise stay allocated
+        backend.release_buffers()
     _free_gpu_pool()
     budget = gemm.WORKSPACE_BYTES
     while True:

@@ -71,3 +71,21 @@ def test_bad_input_is_one_line_and_nonzero(args, msg):
     p = run_train(*args, check=False)
     assert p.returncode != 0
     assert msg in p.stderr and "Traceback" not in p.stderr
+
+
+def test_imagefolder_and_cifar10_read_local_files(tmp_path, capsys):
+    """A tiny ImageFolder tree (two classes of 12x12 RGB images) trains end to end; a folder
+    without CIFAR-10 in it is a one-line error, never a download."""
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for cls in ("cats", "dogs"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    assert train.main(["--no-progress", "--data", f"imagefolder:{tmp_path / 'imgs'}", "--epochs", "1",
+                       "--batch-size", "4"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["data"].startswith("imagefolder:") and 0.0 <= result["test_accuracy"] <= 1.0
+    (tmp_path / "empty").mkdir()
+    p = run_train("--data", f"cifar10:{tmp_path / 'empty'}", "--model", "alexnet", check=False)
+    assert p.returncode == 2 and "no CIFAR-10 found" in p.stderr and "Traceback" not in p.stderr
