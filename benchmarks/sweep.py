@@ -1,0 +1,253 @@
+"""The paper's 8,232-configuration sweep (Table 2, Figures 1-6): FFT convolution vs cuDNN strict.
+
+  python benchmarks/sweep.py run --max-minutes 9     # measure until the time is up; rerun to resume
+  python benchmarks/sweep.py run --quick             # a fixed sample of 84 (two per k, y cell)
+  python benchmarks/sweep.py report                  # heat maps + summary from what was measured
+
+Configurations: S in {1, 16, 64, 128}; f, f' in {1, 4, 16, 64, 96, 128, 256};
+k in {3, 5, 7, 9, 11, 13}; output size y in {1, 2, 4, 8, 16, 32, 64} (input h = w = y + k - 1,
+stride 1, no padding). For each one and each pass the best of our FFT backends (cufft, fbfft
+where it supports the basis), gemm and cuDNN strict (fp32, TF32 off) are timed, after each
+result is checked against float64. One JSON line per configuration is appended to
+results/<device>/sweep.jsonl (flushed and fsynced), so a run cut off at its time limit loses at
+most the configuration in flight, and the next run skips what is done.
+
+The report draws, per kernel size, the speed-up of the best FFT backend over cuDNN strict
+(geometric mean of the three passes' speed-ups, then over the configurations in a cell), on
+axes of output size against problem size S*f*f' (binned by powers of 4), as the paper's
+Figures 1-6 do, and the same against gemm; and it summarises where FFT wins.
+"""
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
+
+from benchmarks.common import RESULTS_DIR, slug  # noqa: E402
+
+S_SIZES = (1, 16, 64, 128)
+PLANES = (1, 4, 16, 64, 96, 128, 256)
+KERNELS = (3, 5, 7, 9, 11, 13)
+OUTPUTS = (1, 2, 4, 8, 16, 32, 64)
+PASSES = ("fprop", "bprop", "accgrad")
+QUICK_SAMPLE = 2 * len(KERNELS) * len(OUTPUTS)  # 84: two per heat-map cell
+
+
+def configurations():
+    """Every (S, f, f', k, y) of the paper's Table 2: 4 * 7 * 7 * 6 * 7 = 8,232."""
+    return list(itertools.product(S_SIZES, PLANES, PLANES, KERNELS, OUTPUTS))
+
+
+def quick_sample(per_cell=2, seed=0):
+    """A fixed stratified sample: `per_cell` seeded (S, f, f') for every (k, y) cell of the
+    heat maps (an evenly strided pick aliases with the 7 output sizes and misses some)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return [(int(rng.choice(S_SIZES)), int(rng.choice(PLANES)), int(rng.choice(PLANES)), k, y)
+            for k in KERNELS for y in OUTPUTS for _ in range(per_cell)]
+
+
+def key(config):
+    return "S{}_f{}_fo{}_k{}_y{}".format(*config)
+
+
+def load_done(path):
+    """{key: row} of the configurations already measured; a torn last line is ignored."""
+    done = {}
+    if not Path(path).exists():
+        return done
+    with open(path) as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a run killed mid-write: that configuration is measured again
+            done[row["key"]] = row
+    return done
+
+
+def append_row(path, row):
+    """One JSON line, flushed and fsynced before the next configuration starts."""
+    with open(path, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def speedups(row, baseline):
+    """Per pass, baseline ms / best FFT ms, and their geometric mean (None if missing)."""
+    per_pass = []
+    for p in PASSES:
+        fft = [row["ms"].get(f"{b}_{p}") for b in ("cufft", "fbfft")]
+        fft = [v for v in fft if v]
+        base = row["ms"].get(f"{baseline}_{p}")
+        if not fft or not base:
+            return None
+        per_pass.append(base / min(fft))
+    return math.exp(sum(math.log(v) for v in per_pass) / len(per_pass))
+
+
+def problem_bin(S, f, fo):
+    """log4 bin of S*f*f' (the paper's y axis)."""
+    return int(math.log(S * f * fo, 4))
+
+
+def heat_grid(rows, k, baseline):
+    """{(problem bin, y): geometric-mean speed-up} for kernel size k."""
+    cells = {}
+    for r in rows:
+        S, f, fo, kk, y = r["config"]
+        s = speedups(r, baseline)
+        if kk == k and s:
+            cells.setdefault((problem_bin(S, f, fo), y), []).append(math.log(s))
+    return {c: math.exp(sum(v) / len(v)) for c, v in cells.items()}
+
+
+def crossover(rows, k, baseline):
+    """The smallest output size y at which FFT wins in at least half the configurations of k."""
+    for y in OUTPUTS:
+        vs = [speedups(r, baseline) for r in rows if r["config"][3] == k and r["config"][4] == y]
+        vs = [v for v in vs if v]
+        if vs and 2 * sum(v > 1 for v in vs) >= len(vs):
+            return y
+    return None
+
+
+def measure(config, args):
+    """The row of one configuration: ms of every implementation and pass, errors checked."""
+    import cupy as cp
+
+    import backends
+    from benchmarks.paper import Layer, set_tf32
+    S, f, fo, k, y = config
+    h = y + k - 1
+    layer = Layer((S, f, h, h), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
+    row = {"key": key(config), "config": list(config), "ms": {}, "err": {}, "skipped": {}}
+    for name in ("cufft", "fbfft", "gemm"):
+        b = backends.get(name)
+        if not b.supports(*layer.geom):
+            row["skipped"][name] = "unsupported geometry"
+            continue
+        for p in PASSES:
+            try:
+                row["ms"][f"{name}_{p}"], row["err"][f"{name}_{p}"] = layer.measure(
+                    layer.ours(b, p), "cupy", p, 1e-4, args)
+            except Exception as e:  # noqa: BLE001 - recorded in the row, never hidden
+                row["skipped"][f"{name}_{p}"] = f"{type(e).__name__}: {e}"[:200]
+                cp.get_default_memory_pool().free_all_blocks()
+    set_tf32("strict")
+    for p in PASSES:
+        flagged = []
+        row["ms"][f"cudnn_{p}"], row["err"][f"cudnn_{p}"] = layer.measure(layer.cudnn(p), "torch", p, 1e-4,
+                                                                         args, flagged)
+        if flagged:
+            row["skipped"][f"cudnn_{p}_precision"] = flagged[0]
+    return row
+
+
+def run(args):
+    import cupy as cp
+    import torch
+    from tqdm import tqdm
+
+    from backends import tuning
+    from benchmarks import paper
+    torch.backends.cudnn.benchmark = True
+    paper.TORCH_TF32_DEFAULTS.update(cudnn=torch.backends.cudnn.allow_tf32,
+                                     matmul=torch.backends.cuda.matmul.allow_tf32)
+    out = args.out / slug(tuning.device_name(cp)) / ("sweep_quick.jsonl" if args.quick else "sweep.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = load_done(out)
+    todo = [c for c in (quick_sample() if args.quick else configurations()) if key(c) not in done]
+    deadline = time.monotonic() + args.max_minutes * 60
+    for config in tqdm(todo, desc=f"sweep ({len(done)} done before)"):
+        if time.monotonic() > deadline:
+            print(f"time is up: {len(todo)} configurations were left; run again to resume", file=sys.stderr)
+            break
+        append_row(out, measure(config, args))
+        cp.get_default_memory_pool().free_all_blocks()
+        torch.cuda.empty_cache()
+    print(out)
+
+
+def report(args):
+    """Heat maps (PNG) and a Markdown summary next to the sweep's JSON lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    path = Path(args.jsonl)
+    rows = list(load_done(path).values())
+    if not rows:
+        sys.exit(f"no measured configurations in {path}")
+    lines = [f"# Sweep: best FFT backend vs cuDNN strict and gemm ({len(rows)} of "
+             f"{len(configurations())} configurations)", "",
+             f"- source: `{path}` (see its rows for device-side details)", ""]
+    for baseline in ("cudnn", "gemm"):
+        fig, axes = plt.subplots(2, 3, figsize=(14, 8), sharex=True, sharey=True)
+        im = None
+        bins = sorted({problem_bin(*r["config"][:3]) for r in rows})  # one y axis for every panel
+        lines += [f"## Speed-up over {baseline}", "",
+                  "| k | configurations | FFT faster | median | best | crossover: smallest y where FFT wins half |",
+                  "|---|---|---|---|---|---|"]
+        for ax, k in zip(axes.flat, KERNELS):
+            grid = heat_grid(rows, k, baseline)
+            values = [speedups(r, baseline) for r in rows if r["config"][3] == k]
+            values = sorted(v for v in values if v)
+            if grid:
+                image = [[grid.get((b, y), float("nan")) for y in OUTPUTS] for b in bins]
+                im = ax.imshow(image, origin="lower", aspect="auto", cmap="RdBu", norm=LogNorm(1 / 8, 8))
+                ax.set_yticks(range(len(bins)), [f"4^{b}" for b in bins])
+                ax.set_xticks(range(len(OUTPUTS)), OUTPUTS)
+            ax.set_title(f"{k}x{k} kernel")
+            if not values:
+                continue
+            wins = sum(v > 1 for v in values)
+            lines.append(f"| {k} | {len(values)} | {wins} ({wins / len(values):.0%}) | "
+                         f"{values[len(values) // 2]:.2f}x | {values[-1]:.2f}x | {crossover(rows, k, baseline)} |")
+        for ax in axes[-1]:
+            ax.set_xlabel("output size y")
+        for ax in axes[:, 0]:
+            ax.set_ylabel("problem size S*f*f'")
+        if im is not None:
+            fig.colorbar(im, ax=axes, label=f"best FFT speed-up over {baseline} (geometric mean of passes)")
+        png = path.with_name(f"{path.stem}_vs_{baseline}.png")
+        fig.savefig(png, dpi=110)
+        plt.close(fig)
+        lines += ["", f"![heat maps vs {baseline}]({png.name})", ""]
+    md = path.with_suffix(".md")
+    md.write_text("\n".join(lines) + "\n")
+    print(md)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="measure (resumable)")
+    r.add_argument("--quick", action="store_true", help=f"a fixed sample of {QUICK_SAMPLE} configurations")
+    r.add_argument("--max-minutes", type=float, default=9.0, help="stop after this long (default 9)")
+    r.add_argument("--warmup", type=int, default=1)
+    r.add_argument("--repeat", type=int, default=5)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", type=Path, default=RESULTS_DIR)
+    p = sub.add_parser("report", help="heat maps and summary from a sweep file")
+    p.add_argument("jsonl", help="results/<device>/sweep.jsonl")
+    args = parser.parse_args()
+    if args.command == "run":
+        if args.max_minutes <= 0 or args.repeat < 1 or args.warmup < 0:
+            parser.error("need --max-minutes > 0, --repeat >= 1, --warmup >= 0")
+        run(args)
+    else:
+        report(args)
+
+
+if __name__ == "__main__":
+    main()
