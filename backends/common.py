@@ -47,6 +47,14 @@ def geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     return Geometry(S, f, fo, h, w, kh, kw, sh, sw, ph, pw, oh, ow)
 
 
+def valid_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """The Geometry, or None where geometry() would refuse it (for the supports() predicates)."""
+    try:
+        return geometry(x_shape, w_shape, stride, padding)
+    except (ValueError, TypeError):
+        return None
+
+
 def check_arrays(**arrays):
     """float32, one array kind (NumPy or CuPy), made contiguous. Returns (xp, arrays...)."""
     for name, a in arrays.items():

@@ -56,7 +56,7 @@ import warnings
 import numpy as np
 
 from . import tuning
-from .common import check_arrays, check_output_shape, geometry
+from .common import check_arrays, check_output_shape, geometry, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
 # oh x ow output, n x m Fourier basis, F = n*(m//2+1) frequencies (Hermitian half)
@@ -72,11 +72,8 @@ TUNE_CHECK_TOL = 1e-4
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """Stride 1 with any zero padding, kernel and input (rectangular ones included)."""
-    try:
-        g = geometry(x_shape, w_shape, stride, padding)
-    except (ValueError, TypeError):
-        return False
-    return (g.sh, g.sw) == (1, 1)
+    g = valid_geometry(x_shape, w_shape, stride, padding)
+    return g is not None and (g.sh, g.sw) == (1, 1)
 
 
 def _stride1_geometry(x_shape, w_shape, stride, padding):

@@ -40,7 +40,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import tuning
-from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d
+from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, sh x sw stride,
 # ph x pw padding, oh x ow output; KK = kh*kw taps; q = oy*ow + ox a flattened output position.
@@ -83,11 +83,7 @@ PLANE_MAX_K = 7
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """Any valid geometry: every stride, padding and rectangular kernel ("naive" always fits)."""
-    try:
-        geometry(x_shape, w_shape, stride, padding)
-    except (ValueError, TypeError):
-        return False
-    return True
+    return valid_geometry(x_shape, w_shape, stride, padding) is not None
 
 
 # -- public passes ------------------------------------------------------------------------------

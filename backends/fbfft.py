@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from . import fbfft_model
-from .common import check_arrays, check_output_shape, geometry
+from .common import check_arrays, check_output_shape, geometry, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
 # oh x ow output, n x n Fourier basis, F = n*(n//2+1) frequencies (Hermitian half)
@@ -43,11 +43,8 @@ def basis(g):
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """Stride 1, any zero padding, and a basis of at most 64 x 64."""
-    try:
-        g = geometry(x_shape, w_shape, stride, padding)
-    except (ValueError, TypeError):
-        return False
-    return (g.sh, g.sw) == (1, 1) and basis(g) is not None
+    g = valid_geometry(x_shape, w_shape, stride, padding)
+    return g is not None and (g.sh, g.sw) == (1, 1) and basis(g) is not None
 
 
 def _geometry(x_shape, w_shape, stride, padding):

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d
+from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), kh x kw kernel, oh x ow output
 WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_GEMM_WORKSPACE_MB", "1024")) * 2**20)
@@ -21,11 +21,7 @@ WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_GEMM_WORKSPACE_MB", "1024"
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """Any valid geometry: every stride, padding and rectangular kernel."""
-    try:
-        geometry(x_shape, w_shape, stride, padding)
-    except (ValueError, TypeError):
-        return False
-    return True
+    return valid_geometry(x_shape, w_shape, stride, padding) is not None
 
 
 def _batch_chunks(g):
