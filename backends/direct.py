@@ -379,9 +379,10 @@ def _kernel(name):
     kern = _kernels.get((dev, name))
     if kern is None:
         templated = "<" in name
-        mod = cuda_module("direct.cu", _OPTIONS, (name,) if templated else None)
+        source = "correlate1d.cu" if name.startswith("correlate1d") else "direct.cu"
+        mod = cuda_module(source, _OPTIONS, (name,) if templated else None)
         kern = mod.get_function(name)
-        if templated and "plane" not in name:
+        if templated and source == "direct.cu" and "plane" not in name:
             kern.max_dynamic_shared_size_bytes = _device_limits(dev)[1]
         _kernels[(dev, name)] = kern
     return kern
@@ -536,3 +537,78 @@ def tune(pass_name, g, run, names, warmup=1, repeat=5):
         span = tuning.timeit(lambda: [run(cfg) for _ in range(TUNE_INNER)], cp, warmup, repeat)
         times[name] = span / TUNE_INNER
     return min(times, key=times.get), times
+
+
+# -- the 1-D case: one long mask over long signals (kernels/correlate1d.cu) ----------------------
+
+# (outputs per thread, threads per block) of every correlate1d<OUT, THREADS> instance; OUT odd.
+CORRELATE1D_CONFIGS = ((7, 256), (15, 128), (15, 256), (23, 128), (31, 64), (31, 128))
+MAX_GRID_Y = 65535
+_correlate1d_chosen = {}  # (device id, B, L, K, TUNE) -> (OUT, THREADS)
+
+
+def correlate1d(x, mask, *, config=None):
+    """y (..., L - K + 1) = valid cross-correlation of each row of x (..., L) with mask (K,):
+    y[..., i] = sum_j x[..., i + j] mask[j] (no flip, like the 2-D passes).
+
+    float32. On the GPU, register-blocked (kernels/correlate1d.cu), tuned over
+    CORRELATE1D_CONFIGS per (B, L, K) like the 2-D passes; config=(OUT, THREADS) forces one.
+    On the CPU, NumPy (a sliding-window view times the mask).
+    """
+    xp, x, mask = check_arrays(x=x, mask=mask)
+    if x.ndim < 1 or mask.ndim != 1:
+        raise ValueError(f"correlate1d: x must be (..., L) and mask (K,), got shapes {x.shape} and {mask.shape}")
+    L, K = x.shape[-1], mask.shape[0]
+    if K < 1 or K > L:
+        raise ValueError(f"correlate1d: the mask length K = {K} must be between 1 and the signal length L = {L}")
+    batch = x.shape[:-1]
+    B = int(np.prod(batch))
+    n_out = L - K + 1
+    if B == 0:
+        return xp.empty(batch + (n_out,), np.float32)
+    if xp is np:
+        windows = np.lib.stride_tricks.sliding_window_view(x.reshape(B, L), K, axis=-1)   # (B, n_out, K)
+        return (windows @ mask).astype(np.float32).reshape(batch + (n_out,))
+    if B > MAX_GRID_Y:
+        raise ValueError(f"correlate1d: at most {MAX_GRID_Y} signals per call (grid y), got {B}")
+    import cupy as cp
+    x2 = cp.ascontiguousarray(x).reshape(B, L)
+    mask = cp.ascontiguousarray(mask)
+
+    def run(cfg):
+        out, threads = cfg
+        y = _new(cp, (B, n_out))
+        tile = out * threads
+        _kernel(f"correlate1d<{out}, {threads}>")(((n_out + tile - 1) // tile, B), (threads,),
+                                                  (x2, mask, y, np.int64(L), np.int32(K), np.int64(n_out)))
+        return y
+
+    if config is not None:
+        if tuple(config) not in CORRELATE1D_CONFIGS:
+            raise ValueError(f"correlate1d: config {config!r} is not one of {CORRELATE1D_CONFIGS}")
+        return run(tuple(config)).reshape(batch + (n_out,))
+    return run(_choose_correlate1d(B, L, K, run)).reshape(batch + (n_out,))
+
+
+def _choose_correlate1d(B, L, K, run):
+    """The remembered, cached, tuned or (TUNE off) default configuration for one problem size."""
+    import cupy as cp
+    device_id = cp.cuda.Device().id
+    memo = (device_id, B, L, K, TUNE)
+    if memo in _correlate1d_chosen:
+        return _correlate1d_chosen[memo]
+    cfg = (15, 128)
+    if TUNE != "off":
+        key = tuning.key(cp, np.float32, (B, L, K), "correlate1d", "direct")
+        cache = tuning.default_cache()
+        stored = cache.get(key)
+        if isinstance(stored, dict) and stored.get("format") == CACHE_FORMAT \
+                and tuple(stored.get("config", ())) in CORRELATE1D_CONFIGS:
+            cfg = tuple(stored["config"])
+        else:
+            times = {c: tuning.timeit(lambda c=c: run(c), cp, 1, 5) for c in CORRELATE1D_CONFIGS}
+            cfg = min(times, key=times.get)
+            cache.put(key, {"format": CACHE_FORMAT, "config": list(cfg),
+                            "ms": {f"{o}x{t}": ms for (o, t), ms in times.items()}})
+    _correlate1d_chosen[memo] = cfg
+    return cfg

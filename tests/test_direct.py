@@ -239,3 +239,72 @@ def test_unknown_or_unfitting_config_is_a_clear_error():
     with pytest.raises(ValueError, match="does not fit"):
         direct.fprop(x, w, config=[c.name for c in direct.CONFIGS["fprop"] if c.family == "plane"][0])
     assert to_device(direct.fprop(x, w, config="naive"), "cpu").item() == 81.0
+
+
+# -- correlate1d: the 1-D case (kernels/correlate1d.cu) ------------------------------------------
+
+# (batch shape, L, K): chunked masks (K > 1024 taps per chunk), K not a multiple of any OUT,
+# K = 1 and K = L, signals shorter than one block's tile, several signals.
+CORRELATE1D_CASES = [((), 5000, 2047), ((3,), 700, 1), ((2,), 333, 333), ((), 4099, 1031),
+                     ((2, 2), 1500, 37), ((), 20, 7)]
+
+
+def _correlate1d_reference(x, mask):
+    """float64, NumPy's own correlate row by row (not the code under test)."""
+    rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    out = np.stack([np.correlate(r, mask.astype(np.float64), "valid") for r in rows])
+    return out.reshape(x.shape[:-1] + (out.shape[-1],))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch,L,K", CORRELATE1D_CASES)
+def test_correlate1d_against_float64(batch, L, K, device):
+    rng = np.random.default_rng(L + K)
+    x = rng.standard_normal(batch + (L,)).astype(np.float32)
+    mask = rng.standard_normal(K).astype(np.float32)
+    ref = _correlate1d_reference(x, mask)
+    if device == "cpu":
+        outs = {"numpy": direct.correlate1d(x, mask)}
+    else:
+        import cupy as cp
+        xd, md = cp.asarray(x), cp.asarray(mask)
+        outs = {cfg: cp.asnumpy(direct.correlate1d(xd, md, config=cfg)) for cfg in direct.CORRELATE1D_CONFIGS}
+        outs["tuned"] = cp.asnumpy(direct.correlate1d(xd, md))
+    for name, y in outs.items():
+        assert y.shape == ref.shape, name
+        assert rel_error(y, ref) <= 1e-5, (name, rel_error(y, ref))
+
+
+@pytest.mark.gpu
+def test_correlate1d_never_multiplies_inputs_past_the_mask(monkeypatch):
+    """The last mask chunk rounds up to whole register groups; the taps past K must be skipped,
+    not multiplied by 0: an inf that only the last output reaches stays in the last output."""
+    import cupy as cp
+    monkeypatch.setattr(direct, "POISON", True)
+    L, K = 3000, 1030                 # every OUT leaves a partial group in the last chunk
+    x = np.random.default_rng(0).standard_normal(L).astype(np.float32)
+    x[-1] = np.inf
+    mask = np.ones(K, np.float32)
+    for cfg in direct.CORRELATE1D_CONFIGS:
+        y = cp.asnumpy(direct.correlate1d(cp.asarray(x), cp.asarray(mask), config=cfg))
+        assert np.isfinite(y[:-1]).all() and np.isposinf(y[-1]), cfg
+
+
+def test_correlate1d_errors():
+    x, m = np.zeros(10, np.float32), np.ones(3, np.float32)
+    with pytest.raises(ValueError, match="mask length K = 11 must be between 1 and the signal length L = 10"):
+        direct.correlate1d(x, np.ones(11, np.float32))
+    with pytest.raises(ValueError, match="mask"):
+        direct.correlate1d(x, np.ones((1, 3), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        direct.correlate1d(x.astype(np.float64), m)
+    with pytest.raises(ValueError, match="mask length K = 0"):
+        direct.correlate1d(x, np.ones(0, np.float32))
+
+
+def test_correlate1d_instantiations_match_configs():
+    src = (common.KERNEL_DIR / "correlate1d.cu").read_text()
+    block = src[src.index("// BEGIN CONFIGS"):src.index("// END CONFIGS")]
+    found = {tuple(int(v) for v in args.split(",")) for args in re.findall(r"^CORRELATE1D\(([^)]*)\)", block, re.M)}
+    assert found == set(direct.CORRELATE1D_CONFIGS)
+    assert all(out % 2 == 1 for out, _ in found)        # the kernel's bank-conflict argument
