@@ -1,10 +1,12 @@
 """Host side of the fbfft CUDA kernels (kernels/fbfft.cu): check, allocate, launch.
 
-  rfft2(x, n, padding)            x (B, h, w) float32 -> F (n, n//2+1, B) complex64
+  rfft2(x, n, padding)            x (B, h, w) float32 -> F (n, n//2+1, B) complex64   n = 2..128
   irfft2(F, n, out_shape, offset) F (n, n//2+1, B)   -> y (B, out_h, out_w) float32
+  rfft1(x, n, pad)                x (B, len) float32  -> F (n//2+1, B) complex64      n = 2..256
+  irfft1(F, n, out_len, offset)   F (n//2+1, B)       -> y (B, out_len) float32
 
 F is frequency-major with the batch fastest (the layout the per-frequency GEMM of the
-FFT convolution reads), F[ky, kx, b] = rfft2(plane_b)[ky, kx]. Zero padding and clipping
+FFT convolution reads), F[ky, kx, b] = rfft2(plane_b)[ky, kx] (1-D: F[k, b] = rfft(signal_b)[k]). Zero padding and clipping
 are implicit: no padded or cropped copy is ever made. CuPy arrays only; the NumPy model
 of the same kernels is fbfft_model.py.
 
@@ -20,24 +22,42 @@ import numpy as np
 from minitorch_fft.device import is_cupy
 
 from .common import cuda_module
-from .fbfft_model import SIZES, check_size, plan
+from .fbfft_model import SIZES, SIZES_1D, check_size, plan, plan1
 
 # Every instantiation the module compiles (NVRTC name expressions).
-NAME_EXPRESSIONS = tuple(f"fbfft_rfft2<{n}>" for n in SIZES) + tuple(f"fbfft_irfft2<{n}>" for n in SIZES)
+NAME_EXPRESSIONS = (tuple(f"fbfft_{k}<{n}>" for k in ("rfft2", "irfft2") for n in SIZES)
+                    + tuple(f"fbfft_{k}<{n}>" for k in ("rfft1", "irfft1") for n in SIZES_1D))
 CHECK_LAUNCHES = os.environ.get("MINITORCH_FBFFT_CHECK", "0") == "1"
+STATIC_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
+
+
+def _plan(name, n):
+    """(blocks' batch width, threads, shared-memory bytes) of kernel `name` at size n."""
+    if name.endswith("1"):
+        p = plan1(n)
+        return p.signals, p.threads, p.smem_bytes
+    p = plan(n)
+    return p.planes, p.threads, p.smem_bytes
 
 
 @functools.lru_cache(maxsize=None)
 def kernel(name, n):
-    """The compiled RawKernel fbfft_<name><n> (name 'rfft2' or 'irfft2'); compiled once."""
-    check_size(n)
-    return cuda_module("fbfft.cu", ("--std=c++17",), NAME_EXPRESSIONS).get_function(f"fbfft_{name}<{n}>")
+    """The compiled RawKernel fbfft_<name><n> (name 'rfft2', 'irfft2', 'rfft1' or 'irfft1');
+    compiled once, with the dynamic shared memory its plan needs allowed."""
+    if name not in ("rfft2", "irfft2", "rfft1", "irfft1"):
+        raise ValueError(f"fbfft: no kernel {name!r}")
+    check_size(n, SIZES_1D if name.endswith("1") else SIZES)
+    kern = cuda_module("fbfft.cu", ("--std=c++17",), NAME_EXPRESSIONS).get_function(f"fbfft_{name}<{n}>")
+    smem = _plan(name, n)[2]
+    if smem > STATIC_SMEM_LIMIT:
+        kern.max_dynamic_shared_size_bytes = smem
+    return kern
 
 
 def _launch(name, n, B, args):
     import cupy as cp
-    p = plan(n)
-    kernel(name, n)(((B + p.planes - 1) // p.planes,), (p.threads,), args)
+    width, threads, smem = _plan(name, n)
+    kernel(name, n)(((B + width - 1) // width,), (threads,), args, shared_mem=smem)
     if CHECK_LAUNCHES:
         cp.cuda.runtime.deviceSynchronize()  # host-device sync point: debug only
 
@@ -111,4 +131,54 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, out=None):
     scale = 1.0 / (n * n) if scale is None else scale
     _launch("irfft2", n, B, (F, out, np.int32(B), np.int32(row_off), np.int32(col_off),
                              np.int32(out_h), np.int32(out_w), np.float32(scale)))
+    return out
+
+
+def rfft1(x, n, pad=0, out=None):
+    """F (n//2+1, B) complex64 = FFT of each row of x (B, len) float32 (or (..., len)) placed
+    at offset `pad` of a length-n zero signal, len + pad <= n."""
+    check_size(n, SIZES_1D)
+    _check_cupy("x", x, np.float32)
+    if x.ndim < 2:
+        raise ValueError(f"fbfft: x must be (B, len) or (..., len), got shape {tuple(x.shape)}")
+    length = x.shape[-1]
+    B = int(np.prod(x.shape[:-1]))
+    if B < 1 or length < 1:
+        raise ValueError(f"fbfft: empty input of shape {tuple(x.shape)}")
+    if pad < 0 or pad + length > n:
+        raise ValueError(f"fbfft: signal of length {length} at offset {pad} does not fit the basis {n}")
+    if B >= 2**31:
+        raise ValueError(f"fbfft: batch {B} exceeds the kernels' int32 batch index")
+    shape = (n // 2 + 1, B)
+    if out is None:
+        import cupy as cp
+        out = cp.empty(shape, dtype=np.complex64)
+    else:
+        _check_out(out, shape, np.complex64)
+    _launch("rfft1", n, B, (x, out, np.int32(B), np.int32(length), np.int32(pad)))
+    return out
+
+
+def irfft1(F, n, out_len=None, offset=0, scale=None, out=None):
+    """y (B, out_len) float32 = window [offset, offset + out_len) of the inverse FFT of each
+    Hermitian half-spectrum F (n//2+1, B) complex64, times scale (default 1/n, the inverse
+    of rfft1). out_len defaults to n."""
+    check_size(n, SIZES_1D)
+    _check_cupy("F", F, np.complex64)
+    if F.ndim != 2 or F.shape[0] != n // 2 + 1:
+        raise ValueError(f"fbfft: F must have shape ({n // 2 + 1}, B), got {tuple(F.shape)}")
+    B = F.shape[1]
+    out_len = n if out_len is None else out_len
+    if B < 1 or B >= 2**31:
+        raise ValueError(f"fbfft: F must hold 1 to 2^31 - 1 signals, got B = {B}")
+    if out_len < 1 or offset < 0 or offset + out_len > n:
+        raise ValueError(f"fbfft: output window of {out_len} at {offset} does not fit the basis {n}")
+    shape = (B, out_len)
+    if out is None:
+        import cupy as cp
+        out = cp.empty(shape, dtype=np.float32)
+    else:
+        _check_out(out, shape, np.float32)
+    scale = 1.0 / n if scale is None else scale
+    _launch("irfft1", n, B, (F, out, np.int32(B), np.int32(offset), np.int32(out_len), np.float32(scale)))
     return out

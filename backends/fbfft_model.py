@@ -20,38 +20,53 @@ from collections import namedtuple
 
 import numpy as np
 
-SIZES = (2, 4, 8, 16, 32, 64)
-TWIDDLE_N = 128  # kTwiddleN: the twiddle table holds exp(-2 pi i k / 128)
+SIZES = (2, 4, 8, 16, 32, 64, 128)         # 2-D kernels
+SIZES_1D = (2, 4, 8, 16, 32, 64, 128, 256)  # 1-D kernels
+TWIDDLE_N = 256  # kTwiddleN: the twiddle table holds exp(-2 pi i k / 256)
 
-Plan = namedtuple("Plan", "n split m log_m rows nh planes threads col_stride row_stride smem_elems")
+Plan = namedtuple("Plan", "n split m log_m rows nh planes threads col_stride row_stride smem_elems smem_bytes")
+Plan1 = namedtuple("Plan1", "n L split m log_m signals threads row smem_bytes")
 
 
-def check_size(n):
+def check_size(n, sizes=SIZES):
     """ValueError unless n is an FFT size the kernels are instantiated for."""
-    if n not in SIZES:
-        raise ValueError(f"fbfft: FFT size {n!r} is not supported; supported sizes are {SIZES}")
+    if n not in sizes:
+        raise ValueError(f"fbfft: FFT size {n!r} is not supported; supported sizes are {sizes}")
 
 
 def plan(n):
-    """The kernel's Plan<N>: launch geometry and shared-memory strides (see fbfft.cu)."""
+    """The 2-D kernels' Plan<N>: launch geometry and shared-memory strides (see fbfft.cu)."""
     check_size(n)
     split = 2 if n > 32 else 1
     m = n // split
     rows = n // 2
-    planes = {2: 128, 4: 128, 8: 64, 16: 32, 32: 8, 64: 2}[n]
+    planes = {2: 128, 4: 128, 8: 64, 16: 32, 32: 8, 64: 4, 128: 1}[n]
     if n <= 16:
         col_stride = planes + 16 // rows
         row_stride = n * col_stride
     elif n == 32:
         col_stride, row_stride = 9, n * 9 + 8
+    elif n == 64:
+        col_stride, row_stride = 5, n * 5 + 4
     else:
-        col_stride, row_stride = 2, n * 2 + 2
+        col_stride, row_stride = 1, n + 1
     return Plan(n, split, m, m.bit_length() - 1, rows, n // 2 + 1, planes,
-                rows * split * planes, col_stride, row_stride, rows * row_stride)
+                rows * split * planes, col_stride, row_stride, rows * row_stride, rows * row_stride * 8)
+
+
+def plan1(n):
+    """The 1-D kernels' Plan1<N> (see fbfft.cu): L = n/2 complex points per signal, split
+    over `split` threads, `signals` signals per block, one row of `row` complex slots each."""
+    check_size(n, SIZES_1D)
+    L = n // 2
+    split = L // 32 if L > 32 else 1
+    m = L // split
+    signals = 256 if n <= 32 else 8192 // n
+    return Plan1(n, L, split, m, m.bit_length() - 1, signals, signals * split, L + 1, signals * (L + 1) * 8)
 
 
 def twiddle_table():
-    """kTwiddle: exp(-2 pi i k / 128) rounded to float32, k = 0..127."""
+    """kTwiddle: exp(-2 pi i k / 256) rounded to float32, k = 0..255."""
     w = np.exp(-2j * np.pi * np.arange(TWIDDLE_N) / TWIDDLE_N)
     return (w.real.astype(np.float32) + 1j * w.imag.astype(np.float32)).astype(np.complex64)
 
@@ -69,11 +84,16 @@ def reg_of(p, k):
 
 
 def twiddle(a, k, inverse):
-    """a * exp(-+2 pi i k / 128); k = 0 and the quarter turn k = 32 multiply exactly."""
+    """a * exp(-+2 pi i k / 256); k = 0 and the quarter, half and three-quarter turns
+    multiply exactly."""
     if k == 0:
         return a
     if k == TWIDDLE_N // 4:
         return a * np.complex64(1j if inverse else -1j)
+    if k == TWIDDLE_N // 2:
+        return -a
+    if k == 3 * TWIDDLE_N // 4:
+        return a * np.complex64(-1j if inverse else 1j)
     w = _TW[k]
     return a * (np.conj(w) if inverse else w)
 
@@ -341,3 +361,81 @@ def bank_conflicts(n):
                 ways = max(ways, np.bincount(words % 16).max())
         worst[name] = int(ways)
     return worst
+
+
+# ---- 1-D kernels (fbfft_rfft1 / fbfft_irfft1) ------------------------------------------
+
+def load_radix(L, R, c, inverse, load):
+    """load_radix<L, R, c>: the first radix-R DIF step as the values are loaded; after
+    dif_fft on the result, register bit_reverse(m) holds X[R m + c]."""
+    M = L // R
+    v = []
+    for j in range(M):
+        acc = load(j)
+        for q in range(1, R):
+            acc = acc + twiddle(load(j + q * M), ((q * c) % R) * (TWIDDLE_N // R), inverse)
+        v.append(twiddle(acc, j * c * (TWIDDLE_N // L), inverse))
+    return v
+
+
+def rfft1(x, n, pad=0):
+    """Model of fbfft_rfft1<n>: x (B, len) float32 at offset `pad` of a length-n zero signal
+    -> F (n//2+1, B) complex64, F[k, b] = np.fft.rfft(signal_b)[k]."""
+    p = plan1(n)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"fbfft: x must be (B, len), got shape {x.shape}")
+    B, length = x.shape
+    _check_batch(B)
+    if not (0 <= pad and pad + length <= n and length >= 1):
+        raise ValueError(f"fbfft: signal of length {length} at offset {pad} does not fit the basis {n}")
+    real = np.zeros((B, 2 * p.row), np.float32)          # the shared-memory rows, zero-padded
+    real[:, pad:pad + length] = x
+    z = (real[:, 0:n:2] + 1j * real[:, 1:n:2]).astype(np.complex64)   # row[m] = p[2m] + i p[2m+1]
+    Z = np.full((B, p.L), np.nan, np.complex64)
+    for c in range(p.split):
+        v = load_radix(p.L, p.split, c, False, lambda m: z[:, m])
+        dif_fft(v, False)
+        for m in range(p.m):
+            Z[:, p.split * m + c] = v[bit_reverse(m, p.log_m)]
+    out = _Output((p.L + 1, B), np.complex64)
+    lanes = np.arange(B)
+    for c in range(p.split):
+        for k in range(c, p.L + 1, p.split):
+            zk, zc = Z[:, k % p.L], np.conj(Z[:, (p.L - k) % p.L])
+            d = twiddle(zk - zc, k * (TWIDDLE_N // n), False)
+            out.store(k * B + lanes, ((zk + zc + d * np.complex64(-1j)) * np.float32(0.5)).astype(np.complex64),
+                      np.ones(B, bool))
+    assert (out.count == 1).all(), "fbfft model: 1-D output not written exactly once"
+    return out.flat.reshape(out.shape)
+
+
+def irfft1(F, n, out_len=None, offset=0, scale=None):
+    """Model of fbfft_irfft1<n>: F (n//2+1, B) complex64 -> y (B, out_len) float32,
+    y[b] = scale * n * np.fft.irfft(F[:, b], n)[offset:offset + out_len] (scale 1/n default)."""
+    p = plan1(n)
+    F = np.ascontiguousarray(F, dtype=np.complex64)
+    if F.ndim != 2 or F.shape[0] != p.L + 1:
+        raise ValueError(f"fbfft: spectrum must have shape ({p.L + 1}, B), got {F.shape}")
+    B = F.shape[1]
+    _check_batch(B)
+    out_len = n if out_len is None else out_len
+    if not (0 <= offset and offset + out_len <= n and out_len >= 1):
+        raise ValueError(f"fbfft: output window of {out_len} at {offset} does not fit the basis {n}")
+    scale = np.float32(1.0 / n if scale is None else scale)
+    Z = np.full((B, p.L), np.nan, np.complex64)
+    for c in range(p.split):
+        for k in range(c, p.L, p.split):
+            x, xc = F[k], np.conj(F[p.L - k])
+            e = x + xc
+            o = twiddle(x - xc, k * (TWIDDLE_N // n), True)
+            Z[:, k] = ((e + o * np.complex64(1j)) * np.float32(0.5)).astype(np.complex64)
+    zz = np.full((B, p.L), np.nan, np.complex64)
+    for c in range(p.split):
+        v = load_radix(p.L, p.split, c, True, lambda m: Z[:, m])
+        dif_fft(v, True)
+        for m in range(p.m):
+            zz[:, p.split * m + c] = v[bit_reverse(m, p.log_m)] * np.float32(2 * scale)
+    real = np.empty((B, n), np.float32)
+    real[:, 0::2], real[:, 1::2] = zz.real, zz.imag
+    return np.ascontiguousarray(real[:, offset:offset + out_len])

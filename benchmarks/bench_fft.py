@@ -1,16 +1,20 @@
-"""Batched 2-D real FFTs, fbfft against cuFFT: the 2-D half of the paper's Figures 7-8.
+"""Batched 1-D and 2-D real FFTs, fbfft against cuFFT: the paper's Figures 7-8.
 
-  python benchmarks/bench_fft.py                                  # default grid, table + plot
-  python benchmarks/bench_fft.py --sizes 8 16 32 --batches 4096 16384 --iters 50
+  python benchmarks/bench_fft.py                                  # both grids, tables + plots
+  python benchmarks/bench_fft.py --dims 2 --sizes 8 16 32 --batches 4096 16384 --iters 50
   python benchmarks/bench_fft.py --no-plot --json /tmp/fft.json
 
-Planes are n x n (no padding, whole output), as in the paper's figure. Times are medians
+Planes are n x n and signals n long (no padding, whole output), as in the paper's figures. Times are medians
 of CUDA events around single calls, with the GPU kept busy by a spin kernel while the host
 enqueues, so host launch overhead is not counted for either library. "cuFFT" is the
 cuFFT plan executed directly into a preallocated output (the fair kernel-to-kernel
 comparison); "cupy.fft" is the cupy.fft.rfft2/irfft2 call, which allocates its output
 and, for the inverse, copies its input first (C2R overwrites it); ANCHORS.md's cuFFT
-rows were measured that way. GB/s counts bytes read + written once each.
+rows were measured that way. GB/s counts bytes read + written once each. The issue's
+targets (2-D, n <= 32, batch >= 4096: forward >= 1.5x and inverse >= 2x cuFFT; n = 16..64:
+>= 50% of copy bandwidth) are checked in the tables' notes, met or missed.
+
+Writes results/<device>/fft2d.{md,json,png} and fft1d.{md,json,png}, with provenance.
 """
 import argparse
 import json
@@ -22,7 +26,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SIZES = (8, 16, 32, 64)
+from benchmarks.common import RESULTS_DIR, provenance, slug  # noqa: E402
+
+SIZES = {2: (8, 16, 32, 64, 128), 1: (8, 16, 32, 64, 128, 256)}
 BATCHES = (256, 4096, 16384, 65536)
 WARMUP, ITERS = 3, 20
 MAX_BYTES = 4e9          # skip cases whose input + output exceed this
@@ -80,13 +86,16 @@ def copy_bandwidth_gbs(nbytes=1 << 30):
     return 2 * nbytes / ms / 1e6
 
 
-def case_bytes(n, B):
-    """(bytes of the real planes, bytes of the half-spectra) for B planes of n x n."""
-    return B * n * n * 4, n * (n // 2 + 1) * B * 8
+def case_bytes(n, B, dim=2):
+    """(bytes of the real data, bytes of the half-spectra) for B planes of n x n (dim 2) or
+    B signals of n (dim 1)."""
+    rows = n if dim == 2 else 1
+    return B * rows * n * 4, rows * (n // 2 + 1) * B * 8
 
 
-def bench_case(n, B, warmup=WARMUP, iters=ITERS):
-    """Times of one (n, B) case in ms, as a dict; None where a library call failed."""
+def bench_case(n, B, warmup=WARMUP, iters=ITERS, dim=2):
+    """Times of one (n, B) case in ms, as a dict; None where a library call failed. The fbfft
+    result is checked against cuFFT's first (relative error, norm-wise)."""
     import cupy as cp
     import cupyx.scipy.fft as cpx_fft
     from cupy.cuda import cufft
@@ -94,32 +103,42 @@ def bench_case(n, B, warmup=WARMUP, iters=ITERS):
     from backends import fbfft_kernels
 
     nh = n // 2 + 1
-    x = cp.random.standard_normal((B, n, n), dtype=np.float32)
-    F = cp.empty((n, nh, B), dtype=np.complex64)             # fbfft's layout
-    y = cp.empty((B, n, n), dtype=np.float32)
-    spec = cp.fft.rfft2(x)                                    # cuFFT's layout (B, n, nh)
+    shape = (B, n, n) if dim == 2 else (B, n)
+    axes = (1, 2) if dim == 2 else (1,)
+    fwd, inv = ((fbfft_kernels.rfft2, fbfft_kernels.irfft2) if dim == 2
+                else (fbfft_kernels.rfft1, fbfft_kernels.irfft1))
+    rfft = (lambda a: cp.fft.rfft2(a)) if dim == 2 else (lambda a: cp.fft.rfft(a, axis=1))
+    irfft = (lambda a: cp.fft.irfft2(a, s=(n, n))) if dim == 2 else (lambda a: cp.fft.irfft(a, n, axis=1))
+    x = cp.random.standard_normal(shape, dtype=np.float32)
+    F = cp.empty((n, nh, B) if dim == 2 else (nh, B), dtype=np.complex64)   # fbfft's layout
+    y = cp.empty(shape, dtype=np.float32)
+    spec = rfft(x)                                            # cuFFT's layout (B, [n,] nh)
     spec_in = spec.copy()
-    row = {"n": n, "batch": B}
+    row = {"dim": dim, "n": n, "batch": B}
 
-    row["fbfft_fwd_ms"] = gpu_time_ms(lambda: fbfft_kernels.rfft2(x, n, out=F), warmup, iters)
-    fbfft_kernels.rfft2(x, n, out=F)
-    row["fbfft_inv_ms"] = gpu_time_ms(lambda: fbfft_kernels.irfft2(F, n, out=y), warmup, iters)
+    fwd(x, n, out=F)
+    ref = spec.transpose((1, 2, 0) if dim == 2 else (1, 0))
+    row["fbfft_fwd_err"] = float(cp.linalg.norm(F - ref) / cp.linalg.norm(ref))
+    inv(F, n, out=y)
+    row["fbfft_inv_err"] = float(cp.linalg.norm(y - x) / cp.linalg.norm(x))
+    row["fbfft_fwd_ms"] = gpu_time_ms(lambda: fwd(x, n, out=F), warmup, iters)
+    row["fbfft_inv_ms"] = gpu_time_ms(lambda: inv(F, n, out=y), warmup, iters)
     try:  # cuFFT plans executed directly into preallocated outputs
-        p_fwd = cpx_fft.get_fft_plan(x, axes=(1, 2), value_type="R2C")
-        out_f = cp.empty((B, n, nh), dtype=np.complex64)
+        p_fwd = cpx_fft.get_fft_plan(x, axes=axes, value_type="R2C")
+        out_f = cp.empty(spec.shape, dtype=np.complex64)
         row["cufft_fwd_ms"] = gpu_time_ms(lambda: p_fwd.fft(x, out_f, cufft.CUFFT_FORWARD), warmup, iters)
-        p_inv = cpx_fft.get_fft_plan(spec, shape=(n, n), axes=(1, 2), value_type="C2R")
-        out_i = cp.empty((B, n, n), dtype=np.float32)
+        p_inv = cpx_fft.get_fft_plan(spec, shape=shape[1:], axes=axes, value_type="C2R")
+        out_i = cp.empty(shape, dtype=np.float32)
         restore = lambda: cp.copyto(spec, spec_in)  # C2R overwrites its input
         row["cufft_inv_ms"] = gpu_time_ms(lambda: p_inv.fft(spec, out_i, cufft.CUFFT_INVERSE),
                                           warmup, iters, before=restore)
     except Exception as exc:  # an API change in CuPy: keep the cupy.fft numbers
         row["cufft_error"] = f"{type(exc).__name__}: {exc}"
         row["cufft_fwd_ms"] = row["cufft_inv_ms"] = None
-    row["cupyfft_fwd_ms"] = gpu_time_ms(lambda: cp.fft.rfft2(x), warmup, iters)
-    row["cupyfft_inv_ms"] = gpu_time_ms(lambda: cp.fft.irfft2(spec_in, s=(n, n)), warmup, iters)
+    row["cupyfft_fwd_ms"] = gpu_time_ms(lambda: rfft(x), warmup, iters)
+    row["cupyfft_inv_ms"] = gpu_time_ms(lambda: irfft(spec_in), warmup, iters)
 
-    real_b, spec_b = case_bytes(n, B)
+    real_b, spec_b = case_bytes(n, B, dim)
     row["bytes"] = real_b + spec_b
     for lib in ("fbfft", "cufft", "cupyfft"):
         for d in ("fwd", "inv"):
@@ -132,17 +151,44 @@ def bench_case(n, B, warmup=WARMUP, iters=ITERS):
     return row
 
 
-def run(sizes=SIZES, batches=BATCHES, warmup=WARMUP, iters=ITERS, max_bytes=MAX_BYTES, log=print):
+def run(sizes=SIZES[2], batches=BATCHES, warmup=WARMUP, iters=ITERS, max_bytes=MAX_BYTES, log=print, dim=2):
     import cupy as cp
     rows = []
     for n in sizes:
         for B in batches:
-            if sum(case_bytes(n, B)) > max_bytes:
-                log(f"skip n={n} batch={B}: {sum(case_bytes(n, B)) / 1e9:.1f} GB > {max_bytes / 1e9:.1f} GB")
+            if sum(case_bytes(n, B, dim)) > max_bytes:
+                log(f"skip {dim}-D n={n} batch={B}: {sum(case_bytes(n, B, dim)) / 1e9:.1f} GB "
+                    f"> {max_bytes / 1e9:.1f} GB")
                 continue
-            rows.append(bench_case(n, B, warmup, iters))
+            rows.append(bench_case(n, B, warmup, iters, dim))
+            r = rows[-1]
+            log(f"{dim}-D n={n:3d} batch={B:6d}: fwd {r['speedup_fwd']:.2f}x, inv {r['speedup_inv']:.2f}x "
+                f"(errors {r['fbfft_fwd_err']:.1e} / {r['fbfft_inv_err']:.1e})")
             cp.get_default_memory_pool().free_all_blocks()  # the case's arrays are gone
     return rows
+
+
+ERR_TOL = 1e-5
+
+
+def targets(rows, copy_gbs):
+    """The issue's targets for the 2-D rows, each (text, met) from the measured rows."""
+    out = []
+    small = [r for r in rows if r["dim"] == 2 and r["n"] <= 32 and r["batch"] >= 4096]
+    if small:
+        for d, want in (("fwd", 1.5), ("inv", 2.0)):
+            worst = min(small, key=lambda r: r[f"speedup_{d}"])
+            out.append((f"2-D {'forward' if d == 'fwd' else 'inverse'} >= {want}x cuFFT at n <= 32, "
+                        f"batch >= 4096: worst {worst[f'speedup_{d}']:.2f}x (n={worst['n']}, "
+                        f"batch={worst['batch']})", worst[f"speedup_{d}"] >= want))
+    mid = [r for r in rows if r["dim"] == 2 and 16 <= r["n"] <= 64 and r["batch"] >= 4096]
+    if mid:
+        for n in sorted({r["n"] for r in mid}):
+            rs = [r for r in mid if r["n"] == n]
+            best = max(min(r["fbfft_fwd_gbs"], r["fbfft_inv_gbs"]) for r in rs) / copy_gbs
+            out.append((f"2-D n={n}: >= 50% of copy bandwidth in both directions (batch >= 4096): "
+                        f"best {100 * best:.0f}%", best >= 0.5))
+    return out
 
 
 def format_table(rows, copy_gbs):
@@ -151,8 +197,8 @@ def format_table(rows, copy_gbs):
         return "-" if v is None else format(v, fmt)
     lines = [f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)", "",
              "| n | batch | fbfft fwd ms | cuFFT fwd ms | fwd x | fbfft inv ms | cuFFT inv ms | inv x "
-             "| fbfft fwd GB/s (% copy) | fbfft inv GB/s (% copy) | cupy.fft fwd / inv ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| fbfft fwd GB/s (% copy) | fbfft inv GB/s (% copy) | cupy.fft fwd / inv ms | fbfft err fwd / inv |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         base = r["speedup_base"]
         lines.append(
@@ -160,14 +206,22 @@ def format_table(rows, copy_gbs):
             f"| {r['speedup_fwd']:.2f} | {r['fbfft_inv_ms']:.4f} | {f(r[base + '_inv_ms'], '.4f')} "
             f"| {r['speedup_inv']:.2f} | {r['fbfft_fwd_gbs']:.0f} ({100 * r['fbfft_fwd_gbs'] / copy_gbs:.0f}%) "
             f"| {r['fbfft_inv_gbs']:.0f} ({100 * r['fbfft_inv_gbs'] / copy_gbs:.0f}%) "
-            f"| {r['cupyfft_fwd_ms']:.4f} / {r['cupyfft_inv_ms']:.4f} |")
+            f"| {r['cupyfft_fwd_ms']:.4f} / {r['cupyfft_inv_ms']:.4f} "
+            f"| {r['fbfft_fwd_err']:.1e} / {r['fbfft_inv_err']:.1e} |")
+    bad = [r for r in rows if not (r["fbfft_fwd_err"] <= ERR_TOL and r["fbfft_inv_err"] <= ERR_TOL)]
+    if bad:
+        lines.append("\nFAILED CHECKS (relative error > %g): " % ERR_TOL
+                     + ", ".join(f"n={r['n']} batch={r['batch']}" for r in bad))
+    tg = targets(rows, copy_gbs)
+    if tg:
+        lines += ["", "Targets:"] + [f"- {'met' if ok else 'MISSED'}: {text}" for text, ok in tg]
     if rows and rows[0]["speedup_base"] != "cufft":
         lines.append(f"\n(cuFFT plans could not be run directly: {rows[0].get('cufft_error')}; "
                      "speed-ups are over cupy.fft)")
     return "\n".join(lines)
 
 
-def plot(rows, path):
+def plot(rows, path, dim=2):
     """Speed-up over cuFFT against batch, one line per size, forward and inverse."""
     try:
         import matplotlib
@@ -176,10 +230,11 @@ def plot(rows, path):
     except ImportError:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, d, title in ((axes[0], "fwd", "2-D FFT (R2C)"), (axes[1], "inv", "2-D IFFT (C2R)")):
+    for ax, d, title in ((axes[0], "fwd", f"{dim}-D FFT (R2C)"), (axes[1], "inv", f"{dim}-D IFFT (C2R)")):
         for n in sorted({r["n"] for r in rows}):
             rs = [r for r in rows if r["n"] == n]
-            ax.plot([r["batch"] for r in rs], [r[f"speedup_{d}"] for r in rs], "o-", label=f"{n}x{n}")
+            ax.plot([r["batch"] for r in rs], [r[f"speedup_{d}"] for r in rs], "o-",
+                    label=f"{n}x{n}" if dim == 2 else f"{n}")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("batch (planes)")
@@ -194,7 +249,8 @@ def plot(rows, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=SIZES)
+    ap.add_argument("--dims", type=int, nargs="+", default=[2, 1], choices=[1, 2])
+    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="default: every size of the dim")
     ap.add_argument("--batches", type=int, nargs="+", default=BATCHES)
     ap.add_argument("--warmup", type=int, default=WARMUP)
     ap.add_argument("--iters", type=int, default=ITERS)
@@ -204,21 +260,31 @@ def main():
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args()
 
+    import cupy as cp
     dev = device_name()
-    out_dir = Path(args.out_dir) if args.out_dir else ROOT / "results" / dev.lower().replace(" ", "-")
+    out_dir = Path(args.out_dir) if args.out_dir else RESULTS_DIR / slug(dev)
     out_dir.mkdir(parents=True, exist_ok=True)
     copy_gbs = copy_bandwidth_gbs()
-    rows = run(args.sizes, args.batches, args.warmup, args.iters, args.max_gb * 1e9)
-    table = format_table(rows, copy_gbs)
-    print(f"{dev}\n{table}")
-    (out_dir / "fft2d.md").write_text(f"# fbfft vs cuFFT, batched 2-D, {dev}\n\n{table}\n")
-    result = {"device": dev, "copy_gbs": copy_gbs, "rows": rows}
-    (out_dir / "fft2d.json").write_text(json.dumps(result, indent=1))
+    meta = provenance(dev, cupy=cp.__version__, cuda_runtime=cp.cuda.runtime.runtimeGetVersion(),
+                      warmup=args.warmup, iters=args.iters, copy_gbs=round(copy_gbs, 1))
+    everything, failed = {}, False
+    for dim in args.dims:
+        rows = run(args.sizes or SIZES[dim], args.batches, args.warmup, args.iters, args.max_gb * 1e9, dim=dim)
+        table = format_table(rows, copy_gbs)
+        failed |= "FAILED CHECKS" in table
+        print(f"{dev}, {dim}-D\n{table}")
+        header = "\n".join(f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in meta.items())
+        name = f"fft{dim}d"
+        (out_dir / f"{name}.md").write_text(f"# fbfft vs cuFFT, batched {dim}-D, {dev}\n\n{header}\n\n{table}\n")
+        result = {"meta": meta, "device": dev, "copy_gbs": copy_gbs, "rows": rows}
+        (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
+        everything[name] = result
+        if not args.no_plot and plot(rows, out_dir / f"{name}.png", dim):
+            print(f"plot: {out_dir / f'{name}.png'}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
-    if not args.no_plot and plot(rows, out_dir / "fft2d.png"):
-        print(f"plot: {out_dir / 'fft2d.png'}")
+        Path(args.json).write_text(json.dumps(everything, indent=1))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,6 +2,7 @@
 
   python3 benchmarks/gpu_check_fbfft.py                 # from the repository root
   OUT=/some/dir python3 benchmarks/gpu_check_fbfft.py   # also writes gpu_check_fbfft.json/.md there
+  python3 benchmarks/gpu_check_fbfft.py --no-timing     # parts 1-2 only
 
 1. Kernel attributes as the driver sees them (registers, local memory = spills, static
    shared memory, resident blocks per SM).
@@ -43,19 +44,22 @@ def rel_err(got, ref):
 
 
 def kernel_info(fbfft_kernels, model):
+    """Every kernel's registers, local memory and occupancy at its plan's launch (dynamic shared
+    memory included)."""
     from cupy.cuda import driver
     rows = []
-    for n in model.SIZES:
-        p = model.plan(n)
-        for name in ("rfft2", "irfft2"):
-            k = fbfft_kernels.kernel(name, n)
-            try:
-                blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, p.threads, 0)
-            except Exception:
-                blocks = None
-            rows.append(dict(kernel=f"fbfft_{name}<{n}>", registers=k.num_regs, local_bytes=k.local_size_bytes,
-                             smem_bytes=k.shared_size_bytes, threads=p.threads, planes_per_block=p.planes,
-                             blocks_per_sm=blocks, warps_per_sm=None if blocks is None else blocks * p.threads // 32))
+    plans = [(name, n, model.plan(n)) for n in model.SIZES for name in ("rfft2", "irfft2")]
+    plans += [(name, n, model.plan1(n)) for n in model.SIZES_1D for name in ("rfft1", "irfft1")]
+    for name, n, p in plans:
+        k = fbfft_kernels.kernel(name, n)
+        width = p.planes if name.endswith("2") else p.signals
+        try:
+            blocks = driver.occupancyMaxActiveBlocksPerMultiprocessor(k.kernel.ptr, p.threads, p.smem_bytes)
+        except Exception:
+            blocks = None
+        rows.append(dict(kernel=f"fbfft_{name}<{n}>", registers=k.num_regs, local_bytes=k.local_size_bytes,
+                         smem_bytes=p.smem_bytes, threads=p.threads, planes_per_block=width,
+                         blocks_per_sm=blocks, warps_per_sm=None if blocks is None else blocks * p.threads // 32))
     return rows
 
 
@@ -167,6 +171,15 @@ def main():
     print("correctness:", "PASS" if not failures else f"FAIL ({len(failures)})", flush=True)
     report["correctness"] = {str(k): v for k, v in results.items()}
     report["failures"] = failures
+
+    if "--no-timing" in sys.argv[1:]:
+        report["total_s"] = time.time() - t0
+        print(f"\n(timing skipped: benchmarks/bench_fft.py times both dims)\ntotal {report['total_s']:.0f} s")
+        out = os.environ.get("OUT")
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "gpu_check_fbfft.json").write_text(json.dumps(report, indent=1, default=str))
+        sys.exit(1 if failures else 0)
 
     print("\n== timing (median of CUDA events, host launch overhead excluded)", flush=True)
     copy_gbs = bench_fft.copy_bandwidth_gbs()

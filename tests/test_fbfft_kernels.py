@@ -92,7 +92,7 @@ def test_model_is_the_algorithm_not_numpy(rng):
 
 @pytest.mark.parametrize("n", model.SIZES)
 def test_shared_memory_bank_conflicts_as_documented(n):
-    want = {"columns": 2 if n == 64 else 1, "rows": 1}
+    want = {"columns": 1, "rows": 1}
     assert model.bank_conflicts(n) == want
 
 
@@ -112,17 +112,24 @@ def test_instantiated_sizes_match_wrapper():
     src = (KERNEL_DIR / "fbfft.cu").read_text()
     block = src[src.index("// BEGIN SIZES"):src.index("// END SIZES")]
     sizes = tuple(int(v) for v in re.findall(r"FBFFT_INSTANTIATE\((\d+)\)", block))
-    assert sizes == model.SIZES
+    block1 = src[src.index("// BEGIN 1D SIZES"):src.index("// END 1D SIZES")]
+    sizes1 = tuple(int(v) for v in re.findall(r"FBFFT_INSTANTIATE_1D\((\d+)\)", block1))
+    assert sizes == model.SIZES and sizes1 == model.SIZES_1D
     assert fbfft_kernels.NAME_EXPRESSIONS == tuple(
-        f"fbfft_{name}<{n}>" for name in ("rfft2", "irfft2") for n in sizes)
+        f"fbfft_{name}<{n}>" for name in ("rfft2", "irfft2") for n in sizes) + tuple(
+        f"fbfft_{name}<{n}>" for name in ("rfft1", "irfft1") for n in sizes1)
 
 
-@pytest.mark.parametrize("bad", [1, 3, 12, 128, 256])
+@pytest.mark.parametrize("bad", [1, 3, 12, 256, 512])
 def test_unsupported_size_raises(bad):
     x = np.zeros((1, 1, 1), dtype=np.float32)
-    for call in (lambda: model.plan(bad), lambda: model.rfft2(x, bad),
-                 lambda: fbfft_kernels.rfft2(x, bad), lambda: fbfft_kernels.kernel("rfft2", bad),
-                 lambda: fbfft_kernels.irfft2(x, bad)):
+    calls = [lambda: model.plan(bad), lambda: model.rfft2(x, bad),
+             lambda: fbfft_kernels.rfft2(x, bad), lambda: fbfft_kernels.kernel("rfft2", bad),
+             lambda: fbfft_kernels.irfft2(x, bad)]
+    if bad not in model.SIZES_1D:
+        calls += [lambda: model.plan1(bad), lambda: model.rfft1(x[0], bad),
+                  lambda: fbfft_kernels.rfft1(x[0], bad), lambda: fbfft_kernels.kernel("irfft1", bad)]
+    for call in calls:
         with pytest.raises(ValueError, match=rf"size {bad}\b.*supported sizes are"):
             call()
 
@@ -152,6 +159,7 @@ EMULATION = r"""
 #define __constant__
 #define __shared__ static
 #define __launch_bounds__(...)
+#define FBFFT_SHARED_BUFFER(name) static float2 name[1 << 14]
 struct float2 { float x, y; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 struct Dim { unsigned x = 0, y = 0, z = 0; };
@@ -174,8 +182,23 @@ template <class F> static void launch(unsigned grid, unsigned block, F kernel) {
 }
 template <int N> static void plan(int* v) {
     using P = fbfft::Plan<N>;
-    int vals[] = {P::kSplit, P::kPlanes, P::kThreads, P::kColStride, P::kRowStride, P::kSmemElems};
-    for (int i = 0; i < 6; ++i) v[i] = vals[i];
+    int vals[] = {P::kSplit, P::kPlanes, P::kThreads, P::kColStride, P::kRowStride, P::kSmemElems, P::kSmemBytes};
+    for (int i = 0; i < 7; ++i) v[i] = vals[i];
+}
+template <int N> static void plan1(int* v) {
+    using P = fbfft::Plan1<N>;
+    int vals[] = {P::kL, P::kSplit, P::kM, P::kSignals, P::kThreads, P::kRow, P::kSmemBytes};
+    for (int i = 0; i < 7; ++i) v[i] = vals[i];
+}
+template <int N> static void fwd1(const float* in, float* out, int B, int len, int pad) {
+    using P = fbfft::Plan1<N>;
+    launch((B + P::kSignals - 1) / P::kSignals, P::kThreads,
+           [=] { fbfft_rfft1<N>(in, (float2*)out, B, len, pad); });
+}
+template <int N> static void inv1(const float* in, float* out, int B, int off, int len, float s) {
+    using P = fbfft::Plan1<N>;
+    launch((B + P::kSignals - 1) / P::kSignals, P::kThreads,
+           [=] { fbfft_irfft1<N>((const float2*)in, out, B, off, len, s); });
 }
 template <int N> static void fwd(const float* in, float* out, int B, int h, int w, int t, int l) {
     using P = fbfft::Plan<N>;
@@ -189,7 +212,11 @@ template <int N> static void inv(const float* in, float* out, int B, int ro, int
 }
 #define DISPATCH(CALL) switch (n) { case 2: CALL(2); break; case 4: CALL(4); break; \
     case 8: CALL(8); break; case 16: CALL(16); break; case 32: CALL(32); break; \
-    case 64: CALL(64); break; default: return 1; } return 0;
+    case 64: CALL(64); break; case 128: CALL(128); break; default: return 1; } return 0;
+#define DISPATCH1(CALL) switch (n) { case 2: CALL(2); break; case 4: CALL(4); break; \
+    case 8: CALL(8); break; case 16: CALL(16); break; case 32: CALL(32); break; \
+    case 64: CALL(64); break; case 128: CALL(128); break; case 256: CALL(256); break; \
+    default: return 1; } return 0;
 extern "C" int emu_plan(int n, int* v) {
 #define C(N) plan<N>(v)
     DISPATCH(C)
@@ -203,6 +230,21 @@ extern "C" int emu_rfft2(int n, const float* in, float* out, int B, int h, int w
 extern "C" int emu_irfft2(int n, const float* in, float* out, int B, int ro, int co, int oh, int ow, float s) {
 #define C(N) inv<N>(in, out, B, ro, co, oh, ow, s)
     DISPATCH(C)
+#undef C
+}
+extern "C" int emu_plan1(int n, int* v) {
+#define C(N) plan1<N>(v)
+    DISPATCH1(C)
+#undef C
+}
+extern "C" int emu_rfft1(int n, const float* in, float* out, int B, int len, int pad) {
+#define C(N) fwd1<N>(in, out, B, len, pad)
+    DISPATCH1(C)
+#undef C
+}
+extern "C" int emu_irfft1(int n, const float* in, float* out, int B, int off, int len, float s) {
+#define C(N) inv1<N>(in, out, B, off, len, s)
+    DISPATCH1(C)
 #undef C
 }
 """
@@ -233,10 +275,10 @@ def _ptr(a):
 
 @pytest.mark.parametrize("n", model.SIZES)
 def test_emulated_plan_matches_model(emulated, n):
-    v = (ctypes.c_int * 6)()
+    v = (ctypes.c_int * 7)()
     assert emulated.emu_plan(n, v) == 0
     p = model.plan(n)
-    assert list(v) == [p.split, p.planes, p.threads, p.col_stride, p.row_stride, p.smem_elems]
+    assert list(v) == [p.split, p.planes, p.threads, p.col_stride, p.row_stride, p.smem_elems, p.smem_bytes]
 
 
 @pytest.mark.parametrize("n,B,h,w,top,left", CASES, ids=CASE_IDS)
@@ -328,3 +370,118 @@ def test_cuda_rejects_bad_arguments():
         fbfft_kernels.irfft2(F, 16)
     with pytest.raises(ValueError, match="out must have shape"):
         fbfft_kernels.rfft2(x, 8, out=cp.empty((8, 5, 3), cp.complex64))
+
+
+# ---- 1-D kernels: model and host emulation against np.fft (CPU), CUDA against cuFFT (GPU) ----
+
+def geometries1(n):
+    """(B, len, pad): the whole signal; a batch that leaves the last block partly empty, with an
+    off-centre input; one sample at the far end."""
+    signals = model.plan1(n).signals
+    length = max(1, n - 3)
+    return [(5, n, 0), (signals + 3, length, min(2, n - length)), (3, 1, n - 1)]
+
+
+CASES_1D = [(n,) + g for n in model.SIZES_1D for g in geometries1(n)]
+CASE_IDS_1D = [f"n{n}-B{B}-len{ln}-at{p}" for n, B, ln, p in CASES_1D]
+
+
+def windows1(n):
+    """(out_len, offset): the whole signal, an interior window, the last sample."""
+    return [(n, 0), (max(1, n - 3), min(1, n - 1)), (1, n - 1)]
+
+
+def signal_spectrum_case(rng, n, B):
+    signals = rng.standard_normal((B, n))
+    return np.ascontiguousarray(np.fft.rfft(signals, axis=1).T, dtype=np.complex64), signals
+
+
+def padded1(x, n, pad):
+    P = np.zeros((x.shape[0], n))
+    P[:, pad:pad + x.shape[1]] = x
+    return P
+
+
+@pytest.mark.parametrize("n,B,length,pad", CASES_1D, ids=CASE_IDS_1D)
+def test_model_rfft1_matches_numpy(rng, n, B, length, pad):
+    x = rng.standard_normal((B, length)).astype(np.float32)
+    assert rel_err(model.rfft1(x, n, pad), np.fft.rfft(padded1(x, n, pad), axis=1).T) < TOL
+
+
+@pytest.mark.parametrize("n", model.SIZES_1D)
+def test_model_irfft1_matches_numpy(rng, n):
+    F, signals = signal_spectrum_case(rng, n, 7)
+    for out_len, off in windows1(n):
+        assert rel_err(model.irfft1(F, n, out_len, off), signals[:, off:off + out_len]) < TOL
+
+
+@pytest.mark.parametrize("n", model.SIZES_1D)
+def test_emulated_plan1_matches_model(emulated, n):
+    v = (ctypes.c_int * 7)()
+    assert emulated.emu_plan1(n, v) == 0
+    p = model.plan1(n)
+    assert list(v) == [p.L, p.split, p.m, p.signals, p.threads, p.row, p.smem_bytes]
+
+
+@pytest.mark.parametrize("n,B,length,pad", CASES_1D, ids=CASE_IDS_1D)
+def test_emulated_rfft1_matches_numpy(emulated, rng, n, B, length, pad):
+    x = rng.standard_normal((B, length)).astype(np.float32)
+    F = np.full((n // 2 + 1, B), np.nan, dtype=np.complex64)  # poisoned
+    assert emulated.emu_rfft1(n, _ptr(x), _ptr(F), B, length, pad) == 0
+    assert rel_err(F, np.fft.rfft(padded1(x, n, pad), axis=1).T) < TOL
+
+
+@pytest.mark.parametrize("n", model.SIZES_1D)
+def test_emulated_irfft1_matches_numpy(emulated, rng, n):
+    B = model.plan1(n).signals + 1
+    F, signals = signal_spectrum_case(rng, n, B)
+    for out_len, off in windows1(n):
+        y = np.full((B, out_len), np.nan, dtype=np.float32)  # poisoned
+        assert emulated.emu_irfft1(n, _ptr(F), _ptr(y), B, off, out_len, ctypes.c_float(1.0 / n)) == 0
+        assert rel_err(y, signals[:, off:off + out_len]) < TOL
+
+
+def test_model_1d_rejects_inputs_that_do_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        model.rfft1(np.zeros((1, 8), np.float32), 8, 1)
+    with pytest.raises(ValueError, match="does not fit"):
+        model.irfft1(np.zeros((5, 1), np.complex64), 8, 8, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,B,length,pad", CASES_1D, ids=CASE_IDS_1D)
+def test_cuda_rfft1_matches_cufft(n, B, length, pad):
+    import cupy as cp
+    rng = np.random.default_rng()  # fresh data every run
+    x = cp.asarray(rng.standard_normal((B, length)).astype(np.float32))
+    out = cp.full((n // 2 + 1, B), np.nan, dtype=np.complex64)  # poisoned
+    F = fbfft_kernels.rfft1(x, n, pad, out=out)
+    cp.cuda.runtime.deviceSynchronize()
+    P = cp.zeros((B, n), dtype=np.float32)
+    P[:, pad:pad + length] = x
+    assert F is out
+    assert rel_err(cp.asnumpy(F), cp.asnumpy(cp.fft.rfft(P, axis=1).T)) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", model.SIZES_1D)
+def test_cuda_irfft1_matches_cufft(n):
+    import cupy as cp
+    rng = np.random.default_rng()
+    B = 3 * model.plan1(n).signals + 5
+    signals = cp.asarray(rng.standard_normal((B, n)).astype(np.float32))
+    F = cp.ascontiguousarray(cp.fft.rfft(signals, axis=1).T).astype(cp.complex64)
+    for out_len, off in windows1(n):
+        out = cp.full((B, out_len), np.nan, dtype=np.float32)  # poisoned
+        y = fbfft_kernels.irfft1(F, n, out_len, off, out=out)
+        cp.cuda.runtime.deviceSynchronize()
+        assert rel_err(cp.asnumpy(y), cp.asnumpy(signals[:, off:off + out_len])) < TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["rfft1", "irfft1"])
+@pytest.mark.parametrize("n", model.SIZES_1D)
+def test_cuda_1d_kernels_live_in_registers(name, n):
+    k = fbfft_kernels.kernel(name, n)
+    assert k.local_size_bytes == 0, f"fbfft_{name}<{n}> uses local memory (spills)"
+    assert k.max_threads_per_block >= model.plan1(n).threads

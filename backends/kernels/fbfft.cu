@@ -1,4 +1,4 @@
-// fbfft: batched 2-D real FFTs of small power-of-two size, for the FFT convolution
+// fbfft: batched 2-D (n = 2..128) and 1-D (n = 2..256) real FFTs of power-of-two size, for the FFT convolution
 // backend (after section 5 of Vasilache et al., "Fast convolutional nets with fbfft",
 // ICLR 2015). Host wrappers: backends/fbfft_kernels.py. NumPy model of exactly this
 // index arithmetic: backends/fbfft_model.py (the CPU tests run both against np.fft).
@@ -45,11 +45,23 @@
 // Inverse: the same passes backwards (rows of the spectrum first, then columns, two
 //   real columns packed into one complex inverse FFT).
 //
-// Sizes 2..32 use one thread per column pair / row (kSplit = 1). n = 64 splits each
-// 64-point FFT over kSplit = 2 threads by one radix-2 DIF step taken as the values are
-// loaded (thread class c keeps outputs k = 2m + c), so no thread holds more than 32
-// complex values; for kSplit = 2 the pairs (k, n - k) used by the Hermitian splits
-// always share a class, so the classes never exchange data.
+// Sizes 2..32 use one thread per column pair / row (kSplit = 1). n = 64 and 128 split
+// each 1-D FFT over kSplit = 2 threads by one radix-2 DIF step taken as the values are
+// loaded (thread class c keeps outputs k = 2m + c), so no thread holds more than 64
+// complex values (n = 128: 180 / 226 registers, no spills); for kSplit = 2 the pairs
+// (k, n - k) used by the Hermitian splits always share a class, so the classes never
+// exchange data. n = 128 transforms one plane per block (64 KB of shared memory): its
+// spectrum stores are single 8-byte elements, a quarter of a 32-byte sector, so it is a
+// correctness-first size (the paper's fbfft, too, was slower than cuFFT there).
+//
+// The 1-D kernels (rfft1 / irfft1, at the end of the namespace) have their own notes.
+
+// Shared memory is dynamic (the launch passes the plan's byte count), so a block may use
+// more than the 48 KB static limit (n = 128, and the 1-D plans of 64 to 256). The host
+// emulation in tests/test_fbfft_kernels.py defines its own buffer.
+#ifndef FBFFT_SHARED_BUFFER
+#define FBFFT_SHARED_BUFFER(name) extern __shared__ float2 name[]
+#endif
 
 namespace fbfft {
 
@@ -63,25 +75,27 @@ __host__ __device__ constexpr int ilog2(int n) { return n <= 1 ? 0 : 1 + ilog2(n
 // x < n, planes p < kPlanes) at r * kRowStride + x * kColStride + p. The strides are
 // padded so that, per half-warp of 64-bit accesses, pass 1's 16 lanes (consecutive xp,
 // then p) and pass 2's (consecutive p, then r) fall in distinct bank pairs:
-// x * kColStride + p distinct mod 16 in pass 1, r * kRowStride + p in pass 2. (n = 64
-// keeps a 2-way conflict on pass 1's side to stay under 48 KB of static shared memory.)
+// x * kColStride + p distinct mod 16 in pass 1, r * kRowStride + p in pass 2.
+// kPlanes sets the run length of the spectrum stores (consecutive planes of one
+// frequency): n = 64 takes 4 planes, one full 32-byte sector per run, in 81 KB.
 template <int N>
 struct Plan {
-    static_assert(N == 2 || N == 4 || N == 8 || N == 16 || N == 32 || N == 64,
-                  "fbfft: N must be one of 2, 4, 8, 16, 32, 64");
+    static_assert(N == 2 || N == 4 || N == 8 || N == 16 || N == 32 || N == 64 || N == 128,
+                  "fbfft: N must be one of 2, 4, 8, 16, 32, 64, 128");
     static constexpr int kSplit = N > 32 ? 2 : 1;  // threads sharing one 1-D FFT
-    static constexpr int kM = N / kSplit;           // in-register FFT length (<= 32)
+    static constexpr int kM = N / kSplit;           // in-register FFT length (<= 64)
     static constexpr int kLogM = ilog2(kM);
     static constexpr int kRows = N / 2;             // column pairs (pass 1) = packed rows (pass 2)
     static constexpr int kNh = N / 2 + 1;           // kx extent of a half-spectrum
-    static constexpr int kPlanes = N <= 4 ? 128 : N == 8 ? 64 : N == 16 ? 32 : N == 32 ? 8 : 2;
+    static constexpr int kPlanes = N <= 4 ? 128 : N == 8 ? 64 : N == 16 ? 32 : N == 32 ? 8 : N == 64 ? 4 : 1;
     static constexpr int kThreads = kRows * kSplit * kPlanes;
-    static constexpr int kColStride = N <= 16 ? kPlanes + 16 / kRows : N == 32 ? 9 : 2;
-    static constexpr int kRowStride = N <= 16 ? N * kColStride : N == 32 ? N * 9 + 8 : N * 2 + 2;
+    static constexpr int kColStride = N <= 16 ? kPlanes + 16 / kRows : N == 32 ? 9 : N == 64 ? 5 : 1;
+    static constexpr int kRowStride = N <= 16 ? N * kColStride : N == 32 ? N * 9 + 8 : N == 64 ? N * 5 + 4 : N + 1;
     static constexpr int kSmemElems = kRows * kRowStride;  // float2
+    static constexpr int kSmemBytes = kSmemElems * 8;      // dynamic shared memory of one block
     // The class c = tid / (kRows * kPlanes) must be the same for a whole warp.
     static_assert(kSplit == 1 || (kRows * kPlanes) % 32 == 0, "fbfft: split class not warp-uniform");
-    static_assert(kSmemElems * 8 <= 48 * 1024, "fbfft: static shared memory over 48 KB");
+    static_assert(kSmemBytes <= 227 * 1024, "fbfft: shared memory over the sm_90 block limit");
 };
 
 // Straight-line (no loop) so that it folds to a constant wherever i is one, which is
@@ -107,53 +121,87 @@ __device__ __forceinline__ float2 mul_i(float2 a) { return make_float2(-a.y, a.x
 __device__ __forceinline__ float2 mul_minus_i(float2 a) { return make_float2(a.y, -a.x); }  // -i a
 __device__ __forceinline__ float2 cscale(float2 a, float s) { return make_float2(a.x * s, a.y * s); }
 
-// kTwiddle[k] = exp(-2 pi i k / 128), rounded to float. Indexed only by compile-time
+// kTwiddle[k] = exp(-2 pi i k / 256), rounded to float. Indexed only by compile-time
 // constants, so every use is a constant-bank operand of an FMUL/FFMA: no loads, no
 // registers, no special-function unit.
-constexpr int kTwiddleN = 128;
+constexpr int kTwiddleN = 256;
 __constant__ float2 kTwiddle[kTwiddleN] = {
-    {1.00000000e+00f, 0.00000000e+00f}, {9.98795450e-01f, -4.90676761e-02f}, {9.95184720e-01f, -9.80171412e-02f}, {9.89176512e-01f, -1.46730468e-01f},
-    {9.80785251e-01f, -1.95090324e-01f}, {9.70031261e-01f, -2.42980182e-01f}, {9.56940353e-01f, -2.90284663e-01f}, {9.41544056e-01f, -3.36889863e-01f},
-    {9.23879504e-01f, -3.82683426e-01f}, {9.03989315e-01f, -4.27555084e-01f}, {8.81921291e-01f, -4.71396744e-01f}, {8.57728601e-01f, -5.14102757e-01f},
-    {8.31469595e-01f, -5.55570245e-01f}, {8.03207517e-01f, -5.95699310e-01f}, {7.73010433e-01f, -6.34393275e-01f}, {7.40951121e-01f, -6.71558976e-01f},
-    {7.07106769e-01f, -7.07106769e-01f}, {6.71558976e-01f, -7.40951121e-01f}, {6.34393275e-01f, -7.73010433e-01f}, {5.95699310e-01f, -8.03207517e-01f},
-    {5.55570245e-01f, -8.31469595e-01f}, {5.14102757e-01f, -8.57728601e-01f}, {4.71396744e-01f, -8.81921291e-01f}, {4.27555084e-01f, -9.03989315e-01f},
-    {3.82683426e-01f, -9.23879504e-01f}, {3.36889863e-01f, -9.41544056e-01f}, {2.90284663e-01f, -9.56940353e-01f}, {2.42980182e-01f, -9.70031261e-01f},
-    {1.95090324e-01f, -9.80785251e-01f}, {1.46730468e-01f, -9.89176512e-01f}, {9.80171412e-02f, -9.95184720e-01f}, {4.90676761e-02f, -9.98795450e-01f},
-    {6.12323426e-17f, -1.00000000e+00f}, {-4.90676761e-02f, -9.98795450e-01f}, {-9.80171412e-02f, -9.95184720e-01f}, {-1.46730468e-01f, -9.89176512e-01f},
-    {-1.95090324e-01f, -9.80785251e-01f}, {-2.42980182e-01f, -9.70031261e-01f}, {-2.90284663e-01f, -9.56940353e-01f}, {-3.36889863e-01f, -9.41544056e-01f},
-    {-3.82683426e-01f, -9.23879504e-01f}, {-4.27555084e-01f, -9.03989315e-01f}, {-4.71396744e-01f, -8.81921291e-01f}, {-5.14102757e-01f, -8.57728601e-01f},
-    {-5.55570245e-01f, -8.31469595e-01f}, {-5.95699310e-01f, -8.03207517e-01f}, {-6.34393275e-01f, -7.73010433e-01f}, {-6.71558976e-01f, -7.40951121e-01f},
-    {-7.07106769e-01f, -7.07106769e-01f}, {-7.40951121e-01f, -6.71558976e-01f}, {-7.73010433e-01f, -6.34393275e-01f}, {-8.03207517e-01f, -5.95699310e-01f},
-    {-8.31469595e-01f, -5.55570245e-01f}, {-8.57728601e-01f, -5.14102757e-01f}, {-8.81921291e-01f, -4.71396744e-01f}, {-9.03989315e-01f, -4.27555084e-01f},
-    {-9.23879504e-01f, -3.82683426e-01f}, {-9.41544056e-01f, -3.36889863e-01f}, {-9.56940353e-01f, -2.90284663e-01f}, {-9.70031261e-01f, -2.42980182e-01f},
-    {-9.80785251e-01f, -1.95090324e-01f}, {-9.89176512e-01f, -1.46730468e-01f}, {-9.95184720e-01f, -9.80171412e-02f}, {-9.98795450e-01f, -4.90676761e-02f},
-    {-1.00000000e+00f, -1.22464685e-16f}, {-9.98795450e-01f, 4.90676761e-02f}, {-9.95184720e-01f, 9.80171412e-02f}, {-9.89176512e-01f, 1.46730468e-01f},
-    {-9.80785251e-01f, 1.95090324e-01f}, {-9.70031261e-01f, 2.42980182e-01f}, {-9.56940353e-01f, 2.90284663e-01f}, {-9.41544056e-01f, 3.36889863e-01f},
-    {-9.23879504e-01f, 3.82683426e-01f}, {-9.03989315e-01f, 4.27555084e-01f}, {-8.81921291e-01f, 4.71396744e-01f}, {-8.57728601e-01f, 5.14102757e-01f},
-    {-8.31469595e-01f, 5.55570245e-01f}, {-8.03207517e-01f, 5.95699310e-01f}, {-7.73010433e-01f, 6.34393275e-01f}, {-7.40951121e-01f, 6.71558976e-01f},
-    {-7.07106769e-01f, 7.07106769e-01f}, {-6.71558976e-01f, 7.40951121e-01f}, {-6.34393275e-01f, 7.73010433e-01f}, {-5.95699310e-01f, 8.03207517e-01f},
-    {-5.55570245e-01f, 8.31469595e-01f}, {-5.14102757e-01f, 8.57728601e-01f}, {-4.71396744e-01f, 8.81921291e-01f}, {-4.27555084e-01f, 9.03989315e-01f},
-    {-3.82683426e-01f, 9.23879504e-01f}, {-3.36889863e-01f, 9.41544056e-01f}, {-2.90284663e-01f, 9.56940353e-01f}, {-2.42980182e-01f, 9.70031261e-01f},
-    {-1.95090324e-01f, 9.80785251e-01f}, {-1.46730468e-01f, 9.89176512e-01f}, {-9.80171412e-02f, 9.95184720e-01f}, {-4.90676761e-02f, 9.98795450e-01f},
-    {-1.83697015e-16f, 1.00000000e+00f}, {4.90676761e-02f, 9.98795450e-01f}, {9.80171412e-02f, 9.95184720e-01f}, {1.46730468e-01f, 9.89176512e-01f},
-    {1.95090324e-01f, 9.80785251e-01f}, {2.42980182e-01f, 9.70031261e-01f}, {2.90284663e-01f, 9.56940353e-01f}, {3.36889863e-01f, 9.41544056e-01f},
-    {3.82683426e-01f, 9.23879504e-01f}, {4.27555084e-01f, 9.03989315e-01f}, {4.71396744e-01f, 8.81921291e-01f}, {5.14102757e-01f, 8.57728601e-01f},
-    {5.55570245e-01f, 8.31469595e-01f}, {5.95699310e-01f, 8.03207517e-01f}, {6.34393275e-01f, 7.73010433e-01f}, {6.71558976e-01f, 7.40951121e-01f},
-    {7.07106769e-01f, 7.07106769e-01f}, {7.40951121e-01f, 6.71558976e-01f}, {7.73010433e-01f, 6.34393275e-01f}, {8.03207517e-01f, 5.95699310e-01f},
-    {8.31469595e-01f, 5.55570245e-01f}, {8.57728601e-01f, 5.14102757e-01f}, {8.81921291e-01f, 4.71396744e-01f}, {9.03989315e-01f, 4.27555084e-01f},
-    {9.23879504e-01f, 3.82683426e-01f}, {9.41544056e-01f, 3.36889863e-01f}, {9.56940353e-01f, 2.90284663e-01f}, {9.70031261e-01f, 2.42980182e-01f},
-    {9.80785251e-01f, 1.95090324e-01f}, {9.89176512e-01f, 1.46730468e-01f}, {9.95184720e-01f, 9.80171412e-02f}, {9.98795450e-01f, 4.90676761e-02f},
+    {1.00000000e+00f, 0.00000000e+00f}, {9.99698818e-01f, -2.45412290e-02f}, {9.98795450e-01f, -4.90676761e-02f}, {9.97290432e-01f, -7.35645667e-02f},
+    {9.95184720e-01f, -9.80171412e-02f}, {9.92479563e-01f, -1.22410677e-01f}, {9.89176512e-01f, -1.46730468e-01f}, {9.85277653e-01f, -1.70961887e-01f},
+    {9.80785251e-01f, -1.95090324e-01f}, {9.75702107e-01f, -2.19101235e-01f}, {9.70031261e-01f, -2.42980182e-01f}, {9.63776052e-01f, -2.66712755e-01f},
+    {9.56940353e-01f, -2.90284663e-01f}, {9.49528158e-01f, -3.13681751e-01f}, {9.41544056e-01f, -3.36889863e-01f}, {9.32992816e-01f, -3.59895051e-01f},
+    {9.23879504e-01f, -3.82683426e-01f}, {9.14209783e-01f, -4.05241311e-01f}, {9.03989315e-01f, -4.27555084e-01f}, {8.93224299e-01f, -4.49611336e-01f},
+    {8.81921291e-01f, -4.71396744e-01f}, {8.70086968e-01f, -4.92898196e-01f}, {8.57728601e-01f, -5.14102757e-01f}, {8.44853580e-01f, -5.34997642e-01f},
+    {8.31469595e-01f, -5.55570245e-01f}, {8.17584813e-01f, -5.75808167e-01f}, {8.03207517e-01f, -5.95699310e-01f}, {7.88346410e-01f, -6.15231574e-01f},
+    {7.73010433e-01f, -6.34393275e-01f}, {7.57208824e-01f, -6.53172851e-01f}, {7.40951121e-01f, -6.71558976e-01f}, {7.24247098e-01f, -6.89540565e-01f},
+    {7.07106769e-01f, -7.07106769e-01f}, {6.89540565e-01f, -7.24247098e-01f}, {6.71558976e-01f, -7.40951121e-01f}, {6.53172851e-01f, -7.57208824e-01f},
+    {6.34393275e-01f, -7.73010433e-01f}, {6.15231574e-01f, -7.88346410e-01f}, {5.95699310e-01f, -8.03207517e-01f}, {5.75808167e-01f, -8.17584813e-01f},
+    {5.55570245e-01f, -8.31469595e-01f}, {5.34997642e-01f, -8.44853580e-01f}, {5.14102757e-01f, -8.57728601e-01f}, {4.92898196e-01f, -8.70086968e-01f},
+    {4.71396744e-01f, -8.81921291e-01f}, {4.49611336e-01f, -8.93224299e-01f}, {4.27555084e-01f, -9.03989315e-01f}, {4.05241311e-01f, -9.14209783e-01f},
+    {3.82683426e-01f, -9.23879504e-01f}, {3.59895051e-01f, -9.32992816e-01f}, {3.36889863e-01f, -9.41544056e-01f}, {3.13681751e-01f, -9.49528158e-01f},
+    {2.90284663e-01f, -9.56940353e-01f}, {2.66712755e-01f, -9.63776052e-01f}, {2.42980182e-01f, -9.70031261e-01f}, {2.19101235e-01f, -9.75702107e-01f},
+    {1.95090324e-01f, -9.80785251e-01f}, {1.70961887e-01f, -9.85277653e-01f}, {1.46730468e-01f, -9.89176512e-01f}, {1.22410677e-01f, -9.92479563e-01f},
+    {9.80171412e-02f, -9.95184720e-01f}, {7.35645667e-02f, -9.97290432e-01f}, {4.90676761e-02f, -9.98795450e-01f}, {2.45412290e-02f, -9.99698818e-01f},
+    {6.12323426e-17f, -1.00000000e+00f}, {-2.45412290e-02f, -9.99698818e-01f}, {-4.90676761e-02f, -9.98795450e-01f}, {-7.35645667e-02f, -9.97290432e-01f},
+    {-9.80171412e-02f, -9.95184720e-01f}, {-1.22410677e-01f, -9.92479563e-01f}, {-1.46730468e-01f, -9.89176512e-01f}, {-1.70961887e-01f, -9.85277653e-01f},
+    {-1.95090324e-01f, -9.80785251e-01f}, {-2.19101235e-01f, -9.75702107e-01f}, {-2.42980182e-01f, -9.70031261e-01f}, {-2.66712755e-01f, -9.63776052e-01f},
+    {-2.90284663e-01f, -9.56940353e-01f}, {-3.13681751e-01f, -9.49528158e-01f}, {-3.36889863e-01f, -9.41544056e-01f}, {-3.59895051e-01f, -9.32992816e-01f},
+    {-3.82683426e-01f, -9.23879504e-01f}, {-4.05241311e-01f, -9.14209783e-01f}, {-4.27555084e-01f, -9.03989315e-01f}, {-4.49611336e-01f, -8.93224299e-01f},
+    {-4.71396744e-01f, -8.81921291e-01f}, {-4.92898196e-01f, -8.70086968e-01f}, {-5.14102757e-01f, -8.57728601e-01f}, {-5.34997642e-01f, -8.44853580e-01f},
+    {-5.55570245e-01f, -8.31469595e-01f}, {-5.75808167e-01f, -8.17584813e-01f}, {-5.95699310e-01f, -8.03207517e-01f}, {-6.15231574e-01f, -7.88346410e-01f},
+    {-6.34393275e-01f, -7.73010433e-01f}, {-6.53172851e-01f, -7.57208824e-01f}, {-6.71558976e-01f, -7.40951121e-01f}, {-6.89540565e-01f, -7.24247098e-01f},
+    {-7.07106769e-01f, -7.07106769e-01f}, {-7.24247098e-01f, -6.89540565e-01f}, {-7.40951121e-01f, -6.71558976e-01f}, {-7.57208824e-01f, -6.53172851e-01f},
+    {-7.73010433e-01f, -6.34393275e-01f}, {-7.88346410e-01f, -6.15231574e-01f}, {-8.03207517e-01f, -5.95699310e-01f}, {-8.17584813e-01f, -5.75808167e-01f},
+    {-8.31469595e-01f, -5.55570245e-01f}, {-8.44853580e-01f, -5.34997642e-01f}, {-8.57728601e-01f, -5.14102757e-01f}, {-8.70086968e-01f, -4.92898196e-01f},
+    {-8.81921291e-01f, -4.71396744e-01f}, {-8.93224299e-01f, -4.49611336e-01f}, {-9.03989315e-01f, -4.27555084e-01f}, {-9.14209783e-01f, -4.05241311e-01f},
+    {-9.23879504e-01f, -3.82683426e-01f}, {-9.32992816e-01f, -3.59895051e-01f}, {-9.41544056e-01f, -3.36889863e-01f}, {-9.49528158e-01f, -3.13681751e-01f},
+    {-9.56940353e-01f, -2.90284663e-01f}, {-9.63776052e-01f, -2.66712755e-01f}, {-9.70031261e-01f, -2.42980182e-01f}, {-9.75702107e-01f, -2.19101235e-01f},
+    {-9.80785251e-01f, -1.95090324e-01f}, {-9.85277653e-01f, -1.70961887e-01f}, {-9.89176512e-01f, -1.46730468e-01f}, {-9.92479563e-01f, -1.22410677e-01f},
+    {-9.95184720e-01f, -9.80171412e-02f}, {-9.97290432e-01f, -7.35645667e-02f}, {-9.98795450e-01f, -4.90676761e-02f}, {-9.99698818e-01f, -2.45412290e-02f},
+    {-1.00000000e+00f, -1.22464685e-16f}, {-9.99698818e-01f, 2.45412290e-02f}, {-9.98795450e-01f, 4.90676761e-02f}, {-9.97290432e-01f, 7.35645667e-02f},
+    {-9.95184720e-01f, 9.80171412e-02f}, {-9.92479563e-01f, 1.22410677e-01f}, {-9.89176512e-01f, 1.46730468e-01f}, {-9.85277653e-01f, 1.70961887e-01f},
+    {-9.80785251e-01f, 1.95090324e-01f}, {-9.75702107e-01f, 2.19101235e-01f}, {-9.70031261e-01f, 2.42980182e-01f}, {-9.63776052e-01f, 2.66712755e-01f},
+    {-9.56940353e-01f, 2.90284663e-01f}, {-9.49528158e-01f, 3.13681751e-01f}, {-9.41544056e-01f, 3.36889863e-01f}, {-9.32992816e-01f, 3.59895051e-01f},
+    {-9.23879504e-01f, 3.82683426e-01f}, {-9.14209783e-01f, 4.05241311e-01f}, {-9.03989315e-01f, 4.27555084e-01f}, {-8.93224299e-01f, 4.49611336e-01f},
+    {-8.81921291e-01f, 4.71396744e-01f}, {-8.70086968e-01f, 4.92898196e-01f}, {-8.57728601e-01f, 5.14102757e-01f}, {-8.44853580e-01f, 5.34997642e-01f},
+    {-8.31469595e-01f, 5.55570245e-01f}, {-8.17584813e-01f, 5.75808167e-01f}, {-8.03207517e-01f, 5.95699310e-01f}, {-7.88346410e-01f, 6.15231574e-01f},
+    {-7.73010433e-01f, 6.34393275e-01f}, {-7.57208824e-01f, 6.53172851e-01f}, {-7.40951121e-01f, 6.71558976e-01f}, {-7.24247098e-01f, 6.89540565e-01f},
+    {-7.07106769e-01f, 7.07106769e-01f}, {-6.89540565e-01f, 7.24247098e-01f}, {-6.71558976e-01f, 7.40951121e-01f}, {-6.53172851e-01f, 7.57208824e-01f},
+    {-6.34393275e-01f, 7.73010433e-01f}, {-6.15231574e-01f, 7.88346410e-01f}, {-5.95699310e-01f, 8.03207517e-01f}, {-5.75808167e-01f, 8.17584813e-01f},
+    {-5.55570245e-01f, 8.31469595e-01f}, {-5.34997642e-01f, 8.44853580e-01f}, {-5.14102757e-01f, 8.57728601e-01f}, {-4.92898196e-01f, 8.70086968e-01f},
+    {-4.71396744e-01f, 8.81921291e-01f}, {-4.49611336e-01f, 8.93224299e-01f}, {-4.27555084e-01f, 9.03989315e-01f}, {-4.05241311e-01f, 9.14209783e-01f},
+    {-3.82683426e-01f, 9.23879504e-01f}, {-3.59895051e-01f, 9.32992816e-01f}, {-3.36889863e-01f, 9.41544056e-01f}, {-3.13681751e-01f, 9.49528158e-01f},
+    {-2.90284663e-01f, 9.56940353e-01f}, {-2.66712755e-01f, 9.63776052e-01f}, {-2.42980182e-01f, 9.70031261e-01f}, {-2.19101235e-01f, 9.75702107e-01f},
+    {-1.95090324e-01f, 9.80785251e-01f}, {-1.70961887e-01f, 9.85277653e-01f}, {-1.46730468e-01f, 9.89176512e-01f}, {-1.22410677e-01f, 9.92479563e-01f},
+    {-9.80171412e-02f, 9.95184720e-01f}, {-7.35645667e-02f, 9.97290432e-01f}, {-4.90676761e-02f, 9.98795450e-01f}, {-2.45412290e-02f, 9.99698818e-01f},
+    {-1.83697015e-16f, 1.00000000e+00f}, {2.45412290e-02f, 9.99698818e-01f}, {4.90676761e-02f, 9.98795450e-01f}, {7.35645667e-02f, 9.97290432e-01f},
+    {9.80171412e-02f, 9.95184720e-01f}, {1.22410677e-01f, 9.92479563e-01f}, {1.46730468e-01f, 9.89176512e-01f}, {1.70961887e-01f, 9.85277653e-01f},
+    {1.95090324e-01f, 9.80785251e-01f}, {2.19101235e-01f, 9.75702107e-01f}, {2.42980182e-01f, 9.70031261e-01f}, {2.66712755e-01f, 9.63776052e-01f},
+    {2.90284663e-01f, 9.56940353e-01f}, {3.13681751e-01f, 9.49528158e-01f}, {3.36889863e-01f, 9.41544056e-01f}, {3.59895051e-01f, 9.32992816e-01f},
+    {3.82683426e-01f, 9.23879504e-01f}, {4.05241311e-01f, 9.14209783e-01f}, {4.27555084e-01f, 9.03989315e-01f}, {4.49611336e-01f, 8.93224299e-01f},
+    {4.71396744e-01f, 8.81921291e-01f}, {4.92898196e-01f, 8.70086968e-01f}, {5.14102757e-01f, 8.57728601e-01f}, {5.34997642e-01f, 8.44853580e-01f},
+    {5.55570245e-01f, 8.31469595e-01f}, {5.75808167e-01f, 8.17584813e-01f}, {5.95699310e-01f, 8.03207517e-01f}, {6.15231574e-01f, 7.88346410e-01f},
+    {6.34393275e-01f, 7.73010433e-01f}, {6.53172851e-01f, 7.57208824e-01f}, {6.71558976e-01f, 7.40951121e-01f}, {6.89540565e-01f, 7.24247098e-01f},
+    {7.07106769e-01f, 7.07106769e-01f}, {7.24247098e-01f, 6.89540565e-01f}, {7.40951121e-01f, 6.71558976e-01f}, {7.57208824e-01f, 6.53172851e-01f},
+    {7.73010433e-01f, 6.34393275e-01f}, {7.88346410e-01f, 6.15231574e-01f}, {8.03207517e-01f, 5.95699310e-01f}, {8.17584813e-01f, 5.75808167e-01f},
+    {8.31469595e-01f, 5.55570245e-01f}, {8.44853580e-01f, 5.34997642e-01f}, {8.57728601e-01f, 5.14102757e-01f}, {8.70086968e-01f, 4.92898196e-01f},
+    {8.81921291e-01f, 4.71396744e-01f}, {8.93224299e-01f, 4.49611336e-01f}, {9.03989315e-01f, 4.27555084e-01f}, {9.14209783e-01f, 4.05241311e-01f},
+    {9.23879504e-01f, 3.82683426e-01f}, {9.32992816e-01f, 3.59895051e-01f}, {9.41544056e-01f, 3.36889863e-01f}, {9.49528158e-01f, 3.13681751e-01f},
+    {9.56940353e-01f, 2.90284663e-01f}, {9.63776052e-01f, 2.66712755e-01f}, {9.70031261e-01f, 2.42980182e-01f}, {9.75702107e-01f, 2.19101235e-01f},
+    {9.80785251e-01f, 1.95090324e-01f}, {9.85277653e-01f, 1.70961887e-01f}, {9.89176512e-01f, 1.46730468e-01f}, {9.92479563e-01f, 1.22410677e-01f},
+    {9.95184720e-01f, 9.80171412e-02f}, {9.97290432e-01f, 7.35645667e-02f}, {9.98795450e-01f, 4.90676761e-02f}, {9.99698818e-01f, 2.45412290e-02f},
 };
 
-// a * exp(-+2 pi i k / 128): minus for the forward transform, plus for the inverse.
-// k is a compile-time constant once the FFT loops are unrolled; k = 0 and k = 32
-// (a quarter turn, -i or +i) cost no multiplication.
+// a * exp(-+2 pi i k / 256): minus for the forward transform, plus for the inverse.
+// k is a compile-time constant once the FFT loops are unrolled; k = 0 and the quarter,
+// half and three-quarter turns (-i, -1, +i forward) cost no multiplication.
 template <bool INV>
 __device__ __forceinline__ float2 twiddle(float2 a, int k)
 {
     if (k == 0) return a;
     if (k == kTwiddleN / 4) return INV ? mul_i(a) : mul_minus_i(a);
+    if (k == kTwiddleN / 2) return make_float2(-a.x, -a.y);
+    if (k == 3 * kTwiddleN / 4) return INV ? mul_minus_i(a) : mul_i(a);
     const float2 w = kTwiddle[k];
     const float wy = INV ? -w.y : w.y;
     return make_float2(a.x * w.x - a.y * wy, a.x * wy + a.y * w.x);
@@ -356,6 +404,108 @@ __device__ __forceinline__ void irfft2_columns(float* __restrict__ out, const fl
     }
 }
 
+
+// ---- 1-D ----------------------------------------------------------------------------
+// Batched real 1-D FFTs of power-of-two size N = 2..256, same conventions as the 2-D pair:
+//   fbfft_rfft1<N>   in : float  (B, len)   len <= N, placed at offset pad of an implicit
+//                                           length-N zero signal p_b
+//                    out: float2 (N/2 + 1, B)   out[k][b] = sum_t p_b[t] exp(-2 pi i k t / N),
+//                                           frequency-major, the batch fastest
+//   fbfft_irfft1<N>  in : float2 (N/2 + 1, B)   Hermitian half-spectra
+//                    out: float  (B, out_len)   out[b][i] = scale * sum_k F_b[k] exp(+2 pi i k t / N)
+//                                           at t = off + i (the full Hermitian sum)
+// A real signal of length N is packed as one complex signal of length L = N/2,
+// z[m] = p[2m] + i p[2m+1] (even samples real, odd imaginary), and unpacked with
+//   X[k] = (Z[k] + conj Z[L-k]) / 2  -  i W_N^k (Z[k] - conj Z[L-k]) / 2,   k = 0..L
+// (indices of Z mod L); the inverse rebuilds Z[k] = E[k] + i O[k] from
+//   E[k] = (X[k] + conj X[L-k]) / 2,   O[k] = (X[k] - conj X[L-k]) W_N^-k / 2.
+// A block takes kSignals signals. Each passes through shared memory once: coalesced loads
+// (zero padding implied) into one row per signal, then thread (s, c) reads its signal's
+// complex samples and runs the L-point FFT: L <= 32 in one thread's registers (kSplit = 1);
+// L = 64, 128 split over kSplit = L / 32 threads by one radix-kSplit DIF step taken as the
+// values are loaded (load_radix: class c ends with X[kSplit m + c]). The unpacking pairs
+// Z[k] with Z[L-k], which another class may hold, so the spectrum goes back to the row in
+// shared memory first. Lanes of a warp are consecutive signals: every store of the
+// frequency-major spectrum is a run of consecutive addresses, and the row stride
+// (N/2 + 1 complex, odd) keeps those lanes in distinct banks.
+
+template <int N>
+struct Plan1 {
+    static_assert(N >= 2 && N <= 256 && (N & (N - 1)) == 0, "fbfft: 1-D N must be a power of two in 2..256");
+    static constexpr int kL = N / 2;                     // complex FFT length (even/odd packing)
+    static constexpr int kSplit = kL > 32 ? kL / 32 : 1; // threads sharing one complex FFT
+    static constexpr int kM = kL / kSplit;               // in-register FFT length (<= 32)
+    static constexpr int kLogM = ilog2(kM);
+    static constexpr int kSignals = N <= 32 ? 256 : 8192 / N;
+    static constexpr int kThreads = kSignals * kSplit;
+    static constexpr int kRow = kL + 1;                  // complex slots per signal (odd)
+    static constexpr int kSmemBytes = kSignals * kRow * 8;
+    static_assert(kSignals % 32 == 0, "fbfft: a warp must cover 32 signals of one class");
+    static_assert(kSmemBytes <= 227 * 1024, "fbfft: shared memory over the sm_90 block limit");
+};
+
+// The first radix-R DIF step of an L-point FFT, taken as the values are loaded: thread
+// class C keeps v[j] = W_L^{jC} sum_q u[j + qM] W_R^{qC} (M = L / R), so that after
+// dif_fft<M> register bit_reverse(m) holds X[R m + C].
+template <int L, int R, int C, bool INV, class Load>
+__device__ __forceinline__ void load_radix(float2 (&v)[L / R], const Load& load)
+{
+    constexpr int M = L / R;
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+        float2 acc = load(j);
+#pragma unroll
+        for (int q = 1; q < R; ++q)
+            acc = cadd(acc, twiddle<INV>(load(j + q * M), ((q * C) % R) * (kTwiddleN / R)));
+        v[j] = twiddle<INV>(acc, j * C * (kTwiddleN / L));
+    }
+}
+
+template <int N, int C>
+__device__ __forceinline__ void rfft1_body(float2* __restrict__ out, float2* row, long long b, int B)
+{
+    using P = Plan1<N>;
+    float2 v[P::kM];
+    load_radix<P::kL, P::kSplit, C, false>(v, [&](int m) { return row[m]; });
+    dif_fft<P::kM, false>(v);
+    __syncthreads();  // every thread of the block has read its samples
+#pragma unroll
+    for (int m = 0; m < P::kM; ++m) row[P::kSplit * m + C] = v[bit_reverse(m, P::kLogM)];
+    __syncthreads();
+    if (b >= B) return;  // a signal past the batch; no barrier follows
+#pragma unroll
+    for (int k = C; k <= P::kL; k += P::kSplit) {
+        const float2 z = row[k % P::kL], zc = conjg(row[(P::kL - k) % P::kL]);
+        const float2 d = twiddle<false>(csub(z, zc), k * (kTwiddleN / N));  // W_N^k (Z[k] - conj Z[L-k])
+        out[(long long)k * B + b] = cscale(cadd(cadd(z, zc), mul_minus_i(d)), 0.5f);
+    }
+}
+
+template <int N, int C>
+__device__ __forceinline__ void irfft1_body(const float2* __restrict__ in, float2* row, long long b,
+                                            int B, float scale)
+{
+    using P = Plan1<N>;
+    const long long bb = b < B ? b : 0;  // a signal past the batch reads signal 0, never stored
+#pragma unroll
+    for (int k = C; k < P::kL; k += P::kSplit) {
+        const float2 x = in[(long long)k * B + bb], xc = conjg(in[(long long)(P::kL - k) * B + bb]);
+        const float2 e = cadd(x, xc);                                      // 2 E[k]
+        const float2 o = twiddle<true>(csub(x, xc), k * (kTwiddleN / N));  // 2 O[k]
+        row[k] = cscale(cadd(e, mul_i(o)), 0.5f);                          // Z[k] = E + i O
+    }
+    __syncthreads();
+    float2 v[P::kM];
+    load_radix<P::kL, P::kSplit, C, true>(v, [&](int m) { return row[m]; });
+    // v[bit_reverse(m)] = sum_k Z[k] W_L^-kt = (N/2) (q[2t] + i q[2t+1]), t = kSplit m + C,
+    // where q is the inverse at scale 1/N: times 2 scale gives the output at `scale`.
+    dif_fft<P::kM, true>(v);
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < P::kM; ++m)
+        row[P::kSplit * m + C] = cscale(v[bit_reverse(m, P::kLogM)], 2.f * scale);
+}
+
 }  // namespace fbfft
 
 // ---- kernels ------------------------------------------------------------------------
@@ -371,7 +521,7 @@ fbfft_rfft2(const float* __restrict__ in, float2* __restrict__ out,
             int B, int h, int w, int pad_top, int pad_left)
 {
     using P = fbfft::Plan<N>;
-    __shared__ float2 smem[P::kSmemElems];
+    FBFFT_SHARED_BUFFER(smem);  // P::kSmemBytes, passed at launch
     if (blockDim.x != P::kThreads) __trap();
     const int tid = threadIdx.x;
     const long long b0 = (long long)blockIdx.x * P::kPlanes;
@@ -397,7 +547,7 @@ fbfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B,
              int row_off, int col_off, int out_h, int out_w, float scale)
 {
     using P = fbfft::Plan<N>;
-    __shared__ float2 smem[P::kSmemElems];
+    FBFFT_SHARED_BUFFER(smem);  // P::kSmemBytes, passed at launch
     if (blockDim.x != P::kThreads) __trap();
     const int tid = threadIdx.x;
     const long long b0 = (long long)blockIdx.x * P::kPlanes;
@@ -418,6 +568,66 @@ fbfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B,
     }
 }
 
+// One block: Plan1<N>::kSignals consecutive signals, Plan1<N>::kThreads threads; thread
+// (s, c) = (tid % kSignals, tid / kSignals). Shared memory holds one row of kRow complex
+// slots per signal: first the real samples (two per slot), then the complex spectrum.
+template <int N>
+__global__ void __launch_bounds__(fbfft::Plan1<N>::kThreads)
+fbfft_rfft1(const float* __restrict__ in, float2* __restrict__ out, int B, int len, int pad)
+{
+    using P = fbfft::Plan1<N>;
+    FBFFT_SHARED_BUFFER(smem);  // P::kSmemBytes, passed at launch
+    if (blockDim.x != P::kThreads) __trap();
+    const int tid = threadIdx.x;
+    const long long b0 = (long long)blockIdx.x * P::kSignals;
+    float* real = reinterpret_cast<float*>(smem);  // real[s * 2 kRow + t], t < N
+    for (int i = tid; i < P::kSignals * N; i += P::kThreads) {  // coalesced: t fastest
+        const int s = i / N, t = i % N, it = t - pad;
+        const long long b = b0 + s;
+        real[s * 2 * P::kRow + t] = (b < B && (unsigned)it < (unsigned)len) ? in[b * len + it] : 0.f;
+    }
+    __syncthreads();
+    const int s = tid % P::kSignals, c = tid / P::kSignals;
+    float2* row = smem + s * P::kRow;
+    if (c == 0) fbfft::rfft1_body<N, 0>(out, row, b0 + s, B);
+    else if constexpr (P::kSplit > 1) {
+        if (c == 1) fbfft::rfft1_body<N, 1>(out, row, b0 + s, B);
+        else if constexpr (P::kSplit > 2) {
+            if (c == 2) fbfft::rfft1_body<N, 2>(out, row, b0 + s, B);
+            else fbfft::rfft1_body<N, 3>(out, row, b0 + s, B);
+        }
+    }
+}
+
+template <int N>
+__global__ void __launch_bounds__(fbfft::Plan1<N>::kThreads)
+fbfft_irfft1(const float2* __restrict__ in, float* __restrict__ out, int B, int off, int out_len,
+             float scale)
+{
+    using P = fbfft::Plan1<N>;
+    FBFFT_SHARED_BUFFER(smem);  // P::kSmemBytes, passed at launch
+    if (blockDim.x != P::kThreads) __trap();
+    const int tid = threadIdx.x;
+    const long long b0 = (long long)blockIdx.x * P::kSignals;
+    const int s = tid % P::kSignals, c = tid / P::kSignals;
+    float2* row = smem + s * P::kRow;
+    if (c == 0) fbfft::irfft1_body<N, 0>(in, row, b0 + s, B, scale);
+    else if constexpr (P::kSplit > 1) {
+        if (c == 1) fbfft::irfft1_body<N, 1>(in, row, b0 + s, B, scale);
+        else if constexpr (P::kSplit > 2) {
+            if (c == 2) fbfft::irfft1_body<N, 2>(in, row, b0 + s, B, scale);
+            else fbfft::irfft1_body<N, 3>(in, row, b0 + s, B, scale);
+        }
+    }
+    __syncthreads();
+    const float* real = reinterpret_cast<const float*>(smem);
+    for (int i = tid; i < P::kSignals * out_len; i += P::kThreads) {  // coalesced: i fastest
+        const int sig = i / out_len, t = i % out_len;
+        const long long b = b0 + sig;
+        if (b < B) out[b * out_len + t] = real[sig * 2 * P::kRow + off + t];
+    }
+}
+
 // ---- every instantiation backends/fbfft_kernels.py compiles -----------------------
 // (NAME_EXPRESSIONS there; a CPU test keeps the two lists equal). Compiled only for the
 // nvcc -cubin checks of tests/test_cuda_compile.py; at run time CuPy instantiates by
@@ -428,6 +638,11 @@ fbfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B,
                                             int, int, int, int, int);                          \
     template __global__ void fbfft_irfft2<N>(const float2* __restrict__, float* __restrict__, \
                                              int, int, int, int, int, float);
+#define FBFFT_INSTANTIATE_1D(N)                                                                \
+    template __global__ void fbfft_rfft1<N>(const float* __restrict__, float2* __restrict__,  \
+                                            int, int, int);                                    \
+    template __global__ void fbfft_irfft1<N>(const float2* __restrict__, float* __restrict__, \
+                                             int, int, int, float);
 // BEGIN SIZES (parsed by tests/test_fbfft_kernels.py)
 FBFFT_INSTANTIATE(2)
 FBFFT_INSTANTIATE(4)
@@ -435,5 +650,16 @@ FBFFT_INSTANTIATE(8)
 FBFFT_INSTANTIATE(16)
 FBFFT_INSTANTIATE(32)
 FBFFT_INSTANTIATE(64)
+FBFFT_INSTANTIATE(128)
 // END SIZES
+// BEGIN 1D SIZES (parsed by tests/test_fbfft_kernels.py)
+FBFFT_INSTANTIATE_1D(2)
+FBFFT_INSTANTIATE_1D(4)
+FBFFT_INSTANTIATE_1D(8)
+FBFFT_INSTANTIATE_1D(16)
+FBFFT_INSTANTIATE_1D(32)
+FBFFT_INSTANTIATE_1D(64)
+FBFFT_INSTANTIATE_1D(128)
+FBFFT_INSTANTIATE_1D(256)
+// END 1D SIZES
 #endif
