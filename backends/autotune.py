@@ -1,10 +1,33 @@
 """auto: the per-layer, per-pass autotuner (the layer default, ``backend="auto"``).
 
-For each (device, dtype, geometry, pass) the first call times every registered backend that
-``supports()`` the geometry on fresh random data of the pass's shapes (warm-up, device sync,
-median), checks each candidate's result against ``gemm`` before it may win, and caches the
-winner in memory and on disk through ``backends.tuning`` (so a second run does not tune
-again). Winners are per pass: fprop, bprop and accGrad of one layer may use different backends.
+For each (device, dtype, GEMM precision, geometry, pass) the first call times every registered
+backend that ``supports()`` the geometry on fresh random data of the pass's shapes, checks each
+candidate's result against ``gemm`` before it may win, and caches the choice in memory and on
+disk through ``backends.tuning`` (so a second run does not tune again). Choices are per pass:
+fprop, bprop and accGrad of one layer may use different backends.
+
+Timing. Each candidate runs once untimed (compilation, plans, buffers; this is the result that is
+checked), then ROUNDS rounds visit the candidates in turn (a b c, a b c, ...), each round a
+warm-up run and the median of REPEAT timed runs (CUDA events, device sync); a candidate's time is
+the median of its rounds. Interleaving spreads clock and thermal drift over every candidate
+instead of charging it to whichever ran last. Cost: 1 + ROUNDS * (1 + REPEAT) = 19 runs of each
+candidate per (geometry, pass), against 7 with one round of 5; paid once per device and
+precision, since choices are cached on disk.
+
+Selection. Differences of a few percent are within run-to-run spread, so the fastest does not
+simply win. Every candidate within MARGIN of the fastest (time <= (1 + MARGIN) x fastest;
+``MINITORCH_AUTO_MARGIN``, a fraction, default 0.03; 0 lets the fastest win) is tied, and among
+the tied the winner is, in this order of preference:
+  1. the backend already chosen for most of the layer's other passes (same geometry), so that a
+     layer's passes stay on one FFT backend and share spectra (backends.reuse): the tuner times
+     each pass alone with sharing suspended, so it cannot see that saving;
+  2. the first in TIE_ORDER: fbfft, cufft (the FFT backends, for the same reason; fbfft's pass
+     is three kernels and a GEMM, cufft's about twenty launches), gemm, direct;
+  3. the faster.
+The record keeps every candidate's median ms and says why its backend won ("why").
+
+Precision. With the FFT backends' GEMM on TF32 (backends.cgemm) candidates are checked against
+gemm to cgemm.TF32_TOL instead of CHECK_TOL, and choices are keyed apart from fp32 ones.
 
 A candidate that raises or runs out of memory is skipped, with the reason kept in the record.
 ``MINITORCH_AUTO_MEMORY_MB`` caps the extra GPU memory a candidate may take (CuPy's pool limit
@@ -15,17 +38,24 @@ PREFERENCE that supports the geometry is used, which keeps CPU runs deterministi
 """
 import logging
 import os
+import statistics
+from collections import Counter
 
 import numpy as np
 
-from . import tuning
-from .common import geometry
+from . import cgemm, tuning
+from .common import PASSES, geometry
 
 log = logging.getLogger("minitorch_fft.autotune")
 
-# Untimed order (CPU default, and the tie-break): cheapest-to-set-up first.
+# Untimed order (CPU default): cheapest-to-set-up first.
 PREFERENCE = ("gemm", "cufft", "fbfft", "direct")
-CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins
+# Order among candidates tied within the margin: the FFT backends first (their timings leave out
+# the spectra a step shares across passes), then the rest; backends not listed come last.
+TIE_ORDER = ("fbfft", "cufft", "gemm", "direct")
+ROUNDS, REPEAT = 3, 5   # timing rounds per candidate, timed runs per round (see the docstring)
+MARGIN = 0.03           # default tie margin, a fraction of the fastest time
+CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)
 _memory = {}      # key -> record, this process's choices
 
 
@@ -34,6 +64,21 @@ def _tuning_on(xp):
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"MINITORCH_AUTO_TUNE must be auto, on or off, got {mode!r}")
     return mode == "on" or (mode == "auto" and xp is not np)
+
+
+def margin():
+    """The tie margin: $MINITORCH_AUTO_MARGIN (a fraction, e.g. 0.03 for 3%), else MARGIN."""
+    raw = os.environ.get("MINITORCH_AUTO_MARGIN")
+    if raw is None:
+        return MARGIN
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise ValueError(f"MINITORCH_AUTO_MARGIN must be a fraction in [0, 1), such as 0.03 for 3%, "
+                         f"got {raw!r}")
+    return value
 
 
 def _geometry_key(x_shape, w_shape, stride, padding):
@@ -47,16 +92,50 @@ def pick(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
     candidates += [n for n in registry if n not in candidates and registry[n].supports(x_shape, w_shape, stride, padding)]
     if not candidates:
         return None
-    key = tuning.key(xp, np.float32, _geometry_key(x_shape, w_shape, stride, padding), pass_name, "auto")
+    geom = _geometry_key(x_shape, w_shape, stride, padding)
+    key = tuning.key(xp, np.float32, geom, pass_name, "auto")
     if len(candidates) == 1 or not _tuning_on(xp):
         _memory[key] = {"backend": candidates[0], "ms": {}, "skipped": {}, "untimed": True}
         return candidates[0]
     record = _memory.get(key) or tuning.default_cache().get(key)
     if record is None or record.get("backend") not in candidates:
-        record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp)
+        record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp,
+                       _siblings(xp, geom, pass_name))
         tuning.default_cache().put(key, record)
     _memory[key] = record
     return record["backend"]
+
+
+def _siblings(xp, geom, pass_name):
+    """{pass: backend} already chosen for this layer geometry's other passes (here or on disk)."""
+    chosen = {}
+    for other in PASSES:
+        if other != pass_name:
+            k = tuning.key(xp, np.float32, geom, other, "auto")
+            record = _memory.get(k) or tuning.default_cache().get(k)
+            if isinstance(record, dict) and record.get("backend"):
+                chosen[other] = record["backend"]
+    return chosen
+
+
+def select(times, siblings=None, tie_margin=MARGIN):
+    """(winner, why) from times {backend: ms} by the rule in the module docstring; siblings is
+    {pass: backend} chosen for the layer's other passes."""
+    if not times:
+        raise ValueError("select: no timed candidates")
+    siblings = siblings or {}
+    fastest = min(times, key=times.get)
+    tied = [name for name in times if times[name] <= (1 + tie_margin) * times[fastest]]
+    votes = Counter(siblings.values())
+    rank = {name: i for i, name in enumerate(TIE_ORDER)}
+    winner = min(tied, key=lambda name: (-votes[name], rank.get(name, len(TIE_ORDER)), times[name]))
+    if winner == fastest:
+        return winner, "fastest"
+    within = f"{times[winner] / times[fastest] - 1:.1%} slower than {fastest}, within the {tie_margin:.1%} margin"
+    if votes[winner]:
+        passes = ", ".join(p for p in PASSES if siblings.get(p) == winner)
+        return winner, f"{within}: the layer's {passes} backend"
+    return winner, f"{within}: tie order {', '.join(TIE_ORDER)}"
 
 
 def _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding):
@@ -79,32 +158,42 @@ def _rel_error(xp, got, ref):
     return float(xp.linalg.norm(got - ref)) / den if den else float(xp.linalg.norm(got))
 
 
-def _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp):
+def _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp, siblings=None):
     args = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
     run = lambda name: getattr(registry[name], pass_name)(*args, stride=stride, padding=padding)  # noqa: E731
     reference = run("gemm") if "gemm" in registry else None
-    times, skipped = {}, {}
+    tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
+    rounds, skipped = {}, {}
     cap_mb = os.environ.get("MINITORCH_AUTO_MEMORY_MB")
-    for name in candidates:
+    for name in candidates:  # the untimed first run: warm-up (compilation, plans, buffers) and check
         try:
             with _memory_cap(xp, cap_mb):
-                out = run(name)  # also the warm-up: compilation, plans, buffers
-                if reference is not None:
-                    err = _rel_error(xp, out, reference)
-                    if not err <= CHECK_TOL:
-                        skipped[name] = f"disagrees with gemm (relative error {err:.2e} > {CHECK_TOL})"
-                        continue
-                times[name] = tuning.timeit(lambda: run(name), xp, warmup=1, repeat=5)
+                err = None if reference is None else _rel_error(xp, run(name), reference)
+            if err is not None and not err <= tol:
+                skipped[name] = f"disagrees with gemm (relative error {err:.2e} > {tol})"
+                continue
+            rounds[name] = []
         except Exception as e:  # noqa: BLE001 - any failure only disqualifies the candidate
             skipped[name] = f"{type(e).__name__}: {e}"[:300]
             _free_pool(xp)
+    for _ in range(ROUNDS):  # interleaved: a b c, a b c, ...
+        for name in list(rounds):
+            try:
+                with _memory_cap(xp, cap_mb):
+                    rounds[name].append(tuning.timeit(lambda: run(name), xp, warmup=1, repeat=REPEAT))
+            except Exception as e:  # noqa: BLE001
+                skipped[name] = f"{type(e).__name__}: {e}"[:300]
+                del rounds[name]
+                _free_pool(xp)
     for name, why in skipped.items():
         log.info("auto %s %s %s: skipped %s (%s)", pass_name, tuple(x_shape), tuple(w_shape), name, why)
-    if not times:
+    if not rounds:
         raise RuntimeError(f"auto: every backend failed for {pass_name} of input {tuple(x_shape)}, "
                            f"weight {tuple(w_shape)}: {skipped}")
-    winner = min(times, key=times.get)
-    return {"backend": winner, "ms": {k: round(v, 4) for k, v in times.items()}, "skipped": skipped}
+    times = {name: statistics.median(ms) for name, ms in rounds.items()}
+    winner, why = select(times, siblings, margin())
+    return {"backend": winner, "ms": {k: round(v, 4) for k, v in times.items()}, "skipped": skipped,
+            "why": why}
 
 
 class _memory_cap:
@@ -132,18 +221,21 @@ def _free_pool(xp):
 def choices():
     """This process's tuning records: a list of JSON-able dicts, one per (geometry, pass)."""
     rows = []
-    for (device, dtype, geom, pass_name, _), rec in _memory.items():
-        rows.append({"device": device, "dtype": dtype, "geometry": list(geom), "pass": pass_name, **rec})
+    for (device, dtype, math, geom, pass_name, _), rec in _memory.items():
+        rows.append({"device": device, "dtype": dtype, "math": math, "geometry": list(geom), "pass": pass_name,
+                     **rec})
     return rows
 
 
 def format_choices():
-    """A plain-text table of choices: one line per layer geometry and pass."""
+    """A plain-text table of choices: one line per layer geometry and pass (a tie won on the
+    margin rule says so after the times)."""
     lines = [f"{'input (S,f,h,w)':<22}{'weight (fo,f,kh,kw)':<22}{'stride':<8}{'pad':<8}{'pass':<9}"
-             f"{'backend':<8} ms per candidate"]
+             f"{'gemm':<6}{'backend':<8} ms per candidate"]
     for r in choices():
         S, f, fo, h, w, kh, kw, sh, sw, ph, pw = r["geometry"]
         ms = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["ms"].items(), key=lambda kv: kv[1])) or "(untimed)"
+        why = f" ({r['why']})" if r.get("why", "fastest") != "fastest" else ""
         lines.append(f"{str((S, f, h, w)):<22}{str((fo, f, kh, kw)):<22}{str((sh, sw)):<8}{str((ph, pw)):<8}"
-                     f"{r['pass']:<9}{r['backend']:<8} {ms}")
+                     f"{r['pass']:<9}{r['math']:<6}{r['backend']:<8} {ms}{why}")
     return "\n".join(lines)

@@ -1,14 +1,17 @@
 """Autotuning shared by the backends: time candidates, keep the fastest, remember it per device.
 
-A choice is keyed by (device name, dtype, geometry, pass, backend) and its value is anything
-JSON can hold. Choices live in memory and in one JSON file holding every device's choices:
+A choice is keyed by (device name, dtype, GEMM precision, geometry, pass, backend) and its value
+is anything JSON can hold. The GEMM precision is backends.cgemm's mode, "fp32" or "tf32": a
+choice tuned with the FFT backends' GEMM on TF32 is never reused in strict fp32, nor the other
+way round. Choices live in memory and in one JSON file holding every device's choices:
 
-  {"version": 1,
-   "devices": {"NVIDIA H100 80GB HBM3": {"[\"float32\", [128, ...], \"fprop\", \"cufft\"]": {...}}}}
+  {"version": 2,
+   "devices": {"NVIDIA H100 80GB HBM3": {"[\"float32\", \"fp32\", [128, ...], \"fprop\", \"cufft\"]": {...}}}}
 
 The file is $MINITORCH_TUNE_CACHE if set, else ~/.cache/minitorch_fft/autotune.json. A file that
 is corrupt or of another format version is ignored with a warning and rewritten at the next
-choice. Writes go to a temporary file renamed over the old one (os.replace), so a reader never
+choice (version 1 keys had no GEMM precision: its choices, all made in fp32, are tuned again
+once). Writes go to a temporary file renamed over the old one (os.replace), so a reader never
 sees half a file; a writer re-reads the file and merges before writing, so processes tuning side
 by side keep each other's choices (the last writer wins on the same key, and both are valid).
 A cache that cannot be written (read-only home, full disk) warns and keeps working in memory.
@@ -24,7 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-VERSION = 1
+from . import cgemm
+
+VERSION = 2  # 2: the GEMM precision joined the key
 
 
 def cache_path():
@@ -49,15 +54,19 @@ def _cuda_device_name(device_id):
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def key(xp, dtype, geometry, pass_name, backend):
-    """The key of one choice: (device name, dtype, geometry tuple, pass, backend), all JSON-able."""
-    return (device_name(xp), np.dtype(dtype).name, tuple(int(v) for v in geometry), pass_name, backend)
+def key(xp, dtype, geometry, pass_name, backend, math=None):
+    """The key of one choice: (device name, dtype, GEMM precision, geometry tuple, pass, backend),
+    all JSON-able. The precision is cgemm.mode(xp) ("fp32" or "tf32") unless `math` names it."""
+    math = cgemm.mode(xp) if math is None else math
+    if math not in ("fp32", "tf32"):
+        raise ValueError(f"GEMM precision must be 'fp32' or 'tf32', got {math!r}")
+    return (device_name(xp), np.dtype(dtype).name, math, tuple(int(v) for v in geometry), pass_name, backend)
 
 
 def _entry_name(rest):
-    """The JSON object key of (dtype, geometry, pass, backend) inside a device's section."""
-    dtype, geometry, pass_name, backend = rest
-    return json.dumps([dtype, list(geometry), pass_name, backend])
+    """The JSON object key of (dtype, precision, geometry, pass, backend) inside a device's section."""
+    dtype, math, geometry, pass_name, backend = rest
+    return json.dumps([dtype, math, list(geometry), pass_name, backend])
 
 
 class TuneCache:

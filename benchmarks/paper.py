@@ -4,6 +4,7 @@
   python benchmarks/paper.py table4            # representative layers L1-L5 (paper Table 4) under auto
   python benchmarks/paper.py step              # a full training step: images/s and time in kernels
   python benchmarks/paper.py all --quick       # everything, fewer repeats
+  python benchmarks/paper.py table4 --cgemm-tf32   # adds auto with the FFT backends' GEMM on TF32
 
 Our implementations are the registered backends (each on the layers it supports; a layer it
 cannot serve, such as the strided conv1 for the FFT backends, runs on the autotuner's pick, as
@@ -11,8 +12,15 @@ the paper ran conv1 on cuDNN) and `auto`, the per-layer, per-pass autotuner over
 only. cuDNN runs through PyTorch with torch.backends.cudnn.benchmark on, in fp32 strict
 (allow_tf32 off for cuDNN and cuBLAS) and in PyTorch's default (TF32 convolutions).
 
-Every timed result is first checked against a float64 reference (PyTorch on the GPU). Times are
-medians of CUDA events after warm-up, on fresh random data. Results go to
+--cgemm-tf32 adds `auto TF32` to table3 (a row) and table4 (columns): auto with the frequency-
+domain GEMM of cufft and fbfft on TF32 tensor cores (backends.cgemm; tuned separately, since
+its choices are keyed apart). Everything else in those rows stays fp32, and the plain `auto`
+rows stay strict fp32 whatever MINITORCH_CGEMM_TF32 says.
+
+Every timed result is first checked against a float64 reference (PyTorch on the GPU): ours and
+strict cuDNN to 1e-4 relative, TF32 (cuDNN's, and our TF32 GEMM) to 1e-2. The error is reported
+beside the time (table3: the largest over the network's layers and passes), never only checked.
+Times are medians of CUDA events after warm-up, on fresh random data. Results go to
 results/<device>/paper_<table>.{json,md} with device, date and command.
 """
 import argparse
@@ -128,15 +136,19 @@ def implementations():
     return backends.names() + ["auto"]
 
 
-def run_ours(layer, impl, pass_name, args):
-    """(ms, err, backend actually used) of one of our implementations on one layer and pass."""
+def run_ours(layer, impl, pass_name, args, tf32=False):
+    """(ms, err, backend actually used) of one of our implementations on one layer and pass;
+    tf32 puts the FFT backends' complex GEMM on TF32 (checked to TOLERANCE["tf32"] then)."""
     import cupy as cp
 
     import backends
+    from backends import cgemm
     x_shape, w_shape, s, p = layer.geom
     name = impl if impl != "auto" and backends.get(impl).supports(x_shape, w_shape, s, p) else "auto"
-    backend = backends.choose(name, pass_name, x_shape, w_shape, s, p, xp=cp)
-    ms, err = layer.measure(layer.ours(backend, pass_name), "cupy", pass_name, TOLERANCE["strict"], args)
+    with cgemm.tf32(tf32):  # the choice too: auto keys TF32 choices apart from fp32 ones
+        backend = backends.choose(name, pass_name, x_shape, w_shape, s, p, xp=cp)
+        ms, err = layer.measure(layer.ours(backend, pass_name), "cupy", pass_name,
+                                TOLERANCE["tf32" if tf32 else "strict"], args)
     return ms, err, backend.__name__.split(".")[-1]
 
 
@@ -144,10 +156,10 @@ def table3(args, bar):
     rows, failures = [], []
     for net in ("alexnet", "overfeat_fast"):
         layers = [Layer(*spec[1:], seed=args.seed + i) for i, spec in enumerate(conv_layers(net, args.batch))]
-        impls = implementations() + ["cudnn_strict", "cudnn_tf32"]
+        impls = implementations() + (["auto TF32"] if args.cgemm_tf32 else []) + ["cudnn_strict", "cudnn_tf32"]
         for impl in impls:
             totals = {p: 0.0 for p in PASSES}
-            used = []
+            used, errors = [], []
             for li, layer in enumerate(layers):
                 for pn in PASSES:
                     bar.set_postfix_str(f"{net} {impl} conv{li + 1} {pn}")
@@ -156,18 +168,20 @@ def table3(args, bar):
                             mode = impl.split("_")[1]
                             set_tf32(mode)
                             flagged = []
-                            ms, _ = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args, flagged)
+                            ms, err = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args, flagged)
                             failures += [f"{net} {impl} conv{li + 1} {pn} (cuDNN itself): {f}" for f in flagged]
                             set_tf32("strict")
                         else:
-                            ms, _, b = run_ours(layer, impl, pn, args)
+                            tf32 = impl == "auto TF32"
+                            ms, err, b = run_ours(layer, "auto" if tf32 else impl, pn, args, tf32=tf32)
                             used.append(b)
+                        errors.append(err)
                     except Exception as e:  # noqa: BLE001 - reported, never hidden
                         failures.append(f"{net} {impl} conv{li + 1} {pn}: {type(e).__name__}: {e}"[:300])
                         ms = float("nan")
                     totals[pn] += ms
             rows.append({"network": net, "implementation": impl, **{f"{p}_ms": totals[p] for p in PASSES},
-                         "total_ms": sum(totals.values()),
+                         "total_ms": sum(totals.values()), "max_err": max(errors, default=None),
                          "backends_used": ",".join(sorted(set(used))) if used else "cudnn"})
         bar.update(1)
     for net in ("alexnet", "overfeat_fast"):
@@ -183,7 +197,7 @@ def table3(args, bar):
             ("fprop ms", "fprop_ms", ".2f"), ("bprop ms", "bprop_ms", ".2f"),
             ("accGrad ms", "accgrad_ms", ".2f"), ("total ms", "total_ms", ".2f"),
             ("x cuDNN strict", "x_strict", ".2f"), ("x cuDNN TF32", "x_tf32", ".2f"),
-            ("backends used", "backends_used", "")]
+            ("max rel err", "max_err", ".1e"), ("backends used", "backends_used", "")]
     return rows + quoted, cols, failures
 
 
@@ -191,6 +205,7 @@ def table4(args, bar):
     import cupy as cp
 
     import backends
+    from backends import cgemm
     rows, failures = [], []
     for name, (f, fo, hw, k) in TABLE4.items():
         layer = Layer((args.batch, f, hw, hw), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
@@ -201,7 +216,8 @@ def table4(args, bar):
             try:
                 row["ms_auto"], row["err_auto"], row["backend"] = run_ours(layer, "auto", pn, args)
                 if row["backend"] == "cufft":
-                    basis = backends.cufft.config_for(pn, *layer.geom, xp=cp)["basis"]
+                    with cgemm.tf32(False):  # cufft's tuned choices are keyed by GEMM precision too
+                        basis = backends.cufft.config_for(pn, *layer.geom, xp=cp)["basis"]
                     row["basis"] = "{}x{}".format(*basis)
                 for mode in ("strict", "tf32"):
                     set_tf32(mode)
@@ -215,12 +231,28 @@ def table4(args, bar):
                 row["tred_s"] = g.S * f * fo * k * k * g.oh * g.ow / (row["ms_auto"] * 1e-3) / 1e12
             except Exception as e:  # noqa: BLE001
                 failures.append(f"{name} {pn}: {type(e).__name__}: {e}"[:300])
+            if args.cgemm_tf32:
+                try:
+                    row["ms_auto_tf32"], row["err_auto_tf32"], row["backend_tf32"] = run_ours(
+                        layer, "auto", pn, args, tf32=True)
+                    if row["backend_tf32"] == "cufft":
+                        with cgemm.tf32(True):
+                            basis = backends.cufft.config_for(pn, *layer.geom, xp=cp)["basis"]
+                        row["basis_tf32"] = "{}x{}".format(*basis)
+                    if "ms_cudnn_tf32" in row:
+                        row["x_tf32_tf32"] = row["ms_cudnn_tf32"] / row["ms_auto_tf32"]
+                except Exception as e:  # noqa: BLE001
+                    failures.append(f"{name} {pn} auto TF32: {type(e).__name__}: {e}"[:300])
             rows.append(row)
         bar.update(1)
     cols = [("layer", "layer", ""), ("pass", "pass", ""), ("backend", "backend", ""), ("basis", "basis", ""),
             ("auto ms", "ms_auto", ".3f"), ("cuDNN strict ms", "ms_cudnn_strict", ".3f"),
             ("cuDNN TF32 ms", "ms_cudnn_tf32", ".3f"), ("x strict", "x_strict", ".2f"),
             ("x TF32", "x_tf32", ".2f"), ("TRED/s", "tred_s", ".2f"), ("err", "err_auto", ".1e")]
+    if args.cgemm_tf32:
+        cols += [("auto TF32 backend", "backend_tf32", ""), ("auto TF32 basis", "basis_tf32", ""),
+                 ("auto TF32 ms", "ms_auto_tf32", ".3f"),
+                 ("x TF32 (auto TF32)", "x_tf32_tf32", ".2f"), ("auto TF32 err", "err_auto_tf32", ".1e")]
     return rows, cols, failures
 
 
@@ -244,6 +276,7 @@ def step(args, bar):
     import numpy as np
     import torch
 
+    import backends
     import minitorch_fft as mt
     import models
     rows, failures = [], []
@@ -260,10 +293,11 @@ def step(args, bar):
         crit = mt.CrossEntropyCriterion()
         x, y = mt.Tensor(cp.asarray(x_np)), cp.asarray(y_np)
 
-        def our_step():
-            loss = crit(model(x), y)
-            opt.zero_grad()
-            loss.backward()
+        def our_step():  # as train.py runs it: spectra shared across a step's passes
+            with backends.reuse_spectra():
+                loss = crit(model(x), y)
+                opt.zero_grad()
+                loss.backward()
             opt.step()
 
         our_step()  # tunes every layer and pass
@@ -333,6 +367,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="warm-up 1, repeat 3")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--cgemm-tf32", action="store_true",
+                        help="table3/table4: add auto with the FFT backends' GEMM on TF32 (backends.cgemm)")
     args = parser.parse_args()
     if args.batch < 1 or args.warmup < 0 or args.repeat < 1:
         parser.error(f"need --batch >= 1, --warmup >= 0, --repeat >= 1, got {args.batch}, {args.warmup}, {args.repeat}")
@@ -350,7 +386,8 @@ def main():
     TORCH_TF32_DEFAULTS.update(cudnn=torch.backends.cudnn.allow_tf32, matmul=torch.backends.cuda.matmul.allow_tf32)
     set_tf32("strict")
     meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                      cupy=cp.__version__, batch=args.batch, warmup=args.warmup, repeat=args.repeat)
+                      cupy=cp.__version__, batch=args.batch, warmup=args.warmup, repeat=args.repeat,
+                      cgemm_tf32=args.cgemm_tf32)
     for name in (COMMANDS if args.command == "all" else [args.command]):
         fn, title, total = COMMANDS[name]
         with tqdm(total=total, desc=name) as bar:

@@ -97,3 +97,124 @@ def test_bad_mode_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "sometimes")
     with pytest.raises(ValueError, match="MINITORCH_AUTO_TUNE must be auto, on or off"):
         autotune.pick(registry(a=SlowIn("none")), "fprop", **GEOM)
+
+
+# -- the selection rule: repeated rounds, a tie margin, a layer's passes kept together ----------
+
+class Timed:
+    """gemm's results (times 1 + error), with fake times per pass for fake_clock to report: a
+    number, or a list with one entry per timing round."""
+
+    def __init__(self, name, error=0.0, **ms):
+        self.name, self.error, self.ms, self.__name__ = name, error, ms, f"stub_{name}"
+
+    def supports(self, *args):
+        return True
+
+    def __getattr__(self, pass_name):
+        if pass_name not in backends.PASSES:
+            raise AttributeError(pass_name)
+
+        def run(*args, **kwargs):
+            self.calls.append((self, pass_name))
+            out = getattr(gemm, pass_name)(*args, **kwargs)
+            return out * np.float32(1 + self.error)
+        return run
+
+
+@pytest.fixture
+def fake_clock(tuner, monkeypatch):
+    """tuning.timeit runs fn once and reports the fake time of the stub that ran; returns the
+    (stub name, pass) of every timed call, in order."""
+    calls, timed = [], []
+    monkeypatch.setattr(Timed, "calls", calls, raising=False)
+
+    def timeit(fn, xp, warmup, repeat):
+        fn()
+        stub, pass_name = calls[-1]
+        timed.append((stub.name, pass_name))
+        ms = stub.ms[pass_name]
+        return ms.pop(0) if isinstance(ms, list) else ms
+
+    monkeypatch.setattr(tuning, "timeit", timeit)
+    return timed
+
+
+def stubs(*timed):
+    return {t.name: t for t in timed}
+
+
+def test_select_takes_the_fastest_outside_the_margin():
+    assert autotune.select({"gemm": 1.0, "cufft": 1.1}, {}, 0.03) == ("gemm", "fastest")
+    assert autotune.select({"gemm": 1.0, "cufft": 1.02}, {}, 0.0) == ("gemm", "fastest")
+
+
+def test_select_breaks_a_tie_by_the_layer_then_the_tie_order():
+    winner, why = autotune.select({"gemm": 1.0, "cufft": 1.02}, {}, 0.03)
+    assert winner == "cufft" and "tie order" in why and "2.0% slower than gemm" in why
+    winner, why = autotune.select({"cufft": 1.0, "fbfft": 1.02}, {"fprop": "fbfft"}, 0.03)
+    assert winner == "fbfft" and "the layer's fprop backend" in why
+    # most of the other passes win; a sibling's backend outside the margin does not
+    assert autotune.select({"cufft": 1.0, "fbfft": 1.01},
+                           {"fprop": "cufft", "bprop": "fbfft", "accgrad": "fbfft"}, 0.03)[0] == "fbfft"
+    assert autotune.select({"gemm": 1.0, "fbfft": 1.2}, {"fprop": "fbfft"}, 0.03)[0] == "gemm"
+    # backends outside TIE_ORDER come last, then by time
+    assert autotune.select({"mine": 1.0, "gemm": 1.01, "other": 1.0}, {}, 0.03)[0] == "gemm"
+    assert autotune.select({"mine": 1.01, "other": 1.0}, {}, 0.03)[0] == "other"
+
+
+def test_margin_from_the_environment(monkeypatch):
+    assert autotune.margin() == autotune.MARGIN == 0.03
+    monkeypatch.setenv("MINITORCH_AUTO_MARGIN", "0.1")
+    assert autotune.margin() == 0.1
+    for bad in ("3%", "-0.01", "1", "nan"):
+        monkeypatch.setenv("MINITORCH_AUTO_MARGIN", bad)
+        with pytest.raises(ValueError, match="MINITORCH_AUTO_MARGIN must be a fraction"):
+            autotune.margin()
+
+
+def test_rounds_are_interleaved_and_their_median_decides(fake_clock):
+    # cufft has one bad round (a clock hiccup): one round of timing would have picked gemm.
+    reg = stubs(Timed("gemm", fprop=[1.2, 1.2, 1.2]), Timed("cufft", fprop=[5.0, 1.0, 1.0]))
+    assert autotune.ROUNDS == 3
+    assert autotune.pick(reg, "fprop", **GEOM) == "cufft"
+    assert fake_clock == [("gemm", "fprop"), ("cufft", "fprop")] * 3
+    assert autotune.choices()[0]["ms"] == {"gemm": 1.2, "cufft": 1.0}
+
+
+def test_a_layers_passes_stay_on_one_backend_within_the_margin(fake_clock):
+    reg = stubs(Timed("gemm", fprop=2.0, bprop=2.0, accgrad=1.00),
+                Timed("cufft", fprop=1.5, bprop=1.00, accgrad=1.01),
+                Timed("fbfft", fprop=1.0, bprop=1.02, accgrad=1.05))
+    picks = {p: autotune.pick(reg, p, **GEOM) for p in backends.PASSES}
+    # fprop: fbfft is fastest by far. bprop: fbfft is 2% behind cufft, so the layer's fprop
+    # backend wins. accGrad: fbfft is 5% behind, outside the margin; gemm and cufft tie (1%),
+    # and cufft comes first in the tie order.
+    assert picks == {"fprop": "fbfft", "bprop": "fbfft", "accgrad": "cufft"}
+    why = {r["pass"]: r["why"] for r in autotune.choices()}
+    assert why["fprop"] == "fastest" and "the layer's fprop backend" in why["bprop"]
+    assert "tie order" in why["accgrad"]
+    assert "within the 3.0% margin" in autotune.format_choices()
+
+
+def test_zero_margin_lets_the_fastest_win(fake_clock, monkeypatch):
+    monkeypatch.setenv("MINITORCH_AUTO_MARGIN", "0")
+    reg = stubs(Timed("gemm", bprop=1.0), Timed("cufft", bprop=1.001))
+    assert autotune.pick(reg, "bprop", **GEOM) == "gemm"
+
+
+def test_tf32_choices_are_tuned_and_checked_apart_from_fp32(fake_clock, monkeypatch):
+    """With the complex GEMM on TF32 (faked: the CPU never runs it) the tuner keys its choice
+    apart and accepts a TF32-sized error; back in fp32 the same candidate is rejected."""
+    mode = {"now": "tf32"}
+    monkeypatch.setattr(backends.cgemm, "mode", lambda xp: mode["now"])
+    reg = stubs(Timed("gemm", fprop=2.0), Timed("cufft", error=1e-3, fprop=1.0))
+    assert autotune.pick(reg, "fprop", **GEOM) == "cufft"
+    mode["now"] = "fp32"
+    assert autotune.pick(reg, "fprop", **GEOM) == "gemm"          # tuned again, not reused
+    rows = {r["math"]: r for r in autotune.choices()}
+    assert rows["tf32"]["backend"] == "cufft" and "cufft" not in rows["fp32"]["ms"]
+    assert "disagrees with gemm" in rows["fp32"]["skipped"]["cufft"]
+    mode["now"] = "tf32"
+    monkeypatch.setattr(autotune, "_tune", lambda *a: pytest.fail("the TF32 choice was tuned again"))
+    assert autotune.pick(reg, "fprop", **GEOM) == "cufft"

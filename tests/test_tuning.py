@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends import tuning
+from backends import cgemm, tuning
 from backends.common import geometry
 
 GEOMETRY = geometry((2, 3, 8, 8), (4, 3, 3, 3), (1, 1), (1, 1))
@@ -24,8 +24,27 @@ def path(tmp_path):
 
 def test_key_is_json_able_and_names_the_device():
     key = tuning.key(np, np.float32, GEOMETRY, "bprop", "cufft")
-    assert key == ("cpu", "float32", tuple(GEOMETRY), "bprop", "cufft")
+    assert key == ("cpu", "float32", "fp32", tuple(GEOMETRY), "bprop", "cufft")
     json.dumps(key)
+
+
+def test_key_names_the_gemm_precision(monkeypatch, path):
+    """A choice tuned with the complex GEMM on TF32 is stored apart from the fp32 one."""
+    gpu = object()                                           # stands for cupy: not numpy
+    monkeypatch.setattr(tuning, "device_name", lambda xp: "cpu" if xp is np else "fake GPU")
+    strict = tuning.key(gpu, np.float32, GEOMETRY, "fprop", "auto")
+    with cgemm.tf32():
+        tf32 = tuning.key(gpu, np.float32, GEOMETRY, "fprop", "auto")
+        assert tuning.key(np, np.float32, GEOMETRY, "fprop", "auto")[2] == "fp32"  # NumPy: unaffected
+    assert (strict[2], tf32[2]) == ("fp32", "tf32") and strict[3:] == tf32[3:]
+    assert tuning.key(gpu, np.float32, GEOMETRY, "fprop", "auto") == strict       # restored
+    assert tuning.key(np, np.float32, GEOMETRY, "fprop", "auto", math="tf32")[2] == "tf32"
+    cache = tuning.TuneCache(path)
+    cache.put(tf32, {"backend": "cufft"})
+    assert tuning.TuneCache(path).get(strict) is None
+    assert tuning.TuneCache(path).get(tf32) == {"backend": "cufft"}
+    with pytest.raises(ValueError, match="GEMM precision"):
+        tuning.key(np, np.float32, GEOMETRY, "fprop", "auto", math="fp16")
 
 
 def test_round_trip_through_the_file(path):
@@ -43,7 +62,7 @@ def test_choices_are_kept_per_device(path):
     assert tuning.TuneCache(path).get(a_key(device="NVIDIA H100 80GB HBM3")) == "h100 choice"
 
 
-@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"version": 1, "devices": [1]}'])
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", json.dumps({"version": tuning.VERSION, "devices": [1]})])
 def test_corrupt_file_is_ignored_with_a_warning_and_rebuilt(path, text):
     path.parent.mkdir(parents=True)
     path.write_text(text)
@@ -67,6 +86,18 @@ def test_other_version_is_ignored_and_rewritten(path):
     data = json.loads(path.read_text())
     assert data["version"] == tuning.VERSION
     assert list(data["devices"]["cpu"].values()) == ["new"]
+
+
+def test_version_1_file_without_the_precision_is_ignored_and_rebuilt(path):
+    path.parent.mkdir(parents=True)
+    v1_name = json.dumps(["float32", list(GEOMETRY), "fprop", "cufft"])
+    path.write_text(json.dumps({"version": 1, "devices": {"cpu": {v1_name: {"basis": [8, 8]}}}}))
+    with pytest.warns(UserWarning, match="version 1"):
+        cache = tuning.TuneCache(path)
+    assert cache.get(a_key()) is None
+    cache.put(a_key(), "retuned")
+    assert json.loads(path.read_text()) == {"version": tuning.VERSION,
+                                            "devices": {"cpu": {tuning._entry_name(a_key()[1:]): "retuned"}}}
 
 
 def test_failed_write_leaves_the_old_file_and_no_temporary(path, monkeypatch):

@@ -1,0 +1,195 @@
+"""backends.cgemm: the FFT backends' GEMM in strict fp32 (default) or TF32, and its switch."""
+import ctypes
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from backends import cgemm
+
+
+@pytest.fixture(autouse=True)
+def no_override(monkeypatch):
+    """Each test starts from the environment's setting and leaves no override behind."""
+    monkeypatch.setattr(cgemm, "_override", None)
+    monkeypatch.delenv(cgemm.ENV, raising=False)
+
+
+GPU = object()  # stands for cupy where only `xp is not numpy` matters
+
+
+def test_default_is_strict_and_the_environment_switches_it(monkeypatch):
+    assert not cgemm.tf32_enabled() and cgemm.mode(GPU) == "fp32"
+    monkeypatch.setenv(cgemm.ENV, "1")
+    assert cgemm.tf32_enabled() and cgemm.mode(GPU) == "tf32"
+    monkeypatch.setenv(cgemm.ENV, "0")
+    assert cgemm.mode(GPU) == "fp32"
+    monkeypatch.setenv(cgemm.ENV, "yes")
+    with pytest.raises(ValueError, match="MINITORCH_CGEMM_TF32 must be 0"):
+        cgemm.tf32_enabled()
+
+
+def test_context_manager_sets_and_restores_the_mode(monkeypatch):
+    with cgemm.tf32():
+        assert cgemm.mode(GPU) == "tf32"
+        with cgemm.tf32(False):
+            assert cgemm.mode(GPU) == "fp32"
+        assert cgemm.mode(GPU) == "tf32"
+    assert cgemm.mode(GPU) == "fp32"
+    monkeypatch.setenv(cgemm.ENV, "1")                     # the block overrides the environment...
+    with pytest.raises(RuntimeError, match="inside"):
+        with cgemm.tf32(False):
+            assert cgemm.mode(GPU) == "fp32"
+            raise RuntimeError("inside")
+    assert cgemm.mode(GPU) == "tf32"                        # ...and restores it, also after an error
+
+
+def test_setter_overrides_until_reset(monkeypatch):
+    cgemm.set_tf32(True)
+    assert cgemm.mode(GPU) == "tf32"
+    with cgemm.tf32(False):
+        assert cgemm.mode(GPU) == "fp32"
+    assert cgemm.mode(GPU) == "tf32"
+    cgemm.set_tf32(None)                                    # back to the environment
+    assert cgemm.mode(GPU) == "fp32"
+    with pytest.raises(TypeError, match="True, False or None"):
+        cgemm.set_tf32(1)
+
+
+def rand(rng, shape, dtype):
+    x = rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if dtype == np.complex64 else 0)
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.float32])
+def test_numpy_is_never_affected(rng, dtype):
+    a, b = rand(rng, (5, 3, 4), dtype), rand(rng, (5, 4, 2), dtype)
+    expected = np.matmul(a, b)
+    with cgemm.tf32():
+        assert cgemm.mode(np) == "fp32"
+        np.testing.assert_array_equal(cgemm.matmul(np, a, b), expected)
+        out = np.empty_like(expected)
+        assert cgemm.matmul(np, a, b, out=out) is out
+        np.testing.assert_array_equal(out, expected)
+        np.testing.assert_array_equal(cgemm.matmul(np, a[0], b[0]), expected[0])
+
+
+# -- the cuBLAS call, on the CPU: a column-major model of cublasGemmStridedBatchedEx ------------
+
+class _Device(np.ndarray):
+    """A NumPy array that answers .data.ptr as a CuPy array does."""
+
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+def _column_major(ptr, dtype, rows, cols, ld, stride, count):
+    """The (count, rows, cols) column-major matrices at ptr, leading dimension ld, as a view."""
+    item = np.dtype(dtype).itemsize
+    size = ((count - 1) * stride + (cols - 1) * ld + rows) * item
+    flat = np.ctypeslib.as_array((ctypes.c_byte * size).from_address(ptr)).view(dtype)
+    return np.lib.stride_tricks.as_strided(flat, (count, rows, cols), (stride * item, item, ld * item))
+
+
+def _gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA,
+                             B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, count, compute, algo):
+    """C_i = alpha A_i B_i + beta C_i, column-major, as cuBLAS defines it (no transposes here)."""
+    assert (transa, transb) == (0, 0) and Atype == Btype == Ctype and compute == 77 and algo == -1
+    dtype = {0: np.float32, 4: np.complex64}[Atype]
+    scalar = lambda p: _column_major(p, dtype, 1, 1, 1, 1, 1)[0, 0, 0]  # noqa: E731
+    a = _column_major(A, dtype, m, k, lda, strideA, count)
+    b = _column_major(B, dtype, k, n, ldb, strideB, count)
+    c = _column_major(C, dtype, m, n, ldc, strideC, count)
+    c[...] = scalar(alpha) * (a @ b) + (scalar(beta) * c if scalar(beta) else 0)
+
+
+@pytest.fixture
+def cublas_model(monkeypatch):
+    """A fake xp whose matmul in TF32 mode goes through the model above instead of the GPU."""
+    libs = types.ModuleType("cupy_backends.cuda.libs")
+    libs.cublas = types.SimpleNamespace(gemmStridedBatchedEx=_gemm_strided_batched_ex)
+    for name in ("cupy_backends", "cupy_backends.cuda"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs", libs)
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs.cublas", libs.cublas)
+    return types.SimpleNamespace(
+        ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_Device),
+        broadcast_to=np.broadcast_to, matmul=np.matmul,
+        empty=lambda shape, dtype: np.empty(shape, dtype).view(_Device),
+        cuda=types.SimpleNamespace(device=types.SimpleNamespace(get_cublas_handle=lambda: 0)))
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.float32])
+def test_the_cublas_arguments_describe_the_row_major_product(rng, cublas_model, dtype):
+    xp = cublas_model
+    a, b = rand(rng, (6, 3, 5), dtype), rand(rng, (6, 5, 4), dtype)
+    cases = {"batched": (a, b), "2-D": (a[2], b[2]), "broadcast": (a, b[0]), "odd sizes": (a[:, :1], b[:, :, 3:]),
+             "transposed views": (b.conj().transpose(0, 2, 1), a.transpose(0, 2, 1))}
+    with cgemm.tf32():
+        for case, (x, y) in cases.items():
+            np.testing.assert_allclose(cgemm.matmul(xp, x, y), np.matmul(x, y), rtol=1e-5, atol=1e-5,
+                                       err_msg=case)
+        out = np.full((6, 3, 4), np.nan, dtype=dtype).view(_Device)
+        assert cgemm.matmul(xp, a, b, out=out) is out
+        np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(cgemm.matmul(xp, a[:, :, :0], b[:, :0]), np.zeros((6, 3, 4), dtype))
+        with pytest.raises(ValueError, match="out must be C-contiguous"):
+            cgemm.matmul(xp, a, b, out=np.empty((6, 4, 3), dtype).transpose(0, 2, 1))
+        with pytest.raises(ValueError, match="not aligned"):
+            cgemm.matmul(xp, a, a)
+        x64 = a.astype(np.complex128)                      # other dtypes: xp.matmul, untouched
+        np.testing.assert_array_equal(cgemm.matmul(xp, x64, x64.transpose(0, 2, 1)),
+                                      np.matmul(x64, x64.transpose(0, 2, 1)))
+
+
+# -- on the GPU: the switch really changes the arithmetic ----------------------------------------
+
+def _gpu_operands(case):
+    """(a, b) complex64/float32 CuPy operands shaped like the backends' GEMMs, K = 256 terms."""
+    import cupy as cp
+    rng = cp.random.default_rng(7)
+
+    def c64(*shape):
+        return (rng.standard_normal(shape, dtype=cp.float32)
+                + 1j * rng.standard_normal(shape, dtype=cp.float32)).astype(cp.complex64)
+
+    if case == "batched":        # cufft "batched", fbfft fprop/bprop: (F, S, f) @ (F, f, f')
+        return c64(64, 128, 256), c64(64, 256, 96)
+    if case == "transposed":     # fbfft accGrad: conj(GY)^T (a transposed view) @ X
+        return cp.conj(c64(64, 256, 96)).transpose(0, 2, 1), c64(64, 256, 128)
+    if case == "2-D":            # cufft "loop": one frequency at a time
+        return c64(128, 256), c64(256, 96)
+    return (rng.standard_normal((64, 128, 256), dtype=cp.float32),   # cufft "gauss": real GEMMs
+            rng.standard_normal((64, 256, 96), dtype=cp.float32))
+
+
+def _rel(got, ref):
+    import cupy as cp
+    return float(cp.linalg.norm(got.astype(ref.dtype) - ref) / cp.linalg.norm(ref))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["batched", "transposed", "2-D", "float32"])
+def test_tf32_changes_the_gemm_measurably_and_stays_close(case):
+    import cupy as cp
+    if int(cp.cuda.Device().compute_capability) < 80:
+        pytest.skip("TF32 needs compute capability 8.0 or higher")
+    a, b = _gpu_operands(case)
+    wide = np.complex128 if a.dtype == np.complex64 else np.float64
+    ref = cp.matmul(a.astype(wide), b.astype(wide))               # float64 arithmetic
+    strict = cgemm.matmul(cp, a, b)
+    cp.testing.assert_array_equal(strict, cp.matmul(a, b))         # fp32 mode is xp.matmul itself
+    with cgemm.tf32():
+        fast = cgemm.matmul(cp, a, b)
+        out = cp.empty_like(fast)
+        assert cgemm.matmul(cp, a, b, out=out) is out
+    cp.testing.assert_array_equal(out, fast)
+    assert fast.dtype == a.dtype and fast.shape == strict.shape
+    err_strict, err_tf32, apart = _rel(strict, ref), _rel(fast, ref), _rel(fast, strict.astype(wide))
+    print(f"{case}: relative error fp32 {err_strict:.2e}, tf32 {err_tf32:.2e}, tf32 vs fp32 {apart:.2e}")
+    assert err_strict <= 1e-5
+    assert apart > 1e-5, "TF32 mode gave fp32 results: the compute type did not take effect"
+    assert err_tf32 < 1e-2
+    assert cgemm.mode(cp) == "fp32"                               # restored after the block
