@@ -7,10 +7,16 @@ Examples:
   python train.py --checkpoint runs/digits.ckpt     # save after every epoch (and on Ctrl-C)
   python train.py --checkpoint runs/digits.ckpt --resume
   python train.py --model alexnet --data imagefolder:/data/imagenette --device cuda
+  python train.py --model alexnet --data fake --device cuda --backend fbfft --no-reuse-spectra
+
+Each training step (forward and backward) runs inside backends.reuse_spectra(): the FFT backends
+compute each layer's x, w and gy spectra once and share them across fprop, bprop and accGrad.
+--no-reuse-spectra makes every pass compute its own (less memory held between the passes).
 
 Progress bars go to stderr; the last line on stdout is one JSON object with the results.
 """
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -72,6 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
     p.add_argument("--tune-report", default=None,
                    help="with --backend auto: write the autotuner's per-layer, per-pass choices here (JSON)")
+    p.add_argument("--no-reuse-spectra", action="store_true",
+                   help="FFT backends compute every spectrum in every pass (default: shared within a step)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--max-epochs-this-run", type=positive_int, default=None,
                    help="stop (with a checkpoint) after this many epochs; --resume continues")
@@ -139,6 +147,9 @@ def main(argv=None):
             mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"],
                                extra={"progress": state, "rng": mt.random.get_state(), "args": vars(args)})
 
+    # One training step's forward and backward share spectra; the optimizer step comes after
+    # the block, because it changes the weights in place.
+    step_scope = contextlib.nullcontext if args.no_reuse_spectra else backends.reuse_spectra
     n_batches = mt.data.num_batches(len(train), args.batch_size)
     first_epoch = state["epoch"]
     tuned_report_shown = False
@@ -163,10 +174,11 @@ def main(argv=None):
             t0, imgs = time.perf_counter(), 0
             for x, y in bar:
                 y_dev = mt.to_device(y, device)
-                logits = model(mt.Tensor(mt.to_device(x, device)))
-                loss = criterion(logits, y_dev)
-                opt.zero_grad()
-                loss.backward()
+                with step_scope():
+                    logits = model(mt.Tensor(mt.to_device(x, device)))
+                    loss = criterion(logits, y_dev)
+                    opt.zero_grad()
+                    loss.backward()
                 opt.step()
                 # loss.item() and the argmax below are host-device sync points, once per batch.
                 state["loss_sum"] += loss.item() * len(y)
@@ -202,7 +214,8 @@ def main(argv=None):
         return 130
 
     result = {
-        "model": args.model, "backend": args.backend, "device": backends.tuning.device_name(mt.get_array_module(model.parameters()[0].data)), "data": args.data,
+        "model": args.model, "backend": args.backend, "reuse_spectra": not args.no_reuse_spectra,
+        "device": backends.tuning.device_name(mt.get_array_module(model.parameters()[0].data)), "data": args.data,
         "epochs": state["epoch"], "test_accuracy": round(evaluate(model, test, args.batch_size, device), 4),
         "train_loss": state["history"][-1]["loss"] if state["history"] else None,
         "images_per_s": round(imgs_per_s, 1), "seconds": round(time.perf_counter() - t_start, 2),

@@ -10,13 +10,18 @@ a capability predicate):
 
 Arrays are float32 NCHW, NumPy or CuPy, and come back of the same kind. Bias is
 added outside the backends. Cross-correlation, as in Torch and PyTorch.
+
+`with reuse_spectra():` around one training step (forward and backward) lets the FFT
+backends compute each x, w and gy spectrum once and share it across the passes
+(backends/reuse.py); train.py does this by default.
 """
 import warnings
 
 import numpy as np
 
-from . import autotune, cufft, direct, fbfft, gemm
+from . import autotune, cufft, direct, fbfft, gemm, reuse
 from .common import PASSES, geometry
+from .reuse import reuse_spectra
 from minitorch_fft.device import get_array_module
 
 _REGISTRY = {
@@ -47,7 +52,8 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=
         raise ValueError(f"unknown pass {pass_name!r}; expected one of {PASSES}")
     if name == "auto":
         geometry(x_shape, w_shape, stride, padding)  # an invalid geometry says why first
-        picked = autotune.pick(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
+        with reuse.suspended():  # a timed candidate pays for its own FFTs, every repeat
+            picked = autotune.pick(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
         if picked is None:
             raise ValueError(f"no backend supports input {tuple(x_shape)}, weight {tuple(w_shape)}, "
                              f"stride {stride}, padding {padding}")
@@ -85,6 +91,7 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
         first_error = f"{type(e).__name__}: {e}"
     if hasattr(backend, "release_buffers"):  # scratch it kept would otherwise stay allocated
         backend.release_buffers()
+    reuse.drop()  # so would the step's shared spectra; later passes recompute theirs
     _free_gpu_pool()
     budget = gemm.WORKSPACE_BYTES
     while True:
@@ -113,4 +120,4 @@ def _free_gpu_pool():
         cp.get_default_memory_pool().free_all_blocks()
 
 
-__all__ = ["names", "get", "choose", "run_pass", "geometry", "PASSES"]
+__all__ = ["names", "get", "choose", "run_pass", "reuse_spectra", "geometry", "PASSES"]

@@ -36,27 +36,21 @@ role, grown when too small and reused by every call (paper §3.3). Above WORKSPA
 ($MINITORCH_CUFFT_WORKSPACE_MB, default 2048) the batch is processed in chunks; accGrad sums the
 chunks' products in the frequency domain. Weight-sized buffers (f' x f planes) are not chunked.
 
-Reuse across passes. Within `with reuse_spectra():` the FFTs of x, w and gy are computed once
-per array object and shared by fprop, bprop and accGrad (6 forward FFTs per layer and step
-become 3). Layers need no change; the training loop wraps one step, forward and backward:
-
-    with backends.cufft.reuse_spectra():
-        loss = criterion(model(x), y)
-        loss.backward()
-    optimizer.step()                       # after the block: spectra of updated weights are stale
-
-Off by default: the spectra of every layer stay alive until the block ends. Only whole-batch
-(unchunked) spectra on the same basis are shared; tuned passes may pick different bases.
+Reuse across passes. Within `with backends.reuse_spectra():` (backends/reuse.py) the FFTs of x,
+w and gy are computed once per array object and shared by fprop, bprop and accGrad (6 forward
+FFTs per layer and step become 3); train.py wraps every training step in it by default. Spectra
+are keyed by backend, role, basis and offset: only whole-batch (unchunked) spectra on the same
+basis are shared, and tuned passes may pick different bases.
 """
-import contextlib
 import math
 import os
 import warnings
 
 import numpy as np
 
-from . import tuning
+from . import cgemm, tuning
 from .common import check_arrays, check_output_shape, geometry, valid_geometry
+from .reuse import Key, reuse_spectra, shared, suspended  # noqa: F401 - reuse_spectra: an alias
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
 # oh x ow output, n x m Fourier basis, F = n*(m//2+1) frequencies (Hermitian half)
@@ -94,13 +88,13 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
 
     def run(config):
         basis = tuple(config["basis"])
-        wf = _shared(("w", basis, g.ph, g.pw), w, _weight_spectrum, xp, wa, g, basis)
+        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis)
         b = _to_frequency_major(xp, wf, "rhs", swap=True, conj=True)         # (F, f, f'), conj(W)^T
         y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
         chunks = _batch_chunks(g, basis)
         for sl in chunks:
             owner = x if len(chunks) == 1 else None
-            xf = _shared(("x", basis), owner, _rfft2, xp, xa[sl], basis)     # (S', f, n, m//2+1)
+            xf = shared(_key("x", basis), owner, _rfft2, xp, xa[sl], basis)  # (S', f, n, m//2+1)
             a = _to_frequency_major(xp, xf, "lhs")                           # (F, S', f)
             c = _cgemm(xp, a, b, "product", config["gemm"])                  # (F, S', f')
             full = _irfft2(xp, _to_batch_major(xp, c, basis), basis)         # (S', f', n, m)
@@ -118,13 +112,13 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
 
     def run(config):
         basis = tuple(config["basis"])
-        wf = _shared(("w", basis, g.ph, g.pw), w, _weight_spectrum, xp, wa, g, basis)
+        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis)
         b = _to_frequency_major(xp, wf, "rhs")                               # (F, f', f)
         gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
         chunks = _batch_chunks(g, basis)
         for sl in chunks:
             owner = gy if len(chunks) == 1 else None
-            gyf = _shared(("gy", basis), owner, _rfft2, xp, gya[sl], basis)  # (S', f', n, m//2+1)
+            gyf = shared(_key("gy", basis), owner, _rfft2, xp, gya[sl], basis)  # (S', f', n, m//2+1)
             a = _to_frequency_major(xp, gyf, "lhs")                          # (F, S', f')
             c = _cgemm(xp, a, b, "product", config["gemm"])                  # (F, S', f)
             full = _irfft2(xp, _to_batch_major(xp, c, basis), basis)         # (S', f, n, m)
@@ -145,8 +139,8 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
         chunks = _batch_chunks(g, basis)
         for k, sl in enumerate(chunks):
             gy_owner, x_owner = (gy, x) if len(chunks) == 1 else (None, None)
-            gyf = _shared(("gy", basis), gy_owner, _rfft2, xp, gya[sl], basis)  # (S', f', n, m//2+1)
-            xf = _shared(("x", basis), x_owner, _rfft2, xp, xa[sl], basis)   # (S', f, n, m//2+1)
+            gyf = shared(_key("gy", basis), gy_owner, _rfft2, xp, gya[sl], basis)  # (S', f', n, m//2+1)
+            xf = shared(_key("x", basis), x_owner, _rfft2, xp, xa[sl], basis)  # (S', f, n, m//2+1)
             a = _to_frequency_major(xp, gyf, "lhs", swap=True, conj=True)    # (F, f', S'), conj(GY)^T
             b = _to_frequency_major(xp, xf, "rhs")                           # (F, S', f)
             if k == 0:
@@ -165,7 +159,10 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
 # -- steps of the pipeline ------------------------------------------------------------------
 
 def _rfft2(xp, a, basis):
-    """a (p, q, <=n, <=m) float32 -> (p, q, n, m//2+1) complex64, zero-extended to the basis by s=."""
+    """a (p, q, <=n, <=m) float32 -> (p, q, n, m//2+1) complex64, zero-extended to the basis by s=.
+
+    A fresh array, never a scratch buffer: reuse_spectra() may keep it for a later pass.
+    """
     # NumPy < 2 returns complex128 for float32 input; astype is a no-op where it is complex64.
     return xp.fft.rfft2(a, s=basis).astype(np.complex64, copy=False)
 
@@ -226,16 +223,16 @@ def _cgemm(xp, a, b, role, how):
     """a (F, p, r) @ b (F, r, q) -> scratch (F, p, q) for every frequency; `how` is one of GEMMS."""
     c = _scratch(xp, role, (a.shape[0], a.shape[1], b.shape[2]), np.complex64)
     if how == "batched":       # one call: cublasCgemmStridedBatched on the GPU
-        xp.matmul(a, b, out=c)
+        cgemm.matmul(xp, a, b, out=c)
     elif how == "loop":        # one cublasCgemm per frequency, issued from the host
         for k in range(a.shape[0]):
-            xp.matmul(a[k], b[k], out=c[k])
+            cgemm.matmul(xp, a[k], b[k], out=c[k])
     elif how == "gauss":       # three real batched GEMMs instead of four (Gauss's trick)
         ar, ai = xp.ascontiguousarray(a.real), xp.ascontiguousarray(a.imag)
         br, bi = xp.ascontiguousarray(b.real), xp.ascontiguousarray(b.imag)
-        t1 = xp.matmul(ar + ai, br)              # ar br + ai br
-        t2 = xp.matmul(ar, bi - br)              # ar bi - ar br
-        t3 = xp.matmul(ai, br + bi)              # ai br + ai bi
+        t1 = cgemm.matmul(xp, ar + ai, br)              # ar br + ai br
+        t2 = cgemm.matmul(xp, ar, bi - br)              # ar bi - ar br
+        t3 = cgemm.matmul(xp, ai, br + bi)              # ai br + ai bi
         xp.subtract(t1, t3, out=c.real)          # ar br - ai bi
         xp.add(t1, t2, out=c.imag)               # ar bi + ai br
     else:
@@ -281,52 +278,11 @@ def release_buffers():
     _scratch_buffers.clear()
 
 
-# -- spectra shared across passes -----------------------------------------------------------
+# -- spectra shared across passes (backends/reuse.py) ---------------------------------------
 
-class StepCache:
-    """Spectra of one training step's arrays, keyed by a tag and the array object's identity."""
-
-    def __init__(self):
-        self._entries = {}
-        self.hits = self.misses = 0
-
-    def get(self, tag, owner, compute):
-        """compute()'s spectrum of `owner` under `tag`, computed on the first request only."""
-        entry = self._entries.get((tag, id(owner)))
-        if entry is not None and entry[0] is owner:
-            self.hits += 1
-            return entry[1]
-        self.misses += 1
-        spectrum = compute()
-        self._entries[(tag, id(owner))] = (owner, spectrum)   # holding owner keeps its id unique
-        return spectrum
-
-
-_step_cache = None
-
-
-@contextlib.contextmanager
-def reuse_spectra():
-    """Within the block, passes share the spectra of the same x, w and gy objects (module docstring).
-
-    Arrays must not be modified in place inside the block. Yields the StepCache (hits, misses).
-    """
-    global _step_cache
-    outer, _step_cache = _step_cache, StepCache()
-    try:
-        yield _step_cache
-    finally:
-        _step_cache = outer
-
-
-def _shared(tag, owner, spectrum, *args):
-    """spectrum(*args), or the one already computed for `owner` in this reuse_spectra() block.
-
-    owner None: a chunk of the batch, never shared.
-    """
-    if _step_cache is None or owner is None:
-        return spectrum(*args)
-    return _step_cache.get(tag, owner, lambda: spectrum(*args))
+def _key(role, basis, offset=(0, 0)):
+    """The reuse key of a spectrum: x and gy sit at offset 0; w is shifted by (-ph, -pw)."""
+    return Key("cufft", role, tuple(basis), offset)
 
 
 # -- basis sizes, configurations and tuning --------------------------------------------------
@@ -411,9 +367,7 @@ def _tune(xp, g, run):
     Spectrum sharing is off while timing (every candidate must pay for its FFTs). The winner must
     agree with the default configuration to TUNE_CHECK_TOL, else the default is kept.
     """
-    global _step_cache
-    outer, _step_cache = _step_cache, None
-    try:
+    with suspended():
         default = default_config(g)
         n0, m0 = min_basis(g)
         best = tuning.fastest([dict(default, basis=[n, default["basis"][1]]) for n in basis_sizes(n0)],
@@ -424,13 +378,12 @@ def _tune(xp, g, run):
         if best != default:
             reference, got = run(default), run(best)
             err = float(xp.linalg.norm(got - reference)) / max(float(xp.linalg.norm(reference)), 1e-30)
-            if not err <= TUNE_CHECK_TOL:
+            tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else TUNE_CHECK_TOL
+            if not err <= tol:
                 warnings.warn(f"cufft tuning: {best} differs from {default} by {err:.2e} "
-                              f"(> {TUNE_CHECK_TOL}) on geometry {tuple(g)}; keeping the default")
+                              f"(> {tol}) on geometry {tuple(g)}; keeping the default")
                 return default
         return best
-    finally:
-        _step_cache = outer
 
 
 def _gemm_forms(config):

@@ -14,8 +14,14 @@ kernel, no crop.
 
 Basis: the smallest power of two n >= max(h + ph, kh, oh) and >= max(w + pw, kw, ow): the zero
 rows past the input serve as bottom padding and, wrapped around, as top padding (the cufft
-backend's docstring has the argument). The kernels implement n <= 64; supports() is False
+backend's docstring has the argument). The kernels implement n <= 128; supports() is False
 beyond that or for strides other than 1.
+
+Reuse across passes, as in cufft: within `with backends.reuse_spectra():` fprop's weight
+spectrum serves bprop, and fprop's input spectrum and bprop's gradient spectrum serve accGrad
+(6 forward FFTs per layer and step become 3; backends/reuse.py). fprop's conj(W)^T is derived
+from the raw weight spectrum each call, so the kept spectrum is the one bprop multiplies by.
+Whole-batch spectra only: a chunked pass keeps none.
 
 On the CPU the same passes run on the NumPy model of the kernels (fbfft_model), so CI checks
 the padding, layout and clipping arithmetic that the GPU runs.
@@ -24,8 +30,9 @@ import os
 
 import numpy as np
 
-from . import fbfft_model
+from . import cgemm, fbfft_model
 from .common import check_arrays, check_output_shape, geometry, valid_geometry
+from .reuse import Key, shared
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
 # oh x ow output, n x n Fourier basis, F = n*(n//2+1) frequencies (Hermitian half)
@@ -42,7 +49,7 @@ def basis(g):
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
-    """Stride 1, any zero padding, and a basis of at most 64 x 64."""
+    """Stride 1, any zero padding, and a basis of at most 128 x 128."""
     g = valid_geometry(x_shape, w_shape, stride, padding)
     return g is not None and (g.sh, g.sw) == (1, 1) and basis(g) is not None
 
@@ -84,19 +91,35 @@ def _batch_chunks(g, n, planes_per_image):
     return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
 
 
+def _spectrum(fft, a, n, offset):
+    """a (p, q, h, w) planes placed at `offset` of the n x n basis -> (F, p, q), frequency-major.
+
+    A fresh array from the FFT kernel, never a scratch buffer: reuse_spectra() may keep it.
+    """
+    p, q, h, w = a.shape
+    return fft(a.reshape(p * q, h, w), n, offset).reshape(n * (n // 2 + 1), p, q)
+
+
+def _key(role, n, offset=(0, 0)):
+    """The reuse key of a spectrum: x sits at (ph, pw) of the basis, w and gy at the origin."""
+    return Key("fbfft", role, (n, n), offset)
+
+
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw)."""
-    xp, x, w = check_arrays(x=x, w=w)
+    xp, xa, wa = check_arrays(x=x, w=w)
     g, n = _geometry(x.shape, w.shape, stride, padding)
     fft, ifft = _kernels(xp)
-    F = n * (n // 2 + 1)
-    wf = fft(w.reshape(g.fo * g.f, g.kh, g.kw), n, (0, 0)).reshape(F, g.fo, g.f)
+    pad = (g.ph, g.pw)
+    wf = shared(_key("w", n), w, _spectrum, fft, wa, n, (0, 0))              # (F, f', f), kept for bprop
     wct = xp.ascontiguousarray(xp.conj(wf).transpose(0, 2, 1))               # (F, f, f'), conj(W)^T
     y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
-    for sl in _batch_chunks(g, n, g.f + g.fo):
+    chunks = _batch_chunks(g, n, g.f + g.fo)
+    for sl in chunks:
         s = sl.stop - sl.start
-        xf = fft(x[sl].reshape(s * g.f, g.h, g.w), n, (g.ph, g.pw)).reshape(F, s, g.f)
-        yf = xp.matmul(xf, wct)                                              # (F, S', f')
+        owner = x if len(chunks) == 1 else None
+        xf = shared(_key("x", n, pad), owner, _spectrum, fft, xa[sl], n, pad)  # (F, S', f)
+        yf = cgemm.matmul(xp, xf, wct)                                              # (F, S', f')
         ifft(yf.reshape(n, n // 2 + 1, s * g.fo), n, (g.oh, g.ow), (0, 0),
              out=y[sl].reshape(s * g.fo, g.oh, g.ow))
     return y
@@ -104,17 +127,18 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
 
 def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     """gx (S, f, h, w): gradient w.r.t. the input of fprop (a full convolution of gy with w)."""
-    xp, gy, w = check_arrays(gy=gy, w=w)
+    xp, gya, wa = check_arrays(gy=gy, w=w)
     g, n = _geometry(x_shape, w.shape, stride, padding)
-    check_output_shape("gy", gy, g, (g.oh, g.ow))
+    check_output_shape("gy", gya, g, (g.oh, g.ow))
     fft, ifft = _kernels(xp)
-    F = n * (n // 2 + 1)
-    wf = fft(w.reshape(g.fo * g.f, g.kh, g.kw), n, (0, 0)).reshape(F, g.fo, g.f)
+    wf = shared(_key("w", n), w, _spectrum, fft, wa, n, (0, 0))              # (F, f', f)
     gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
-    for sl in _batch_chunks(g, n, g.f + g.fo):
+    chunks = _batch_chunks(g, n, g.f + g.fo)
+    for sl in chunks:
         s = sl.stop - sl.start
-        gyf = fft(gy[sl].reshape(s * g.fo, g.oh, g.ow), n, (0, 0)).reshape(F, s, g.fo)
-        gxf = xp.matmul(gyf, wf)                                             # (F, S', f)
+        owner = gy if len(chunks) == 1 else None
+        gyf = shared(_key("gy", n), owner, _spectrum, fft, gya[sl], n, (0, 0))  # (F, S', f')
+        gxf = cgemm.matmul(xp, gyf, wf)                                             # (F, S', f)
         # The input sat at (ph, pw) in fprop's basis: its gradient is read back from there.
         ifft(gxf.reshape(n, n // 2 + 1, s * g.f), n, (g.h, g.w), (g.ph, g.pw),
              out=gx[sl].reshape(s * g.f, g.h, g.w))
@@ -123,17 +147,18 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
 
 def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch."""
-    xp, gy, x = check_arrays(gy=gy, x=x)
+    xp, gya, xa = check_arrays(gy=gy, x=x)
     g, n = _geometry(x.shape, w_shape, stride, padding)
-    check_output_shape("gy", gy, g, (g.oh, g.ow))
+    check_output_shape("gy", gya, g, (g.oh, g.ow))
     fft, ifft = _kernels(xp)
-    F = n * (n // 2 + 1)
+    pad = (g.ph, g.pw)
     gwf = None
-    for sl in _batch_chunks(g, n, g.f + g.fo):
-        s = sl.stop - sl.start
-        gyf = fft(gy[sl].reshape(s * g.fo, g.oh, g.ow), n, (0, 0)).reshape(F, s, g.fo)
-        xf = fft(x[sl].reshape(s * g.f, g.h, g.w), n, (g.ph, g.pw)).reshape(F, s, g.f)
-        part = xp.matmul(xp.conj(gyf).transpose(0, 2, 1), xf)               # (F, f', f)
+    chunks = _batch_chunks(g, n, g.f + g.fo)
+    for sl in chunks:
+        gy_owner, x_owner = (gy, x) if len(chunks) == 1 else (None, None)
+        gyf = shared(_key("gy", n), gy_owner, _spectrum, fft, gya[sl], n, (0, 0))  # (F, S', f')
+        xf = shared(_key("x", n, pad), x_owner, _spectrum, fft, xa[sl], n, pad)  # (F, S', f)
+        part = cgemm.matmul(xp, xp.conj(gyf).transpose(0, 2, 1), xf)               # (F, f', f)
         gwf = part if gwf is None else gwf + part                            # summed over S-chunks
     gw = ifft(xp.ascontiguousarray(gwf).reshape(n, n // 2 + 1, g.fo * g.f), n, (g.kh, g.kw), (0, 0))
     return gw.reshape(tuple(w_shape))

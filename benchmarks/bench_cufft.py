@@ -15,6 +15,13 @@ Writes results/<device>/bench_cufft.json and .md: median ms per pass; cufft's ba
 form; speed-ups of cufft over cuDNN strict and TF32; TRED/s, the paper's Table 4 metric
 (S f f' kh kw oh ow / time, in 10^12 per second); the extra device memory each pass needs
 beyond its inputs (allocator high-water mark); relative errors against float64.
+
+Both independent passes (as the paper timed them) and the fused training step: a second table
+times, per layer, fprop + bprop + accGrad as one step inside backends.reuse_spectra() (bprop
+reuses fprop's weight spectrum, accGrad fprop's input and bprop's gradient spectra, as in
+train.py) against the sum of the three independent passes, for cufft and for fbfft where it
+supports the layer, with cuDNN strict's three passes beside them. The fused step's results are
+checked against float64 too.
 """
 import argparse
 import os
@@ -50,6 +57,7 @@ LAYERS = {
 }
 QUICK = ("table4.L4", "table4.L5", "alexnet.conv3")
 IMPLS = ("cufft", "gemm", "cudnn_strict", "cudnn_tf32")
+STEP_IMPLS = ("cufft", "fbfft")    # FFT backends timed as a fused step (fbfft where it supports the layer)
 PASSES = ("fprop", "bprop", "accgrad")
 # Largest relative error against float64 that counts as correct (TF32 keeps 10 mantissa bits).
 TOLERANCE = {"cufft": 1e-4, "gemm": 1e-4, "cudnn_strict": 1e-4, "cudnn_tf32": 1e-2}
@@ -61,6 +69,12 @@ MARKDOWN_COLUMNS = [
     ("x strict", "speedup_strict", ".2f"), ("x TF32", "speedup_tf32", ".2f"),
     ("TRED/s", "tred_cufft", ".2f"), ("cufft MiB", "mib_cufft", ".0f"),
     ("cuDNN strict MiB", "mib_cudnn_strict", ".0f"), ("cufft err", "err_cufft", ".1e"),
+]
+STEP_COLUMNS = [
+    ("layer", "layer", ""), ("backend", "backend", ""),
+    ("3 passes ms", "ms_passes", ".3f"), ("step ms", "ms_step", ".3f"), ("x passes", "speedup_step", ".2f"),
+    ("spectra reused", "hits", ""), ("cuDNN strict 3 passes ms", "ms_cudnn_strict", ".3f"),
+    ("step x strict", "speedup_strict", ".2f"), ("err", "err_max", ".1e"),
 ]
 
 
@@ -88,6 +102,14 @@ def parse_args():
     return args
 
 
+STEP_NOTES = ("Fused training step (second table): the three passes run back to back inside "
+              "backends.reuse_spectra(), as train.py runs them; 3 passes ms = the sum of the independent "
+              "passes' medians (first table for cufft); x passes = 3 passes ms / step ms; spectra reused = "
+              "FFTs the step did not recompute (3 when every pass is unchunked on one basis); step x "
+              "strict = cuDNN strict's three passes / step ms; err = the largest relative error of the "
+              "independent and fused results against float64.")
+
+
 # PyTorch's TF32 settings as the process started (filled in by main), restored for cudnn_tf32.
 TORCH_TF32_DEFAULTS = {}
 
@@ -98,6 +120,7 @@ def bench_layer(name, args, tqdm_bar):
     import torch
     import torch.nn.functional as TF
 
+    import backends
     from backends import cufft, gemm
 
     f, fo, hw, k, p = LAYERS[name]
@@ -122,6 +145,11 @@ def bench_layer(name, args, tqdm_bar):
                 "bprop": lambda: backend.bprop(gy, w, x.shape, stride, pad),
                 "accgrad": lambda: backend.accgrad(gy, x, w.shape, stride, pad)}
 
+    def rel_err(got, pass_name):
+        got = torch.from_dlpack(got) if not isinstance(got, torch.Tensor) else got
+        ref = reference[pass_name]
+        return float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))
+
     cudnn = {"fprop": lambda: TF.conv2d(xt, wt, padding=pad),
              "bprop": lambda: torch.nn.grad.conv2d_input(xt.shape, wt, gyt, padding=pad),
              "accgrad": lambda: torch.nn.grad.conv2d_weight(xt, wt.shape, gyt, padding=pad)}
@@ -141,12 +169,9 @@ def bench_layer(name, args, tqdm_bar):
             fn, row = fns[pn], rows[pn]
             start = time.perf_counter()
             got = fn()                                   # cufft tunes on this first call
-            got = torch.from_dlpack(got) if lib == "cupy" else got
             torch.cuda.synchronize()
             row[f"first_call_s_{impl}"] = time.perf_counter() - start
-            ref = reference[pn]
-            row[f"err_{impl}"] = float(torch.linalg.vector_norm(got.double() - ref)
-                                       / torch.linalg.vector_norm(ref))
+            row[f"err_{impl}"] = rel_err(got, pn)
             del got
             row[f"ms_{impl}"] = median_ms(fn, lib, args.warmup, args.repeat)
             if impl == "cufft":
@@ -163,7 +188,48 @@ def bench_layer(name, args, tqdm_bar):
         row["speedup_strict"] = row["ms_cudnn_strict"] / row["ms_cufft"]
         row["speedup_tf32"] = row["ms_cudnn_tf32"] / row["ms_cufft"]
         row["tred_cufft"] = reductions / (row["ms_cufft"] * 1e-3) / 1e12
-    return list(rows.values())
+
+    # The fused step: cufft's independent passes were timed above; fbfft's are timed here.
+    step_rows = []
+    for impl in STEP_IMPLS:
+        backend = backends.get(impl)
+        if not backend.supports(x.shape, w.shape, stride, pad):
+            continue
+        tqdm_bar.set_postfix_str(f"{name} {impl} step")
+        errs = [rows[pn]["err_cufft"] for pn in PASSES] if impl == "cufft" else []
+        if impl == "cufft":
+            passes_ms = [rows[pn]["ms_cufft"] for pn in PASSES]
+        else:
+            passes_ms = []
+            for pn, fn in ours(backend).items():
+                errs.append(rel_err(fn(), pn))
+                passes_ms.append(median_ms(fn, "cupy", args.warmup, args.repeat))
+        outputs, cache = fused_step(backend, x, w, gy, stride, pad)
+        errs += [rel_err(out, pn) for out, pn in zip(outputs, PASSES)]
+        del outputs
+        ms_step = median_ms(lambda: fused_step(backend, x, w, gy, stride, pad), "cupy", args.warmup, args.repeat)
+        strict = sum(rows[pn]["ms_cudnn_strict"] for pn in PASSES)
+        step_rows.append({"layer": name, "backend": impl, "ms_passes": sum(passes_ms),
+                          **{f"ms_{pn}": ms for pn, ms in zip(PASSES, passes_ms)},
+                          "ms_step": ms_step, "speedup_step": sum(passes_ms) / ms_step, "hits": cache.hits,
+                          "ms_cudnn_strict": strict, "speedup_strict": strict / ms_step, "err_max": max(errs)})
+        if impl == "cufft":
+            cufft.release_buffers()
+        cp.get_default_memory_pool().free_all_blocks()
+    return list(rows.values()), step_rows
+
+
+def fused_step(backend, x, w, gy, stride, padding):
+    """fprop, bprop and accGrad of one layer as a training step runs them, in one reuse_spectra()
+    block: bprop reuses fprop's weight spectrum, accGrad fprop's x and bprop's gy spectra.
+
+    Returns ((y, gx, gw), the block's StepCache).
+    """
+    import backends
+    with backends.reuse_spectra() as cache:
+        out = (backend.fprop(x, w, stride, padding), backend.bprop(gy, w, x.shape, stride, padding),
+               backend.accgrad(gy, x, w.shape, stride, padding))
+    return out, cache
 
 
 def main():
@@ -187,21 +253,28 @@ def main():
                       cufft_tune=os.environ.get("MINITORCH_CUFFT_TUNE", "auto"),
                       cupy_tf32=os.environ.get("CUPY_TF32", "0"))
 
-    rows = []
+    rows, step_rows = [], []
     bar = tqdm(args.names, desc="layers")
     for name in bar:
-        rows += bench_layer(name, args, bar)
+        layer_rows, layer_step_rows = bench_layer(name, args, bar)
+        rows += layer_rows
+        step_rows += layer_step_rows
 
     failures = [f"{r['layer']} {r['pass']} {impl}: rel err {r[f'err_{impl}']:.1e} > {TOLERANCE[impl]}"
                 for r in rows for impl in IMPLS if not r[f"err_{impl}"] <= TOLERANCE[impl]]
+    failures += [f"{r['layer']} {r['backend']} (passes or fused step): rel err {r['err_max']:.1e} > "
+                 f"{TOLERANCE['cufft']}" for r in step_rows if not r["err_max"] <= TOLERANCE["cufft"]]
     notes = ("Median ms of CUDA events; x strict / x TF32 = cuDNN time / cufft time; TRED/s in "
              "10^12 equivalent time-domain reductions per second; MiB = device memory a pass needs "
-             "beyond its inputs (output included); err = relative error of cufft against float64.")
+             "beyond its inputs (output included); err = relative error of cufft against float64.\n\n"
+             + STEP_NOTES)
     if failures:
         notes += "\n\nFAILED correctness checks:\n" + "\n".join(f"- {f}" for f in failures)
     paths = write_results("bench_cufft", meta, rows, MARKDOWN_COLUMNS,
                           title=f"cufft vs gemm vs cuDNN, batch {args.batch}, {device}",
-                          notes=notes, out_dir=args.out)
+                          notes=notes, out_dir=args.out,
+                          sections=[("Fused training step: fprop + bprop + accGrad", step_rows, STEP_COLUMNS)],
+                          extra={"step_rows": step_rows})
     print("\n".join(str(p) for p in paths))
     if failures:
         sys.exit("correctness check failed:\n" + "\n".join(failures))

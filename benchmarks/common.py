@@ -107,17 +107,20 @@ def markdown_table(rows, columns):
     return "\n".join(lines)
 
 
-def write_results(name, meta, rows, columns, title, notes="", out_dir=RESULTS_DIR):
+def write_results(name, meta, rows, columns, title, notes="", out_dir=RESULTS_DIR, sections=(), extra=None):
     """Write out_dir/<device slug>/<name>.json (meta + rows) and .md (provenance + table).
 
-    Returns the two paths.
+    sections: more Markdown tables after the main one, as (heading, rows, columns); extra: more
+    top-level JSON keys (a section's rows among them). Returns the two paths.
     """
     folder = Path(out_dir) / slug(meta["device"])
     folder.mkdir(parents=True, exist_ok=True)
     json_path, md_path = folder / f"{name}.json", folder / f"{name}.md"
-    json_path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    json_path.write_text(json.dumps({"meta": meta, "rows": rows, **(extra or {})}, indent=1) + "\n")
     header = [f"# {title}", ""]
     header += [f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in meta.items()]
     body = [markdown_table(rows, columns)]
+    for heading, section_rows, section_columns in sections:
+        body += ["", f"## {heading}", "", markdown_table(section_rows, section_columns)]
     md_path.write_text("\n".join(header + ["", notes.strip(), ""] + body) + "\n")
     return json_path, md_path

@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.paper import conv_layers
 
 
@@ -16,7 +18,7 @@ def test_conv_layers_trace_the_papers_networks():
 
 
 def test_help_works_without_a_gpu():
-    for script in ("benchmarks/paper.py", "benchmarks/bench_cufft.py"):
+    for script in ("benchmarks/paper.py", "benchmarks/bench_cufft.py", "benchmarks/bench_fbfft_vs_cufft.py"):
         p = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
         assert p.returncode == 0 and "usage" in p.stdout, p.stderr
 
@@ -62,3 +64,90 @@ def test_sweep_report_summarises_where_fft_wins(tmp_path, monkeypatch):
     assert (tmp_path / "sweep_vs_cudnn.png").exists() and (tmp_path / "sweep_vs_gemm.png").exists()
     rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ") and "x |" in line}
     assert "| 0 (0%) |" in rows["3"] and "(100%) | 4.00x | 4.00x | 1 |" in rows["9"]
+
+
+def fbfft_vs_cufft_rows(speedups, ok=True):
+    """Made-up rows (a test's inputs, never results): x in {13, 32}, p in {16, 64}, speed-up per pass."""
+    from benchmarks import bench_fbfft_vs_cufft as bench
+    return [{"x": x, "p": p, "pass": pn, "ms_fbfft": 1.0, "ms_cufft": speedups[pn], "speedup": speedups[pn],
+             "basis_fbfft": "16x16", "basis_cufft": "15x15", "gemm_cufft": "batched",
+             "err_fbfft": 1e-7 if ok else 0.5, "err_cufft": 1e-7, "ok": ok}
+            for x, p in ((13, 16), (32, 64)) for pn in bench.PASSES]
+
+
+def test_fbfft_vs_cufft_summary_and_report(tmp_path):
+    """Speed-ups 2, 1, 4 (fprop, bprop, accGrad): mean 7/3, geometric mean 2; a row that failed its
+    check stays out of the summary; the report quotes the paper and says the target is met."""
+    import json
+    import statistics
+
+    from benchmarks import bench_fbfft_vs_cufft as bench
+    from benchmarks.common import provenance
+    rows = fbfft_vs_cufft_rows({"fprop": 2.0, "bprop": 1.0, "accgrad": 4.0})
+    rows += fbfft_vs_cufft_rows({"fprop": 100.0, "bprop": 100.0, "accgrad": 100.0}, ok=False)
+    summary = bench.summarize(rows)
+    assert summary["all"]["n"] == 6 and abs(summary["all"]["mean"] - 7 / 3) < 1e-12
+    assert abs(summary["all"]["geomean"] - 2.0) < 1e-12
+    assert (summary["all"]["min"], summary["all"]["max"]) == (1.0, 4.0)
+    assert abs(summary["all"]["std"] - statistics.stdev([2, 1, 4] * 2)) < 1e-12
+    assert summary["accgrad"] == {"n": 2, "mean": 4.0, "std": 0.0, "geomean": 4.0, "min": 4.0, "max": 4.0}
+
+    meta = provenance("Test GPU 0")
+    json_path, md_path, png_path = bench.write_report(meta, rows, tmp_path, failures=["x=13 p=16 fprop fbfft"])
+    assert json_path.parent == tmp_path / "test-gpu-0" and png_path.stat().st_size > 0
+    data = json.loads(json_path.read_text())
+    assert data["target_met"] is True and data["summary"]["all"]["n"] == 6 and len(data["rows"]) == 12
+    assert data["paper_quoted"]["mean"] == 1.51 and data["paper_quoted"]["min"] == 1.21
+    md = md_path.read_text()
+    assert "| all passes | 6 | 2.33 | 1.37 | 2.00 | 1.00 | 4.00 |" in md
+    assert "| paper §5.4 (quoted, not measured) |  | 1.51 | 0.21 | 1.49 | 1.21 |  |" in md
+    assert "overall mean speedup of 1.51× with standard deviation 0.21" in md
+    assert "**met**: measured mean 2.33x" in md and "6 row(s) failed the float64 check" in md
+    assert "- x=13 p=16 fprop fbfft" in md and "- command: `" in md and "- date: " in md
+    assert "| 32 | 64 | accgrad | 1.000 | 4.000 | 4.00 | 16x16 | 15x15 | batched |" in md
+
+    missed = bench.summary_notes(bench.summarize(fbfft_vs_cufft_rows(dict.fromkeys(bench.PASSES, 1.2))), [])
+    assert "**missed**: measured mean 1.20x" in missed
+
+
+def test_fbfft_vs_cufft_configurations():
+    from benchmarks import bench_fbfft_vs_cufft as bench
+    assert len(bench.parse_args([]).configs) == 24                     # the paper's 6 sizes x 4 problems
+    assert sorted(bench.parse_args(["--quick"]).configs) == [(13, 16), (13, 128), (32, 16), (32, 128),
+                                                             (64, 16), (64, 128)]
+    assert bench.parse_args(["--sizes", "27", "--planes", "32,64"]).configs == [(27, 32), (27, 64)]
+    for bad in (["--sizes", "2"], ["--planes", "x"], ["--repeat", "0"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+
+
+@pytest.mark.parametrize("name", ["cufft", "fbfft"])
+def test_bench_cufft_fused_step_runs_the_three_passes_sharing_spectra(name):
+    """The fused step bench_cufft times: right against float64, 3 FFTs saved, the block closed."""
+    import numpy as np
+
+    import backends
+    from benchmarks.bench_cufft import fused_step
+    from reference import conv_reference, rel_error
+    rng = np.random.default_rng(0)
+    x, w, gy = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 9, 9), (4, 3, 3, 3), (2, 4, 9, 9)))
+    outputs, cache = fused_step(backends.get(name), x, w, gy, (1, 1), (1, 1))
+    assert cache.hits == 3 and len(cache) == 0 and backends.reuse.active() is None
+    for got, ref in zip(outputs, conv_reference(x, w, gy, (1, 1), (1, 1)), strict=True):
+        assert rel_error(got, ref) < 1e-5
+
+
+def test_bench_cufft_writes_the_fused_step_table(tmp_path):
+    import json
+
+    from benchmarks import bench_cufft
+    from benchmarks.common import provenance, write_results
+    step_rows = [{"layer": "table4.L5", "backend": "fbfft", "ms_passes": 3.0, "ms_step": 2.0, "speedup_step": 1.5,
+                  "hits": 3, "ms_cudnn_strict": 4.0, "speedup_strict": 2.0, "err_max": 1e-6}]   # made up
+    json_path, md_path = write_results("bench_cufft", provenance("Test GPU 0"), [], bench_cufft.MARKDOWN_COLUMNS,
+                                       "t", out_dir=tmp_path, extra={"step_rows": step_rows},
+                                       sections=[("Fused training step", step_rows, bench_cufft.STEP_COLUMNS)])
+    assert json.loads(json_path.read_text())["step_rows"] == step_rows
+    md = md_path.read_text()
+    assert "## Fused training step" in md
+    assert "| table4.L5 | fbfft | 3.000 | 2.000 | 1.50 | 3 | 4.000 | 2.00 | 1.0e-06 |" in md

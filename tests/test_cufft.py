@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends import cufft, tuning
+from backends import cufft, reuse, tuning
 from backends.common import geometry
 from conftest import DEVICES
 from minitorch_fft.device import get_array_module, to_device
@@ -235,7 +235,7 @@ def test_reuse_spectra_gives_identical_results(rng, device):
         shared = (cufft.fprop(xd, wd, padding=(1, 2)), cufft.bprop(gy, wd, x.shape, padding=(1, 2)),
                   cufft.accgrad(gy, xd, w.shape, padding=(1, 2)))
     assert (cache.misses, cache.hits) == (3, 3)   # FFT of x, w, gy once each; w, gy, x reused
-    assert cufft._step_cache is None
+    assert reuse.active() is None and len(cache) == 0
     for a, b in zip(plain, shared, strict=True):
         np.testing.assert_array_equal(a, to_device(b, "cpu"))
 

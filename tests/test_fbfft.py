@@ -43,9 +43,11 @@ def test_supports_and_basis():
     assert fbfft.basis(backends.geometry((1, 1, 13, 13), (1, 1, 3, 3), 1, 1)) == 16
     assert fbfft.basis(backends.geometry((1, 1, 27, 27), (1, 1, 5, 5), 1, 2)) == 32
     assert not fbfft.supports((1, 1, 13, 13), (1, 1, 3, 3), (2, 2), (1, 1))      # strided
-    assert not fbfft.supports((1, 1, 64, 64), (1, 1, 9, 9), (1, 1), (1, 1))      # basis 128
-    with pytest.raises(ValueError, match="kernels go up to 64"):
-        fbfft.fprop(np.ones((1, 1, 70, 70), np.float32), np.ones((1, 1, 3, 3), np.float32))
+    assert fbfft.basis(backends.geometry((1, 1, 64, 64), (1, 1, 9, 9), 1, 1)) == 128
+    assert fbfft.supports((1, 1, 64, 64), (1, 1, 9, 9), (1, 1), (1, 1))          # basis 128
+    assert not fbfft.supports((1, 1, 128, 128), (1, 1, 3, 3), (1, 1), (1, 1))    # basis 256
+    with pytest.raises(ValueError, match="kernels go up to 128"):
+        fbfft.fprop(np.ones((1, 1, 130, 130), np.float32), np.ones((1, 1, 3, 3), np.float32))
     with pytest.raises(ValueError, match="stride 1 only"):
         fbfft.fprop(np.ones((1, 1, 9, 9), np.float32), np.ones((1, 1, 3, 3), np.float32), stride=(2, 2))
     assert "fbfft" in backends.names()

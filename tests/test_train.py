@@ -1,4 +1,5 @@
 """train.py end to end: the default run, checkpoints, resume, and bad input."""
+import contextlib
 import json
 import os
 import subprocess
@@ -7,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+import backends
 import minitorch_fft as mt
 import models
 import train
@@ -89,3 +91,30 @@ def test_imagefolder_and_cifar10_read_local_files(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     p = run_train("--data", f"cifar10:{tmp_path / 'empty'}", "--model", "alexnet", check=False)
     assert p.returncode == 2 and "no CIFAR-10 found" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("backend", ["cufft", "fbfft"])
+def test_steps_share_spectra_by_default_and_it_changes_nothing(backend, monkeypatch, capsys):
+    """Every step runs in its own reuse_spectra() block, where the digits net's two conv layers
+    save 4 FFTs (conv2: w, x, gy; conv1, whose image wants no gradient: x), and the run equals
+    one with --no-reuse-spectra bit for bit."""
+    caches, real = [], backends.reuse_spectra
+
+    @contextlib.contextmanager
+    def recording():
+        with real() as cache:
+            yield cache
+        caches.append(cache)
+
+    def run(*extra):
+        assert train.main(["--no-progress", "--backend", backend, "--data", "fake", "--fake-size", "48",
+                           "--batch-size", "16", "--epochs", "2", *extra]) == 0
+        return json.loads(capsys.readouterr().out.splitlines()[-1])
+
+    monkeypatch.setattr(backends, "reuse_spectra", recording)
+    shared = run()
+    assert shared["reuse_spectra"] and len(caches) == 2 * 3                       # 2 epochs x 3 batches
+    assert [c.hits for c in caches] == [4] * 6
+    plain = run("--no-reuse-spectra")
+    assert not plain["reuse_spectra"] and len(caches) == 6                        # no block this time
+    assert shared["history"] == plain["history"]

@@ -1,0 +1,115 @@
+"""Spectra shared across the passes of one training step, for both FFT backends (cufft, fbfft).
+
+Within one step a layer's three passes transform the same arrays:
+
+  fprop    FFT(x)   FFT(w)
+  bprop    FFT(gy)  FFT(w)      <- fprop's
+  accGrad  FFT(gy)  FFT(x)      <- bprop's, fprop's
+
+Inside `with backends.reuse_spectra():` each is computed once, so 6 forward FFTs per layer and
+step become 3. Layers need no change; the training loop wraps one step, forward and backward
+(train.py does by default; --no-reuse-spectra turns it off):
+
+    with backends.reuse_spectra():
+        loss = criterion(model(x), y)
+        loss.backward()
+    optimizer.step()              # after the block: it changes the weights in place
+
+A spectrum is found again by the identity of the array it was computed from and by a Key: the
+backend (cufft and fbfft lay spectra out differently, and cufft scales the weight's), the role
+(x, w, gy), the basis, and the offset at which the array sits in the basis (fbfft places x at
+(ph, pw); cufft shifts w by (-ph, -pw)). Passes that differ in any of these compute their own:
+under `auto` a layer's passes share spectra only where consecutive passes run on the same FFT
+backend and basis (a tuned cufft pass may pick its own basis).
+
+Hazards:
+- Arrays must not be modified in place inside the block: the key is the object, not its values.
+- Only whole-batch spectra are shared; a pass that splits its batch into chunks computes each
+  chunk's spectrum and keeps none.
+- A spectrum is handed out once more, then dropped: in a step each has one later consumer (w in
+  bprop, x and gy in accGrad), and dropping it there keeps alive only the spectra still to come.
+- Memory: between a layer's forward and its backward, its x and w spectra stay alive. A weight
+  spectrum is the large one: n*(m//2+1) complex64 values per kh x kw float32 kernel.
+- Tuners time candidates with sharing suspended(), so each candidate pays for its own FFTs.
+"""
+import contextlib
+from collections import namedtuple
+
+# backend "cufft" | "fbfft", role "x" | "w" | "gy", basis (n, m), offset (rows, cols) in the basis
+Key = namedtuple("Key", "backend role basis offset")
+
+
+class StepCache:
+    """The spectra of one reuse_spectra() block, keyed by (Key, id(array)), with hit counts."""
+
+    def __init__(self):
+        self._entries = {}
+        self.hits = self.misses = 0
+        self.hit_keys = []            # the Key of every hit, in order (what was reused, and where)
+
+    def get(self, key, owner, compute):
+        """compute()'s spectrum of `owner` under `key`: computed and kept, or handed out and dropped."""
+        entry = self._entries.pop((key, id(owner)), None)
+        if entry is not None:
+            self.hits += 1
+            self.hit_keys.append(key)
+            return entry[1]
+        self.misses += 1
+        spectrum = compute()
+        self._entries[(key, id(owner))] = (owner, spectrum)   # holding owner keeps its id unique
+        return spectrum
+
+    def clear(self):
+        """Drop every kept spectrum (the counts stay)."""
+        self._entries.clear()
+
+    def __len__(self):
+        return len(self._entries)
+
+
+_active = None
+
+
+@contextlib.contextmanager
+def reuse_spectra():
+    """Within the block, FFT passes share the spectra of the same x, w and gy objects (module
+    docstring). Yields the block's StepCache (hits, misses); its spectra are dropped on exit."""
+    global _active
+    outer, _active = _active, StepCache()
+    try:
+        yield _active
+    finally:
+        _active.clear()
+        _active = outer
+
+
+@contextlib.contextmanager
+def suspended():
+    """No sharing inside the block (tuners: every timed candidate must pay for its FFTs)."""
+    global _active
+    outer, _active = _active, None
+    try:
+        yield
+    finally:
+        _active = outer
+
+
+def active():
+    """The current block's StepCache, or None outside reuse_spectra() (or while suspended)."""
+    return _active
+
+
+def drop():
+    """Free the current block's spectra (the out-of-memory fallback); later passes recompute."""
+    if _active is not None:
+        _active.clear()
+
+
+def shared(key, owner, compute, *args):
+    """compute(*args), or the spectrum already computed from `owner` under `key` in this block.
+
+    owner None: a chunk of the batch, never shared.
+    """
+    if _active is None or owner is None:
+        return compute(*args)
+    return _active.get(key, owner, lambda: compute(*args))

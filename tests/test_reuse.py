@@ -1,0 +1,220 @@
+"""Spectra shared across a training step's passes (backends/reuse.py), for cufft and fbfft.
+
+Every result under reuse_spectra() must equal, bit for bit, the result without it (the same
+FFTs on the same arrays, computed once instead of twice), and both must match PyTorch in float64.
+"""
+import numpy as np
+import pytest
+
+import backends
+import minitorch_fft as mt
+from backends import autotune, cufft, fbfft, reuse
+from backends.common import geometry
+from conftest import DEVICES
+from minitorch_fft.device import to_device
+from reference import conv_reference, rel_error
+
+FFT_BACKENDS = ["cufft", "fbfft"]
+
+
+@pytest.fixture(autouse=True)
+def untuned(tmp_path, monkeypatch):
+    """cufft untuned (its smallest basis), each test with its own tuning-cache file."""
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "autotune.json"))
+    monkeypatch.setattr(cufft, "TUNE", "off")
+
+
+def operands(shape_x=(3, 4, 9, 10), shape_w=(5, 4, 3, 3), padding=(1, 2), seed=0):
+    rng = np.random.default_rng(seed)
+    g = geometry(shape_x, shape_w, (1, 1), padding)
+    return tuple(rng.standard_normal(s).astype(np.float32)
+                 for s in (shape_x, shape_w, (g.S, g.fo, g.oh, g.ow)))
+
+
+def passes(backend, x, w, gy, padding):
+    """fprop, bprop, accGrad of one backend module, in the order a training step runs them."""
+    return (backend.fprop(x, w, padding=padding), backend.bprop(gy, w, x.shape, padding=padding),
+            backend.accgrad(gy, x, w.shape, padding=padding))
+
+
+def layer_step(backend, x, w, b, gy, padding, device):
+    """One layer's forward and backward through autograd: (y, dx, dw, db) on the host."""
+    layer = mt.SpatialConvolution(w.shape[1], w.shape[0], w.shape[2:], padding=padding, backend=backend)
+    layer.weight.data, layer.bias.data = to_device(w, device), to_device(b, device)
+    xt = mt.Tensor(to_device(x, device), requires_grad=True)
+    y = layer(xt)
+    (y * mt.Tensor(to_device(gy, device))).sum().backward()   # dL/dy = gy
+    return tuple(to_device(a, "cpu") for a in (y.data, xt.grad, layer.weight.grad, layer.bias.grad))
+
+
+def roles(cache):
+    return sorted((k.backend, k.role) for k in cache.hit_keys)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", FFT_BACKENDS)
+def test_a_layer_step_with_reuse_equals_one_without(name, device):
+    """A SpatialConvolution's forward and backward: identical results, three FFTs saved (w in
+    bprop, x and gy in accGrad), and nothing kept after the block."""
+    padding = (1, 2)
+    x, w, gy = operands(padding=padding)
+    b = np.random.default_rng(1).standard_normal(w.shape[0]).astype(np.float32)
+    plain = layer_step(name, x, w, b, gy, padding, device)
+    with backends.reuse_spectra() as cache:
+        shared = layer_step(name, x, w, b, gy, padding, device)
+    assert roles(cache) == [(name, "gy"), (name, "w"), (name, "x")]
+    assert (cache.hits, cache.misses) == (3, 3)
+    assert len(cache) == 0 and reuse.active() is None
+    for a, c in zip(plain, shared, strict=True):
+        np.testing.assert_array_equal(a, c)
+    y_ref, gx_ref, gw_ref = conv_reference(x, w, gy, (1, 1), padding)
+    for got, ref in zip(shared[:3], (y_ref + b.reshape(1, -1, 1, 1), gx_ref, gw_ref), strict=True):
+        assert rel_error(got, ref) < 1e-5
+
+
+@pytest.mark.parametrize("name", FFT_BACKENDS)
+def test_a_two_layer_net_reuses_per_layer(name):
+    """conv -> ReLU -> conv on an image that wants no gradient: the second layer saves all 3
+    FFTs; the first skips bprop, so only its x spectrum is asked for again (its accGrad computes
+    gy's, and its weight's stays unasked until the block ends)."""
+    mt.manual_seed(0)
+    net = mt.Sequential(mt.SpatialConvolution(2, 3, 3, padding=1, backend=name), mt.ReLU(),
+                        mt.SpatialConvolution(3, 4, 3, padding=1, backend=name))
+    x = np.random.default_rng(2).standard_normal((2, 2, 7, 7)).astype(np.float32)
+
+    def step():
+        net.zero_grad()
+        y = net(mt.Tensor(x))
+        (y * y).sum().backward()
+        return [y.data] + [p.grad for p in net.parameters()]
+
+    plain = step()
+    with backends.reuse_spectra() as cache:
+        shared = step()
+    assert roles(cache) == [(name, "gy"), (name, "w"), (name, "x"), (name, "x")]
+    assert cache.misses == 6 and len(cache) == 0
+    for a, c in zip(plain, shared, strict=True):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_no_sharing_across_backends(monkeypatch):
+    """auto running a layer's fprop and bprop on cufft and its accGrad on fbfft, on a geometry
+    where both use a 16x16 basis and place x and gy at the origin: cufft's spectra (another
+    layout) are never handed to fbfft; only cufft's weight spectrum serves cufft's bprop."""
+    picks = {"fprop": "cufft", "bprop": "cufft", "accgrad": "fbfft"}
+    x, w, gy = operands((2, 3, 16, 16), (4, 3, 3, 3), (0, 0))
+    assert cufft.default_config(geometry(x.shape, w.shape))["basis"] == [16, 16]
+    b = np.zeros(w.shape[0], np.float32)
+    expected = (layer_step("cufft", x, w, b, gy, (0, 0), "cpu")[:2]          # y, dx
+                + layer_step("fbfft", x, w, b, gy, (0, 0), "cpu")[2:])         # dw, db
+    monkeypatch.setattr(autotune, "pick", lambda registry, pass_name, *args, **kwargs: picks[pass_name])
+    with backends.reuse_spectra() as cache:
+        got = layer_step("auto", x, w, b, gy, (0, 0), "cpu")
+    assert roles(cache) == [("cufft", "w")] and cache.misses == 5
+    for a, c in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_no_sharing_across_bases(monkeypatch):
+    """A cufft accGrad tuned to a larger basis than fprop and bprop computes its own spectra of x
+    and gy; fprop's weight spectrum still serves bprop (same basis)."""
+    def run(xp, pass_name, g, run_config):
+        config = cufft.default_config(g)
+        if pass_name == "accgrad":
+            config["basis"] = [n + 2 for n in config["basis"]]
+        return run_config(config)
+
+    monkeypatch.setattr(cufft, "_run", run)
+    padding = (1, 2)
+    x, w, gy = operands(padding=padding)
+    plain = passes(cufft, x, w, gy, padding)
+    with backends.reuse_spectra() as cache:
+        shared = passes(cufft, x, w, gy, padding)
+        assert len(cache) == 4                   # x and gy on each basis, none asked for again
+    assert roles(cache) == [("cufft", "w")] and cache.misses == 5
+    for a, c in zip(plain, shared, strict=True):
+        np.testing.assert_array_equal(a, c)
+    for got, ref in zip(shared, conv_reference(x, w, gy, (1, 1), padding), strict=True):
+        assert rel_error(got, ref) < 1e-5
+
+
+def test_fbfft_keeps_apart_an_input_placed_at_other_offsets():
+    """One x under two paddings that share fbfft's 16x16 basis: x sits at (1, 1) and at (2, 2),
+    so its spectra differ and only the weight's is shared."""
+    x, w, _ = operands((2, 3, 9, 9), (4, 3, 3, 3), (1, 1))
+    plain = [fbfft.fprop(x, w, padding=p) for p in ((1, 1), (2, 2))]
+    with backends.reuse_spectra() as cache:
+        shared = [fbfft.fprop(x, w, padding=p) for p in ((1, 1), (2, 2))]
+    assert roles(cache) == [("fbfft", "w")]
+    for a, c in zip(plain, shared, strict=True):
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("name", FFT_BACKENDS)
+def test_chunked_batches_share_only_the_weight(name, monkeypatch):
+    """One image per chunk: chunk spectra are never kept, the (unchunked) weight's still is."""
+    backend = backends.get(name)
+    monkeypatch.setattr(backend, "WORKSPACE_BYTES", 1)
+    padding = (1, 1)
+    x, w, gy = operands(padding=padding)
+    plain = passes(backend, x, w, gy, padding)
+    with backends.reuse_spectra() as cache:
+        shared = passes(backend, x, w, gy, padding)
+    assert roles(cache) == [(name, "w")]
+    for a, c in zip(plain, shared, strict=True):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_the_cache_is_dropped_after_the_block_even_on_error():
+    x, w, _ = operands()
+    with pytest.raises(RuntimeError, match="stop"):
+        with backends.reuse_spectra() as cache:
+            fbfft.fprop(x, w, padding=(1, 2))
+            assert len(cache) == 2 and reuse.active() is cache
+            raise RuntimeError("stop")
+    assert len(cache) == 0 and reuse.active() is None
+    with backends.reuse_spectra() as outer:
+        with backends.reuse_spectra() as inner:
+            fbfft.fprop(x, w, padding=(1, 2))
+        assert reuse.active() is outer and len(outer) == 0 and inner.misses == 2
+    assert backends.cufft.reuse_spectra is backends.reuse_spectra   # the older name still works
+
+
+def test_tuners_time_every_candidate_without_sharing(tmp_path, monkeypatch):
+    """auto and cufft's tuner call a pass many times on the same arrays while timing it: inside a
+    step those calls must not be served from the step's cache."""
+    monkeypatch.setenv("MINITORCH_AUTO_TUNE", "on")
+    monkeypatch.setattr(autotune, "_memory", {})
+    monkeypatch.setattr(cufft, "TUNE", "on")
+    x, w, _ = operands((2, 3, 6, 6), (4, 3, 3, 3), (0, 0))
+    with backends.reuse_spectra() as cache:
+        backends.choose("auto", "fprop", x.shape, w.shape, (1, 1), (0, 0))
+        assert (cache.hits, cache.misses) == (0, 0)
+        cufft.fprop(x, w)                        # tunes (many calls), then runs the winner once
+    assert (cache.hits, cache.misses) == (0, 2)
+
+
+class _OutOfMemory:
+    __name__ = "backends.oom_stub"
+
+    @staticmethod
+    def supports(*args):
+        return True
+
+    @staticmethod
+    def bprop(*args, **kwargs):
+        raise MemoryError("out of memory (stub)")
+
+
+def test_out_of_memory_fallback_drops_the_steps_spectra(monkeypatch):
+    monkeypatch.setitem(backends._REGISTRY, "oom_stub", _OutOfMemory)
+    monkeypatch.setattr(backends, "_warned", set())
+    x, w, gy = operands(padding=(0, 0))
+    with backends.reuse_spectra() as cache:
+        fbfft.fprop(x, w)
+        assert len(cache) == 2
+        with pytest.warns(ResourceWarning, match="falling back to gemm"):
+            gx = backends.run_pass("oom_stub", "bprop", gy, w, x.shape, x_shape=x.shape, w_shape=w.shape,
+                                   stride=(1, 1), padding=(0, 0))
+        assert len(cache) == 0
+    assert rel_error(gx, conv_reference(x, w, gy, (1, 1), (0, 0))[1]) < 1e-5
