@@ -139,6 +139,25 @@ class _Shared:
         return self.mem[blk, idx]
 
 
+class _Staging:
+    """The inverse's output staging area in shared memory (over S): each slot written at most
+    once, and only written slots read."""
+
+    def __init__(self, blocks, size):
+        self.mem = np.full((blocks, size), np.nan, dtype=np.float32)
+        self.written = np.zeros((blocks, size), dtype=bool)
+
+    def store(self, blk, idx, val, mask):
+        blk, idx = blk[mask], idx[mask]
+        assert not self.written[blk, idx].any(), "fbfft model: staging slot written twice"
+        self.written[blk, idx] = True
+        self.mem[blk, idx] = val
+
+    def load(self, blk, idx):
+        assert self.written[blk, idx].all(), "fbfft model: staging slot read before written"
+        return self.mem[blk, idx]
+
+
 class _Output:
     """A flat poisoned output that counts the stores to every element."""
 
@@ -298,10 +317,10 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
 
     # pass 2: columns xp and xp + n/2 as one complex inverse FFT along ky; clipped stores
     blk_all, c_all, xp_all, p_all = _roles(p, blocks, "columns")
+    stage = _Staging(blocks, p.planes * out_h * out_w)
     for c in range(p.split):
         sel = c_all == c
         blk, xp, pl = blk_all[sel], xp_all[sel], p_all[sel]
-        b = blk * p.planes + pl
         s1 = xp * p.col_stride + pl
         s2 = s1 + (n // 2) * p.col_stride
 
@@ -318,11 +337,11 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
 
         v = load_split(p, c, True, load)
         dif_fft(v, True)
+        # (barrier) the clipped window goes to the staging copy of the block's planes
         ox1, ox2 = xp - col_off, xp + n // 2 - col_off
-        plane_ok = b < B
-        ok1 = plane_ok & (ox1 >= 0) & (ox1 < out_w)
-        ok2 = plane_ok & (ox2 >= 0) & (ox2 < out_w)
-        base = np.where(plane_ok, b, 0).astype(np.int64) * out_h * out_w
+        ok1 = (ox1 >= 0) & (ox1 < out_w)
+        ok2 = (ox2 >= 0) & (ox2 < out_w)
+        base = pl.astype(np.int64) * out_h * out_w
         for y_ in range(n):
             if y_ % p.split != c:
                 continue
@@ -330,8 +349,15 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
             if not 0 <= oy < out_h:
                 continue
             z = v[reg_of(p, y_)]
-            out.store(base + oy * out_w + ox1, scale * z.real, ok1)
-            out.store(base + oy * out_w + ox2, scale * z.imag, ok2)
+            stage.store(blk, base + oy * out_w + ox1, (scale * z.real)[ok1], ok1)
+            stage.store(blk, base + oy * out_w + ox2, (scale * z.imag)[ok2], ok2)
+
+    # (barrier) each block stores its planes' outputs as one contiguous run
+    window = out_h * out_w
+    for blk in range(blocks):
+        planes = min(p.planes, B - blk * p.planes)
+        i = np.arange(planes * window)
+        out.store(blk * p.planes * window + i, stage.load(blk, i), np.ones(i.size, bool))
 
     if check_coverage:
         assert (out.count == 1).all(), "fbfft model: output not written exactly once"

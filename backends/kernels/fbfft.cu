@@ -43,7 +43,9 @@
 //     kx = 0..n/2: every thread writes n + 2 values, and a warp's lanes are consecutive
 //     planes, so each store is a run of consecutive addresses in the (n, nh, B) layout.
 // Inverse: the same passes backwards (rows of the spectrum first, then columns, two
-//   real columns packed into one complex inverse FFT).
+//   real columns packed into one complex inverse FFT). The clipped window of the block's
+//   planes is then staged in shared memory (over S, after a barrier) and written out as
+//   one contiguous range: a thread's own columns would be runs of n/2 floats or less.
 //
 // Sizes 2..32 use one thread per column pair / row (kSplit = 1). n = 64 and 128 split
 // each 1-D FFT over kSplit = 2 threads by one radix-2 DIF step taken as the values are
@@ -96,6 +98,8 @@ struct Plan {
     // The class c = tid / (kRows * kPlanes) must be the same for a whole warp.
     static_assert(kSplit == 1 || (kRows * kPlanes) % 32 == 0, "fbfft: split class not warp-uniform");
     static_assert(kSmemBytes <= 227 * 1024, "fbfft: shared memory over the sm_90 block limit");
+    // n = 64: two blocks of 256 threads per SM need <= 128 registers a thread.
+    static constexpr int kMinBlocks = N == 64 ? 2 : 1;
 };
 
 // Straight-line (no loop) so that it folds to a constant wherever i is one, which is
@@ -368,11 +372,10 @@ __device__ __forceinline__ void irfft2_rows(const float2* __restrict__ in, float
 
 // Pass 2, thread (xp, p) of class C: columns xp and xp + n/2 packed as one complex
 // inverse FFT along ky (a real column's spectrum G[ky] is Hermitian, so S holds
-// ky = 0..n/2, with G[0] + i G[n/2] in slot 0); stores the clipped window, scaled.
+// ky = 0..n/2, with G[0] + i G[n/2] in slot 0); leaves p1[y] + i p2[y] (unscaled) in
+// register reg_of(y) of v.
 template <int N, int C>
-__device__ __forceinline__ void irfft2_columns(float* __restrict__ out, const float2* smem,
-                                               long long b, int B, int row_off, int col_off,
-                                               int out_h, int out_w, float scale, int xp, int p)
+__device__ __forceinline__ void irfft2_columns(float2 (&v)[Plan<N>::kM], const float2* smem, int xp, int p)
 {
     using P = Plan<N>;
     const float2* s1 = smem + xp * P::kColStride + p;  // G1 = G[.][xp]
@@ -385,17 +388,22 @@ __device__ __forceinline__ void irfft2_columns(float* __restrict__ out, const fl
         const int k = N - ky;
         return cadd(conjg(s1[k * P::kRowStride]), mul_i(conjg(s2[k * P::kRowStride])));
     };
-    float2 v[P::kM];
     load_split<N, C, true>(v, load);
-    dif_fft<P::kM, true>(v);  // v[reg_of(y)] = p1[y] + i p2[y], unscaled
+    dif_fft<P::kM, true>(v);
+}
+
+// The clipped window of columns xp and xp + n/2 of plane p, scaled, into the staging
+// area stage[p][oy][ox] (the block's planes of the output, contiguous as in `out`).
+template <int N, int C>
+__device__ __forceinline__ void stage_columns(float* stage, const float2 (&v)[Plan<N>::kM], int row_off,
+                                              int col_off, int out_h, int out_w, float scale, int xp, int p)
+{
     const int ox1 = xp - col_off, ox2 = xp + N / 2 - col_off;  // output columns
-    const bool plane_ok = b < B;
-    const bool ok1 = plane_ok && (unsigned)ox1 < (unsigned)out_w;
-    const bool ok2 = plane_ok && (unsigned)ox2 < (unsigned)out_w;
-    float* plane = out + (plane_ok ? b : 0) * (long long)out_h * out_w;
+    const bool ok1 = (unsigned)ox1 < (unsigned)out_w, ok2 = (unsigned)ox2 < (unsigned)out_w;
+    float* plane = stage + p * out_h * out_w;
 #pragma unroll
     for (int y = 0; y < N; ++y) {
-        if (y % P::kSplit != C) continue;
+        if (y % Plan<N>::kSplit != C) continue;
         const int oy = y - row_off;
         if ((unsigned)oy >= (unsigned)out_h) continue;  // clipped: never stored
         const float2 z = v[reg_of<N>(y)];
@@ -516,7 +524,7 @@ __device__ __forceinline__ void irfft1_body(const float2* __restrict__ in, float
 // with p fastest (consecutive lanes touch consecutive planes of one frequency).
 
 template <int N>
-__global__ void __launch_bounds__(fbfft::Plan<N>::kThreads)
+__global__ void __launch_bounds__(fbfft::Plan<N>::kThreads, fbfft::Plan<N>::kMinBlocks)
 fbfft_rfft2(const float* __restrict__ in, float2* __restrict__ out,
             int B, int h, int w, int pad_top, int pad_left)
 {
@@ -542,12 +550,13 @@ fbfft_rfft2(const float* __restrict__ in, float2* __restrict__ out,
 }
 
 template <int N>
-__global__ void __launch_bounds__(fbfft::Plan<N>::kThreads)
+__global__ void __launch_bounds__(fbfft::Plan<N>::kThreads, fbfft::Plan<N>::kMinBlocks)
 fbfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B,
              int row_off, int col_off, int out_h, int out_w, float scale)
 {
     using P = fbfft::Plan<N>;
     FBFFT_SHARED_BUFFER(smem);  // P::kSmemBytes, passed at launch
+    static_assert(P::kPlanes * N * N <= 2 * P::kSmemElems, "fbfft: output staging does not fit");
     if (blockDim.x != P::kThreads) __trap();
     const int tid = threadIdx.x;
     const long long b0 = (long long)blockIdx.x * P::kPlanes;
@@ -558,14 +567,23 @@ fbfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B,
         else if constexpr (P::kSplit == 2) fbfft::irfft2_rows<N, 1>(in, smem, b0 + p, B, r, p);
     }
     __syncthreads();
-    {
-        const int xp = tid % P::kRows, p = (tid / P::kRows) % P::kPlanes;
-        const int c = tid / (P::kRows * P::kPlanes);
-        if (c == 0)
-            fbfft::irfft2_columns<N, 0>(out, smem, b0 + p, B, row_off, col_off, out_h, out_w, scale, xp, p);
-        else if constexpr (P::kSplit == 2)
-            fbfft::irfft2_columns<N, 1>(out, smem, b0 + p, B, row_off, col_off, out_h, out_w, scale, xp, p);
-    }
+    // Columns: the results stay in registers until every thread has read S, then go to a
+    // staging copy of the block's output (over S), so that the global stores are one
+    // contiguous, coalesced run per block instead of short runs per plane and row.
+    const int xp = tid % P::kRows, p = (tid / P::kRows) % P::kPlanes;
+    const int c = tid / (P::kRows * P::kPlanes);
+    float2 v[P::kM];
+    if (c == 0) fbfft::irfft2_columns<N, 0>(v, smem, xp, p);
+    else if constexpr (P::kSplit == 2) fbfft::irfft2_columns<N, 1>(v, smem, xp, p);
+    __syncthreads();
+    float* stage = reinterpret_cast<float*>(smem);
+    if (c == 0) fbfft::stage_columns<N, 0>(stage, v, row_off, col_off, out_h, out_w, scale, xp, p);
+    else if constexpr (P::kSplit == 2) fbfft::stage_columns<N, 1>(stage, v, row_off, col_off, out_h, out_w, scale, xp, p);
+    __syncthreads();
+    const long long planes = B - b0 < P::kPlanes ? B - b0 : P::kPlanes;
+    const int total = (int)planes * out_h * out_w;
+    float* dst = out + b0 * out_h * out_w;
+    for (int i = tid; i < total; i += P::kThreads) dst[i] = stage[i];
 }
 
 // One block: Plan1<N>::kSignals consecutive signals, Plan1<N>::kThreads threads; thread
