@@ -24,7 +24,8 @@ SIZES = (2, 4, 8, 16, 32, 64, 128)         # 2-D kernels
 SIZES_1D = (2, 4, 8, 16, 32, 64, 128, 256)  # 1-D kernels
 TWIDDLE_N = 256  # kTwiddleN: the twiddle table holds exp(-2 pi i k / 256)
 
-Plan = namedtuple("Plan", "n split m log_m rows nh planes threads col_stride row_stride smem_elems smem_bytes")
+Plan = namedtuple("Plan", "n split m log_m rows nh planes threads col_stride row_stride smem_elems smem_bytes "
+                         "stage_out")
 Plan1 = namedtuple("Plan1", "n L split m log_m signals threads row smem_bytes")
 
 
@@ -50,8 +51,9 @@ def plan(n):
         col_stride, row_stride = 5, n * 5 + 4
     else:
         col_stride, row_stride = 1, n + 1
+    stage_out = n <= 8 or n == 32  # the inverse stages its output in shared memory (fbfft.cu)
     return Plan(n, split, m, m.bit_length() - 1, rows, n // 2 + 1, planes,
-                rows * split * planes, col_stride, row_stride, rows * row_stride, rows * row_stride * 8)
+                rows * split * planes, col_stride, row_stride, rows * row_stride, rows * row_stride * 8, stage_out)
 
 
 def plan1(n):
@@ -337,11 +339,14 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
 
         v = load_split(p, c, True, load)
         dif_fft(v, True)
-        # (barrier) the clipped window goes to the staging copy of the block's planes
+        # staged: (barrier) the clipped window goes to the staging copy of the block's planes;
+        # else straight to the plane in the output
         ox1, ox2 = xp - col_off, xp + n // 2 - col_off
-        ok1 = (ox1 >= 0) & (ox1 < out_w)
-        ok2 = (ox2 >= 0) & (ox2 < out_w)
-        base = pl.astype(np.int64) * out_h * out_w
+        b = blk * p.planes + pl
+        plane_ok = np.ones(b.size, bool) if p.stage_out else b < B
+        ok1 = plane_ok & (ox1 >= 0) & (ox1 < out_w)
+        ok2 = plane_ok & (ox2 >= 0) & (ox2 < out_w)
+        base = (pl if p.stage_out else np.where(b < B, b, 0)).astype(np.int64) * out_h * out_w
         for y_ in range(n):
             if y_ % p.split != c:
                 continue
@@ -349,15 +354,19 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
             if not 0 <= oy < out_h:
                 continue
             z = v[reg_of(p, y_)]
-            stage.store(blk, base + oy * out_w + ox1, (scale * z.real)[ok1], ok1)
-            stage.store(blk, base + oy * out_w + ox2, (scale * z.imag)[ok2], ok2)
+            for idx, val, ok in ((base + oy * out_w + ox1, scale * z.real, ok1),
+                                 (base + oy * out_w + ox2, scale * z.imag, ok2)):
+                if p.stage_out:
+                    stage.store(blk, idx, val[ok], ok)
+                else:
+                    out.store(idx, val, ok)
 
-    # (barrier) each block stores its planes' outputs as one contiguous run
-    window = out_h * out_w
-    for blk in range(blocks):
-        planes = min(p.planes, B - blk * p.planes)
-        i = np.arange(planes * window)
-        out.store(blk * p.planes * window + i, stage.load(blk, i), np.ones(i.size, bool))
+    if p.stage_out:  # (barrier) each block stores its planes' outputs as one contiguous run
+        window = out_h * out_w
+        for blk in range(blocks):
+            planes = min(p.planes, B - blk * p.planes)
+            i = np.arange(planes * window)
+            out.store(blk * p.planes * window + i, stage.load(blk, i), np.ones(i.size, bool))
 
     if check_coverage:
         assert (out.count == 1).all(), "fbfft model: output not written exactly once"

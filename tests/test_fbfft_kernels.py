@@ -182,8 +182,9 @@ template <class F> static void launch(unsigned grid, unsigned block, F kernel) {
 }
 template <int N> static void plan(int* v) {
     using P = fbfft::Plan<N>;
-    int vals[] = {P::kSplit, P::kPlanes, P::kThreads, P::kColStride, P::kRowStride, P::kSmemElems, P::kSmemBytes};
-    for (int i = 0; i < 7; ++i) v[i] = vals[i];
+    int vals[] = {P::kSplit, P::kPlanes, P::kThreads, P::kColStride, P::kRowStride, P::kSmemElems, P::kSmemBytes,
+                  P::kStageOut};
+    for (int i = 0; i < 8; ++i) v[i] = vals[i];
 }
 template <int N> static void plan1(int* v) {
     using P = fbfft::Plan1<N>;
@@ -275,10 +276,11 @@ def _ptr(a):
 
 @pytest.mark.parametrize("n", model.SIZES)
 def test_emulated_plan_matches_model(emulated, n):
-    v = (ctypes.c_int * 7)()
+    v = (ctypes.c_int * 8)()
     assert emulated.emu_plan(n, v) == 0
     p = model.plan(n)
-    assert list(v) == [p.split, p.planes, p.threads, p.col_stride, p.row_stride, p.smem_elems, p.smem_bytes]
+    assert list(v) == [p.split, p.planes, p.threads, p.col_stride, p.row_stride, p.smem_elems, p.smem_bytes,
+                       int(p.stage_out)]
 
 
 @pytest.mark.parametrize("n,B,h,w,top,left", CASES, ids=CASE_IDS)

@@ -43,9 +43,10 @@
 //     kx = 0..n/2: every thread writes n + 2 values, and a warp's lanes are consecutive
 //     planes, so each store is a run of consecutive addresses in the (n, nh, B) layout.
 // Inverse: the same passes backwards (rows of the spectrum first, then columns, two
-//   real columns packed into one complex inverse FFT). The clipped window of the block's
-//   planes is then staged in shared memory (over S, after a barrier) and written out as
-//   one contiguous range: a thread's own columns would be runs of n/2 floats or less.
+//   real columns packed into one complex inverse FFT). For the sizes with kStageOut, the
+//   clipped window of the block's planes is then staged in shared memory (over S, after a
+//   barrier) and written out as one contiguous range: a thread's own columns are runs of
+//   n/2 floats or less.
 //
 // Sizes 2..32 use one thread per column pair / row (kSplit = 1). n = 64 and 128 split
 // each 1-D FFT over kSplit = 2 threads by one radix-2 DIF step taken as the values are
@@ -100,6 +101,11 @@ struct Plan {
     static_assert(kSmemBytes <= 227 * 1024, "fbfft: shared memory over the sm_90 block limit");
     // n = 64: two blocks of 256 threads per SM need <= 128 registers a thread.
     static constexpr int kMinBlocks = N == 64 ? 2 : 1;
+    // The inverse stages its output through shared memory where that measured faster on an
+    // H200 (benchmarks/NOTES.md): where a thread's own column stores are runs of 16 bytes
+    // or less (n <= 8), and at n = 32. At 16, 64 and 128 the extra barrier and shared
+    // memory round trip cost more than the longer runs save.
+    static constexpr bool kStageOut = N <= 8 || N == 32;
 };
 
 // Straight-line (no loop) so that it folds to a constant wherever i is one, which is
@@ -392,15 +398,16 @@ __device__ __forceinline__ void irfft2_columns(float2 (&v)[Plan<N>::kM], const f
     dif_fft<P::kM, true>(v);
 }
 
-// The clipped window of columns xp and xp + n/2 of plane p, scaled, into the staging
-// area stage[p][oy][ox] (the block's planes of the output, contiguous as in `out`).
+// The clipped window of columns xp and xp + n/2, scaled, into `plane` (out_h x out_w):
+// the plane's slot in the staging area, or the plane in the output itself.
 template <int N, int C>
-__device__ __forceinline__ void stage_columns(float* stage, const float2 (&v)[Plan<N>::kM], int row_off,
-                                              int col_off, int out_h, int out_w, float scale, int xp, int p)
+__device__ __forceinline__ void store_columns(float* plane, bool plane_ok, const float2 (&v)[Plan<N>::kM],
+                                              int row_off, int col_off, int out_h, int out_w, float scale,
+                                              int xp)
 {
     const int ox1 = xp - col_off, ox2 = xp + N / 2 - col_off;  // output columns
-    const bool ok1 = (unsigned)ox1 < (unsigned)out_w, ok2 = (unsigned)ox2 < (unsigned)out_w;
-    float* plane = stage + p * out_h * out_w;
+    const bool ok1 = plane_ok && (unsigned)ox1 < (unsigned)out_w;
+    const bool ok2 = plane_ok && (unsigned)ox2 < (unsigned)out_w;
 #pragma unroll
     for (int y = 0; y < N; ++y) {
         if (y % Plan<N>::kSplit != C) continue;
@@ -567,23 +574,34 @@ fbfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B,
         else if constexpr (P::kSplit == 2) fbfft::irfft2_rows<N, 1>(in, smem, b0 + p, B, r, p);
     }
     __syncthreads();
-    // Columns: the results stay in registers until every thread has read S, then go to a
-    // staging copy of the block's output (over S), so that the global stores are one
-    // contiguous, coalesced run per block instead of short runs per plane and row.
     const int xp = tid % P::kRows, p = (tid / P::kRows) % P::kPlanes;
     const int c = tid / (P::kRows * P::kPlanes);
     float2 v[P::kM];
     if (c == 0) fbfft::irfft2_columns<N, 0>(v, smem, xp, p);
     else if constexpr (P::kSplit == 2) fbfft::irfft2_columns<N, 1>(v, smem, xp, p);
-    __syncthreads();
-    float* stage = reinterpret_cast<float*>(smem);
-    if (c == 0) fbfft::stage_columns<N, 0>(stage, v, row_off, col_off, out_h, out_w, scale, xp, p);
-    else if constexpr (P::kSplit == 2) fbfft::stage_columns<N, 1>(stage, v, row_off, col_off, out_h, out_w, scale, xp, p);
-    __syncthreads();
-    const long long planes = B - b0 < P::kPlanes ? B - b0 : P::kPlanes;
-    const int total = (int)planes * out_h * out_w;
-    float* dst = out + b0 * out_h * out_w;
-    for (int i = tid; i < total; i += P::kThreads) dst[i] = stage[i];
+    const int window = out_h * out_w;
+    if constexpr (P::kStageOut) {
+        // The results stay in registers until every thread has read S, then go to a staging
+        // copy of the block's output (over S): the global stores become one contiguous,
+        // coalesced run per block instead of short runs per plane and row.
+        __syncthreads();
+        float* plane = reinterpret_cast<float*>(smem) + p * window;
+        if (c == 0) fbfft::store_columns<N, 0>(plane, true, v, row_off, col_off, out_h, out_w, scale, xp);
+        else if constexpr (P::kSplit == 2)
+            fbfft::store_columns<N, 1>(plane, true, v, row_off, col_off, out_h, out_w, scale, xp);
+        __syncthreads();
+        const long long planes = B - b0 < P::kPlanes ? B - b0 : P::kPlanes;
+        const int total = (int)planes * window;
+        const float* stage = reinterpret_cast<const float*>(smem);
+        float* dst = out + b0 * window;
+        for (int i = tid; i < total; i += P::kThreads) dst[i] = stage[i];
+    } else {
+        const long long b = b0 + p;
+        float* plane = out + (b < B ? b : 0) * window;
+        if (c == 0) fbfft::store_columns<N, 0>(plane, b < B, v, row_off, col_off, out_h, out_w, scale, xp);
+        else if constexpr (P::kSplit == 2)
+            fbfft::store_columns<N, 1>(plane, b < B, v, row_off, col_off, out_h, out_w, scale, xp);
+    }
 }
 
 // One block: Plan1<N>::kSignals consecutive signals, Plan1<N>::kThreads threads; thread
