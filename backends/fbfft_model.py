@@ -51,7 +51,7 @@ def plan(n):
         col_stride, row_stride = 5, n * 5 + 4
     else:
         col_stride, row_stride = 1, n + 1
-    stage_out = n <= 8 or n == 32  # the inverse stages its output in shared memory (fbfft.cu)
+    stage_out = n <= 32  # the inverse stages its output in shared memory (fbfft.cu)
     return Plan(n, split, m, m.bit_length() - 1, rows, n // 2 + 1, planes,
                 rows * split * planes, col_stride, row_stride, rows * row_stride, rows * row_stride * 8, stage_out)
 

@@ -102,10 +102,11 @@ struct Plan {
     // n = 64: two blocks of 256 threads per SM need <= 128 registers a thread.
     static constexpr int kMinBlocks = N == 64 ? 2 : 1;
     // The inverse stages its output through shared memory where that measured faster on an
-    // H200 (benchmarks/NOTES.md): where a thread's own column stores are runs of 16 bytes
-    // or less (n <= 8), and at n = 32. At 16, 64 and 128 the extra barrier and shared
-    // memory round trip cost more than the longer runs save.
-    static constexpr bool kStageOut = N <= 8 || N == 32;
+    // H200 (benchmarks/NOTES.md): n <= 32, where a thread's own column stores are runs of
+    // n/2 floats or less, cut shorter still by the clipped windows of the convolution
+    // passes. At 64 it made no difference to the layers, and at 128 (one plane per block,
+    // runs of 64 floats already) the extra barrier and round trip cost more than it saved.
+    static constexpr bool kStageOut = N <= 32;
 };
 
 // Straight-line (no loop) so that it folds to a constant wherever i is one, which is
