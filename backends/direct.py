@@ -478,17 +478,21 @@ def _choose(pass_name, g, run, config):
         cfg = _config(pass_name, default_config(pass_name, g, names))
     else:
         key = tuning.key(cp, np.float32, g, pass_name, "direct")
-        cache = tuning.default_cache()
-        stored = cache.get(key)
-        if isinstance(stored, dict) and stored.get("format") == CACHE_FORMAT \
-                and stored.get("config") in names:
-            cfg = _config(pass_name, stored["config"])
-        else:
-            best, times = tune(pass_name, g, run, names)
-            cache.put(key, {"format": CACHE_FORMAT, "config": best, "ms": times})
-            cfg = _config(pass_name, best)
+        cfg = _config(pass_name, _remembered(key, names, lambda: tune(pass_name, g, run, names)))
     _chosen[device_id, pass_name, g, TUNE] = cfg
     return cfg
+
+
+def _remembered(key, names, tune):
+    """The configuration name stored under `key` in the tuning cache, if it is still one of `names`;
+    else tune() -> (best name, {name: ms}), whose result is stored and returned."""
+    cache = tuning.default_cache()
+    stored = cache.get(key)
+    if isinstance(stored, dict) and stored.get("format") == CACHE_FORMAT and stored.get("config") in names:
+        return stored["config"]
+    best, times = tune()
+    cache.put(key, {"format": CACHE_FORMAT, "config": best, "ms": times})
+    return best
 
 
 def default_config(pass_name, g, names):
@@ -599,16 +603,12 @@ def _choose_correlate1d(B, L, K, run):
         return _correlate1d_chosen[memo]
     cfg = (15, 128)
     if TUNE != "off":
+        by_name = {f"{o}x{t}": (o, t) for o, t in CORRELATE1D_CONFIGS}   # cached by name, "OUTxTHREADS"
+
+        def tune():
+            times = {name: tuning.timeit(lambda c=c: run(c), cp, 1, 5) for name, c in by_name.items()}
+            return min(times, key=times.get), times
         key = tuning.key(cp, np.float32, (B, L, K), "correlate1d", "direct")
-        cache = tuning.default_cache()
-        stored = cache.get(key)
-        if isinstance(stored, dict) and stored.get("format") == CACHE_FORMAT \
-                and tuple(stored.get("config", ())) in CORRELATE1D_CONFIGS:
-            cfg = tuple(stored["config"])
-        else:
-            times = {c: tuning.timeit(lambda c=c: run(c), cp, 1, 5) for c in CORRELATE1D_CONFIGS}
-            cfg = min(times, key=times.get)
-            cache.put(key, {"format": CACHE_FORMAT, "config": list(cfg),
-                            "ms": {f"{o}x{t}": ms for (o, t), ms in times.items()}})
+        cfg = by_name[_remembered(key, list(by_name), tune)]
     _correlate1d_chosen[memo] = cfg
     return cfg

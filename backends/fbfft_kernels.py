@@ -31,8 +31,10 @@ CHECK_LAUNCHES = os.environ.get("MINITORCH_FBFFT_CHECK", "0") == "1"
 STATIC_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
 
 
+@functools.lru_cache(maxsize=None)
 def _plan(name, n):
-    """(blocks' batch width, threads, shared-memory bytes) of kernel `name` at size n."""
+    """(blocks' batch width, threads, shared-memory bytes) of kernel `name` at size n; computed
+    once, since every launch asks."""
     if name.endswith("1"):
         p = plan1(n)
         return p.signals, p.threads, p.smem_bytes

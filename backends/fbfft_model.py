@@ -125,38 +125,22 @@ def load_split(p, c, inverse, load):
 
 
 class _Shared:
-    """Shared memory of every block, poisoned; each slot written once, read only after."""
+    """Shared memory of every block (`size` slots of `dtype` each), poisoned; each slot written
+    once, read only after. The transposed intermediate S, and the inverse's output staging."""
 
-    def __init__(self, blocks, p):
-        self.mem = np.full((blocks, p.smem_elems), np.nan + 1j * np.nan, dtype=np.complex64)
-        self.written = np.zeros((blocks, p.smem_elems), dtype=bool)
+    def __init__(self, blocks, size, dtype=np.complex64):
+        self.mem = np.full((blocks, size), np.nan, dtype=dtype)
+        self.written = np.zeros((blocks, size), dtype=bool)
 
-    def store(self, blk, idx, val):
+    def store(self, blk, idx, val, mask=None):
+        if mask is not None:  # the lanes whose store is predicated off write nothing
+            blk, idx, val = blk[mask], idx[mask], val[mask]
         assert not self.written[blk, idx].any(), "fbfft model: shared slot written twice"
         self.written[blk, idx] = True
         self.mem[blk, idx] = val
 
     def load(self, blk, idx):
         assert self.written[blk, idx].all(), "fbfft model: shared slot read before written"
-        return self.mem[blk, idx]
-
-
-class _Staging:
-    """The inverse's output staging area in shared memory (over S): each slot written at most
-    once, and only written slots read."""
-
-    def __init__(self, blocks, size):
-        self.mem = np.full((blocks, size), np.nan, dtype=np.float32)
-        self.written = np.zeros((blocks, size), dtype=bool)
-
-    def store(self, blk, idx, val, mask):
-        blk, idx = blk[mask], idx[mask]
-        assert not self.written[blk, idx].any(), "fbfft model: staging slot written twice"
-        self.written[blk, idx] = True
-        self.mem[blk, idx] = val
-
-    def load(self, blk, idx):
-        assert self.written[blk, idx].all(), "fbfft model: staging slot read before written"
         return self.mem[blk, idx]
 
 
@@ -207,7 +191,7 @@ def rfft2(x, n, padding=(0, 0), check_coverage=True):
         raise ValueError(f"fbfft: input {h}x{w} at offset ({pad_top}, {pad_left}) "
                          f"does not fit the {n}x{n} basis")
     blocks = -(-B // p.planes)
-    smem = _Shared(blocks, p)
+    smem = _Shared(blocks, p.smem_elems)
     out = _Output((n, p.nh, B), np.complex64)
     xflat = x.reshape(-1)
 
@@ -289,7 +273,7 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
                          f"does not fit the {n}x{n} basis")
     scale = np.float32(1.0 / (n * n) if scale is None else scale)
     blocks = -(-B // p.planes)
-    smem = _Shared(blocks, p)
+    smem = _Shared(blocks, p.smem_elems)
     out = _Output((B, out_h, out_w), np.float32)
     fflat = F.reshape(-1)
 
@@ -319,7 +303,7 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
 
     # pass 2: columns xp and xp + n/2 as one complex inverse FFT along ky; clipped stores
     blk_all, c_all, xp_all, p_all = _roles(p, blocks, "columns")
-    stage = _Staging(blocks, p.planes * out_h * out_w)
+    stage = _Shared(blocks, p.planes * out_h * out_w, np.float32)  # over S, after a barrier
     for c in range(p.split):
         sel = c_all == c
         blk, xp, pl = blk_all[sel], xp_all[sel], p_all[sel]
@@ -357,7 +341,7 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
             for idx, val, ok in ((base + oy * out_w + ox1, scale * z.real, ok1),
                                  (base + oy * out_w + ox2, scale * z.imag, ok2)):
                 if p.stage_out:
-                    stage.store(blk, idx, val[ok], ok)
+                    stage.store(blk, idx, val, ok)
                 else:
                     out.store(idx, val, ok)
 

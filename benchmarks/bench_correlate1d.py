@@ -74,7 +74,7 @@ def bench_mask(K, args, rng):
     row["err_direct"] = rel_err(direct.correlate1d(x, mask), ref)     # tunes on first call
     entry = tuning.default_cache().get(tuning.key(cp, "float32", (1, L, K), "correlate1d", "direct"))
     if isinstance(entry, dict):
-        row["direct_config"] = "x".join(map(str, entry.get("config", ())))
+        row["direct_config"] = entry.get("config")          # "OUTxTHREADS"
         row["direct_tuning_ms"] = {c: round(t, 4) for c, t in entry.get("ms", {}).items()}
     row["ms_direct"] = median_ms(lambda: direct.correlate1d(x, mask), "cupy", args.warmup, args.repeat)
     row["GFLOPS_direct"] = gflops(K, n_out, row["ms_direct"])
