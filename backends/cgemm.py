@@ -2,19 +2,22 @@
 
 Both FFT backends (cufft, fbfft) multiply spectra one frequency at a time: (F, p, r) @ (F, r, q)
 complex64, one strided-batched cuBLAS GEMM over all F frequencies (cufft's "gauss" form does the
-same with three float32 GEMMs). `matmul(xp, a, b)` runs that GEMM in the process's precision:
+same with three float32 GEMMs). `matmul(xp, a, b, op_a=, op_b=)` runs that GEMM, an operand
+optionally transposed or conjugate-transposed by the GEMM itself (fbfft's fprop multiplies by
+conj(W)^T, its accGrad by conj(GY)^T: no copies), in the process's precision:
 
-  fp32  (default) xp.matmul, unchanged: float32 products and sums, unit roundoff 2^-24 (6e-8);
-        the FFT backends land within about 1e-6 of float64 (benchmarks/NOTES.md).
-  tf32  the same GEMM with cuBLAS compute type CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores round
-        every input to TF32 (8-bit exponent, 10 explicit mantissa bits: unit roundoff 2^-11,
-        4.9e-4) and accumulate in float32. Expect relative errors of the order of 1e-3 instead of
-        1e-6, the trade cuDNN's and PyTorch's TF32 modes make. Compute capability 8.0 and up
-        (Ampere, Hopper); only the GEMM changes, the FFTs stay float32.
+  fp32  (default) cuBLAS compute type CUBLAS_COMPUTE_32F: float32 products and sums, unit
+        roundoff 2^-24 (6e-8), the GEMM xp.matmul runs; the FFT backends land within about 1e-6
+        of float64 (benchmarks/NOTES.md).
+  tf32  the same GEMM with compute type CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores round every
+        input to TF32 (8-bit exponent, 10 explicit mantissa bits: unit roundoff 2^-11, 4.9e-4)
+        and accumulate in float32. Expect relative errors of the order of 1e-3 instead of 1e-6,
+        the trade cuDNN's and PyTorch's TF32 modes make. Compute capability 8.0 and up (Ampere,
+        Hopper); only the GEMM changes, the FFTs stay float32.
 
 Switch: MINITORCH_CGEMM_TF32=1 (0, the default, is fp32), or in code `set_tf32(True)` and
 `with tf32(): ...`, which restores the previous setting when the block ends. NumPy never changes:
-on the CPU `matmul` is np.matmul in either mode, and mode(np) is always "fp32".
+on the CPU `matmul` is np.matmul on the op'ed views in either mode, and mode(np) is always "fp32".
 
 Why the compute type is passed per call instead of flipping a global switch:
 - CuPy's switches (the CUPY_TF32 environment variable, read once at first use, and
@@ -24,8 +27,8 @@ Why the compute type is passed per call instead of flipping a global switch:
   the real float32 GEMMs onto TF32 as well: the gemm backend, which the autotuner checks against.
 - cublasSetMathMode(CUBLAS_TF32_TENSOR_OP_MATH) on CuPy's shared cuBLAS handle would leak the same
   way, and whether the legacy compute type honours it for complex GEMMs is not documented.
-So TF32 mode calls cublasGemmStridedBatchedEx itself with CUBLAS_COMPUTE_32F_FAST_TF32 (the call
-CuPy's matmul makes, with the compute type changed) and nothing global is touched.
+So matmul calls cublasGemmStridedBatchedEx itself (the call CuPy's matmul makes, with the op
+flags and the compute type chosen here) and nothing global is touched.
 
 Autotuning keys carry mode(xp) (backends.tuning.key), so a choice tuned under TF32 is never
 reused in fp32 mode; checks of one result against another use TF32_TOL where the mode is tf32.
@@ -43,7 +46,7 @@ TF32_TOL = 1e-2
 
 # Values fixed by NVIDIA's headers (library_types.h, cublas_api.h), not by the CuPy version.
 _CUDA_R_32F, _CUDA_C_32F = 0, 4
-_CUBLAS_OP_N = 0
+_CUBLAS_COMPUTE_32F = 68
 _CUBLAS_COMPUTE_32F_FAST_TF32 = 77
 _CUBLAS_GEMM_DEFAULT = -1
 
@@ -86,35 +89,70 @@ def mode(xp):
     return "tf32" if xp is not np and tf32_enabled() else "fp32"
 
 
-def matmul(xp, a, b, out=None):
-    """a (..., p, r) @ b (..., r, q) -> (..., p, q), as xp.matmul, in mode(xp)'s precision.
+# 1 and 0 of each dtype as host arrays: the GEMM's alpha and beta (host pointer mode)
+_SCALARS = {t: (np.ones(1, t), np.zeros(1, t)) for t in (np.float32, np.complex64)}
+OPS = ("N", "T", "C")  # as stored, transposed, conjugate-transposed (last two axes)
+_CUBLAS_OP = {"N": 0, "T": 1, "C": 2}
 
-    TF32 applies to float32 and complex64 operands; other dtypes, and every NumPy call, go to
-    xp.matmul. `out`, if given, must be C-contiguous, of the result's shape and dtype, and must
-    not overlap a or b (the scratch buffers the backends pass never do).
+
+def _apply(xp, a, op):
+    """op(a) on the last two axes, as an array expression (a view, or a conjugated copy)."""
+    if op == "N":
+        return a
+    a = a.swapaxes(-1, -2)
+    return xp.conj(a) if op == "C" and xp.iscomplexobj(a) else a
+
+
+def matmul(xp, a, b, out=None, op_a="N", op_b="N", accumulate=False):
+    """op_a(a) (..., p, r) @ op_b(b) (..., r, q) -> (..., p, q), in mode(xp)'s precision.
+
+    op_a / op_b: "N" as stored, "T" transposed, "C" conjugate-transposed (the last two axes). On
+    the GPU the op is the GEMM's own operand flag, so conj(W)^T or conj(GY)^T is never
+    materialised: benchmarks/bench_cgemm.py measured those copies at up to 40 % of fprop's GEMM
+    time on the large layers. accumulate=True adds the product into `out` (cuBLAS beta = 1)
+    instead of overwriting it.
+
+    float32 and complex64 operands of one dtype with equal batch shapes (or a batch of one,
+    broadcast) go to one cublasGemmStridedBatchedEx with compute type CUBLAS_COMPUTE_32F (strict
+    fp32) or CUBLAS_COMPUTE_32F_FAST_TF32 (TF32 mode); anything else, and every NumPy call, runs
+    xp.matmul on the op'ed views. `out`, if given, must be C-contiguous, of the result's shape and
+    dtype, and must not overlap a or b (the scratch buffers the backends pass never do).
     """
-    if (mode(xp) == "fp32" or a.dtype != b.dtype or a.dtype not in (np.float32, np.complex64)
-            or a.ndim < 2 or b.ndim < 2):
-        return xp.matmul(a, b, out=out)
-    return _tf32_matmul(xp, a, b, out)
+    if op_a not in OPS or op_b not in OPS:
+        raise ValueError(f"matmul: op_a and op_b must be one of {OPS}, got {op_a!r}, {op_b!r}")
+    if accumulate and out is None:
+        raise ValueError("matmul: accumulate=True needs out, the array to add the product into")
+    if (xp is np or a.dtype != b.dtype or a.dtype not in (np.float32, np.complex64)
+            or a.ndim < 2 or b.ndim < 2 or not _batchable(a, b)):
+        result = xp.matmul(_apply(xp, a, op_a), _apply(xp, b, op_b))
+        if out is None:
+            return result
+        if accumulate:
+            out += result
+        else:
+            out[...] = result
+        return out
+    return _gemm(xp, a, b, out, op_a, op_b, accumulate)
 
 
-def _tf32_matmul(xp, a, b, out):
-    """One cublasGemmStridedBatchedEx with CUBLAS_COMPUTE_32F_FAST_TF32 over the batch."""
+def _batchable(a, b):
+    """Batch shapes one strided-batched GEMM covers: equal, or one side a single matrix."""
+    ba, bb = a.shape[:-2], b.shape[:-2]
+    return ba == bb or math.prod(ba) == 1 or math.prod(bb) == 1
+
+
+def _gemm(xp, a, b, out, op_a, op_b, accumulate):
+    """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags."""
     from cupy_backends.cuda.libs import cublas
 
-    (p, r), (r2, q) = a.shape[-2:], b.shape[-2:]
+    p, r = a.shape[-2:] if op_a == "N" else a.shape[-1:-3:-1]
+    r2, q = b.shape[-2:] if op_b == "N" else b.shape[-1:-3:-1]
     if r != r2:
-        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} are not aligned ({r} != {r2})")
-    batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    # Row-major, one matrix after the other: what cuBLAS's strided batch needs. A copy only where
-    # the operand is a view (a transpose, a broadcast); xp.matmul copies in the same cases.
-    if a.shape[:-2] != batch:
-        a = xp.broadcast_to(a, batch + (p, r))
-    if b.shape[:-2] != batch:
-        b = xp.broadcast_to(b, batch + (r, q))
-    a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)
-    shape = batch + (p, q)
+        raise ValueError(f"matmul: op_a(a) {op_a} {a.shape} and op_b(b) {op_b} {b.shape} are not aligned "
+                         f"({r} != {r2})")
+    batch = a.shape[:-2] if math.prod(a.shape[:-2]) >= math.prod(b.shape[:-2]) else b.shape[:-2]
+    a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)  # no-ops for the backends' operands
+    shape = tuple(batch) + (p, q)
     if out is None:
         out = xp.empty(shape, dtype=a.dtype)
     elif out.shape != shape or out.dtype != a.dtype or not out.flags.c_contiguous:
@@ -124,15 +162,21 @@ def _tf32_matmul(xp, a, b, out):
     if out.size == 0:
         return out
     if r == 0:
-        out.fill(0)
+        if not accumulate:
+            out.fill(0)
         return out
-    one, zero = np.ones(1, a.dtype), np.zeros(1, a.dtype)  # alpha, beta, read from the host
+    one, zero = _SCALARS[a.dtype.type]  # alpha and beta, read from the host during the call
+    beta = one if accumulate else zero
     dtype = _CUDA_C_32F if a.dtype == np.complex64 else _CUDA_R_32F
-    # cuBLAS is column-major: the row-major C = A B is the column-major C^T = B^T A^T, so b comes
-    # first with its row length q as leading dimension (CuPy's matmul makes the same swap).
+    compute = _CUBLAS_COMPUTE_32F_FAST_TF32 if mode(xp) == "tf32" else _CUBLAS_COMPUTE_32F
+    stride_a = a.shape[-1] * a.shape[-2] if math.prod(a.shape[:-2]) > 1 else 0
+    stride_b = b.shape[-1] * b.shape[-2] if math.prod(b.shape[:-2]) > 1 else 0
+    # cuBLAS is column-major: a row-major matrix is its transpose there, so the row-major
+    # C = op_a(A) op_b(B) is the column-major C^T = op_b(B)^T op_a(A)^T, which is cuBLAS's
+    # (m, n, k) = (q, p, r) product of b's and a's stored matrices under the same op flags, each
+    # with its stored row length as leading dimension.
     cublas.gemmStridedBatchedEx(
-        xp.cuda.device.get_cublas_handle(), _CUBLAS_OP_N, _CUBLAS_OP_N, q, p, r,
-        one.ctypes.data, b.data.ptr, dtype, q, r * q, a.data.ptr, dtype, r, p * r,
-        zero.ctypes.data, out.data.ptr, dtype, q, p * q, count,
-        _CUBLAS_COMPUTE_32F_FAST_TF32, _CUBLAS_GEMM_DEFAULT)
+        xp.cuda.device.get_cublas_handle(), _CUBLAS_OP[op_b], _CUBLAS_OP[op_a], q, p, r,
+        one.ctypes.data, b.data.ptr, dtype, b.shape[-1], stride_b, a.data.ptr, dtype, a.shape[-1], stride_a,
+        beta.ctypes.data, out.data.ptr, dtype, q, p * q, count, compute, _CUBLAS_GEMM_DEFAULT)
     return out

@@ -95,14 +95,25 @@ def _column_major(ptr, dtype, rows, cols, ld, stride, count):
 
 def _gemm_strided_batched_ex(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA,
                              B, Btype, ldb, strideB, beta, C, Ctype, ldc, strideC, count, compute, algo):
-    """C_i = alpha A_i B_i + beta C_i, column-major, as cuBLAS defines it (no transposes here)."""
-    assert (transa, transb) == (0, 0) and Atype == Btype == Ctype and compute == 77 and algo == -1
+    """C_i = alpha op(A_i) op(B_i) + beta C_i, column-major, as cuBLAS defines it (op 0 = N,
+    1 = T, 2 = C); the compute type is recorded in CALLS."""
+    assert Atype == Btype == Ctype and compute in (68, 77) and algo == -1
+    CALLS.append(compute)
     dtype = {0: np.float32, 4: np.complex64}[Atype]
     scalar = lambda p: _column_major(p, dtype, 1, 1, 1, 1, 1)[0, 0, 0]  # noqa: E731
-    a = _column_major(A, dtype, m, k, lda, strideA, count)
-    b = _column_major(B, dtype, k, n, ldb, strideB, count)
+
+    def operand(ptr, op, rows, cols, ld, stride):  # op(M) is rows x cols: M is stored cols x rows if op
+        if op == 0:
+            return _column_major(ptr, dtype, rows, cols, ld, stride, count)
+        stored = _column_major(ptr, dtype, cols, rows, ld, stride, count).transpose(0, 2, 1)
+        return stored.conj() if op == 2 else stored
+    a = operand(A, transa, m, k, lda, strideA)
+    b = operand(B, transb, k, n, ldb, strideB)
     c = _column_major(C, dtype, m, n, ldc, strideC, count)
     c[...] = scalar(alpha) * (a @ b) + (scalar(beta) * c if scalar(beta) else 0)
+
+
+CALLS = []
 
 
 @pytest.fixture
@@ -116,18 +127,25 @@ def cublas_model(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs.cublas", libs.cublas)
     return types.SimpleNamespace(
         ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_Device),
-        broadcast_to=np.broadcast_to, matmul=np.matmul,
+        broadcast_to=np.broadcast_to, matmul=np.matmul, conj=np.conj, iscomplexobj=np.iscomplexobj,
         empty=lambda shape, dtype: np.empty(shape, dtype).view(_Device),
         cuda=types.SimpleNamespace(device=types.SimpleNamespace(get_cublas_handle=lambda: 0)))
 
 
+def _op(a, op):
+    return a if op == "N" else a.swapaxes(-1, -2).conj() if op == "C" else a.swapaxes(-1, -2)
+
+
+@pytest.mark.parametrize("tf32", [False, True])
 @pytest.mark.parametrize("dtype", [np.complex64, np.float32])
-def test_the_cublas_arguments_describe_the_row_major_product(rng, cublas_model, dtype):
+def test_the_cublas_arguments_describe_the_row_major_product(rng, cublas_model, dtype, tf32):
     xp = cublas_model
     a, b = rand(rng, (6, 3, 5), dtype), rand(rng, (6, 5, 4), dtype)
-    cases = {"batched": (a, b), "2-D": (a[2], b[2]), "broadcast": (a, b[0]), "odd sizes": (a[:, :1], b[:, :, 3:]),
+    cases = {"batched": (a, b), "2-D": (a[2], b[2]), "broadcast": (a, b[0]), "broadcast a": (a[0], b),
+             "odd sizes": (a[:, :1], b[:, :, 3:]),
              "transposed views": (b.conj().transpose(0, 2, 1), a.transpose(0, 2, 1))}
-    with cgemm.tf32():
+    CALLS.clear()
+    with cgemm.tf32(tf32):
         for case, (x, y) in cases.items():
             np.testing.assert_allclose(cgemm.matmul(xp, x, y), np.matmul(x, y), rtol=1e-5, atol=1e-5,
                                        err_msg=case)
@@ -142,6 +160,33 @@ def test_the_cublas_arguments_describe_the_row_major_product(rng, cublas_model, 
         x64 = a.astype(np.complex128)                      # other dtypes: xp.matmul, untouched
         np.testing.assert_array_equal(cgemm.matmul(xp, x64, x64.transpose(0, 2, 1)),
                                       np.matmul(x64, x64.transpose(0, 2, 1)))
+    assert set(CALLS) == {77 if tf32 else 68}, "the compute type follows the mode"
+
+
+@pytest.mark.parametrize("op_b", cgemm.OPS)
+@pytest.mark.parametrize("op_a", cgemm.OPS)
+@pytest.mark.parametrize("dtype", [np.complex64, np.float32])
+def test_operand_ops_and_accumulation(rng, cublas_model, dtype, op_a, op_b):
+    """op(a) @ op(b) through the cuBLAS flags (the model) and through NumPy, beta = 1 included."""
+    a = rand(rng, (6, 3, 5) if op_a == "N" else (6, 5, 3), dtype)
+    b = rand(rng, (6, 5, 4) if op_b == "N" else (6, 4, 5), dtype)
+    want = np.matmul(_op(a.astype(np.complex128), op_a), _op(b.astype(np.complex128), op_b))
+    for xp in (cublas_model, np):
+        got = cgemm.matmul(xp, a, b, op_a=op_a, op_b=op_b)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        out = (got.copy() if xp is np else np.array(got).view(_Device))
+        assert cgemm.matmul(xp, a, b, out=out, op_a=op_a, op_b=op_b, accumulate=True) is out
+        np.testing.assert_allclose(out, 2 * want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(cgemm.matmul(xp, a[1], b[1], op_a=op_a, op_b=op_b), want[1],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_bad_ops_and_accumulate_without_out_are_refused(rng):
+    a = rand(rng, (2, 3, 3), np.complex64)
+    with pytest.raises(ValueError, match="op_a and op_b must be one of"):
+        cgemm.matmul(np, a, a, op_a="H")
+    with pytest.raises(ValueError, match="accumulate=True needs out"):
+        cgemm.matmul(np, a, a, accumulate=True)
 
 
 # -- on the GPU: the switch really changes the arithmetic ----------------------------------------
@@ -180,7 +225,7 @@ def test_tf32_changes_the_gemm_measurably_and_stays_close(case):
     wide = np.complex128 if a.dtype == np.complex64 else np.float64
     ref = cp.matmul(a.astype(wide), b.astype(wide))               # float64 arithmetic
     strict = cgemm.matmul(cp, a, b)
-    cp.testing.assert_array_equal(strict, cp.matmul(a, b))         # fp32 mode is xp.matmul itself
+    assert _rel(strict, cp.matmul(a, b).astype(wide)) <= 1e-6      # fp32 mode: xp.matmul's GEMM
     with cgemm.tf32():
         fast = cgemm.matmul(cp, a, b)
         out = cp.empty_like(fast)
@@ -193,3 +238,25 @@ def test_tf32_changes_the_gemm_measurably_and_stays_close(case):
     assert apart > 1e-5, "TF32 mode gave fp32 results: the compute type did not take effect"
     assert err_tf32 < 1e-2
     assert cgemm.mode(cp) == "fp32"                               # restored after the block
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op_b", cgemm.OPS)
+@pytest.mark.parametrize("op_a", cgemm.OPS)
+def test_gpu_operand_ops_match_float64(op_a, op_b):
+    """Every op pair on the GPU, at fbfft's shapes (F frequencies of (128, 96) x (96, 64)), in
+    strict fp32 against complex128, and beta = 1 accumulation."""
+    import cupy as cp
+    rng = cp.random.default_rng(3)
+
+    def c64(*shape):
+        return (rng.standard_normal(shape, dtype=cp.float32)
+                + 1j * rng.standard_normal(shape, dtype=cp.float32)).astype(cp.complex64)
+    a = c64(36, 128, 96) if op_a == "N" else c64(36, 96, 128)
+    b = c64(36, 96, 64) if op_b == "N" else c64(36, 64, 96)
+    ref = cp.matmul(_op(a.astype(cp.complex128), op_a), _op(b.astype(cp.complex128), op_b))
+    got = cgemm.matmul(cp, a, b, op_a=op_a, op_b=op_b)
+    assert got.shape == (36, 128, 64) and got.flags.c_contiguous
+    assert _rel(got, ref) <= 1e-5
+    cgemm.matmul(cp, a, b, out=got, op_a=op_a, op_b=op_b, accumulate=True)
+    assert _rel(got, 2 * ref) <= 1e-5
