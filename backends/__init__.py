@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from . import autotune, cufft, direct, fbfft, gemm, reuse
+from . import autotune, cufft, direct, fbfft, gemm, polyphase, reuse
 from .common import PASSES, geometry
 from .reuse import reuse_spectra
 from minitorch_fft.device import get_array_module
@@ -29,6 +29,7 @@ _REGISTRY = {
     "cufft": cufft,
     "fbfft": fbfft,
     "direct": direct,
+    "polyphase": polyphase,  # strided layers, as fbfft (or cufft) on their polyphase components
 }
 
 

@@ -21,8 +21,8 @@ the tied the winner is, in this order of preference:
   1. the backend already chosen for most of the layer's other passes (same geometry), so that a
      layer's passes stay on one FFT backend and share spectra (backends.reuse): the tuner times
      each pass alone with sharing suspended, so it cannot see that saving;
-  2. the first in TIE_ORDER: fbfft, cufft (the FFT backends, for the same reason; fbfft's pass
-     is three kernels and a GEMM, cufft's about twenty launches), gemm, direct;
+  2. the first in TIE_ORDER: fbfft, cufft, polyphase (the FFT backends, for the same reason;
+     fbfft's pass is three kernels and a GEMM, cufft's about twenty launches), gemm, direct;
   3. the faster.
 The record keeps every candidate's median ms and says why its backend won ("why").
 
@@ -49,10 +49,10 @@ from .common import PASSES, geometry
 log = logging.getLogger("minitorch_fft.autotune")
 
 # Untimed order (CPU default): cheapest-to-set-up first.
-PREFERENCE = ("gemm", "cufft", "fbfft", "direct")
+PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase")
 # Order among candidates tied within the margin: the FFT backends first (their timings leave out
 # the spectra a step shares across passes), then the rest; backends not listed come last.
-TIE_ORDER = ("fbfft", "cufft", "gemm", "direct")
+TIE_ORDER = ("fbfft", "cufft", "polyphase", "gemm", "direct")
 ROUNDS, REPEAT = 3, 5   # timing rounds per candidate, timed runs per round (see the docstring)
 MARGIN = 0.03           # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)

@@ -131,9 +131,11 @@ def set_tf32(mode):
 
 
 def implementations():
-    """Our backends, then auto; cuDNN is added by the callers."""
+    """Our backends, then auto; cuDNN is added by the callers. polyphase serves only the strided
+    conv1 (as fbfft on its phase images), so it has no row of its own: auto, and the rows of
+    the backends that cannot take conv1, pick it there when it is the fastest."""
     import backends
-    return backends.names() + ["auto"]
+    return [n for n in backends.names() if n != "polyphase"] + ["auto"]
 
 
 def run_ours(layer, impl, pass_name, args, tf32=False):

@@ -1,0 +1,190 @@
+"""polyphase: a strided convolution as a stride-1 FFT convolution of its polyphase components.
+
+The FFT backends do stride 1 only (the paper's limit); the first layers of AlexNet and
+OverFeat-fast (11 x 11, stride 4) are strided. With stride (sh, sw), split every kernel tap
+index as ky = sh qy + ry (0 <= ry < sh) and every padded input row as sh a + ry:
+
+  y[s, j, oy, ox] = sum_{i, ky, kx} xpad[s, i, sh oy + ky, sw ox + kx] w[j, i, ky, kx]
+                  = sum_{(i, ry, rx), qy, qx} x2[s, (i, ry, rx), oy + qy, ox + qx] w2[j, (i, ry, rx), qy, qx]
+
+  x2[s, (i, ry, rx), a, b]   = xpad[s, i, sh a + ry, sw b + rx]        (space-to-depth)
+  w2[j, (i, ry, rx), qy, qx] = w[j, i, sh qy + ry, sw qx + rx], 0 past the kernel
+
+a stride-1, unpadded convolution with f sh sw input planes and a ceil(kh/sh) x ceil(kw/sw)
+kernel, whose output is the strided layer's output exactly. AlexNet's conv1 (3 -> 64, 11 x 11,
+stride 4, 224^2 padded by 2) becomes 48 -> 64 planes, 3 x 3, 57^2: fbfft on a 64 basis.
+
+  fprop    y   = inner.fprop(x2, w2)
+  bprop    gx  = depth-to-space of inner.bprop(gy, w2), the padding cut off
+  accGrad  gw  = depth-to-space of inner.accgrad(gy, x2), the taps past kh x kw cut off
+
+The inner backend is fbfft where its basis (<= 128) holds the phase images, else cufft. Each
+rearrangement (of the input, the weight, or a gradient) is one elementwise gather kernel on the
+GPU: no arithmetic happens outside the inner convolution. Inside
+`backends.reuse_spectra()` x2 and w2 are built once per step (fprop's serve bprop and accGrad)
+so the inner backend's spectra are shared across the passes as for any stride-1 layer.
+
+supports() is True only for strides other than (1, 1): a stride-1 layer has one phase, and the
+inner backend serves it directly.
+"""
+import numpy as np
+
+from . import cufft, fbfft
+from .common import check_arrays, check_output_shape, geometry, valid_geometry
+from .reuse import Key, shared
+
+INNER = (fbfft, cufft)  # first that supports the phase-image geometry
+
+
+def phases(g):
+    """(KH, KW, Ha, Wa): the sub-kernel size and phase-image size of strided geometry g."""
+    KH, KW = -(-g.kh // g.sh), -(-g.kw // g.sw)
+    return KH, KW, g.oh + KH - 1, g.ow + KW - 1
+
+
+def inner_shapes(g):
+    """(x2 shape, w2 shape) of the stride-1 convolution that geometry g becomes."""
+    KH, KW, Ha, Wa = phases(g)
+    planes = g.f * g.sh * g.sw
+    return (g.S, planes, Ha, Wa), (g.fo, planes, KH, KW)
+
+
+def _inner(g):
+    x2, w2 = inner_shapes(g)
+    return next((b for b in INNER if b.supports(x2, w2, (1, 1), (0, 0))), None)
+
+
+def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """A stride other than (1, 1) whose phase images an inner FFT backend can take."""
+    g = valid_geometry(x_shape, w_shape, stride, padding)
+    return g is not None and (g.sh, g.sw) != (1, 1) and _inner(g) is not None
+
+
+def _geometry(x_shape, w_shape, stride, padding, gy=None):
+    """(Geometry, inner backend); a gy of the wrong shape is named before the stride is."""
+    g = geometry(x_shape, w_shape, stride, padding)
+    if gy is not None:
+        check_output_shape("gy", gy, g, (g.oh, g.ow))
+    if (g.sh, g.sw) == (1, 1):
+        raise ValueError("polyphase is for strided convolutions; at stride 1 use fbfft or cufft directly")
+    inner = _inner(g)
+    if inner is None:
+        x2, w2 = inner_shapes(g)
+        raise ValueError(f"polyphase: no FFT backend takes the phase images {x2} with kernels {w2}; "
+                         f"use gemm or direct")
+    return g, inner
+
+
+# On the GPU each rearrangement is one elementwise kernel: every element of the result
+# computes where it comes from (zero outside the source), so there is no zero fill, padded
+# copy or transposing copy. On the CPU the same maps are written with reshape/transpose.
+_GATHER = _SCATTER = None
+
+
+def _gather_kernel():
+    """y (P, C sh sw, A, B)[p, (c, ry, rx), a, b] = x (P, C, h, w)[p, c, sh a + ry - ph, sw b + rx - pw]."""
+    global _GATHER
+    if _GATHER is None:
+        import cupy as cp
+        _GATHER = cp.ElementwiseKernel(
+            "raw float32 x, int64 h, int64 w, int64 sh, int64 sw, int64 ph, int64 pw, int64 A, int64 B",
+            "float32 y",
+            """
+            const long long b = i % B, a = (i / B) % A, phase = (i / (A * B)) % (sh * sw);
+            const long long plane = i / (A * B * sh * sw);
+            const long long row = sh * a + phase / sw - ph, col = sw * b + phase % sw - pw;
+            y = (row >= 0 && row < h && col >= 0 && col < w) ? x[(plane * h + row) * w + col] : 0.f;
+            """, "minitorch_polyphase_gather")
+    return _GATHER
+
+
+def _scatter_kernel():
+    """y (P, C, h, w)[p, c, r, q] = x (P, C sh sw, A, B)[p, (c, R % sh, Q % sw), R / sh, Q / sw],
+    R = r + ph, Q = q + pw; 0 where (R / sh, Q / sw) falls outside A x B."""
+    global _SCATTER
+    if _SCATTER is None:
+        import cupy as cp
+        _SCATTER = cp.ElementwiseKernel(
+            "raw float32 x, int64 h, int64 w, int64 sh, int64 sw, int64 ph, int64 pw, int64 A, int64 B",
+            "float32 y",
+            """
+            const long long q = i % w, r = (i / w) % h, plane = i / (h * w);
+            const long long R = r + ph, Q = q + pw, a = R / sh, b = Q / sw;
+            const long long phase = (R % sh) * sw + Q % sw;
+            y = (a < A && b < B) ? x[((plane * sh * sw + phase) * A + a) * B + b] : 0.f;
+            """, "minitorch_polyphase_scatter")
+    return _SCATTER
+
+
+def _gather(xp, a, g, pad, A, B):
+    """(P, C, h, w) -> (P, C sh sw, A, B): the phase images of `a` zero-padded by `pad`."""
+    P, C, h, w = a.shape
+    (ph, pw), (sh, sw) = pad, (g.sh, g.sw)
+    if xp is not np:
+        out = xp.empty((P, C * sh * sw, A, B), dtype=np.float32)
+        return _gather_kernel()(a, h, w, sh, sw, ph, pw, A, B, out)
+    big = np.zeros((P, C, sh * A, sw * B), dtype=np.float32)
+    nh, nw = max(0, min(h, sh * A - ph)), max(0, min(w, sw * B - pw))
+    big[:, :, ph:ph + nh, pw:pw + nw] = a[:, :, :nh, :nw]
+    six = big.reshape(P, C, A, sh, B, sw).transpose(0, 1, 3, 5, 2, 4)
+    return np.ascontiguousarray(six).reshape(P, C * sh * sw, A, B)
+
+
+def _scatter(xp, a2, g, pad, shape):
+    """The inverse map, (P, C sh sw, A, B) -> (P, C, h, w) = `shape`; elements no phase image
+    covers (past the last window) are 0."""
+    P, C, h, w = shape
+    (ph, pw), (sh, sw) = pad, (g.sh, g.sw)
+    A, B = a2.shape[2:]
+    if xp is not np:
+        out = xp.empty(shape, dtype=np.float32)
+        return _scatter_kernel()(a2, h, w, sh, sw, ph, pw, A, B, out)
+    six = a2.reshape(P, C, sh, sw, A, B).transpose(0, 1, 4, 2, 5, 3)
+    big = np.ascontiguousarray(six).reshape(P, C, sh * A, sw * B)
+    out = np.zeros(shape, dtype=np.float32)
+    nh, nw = max(0, min(h, sh * A - ph)), max(0, min(w, sw * B - pw))
+    out[:, :, :nh, :nw] = big[:, :, ph:ph + nh, pw:pw + nw]
+    return out
+
+
+def _space_to_depth(xp, x, g):
+    """x (S, f, h, w) -> x2 (S, f sh sw, Ha, Wa), the zero padding written out."""
+    _, _, Ha, Wa = phases(g)
+    return _gather(xp, x, g, (g.ph, g.pw), Ha, Wa)
+
+
+def _split_kernel(xp, w, g):
+    """w (f', f, kh, kw) -> w2 (f', f sh sw, KH, KW), zero past the kernel."""
+    KH, KW, _, _ = phases(g)
+    return _gather(xp, w, g, (0, 0), KH, KW)
+
+
+def _x2(xp, x, g):
+    return shared(Key("polyphase", "x", (g.sh, g.sw), (g.ph, g.pw)), x, _space_to_depth, xp, x, g)
+
+
+def _w2(xp, w, g):
+    return shared(Key("polyphase", "w", (g.sh, g.sw), (0, 0)), w, _split_kernel, xp, w, g)
+
+
+def fprop(x, w, stride=(1, 1), padding=(0, 0)):
+    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw) at `stride`."""
+    xp, xa, wa = check_arrays(x=x, w=w)
+    g, inner = _geometry(x.shape, w.shape, stride, padding)
+    return inner.fprop(_x2(xp, xa, g), _w2(xp, wa, g))
+
+
+def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
+    """gx (S, f, h, w): gradient w.r.t. the input."""
+    xp, gya, wa = check_arrays(gy=gy, w=w)
+    g, inner = _geometry(x_shape, w.shape, stride, padding, gya)
+    x2_shape, _ = inner_shapes(g)
+    return _scatter(xp, inner.bprop(gya, _w2(xp, wa, g), x2_shape), g, (g.ph, g.pw), tuple(x_shape))
+
+
+def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
+    """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch."""
+    xp, gya, xa = check_arrays(gy=gy, x=x)
+    g, inner = _geometry(x.shape, w_shape, stride, padding, gya)
+    _, w2_shape = inner_shapes(g)
+    return _scatter(xp, inner.accgrad(gya, _x2(xp, xa, g), w2_shape), g, (0, 0), tuple(w_shape))
