@@ -6,7 +6,7 @@
 
 FFT -> complex GEMM -> inverse FFT, and nothing in between: the forward kernel reads the real
 planes with their zero padding implied (the plane sits at offset (ph, pw) of the basis, zeros
-elsewhere) and writes frequency-major spectra (n, n//2+1, planes), so the planes of one
+elsewhere) and writes frequency-major spectra (nf, planes), so the planes of one
 frequency are already the GEMM's row-major matrix; the inverse kernel reads that layout and
 writes only the window each pass needs (oh x ow for fprop, h x w at (ph, pw) for bprop,
 kh x kw for accGrad), scaled by 1/n^2 on the way out. No padded copy, no transposition
@@ -19,8 +19,9 @@ beyond that or for strides other than 1.
 
 Reuse across passes, as in cufft: within `with backends.reuse_spectra():` fprop's weight
 spectrum serves bprop, and fprop's input spectrum and bprop's gradient spectrum serve accGrad
-(6 forward FFTs per layer and step become 3; backends/reuse.py). fprop's conj(W)^T is derived
-from the raw weight spectrum each call, so the kept spectrum is the one bprop multiplies by.
+(6 forward FFTs per layer and step become 3; backends/reuse.py). fprop multiplies by conj(W)^T
+and accGrad by conj(GY)^T through the GEMM's operand flags (cgemm.matmul's op "C"), so the kept
+spectra are the raw ones, and no conjugated or transposed copy is ever made.
 Whole-batch spectra only: a chunked pass keeps none.
 
 On the CPU the same passes run on the NumPy model of the kernels (fbfft_model), so CI checks
@@ -35,7 +36,8 @@ from .common import check_arrays, check_output_shape, geometry, valid_geometry
 from .reuse import Key, shared
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
-# oh x ow output, n x n Fourier basis, F = n*(n//2+1) frequencies (Hermitian half)
+# oh x ow output, n x n Fourier basis, nf = n^2/2 + 2 frequencies (the Hermitian half without its
+# conjugate duplicates: the GEMM skips them; fbfft.cu's header)
 
 MAX_BASIS = max(fbfft_model.SIZES)
 WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_FBFFT_WORKSPACE_MB", "2048")) * 2**20)
@@ -68,6 +70,16 @@ def _geometry(x_shape, w_shape, stride, padding):
 
 def _kernels(xp):
     """The FFT pair for this array module: CUDA kernels on the GPU, their NumPy model on the CPU."""
+    pair = _PAIRS.get(xp)
+    if pair is None:
+        pair = _PAIRS[xp] = _make_kernels(xp)
+    return pair
+
+
+_PAIRS = {}
+
+
+def _make_kernels(xp):
     if xp is np:
         return (lambda x, n, padding: fbfft_model.rfft2(x, n, padding, check_coverage=False),
                 lambda F, n, out_shape, offset, out=None: _into(
@@ -86,18 +98,18 @@ def _into(out, y):
 
 def _batch_chunks(g, n, planes_per_image):
     """Slices of the batch whose spectra fit WORKSPACE_BYTES (at least one image each)."""
-    per_image = planes_per_image * n * (n // 2 + 1) * 8 * 3  # spectra in, GEMM out, conj copy
+    per_image = planes_per_image * fbfft_model.stored_frequencies(n) * 8 * 2  # spectra in, GEMM out
     step = max(1, WORKSPACE_BYTES // per_image)
     return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
 
 
 def _spectrum(fft, a, n, offset):
-    """a (p, q, h, w) planes placed at `offset` of the n x n basis -> (F, p, q), frequency-major.
+    """a (p, q, h, w) planes placed at `offset` of the n x n basis -> (nf, p, q), frequency-major.
 
     A fresh array from the FFT kernel, never a scratch buffer: reuse_spectra() may keep it.
     """
     p, q, h, w = a.shape
-    return fft(a.reshape(p * q, h, w), n, offset).reshape(n * (n // 2 + 1), p, q)
+    return fft(a.reshape(p * q, h, w), n, offset).reshape(fbfft_model.stored_frequencies(n), p, q)
 
 
 def _key(role, n, offset=(0, 0)):
@@ -111,16 +123,15 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
     g, n = _geometry(x.shape, w.shape, stride, padding)
     fft, ifft = _kernels(xp)
     pad = (g.ph, g.pw)
-    wf = shared(_key("w", n), w, _spectrum, fft, wa, n, (0, 0))              # (F, f', f), kept for bprop
-    wct = xp.ascontiguousarray(xp.conj(wf).transpose(0, 2, 1))               # (F, f, f'), conj(W)^T
+    wf = shared(_key("w", n), w, _spectrum, fft, wa, n, (0, 0))              # (nf, f', f), kept for bprop
     y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
     chunks = _batch_chunks(g, n, g.f + g.fo)
     for sl in chunks:
         s = sl.stop - sl.start
         owner = x if len(chunks) == 1 else None
-        xf = shared(_key("x", n, pad), owner, _spectrum, fft, xa[sl], n, pad)  # (F, S', f)
-        yf = cgemm.matmul(xp, xf, wct)                                              # (F, S', f')
-        ifft(yf.reshape(n, n // 2 + 1, s * g.fo), n, (g.oh, g.ow), (0, 0),
+        xf = shared(_key("x", n, pad), owner, _spectrum, fft, xa[sl], n, pad)  # (nf, S', f)
+        yf = cgemm.matmul(xp, xf, wf, op_b="C")                                     # (nf, S', f')
+        ifft(yf.reshape(-1, s * g.fo), n, (g.oh, g.ow), (0, 0),
              out=y[sl].reshape(s * g.fo, g.oh, g.ow))
     return y
 
@@ -131,16 +142,16 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     g, n = _geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gya, g, (g.oh, g.ow))
     fft, ifft = _kernels(xp)
-    wf = shared(_key("w", n), w, _spectrum, fft, wa, n, (0, 0))              # (F, f', f)
+    wf = shared(_key("w", n), w, _spectrum, fft, wa, n, (0, 0))              # (nf, f', f)
     gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
     chunks = _batch_chunks(g, n, g.f + g.fo)
     for sl in chunks:
         s = sl.stop - sl.start
         owner = gy if len(chunks) == 1 else None
-        gyf = shared(_key("gy", n), owner, _spectrum, fft, gya[sl], n, (0, 0))  # (F, S', f')
-        gxf = cgemm.matmul(xp, gyf, wf)                                             # (F, S', f)
+        gyf = shared(_key("gy", n), owner, _spectrum, fft, gya[sl], n, (0, 0))  # (nf, S', f')
+        gxf = cgemm.matmul(xp, gyf, wf)                                             # (nf, S', f)
         # The input sat at (ph, pw) in fprop's basis: its gradient is read back from there.
-        ifft(gxf.reshape(n, n // 2 + 1, s * g.f), n, (g.h, g.w), (g.ph, g.pw),
+        ifft(gxf.reshape(-1, s * g.f), n, (g.h, g.w), (g.ph, g.pw),
              out=gx[sl].reshape(s * g.f, g.h, g.w))
     return gx
 
@@ -156,9 +167,9 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     chunks = _batch_chunks(g, n, g.f + g.fo)
     for sl in chunks:
         gy_owner, x_owner = (gy, x) if len(chunks) == 1 else (None, None)
-        gyf = shared(_key("gy", n), gy_owner, _spectrum, fft, gya[sl], n, (0, 0))  # (F, S', f')
-        xf = shared(_key("x", n, pad), x_owner, _spectrum, fft, xa[sl], n, pad)  # (F, S', f)
-        part = cgemm.matmul(xp, xp.conj(gyf).transpose(0, 2, 1), xf)               # (F, f', f)
-        gwf = part if gwf is None else gwf + part                            # summed over S-chunks
-    gw = ifft(xp.ascontiguousarray(gwf).reshape(n, n // 2 + 1, g.fo * g.f), n, (g.kh, g.kw), (0, 0))
+        gyf = shared(_key("gy", n), gy_owner, _spectrum, fft, gya[sl], n, (0, 0))  # (nf, S', f')
+        xf = shared(_key("x", n, pad), x_owner, _spectrum, fft, xa[sl], n, pad)  # (nf, S', f)
+        # (nf, f', f), summed over S-chunks in place (the GEMM's beta = 1)
+        gwf = cgemm.matmul(xp, gyf, xf, out=gwf, op_a="C", accumulate=gwf is not None)
+    gw = ifft(gwf.reshape(-1, g.fo * g.f), n, (g.kh, g.kw), (0, 0))
     return gw.reshape(tuple(w_shape))

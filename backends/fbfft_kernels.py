@@ -1,12 +1,14 @@
 """Host side of the fbfft CUDA kernels (kernels/fbfft.cu): check, allocate, launch.
 
-  rfft2(x, n, padding)            x (B, h, w) float32 -> F (n, n//2+1, B) complex64   n = 2..128
-  irfft2(F, n, out_shape, offset) F (n, n//2+1, B)   -> y (B, out_h, out_w) float32
+  rfft2(x, n, padding)            x (B, h, w) float32 -> F (nf, B) complex64   n = 2..128, nf = n^2/2 + 2
+  irfft2(F, n, out_shape, offset) F (nf, B)          -> y (B, out_h, out_w) float32
   rfft1(x, n, pad)                x (B, len) float32  -> F (n//2+1, B) complex64      n = 2..256
   irfft1(F, n, out_len, offset)   F (n//2+1, B)       -> y (B, out_len) float32
 
 F is frequency-major with the batch fastest (the layout the per-frequency GEMM of the
-FFT convolution reads), F[ky, kx, b] = rfft2(plane_b)[ky, kx] (1-D: F[k, b] = rfft(signal_b)[k]). Zero padding and clipping
+FFT convolution reads), F[freq(ky, kx), b] = rfft2(plane_b)[ky, kx] (1-D: F[k, b] = rfft(signal_b)[k]);
+the 2-D half-spectrum leaves out its conjugate duplicates F[ky][0], F[ky][n/2] for ky > n/2
+(fbfft_model.compact / expand convert from and to np.fft's layout). Zero padding and clipping
 are implicit: no padded or cropped copy is ever made. CuPy arrays only; the NumPy model
 of the same kernels is fbfft_model.py.
 
@@ -15,6 +17,7 @@ MINITORCH_FBFFT_CHECK=1 (or CHECK_LAUNCHES = True) each launch is followed by a 
 synchronisation, so a kernel fault surfaces at the call that caused it.
 """
 import functools
+import math
 import os
 
 import numpy as np
@@ -22,7 +25,7 @@ import numpy as np
 from minitorch_fft.device import is_cupy
 
 from .common import cuda_module
-from .fbfft_model import SIZES, SIZES_1D, check_size, plan, plan1
+from .fbfft_model import SIZES, SIZES_1D, check_size, plan, plan1, stored_frequencies
 
 # Every instantiation the module compiles (NVRTC name expressions).
 NAME_EXPRESSIONS = (tuple(f"fbfft_{k}<{n}>" for k in ("rfft2", "irfft2") for n in SIZES)
@@ -80,7 +83,7 @@ def _check_out(out, shape, dtype):
 
 
 def rfft2(x, n, padding=(0, 0), out=None):
-    """F (n, n//2+1, B) complex64 = 2-D FFT of each x plane placed at offset `padding`
+    """F (nf, B) complex64 = 2-D FFT of each x plane placed at offset `padding`
     (top, left) of an n x n zero plane. x is (B, h, w) float32 (or (..., h, w): the
     leading dimensions are the batch), h + top <= n, w + left <= n."""
     check_size(n)
@@ -88,7 +91,7 @@ def rfft2(x, n, padding=(0, 0), out=None):
     if x.ndim < 3:
         raise ValueError(f"fbfft: x must be (B, h, w) or (..., h, w), got shape {tuple(x.shape)}")
     h, w = x.shape[-2:]
-    B = int(np.prod(x.shape[:-2]))
+    B = math.prod(x.shape[:-2])
     top, left = padding
     if B < 1 or h < 1 or w < 1:
         raise ValueError(f"fbfft: empty input of shape {tuple(x.shape)}")
@@ -97,7 +100,7 @@ def rfft2(x, n, padding=(0, 0), out=None):
                          f"the {n}x{n} basis")
     if B >= 2**31:
         raise ValueError(f"fbfft: batch {B} exceeds the kernels' int32 batch index")
-    shape = (n, n // 2 + 1, B)
+    shape = (stored_frequencies(n), B)
     if out is None:
         import cupy as cp
         out = cp.empty(shape, dtype=np.complex64)
@@ -109,14 +112,14 @@ def rfft2(x, n, padding=(0, 0), out=None):
 
 def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, out=None):
     """y (B, out_h, out_w) float32 = window (offset, out_shape) of the inverse 2-D FFT of
-    each Hermitian half-spectrum F (n, n//2+1, B) complex64, times scale (default 1/n^2,
+    each Hermitian half-spectrum F (nf, B) complex64, times scale (default 1/n^2,
     the inverse of rfft2). out_shape defaults to (n, n)."""
     check_size(n)
     _check_cupy("F", F, np.complex64)
-    nh = n // 2 + 1
-    if F.ndim != 3 or tuple(F.shape[:2]) != (n, nh):
-        raise ValueError(f"fbfft: F must have shape ({n}, {nh}, B), got {tuple(F.shape)}")
-    B = F.shape[2]
+    nf = stored_frequencies(n)
+    if F.ndim != 2 or F.shape[0] != nf:
+        raise ValueError(f"fbfft: F must have shape ({nf}, B) for n = {n}, got {tuple(F.shape)}")
+    B = F.shape[1]
     out_h, out_w = (n, n) if out_shape is None else out_shape
     row_off, col_off = offset
     if B < 1 or B >= 2**31:
@@ -144,7 +147,7 @@ def rfft1(x, n, pad=0, out=None):
     if x.ndim < 2:
         raise ValueError(f"fbfft: x must be (B, len) or (..., len), got shape {tuple(x.shape)}")
     length = x.shape[-1]
-    B = int(np.prod(x.shape[:-1]))
+    B = math.prod(x.shape[:-1])
     if B < 1 or length < 1:
         raise ValueError(f"fbfft: empty input of shape {tuple(x.shape)}")
     if pad < 0 or pad + length > n:

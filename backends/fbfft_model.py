@@ -7,11 +7,14 @@ frequency-major output layout, so that the CPU tests check the kernels' index ar
 against np.fft without a GPU. Each "register" is a NumPy vector over all threads of one
 role and class (the kernel's SIMT lanes side by side); loops run in the kernel's order.
 
-Layouts (n the FFT size, nh = n // 2 + 1, B planes), as in the kernels:
+Layouts (n the FFT size, nh = n // 2 + 1, nf = n^2 / 2 + 2, B planes), as in the kernels:
   rfft2   x (B, h, w) float32 at offset padding = (top, left) of an n x n zero plane
-          -> F (n, nh, B) complex64, F[ky, kx, b] = np.fft.rfft2(plane_b)[ky, kx]
-  irfft2  F (n, nh, B) complex64 -> y (B, out_h, out_w) float32,
-          y[b] = scale * n^2 * np.fft.irfft2(F[..., b], s=(n, n))[row_off:, col_off:][:out_h, :out_w]
+          -> F (nf, B) complex64, F[freq(ky, kx), b] = np.fft.rfft2(plane_b)[ky, kx]
+  irfft2  F (nf, B) complex64 -> y (B, out_h, out_w) float32,
+          y[b] = scale * n^2 * np.fft.irfft2(expand(F)[..., b], s=(n, n))[row_off:, col_off:][:out_h, :out_w]
+The half-spectrum's redundant values F[ky][0] and F[ky][n/2] for ky > n/2 (conjugates of
+rows n - ky) are not stored: freq(ky, kx) = row_base(n, ky) + kx, and a row past n/2 holds
+only 0 < kx < n/2. compact() and expand() convert from and to np.fft's (n, nh, B) layout.
 
 The model also checks what a GPU run cannot show directly: every shared-memory slot is
 written once before it is read, and every output element is written exactly once.
@@ -54,6 +57,51 @@ def plan(n):
     stage_out = n <= 32  # the inverse stages its output in shared memory (fbfft.cu)
     return Plan(n, split, m, m.bit_length() - 1, rows, n // 2 + 1, planes,
                 rows * split * planes, col_stride, row_stride, rows * row_stride, rows * row_stride * 8, stage_out)
+
+
+def stored_frequencies(n):
+    """nf = n^2/2 + 2: the values of an n x n real signal's half-spectrum that are stored."""
+    return n * n // 2 + 2
+
+
+def row_base(n, row):
+    """Index in the (nf, B) layout of row `row`'s kx = 0 (fbfft.cu's row_base): a row past n/2
+    stores only 0 < kx < n/2, at row_base + kx as well."""
+    nh = n // 2 + 1
+    row = np.asarray(row, dtype=np.int64)  # a number or an array of rows
+    return np.where(row <= n // 2, row * nh, (n // 2 + 1) * nh + (row - n // 2 - 1) * (n // 2 - 1) - 1)
+
+
+def _stored(n):
+    """(ky, kx) of every stored frequency, in storage order."""
+    return [(ky, kx) for ky in range(n) for kx in range(n // 2 + 1) if ky <= n // 2 or 0 < kx < n // 2]
+
+
+def _stored_index(n, F):
+    """(ky, kx) index arrays of the stored frequencies, on F's device (NumPy or CuPy)."""
+    ky, kx = np.array(_stored(n)).T
+    if isinstance(F, np.ndarray):
+        return ky, kx
+    import cupy
+    return cupy.asarray(ky), cupy.asarray(kx)
+
+
+def compact(F, n):
+    """np.fft's half-spectra laid out (n, nh, B) -> the kernels' (nf, B) (NumPy or CuPy)."""
+    ky, kx = _stored_index(n, F)
+    return F[ky, kx]
+
+
+def expand(F, n):
+    """The kernels' (nf, B) -> (n, nh, B), the unstored values rebuilt as conjugates (NumPy
+    or CuPy arrays)."""
+    xp = np if isinstance(F, np.ndarray) else __import__("cupy")
+    full = xp.empty((n, n // 2 + 1) + F.shape[1:], dtype=F.dtype)
+    ky, kx = _stored_index(n, F)
+    full[ky, kx] = F
+    for col in sorted({0, n // 2}):
+        full[n // 2 + 1:, col] = xp.conj(full[n // 2 - 1:0:-1, col])
+    return full
 
 
 def plan1(n):
@@ -181,7 +229,7 @@ def _check_batch(B):
 
 def rfft2(x, n, padding=(0, 0), check_coverage=True):
     """Model of fbfft_rfft2<n>: x (B, h, w) float32 placed at offset `padding` (top, left)
-    of an n x n zero plane -> F (n, n//2+1, B) complex64."""
+    of an n x n zero plane -> F (nf, B) complex64."""
     p = plan(n)
     pad_top, pad_left = padding
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -192,7 +240,7 @@ def rfft2(x, n, padding=(0, 0), check_coverage=True):
                          f"does not fit the {n}x{n} basis")
     blocks = -(-B // p.planes)
     smem = _Shared(blocks, p.smem_elems)
-    out = _Output((n, p.nh, B), np.complex64)
+    out = _Output((stored_frequencies(n), B), np.complex64)
     xflat = x.reshape(-1)
 
     # pass 1: columns xp and xp + n/2 of plane b as one complex FFT along y
@@ -240,8 +288,7 @@ def rfft2(x, n, padding=(0, 0), check_coverage=True):
         v = load_split(p, c, False, lambda x_: smem.load(blk, s + x_ * p.col_stride))
         dif_fft(v, False)
         packed = r == 0
-        row_a = r.astype(np.int64)
-        row_b = np.where(packed, n // 2, n - r).astype(np.int64)
+        base_a, base_b = row_base(n, r), row_base(n, np.where(packed, n // 2, n - r))
         for kx in range(n // 2 + 1):
             if kx % p.split != c:
                 continue
@@ -249,8 +296,9 @@ def rfft2(x, n, padding=(0, 0), check_coverage=True):
             m = np.conj(v[reg_of(p, (n - kx) % n)])
             a_val = np.where(packed, (u + m) * np.float32(0.5), u)
             b_val = np.where(packed, (u - m) * np.complex64(-0.5j), m)
-            out.store((row_a * p.nh + kx) * B + b, a_val, b < B)
-            out.store((row_b * p.nh + kx) * B + b, b_val, b < B)
+            out.store((base_a + kx) * B + b, a_val, b < B)
+            keep_b = packed | (0 < kx < n // 2)  # F[n-r][0], F[n-r][n/2]: not stored
+            out.store((base_b + kx) * B + b, b_val, (b < B) & keep_b)
 
     if check_coverage:
         assert (out.count == 1).all(), "fbfft model: output not written exactly once"
@@ -258,12 +306,13 @@ def rfft2(x, n, padding=(0, 0), check_coverage=True):
 
 
 def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True):
-    """Model of fbfft_irfft2<n>: F (n, n//2+1, B) complex64 -> (B, out_h, out_w) float32."""
+    """Model of fbfft_irfft2<n>: F (nf, B) complex64 -> (B, out_h, out_w) float32."""
     p = plan(n)
     F = np.ascontiguousarray(F, dtype=np.complex64)
-    if F.ndim != 3 or F.shape[:2] != (n, p.nh):
-        raise ValueError(f"fbfft: spectrum must have shape ({n}, {p.nh}, B), got {F.shape}")
-    B = F.shape[2]
+    nf = stored_frequencies(n)
+    if F.ndim != 2 or F.shape[0] != nf:
+        raise ValueError(f"fbfft: spectrum must have shape ({nf}, B), got {F.shape}")
+    B = F.shape[1]
     _check_batch(B)
     out_h, out_w = (n, n) if out_shape is None else out_shape
     row_off, col_off = offset
@@ -285,12 +334,14 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
         b = blk * p.planes + pl
         bb = np.where(b < B, b, 0).astype(np.int64)
         packed = r == 0
-        row_a = r.astype(np.int64)
-        row_b = np.where(packed, n // 2, n - r).astype(np.int64)
+        base_a, base_b = row_base(n, r), row_base(n, np.where(packed, n // 2, n - r))
         y = [None] * n
         for k in range(n // 2 + 1):
-            a = fflat[(row_a * p.nh + k) * B + bb]
-            cc = fflat[(row_b * p.nh + k) * B + bb]
+            a = fflat[(base_a + k) * B + bb]
+            # of row n - r only 0 < k < n/2 is stored (and used): at k = 0, n/2 an unpacked row
+            # reads a stored neighbour and never uses it (fbfft.cu: no predicated load)
+            kc = k if 0 < k < n // 2 else 1 if k == 0 else n // 2 - 1
+            cc = fflat[(base_b + np.where(packed, k, kc)) * B + bb]
             y[k] = np.where(packed, a + 1j * cc, a).astype(np.complex64)
             if 0 < k < n // 2:
                 y[n - k] = np.where(packed, np.conj(a) + 1j * np.conj(cc), np.conj(cc)).astype(np.complex64)

@@ -86,11 +86,14 @@ def copy_bandwidth_gbs(nbytes=1 << 30):
     return 2 * nbytes / ms / 1e6
 
 
-def case_bytes(n, B, dim=2):
+def case_bytes(n, B, dim=2, stored=False):
     """(bytes of the real data, bytes of the half-spectra) for B planes of n x n (dim 2) or
-    B signals of n (dim 1)."""
-    rows = n if dim == 2 else 1
-    return B * rows * n * 4, rows * (n // 2 + 1) * B * 8
+    B signals of n (dim 1). stored: the 2-D half-spectrum as fbfft stores it, without its
+    conjugate duplicates (n^2/2 + 2 values, not n (n/2 + 1)): the bytes it really moves."""
+    from backends.fbfft_model import stored_frequencies
+    if dim == 1:
+        return B * n * 4, (n // 2 + 1) * B * 8
+    return B * n * n * 4, (stored_frequencies(n) if stored else n * (n // 2 + 1)) * B * 8
 
 
 def bench_case(n, B, warmup=WARMUP, iters=ITERS, dim=2):
@@ -101,6 +104,7 @@ def bench_case(n, B, warmup=WARMUP, iters=ITERS, dim=2):
     from cupy.cuda import cufft
 
     from backends import fbfft_kernels
+    from backends.fbfft_model import compact, stored_frequencies
 
     nh = n // 2 + 1
     shape = (B, n, n) if dim == 2 else (B, n)
@@ -110,14 +114,14 @@ def bench_case(n, B, warmup=WARMUP, iters=ITERS, dim=2):
     rfft = (lambda a: cp.fft.rfft2(a)) if dim == 2 else (lambda a: cp.fft.rfft(a, axis=1))
     irfft = (lambda a: cp.fft.irfft2(a, s=(n, n))) if dim == 2 else (lambda a: cp.fft.irfft(a, n, axis=1))
     x = cp.random.standard_normal(shape, dtype=np.float32)
-    F = cp.empty((n, nh, B) if dim == 2 else (nh, B), dtype=np.complex64)   # fbfft's layout
+    F = cp.empty((stored_frequencies(n), B) if dim == 2 else (nh, B), dtype=np.complex64)  # fbfft's layout
     y = cp.empty(shape, dtype=np.float32)
     spec = rfft(x)                                            # cuFFT's layout (B, [n,] nh)
     spec_in = spec.copy()
     row = {"dim": dim, "n": n, "batch": B}
 
     fwd(x, n, out=F)
-    ref = spec.transpose((1, 2, 0) if dim == 2 else (1, 0))
+    ref = compact(spec.transpose(1, 2, 0), n) if dim == 2 else spec.transpose(1, 0)
     row["fbfft_fwd_err"] = float(cp.linalg.norm(F - ref) / cp.linalg.norm(ref))
     inv(F, n, out=y)
     row["fbfft_inv_err"] = float(cp.linalg.norm(y - x) / cp.linalg.norm(x))
@@ -138,12 +142,14 @@ def bench_case(n, B, warmup=WARMUP, iters=ITERS, dim=2):
     row["cupyfft_fwd_ms"] = gpu_time_ms(lambda: rfft(x), warmup, iters)
     row["cupyfft_inv_ms"] = gpu_time_ms(lambda: irfft(spec_in), warmup, iters)
 
-    real_b, spec_b = case_bytes(n, B, dim)
-    row["bytes"] = real_b + spec_b
+    # bytes each library moves: fbfft's half-spectra leave out the conjugate duplicates
+    row["bytes"] = sum(case_bytes(n, B, dim, stored=True))
+    row["bytes_cufft"] = sum(case_bytes(n, B, dim))
     for lib in ("fbfft", "cufft", "cupyfft"):
         for d in ("fwd", "inv"):
             ms = row[f"{lib}_{d}_ms"]
-            row[f"{lib}_{d}_gbs"] = None if ms is None else row["bytes"] / ms / 1e6
+            nbytes = row["bytes"] if lib == "fbfft" else row["bytes_cufft"]
+            row[f"{lib}_{d}_gbs"] = None if ms is None else nbytes / ms / 1e6
     base = "cufft" if row["cufft_fwd_ms"] is not None else "cupyfft"
     row["speedup_fwd"] = row[f"{base}_fwd_ms"] / row["fbfft_fwd_ms"]
     row["speedup_inv"] = row[f"{base}_inv_ms"] / row["fbfft_inv_ms"]

@@ -30,6 +30,7 @@ def test_fft_table_flags_wrong_results():
 
 def test_fft_case_bytes():
     assert bench_fft.case_bytes(8, 2, dim=2) == (2 * 64 * 4, 8 * 5 * 2 * 8)
+    assert bench_fft.case_bytes(8, 2, dim=2, stored=True) == (2 * 64 * 4, 34 * 2 * 8)  # 8^2/2 + 2
     assert bench_fft.case_bytes(8, 2, dim=1) == (2 * 8 * 4, 5 * 2 * 8)
 
 

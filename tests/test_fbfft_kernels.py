@@ -45,9 +45,10 @@ def rel_err(got, ref):
 
 
 def spectrum_case(rng, n, B):
-    """A Hermitian-consistent spectrum (n, n//2+1, B) and its real planes (B, n, n)."""
+    """A Hermitian-consistent spectrum in the kernels' (nf, B) layout and its real planes (B, n, n)."""
     planes = rng.standard_normal((B, n, n))
-    return np.ascontiguousarray(np.fft.rfft2(planes).transpose(1, 2, 0), dtype=np.complex64), planes
+    full = np.fft.rfft2(planes).transpose(1, 2, 0)
+    return np.ascontiguousarray(model.compact(full, n), dtype=np.complex64), planes
 
 
 def windows(n):
@@ -63,8 +64,9 @@ def test_model_rfft2_matches_numpy(rng, n, B, h, w, top, left):
     x = rng.standard_normal((B, h, w)).astype(np.float32)
     F = model.rfft2(x, n, (top, left))  # asserts every output written exactly once
     ref = np.fft.rfft2(padded(x, n, top, left)).transpose(1, 2, 0)
-    assert F.shape == (n, n // 2 + 1, B) and F.dtype == np.complex64
-    assert rel_err(F, ref) < TOL
+    assert F.shape == (n * n // 2 + 2, B) and F.dtype == np.complex64
+    assert rel_err(F, model.compact(ref, n)) < TOL
+    assert rel_err(model.expand(F, n), ref) < TOL
 
 
 @pytest.mark.parametrize("n", model.SIZES)
@@ -138,7 +140,22 @@ def test_model_rejects_inputs_that_do_not_fit():
     with pytest.raises(ValueError, match="does not fit"):
         model.rfft2(np.zeros((1, 8, 8), np.float32), 8, (1, 0))
     with pytest.raises(ValueError, match="does not fit"):
-        model.irfft2(np.zeros((8, 5, 1), np.complex64), 8, (8, 8), (0, 1))
+        model.irfft2(np.zeros((34, 1), np.complex64), 8, (8, 8), (0, 1))
+    with pytest.raises(ValueError, match=r"spectrum must have shape \(34, B\)"):
+        model.irfft2(np.zeros((8, 5, 1), np.complex64), 8)
+
+
+@pytest.mark.parametrize("n", model.SIZES)
+def test_compact_layout(n):
+    """nf = n^2/2 + 2 values stored: every (ky, kx) of the half-spectrum but the conjugate
+    duplicates in columns 0 and n/2; row_base places them as fbfft.cu does; expand undoes
+    compact on any Hermitian-consistent spectrum."""
+    nf = model.stored_frequencies(n)
+    stored = model._stored(n)
+    assert len(stored) == nf == n * n // 2 + 2
+    assert [int(model.row_base(n, ky)) + kx for ky, kx in stored] == list(range(nf))
+    full = np.fft.rfft2(np.random.default_rng(n).standard_normal((3, n, n))).transpose(1, 2, 0)
+    np.testing.assert_allclose(model.expand(model.compact(full, n), n), full, atol=1e-9)
 
 
 # ---- the CUDA source itself, compiled for the host (CPU) ---------------------------
@@ -286,10 +303,10 @@ def test_emulated_plan_matches_model(emulated, n):
 @pytest.mark.parametrize("n,B,h,w,top,left", CASES, ids=CASE_IDS)
 def test_emulated_rfft2_matches_numpy(emulated, rng, n, B, h, w, top, left):
     x = rng.standard_normal((B, h, w)).astype(np.float32)
-    F = np.full((n, n // 2 + 1, B), np.nan, dtype=np.complex64)  # poisoned
+    F = np.full((n * n // 2 + 2, B), np.nan, dtype=np.complex64)  # poisoned
     assert emulated.emu_rfft2(n, _ptr(x), _ptr(F), B, h, w, top, left) == 0
     ref = np.fft.rfft2(padded(x, n, top, left)).transpose(1, 2, 0)
-    assert rel_err(F, ref) < TOL
+    assert rel_err(F, model.compact(ref, n)) < TOL
 
 
 @pytest.mark.parametrize("n", model.SIZES)
@@ -311,14 +328,14 @@ def test_cuda_rfft2_matches_cufft(n, B, h, w, top, left):
     import cupy as cp
     rng = np.random.default_rng()  # fresh data every run
     x = cp.asarray(rng.standard_normal((B, h, w)).astype(np.float32))
-    out = cp.full((n, n // 2 + 1, B), np.nan, dtype=np.complex64)  # poisoned
+    out = cp.full((n * n // 2 + 2, B), np.nan, dtype=np.complex64)  # poisoned
     F = fbfft_kernels.rfft2(x, n, (top, left), out=out)
     cp.cuda.runtime.deviceSynchronize()
     P = cp.zeros((B, n, n), dtype=np.float32)
     P[:, top:top + h, left:left + w] = x
     ref = cp.fft.rfft2(P).transpose(1, 2, 0)
     assert F is out
-    assert rel_err(cp.asnumpy(F), cp.asnumpy(ref)) < TOL
+    assert rel_err(cp.asnumpy(F), model.compact(cp.asnumpy(ref), n)) < TOL
 
 
 @pytest.mark.gpu
@@ -329,7 +346,7 @@ def test_cuda_irfft2_matches_cufft(n):
     B = 3 * model.plan(n).planes + 5
     planes = cp.asarray(rng.standard_normal((B, n, n)).astype(np.float32))
     spec = cp.fft.rfft2(planes)                                    # (B, n, nh)
-    F = cp.ascontiguousarray(spec.transpose(1, 2, 0)).astype(cp.complex64)
+    F = cp.asarray(model.compact(cp.asnumpy(spec.transpose(1, 2, 0)), n).astype(np.complex64))
     full = cp.fft.irfft2(spec, s=(n, n))
     for oh, ow, ro, co in windows(n):
         out = cp.full((B, oh, ow), np.nan, dtype=np.float32)       # poisoned
@@ -365,13 +382,13 @@ def test_cuda_rejects_bad_arguments():
         fbfft_kernels.rfft2(x.astype(cp.float64), 8)
     with pytest.raises(ValueError, match="C-contiguous"):
         fbfft_kernels.rfft2(x.transpose(0, 2, 1), 8)
-    F = cp.zeros((8, 5, 4), dtype=cp.complex64)
+    F = cp.zeros((34, 4), dtype=cp.complex64)
     with pytest.raises(ValueError, match="does not fit"):
         fbfft_kernels.irfft2(F, 8, (8, 8), (0, 1))
     with pytest.raises(ValueError, match="shape"):
         fbfft_kernels.irfft2(F, 16)
     with pytest.raises(ValueError, match="out must have shape"):
-        fbfft_kernels.rfft2(x, 8, out=cp.empty((8, 5, 3), cp.complex64))
+        fbfft_kernels.rfft2(x, 8, out=cp.empty((34, 3), cp.complex64))
 
 
 # ---- 1-D kernels: model and host emulation against np.fft (CPU), CUDA against cuFFT (GPU) ----

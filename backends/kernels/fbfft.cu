@@ -6,11 +6,11 @@
 // Layouts (row-major, contiguous; B planes, n = N the FFT size, nh = n/2 + 1):
 //   fbfft_rfft2<N>   in : float   (B, h, w)        h, w <= n, placed at (pad_top, pad_left)
 //                                                   of an implicit n x n zero plane P_b
-//                    out: float2  (n, nh, B)       out[ky][kx][b] =
+//                    out: float2  (nf, B)          out[freq(ky, kx)][b] =
 //                          sum_{y,x} P_b[y][x] exp(-2 pi i (ky y + kx x) / n)
 //                          i.e. rfft2(P)[b, ky, kx], frequency-major with the batch
 //                          fastest: the layout the per-frequency GEMM wants (HWBD).
-//   fbfft_irfft2<N>  in : float2  (n, nh, B)       Hermitian half-spectra, as above
+//   fbfft_irfft2<N>  in : float2  (nf, B)          Hermitian half-spectra, as above
 //                    out: float   (B, out_h, out_w) out[b][i][j] =
 //                          scale * sum_{ky,kx} F_b[ky][kx] exp(+2 pi i (ky y + kx x) / n)
 //                          at y = row_off + i, x = col_off + j (scale = 1/n^2 is irfft2).
@@ -18,6 +18,12 @@
 // inverse stores only the clipped window (no cropping copy), as in the paper's 5.1.
 // The inverse reads each spectrum as Hermitian-consistent (what rfft2, and products and
 // sums of rfft2 outputs, are): of F[ky][0] and F[ky][n/2] it uses only ky <= n/2.
+// So those 2 (n/2 - 1) values (F[n - ky][0] = conj F[ky][0], and the same at n/2) are
+// not stored at all: the half-spectrum keeps nf = n^2/2 + 2 of its n (n/2 + 1) values,
+// the exact count of a real n x n signal's degrees of freedom, and the per-frequency
+// GEMM runs over nf frequencies instead of n (n/2 + 1) (n = 16: 130 instead of 144).
+// freq(ky, kx) = ky nh + kx                                      for ky <= n/2,
+//              = (n/2 + 1) nh + (ky - n/2 - 1)(n/2 - 1) + kx - 1  for ky > n/2, 0 < kx < n/2.
 //
 // Algorithm. A 2-D real FFT is a pass of 1-D FFTs down the columns, a transpose, and a
 // pass along the rows. Each thread owns whole 1-D FFTs held in registers: a radix-2
@@ -41,7 +47,7 @@
 //     row 0 holds FFT(C[0] + i C[n/2]) = F[0][.] + i F[n/2][.], split as above. Thread
 //     (p, r) then writes F[r][kx] and F[n-r][kx] = conj F[r][n-kx] (or F[0], F[n/2]),
 //     kx = 0..n/2: every thread writes n + 2 values, and a warp's lanes are consecutive
-//     planes, so each store is a run of consecutive addresses in the (n, nh, B) layout.
+//     planes, so each store is a run of consecutive addresses in the (nf, B) layout.
 // Inverse: the same passes backwards (rows of the spectrum first, then columns, two
 //   real columns packed into one complex inverse FFT). For the sizes with kStageOut, the
 //   clipped window of the block's planes is then staged in shared memory (over S, after a
@@ -90,6 +96,7 @@ struct Plan {
     static constexpr int kLogM = ilog2(kM);
     static constexpr int kRows = N / 2;             // column pairs (pass 1) = packed rows (pass 2)
     static constexpr int kNh = N / 2 + 1;           // kx extent of a half-spectrum
+    static constexpr int kNf = N * N / 2 + 2;       // frequencies stored (see the header)
     static constexpr int kPlanes = N <= 4 ? 128 : N == 8 ? 64 : N == 16 ? 32 : N == 32 ? 8 : N == 64 ? 4 : 1;
     static constexpr int kThreads = kRows * kSplit * kPlanes;
     static constexpr int kColStride = N <= 16 ? kPlanes + 16 / kRows : N == 32 ? 9 : N == 64 ? 5 : 1;
@@ -108,6 +115,16 @@ struct Plan {
     // runs of 64 floats already) the extra barrier and round trip cost more than it saved.
     static constexpr bool kStageOut = N <= 32;
 };
+
+// Where row `row` of the half-spectrum starts in the (nf, B) layout, minus the kx of its
+// first stored entry: row <= n/2 stores kx = 0..n/2 at row_base + kx, a row past n/2 only
+// 0 < kx < n/2, also at row_base + kx.
+template <int N>
+__host__ __device__ constexpr long long row_base(int row)
+{
+    return row <= N / 2 ? (long long)row * Plan<N>::kNh
+                        : (long long)(N / 2 + 1) * Plan<N>::kNh + (long long)(row - N / 2 - 1) * (N / 2 - 1) - 1;
+}
 
 // Straight-line (no loop) so that it folds to a constant wherever i is one, which is
 // what lets the register arrays below be indexed by it. bits <= 7.
@@ -311,7 +328,8 @@ __device__ __forceinline__ void rfft2_columns(const float* __restrict__ in, floa
 
 // Pass 2, thread (p, r) of class C: row r of S along x, then the stores of F[r][kx]
 // and F[n-r][kx] = conj F[r][n-kx] (row 0: F[0] and F[n/2], split out of
-// FFT(C[0] + i C[n/2])), kx = 0..n/2, into out (n, nh, B).
+// FFT(C[0] + i C[n/2])), kx = 0..n/2, into out (nf, B); of row n - r > n/2 only
+// 0 < kx < n/2 is stored.
 template <int N, int C>
 __device__ __forceinline__ void rfft2_rows(float2* __restrict__ out, const float2* smem,
                                            long long b, int B, int r, int p)
@@ -325,15 +343,16 @@ __device__ __forceinline__ void rfft2_rows(float2* __restrict__ out, const float
     if (b >= B) return;  // a plane past the batch (last block); no barrier follows
     const bool packed = r == 0;
     const long long fstride = B;  // distance between consecutive frequencies in out
-    float2* outA = out + (long long)r * P::kNh * fstride + b;
-    float2* outB = out + (long long)(packed ? N / 2 : N - r) * P::kNh * fstride + b;
+    float2* outA = out + row_base<N>(r) * fstride + b;
+    float2* outB = out + row_base<N>(packed ? N / 2 : N - r) * fstride + b;
 #pragma unroll
     for (int kx = 0; kx <= N / 2; ++kx) {
         if (kx % P::kSplit != C) continue;
         const float2 u = v[reg_of<N>(kx)];                  // Y[kx]
         const float2 m = conjg(v[reg_of<N>((N - kx) % N)]);  // conj Y[n - kx]
         outA[kx * fstride] = packed ? cscale(cadd(u, m), 0.5f) : u;
-        outB[kx * fstride] = packed ? cscale(mul_minus_i(csub(u, m)), 0.5f) : m;
+        if (packed || (kx > 0 && kx < N / 2))                // F[n-r][0], F[n-r][n/2]: not stored
+            outB[kx * fstride] = packed ? cscale(mul_minus_i(csub(u, m)), 0.5f) : m;
     }
 }
 
@@ -352,8 +371,8 @@ __device__ __forceinline__ void irfft2_rows(const float2* __restrict__ in, float
     const bool plane_ok = b < B;
     const long long fstride = B;
     // A plane past the batch (last block) reads plane 0 instead; its results are never stored.
-    const float2* inA = in + (long long)r * P::kNh * fstride + (plane_ok ? b : 0);
-    const float2* inB = in + (long long)(packed ? N / 2 : N - r) * P::kNh * fstride + (plane_ok ? b : 0);
+    const float2* inA = in + row_base<N>(r) * fstride + (plane_ok ? b : 0);
+    const float2* inB = in + row_base<N>(packed ? N / 2 : N - r) * fstride + (plane_ok ? b : 0);
     // y[kx], kx = 0..n-1, from a = F[r][k] (or F[0][k]) and c = F[r'][k] (or F[n/2][k]):
     //   y[k]     = a                            (packed: a + i c)
     //   y[n - k] = conj F[r][...] = conj c      (packed: conj a + i conj c), 0 < k < n/2
@@ -361,7 +380,11 @@ __device__ __forceinline__ void irfft2_rows(const float2* __restrict__ in, float
     float2 y[N];
 #pragma unroll
     for (int k = 0; k <= N / 2; ++k) {
-        const float2 a = inA[k * fstride], c = inB[k * fstride];
+        // Of row r' > n/2 only 0 < k < n/2 is stored (and used): at k = 0 and n/2 an unpacked
+        // row reads a stored neighbour instead, unconditionally (a predicated load costs
+        // n = 128 its last registers), and never uses it.
+        const int kc = (k > 0 && k < N / 2) ? k : k == 0 ? 1 : N / 2 - 1;
+        const float2 a = inA[k * fstride], c = inB[(packed ? k : kc) * fstride];
         y[k] = packed ? cadd(a, mul_i(c)) : a;
         if (k > 0 && k < N / 2) y[N - k] = packed ? cadd(conjg(a), mul_i(conjg(c))) : conjg(c);
     }
