@@ -88,13 +88,17 @@ def _geometry_key(x_shape, w_shape, stride, padding):
 
 def pick(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
     """The name of the backend that runs this pass of this geometry."""
+    tune = _tuning_on(xp)  # also rejects a bad MINITORCH_AUTO_TUNE, cached choice or not
+    geom = _geometry_key(x_shape, w_shape, stride, padding)
+    key = tuning.key(xp, np.float32, geom, pass_name, "auto")
+    known = _memory.get(key)
+    if known is not None and known.get("backend") in registry:
+        return known["backend"]  # chosen earlier in this process: every later pass of a layer
     candidates = [n for n in PREFERENCE if n in registry and registry[n].supports(x_shape, w_shape, stride, padding)]
     candidates += [n for n in registry if n not in candidates and registry[n].supports(x_shape, w_shape, stride, padding)]
     if not candidates:
         return None
-    geom = _geometry_key(x_shape, w_shape, stride, padding)
-    key = tuning.key(xp, np.float32, geom, pass_name, "auto")
-    if len(candidates) == 1 or not _tuning_on(xp):
+    if len(candidates) == 1 or not tune:
         _memory[key] = {"backend": candidates[0], "ms": {}, "skipped": {}, "untimed": True}
         return candidates[0]
     record = _memory.get(key) or tuning.default_cache().get(key)

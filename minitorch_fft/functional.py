@@ -114,7 +114,13 @@ def linear(x, weight, bias=None):
 
 
 class MaxPool2dFn(Function):
-    """Max pooling without padding, floor mode (Torch's default)."""
+    """Max pooling without padding, floor mode (Torch's default). The argmax of each window
+    (its offset i * kw + j, the last NaN if there is one, so NaN propagates as in Torch) is
+    kept for backward, which routes each output's gradient to that element only.
+
+    On the GPU each pass is one elementwise kernel (no synchronisation with the host: a
+    boolean-mask assignment would wait for the GPU at every window offset); on the CPU the
+    same arithmetic runs over the k*k strided views."""
 
     def forward(self, x, kernel_size, stride):
         xp = get_array_module(x)
@@ -122,7 +128,14 @@ class MaxPool2dFn(Function):
         n, c, h, w = x.shape
         oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
         self.x_shape, self.geom = x.shape, (kh, kw, sh, sw, oh, ow)
-        out, arg = None, xp.zeros((n, c, oh, ow), dtype=np.uint8)
+        if xp is not np:
+            x = xp.ascontiguousarray(x)
+            out = xp.empty((n, c, oh, ow), dtype=x.dtype)
+            arg = xp.empty((n, c, oh, ow), dtype=np.uint8)
+            _pool_kernels()[0](x, h, w, kh, kw, sh, sw, oh, ow, out, arg)
+            self.arg = arg
+            return out
+        out, arg = None, np.zeros((n, c, oh, ow), dtype=np.uint8)
         # One pass per kernel offset: k*k strided views, no im2col copy.
         for i in range(kh):
             for j in range(kw):
@@ -130,21 +143,70 @@ class MaxPool2dFn(Function):
                 if out is None:
                     out = v.copy()
                     continue
-                take = (v > out) | xp.isnan(v)  # NaN wins, so it propagates
-                out = xp.where(take, v, out)
-                arg[take] = i * kw + j
+                take = (v > out) | np.isnan(v)  # NaN wins, so it propagates
+                out = np.where(take, v, out)
+                arg = np.where(take, np.uint8(i * kw + j), arg)
         self.arg = arg
         return out
 
     def backward(self, g):
         xp = get_array_module(g)
         kh, kw, sh, sw, oh, ow = self.geom
-        gx = xp.zeros(self.x_shape, dtype=g.dtype)
+        if xp is not np:
+            _, _, h, w = self.x_shape
+            gx = xp.empty(self.x_shape, dtype=g.dtype)
+            _pool_kernels()[1](xp.ascontiguousarray(g), self.arg, h, w, kh, kw, sh, sw, oh, ow, gx)
+            return gx
+        gx = np.zeros(self.x_shape, dtype=g.dtype)
         for i in range(kh):
             for j in range(kw):
                 gx[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
-                    g * (self.arg == i * kw + j)
+                    np.where(self.arg == i * kw + j, g, 0)
         return gx
+
+
+_POOL = None
+
+
+def _pool_kernels():
+    """(forward, backward) max-pooling kernels for CuPy, compiled once."""
+    global _POOL
+    if _POOL is None:
+        import cupy as cp
+        params = "int64 h, int64 w, int64 kh, int64 kw, int64 sh, int64 sw, int64 oh, int64 ow"
+        fwd = cp.ElementwiseKernel(
+            "raw float32 x, " + params, "float32 y, uint8 arg",
+            """
+            const long long ox = i % ow, oy = (i / ow) % oh, plane = i / (oh * ow);
+            const long long base = (plane * h + oy * sh) * w + ox * sw;
+            float best = x[base];
+            int best_k = 0;
+            for (int a = 0; a < kh; ++a)
+                for (int b = 0; b < kw; ++b) {
+                    const float v = x[base + a * w + b];
+                    if (v > best || isnan(v)) { best = v; best_k = a * kw + b; }
+                }
+            y = best;
+            arg = (unsigned char)best_k;
+            """, "minitorch_maxpool_fwd")
+        # gradient of input element (yy, xx): the outputs whose window holds it and whose
+        # argmax it is (a gather: no atomics, windows may overlap)
+        bwd = cp.ElementwiseKernel(
+            "raw float32 g, raw uint8 arg, " + params, "float32 gx",
+            """
+            const long long xx = i % w, yy = (i / w) % h, plane = i / (h * w);
+            const long long oy0 = yy >= kh ? (yy - kh) / sh + 1 : 0, oy1 = min(yy / sh, oh - 1);
+            const long long ox0 = xx >= kw ? (xx - kw) / sw + 1 : 0, ox1 = min(xx / sw, ow - 1);
+            float acc = 0.f;
+            for (long long oy = oy0; oy <= oy1; ++oy)
+                for (long long ox = ox0; ox <= ox1; ++ox) {
+                    const long long o = (plane * oh + oy) * ow + ox;
+                    if (arg[o] == (yy - oy * sh) * kw + (xx - ox * sw)) acc += g[o];
+                }
+            gx = acc;
+            """, "minitorch_maxpool_bwd")
+        _POOL = (fwd, bwd)
+    return _POOL
 
 
 def max_pool2d(x, kernel_size, stride=None):
@@ -208,7 +270,8 @@ def _check_targets(x, target):
         raise ValueError(f"targets must have shape ({x.shape[0]},), got {tuple(t.shape)}")
     if t.dtype.kind not in "iu":
         raise TypeError(f"targets must be integer class indices, got dtype {t.dtype}")
-    if t.size and (int(t.min()) < 0 or int(t.max()) >= x.shape[1]):
+    # one host-device synchronisation on the GPU (a count), none for the message unless it fails
+    if t.size and int(xp.count_nonzero((t < 0) | (t >= x.shape[1]))):
         raise ValueError(f"targets must lie in [0, {x.shape[1]}), got values in "
                          f"[{int(t.min())}, {int(t.max())}]")
     return t.astype(np.int64)

@@ -37,6 +37,9 @@ class SGD:
             for i, p in enumerate(self.params):
                 if p.grad is None:
                     continue
+                if self.momentum and get_array_module(p.data) is not np and p.data.flags.c_contiguous:
+                    self._fused_step(i, p)
+                    continue
                 d = p.grad
                 if self.weight_decay:
                     d = d + self.weight_decay * p.data
@@ -49,6 +52,16 @@ class SGD:
                         v += d
                     d = self.velocity[i]
                 p.data -= self.lr * d
+
+    def _fused_step(self, i, p):
+        """The same update as step()'s, as one GPU kernel per parameter instead of four."""
+        xp = get_array_module(p.data)
+        first = self.velocity[i] is None
+        if first:
+            self.velocity[i] = xp.empty_like(p.data)
+        _sgd_kernel()(xp.ascontiguousarray(p.grad, dtype=np.float32), np.float32(self.lr),
+                      np.float32(self.momentum), np.float32(self.weight_decay), first,
+                      p.data, self.velocity[i])
 
     def state_dict(self):
         return {"lr": self.lr, "base_lr": self.base_lr, "momentum": self.momentum,
@@ -66,3 +79,21 @@ class SGD:
         self.momentum, self.weight_decay = float(state["momentum"]), float(state["weight_decay"])
         self.velocity = [None if v is None else get_array_module(p.data).asarray(v, dtype=np.float32)
                          for v, p in zip(vel, self.params)]
+
+
+_SGD = None
+
+
+def _sgd_kernel():
+    """d = g + wd p;  v = d (first step) or momentum v + d;  p -= lr v. CuPy, compiled once."""
+    global _SGD
+    if _SGD is None:
+        import cupy as cp
+        _SGD = cp.ElementwiseKernel(
+            "float32 g, float32 lr, float32 momentum, float32 wd, bool first", "float32 p, float32 v",
+            """
+            const float d = wd != 0.f ? g + wd * p : g;
+            v = first ? d : momentum * v + d;
+            p = p - lr * v;
+            """, "minitorch_sgd_momentum")
+    return _SGD

@@ -18,7 +18,8 @@ def test_conv_layers_trace_the_papers_networks():
 
 
 def test_help_works_without_a_gpu():
-    for script in ("benchmarks/paper.py", "benchmarks/bench_cufft.py", "benchmarks/bench_fbfft_vs_cufft.py"):
+    for script in ("benchmarks/paper.py", "benchmarks/bench_cufft.py", "benchmarks/bench_fbfft_vs_cufft.py",
+                   "benchmarks/bench_cgemm.py", "benchmarks/profile_layers.py"):
         p = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
         assert p.returncode == 0 and "usage" in p.stdout, p.stderr
 

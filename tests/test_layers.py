@@ -62,6 +62,26 @@ def test_max_pooling(device, k, s, hw, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_max_pooling_nan_and_gradient_routing(device, rng):
+    """A NaN in a window wins (Torch propagates it); the gradient goes to the argmax only, so
+    a NaN upstream gradient never reaches the other elements of its window."""
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    x[0, 1, 2, 3] = x[1, 2, 6, 6] = np.nan
+    out = mt.SpatialMaxPooling(3, 2)(mt.Tensor(mt.to_device(x, device), requires_grad=True))
+    ref = TF.max_pool2d(torch.tensor(x.astype(np.float64)), 3, 2).numpy()
+    got = mt.to_device(out.data, "cpu")
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(ref).any()
+    np.testing.assert_allclose(got[~np.isnan(ref)], ref[~np.isnan(ref)], rtol=0)
+    xt = mt.Tensor(mt.to_device(np.nan_to_num(x), device), requires_grad=True)
+    y = mt.SpatialMaxPooling(3, 2)(xt)
+    g = np.zeros(y.shape, np.float32)
+    g[0, 0, 0, 0] = np.nan
+    (y * mt.Tensor(mt.to_device(g, device))).sum().backward()
+    gx = mt.to_device(xt.grad, "cpu")
+    assert np.isnan(gx).sum() == 1, "the NaN gradient reached more than its window's argmax"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_linear(device, rng):
     layer = mt.Linear(7, 5).to(device)
     wt, b = layer.weight.numpy(), layer.bias.numpy()

@@ -97,7 +97,14 @@ struct Plan {
     static constexpr int kRows = N / 2;             // column pairs (pass 1) = packed rows (pass 2)
     static constexpr int kNh = N / 2 + 1;           // kx extent of a half-spectrum
     static constexpr int kNf = N * N / 2 + 2;       // frequencies stored (see the header)
-    static constexpr int kPlanes = N <= 4 ? 128 : N == 8 ? 64 : N == 16 ? 32 : N == 32 ? 8 : N == 64 ? 4 : 1;
+#ifndef FBFFT_PLANES_8   // overridable only for tuning experiments (benchmarks/NOTES.md); the
+#define FBFFT_PLANES_8 64  // host side (fbfft_model.plan) carries the defaults
+#endif
+#ifndef FBFFT_PLANES_16
+#define FBFFT_PLANES_16 32
+#endif
+    static constexpr int kPlanes = N <= 4 ? 128 : N == 8 ? FBFFT_PLANES_8 : N == 16 ? FBFFT_PLANES_16
+                                 : N == 32 ? 8 : N == 64 ? 4 : 1;
     static constexpr int kThreads = kRows * kSplit * kPlanes;
     static constexpr int kColStride = N <= 16 ? kPlanes + 16 / kRows : N == 32 ? 9 : N == 64 ? 5 : 1;
     static constexpr int kRowStride = N <= 16 ? N * kColStride : N == 32 ? N * 9 + 8 : N == 64 ? N * 5 + 4 : N + 1;
