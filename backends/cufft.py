@@ -178,11 +178,22 @@ def _irfft2(xp, spec, basis):
 
 
 def _kernel_positions(xp, g, basis):
-    """Index arrays (kh, 1), (kw,) of kernel tap (u, v) in the basis: ((u - ph) mod n, (v - pw) mod m)."""
-    n, m = basis
-    rows = (xp.arange(g.kh) - g.ph) % n
-    cols = (xp.arange(g.kw) - g.pw) % m
-    return rows[:, None], cols
+    """Index arrays (kh, 1), (kw,) of kernel tap (u, v) in the basis: ((u - ph) mod n, (v - pw) mod m).
+
+    Built once per (device, geometry, basis): on the GPU each build is six small launches, and
+    every weight spectrum and weight gradient asks."""
+    device = "cpu" if xp is np else xp.cuda.Device().id
+    key = (device, g.kh, g.kw, g.ph, g.pw, tuple(basis))
+    found = _positions.get(key)
+    if found is None:
+        n, m = basis
+        rows = xp.asarray((np.arange(g.kh) - g.ph) % n)
+        cols = xp.asarray((np.arange(g.kw) - g.pw) % m)
+        found = _positions[key] = (rows[:, None], cols)
+    return found
+
+
+_positions = {}
 
 
 def _weight_spectrum(xp, w, g, basis):
