@@ -78,42 +78,48 @@ def _geometry(x_shape, w_shape, stride, padding, gy=None):
 # On the GPU each rearrangement is one elementwise kernel: every element of the result
 # computes where it comes from (zero outside the source), so there is no zero fill, padded
 # copy or transposing copy. On the CPU the same maps are written with reshape/transpose.
-_GATHER = _SCATTER = None
+# The index arithmetic is 32-bit unless an array reaches 2^31 elements: 64-bit division and
+# remainder are emulated on the GPU, many instructions each, and made the first version of
+# these kernels compute-bound (0.18-0.20 ms per pass on AlexNet's conv1; NOTES.md).
+_CODE = {
+    "gather": """
+        const IDX k = (IDX)i;
+        const IDX b = k % B, a = (k / B) % A, phase = (k / (A * B)) % (sh * sw);
+        const IDX plane = k / (A * B * sh * sw);
+        const IDX row = sh * a + phase / sw - ph, col = sw * b + phase % sw - pw;
+        y = (row >= 0 && row < h && col >= 0 && col < w) ? x[(plane * h + row) * w + col] : 0.f;
+        """,
+    "scatter": """
+        const IDX k = (IDX)i;
+        const IDX q = k % w, r = (k / w) % h, plane = k / (h * w);
+        const IDX R = r + ph, Q = q + pw, a = R / sh, b = Q / sw;
+        const IDX phase = (R % sh) * sw + Q % sw;
+        y = (a < A && b < B) ? x[((plane * sh * sw + phase) * A + a) * B + b] : 0.f;
+        """,
+}
+_KERNELS = {}
 
 
-def _gather_kernel():
-    """y (P, C sh sw, A, B)[p, (c, ry, rx), a, b] = x (P, C, h, w)[p, c, sh a + ry - ph, sw b + rx - pw]."""
-    global _GATHER
-    if _GATHER is None:
+def _kernel(kind, wide):
+    """gather: y (P, C sh sw, A, B)[p, (c, ry, rx), a, b] = x (P, C, h, w)[p, c, sh a + ry - ph, sw b + rx - pw];
+    scatter: y (P, C, h, w)[p, c, r, q] = x (P, C sh sw, A, B)[p, (c, R % sh, Q % sw), R / sh, Q / sw],
+    R = r + ph, Q = q + pw, 0 where (R / sh, Q / sw) falls outside A x B. Compiled once per
+    kind and index width."""
+    found = _KERNELS.get((kind, wide))
+    if found is None:
         import cupy as cp
-        _GATHER = cp.ElementwiseKernel(
-            "raw float32 x, int64 h, int64 w, int64 sh, int64 sw, int64 ph, int64 pw, int64 A, int64 B",
-            "float32 y",
-            """
-            const long long b = i % B, a = (i / B) % A, phase = (i / (A * B)) % (sh * sw);
-            const long long plane = i / (A * B * sh * sw);
-            const long long row = sh * a + phase / sw - ph, col = sw * b + phase % sw - pw;
-            y = (row >= 0 && row < h && col >= 0 && col < w) ? x[(plane * h + row) * w + col] : 0.f;
-            """, "minitorch_polyphase_gather")
-    return _GATHER
+        t = "int64" if wide else "int32"
+        found = _KERNELS[(kind, wide)] = cp.ElementwiseKernel(
+            f"raw float32 x, {t} h, {t} w, {t} sh, {t} sw, {t} ph, {t} pw, {t} A, {t} B", "float32 y",
+            _CODE[kind].replace("IDX", "long long" if wide else "int"),
+            f"minitorch_polyphase_{kind}_{t}")
+    return found
 
 
-def _scatter_kernel():
-    """y (P, C, h, w)[p, c, r, q] = x (P, C sh sw, A, B)[p, (c, R % sh, Q % sw), R / sh, Q / sw],
-    R = r + ph, Q = q + pw; 0 where (R / sh, Q / sw) falls outside A x B."""
-    global _SCATTER
-    if _SCATTER is None:
-        import cupy as cp
-        _SCATTER = cp.ElementwiseKernel(
-            "raw float32 x, int64 h, int64 w, int64 sh, int64 sw, int64 ph, int64 pw, int64 A, int64 B",
-            "float32 y",
-            """
-            const long long q = i % w, r = (i / w) % h, plane = i / (h * w);
-            const long long R = r + ph, Q = q + pw, a = R / sh, b = Q / sw;
-            const long long phase = (R % sh) * sw + Q % sw;
-            y = (a < A && b < B) ? x[((plane * sh * sw + phase) * A + a) * B + b] : 0.f;
-            """, "minitorch_polyphase_scatter")
-    return _SCATTER
+def _launch(kind, src, out, *ints):
+    wide = max(src.size, out.size) >= 2**31
+    cast = np.int64 if wide else np.int32
+    return _kernel(kind, wide)(src, *(cast(v) for v in ints), out)
 
 
 def _gather(xp, a, g, pad, A, B):
@@ -122,7 +128,7 @@ def _gather(xp, a, g, pad, A, B):
     (ph, pw), (sh, sw) = pad, (g.sh, g.sw)
     if xp is not np:
         out = xp.empty((P, C * sh * sw, A, B), dtype=np.float32)
-        return _gather_kernel()(a, h, w, sh, sw, ph, pw, A, B, out)
+        return _launch("gather", a, out, h, w, sh, sw, ph, pw, A, B)
     big = np.zeros((P, C, sh * A, sw * B), dtype=np.float32)
     nh, nw = max(0, min(h, sh * A - ph)), max(0, min(w, sw * B - pw))
     big[:, :, ph:ph + nh, pw:pw + nw] = a[:, :, :nh, :nw]
@@ -138,7 +144,7 @@ def _scatter(xp, a2, g, pad, shape):
     A, B = a2.shape[2:]
     if xp is not np:
         out = xp.empty(shape, dtype=np.float32)
-        return _scatter_kernel()(a2, h, w, sh, sw, ph, pw, A, B, out)
+        return _launch("scatter", a2, out, h, w, sh, sw, ph, pw, A, B)
     six = a2.reshape(P, C, sh, sw, A, B).transpose(0, 1, 4, 2, 5, 3)
     big = np.ascontiguousarray(six).reshape(P, C, sh * A, sw * B)
     out = np.zeros(shape, dtype=np.float32)

@@ -132,7 +132,7 @@ class MaxPool2dFn(Function):
             x = xp.ascontiguousarray(x)
             out = xp.empty((n, c, oh, ow), dtype=x.dtype)
             arg = xp.empty((n, c, oh, ow), dtype=np.uint8)
-            _pool_kernels()[0](x, h, w, kh, kw, sh, sw, oh, ow, out, arg)
+            _pool("fwd", x.size, x, h, w, kh, kw, sh, sw, oh, ow, out, arg)
             self.arg = arg
             return out
         out, arg = None, np.zeros((n, c, oh, ow), dtype=np.uint8)
@@ -155,7 +155,7 @@ class MaxPool2dFn(Function):
         if xp is not np:
             _, _, h, w = self.x_shape
             gx = xp.empty(self.x_shape, dtype=g.dtype)
-            _pool_kernels()[1](xp.ascontiguousarray(g), self.arg, h, w, kh, kw, sh, sw, oh, ow, gx)
+            _pool("bwd", gx.size, xp.ascontiguousarray(g), self.arg, h, w, kh, kw, sh, sw, oh, ow, gx)
             return gx
         gx = np.zeros(self.x_shape, dtype=g.dtype)
         for i in range(kh):
@@ -165,48 +165,59 @@ class MaxPool2dFn(Function):
         return gx
 
 
-_POOL = None
+_POOL = {}
+# 32-bit index arithmetic unless an array reaches 2^31 elements (64-bit division and remainder
+# are emulated on the GPU, many instructions each).
+_POOL_CODE = {
+    "fwd": """
+        const IDX k = (IDX)i;
+        const IDX ox = k % ow, oy = (k / ow) % oh, plane = k / (oh * ow);
+        const IDX base = (plane * h + oy * sh) * w + ox * sw;
+        float best = x[base];
+        int best_k = 0;
+        for (int a = 0; a < kh; ++a)
+            for (int b = 0; b < kw; ++b) {
+                const float v = x[base + a * w + b];
+                if (v > best || isnan(v)) { best = v; best_k = a * kw + b; }
+            }
+        y = best;
+        arg = (unsigned char)best_k;
+        """,
+    # gradient of input element (yy, xx): the outputs whose window holds it and whose argmax
+    # it is (a gather: no atomics, windows may overlap)
+    "bwd": """
+        const IDX k = (IDX)i;
+        const IDX xx = k % w, yy = (k / w) % h, plane = k / (h * w);
+        const IDX oy0 = yy >= kh ? (yy - kh) / sh + 1 : 0, oy1 = min(yy / sh, oh - 1);
+        const IDX ox0 = xx >= kw ? (xx - kw) / sw + 1 : 0, ox1 = min(xx / sw, ow - 1);
+        float acc = 0.f;
+        for (IDX oy = oy0; oy <= oy1; ++oy)
+            for (IDX ox = ox0; ox <= ox1; ++ox) {
+                const IDX o = (plane * oh + oy) * ow + ox;
+                if (arg[o] == (yy - oy * sh) * kw + (xx - ox * sw)) acc += g[o];
+            }
+        gx = acc;
+        """,
+}
 
 
-def _pool_kernels():
-    """(forward, backward) max-pooling kernels for CuPy, compiled once."""
-    global _POOL
-    if _POOL is None:
+def _pool(kind, size, *args):
+    """Launch the max-pooling kernel `kind` ('fwd' or 'bwd') over arrays of up to `size`
+    elements: args are the raw inputs, then h, w, kh, kw, sh, sw, oh, ow, then the outputs."""
+    wide = size >= 2**31
+    kern = _POOL.get((kind, wide))
+    if kern is None:
         import cupy as cp
-        params = "int64 h, int64 w, int64 kh, int64 kw, int64 sh, int64 sw, int64 oh, int64 ow"
-        fwd = cp.ElementwiseKernel(
-            "raw float32 x, " + params, "float32 y, uint8 arg",
-            """
-            const long long ox = i % ow, oy = (i / ow) % oh, plane = i / (oh * ow);
-            const long long base = (plane * h + oy * sh) * w + ox * sw;
-            float best = x[base];
-            int best_k = 0;
-            for (int a = 0; a < kh; ++a)
-                for (int b = 0; b < kw; ++b) {
-                    const float v = x[base + a * w + b];
-                    if (v > best || isnan(v)) { best = v; best_k = a * kw + b; }
-                }
-            y = best;
-            arg = (unsigned char)best_k;
-            """, "minitorch_maxpool_fwd")
-        # gradient of input element (yy, xx): the outputs whose window holds it and whose
-        # argmax it is (a gather: no atomics, windows may overlap)
-        bwd = cp.ElementwiseKernel(
-            "raw float32 g, raw uint8 arg, " + params, "float32 gx",
-            """
-            const long long xx = i % w, yy = (i / w) % h, plane = i / (h * w);
-            const long long oy0 = yy >= kh ? (yy - kh) / sh + 1 : 0, oy1 = min(yy / sh, oh - 1);
-            const long long ox0 = xx >= kw ? (xx - kw) / sw + 1 : 0, ox1 = min(xx / sw, ow - 1);
-            float acc = 0.f;
-            for (long long oy = oy0; oy <= oy1; ++oy)
-                for (long long ox = ox0; ox <= ox1; ++ox) {
-                    const long long o = (plane * oh + oy) * ow + ox;
-                    if (arg[o] == (yy - oy * sh) * kw + (xx - ox * sw)) acc += g[o];
-                }
-            gx = acc;
-            """, "minitorch_maxpool_bwd")
-        _POOL = (fwd, bwd)
-    return _POOL
+        t = "int64" if wide else "int32"
+        params = f"{t} h, {t} w, {t} kh, {t} kw, {t} sh, {t} sw, {t} oh, {t} ow"
+        ins, outs = (("raw float32 x, ", "float32 y, uint8 arg") if kind == "fwd"
+                     else ("raw float32 g, raw uint8 arg, ", "float32 gx"))
+        kern = _POOL[(kind, wide)] = cp.ElementwiseKernel(
+            ins + params, outs, _POOL_CODE[kind].replace("IDX", "long long" if wide else "int"),
+            f"minitorch_maxpool_{kind}_{t}")
+    cast = np.int64 if wide else np.int32
+    n_raw = 1 if kind == "fwd" else 2
+    return kern(*args[:n_raw], *(cast(v) for v in args[n_raw:n_raw + 8]), *args[n_raw + 8:])
 
 
 def max_pool2d(x, kernel_size, stride=None):
