@@ -19,8 +19,8 @@ stride 4, 224^2 padded by 2) becomes 48 -> 64 planes, 3 x 3, 57^2: fbfft on a 64
   accGrad  gw  = depth-to-space of inner.accgrad(gy, x2), the taps past kh x kw cut off
 
 The inner backend is fbfft where its basis (<= 128) holds the phase images, else cufft. Each
-rearrangement (of the input, the weight, or a gradient) is one elementwise gather kernel on the
-GPU: no arithmetic happens outside the inner convolution. Inside
+rearrangement (of the input, the weight, or a gradient) is one kernel on the GPU
+(kernels/polyphase.cu): no arithmetic happens outside the inner convolution. Inside
 `backends.reuse_spectra()` x2 and w2 are built once per step (fprop's serve bprop and accGrad)
 so the inner backend's spectra are shared across the passes as for any stride-1 layer.
 
@@ -75,51 +75,25 @@ def _geometry(x_shape, w_shape, stride, padding, gy=None):
     return g, inner
 
 
-# On the GPU each rearrangement is one elementwise kernel: every element of the result
-# computes where it comes from (zero outside the source), so there is no zero fill, padded
+# On the GPU each rearrangement is one kernel (kernels/polyphase.cu): every element of the
+# result reads where it comes from (zero outside the source), so there is no zero fill, padded
 # copy or transposing copy. On the CPU the same maps are written with reshape/transpose.
-# The index arithmetic is 32-bit unless an array reaches 2^31 elements: 64-bit division and
-# remainder are emulated on the GPU, many instructions each, and made the first version of
-# these kernels compute-bound (0.18-0.20 ms per pass on AlexNet's conv1; NOTES.md).
-_CODE = {
-    "gather": """
-        const IDX k = (IDX)i;
-        const IDX b = k % B, a = (k / B) % A, phase = (k / (A * B)) % (sh * sw);
-        const IDX plane = k / (A * B * sh * sw);
-        const IDX row = sh * a + phase / sw - ph, col = sw * b + phase % sw - pw;
-        y = (row >= 0 && row < h && col >= 0 && col < w) ? x[(plane * h + row) * w + col] : 0.f;
-        """,
-    "scatter": """
-        const IDX k = (IDX)i;
-        const IDX q = k % w, r = (k / w) % h, plane = k / (h * w);
-        const IDX R = r + ph, Q = q + pw, a = R / sh, b = Q / sw;
-        const IDX phase = (R % sh) * sw + Q % sw;
-        y = (a < A && b < B) ? x[((plane * sh * sw + phase) * A + a) * B + b] : 0.f;
-        """,
-}
-_KERNELS = {}
 
 
-def _kernel(kind, wide):
-    """gather: y (P, C sh sw, A, B)[p, (c, ry, rx), a, b] = x (P, C, h, w)[p, c, sh a + ry - ph, sw b + rx - pw];
-    scatter: y (P, C, h, w)[p, c, r, q] = x (P, C sh sw, A, B)[p, (c, R % sh, Q % sw), R / sh, Q / sw],
-    R = r + ph, Q = q + pw, 0 where (R / sh, Q / sw) falls outside A x B. Compiled once per
-    kind and index width."""
-    found = _KERNELS.get((kind, wide))
-    if found is None:
-        import cupy as cp
-        t = "int64" if wide else "int32"
-        found = _KERNELS[(kind, wide)] = cp.ElementwiseKernel(
-            f"raw float32 x, {t} h, {t} w, {t} sh, {t} sw, {t} ph, {t} pw, {t} A, {t} B", "float32 y",
-            _CODE[kind].replace("IDX", "long long" if wide else "int"),
-            f"minitorch_polyphase_{kind}_{t}")
-    return found
-
-
-def _launch(kind, src, out, *ints):
-    wide = max(src.size, out.size) >= 2**31
-    cast = np.int64 if wide else np.int32
-    return _kernel(kind, wide)(src, *(cast(v) for v in ints), out)
+def _launch(kind, src, out, h, w, sh, sw, ph, pw, A, B):
+    """polyphase_<kind> over the rows of `out`: one row per (block, threadIdx.y), columns
+    across threadIdx.x (a warp or two: the rows are short)."""
+    from .common import cuda_module
+    cols = B if kind == "gather" else w
+    rows = out.size // cols
+    tx = 32 if cols <= 32 else 64 if cols <= 64 else 128
+    ty = 256 // tx
+    grid = int(min(-(-rows // ty), 2**31 - 1))
+    kern = cuda_module("polyphase.cu").get_function(f"polyphase_{kind}")
+    i32 = np.int32
+    kern((grid,), (tx, ty), (src, out, i32(h), i32(w), i32(sh), i32(sw), i32(ph), i32(pw), i32(A), i32(B),
+                             np.int64(rows)))
+    return out
 
 
 def _gather(xp, a, g, pad, A, B):

@@ -71,3 +71,72 @@ def test_network_first_layers_gpu(rng):
         x = rng.standard_normal(x_shape).astype(np.float32)
         wt = rng.standard_normal(w_shape).astype(np.float32)
         check_backend(polyphase, x, wt, (4, 4), (pad, pad), device="cuda", rng=rng)
+
+
+# -- kernels/polyphase.cu compiled for the host: its index arithmetic against the NumPy maps --
+
+EMULATION = r"""
+#define __global__
+#define __restrict__
+struct Dim { unsigned x = 0, y = 0, z = 0; };
+static Dim threadIdx, blockIdx, blockDim, gridDim;
+#include "KERNEL_PATH"
+template <class F> static void launch(unsigned grid, unsigned tx, unsigned ty, F k) {
+    gridDim.x = grid; blockDim.x = tx; blockDim.y = ty;
+    for (unsigned b = 0; b < grid; ++b)
+        for (unsigned y = 0; y < ty; ++y)
+            for (unsigned x = 0; x < tx; ++x) { blockIdx.x = b; threadIdx.x = x; threadIdx.y = y; k(); }
+}
+#define ARGS const float* x, float* y, int h, int w, int sh, int sw, int ph, int pw, int A, int B, \
+             long long rows, int grid, int tx, int ty
+extern "C" void gather(ARGS) { launch(grid, tx, ty, [=] { polyphase_gather(x, y, h, w, sh, sw, ph, pw, A, B, rows); }); }
+extern "C" void scatter(ARGS) { launch(grid, tx, ty, [=] { polyphase_scatter(x, y, h, w, sh, sw, ph, pw, A, B, rows); }); }
+"""
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    import ctypes
+    import shutil
+    import subprocess
+
+    from backends.common import KERNEL_DIR
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler for the CUDA-source emulation")
+    d = tmp_path_factory.mktemp("polyphase_emu")
+    (d / "emu.cpp").write_text(EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "polyphase.cu")))
+    res = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(d / "libpp.so"), str(d / "emu.cpp")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return ctypes.CDLL(str(d / "libpp.so"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_emulated_kernels_match_the_numpy_maps(emulated, case, rng):
+    """polyphase_gather / polyphase_scatter, launched as polyphase._launch shapes them (and with
+    a grid of 3 blocks, so the grid-stride loop wraps), give the NumPy path's arrays exactly."""
+    import ctypes
+    S, f, fo, h, w, kh, kw, stride, pad = case
+    g = backends.geometry((S, f, h, w), (fo, f, kh, kw), stride, pad)
+    _, _, A, B = polyphase.phases(g)
+    ptr = ctypes.c_void_p
+
+    def run(fn, src, out, cols, grid=None):
+        rows = out.size // cols
+        tx = 32 if cols <= 32 else 64 if cols <= 64 else 128
+        ty = 256 // tx
+        fn(src.ctypes.data_as(ptr), out.ctypes.data_as(ptr),
+           *(ctypes.c_int(v) for v in (h, w, g.sh, g.sw, g.ph, g.pw, A, B)), ctypes.c_longlong(rows),
+           ctypes.c_int(grid or -(-rows // ty)), ctypes.c_int(tx), ctypes.c_int(ty))
+        return out
+
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    want = polyphase._gather(np, x, g, (g.ph, g.pw), A, B)
+    x2 = rng.standard_normal(want.shape).astype(np.float32)
+    want2 = polyphase._scatter(np, x2, g, (g.ph, g.pw), (S, f, h, w))
+    for grid in (None, 3):
+        got = run(emulated.gather, x, np.full(want.shape, np.nan, np.float32), B, grid)
+        np.testing.assert_array_equal(got, want)
+        got2 = run(emulated.scatter, x2, np.full(want2.shape, np.nan, np.float32), w, grid)
+        np.testing.assert_array_equal(got2, want2)
