@@ -8,9 +8,11 @@
 //
 // One output row per (threadIdx.y, block) step, its columns across threadIdx.x: the row's
 // coordinates cost one division chain per row, and each element a multiply-add and a compare.
-// (The first version computed every coordinate per element with runtime division, eight
-// divisions an element, and ran at about a third of the copy bandwidth; benchmarks/NOTES.md.)
-// Rows are visited in a grid-stride loop with 64-bit row indices.
+// The first version (elementwise, eight runtime divisions per element) ran at about a third of
+// copy bandwidth. This one measured only a little faster: 0.11-0.17 ms per AlexNet conv1 pass
+// against 0.14-0.17 (benchmarks/NOTES.md). So division was not the main cost. The suspect is
+// the access pattern: the gather's reads, and the scatter's writes, go sw floats apart across a
+// warp. Rows are visited in a grid-stride loop with 64-bit row indices.
 
 extern "C" __global__ void polyphase_gather(const float* __restrict__ x, float* __restrict__ y,
                                             int h, int w, int sh, int sw, int ph, int pw,
