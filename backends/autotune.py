@@ -101,7 +101,7 @@ def pick(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
     if len(candidates) == 1 or not tune:
         _memory[key] = {"backend": candidates[0], "ms": {}, "skipped": {}, "untimed": True}
         return candidates[0]
-    record = _memory.get(key) or tuning.default_cache().get(key)
+    record = known or tuning.default_cache().get(key)
     if record is None or record.get("backend") not in candidates:
         record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp,
                        _siblings(xp, geom, pass_name))

@@ -96,6 +96,12 @@ def _launch(kind, src, out, h, w, sh, sw, ph, pw, A, B):
     return out
 
 
+def _covered(h, w, rows, cols):
+    """Rows and columns of an h x w plane that fall inside the phase grid, which reaches `rows`
+    rows and `cols` columns past the plane's origin (the rest lie past the last window)."""
+    return max(0, min(h, rows)), max(0, min(w, cols))
+
+
 def _gather(xp, a, g, pad, A, B):
     """(P, C, h, w) -> (P, C sh sw, A, B): the phase images of `a` zero-padded by `pad`."""
     P, C, h, w = a.shape
@@ -104,7 +110,7 @@ def _gather(xp, a, g, pad, A, B):
         out = xp.empty((P, C * sh * sw, A, B), dtype=np.float32)
         return _launch("gather", a, out, h, w, sh, sw, ph, pw, A, B)
     big = np.zeros((P, C, sh * A, sw * B), dtype=np.float32)
-    nh, nw = max(0, min(h, sh * A - ph)), max(0, min(w, sw * B - pw))
+    nh, nw = _covered(h, w, sh * A - ph, sw * B - pw)
     big[:, :, ph:ph + nh, pw:pw + nw] = a[:, :, :nh, :nw]
     six = big.reshape(P, C, A, sh, B, sw).transpose(0, 1, 3, 5, 2, 4)
     return np.ascontiguousarray(six).reshape(P, C * sh * sw, A, B)
@@ -122,7 +128,7 @@ def _scatter(xp, a2, g, pad, shape):
     six = a2.reshape(P, C, sh, sw, A, B).transpose(0, 1, 4, 2, 5, 3)
     big = np.ascontiguousarray(six).reshape(P, C, sh * A, sw * B)
     out = np.zeros(shape, dtype=np.float32)
-    nh, nw = max(0, min(h, sh * A - ph)), max(0, min(w, sw * B - pw))
+    nh, nw = _covered(h, w, sh * A - ph, sw * B - pw)
     out[:, :, :nh, :nw] = big[:, :, ph:ph + nh, pw:pw + nw]
     return out
 

@@ -204,8 +204,6 @@ def main():
         cp.get_default_memory_pool().free_all_blocks()
     meta = provenance(tuning.device_name(cp), cupy=cp.__version__, warmup=args.warmup, repeat=args.repeat,
                       cgemm3m_found=fn3m is not None)
-    cols = [("layer", "layer", ""), ("pass", "pass", ""), ("n", "basis", ""),
-            ("F x (p, r, q)", None, "")]
     for r_ in rows:
         r_["dims"] = f"{r_['F']} x ({r_['p']}, {r_['r']}, {r_['q']})"
     cols = [("layer", "layer", ""), ("pass", "pass", ""), ("n", "basis", ""), ("F x (p, r, q)", "dims", "")]

@@ -1,4 +1,8 @@
 """Shared fixtures: the `gpu` marker skips cleanly where CuPy or a GPU is missing."""
+import ctypes
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -21,3 +25,20 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def host_library(tmp_path_factory, name, source, flags=()):
+    """C++ `source` (a CUDA file behind a host shim) compiled as a shared library and loaded;
+    skips without a host compiler, or where it lacks C++20 <barrier>."""
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler (g++/clang++) for the CUDA-source emulation")
+    d = tmp_path_factory.mktemp(name)
+    (d / "emu.cpp").write_text(source)
+    lib = d / f"lib{name}.so"
+    res = subprocess.run([cxx, *flags, "-O1", "-shared", "-fPIC", "-o", str(lib), str(d / "emu.cpp")],
+                         capture_output=True, text=True)
+    if res.returncode != 0 and "barrier" in res.stderr and "No such file" in res.stderr:
+        pytest.skip(f"{cxx} lacks C++20 <barrier>")
+    assert res.returncode == 0, f"host compile of {name} failed:\n{res.stderr[-4000:]}"
+    return ctypes.CDLL(str(lib))

@@ -6,8 +6,6 @@ spectrum as Hermitian-consistent (see fbfft.cu), as cuFFT's C2R also assumes.
 """
 import ctypes
 import re
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from backends import fbfft_kernels
 from backends import fbfft_model as model
 from backends.common import KERNEL_DIR
+from conftest import host_library
 
 
 def geometries(n):
@@ -271,19 +270,9 @@ extern "C" int emu_irfft1(int n, const float* in, float* out, int B, int off, in
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
     """fbfft.cu compiled for the host as a shared library (skips without g++)."""
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler (g++/clang++) for the CUDA-source emulation")
-    d = tmp_path_factory.mktemp("fbfft_emu")
-    (d / "emu.cpp").write_text(EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "fbfft.cu")))
-    lib = d / "libfbfft_emu.so"
-    res = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
-                          "-Wno-unknown-pragmas", "-o", str(lib), str(d / "emu.cpp")],
-                         capture_output=True, text=True)
-    if res.returncode != 0 and "barrier" in res.stderr and "No such file" in res.stderr:
-        pytest.skip(f"{cxx} lacks C++20 <barrier>")
-    assert res.returncode == 0, f"host compile of fbfft.cu failed:\n{res.stderr[-4000:]}"
-    return ctypes.CDLL(str(lib))
+    return host_library(tmp_path_factory, "fbfft_emu",
+                        EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "fbfft.cu")),
+                        ("-std=c++20", "-pthread", "-Wno-unknown-pragmas"))
 
 
 def _ptr(a):

@@ -4,7 +4,7 @@ import pytest
 
 import backends
 from backends import cufft, fbfft, polyphase
-from conftest import DEVICES
+from conftest import DEVICES, host_library
 from reference import check_backend
 
 CASES = [  # (S, f, f', h, w, kh, kw, stride, padding)
@@ -96,20 +96,9 @@ extern "C" void scatter(ARGS) { launch(grid, tx, ty, [=] { polyphase_scatter(x, 
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    import ctypes
-    import shutil
-    import subprocess
-
     from backends.common import KERNEL_DIR
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler for the CUDA-source emulation")
-    d = tmp_path_factory.mktemp("polyphase_emu")
-    (d / "emu.cpp").write_text(EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "polyphase.cu")))
-    res = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(d / "libpp.so"), str(d / "emu.cpp")],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return ctypes.CDLL(str(d / "libpp.so"))
+    return host_library(tmp_path_factory, "polyphase_emu",
+                        EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "polyphase.cu")), ("-std=c++17",))
 
 
 @pytest.mark.parametrize("case", CASES)
