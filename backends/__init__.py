@@ -63,9 +63,21 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=
     if not backend.supports(x_shape, w_shape, stride, padding):
         geometry(x_shape, w_shape, stride, padding)  # an invalid geometry says why first
         raise ValueError(f"backend {name!r} does not support {pass_name} for input {tuple(x_shape)}, "
-                         f"weight {tuple(w_shape)}, stride {tuple(stride)}, padding {tuple(padding)}; "
+                         f"weight {tuple(w_shape)}, stride {stride}, padding {padding}"
+                         f"{_reason(backend, x_shape, w_shape, stride, padding)}; "
                          f"use backend='auto' or another of {names()}")
     return backend
+
+
+def _reason(backend, x_shape, w_shape, stride, padding):
+    """': <the backend's own explanation>' where it has check_geometry() (its limit), else ''."""
+    check = getattr(backend, "check_geometry", None)
+    if check is not None:
+        try:
+            check(x_shape, w_shape, stride, padding)
+        except ValueError as e:
+            return f" ({e})"
+    return ""
 
 
 def _is_out_of_memory(exc):

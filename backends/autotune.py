@@ -39,6 +39,7 @@ PREFERENCE that supports the geometry is used, which keeps CPU runs deterministi
 import logging
 import os
 import statistics
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -102,12 +103,25 @@ def pick(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
         _memory[key] = {"backend": candidates[0], "ms": {}, "skipped": {}, "untimed": True}
         return candidates[0]
     record = known or tuning.default_cache().get(key)
+    if record is not None and not _valid_record(record):
+        warnings.warn(f"ignoring a malformed autotune record for {pass_name} {geom}: {record!r:.200}; "
+                      "tuning again")
+        record = None
     if record is None or record.get("backend") not in candidates:
         record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp,
                        _siblings(xp, geom, pass_name))
         tuning.default_cache().put(key, record)
     _memory[key] = record
     return record["backend"]
+
+
+def _valid_record(record):
+    """What _tune writes: a backend name, {backend: ms} and {backend: reason} (an edited or
+    damaged cache file must not crash the layer or format_choices)."""
+    return (isinstance(record, dict) and isinstance(record.get("backend"), str)
+            and isinstance(record.get("ms"), dict)
+            and all(isinstance(v, (int, float)) for v in record["ms"].values())
+            and isinstance(record.get("skipped"), dict))
 
 
 def _siblings(xp, geom, pass_name):
@@ -117,7 +131,7 @@ def _siblings(xp, geom, pass_name):
         if other != pass_name:
             k = tuning.key(xp, np.float32, geom, other, "auto")
             record = _memory.get(k) or tuning.default_cache().get(k)
-            if isinstance(record, dict) and record.get("backend"):
+            if record is not None and _valid_record(record):
                 chosen[other] = record["backend"]
     return chosen
 

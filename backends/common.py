@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from minitorch_fft.device import cupy_or_none, get_array_module, is_cupy
-from minitorch_fft.utils import pair
+from minitorch_fft.utils import is_int, pair
 
 Geometry = namedtuple("Geometry", "S f fo h w kh kw sh sw ph pw oh ow")
 
@@ -23,17 +23,21 @@ def geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """Check a convolution's shapes and return its Geometry; ValueError names what is wrong.
 
     Every pass asks (the backends, the autotuner, the layer): valid geometries are remembered,
-    so the checks run once per shape (a few microseconds of Python saved per pass)."""
-    key = (tuple(x_shape), tuple(w_shape), _hashable(stride), _hashable(padding))
+    so the checks run once per shape (a few microseconds of Python saved per pass). Arguments
+    are made plain ints first (TypeError otherwise), so 8.0 or True never share 8's or 1's entry."""
+    return _geometry_cached(_dims(x_shape, "input shape"), _dims(w_shape, "weight shape"),
+                            pair(stride, "stride"), pair(padding, "padding"))
+
+
+def _dims(shape, name):
+    """shape as a tuple of Python ints (NumPy integers included); TypeError naming `name` otherwise."""
     try:
-        hash(key)
+        dims = tuple(shape)
     except TypeError:
-        return _geometry(*key)
-    return _geometry_cached(*key)
-
-
-def _hashable(v):
-    return tuple(v) if isinstance(v, list) else v
+        raise TypeError(f"{name} must be a sequence of ints, got {shape!r}") from None
+    if not all(is_int(d) for d in dims):
+        raise TypeError(f"{name} must be a sequence of ints, got {shape!r}")
+    return tuple(int(d) for d in dims)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -70,6 +70,11 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     return g is not None and (g.sh, g.sw) == (1, 1)
 
 
+def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """None, or ValueError saying why cufft cannot take this geometry (layers quote it)."""
+    _stride1_geometry(x_shape, w_shape, stride, padding)
+
+
 def _stride1_geometry(x_shape, w_shape, stride, padding):
     """geometry(), refusing strides other than 1 with a ValueError that says what to use instead."""
     g = geometry(x_shape, w_shape, stride, padding)
@@ -328,14 +333,17 @@ def default_config(g):
 
 
 def _valid_config(config, g):
-    """Well-formed, with a basis large enough for g (a cached choice is checked before use)."""
+    """One the tuner could have made for g: a candidate basis (large enough for g, no larger than
+    the next power of two) and a GEMM form allowed at that basis. A cached choice is checked
+    before use, so an edited or stale file cannot send a pass to a huge basis or a long loop."""
     try:
         n, m = config["basis"]
         how = config["gemm"]
     except (TypeError, KeyError, ValueError):
         return False
     n0, m0 = min_basis(g)
-    return isinstance(n, int) and isinstance(m, int) and n >= n0 and m >= m0 and how in GEMMS
+    return (type(n) is int and type(m) is int and n in basis_sizes(n0) and m in basis_sizes(m0)
+            and how in _gemm_forms(config))
 
 
 def _tuning_enabled(xp):

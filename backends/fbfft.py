@@ -56,6 +56,11 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     return g is not None and (g.sh, g.sw) == (1, 1) and basis(g) is not None
 
 
+def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """None, or ValueError saying why fbfft cannot take this geometry (layers quote it)."""
+    _geometry(x_shape, w_shape, stride, padding)
+
+
 def _geometry(x_shape, w_shape, stride, padding):
     g = geometry(x_shape, w_shape, stride, padding)
     if (g.sh, g.sw) != (1, 1):

@@ -60,6 +60,11 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     return g is not None and (g.sh, g.sw) != (1, 1) and _inner(g) is not None
 
 
+def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """None, or ValueError saying why polyphase cannot take this geometry (layers quote it)."""
+    _geometry(x_shape, w_shape, stride, padding)
+
+
 def _geometry(x_shape, w_shape, stride, padding, gy=None):
     """(Geometry, inner backend); a gy of the wrong shape is named before the stride is."""
     g = geometry(x_shape, w_shape, stride, padding)
@@ -146,11 +151,15 @@ def _split_kernel(xp, w, g):
 
 
 def _x2(xp, x, g):
-    return shared(Key("polyphase", "x", (g.sh, g.sw), (g.ph, g.pw)), x, _space_to_depth, xp, x, g)
+    # x2's size depends on the kernel too (Ha = oh + KH - 1): two strided layers reading one input
+    # with the same stride and padding but different kernels must not share it.
+    KH, KW, Ha, Wa = phases(g)
+    return shared(Key("polyphase", "x", (g.sh, g.sw, Ha, Wa), (g.ph, g.pw)), x, _space_to_depth, xp, x, g)
 
 
 def _w2(xp, w, g):
-    return shared(Key("polyphase", "w", (g.sh, g.sw), (0, 0)), w, _split_kernel, xp, w, g)
+    KH, KW, _, _ = phases(g)
+    return shared(Key("polyphase", "w", (g.sh, g.sw, KH, KW), (0, 0)), w, _split_kernel, xp, w, g)
 
 
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):

@@ -24,6 +24,8 @@ backend and basis (a tuned cufft pass may pick its own basis).
 
 Hazards:
 - Arrays must not be modified in place inside the block: the key is the object, not its values.
+  The framework's own in-place update, SGD.step(), drops the block's spectra first, so a step
+  taken inside the block (gradient accumulation, several steps per block) is safe.
 - Only whole-batch spectra are shared; a pass that splits its batch into chunks computes each
   chunk's spectrum and keeps none.
 - A spectrum is handed out once more, then dropped: in a step each has one later consumer (w in

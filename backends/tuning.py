@@ -8,14 +8,23 @@ way round. Choices live in memory and in one JSON file holding every device's ch
   {"version": 2,
    "devices": {"NVIDIA H100 80GB HBM3": {"[\"float32\", \"fp32\", [128, ...], \"fprop\", \"cufft\"]": {...}}}}
 
-The file is $MINITORCH_TUNE_CACHE if set, else ~/.cache/minitorch_fft/autotune.json. A file that
-is corrupt or of another format version is ignored with a warning and rewritten at the next
-choice (version 1 keys had no GEMM precision: its choices, all made in fp32, are tuned again
-once). Writes go to a temporary file renamed over the old one (os.replace), so a reader never
-sees half a file; a writer re-reads the file and merges before writing, so processes tuning side
-by side keep each other's choices (the last writer wins on the same key, and both are valid).
-A cache that cannot be written (read-only home, full disk) warns and keeps working in memory.
+The file is $MINITORCH_TUNE_CACHE if set (with ~ expanded; a relative path is taken from the
+working directory the first time it is seen), else ~/.cache/minitorch_fft/autotune.json.
+
+Faults lose nothing:
+- A file that is corrupt or of another format version is ignored with a warning. At the next
+  choice it is moved aside to <file>.bak, not overwritten, and a new file is written (version 1
+  keys had no GEMM precision: its choices, all made in fp32, are tuned again once).
+- A file that exists but cannot be read (permissions, I/O error) is never replaced: this process
+  keeps its choices in memory only.
+- Writes go to a temporary file, fsynced, with the umask's usual permissions, then renamed over
+  the old one (os.replace), so a reader never sees half a file.
+- A writer holds an exclusive lock (fcntl.flock on <file>.lock, where the platform has it) while
+  it re-reads the file, merges and replaces it, so processes tuning side by side keep each
+  other's choices (the last writer wins on the same key, and both are valid).
+- A cache that cannot be written (read-only home, full disk) warns and keeps working in memory.
 """
+import contextlib
 import functools
 import json
 import os
@@ -27,6 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: writes stay atomic, but concurrent writers may drop a choice
+    fcntl = None
+
 from . import cgemm
 
 VERSION = 2  # 2: the GEMM precision joined the key
@@ -35,7 +49,13 @@ VERSION = 2  # 2: the GEMM precision joined the key
 def cache_path():
     """Where the on-disk cache lives: $MINITORCH_TUNE_CACHE, else ~/.cache/minitorch_fft/autotune.json."""
     override = os.environ.get("MINITORCH_TUNE_CACHE")
-    return Path(override) if override else Path.home() / ".cache" / "minitorch_fft" / "autotune.json"
+    return _absolute(override) if override else Path.home() / ".cache" / "minitorch_fft" / "autotune.json"
+
+
+@functools.lru_cache(maxsize=None)
+def _absolute(raw):
+    """raw with ~ expanded, made absolute once: a later chdir does not move the cache."""
+    return Path(raw).expanduser().absolute()
 
 
 def device_name(xp):
@@ -73,8 +93,9 @@ class TuneCache:
     """Choices in memory, mirrored to one JSON file (see the module docstring)."""
 
     def __init__(self, path):
-        self.path = Path(path)
-        self._devices = self._read(warn=True)          # {device name: {entry name: value}}
+        self.path = Path(path).expanduser().absolute()
+        self._devices, _ = self._read(warn=True)          # {device name: {entry name: value}}
+        self._own = {}                                     # what this object put(), same layout
 
     def get(self, key):
         """The stored choice for `key`, or None."""
@@ -89,55 +110,97 @@ class TuneCache:
             raise TypeError(f"a tuning choice must be JSON-able, got {value!r} ({e})") from None
         device, *rest = key
         self._devices.setdefault(device, {})[_entry_name(rest)] = value
+        self._own.setdefault(device, {})[_entry_name(rest)] = value
         self._write()
 
     def _read(self, warn):
-        """{device: {entry: value}} from the file; {} if it is missing, unreadable or bad."""
+        """({device: {entry: value}}, state) from the file. state is "ok", "missing", "unreadable"
+        (the file exists but cannot be read) or "invalid" (corrupt, or another format version)."""
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return {}, "missing"
         except OSError as e:
             if warn:
-                warnings.warn(f"cannot read autotune cache {self.path} ({e}); tuning from scratch")
-            return {}
+                warnings.warn(f"cannot read autotune cache {self.path} ({e}); tuning from scratch, "
+                              "and keeping new choices in memory only")
+            return {}, "unreadable"
         try:
-            data = json.loads(text)
-        except ValueError as e:
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as e:   # UnicodeDecodeError is a ValueError
             if warn:
-                warnings.warn(f"ignoring corrupt autotune cache {self.path} ({e}); it will be rebuilt")
-            return {}
+                warnings.warn(f"ignoring corrupt autotune cache {self.path} ({str(e)[:200]}); it will be "
+                              f"rebuilt, the old file kept as {self._backup().name}")
+            return {}, "invalid"
         version = data.get("version") if isinstance(data, dict) else None
         if version != VERSION:
             if warn:
                 warnings.warn(f"ignoring autotune cache {self.path} of format version {version!r} "
-                              f"(this code writes version {VERSION}); it will be rebuilt")
-            return {}
+                              f"(this code writes version {VERSION}); it will be rebuilt, the old file "
+                              f"kept as {self._backup().name}")
+            return {}, "invalid"
         devices = data.get("devices")
         if not isinstance(devices, dict) or not all(isinstance(v, dict) for v in devices.values()):
             if warn:
                 warnings.warn(f"ignoring corrupt autotune cache {self.path} (no 'devices' mapping); "
-                              "it will be rebuilt")
-            return {}
-        return devices
+                              f"it will be rebuilt, the old file kept as {self._backup().name}")
+            return {}, "invalid"
+        return devices, "ok"
+
+    def _backup(self):
+        return self.path.with_name(self.path.name + ".bak")
 
     def _write(self):
-        """Merge with what is on disk now (ours wins), then replace the file atomically."""
-        merged = self._read(warn=False)
-        for device, entries in self._devices.items():
-            merged.setdefault(device, {}).update(entries)
-        self._devices = merged
+        """Under the lock: merge what this object put into what is on disk now, then replace the
+        file atomically. An unreadable file is left alone; an invalid one is moved to .bak first."""
         tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": VERSION, "devices": merged}, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
+            with self._locked():
+                merged, state = self._read(warn=False)
+                if state == "unreadable":
+                    warnings.warn(f"not writing autotune cache {self.path}: it exists but cannot be "
+                                  "read, and replacing it would lose its choices; keeping choices in "
+                                  "memory only")
+                    return
+                for device, entries in self._own.items():     # others' newer choices stay
+                    merged.setdefault(device, {}).update(entries)
+                self._devices = merged
+                if state == "invalid":
+                    os.replace(self.path, self._backup())
+                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"version": VERSION, "devices": merged}, f, indent=1, sort_keys=True)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, 0o666 & ~_UMASK)      # mkstemp's 0600 would hide a shared cache
+                os.replace(tmp, self.path)
         except OSError as e:
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
             warnings.warn(f"cannot write autotune cache {self.path} ({e}); keeping choices in memory only")
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """An exclusive lock on <file>.lock for a read-merge-replace (no-op without fcntl)."""
+        if fcntl is None:
+            yield
+            return
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _umask():
+    mask = os.umask(0)      # the only way to read it; done once, at import, before any thread runs
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
 
 
 _caches = {}

@@ -1,6 +1,8 @@
 """Stochastic gradient descent with momentum and weight decay (PyTorch's update rule)."""
 import numpy as np
 
+from backends import reuse
+
 from .device import get_array_module, to_device
 from .tensor import no_grad
 
@@ -33,6 +35,9 @@ class SGD:
             p.grad = None
 
     def step(self):
+        # The update is in place: spectra an enclosing backends.reuse_spectra() block computed
+        # from these weights (keyed by the array, not its values) would be stale afterwards.
+        reuse.drop()
         with no_grad():
             for i, p in enumerate(self.params):
                 if p.grad is None:

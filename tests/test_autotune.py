@@ -220,3 +220,15 @@ def test_tf32_choices_are_tuned_and_checked_apart_from_fp32(fake_clock, monkeypa
     mode["now"] = "tf32"
     monkeypatch.setattr(autotune, "_tune", lambda *a: pytest.fail("the TF32 choice was tuned again"))
     assert autotune.pick(reg, "fprop", **GEOM) == "cufft"
+
+
+@pytest.mark.parametrize("record", ["gemm", {"backend": "gemm"}, {"backend": 3, "ms": {}, "skipped": {}},
+                                    {"backend": "gemm", "ms": {"gemm": "fast"}, "skipped": {}}])
+def test_a_malformed_cached_record_is_ignored_with_a_warning_and_retuned(tuner, record):
+    reg = {"gemm": SlowIn("none"), "a": SlowIn("fprop")}
+    geom = autotune._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
+    tuning.default_cache().put(tuning.key(np, np.float32, geom, "fprop", "auto"), record)
+    with pytest.warns(UserWarning, match="malformed autotune record"):
+        assert autotune.pick(reg, "fprop", **GEOM) == "gemm"             # "a" sleeps in fprop
+    assert set(autotune.choices()[0]["ms"]) == {"gemm", "a"}             # timed again
+    assert "fprop" in autotune.format_choices()                          # the table still prints

@@ -171,13 +171,15 @@ def test_basis_sizes_and_minimum():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("how", cufft.GEMMS)
 def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how):
-    """A cached choice is used as is: an odd, oversized basis and each GEMM form stay exact."""
+    """A cached choice is used as is: an odd, oversized basis (15 columns where 11 would do, one
+    of the tuner's candidates) and each GEMM form stay exact."""
     monkeypatch.setattr(cufft, "TUNE", "on")
     x, w = arrays(rng, (3, 2, 7, 9), (4, 2, 3, 5))
     padding = (1, 2)
     g = geometry(x.shape, w.shape, (1, 1), padding)
     xp = get_array_module(to_device(x, device))
-    config = {"basis": [11, 13], "gemm": how}
+    config = {"basis": [8, 15], "gemm": how}
+    assert cufft.min_basis(g) == (8, 11) and 15 in cufft.basis_sizes(11)
     for pass_name in ("fprop", "bprop", "accgrad"):
         tuning.default_cache().put(tuning.key(xp, np.float32, g, pass_name, "cufft"), config)
     monkeypatch.setattr(tuning, "timeit", _no_timing)
@@ -319,6 +321,24 @@ def test_invalid_cached_choice_is_retuned(rng, monkeypatch):
         cufft.fprop(x, w)
     (n, m), (n0, m0) = tuning.default_cache().get(key)["basis"], cufft.min_basis(g)
     assert n >= n0 and m >= m0
+
+
+@pytest.mark.parametrize("choice", [{"basis": [2048, 2048], "gemm": "batched"},   # past the next power of two
+                                    {"basis": [11, 8], "gemm": "batched"},       # 11 is not 7-smooth
+                                    {"basis": [64, 64], "gemm": "loop"},         # 2,112 host-loop GEMMs
+                                    {"basis": [8.0, 8], "gemm": "batched"}])
+def test_a_cached_choice_the_tuner_could_not_have_made_is_refused(rng, monkeypatch, choice):
+    """An edited or stale cache must not send a pass to a huge basis or a long host loop."""
+    monkeypatch.setattr(cufft, "TUNE", "on")
+    monkeypatch.setattr(cufft, "LOOP_GEMM_MAX_CALLS", 64)
+    x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))                  # min_basis (6, 6): sizes 6, 7, 8
+    g = geometry(x.shape, w.shape, (1, 1), (0, 0))
+    key = tuning.key(np, np.float32, g, "fprop", "cufft")
+    tuning.default_cache().put(key, choice)
+    with pytest.warns(UserWarning, match="invalid cached cufft choice"):
+        cufft.fprop(x, w)
+    n, m = tuning.default_cache().get(key)["basis"]
+    assert n in cufft.basis_sizes(6) and m in cufft.basis_sizes(6)
 
 
 @pytest.mark.gpu

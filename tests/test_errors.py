@@ -8,6 +8,7 @@ import pytest
 import backends
 import minitorch_fft as mt
 import models
+from backends.common import geometry
 from conftest import DEVICES
 
 f32 = np.float32
@@ -119,3 +120,25 @@ def test_numpy_mixed_with_cupy_is_a_clear_error():
             backends.get(name).fprop(cp.asarray(X), W)
     with pytest.raises(TypeError, match="different devices"):
         mt.SpatialConvolution(3, 4, 3)(mt.Tensor(cp.asarray(X)))
+
+
+def test_a_non_integer_shape_never_poisons_the_geometry_cache():
+    """geometry() is cached: 8.0 (or True for 1) must be refused every time, and must not make a
+    later call with the same shape in ints fail or take float fields."""
+    for _ in range(2):
+        with pytest.raises(TypeError, match="input shape must be a sequence of ints"):
+            geometry((2.0, 3, 8, 8), (4, 3, 3, 3), 1, 0)
+        with pytest.raises(TypeError, match="stride must be an int"):
+            geometry((2, 3, 8, 8), (4, 3, 3, 3), True, 0)
+        with pytest.raises(TypeError, match="stride must be an int"):
+            geometry((2, 3, 8, 8), (4, 3, 3, 3), 1.0, 0)
+        g = geometry((2, 3, 8, 8), (4, 3, 3, 3), 1, 0)
+        assert all(type(v) is int for v in g) and (g.oh, g.ow) == (6, 6)
+    g = geometry(np.array([2, 3, 8, 8]), tuple(np.int64(v) for v in (4, 3, 3, 3)), [1, 1], (0, 0))
+    assert all(type(v) is int for v in g)
+
+
+def test_a_named_backend_says_which_of_its_limits_the_geometry_passes():
+    layer = mt.SpatialConvolution(1, 1, 3, backend="fbfft")
+    with pytest.raises(ValueError, match="its kernels go up to 128"):
+        layer(mt.Tensor(np.ones((1, 1, 130, 130), np.float32)))

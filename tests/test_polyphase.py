@@ -5,7 +5,7 @@ import pytest
 import backends
 from backends import cufft, fbfft, polyphase
 from conftest import DEVICES, host_library
-from reference import check_backend
+from reference import check_backend, conv_reference, rel_error
 
 CASES = [  # (S, f, f', h, w, kh, kw, stride, padding)
     (2, 3, 4, 23, 23, 11, 11, (4, 4), (2, 2)),   # AlexNet conv1's shape, scaled down
@@ -129,3 +129,17 @@ def test_emulated_kernels_match_the_numpy_maps(emulated, case, rng):
         np.testing.assert_array_equal(got, want)
         got2 = run(emulated.scatter, x2, np.full(want2.shape, np.nan, np.float32), w, grid)
         np.testing.assert_array_equal(got2, want2)
+
+
+def test_one_input_into_two_kernels_of_one_stride_shares_nothing_wrong(rng):
+    """An input read by two strided layers of the same stride and padding but different kernels
+    (an inception-style branch): their phase images differ in size (Ha = oh + KH - 1), so under
+    reuse_spectra() each layer must build its own. Both must match PyTorch in float64."""
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    branches = [rng.standard_normal((4, 3, k, k)).astype(np.float32) for k in (3, 2)]
+    with backends.reuse_spectra():
+        ys = [polyphase.fprop(x, w, stride=2) for w in branches]
+    for w, y in zip(branches, ys):
+        ref, _, _ = conv_reference(x, w, np.zeros((2, 4, 4, 4)), (2, 2), (0, 0))
+        assert y.shape == ref.shape == (2, 4, 4, 4)
+        assert rel_error(y, ref) < 1e-5

@@ -218,3 +218,22 @@ def test_out_of_memory_fallback_drops_the_steps_spectra(monkeypatch):
                                    stride=(1, 1), padding=(0, 0))
         assert len(cache) == 0
     assert rel_error(gx, conv_reference(x, w, gy, (1, 1), (0, 0))[1]) < 1e-5
+
+
+@pytest.mark.parametrize("name", FFT_BACKENDS + ["polyphase"])
+def test_an_optimizer_step_inside_the_block_drops_the_weights_spectra(name):
+    """A first layer (its input needs no gradient, so bprop never consumes fprop's weight
+    spectrum) updated by SGD inside one reuse_spectra() block: the next forward must see the
+    new weights, not the spectrum of the old ones."""
+    rng = np.random.default_rng(3)
+    stride = 2 if name == "polyphase" else 1
+    layer = mt.SpatialConvolution(3, 4, 3, stride=stride, padding=1, backend=name)
+    opt = mt.optim.SGD(layer.parameters(), lr=0.5, momentum=0.9)
+    x = mt.Tensor(rng.standard_normal((2, 3, 9, 9)).astype(np.float32))
+    with backends.reuse_spectra():
+        layer(x).sum().backward()
+        opt.step()
+        after = layer(x).data
+    ref, _, _ = conv_reference(x.data, layer.weight.data, np.zeros(after.shape), (stride, stride), (1, 1))
+    ref = ref + layer.bias.data.reshape(1, -1, 1, 1)
+    assert rel_error(after, ref) < 1e-5

@@ -1,5 +1,7 @@
 """The shared autotune cache and timing helpers (backends/tuning.py)."""
 import json
+import multiprocessing
+import stat
 import threading
 import warnings
 from pathlib import Path
@@ -112,7 +114,7 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(path, monkeypatch):
     with pytest.warns(UserWarning, match="cannot write"):
         cache.put(a_key("bprop"), "second")
     assert path.read_text() == before
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".lock"]
     assert cache.get(a_key("bprop")) == "second"          # still known in memory
 
 
@@ -151,8 +153,71 @@ def test_concurrent_writers_do_not_crash(path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")                     # the final file is whole and current
         final = tuning.TuneCache(path)
-    assert any(final.get(a_key(device=f"device {i}")) == 19 for i in range(8))
+    assert [final.get(a_key(device=f"device {i}")) for i in range(8)] == [19] * 8   # nobody's last choice lost
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def _put_many(path, tag, count):
+    cache = tuning.TuneCache(path)
+    for j in range(count):
+        cache.put(a_key(device=f"{tag} {j}"), j)
+
+
+@pytest.mark.skipif(tuning.fcntl is None, reason="no fcntl: concurrent writers are not locked here")
+def test_concurrent_processes_keep_every_choice(path):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_put_many, args=(path, tag, 60)) for tag in ("A", "B")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    final = tuning.TuneCache(path)
+    assert all(final.get(a_key(device=f"{tag} {j}")) == j for tag in ("A", "B") for j in range(60))
+
+
+def test_a_writer_does_not_undo_a_newer_choice_it_did_not_make(path):
+    first, second = tuning.TuneCache(path), tuning.TuneCache(path)
+    first.put(a_key("fprop"), "old")
+    second.put(a_key("bprop"), "b")                       # second now holds fprop = "old" in memory
+    first.put(a_key("fprop"), "new")
+    second.put(a_key("accgrad"), "c")                     # must not write its stale fprop back
+    assert tuning.TuneCache(path).get(a_key("fprop")) == "new"
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe not utf-8", b"[" * 100000 + b"]" * 100000])
+def test_undecodable_or_deeply_nested_file_is_ignored_and_kept_aside(path, raw):
+    path.parent.mkdir(parents=True)
+    path.write_bytes(raw)
+    with pytest.warns(UserWarning, match="corrupt autotune cache"):
+        cache = tuning.TuneCache(path)
+    cache.put(a_key(), "fresh")
+    assert tuning.TuneCache(path).get(a_key()) == "fresh"
+    assert path.with_name(path.name + ".bak").read_bytes() == raw        # moved aside, not lost
+
+
+def test_unreadable_file_is_never_replaced(path, monkeypatch):
+    path.parent.mkdir(parents=True)
+    path.write_text("someone else's choices")
+    real = Path.read_bytes
+
+    def refuse(self):
+        if self == path:
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)
+    with pytest.warns(UserWarning, match="cannot read"):
+        cache = tuning.TuneCache(path)
+    with pytest.warns(UserWarning, match="not writing"):
+        cache.put(a_key(), "mine")
+    assert cache.get(a_key()) == "mine"                    # kept in memory
+    assert path.read_text() == "someone else's choices"
+
+
+def test_written_file_is_readable_by_others_under_the_umask(path):
+    tuning.TuneCache(path).put(a_key(), 1)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~tuning._UMASK
 
 
 def test_cache_location_follows_the_environment(tmp_path, monkeypatch):
@@ -162,6 +227,19 @@ def test_cache_location_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("MINITORCH_TUNE_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert tuning.cache_path() == Path(tmp_path) / ".cache" / "minitorch_fft" / "autotune.json"
+
+
+def test_cache_location_expands_home_and_stays_put_after_chdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", "~/tc.json")
+    assert tuning.cache_path() == tmp_path / "tc.json"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", "relative-cache.json")
+    first = tuning.cache_path()
+    monkeypatch.chdir(tmp_path / "b")
+    assert tuning.cache_path() == first == tmp_path / "a" / "relative-cache.json"
 
 
 def test_timeit_runs_warmup_then_takes_the_median(monkeypatch):
