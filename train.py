@@ -13,7 +13,14 @@ Each training step (forward and backward) runs inside backends.reuse_spectra(): 
 compute each layer's x, w and gy spectra once and share them across fprop, bprop and accGrad.
 --no-reuse-spectra makes every pass compute its own (less memory held between the passes).
 
-Progress bars go to stderr; the last line on stdout is one JSON object with the results.
+--resume continues the run saved in --checkpoint exactly: the flags that define the run (model,
+data, epochs, batch size, optimiser settings, seed) come from the checkpoint, and giving one
+with another value is an error. The backend may change (the same arithmetic, up to rounding).
+
+Progress bars and one line per epoch go to stderr; the last line on stdout is one JSON object
+with the results. Exit codes: 0 done, 2 bad input, 3 the loss became NaN or infinite (nothing
+is saved: the last checkpoint is the last good state), 130 / 143 stopped by SIGINT / SIGTERM
+after saving.
 """
 import argparse
 import contextlib
@@ -30,10 +37,15 @@ import backends
 import minitorch_fft as mt
 import models
 from minitorch_fft.checkpoint import CheckpointError
+from minitorch_fft.utils import atomic_file
 
 # Defaults: the bundled digits run finishes in well under two minutes on a 2-core CPU.
 DEFAULTS = dict(model="digits", backend="auto", data="digits", epochs=10, batch_size=32, lr=0.05,
                 momentum=0.9, weight_decay=5e-4, device="auto", seed=0, fake_size=1024, num_classes=None)
+# The flags that define a run: --resume takes them from the checkpoint.
+RUN_FLAGS = ("model", "data", "epochs", "batch_size", "lr", "momentum", "weight_decay", "seed",
+             "fake_size", "num_classes")
+EXIT_DIVERGED = 3
 
 
 def positive_int(s):
@@ -43,6 +55,16 @@ def positive_int(s):
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def nonneg_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
     return v
 
 
@@ -56,37 +78,104 @@ def nonneg_float(s, allow_zero=True):
     return v
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", choices=models.names(), default=DEFAULTS["model"])
-    p.add_argument("--backend", choices=["auto"] + backends.names(), default=DEFAULTS["backend"],
+def _parser(explicit_only=False):
+    """The command line; with explicit_only, absent flags stay out of the namespace (so a caller
+    can tell `--lr 0.05` from the default)."""
+    def default(name):
+        return argparse.SUPPRESS if explicit_only else DEFAULTS[name]
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                argument_default=argparse.SUPPRESS if explicit_only else None)
+    p.add_argument("--model", choices=models.names(), default=default("model"))
+    p.add_argument("--backend", choices=["auto"] + backends.names(), default=default("backend"),
                    help="convolution algorithm for every layer (auto: best that supports each layer)")
-    p.add_argument("--data", default=DEFAULTS["data"],
+    p.add_argument("--data", default=default("data"),
                    help="digits (bundled) | fake | imagefolder:PATH | cifar10:PATH")
-    p.add_argument("--epochs", type=positive_int, default=DEFAULTS["epochs"])
-    p.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"])
-    p.add_argument("--lr", type=lambda s: nonneg_float(s, allow_zero=False), default=DEFAULTS["lr"])
-    p.add_argument("--momentum", type=nonneg_float, default=DEFAULTS["momentum"])
-    p.add_argument("--weight-decay", type=nonneg_float, default=DEFAULTS["weight_decay"])
-    p.add_argument("--device", default=DEFAULTS["device"], help="auto (GPU if CuPy sees one) | cpu | cuda")
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    p.add_argument("--fake-size", type=positive_int, default=DEFAULTS["fake_size"],
+    p.add_argument("--epochs", type=positive_int, default=default("epochs"))
+    p.add_argument("--batch-size", type=positive_int, default=default("batch_size"))
+    p.add_argument("--lr", type=lambda s: nonneg_float(s, allow_zero=False), default=default("lr"))
+    p.add_argument("--momentum", type=nonneg_float, default=default("momentum"))
+    p.add_argument("--weight-decay", type=nonneg_float, default=default("weight_decay"))
+    p.add_argument("--device", default=default("device"), help="auto (GPU if CuPy sees one) | cpu | cuda")
+    p.add_argument("--seed", type=nonneg_int, default=default("seed"))
+    p.add_argument("--fake-size", type=positive_int, default=default("fake_size"),
                    help="training images per epoch with --data fake")
-    p.add_argument("--num-classes", type=positive_int, default=DEFAULTS["num_classes"],
+    p.add_argument("--num-classes", type=positive_int, default=default("num_classes"),
                    help="classes for --data fake (default: 10 for digits, 1000 otherwise)")
-    p.add_argument("--checkpoint", default=None, help="file to save after every epoch and on Ctrl-C")
+    p.add_argument("--checkpoint", help="file to save after every epoch and on Ctrl-C / SIGTERM")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
-    p.add_argument("--tune-report", default=None,
+    p.add_argument("--tune-report",
                    help="with --backend auto: write the autotuner's per-layer, per-pass choices here (JSON)")
     p.add_argument("--no-reuse-spectra", action="store_true",
                    help="FFT backends compute every spectrum in every pass (default: shared within a step)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--max-epochs-this-run", type=positive_int, default=None,
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (the per-epoch lines stay)")
+    p.add_argument("--max-epochs-this-run", type=positive_int,
                    help="stop (with a checkpoint) after this many epochs; --resume continues")
+    return p
+
+
+def parse_args(argv=None):
+    p = _parser()
     args = p.parse_args(argv)
+    args.explicit = set(vars(_parser(explicit_only=True).parse_args(argv)))
     if args.resume and not args.checkpoint:
         p.error("--resume needs --checkpoint PATH")
+    if args.max_epochs_this_run and not args.checkpoint:
+        p.error("--max-epochs-this-run needs --checkpoint PATH (else the stopped run is lost)")
+    kind = args.data.partition(":")[0]
+    for flag in ("fake_size", "num_classes"):
+        if flag in args.explicit and kind != "fake":
+            p.error(f"--{flag.replace('_', '-')} applies to --data fake only (got --data {args.data})")
     return args
+
+
+def check_outputs(args):
+    """Fail before training, not after it, on output paths that cannot be written."""
+    if args.checkpoint:
+        if os.path.isdir(args.checkpoint):
+            raise ValueError(f"--checkpoint {args.checkpoint!r} is a directory; give a file path")
+        if os.path.exists(args.checkpoint) and not args.resume:
+            raise ValueError(f"--checkpoint {args.checkpoint!r} already exists; --resume continues "
+                             "that run (or remove the file, or choose another path, to start anew)")
+        _check_writable_folder(args.checkpoint, "--checkpoint")
+    if args.tune_report:
+        if args.backend != "auto":
+            raise ValueError(f"--tune-report reports the autotuner's choices: it needs --backend auto, "
+                             f"got --backend {args.backend}")
+        if os.path.isdir(args.tune_report):
+            raise ValueError(f"--tune-report {args.tune_report!r} is a directory; give a file path")
+        _check_writable_folder(args.tune_report, "--tune-report")
+
+
+def _check_writable_folder(path, flag):
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {path!r}: cannot create its folder ({e.strerror})") from None
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path!r}: its folder {folder!r} is not writable")
+
+
+def restore_run(args, meta):
+    """The run's flags from a train.py checkpoint: taken where not given, refused where given
+    with another value (a resumed run must read the same data in the same order)."""
+    extra = meta.get("extra", {})
+    saved = extra.get("args")
+    if "progress" not in extra or "rng" not in extra or not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {args.checkpoint!r} was not written by train.py (it has no "
+                              "training progress to resume); load it with mt.checkpoint.load instead")
+    for flag in RUN_FLAGS:
+        if flag not in saved:
+            continue
+        if flag in args.explicit and getattr(args, flag) != saved[flag]:
+            raise ValueError(f"--resume: --{flag.replace('_', '-')} {getattr(args, flag)} differs from the "
+                             f"checkpoint's {saved[flag]}; a resumed run keeps its flags (start a new run "
+                             "to change them)")
+        setattr(args, flag, saved[flag])
+    if "backend" not in args.explicit and saved.get("backend"):
+        args.backend = saved["backend"]
+    return extra
 
 
 def load_data(spec, model, seed, fake_size, num_classes):
@@ -125,6 +214,8 @@ def evaluate(model, dataset, batch_size, device):
 
 def main(argv=None):
     args = parse_args(argv)
+    resumed = restore_run(args, mt.checkpoint.header(args.checkpoint)) if args.resume else None
+    check_outputs(args)
     device = mt.normalize_device(args.device)
     mt.manual_seed(args.seed)
     train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes)
@@ -136,16 +227,17 @@ def main(argv=None):
 
     # Progress that a checkpoint carries: where we are, and the loss curve so far.
     state = {"epoch": 0, "batch": 0, "history": [], "loss_sum": 0.0, "correct": 0, "seen": 0}
-    if args.resume:
-        meta = mt.checkpoint.load(args.checkpoint, model, opt)
-        state.update(meta["extra"]["progress"])
-        mt.random.set_state(meta["extra"]["rng"])
+    if resumed is not None:
+        mt.checkpoint.load(args.checkpoint, model, opt)
+        state.update(resumed["progress"])
+        mt.random.set_state(resumed["rng"])
         print(f"resumed {args.checkpoint} at epoch {state['epoch']} batch {state['batch']}", file=sys.stderr)
 
     def save():
         if args.checkpoint:
+            saved_args = {k: v for k, v in vars(args).items() if k != "explicit"}
             mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"],
-                               extra={"progress": state, "rng": mt.random.get_state(), "args": vars(args)})
+                               extra={"progress": state, "rng": mt.random.get_state(), "args": saved_args})
 
     # One training step's forward and backward share spectra; the optimizer step comes after
     # the block, because it changes the weights in place.
@@ -153,17 +245,18 @@ def main(argv=None):
     n_batches = mt.data.num_batches(len(train), args.batch_size)
     first_epoch = state["epoch"]
     tuned_report_shown = False
-    t_start, imgs_per_s = time.perf_counter(), 0.0
+    t_start, imgs_per_s = time.perf_counter(), None
     epochs = tqdm(range(state["epoch"], args.epochs), desc="epochs", disable=args.no_progress,
                   initial=state["epoch"], total=args.epochs)
-    # Ctrl-C sets a flag; the step in flight finishes, so the checkpoint is consistent.
-    # A second Ctrl-C interrupts at once.
+    # Ctrl-C or SIGTERM (what schedulers send) sets a flag; the step in flight finishes, so the
+    # checkpoint is consistent. A second signal interrupts at once.
     interrupted = []
 
-    def on_sigint(signum, frame):
+    def on_signal(signum, frame):
         interrupted.append(signum)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for epoch in epochs:
             opt.start_epoch(epoch)
@@ -181,7 +274,14 @@ def main(argv=None):
                     loss.backward()
                 opt.step()
                 # loss.item() and the argmax below are host-device sync points, once per batch.
-                state["loss_sum"] += loss.item() * len(y)
+                loss_value = loss.item()
+                if not np.isfinite(loss_value):
+                    print(f"train.py: the loss became {loss_value} at epoch {epoch + 1} batch "
+                          f"{state['batch'] + 1} (try a smaller --lr); stopping without saving"
+                          f"{', ' + args.checkpoint + ' keeps the last good epoch' if args.checkpoint else ''}",
+                          file=sys.stderr)
+                    return EXIT_DIVERGED
+                state["loss_sum"] += loss_value * len(y)
                 state["correct"] += int((logits.numpy().argmax(axis=1) == y).sum())
                 state["seen"] += len(y)
                 state["batch"] += 1
@@ -199,32 +299,39 @@ def main(argv=None):
             mt.synchronize(model.parameters()[0].xp)
             imgs_per_s = imgs / max(time.perf_counter() - t0, 1e-9)
             state["history"].append({"epoch": epoch + 1, "loss": state["loss_sum"] / max(state["seen"], 1),
-                                     "train_accuracy": state["correct"] / max(state["seen"], 1)})
+                                     "train_accuracy": state["correct"] / max(state["seen"], 1),
+                                     "lr": opt.lr})
             state.update(epoch=epoch + 1, batch=0, loss_sum=0.0, correct=0, seen=0)
             save()
-            epochs.set_postfix(loss=f"{state['history'][-1]['loss']:.4f}", img_s=f"{imgs_per_s:.0f}")
+            last = state["history"][-1]
+            epochs.set_postfix(loss=f"{last['loss']:.4f}", img_s=f"{imgs_per_s:.0f}")
+            tqdm.write(f"epoch {epoch + 1}/{args.epochs}: loss {last['loss']:.4f}, train accuracy "
+                       f"{last['train_accuracy']:.3f}, lr {opt.lr:.4g}, {imgs_per_s:.0f} images/s", file=sys.stderr)
             if args.max_epochs_this_run and epoch + 1 - first_epoch >= args.max_epochs_this_run:
                 break
     finally:
-        signal.signal(signal.SIGINT, previous_handler)
+        for s, handler in previous_handlers.items():
+            signal.signal(s, handler)
     if interrupted:
         save()
         where = f"; saved {args.checkpoint} (resume with --resume)" if args.checkpoint else ""
-        print(f"train.py: interrupted at epoch {state['epoch']} batch {state['batch']}{where}", file=sys.stderr)
-        return 130
+        name = signal.Signals(interrupted[0]).name
+        print(f"train.py: {name}: interrupted at epoch {state['epoch']} batch {state['batch']}{where}",
+              file=sys.stderr)
+        return 128 + interrupted[0]
 
     result = {
         "model": args.model, "backend": args.backend, "reuse_spectra": not args.no_reuse_spectra,
         "device": backends.tuning.device_name(mt.get_array_module(model.parameters()[0].data)), "data": args.data,
         "epochs": state["epoch"], "test_accuracy": round(evaluate(model, test, args.batch_size, device), 4),
         "train_loss": state["history"][-1]["loss"] if state["history"] else None,
-        "images_per_s": round(imgs_per_s, 1), "seconds": round(time.perf_counter() - t_start, 2),
-        "history": state["history"],
+        "images_per_s": None if imgs_per_s is None else round(imgs_per_s, 1),
+        "seconds": round(time.perf_counter() - t_start, 2), "history": state["history"],
     }
     if args.tune_report:
-        with open(args.tune_report, "w") as f:
+        with atomic_file(args.tune_report) as f:
             json.dump(backends.autotune.choices(), f, indent=1)
-    print(json.dumps(result))
+    print(json.dumps(result, allow_nan=False))
     return 0
 
 

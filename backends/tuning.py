@@ -29,7 +29,6 @@ import functools
 import json
 import os
 import statistics
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -40,6 +39,8 @@ try:
     import fcntl
 except ImportError:  # not POSIX: writes stay atomic, but concurrent writers may drop a choice
     fcntl = None
+
+from minitorch_fft.utils import atomic_file
 
 from . import cgemm
 
@@ -153,7 +154,6 @@ class TuneCache:
     def _write(self):
         """Under the lock: merge what this object put into what is on disk now, then replace the
         file atomically. An unreadable file is left alone; an invalid one is moved to .bak first."""
-        tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._locked():
@@ -168,16 +168,9 @@ class TuneCache:
                 self._devices = merged
                 if state == "invalid":
                     os.replace(self.path, self._backup())
-                fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
-                with os.fdopen(fd, "w") as f:
+                with atomic_file(self.path) as f:
                     json.dump({"version": VERSION, "devices": merged}, f, indent=1, sort_keys=True)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.chmod(tmp, 0o666 & ~_UMASK)      # mkstemp's 0600 would hide a shared cache
-                os.replace(tmp, self.path)
         except OSError as e:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
             warnings.warn(f"cannot write autotune cache {self.path} ({e}); keeping choices in memory only")
 
     @contextlib.contextmanager
@@ -194,13 +187,6 @@ class TuneCache:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def _umask():
-    mask = os.umask(0)      # the only way to read it; done once, at import, before any thread runs
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _umask()
 
 
 _caches = {}

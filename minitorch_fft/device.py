@@ -51,6 +51,9 @@ def normalize_device(device):
     if d == "cpu":
         return "cpu"
     if d in ("cuda", "gpu") or d.startswith("cuda:"):
+        if d.startswith("cuda:") and d != "cuda:0":
+            raise ValueError(f"device {device!r}: minitorch-fft runs on the current CUDA device only "
+                             f"('cuda' or 'cuda:0'); choose the GPU with CUDA_VISIBLE_DEVICES={d[5:]}")
         if not gpu_available():
             raise ValueError(f"device {device!r} requested but no CUDA GPU is usable "
                              "(CuPy missing or no device visible); use device='cpu'")

@@ -229,7 +229,14 @@ def max_pool2d(x, kernel_size, stride=None):
         raise ValueError(f"max_pool2d: kernel_size {k} and stride {s} must be >= 1")
     if x.shape[2] < k[0] or x.shape[3] < k[1]:
         raise ValueError(f"max_pool2d: kernel {k} larger than the input's {tuple(x.shape[2:])}")
+    if k[0] * k[1] > MAX_POOL_WINDOW:
+        raise ValueError(f"max_pool2d: a {k[0]}x{k[1]} window has {k[0] * k[1]} elements; the "
+                         f"argmax is kept in one byte, so windows hold at most {MAX_POOL_WINDOW}")
     return MaxPool2dFn.apply(x, kernel_size=k, stride=s)
+
+
+# The backward pass routes each gradient to its window's argmax, stored as a uint8 offset.
+MAX_POOL_WINDOW = 256
 
 
 class DropoutFn(Function):

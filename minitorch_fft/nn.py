@@ -36,7 +36,13 @@ class Module:
         return out
 
     def parameters(self):
-        return [p for _, p in self.named_parameters()]
+        """Each Parameter once, in definition order (a tied weight is listed, and updated, once)."""
+        seen, out = set(), []
+        for _, p in self.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+        return out
 
     def modules(self):
         out = [self]
@@ -76,12 +82,15 @@ class Module:
         unexpected = sorted(set(state) - set(params))
         if missing or unexpected:
             raise ValueError(f"state_dict keys do not match: missing {missing}, unexpected {unexpected}")
-        for k, p in params.items():
+        values = {}
+        for k, p in params.items():           # every check before any assignment: all or nothing
             v = np.asarray(to_device(state[k], "cpu"))
             if tuple(v.shape) != tuple(p.shape):
                 raise ValueError(f"state_dict[{k!r}] has shape {tuple(v.shape)}, "
                                  f"the model expects {tuple(p.shape)}")
-            p.data = to_device(v.astype(np.float32), p.device)
+            values[k] = v
+        for k, p in params.items():
+            p.data = to_device(values[k].astype(np.float32), p.device)
         return self
 
     def __repr__(self):
@@ -164,6 +173,9 @@ class SpatialMaxPooling(Module):
     def __init__(self, kernel_size, stride=None):
         self.kernel_size = pair(kernel_size, "kernel_size")
         self.stride = self.kernel_size if stride is None else pair(stride, "stride")
+        if min(self.kernel_size) < 1 or min(self.stride) < 1:
+            raise ValueError(f"SpatialMaxPooling: kernel_size {self.kernel_size} and stride "
+                             f"{self.stride} must be >= 1")
 
     def forward(self, x):
         return F.max_pool2d(x, self.kernel_size, self.stride)

@@ -86,6 +86,15 @@ class Tensor:
             if self.data.size != 1:
                 raise ValueError(f"backward() without a gradient needs a scalar, got shape {self.shape}")
             grad = xp.ones_like(self.data)
+        else:
+            grad = grad.data if isinstance(grad, Tensor) else grad
+            if get_array_module(grad) is not xp:
+                raise TypeError(f"backward(): the gradient is a {type(grad).__name__} but the tensor "
+                                f"lives on {'the GPU' if xp is not np else 'the CPU'}")
+            if tuple(grad.shape) != tuple(self.shape):
+                raise ValueError(f"backward(): gradient of shape {tuple(grad.shape)} for a tensor of "
+                                 f"shape {tuple(self.shape)}")
+            grad = grad.astype(self.data.dtype, copy=False)
         topo = _topological_order(self)
         grads = {id(self): grad}
         for t in reversed(topo):
@@ -103,8 +112,9 @@ class Tensor:
             for parent, pg, needed in zip(ctx.parents, in_grads, ctx.needs_input_grad):
                 if not needed or pg is None:
                     continue
-                assert pg.shape == parent.shape, \
-                    f"{type(ctx).__name__}.backward gave shape {pg.shape} for input of shape {parent.shape}"
+                if pg.shape != parent.shape:   # not an assert: it must hold under python -O too
+                    raise RuntimeError(f"{type(ctx).__name__}.backward gave shape {pg.shape} for an "
+                                       f"input of shape {parent.shape}")
                 k = id(parent)
                 grads[k] = pg if k not in grads else grads[k] + pg
 

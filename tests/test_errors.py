@@ -55,6 +55,10 @@ OTHER_ROWS = [
     ("layer", lambda: mt.Linear(4, 2)(mt.Tensor(np.ones((3, 5)))), ValueError, "5 features"),
     ("layer", lambda: mt.View(7)(mt.Tensor(np.ones((2, 6)))), ValueError, "cannot view"),
     ("layer", lambda: mt.Dropout(1.0), ValueError, "dropout probability"),
+    ("layer", lambda: mt.SpatialMaxPooling(0), ValueError, "must be >= 1"),
+    ("layer", lambda: mt.SpatialMaxPooling(17)(mt.Tensor(np.ones((1, 1, 17, 17)))), ValueError, "at most 256"),
+    ("autograd", lambda: mt.Linear(4, 3)(mt.Tensor(np.ones((2, 4)))).backward(np.ones((2, 1), f32)),
+     ValueError, r"gradient of shape \(2, 1\) for a tensor of shape \(2, 3\)"),
     ("criterion", lambda: mt.CrossEntropyCriterion()(mt.Tensor(np.ones((2, 3))), np.array([0, 3])), ValueError, r"\[0, 3\)"),
     ("criterion", lambda: mt.CrossEntropyCriterion()(mt.Tensor(np.ones((2, 3))), np.array([0.5, 1.0])), TypeError, "integer"),
     ("criterion", lambda: mt.ClassNLLCriterion()(mt.Tensor(np.ones((2, 3))), np.array([0])), ValueError, r"shape \(2,\)"),
@@ -64,6 +68,7 @@ OTHER_ROWS = [
     ("optim", lambda: mt.optim.SGD(mt.Linear(2, 2).parameters(), lr=-1), ValueError, "lr must be"),
     ("optim", lambda: mt.optim.SGD(mt.Linear(2, 2).parameters(), lr=0.1, momentum=float("nan")), ValueError, "momentum"),
     ("device", lambda: mt.Tensor(np.ones(2)).to("tpu"), ValueError, "unknown device 'tpu'"),
+    ("device", lambda: mt.normalize_device("cuda:3"), ValueError, "CUDA_VISIBLE_DEVICES=3"),
     ("data", lambda: list(mt.data.batches(mt.data.ArrayDataset(np.ones((2, 1)), [0, 1]), 0)), ValueError, "batch_size"),
     ("data", lambda: mt.data.ArrayDataset(np.ones((3, 1)), [0, 1]), ValueError, "differ in count"),
 ]
@@ -142,3 +147,29 @@ def test_a_named_backend_says_which_of_its_limits_the_geometry_passes():
     layer = mt.SpatialConvolution(1, 1, 3, backend="fbfft")
     with pytest.raises(ValueError, match="its kernels go up to 128"):
         layer(mt.Tensor(np.ones((1, 1, 130, 130), np.float32)))
+
+
+def test_a_failed_state_dict_load_changes_nothing():
+    net = models.get("digits", 10)
+    before = {k: v.copy() for k, v in net.state_dict().items()}
+    state = {k: np.ones_like(v) for k, v in before.items()}
+    last = list(state)[-1]
+    state[last] = np.ones(state[last].shape + (2,), f32)              # the last entry is wrong
+    with pytest.raises(ValueError, match=f"state_dict\\[{last!r}\\] has shape"):
+        net.load_state_dict(state)
+    assert all(np.array_equal(v, before[k]) for k, v in net.state_dict().items())
+
+
+def test_a_tied_parameter_is_listed_and_updated_once():
+    class Tied(mt.Module):
+        def __init__(self):
+            self.a = mt.Linear(2, 2)
+            self.b = self.a
+
+    net = Tied()
+    assert len(net.parameters()) == 2                                  # a.weight, a.bias; not b.*
+    w0 = net.a.weight.data.copy()
+    for p in net.parameters():
+        p.grad = np.ones_like(p.data)
+    mt.optim.SGD(net.parameters(), lr=0.1).step()
+    np.testing.assert_allclose(net.a.weight.data, w0 - 0.1, rtol=0, atol=1e-7)

@@ -2,8 +2,10 @@
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -68,6 +70,12 @@ def train_history(epochs):
     (["--lr", "abc"], "expected a number"),
     (["--resume", "--checkpoint", "/no/such.ckpt"], "does not exist"),
     (["--device", "tpu"], "unknown device"),
+    (["--seed", "-1"], "--seed: expected an integer >= 0"),
+    (["--max-epochs-this-run", "1"], "--max-epochs-this-run needs --checkpoint"),
+    (["--fake-size", "10"], "--fake-size applies to --data fake only"),
+    (["--backend", "gemm", "--tune-report", "r.json"], "needs --backend auto"),
+    (["--checkpoint", "tests"], "is a directory"),
+    (["--tune-report", "README.md/r.json"], "cannot create its folder"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, msg):
     p = run_train(*args, check=False)
@@ -118,3 +126,56 @@ def test_steps_share_spectra_by_default_and_it_changes_nothing(backend, monkeypa
     plain = run("--no-reuse-spectra")
     assert not plain["reuse_spectra"] and len(caches) == 6                        # no block this time
     assert shared["history"] == plain["history"]
+
+
+def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, capsys):
+    """--resume alone continues a run started with other flags; a flag given again with another
+    value is refused (it would change the data order or the schedule); a checkpoint already on
+    disk is never overwritten by a new run."""
+    ckpt = str(tmp_path / "run.ckpt")
+    run = ["--no-progress", "--checkpoint", ckpt]
+    assert train.main(run + ["--backend", "gemm", "--epochs", "3", "--batch-size", "64", "--lr", "0.1",
+                             "--max-epochs-this-run", "1"]) == 0
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="--batch-size 32 differs from the checkpoint's 64"):
+        train.main(run + ["--resume", "--batch-size", "32"])
+    with pytest.raises(ValueError, match="already exists; --resume continues"):
+        train.main(run)
+    assert train.main(run + ["--resume"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["epochs"] == 3 and result["backend"] == "gemm"
+    saved = mt.checkpoint.header(ckpt)["extra"]["args"]
+    assert (saved["batch_size"], saved["lr"], saved["epochs"]) == (64, 0.1, 3)
+    assert [h["lr"] for h in result["history"]] == pytest.approx([0.1, 0.075, 0.025])   # cosine over 3
+
+
+def test_a_checkpoint_not_written_by_train_py_cannot_be_resumed(tmp_path):
+    ckpt = str(tmp_path / "lib.ckpt")
+    net = models.get("digits", 10)
+    mt.checkpoint.save(ckpt, net, mt.optim.SGD(net.parameters(), lr=0.1))
+    p = run_train("--checkpoint", ckpt, "--resume", check=False)
+    assert p.returncode == 2 and "not written by train.py" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_diverging_run_stops_without_saving(tmp_path):
+    """A loss of NaN/inf stops the run with exit code 3: no NaN weights saved, no JSON with NaN."""
+    ckpt = tmp_path / "run.ckpt"
+    p = run_train("--backend", "gemm", "--lr", "1e6", "--epochs", "2", "--checkpoint", str(ckpt), check=False)
+    assert p.returncode == train.EXIT_DIVERGED, p.stderr
+    assert "the loss became" in p.stderr and "Traceback" not in p.stderr
+    assert p.stdout.strip() == "" and not ckpt.exists()
+
+
+def test_sigterm_saves_like_ctrl_c(tmp_path):
+    ckpt = str(tmp_path / "run.ckpt")
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--no-progress", "--epochs", "50",
+                             "--checkpoint", ckpt], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while not os.path.exists(ckpt) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)                       # the first epoch's checkpoint: training is under way
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM: interrupted at epoch" in err and "Traceback" not in err
+    assert 1 <= mt.checkpoint.load(ckpt, models.get("digits", 10))["epoch"] < 50
