@@ -88,6 +88,7 @@ def nvrtc_or_skip():
     return nvrtc
 
 
+@pytest.mark.gpu   # needs CuPy's NVRTC: runs with `pytest -m gpu` on the device, skips in CI
 @pytest.mark.parametrize("src", SOURCES, ids=[s.name for s in SOURCES])
 def test_compiles_under_nvrtc(src):
     """What CuPy's RawModule does at run time: no host headers, template name expressions."""

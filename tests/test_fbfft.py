@@ -14,7 +14,9 @@ CASES = [  # (S, f, f', h, w, kh, kw, padding)
     (2, 8, 6, 13, 13, 3, 3, (1, 1)),      # the networks' 3x3 layers
     (2, 4, 3, 27, 27, 5, 5, (2, 2)),      # AlexNet conv2's shape
     (2, 2, 3, 7, 6, 2, 2, (3, 1)),        # padding larger than the kernel
-    (2, 3, 2, 60, 60, 9, 9, (0, 0)),      # basis 64, the largest
+    (2, 3, 2, 60, 60, 9, 9, (0, 0)),      # basis 64
+    (1, 2, 2, 100, 70, 9, 9, (2, 2)),     # basis 128, the largest (Table 4's L1 runs there)
+    (2, 2, 3, 4, 3, 2, 2, (0, 0)),        # basis 4
     (4, 2, 2, 1, 1, 1, 1, (0, 0)),        # basis 2, the smallest
 ]
 
@@ -30,12 +32,18 @@ def test_three_passes_match_the_reference(device, case, rng):
 
 @pytest.mark.gpu
 def test_network_sized_layers_gpu(rng):
-    """Batch 128 layers of the paper's grid on the GPU, every basis size the kernels have."""
+    """Batch 128 layers of the paper's grid on the GPU, bases 8 to 64."""
     for S, f, fo, hw, k, p in [(128, 16, 16, 4, 3, 1), (128, 64, 64, 13, 3, 1), (16, 96, 128, 27, 5, 2),
                                (64, 32, 32, 32, 9, 0), (8, 16, 16, 56, 9, 4)]:
         x = rng.standard_normal((S, f, hw, hw)).astype(np.float32)
         wt = rng.standard_normal((fo, f, k, k)).astype(np.float32)
         check_backend(fbfft, x, wt, (1, 1), (p, p), device="cuda", rng=rng)
+
+
+def test_the_cases_cover_every_basis_size():
+    sizes = {fbfft.basis(backends.geometry((S, f, h, w), (fo, f, kh, kw), 1, pad))
+             for S, f, fo, h, w, kh, kw, pad in CASES}
+    assert sizes == {2, 4, 8, 16, 32, 64, 128}
 
 
 def test_supports_and_basis():

@@ -75,8 +75,11 @@ def test_every_backend_agrees_on_random_geometries_gpu():
 
 
 def test_whole_model_gradient_matches_finite_differences():
-    """Directional derivative of the digits CNN's loss along a random direction in
-    parameter space: autograd's dot product vs a central difference."""
+    """Directional derivative of the digits CNN's loss in parameter space: autograd's dot
+    product vs a central difference. The direction is half autograd's own gradient, half
+    random: a purely random unit direction has a derivative of order |grad| / sqrt(#params),
+    which float32 rounding of the loss swamps (seed-dependent errors of 1-10 %). Along this
+    one the derivative is of order |grad|, and a wrong gradient in any layer still shows."""
     mt.manual_seed(0)
     net = models.get("digits", 10).eval()  # eval: dropout is the identity, the loss is deterministic
     rng = np.random.default_rng(1)
@@ -85,9 +88,10 @@ def test_whole_model_gradient_matches_finite_differences():
     params = net.parameters()
     loss = mt.CrossEntropyCriterion()(net(x), y)
     loss.backward()
-    dirs = [rng.standard_normal(p.shape) for p in params]
-    norm = np.sqrt(sum((d ** 2).sum() for d in dirs))
-    dirs = [(d / norm).astype(np.float32) for d in dirs]  # a unit step: small enough to stay off ReLU kinks
+    grads = [p.grad.astype(np.float64) for p in params]
+    noise = [rng.standard_normal(p.shape) for p in params]
+    dirs = [g / _norm(grads) + r / _norm(noise) for g, r in zip(grads, noise)]
+    dirs = [(d / _norm(dirs)).astype(np.float32) for d in dirs]  # a unit step
     analytic = sum(float((p.grad.astype(np.float64) * d).sum()) for p, d in zip(params, dirs))
 
     def loss_at(eps):
@@ -100,9 +104,13 @@ def test_whole_model_gradient_matches_finite_differences():
             p.data = s
         return v
 
-    eps = 1e-2
+    eps = 1e-3  # seeds 0-7 measured: relative error 2.5e-5 to 3.3e-3 (at 1e-2, up to 2.4e-2: kinks)
     numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
     assert abs(numeric - analytic) <= 1e-2 * abs(analytic), (numeric, analytic)
+
+
+def _norm(arrays):
+    return np.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays))
 
 
 def test_same_seed_is_bit_identical(tmp_path):

@@ -95,6 +95,19 @@ def test_a_two_layer_net_reuses_per_layer(name):
     assert cache.misses == 6 and len(cache) == 0
     for a, c in zip(plain, shared, strict=True):
         np.testing.assert_array_equal(a, c)
+    for got, ref in zip(shared, two_layer_reference(net, x), strict=True):
+        assert rel_error(got, ref) < 1e-5
+
+
+def two_layer_reference(net, x):
+    """[y, dW1, db1, dW2, db2] of conv -> ReLU -> conv and loss sum(y^2), by PyTorch in float64."""
+    import torch
+    import torch.nn.functional as TF
+    params = [torch.tensor(np.asarray(p.data, np.float64), requires_grad=True) for p in net.parameters()]
+    w1, b1, w2, b2 = params
+    y = TF.conv2d(TF.relu(TF.conv2d(torch.tensor(x, dtype=torch.float64), w1, b1, padding=1)), w2, b2, padding=1)
+    (y * y).sum().backward()
+    return [y.detach().numpy()] + [p.grad.numpy() for p in params]
 
 
 def test_no_sharing_across_backends(monkeypatch):
@@ -113,6 +126,8 @@ def test_no_sharing_across_backends(monkeypatch):
     assert roles(cache) == [("cufft", "w")] and cache.misses == 5
     for a, c in zip(expected, got, strict=True):
         np.testing.assert_array_equal(a, c)
+    for a, ref in zip(got[:3], conv_reference(x, w, gy, (1, 1), (0, 0)), strict=True):
+        assert rel_error(a, ref) < 1e-5
 
 
 def test_no_sharing_across_bases(monkeypatch):
@@ -148,6 +163,10 @@ def test_fbfft_keeps_apart_an_input_placed_at_other_offsets():
     assert roles(cache) == [("fbfft", "w")]
     for a, c in zip(plain, shared, strict=True):
         np.testing.assert_array_equal(a, c)
+    for y, p in zip(shared, ((1, 1), (2, 2)), strict=True):
+        g = geometry(x.shape, w.shape, (1, 1), p)
+        ref = conv_reference(x, w, np.zeros((g.S, g.fo, g.oh, g.ow)), (1, 1), p)[0]
+        assert rel_error(y, ref) < 1e-5
 
 
 @pytest.mark.parametrize("name", FFT_BACKENDS)
@@ -163,6 +182,8 @@ def test_chunked_batches_share_only_the_weight(name, monkeypatch):
     assert roles(cache) == [(name, "w")]
     for a, c in zip(plain, shared, strict=True):
         np.testing.assert_array_equal(a, c)
+    for got, ref in zip(shared, conv_reference(x, w, gy, (1, 1), padding), strict=True):
+        assert rel_error(got, ref) < 1e-5
 
 
 def test_the_cache_is_dropped_after_the_block_even_on_error():
