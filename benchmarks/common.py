@@ -1,14 +1,16 @@
 """Benchmark helpers: CUDA-event timing, allocator high-water marks, result files with provenance.
 
 Every result file says where and how it was measured: device name, UTC date, the exact command
-line, and library versions. Files go to results/<device-name-slug>/<name>.{json,md}.
+line, the source commit, and library versions. Files go to results/<device-name-slug>/<name>.{json,md}.
 """
 import datetime
 import json
+import os
 import platform
 import re
 import shlex
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,15 +85,36 @@ def slug(name):
 
 
 def provenance(device, **versions):
-    """Where, when and how: device name, UTC date, exact command line, platform and versions."""
+    """Where, when and how: device name, UTC date, exact command line, source commit, platform
+    and versions."""
     return {
         "device": device,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv)),
+        "commit": source_commit(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         **versions,
     }
+
+
+def source_commit(root=RESULTS_DIR.parent):
+    """The commit the measured code comes from.
+
+    $MINITORCH_COMMIT when set: a copy of the tree on a lent machine may carry a stale .git, so
+    the caller names the commit it sent. Otherwise git's HEAD, marked when tracked files differ
+    from it (then HEAD alone does not say what ran), or "unknown" without git."""
+    named = os.environ.get("MINITORCH_COMMIT")
+    if named:
+        return named
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git here; set MINITORCH_COMMIT)"
+    return f"{head} with uncommitted changes" if dirty else head
 
 
 def markdown_table(rows, columns):

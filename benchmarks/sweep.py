@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
-from benchmarks.common import RESULTS_DIR, slug  # noqa: E402
+from benchmarks.common import RESULTS_DIR, provenance, slug  # noqa: E402
 
 S_SIZES = (1, 16, 64, 128)
 PLANES = (1, 4, 16, 64, 96, 128, 256)
@@ -69,6 +69,25 @@ def load_done(path):
                 continue  # a run killed mid-write: that configuration is measured again
             done[row["key"]] = row
     return done
+
+
+def provenance_path(path):
+    """The sidecar of a sweep's rows: one provenance line per run (chunk) that added to them."""
+    path = Path(path)
+    return path.with_name(path.stem + ".provenance.jsonl")
+
+
+def record_chunk(path, done_before, prov):
+    """Say where, when, how and from which commit the next chunk of `path` is measured."""
+    append_row(provenance_path(path), dict(prov, done_before=done_before))
+
+
+def read_chunks(path):
+    """The provenance lines of `path`'s runs, oldest first ([] where none were recorded)."""
+    side = provenance_path(path)
+    if not side.exists():
+        return []
+    return [json.loads(line) for line in side.read_text().splitlines() if line.strip()]
 
 
 def append_row(path, row):
@@ -163,6 +182,7 @@ def run(args):
     out = args.out / slug(tuning.device_name(cp)) / ("sweep_quick.jsonl" if args.quick else "sweep.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     done = load_done(out)
+    record_chunk(out, len(done), provenance(tuning.device_name(cp), cupy=cp.__version__, torch=torch.__version__))
     todo = [c for c in (quick_sample() if args.quick else configurations()) if key(c) not in done]
     deadline = time.monotonic() + args.max_minutes * 60
     for config in tqdm(todo, desc=f"sweep ({len(done)} done before)"):
@@ -187,8 +207,16 @@ def report(args):
     if not rows:
         sys.exit(f"no measured configurations in {path}")
     lines = [f"# Sweep: best FFT backend vs cuDNN strict and gemm ({len(rows)} of "
-             f"{len(configurations())} configurations)", "",
-             f"- source: `{path}` (see its rows for device-side details)", ""]
+             f"{len(configurations())} configurations)", "", f"- source: `{path}`"]
+    chunks = read_chunks(path)
+    if chunks:
+        lines += [f"- measured in {len(chunks)} run(s) (`{provenance_path(path).name}`):"]
+        lines += [f"  - {c.get('date')} on {c.get('device')}, commit {c.get('commit')}, "
+                  f"{c.get('done_before')} done before: `{c.get('command')}`" for c in chunks]
+    else:
+        lines += ["- provenance: not recorded (these rows predate the provenance sidecar; "
+                  "results/<device>/README.md names their run)"]
+    lines += [""]
     for baseline in ("cudnn", "gemm"):
         fig, axes = plt.subplots(2, 3, figsize=(14, 8), sharex=True, sharey=True)
         im = None

@@ -65,6 +65,42 @@ def test_sweep_report_summarises_where_fft_wins(tmp_path, monkeypatch):
     assert (tmp_path / "sweep_vs_cudnn.png").exists() and (tmp_path / "sweep_vs_gemm.png").exists()
     rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ") and "x |" in line}
     assert "| 0 (0%) |" in rows["3"] and "(100%) | 4.00x | 4.00x | 1 |" in rows["9"]
+    assert "provenance: not recorded" in md                     # rows without a sidecar say so
+
+
+def test_sweep_chunks_carry_their_provenance(tmp_path, monkeypatch):
+    """Each run (chunk) of a resumable sweep leaves a provenance line, commit included, and the
+    report lists them."""
+    from benchmarks import common, sweep
+    path = tmp_path / "sweep.jsonl"
+    monkeypatch.setenv("MINITORCH_COMMIT", "0123abc")
+    for done_before, c in enumerate(sweep.quick_sample()[:2]):
+        sweep.record_chunk(path, done_before, common.provenance("Test GPU", cupy="0"))
+        sweep.append_row(path, synthetic_row(c, 1.0, 2.0))
+    chunks = sweep.read_chunks(path)
+    assert [c["done_before"] for c in chunks] == [0, 1] and {c["commit"] for c in chunks} == {"0123abc"}
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "report", str(path)])
+    sweep.main()
+    md = (tmp_path / "sweep.md").read_text()
+    assert "measured in 2 run(s)" in md and md.count("commit 0123abc") == 2 and "Test GPU" in md
+
+
+def test_source_commit_marks_a_tree_that_differs_from_head(tmp_path, monkeypatch):
+    from benchmarks import common
+    monkeypatch.delenv("MINITORCH_COMMIT", raising=False)
+    if subprocess.run(["git", "--version"], capture_output=True).returncode != 0:
+        pytest.skip("no git")
+    run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)  # noqa: E731
+    run("init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    run("add", "f.txt")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert common.source_commit(tmp_path) == head
+    (tmp_path / "f.txt").write_text("b")
+    assert common.source_commit(tmp_path) == f"{head} with uncommitted changes"
+    monkeypatch.setenv("MINITORCH_COMMIT", "named")
+    assert common.source_commit(tmp_path) == "named"
 
 
 def fbfft_vs_cufft_rows(speedups, ok=True):
