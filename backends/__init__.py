@@ -65,7 +65,7 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=
         raise ValueError(f"backend {name!r} does not support {pass_name} for input {tuple(x_shape)}, "
                          f"weight {tuple(w_shape)}, stride {stride}, padding {padding}"
                          f"{_reason(backend, x_shape, w_shape, stride, padding)}; "
-                         f"use backend='auto' or another of {names()}")
+                         f"use backend='auto' or another of {[n for n in names() if n != name]}")
     return backend
 
 

@@ -12,7 +12,12 @@ class ArrayDataset:
     def __init__(self, x, y):
         if len(x) != len(y):
             raise ValueError(f"images and labels differ in count: {len(x)} vs {len(y)}")
-        self.x, self.y = np.ascontiguousarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64)
+        labels = np.asarray(y)
+        if labels.size and (labels.dtype.kind not in "iuf" or labels.dtype.kind == "f"
+                            and not np.array_equal(labels, np.round(labels))):
+            raise TypeError(f"labels must be integer class indices, got dtype {labels.dtype}"
+                            f"{' with fractional values' if labels.dtype.kind == 'f' else ''}")
+        self.x, self.y = np.ascontiguousarray(x, dtype=np.float32), labels.astype(np.int64)
 
     def __len__(self):
         return len(self.y)

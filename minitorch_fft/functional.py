@@ -58,14 +58,50 @@ def _check_same_shape(a, b, op):
         raise ValueError(f"{op}: shapes differ, {tuple(a.shape)} vs {tuple(b.shape)} (no broadcasting)")
 
 
+class Shift(Function):
+    """x + c for a number c."""
+
+    def forward(self, x, c):
+        return x + x.dtype.type(c)
+
+    def backward(self, g):
+        return g
+
+
+class Scale(Function):
+    """x * c for a number c."""
+
+    def forward(self, x, c):
+        self.c = c
+        return x * x.dtype.type(c)
+
+    def backward(self, g):
+        return g * g.dtype.type(self.c)
+
+
+def _number(v):
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _operands(a, b, op):
+    """(a, b) as Tensors of one shape, or (a, number); TypeError for anything else."""
+    if not isinstance(a, Tensor) or not (isinstance(b, Tensor) or _number(b)):
+        raise TypeError(f"{op} takes Tensors of one shape, or a Tensor and a number; got "
+                        f"{type(a).__name__} and {type(b).__name__}")
+    if isinstance(b, Tensor):
+        _check_same_shape(a, b, op)
+
+
 def add(a, b):
-    _check_same_shape(a, b, "add")
-    return Add.apply(a, b)
+    """a + b for Tensors of one shape (no broadcasting), or a Tensor plus a number."""
+    _operands(a, b, "add")
+    return Add.apply(a, b) if isinstance(b, Tensor) else Shift.apply(a, c=float(b))
 
 
 def mul(a, b):
-    _check_same_shape(a, b, "mul")
-    return Mul.apply(a, b)
+    """a * b elementwise for Tensors of one shape (no broadcasting), or a Tensor times a number."""
+    _operands(a, b, "mul")
+    return Mul.apply(a, b) if isinstance(b, Tensor) else Scale.apply(a, c=float(b))
 
 
 def sum(x):  # noqa: A001 - the Torch name
@@ -282,6 +318,9 @@ def log_softmax(x):
 
 
 def _check_targets(x, target):
+    if isinstance(target, Tensor):
+        raise TypeError("targets must be an integer array of class indices, not a Tensor "
+                        "(Tensors hold float32 data)")
     xp = get_array_module(x.data)
     t = xp.asarray(target)
     if t.ndim != 1 or t.shape[0] != x.shape[0]:

@@ -131,6 +131,12 @@ class Tensor:
         from . import functional as F
         return F.mul(self, other)
 
+    def __radd__(self, other):   # number + Tensor
+        return self.__add__(other)
+
+    def __rmul__(self, other):   # number * Tensor
+        return self.__mul__(other)
+
     def sum(self):
         from . import functional as F
         return F.sum(self)

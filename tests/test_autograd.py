@@ -95,3 +95,15 @@ def test_tensor_dtype_policy():
     assert mt.Tensor(np.arange(4, dtype=np.int64)).data.dtype == np.float32
     with pytest.raises(TypeError, match="real numbers"):
         mt.Tensor(np.array(["a"]))
+
+
+def test_numbers_on_either_side_of_add_and_mul():
+    """(2 t + 1) * 3 = 6 t + 3, so dy/dt = 6 everywhere; a NumPy float32 counts as a number
+    (as the optimiser accepts np.float32 learning rates)."""
+    t = mt.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True)
+    y = (2.0 * t + 1) * np.float32(3)
+    np.testing.assert_array_equal(y.data, 6 * np.arange(6, dtype=np.float32).reshape(2, 3) + 3)
+    assert y.data.dtype == np.float32
+    y.sum().backward()
+    np.testing.assert_array_equal(t.grad, np.full((2, 3), 6, np.float32))
+    assert mt.optim.SGD([mt.Parameter(np.ones(2))], lr=np.float32(0.1)).lr == pytest.approx(0.1)

@@ -62,15 +62,21 @@ OTHER_ROWS = [
     ("criterion", lambda: mt.CrossEntropyCriterion()(mt.Tensor(np.ones((2, 3))), np.array([0, 3])), ValueError, r"\[0, 3\)"),
     ("criterion", lambda: mt.CrossEntropyCriterion()(mt.Tensor(np.ones((2, 3))), np.array([0.5, 1.0])), TypeError, "integer"),
     ("criterion", lambda: mt.ClassNLLCriterion()(mt.Tensor(np.ones((2, 3))), np.array([0])), ValueError, r"shape \(2,\)"),
+    ("criterion", lambda: mt.CrossEntropyCriterion()(mt.Tensor(np.ones((2, 3))), mt.Tensor(np.array([0, 1]))),
+     TypeError, "not a Tensor"),
+    ("tensor", lambda: mt.Tensor(np.ones((2, 3))) * np.ones((2, 3)), TypeError, "a Tensor and a number"),
+    ("tensor", lambda: mt.Tensor(np.ones((2, 3))) + True, TypeError, "a Tensor and a number"),
     ("model", lambda: models.get("vgg"), ValueError, "unknown model 'vgg'"),
     ("model", lambda: models.get("digits")(mt.Tensor(np.ones((2, 1, 10, 10)))), ValueError, "cannot view"),
     ("optim", lambda: mt.optim.SGD([], lr=0.1), ValueError, "empty parameter list"),
     ("optim", lambda: mt.optim.SGD(mt.Linear(2, 2).parameters(), lr=-1), ValueError, "lr must be"),
+    ("optim", lambda: mt.optim.SGD(mt.Linear(2, 2).parameters(), lr=True), ValueError, "lr must be"),
     ("optim", lambda: mt.optim.SGD(mt.Linear(2, 2).parameters(), lr=0.1, momentum=float("nan")), ValueError, "momentum"),
     ("device", lambda: mt.Tensor(np.ones(2)).to("tpu"), ValueError, "unknown device 'tpu'"),
     ("device", lambda: mt.normalize_device("cuda:3"), ValueError, "CUDA_VISIBLE_DEVICES=3"),
     ("data", lambda: list(mt.data.batches(mt.data.ArrayDataset(np.ones((2, 1)), [0, 1]), 0)), ValueError, "batch_size"),
     ("data", lambda: mt.data.ArrayDataset(np.ones((3, 1)), [0, 1]), ValueError, "differ in count"),
+    ("data", lambda: mt.data.ArrayDataset(np.ones((2, 1)), [0.5, 1.2]), TypeError, "fractional values"),
 ]
 
 
