@@ -102,6 +102,9 @@ def _parser(explicit_only=False):
                    help="training images per epoch with --data fake")
     p.add_argument("--num-classes", type=positive_int, default=default("num_classes"),
                    help="classes for --data fake (default: 10 for digits, 1000 otherwise)")
+    p.add_argument("--workers", type=positive_int,
+                   help="threads decoding images for imagefolder / cifar10 (default: min(8, CPUs)); "
+                        "the batches do not depend on it")
     p.add_argument("--checkpoint", help="file to save after every epoch and on Ctrl-C / SIGTERM")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
     p.add_argument("--tune-report",
@@ -178,8 +181,8 @@ def restore_run(args, meta):
     return extra
 
 
-def load_data(spec, model, seed, fake_size, num_classes):
-    """(train, test, num_classes) for a --data spec."""
+def load_data(spec, model, seed, fake_size, num_classes, workers=None):
+    """(train, test, num_classes) for a --data spec (workers: image-decoding threads)."""
     shape = models.input_shape(model)
     kind, _, path = spec.partition(":")
     if kind == "digits" and not path:
@@ -193,10 +196,10 @@ def load_data(spec, model, seed, fake_size, num_classes):
         return (mt.data.FakeDataset(fake_size, shape, n_cls, seed),
                 mt.data.FakeDataset(max(1, fake_size // 8), shape, n_cls, seed + 1), n_cls)
     if kind == "imagefolder" and path:
-        train, test = mt.data.imagefolder(path, shape, seed=seed)
+        train, test = mt.data.imagefolder(path, shape, seed=seed, workers=workers)
         return train, test, len(train.ds.dataset.classes)
     if kind == "cifar10" and path:
-        train, test = mt.data.cifar10(path, shape)
+        train, test = mt.data.cifar10(path, shape, seed=seed, workers=workers)
         return train, test, 10
     raise ValueError(f"bad --data {spec!r}; expected digits, fake, imagefolder:PATH or cifar10:PATH")
 
@@ -218,7 +221,8 @@ def main(argv=None):
     check_outputs(args)
     device = mt.normalize_device(args.device)
     mt.manual_seed(args.seed)
-    train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes)
+    train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes,
+                                   args.workers)
     model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)
     opt = mt.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay,

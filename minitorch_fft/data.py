@@ -1,9 +1,20 @@
 """Datasets and a seeded batch iterator.
 
-A dataset is anything with ``len()`` and ``take(indices) -> (x, y)`` returning
-float32 NCHW images and int64 labels as NumPy arrays.
+A dataset is anything with ``len()`` and ``take(indices, epoch=0) -> (x, y)`` returning
+float32 NCHW images and int64 labels as NumPy arrays (`epoch` seeds any augmentation).
+
+Image folders and CIFAR-10 are decoded by a pool of threads (Pillow releases the GIL while it
+decodes and resizes), and batches() prepares the next batch while the caller trains on this
+one. Their images are normalised per channel (ImageNet's or CIFAR-10's mean and deviation).
+Images are resized to 8/7 of the model's input (256 for 224). Training images are cropped back
+at random and half are flipped, from a generator seeded by (seed, epoch, image index): the same
+run sees the same crops, whatever the number of threads, and a resumed run too. Evaluation
+images are cropped at the centre.
 """
 import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -22,7 +33,7 @@ class ArrayDataset:
     def __len__(self):
         return len(self.y)
 
-    def take(self, idx):
+    def take(self, idx, epoch=0):
         return self.x[idx], self.y[idx]
 
     @property
@@ -39,25 +50,65 @@ class FakeDataset:
     def __len__(self):
         return self.n
 
-    def take(self, idx):
+    def take(self, idx, epoch=0):
         rng = np.random.default_rng([self.seed, int(idx[0]) if len(idx) else 0, len(idx)])
         x = rng.standard_normal((len(idx),) + self.input_shape, dtype=np.float32)
         return x, rng.integers(0, self.num_classes, len(idx))
 
 
-class TorchvisionDataset:
-    """A torchvision dataset read lazily from local files (never downloaded)."""
+# Per-channel mean and standard deviation of the pixels in [0, 1].
+IMAGENET_STATS = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+CIFAR10_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+# Training images are resized to 8/7 of the input (256 for 224) and cropped back at random.
+CROP_MARGIN = 8 / 7
 
-    def __init__(self, ds, input_shape):
-        self.ds, self.input_shape = ds, tuple(input_shape)
+
+class TorchvisionDataset:
+    """A torchvision dataset read lazily from local files (never downloaded).
+
+    Its transform must give float tensors in [0, 1] of shape (c, H, W) with H, W >= the
+    input size; take() crops them (at random where `augment`, else centred), flips half the
+    training images, and normalises by `stats` ((mean, std) per channel)."""
+
+    def __init__(self, ds, input_shape, stats=None, augment=False, seed=0, workers=None):
+        self.ds, self.input_shape, self.augment, self.seed = ds, tuple(input_shape), augment, seed
+        c = self.input_shape[0]
+        if stats is None:
+            self.mean = self.std = None
+        else:
+            mean, std = (np.asarray(v, np.float32) for v in stats)
+            if c == 1:                      # grayscale: the channels' average
+                mean, std = mean.mean(keepdims=True), std.mean(keepdims=True)
+            self.mean, self.std = mean.reshape(c, 1, 1), std.reshape(c, 1, 1)
+        self.workers = workers or min(8, os.cpu_count() or 1)
+        self._pool = None
 
     def __len__(self):
         return len(self.ds)
 
-    def take(self, idx):
-        items = [self.ds[int(i)] for i in idx]
-        x = np.stack([np.asarray(img, dtype=np.float32) for img, _ in items])
-        return x, np.asarray([t for _, t in items], dtype=np.int64)
+    def take(self, idx, epoch=0):
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="minitorch-data")
+        items = list(self._pool.map(lambda i: self._item(int(i), epoch), idx))   # order kept
+        return np.stack([x for x, _ in items]), np.asarray([t for _, t in items], dtype=np.int64)
+
+    def _item(self, i, epoch):
+        img, target = self.ds[i]
+        x = np.asarray(img, dtype=np.float32)
+        _, h, w = self.input_shape
+        H, W = x.shape[1:]
+        if self.augment:
+            rng = np.random.default_rng([self.seed, epoch, i])
+            top, left = rng.integers(0, H - h + 1), rng.integers(0, W - w + 1)
+            x = x[:, top:top + h, left:left + w]
+            if rng.random() < 0.5:
+                x = x[:, :, ::-1]
+        else:
+            top, left = (H - h) // 2, (W - w) // 2
+            x = x[:, top:top + h, left:left + w]
+        if self.mean is not None:
+            x = (x - self.mean) / self.std
+        return np.ascontiguousarray(x, dtype=np.float32), target
 
 
 def digits(test_fraction=0.2, seed=0):
@@ -85,50 +136,96 @@ def _torchvision():
     return torchvision, T
 
 
-def imagefolder(path, input_shape, test_fraction=0.1, seed=0):
-    """An ImageFolder tree (one subfolder per class) resized to the model's input."""
+def _resize(T, input_shape):
+    """Resize to CROP_MARGIN times the input; take() crops back (at random for training, the
+    centre for evaluation, so both see objects at one scale)."""
+    c, h, w = input_shape
+    size = (round(h * CROP_MARGIN), round(w * CROP_MARGIN))
+    return T.Compose([T.Resize(size), T.Grayscale(c) if c == 1 else T.Lambda(lambda im: im.convert("RGB")),
+                      T.ToTensor()])
+
+
+def imagefolder(path, input_shape, test_fraction=0.1, seed=0, workers=None):
+    """An ImageFolder tree (one subfolder per class): (train, test) at the model's input size,
+    normalised by ImageNet's statistics, the training part augmented (module docstring)."""
     if not os.path.isdir(path):
         raise ValueError(f"imagefolder path {path!r} is not a directory")
     tv, T = _torchvision()
-    c, h, w = input_shape
-    tf = T.Compose([T.Resize((h, w)), T.Grayscale(c) if c == 1 else T.Lambda(lambda im: im.convert("RGB")),
-                    T.ToTensor()])
-    full = tv.datasets.ImageFolder(path, transform=tf)
+    full = tv.datasets.ImageFolder(path, transform=_resize(T, input_shape))
     if len(full) < 2:
         raise ValueError(f"imagefolder {path!r} holds {len(full)} images; need at least 2")
     perm = np.random.default_rng(seed).permutation(len(full))
     n_test = max(1, int(len(full) * test_fraction))
     import torch.utils.data as tud
-    return (TorchvisionDataset(tud.Subset(full, perm[n_test:].tolist()), input_shape),
-            TorchvisionDataset(tud.Subset(full, perm[:n_test].tolist()), input_shape))
+    common = dict(input_shape=input_shape, stats=IMAGENET_STATS, seed=seed, workers=workers)
+    return (TorchvisionDataset(tud.Subset(full, perm[n_test:].tolist()), augment=True, **common),
+            TorchvisionDataset(tud.Subset(full, perm[:n_test].tolist()), augment=False, **common))
 
 
-def cifar10(path, input_shape):
-    """CIFAR-10 in torchvision's layout under `path` (cifar-10-batches-py), resized to the model."""
+def cifar10(path, input_shape, seed=0, workers=None):
+    """CIFAR-10 in torchvision's layout under `path` (cifar-10-batches-py), resized to the model,
+    normalised by CIFAR-10's statistics, the training set augmented (module docstring)."""
     if not os.path.isdir(path):
         raise ValueError(f"cifar10 path {path!r} is not a directory")
     tv, T = _torchvision()
     c, h, w = input_shape
     if c != 3:
         raise ValueError(f"cifar10 images have 3 channels; this model expects {c}")
-    tf = T.Compose([T.Resize((h, w)), T.ToTensor()])
     try:
-        train = tv.datasets.CIFAR10(path, train=True, transform=tf, download=False)
-        test = tv.datasets.CIFAR10(path, train=False, transform=tf, download=False)
+        train = tv.datasets.CIFAR10(path, train=True, transform=_resize(T, input_shape), download=False)
+        test = tv.datasets.CIFAR10(path, train=False, transform=_resize(T, input_shape), download=False)
     except RuntimeError as e:
         raise ValueError(f"no CIFAR-10 found under {path!r} ({e})") from None
-    return TorchvisionDataset(train, input_shape), TorchvisionDataset(test, input_shape)
+    common = dict(input_shape=input_shape, stats=CIFAR10_STATS, seed=seed, workers=workers)
+    return TorchvisionDataset(train, augment=True, **common), TorchvisionDataset(test, augment=False, **common)
 
 
-def batches(dataset, batch_size, shuffle=True, seed=0, epoch=0, start=0):
+def batches(dataset, batch_size, shuffle=True, seed=0, epoch=0, start=0, prefetch=1):
     """Yield (x, y) NumPy batches. The order depends only on (seed, epoch), so a run
-    resumed at batch `start` sees exactly the batches it would have seen."""
+    resumed at batch `start` sees exactly the batches it would have seen.
+
+    prefetch: how many batches a background thread prepares ahead (0: none, each batch is
+    made when asked for). A batch that fails to load raises here, in the caller's thread."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     n = len(dataset)
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-    for b in range(start, num_batches(n, batch_size)):
-        yield dataset.take(order[b * batch_size:(b + 1) * batch_size])
+    made = (dataset.take(order[b * batch_size:(b + 1) * batch_size], epoch=epoch)
+            for b in range(start, num_batches(n, batch_size)))
+    yield from (_ahead(made, prefetch) if prefetch > 0 else made)
+
+
+_END = object()
+
+
+def _ahead(items, depth):
+    """items, produced by a daemon thread up to `depth` ahead; its exception is re-raised here."""
+    q = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                q.put((item, None))
+            q.put((_END, None))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put((_END, e))
+
+    threading.Thread(target=produce, daemon=True, name="minitorch-prefetch").start()
+    try:
+        while True:
+            item, error = q.get()
+            if error is not None:
+                raise error
+            if item is _END:
+                return
+            yield item
+    finally:
+        stop.set()                       # the consumer stopped early: let the producer end
+        while not q.empty():
+            q.get_nowait()
 
 
 def num_batches(n, batch_size):
