@@ -125,11 +125,15 @@ def parse_args(argv=None):
         p.error("--resume needs --checkpoint PATH")
     if args.max_epochs_this_run and not args.checkpoint:
         p.error("--max-epochs-this-run needs --checkpoint PATH (else the stopped run is lost)")
-    kind = args.data.partition(":")[0]
-    for flag in ("fake_size", "num_classes"):
-        if flag in args.explicit and kind != "fake":
-            p.error(f"--{flag.replace('_', '-')} applies to --data fake only (got --data {args.data})")
+    if not args.resume:          # a resumed run's --data comes from its checkpoint: checked there
+        check_fake_flags(args)
     return args
+
+
+def check_fake_flags(args):
+    for flag in ("fake_size", "num_classes"):
+        if flag in args.explicit and args.data.partition(":")[0] != "fake":
+            raise ValueError(f"--{flag.replace('_', '-')} applies to --data fake only (got --data {args.data})")
 
 
 def check_outputs(args):
@@ -178,6 +182,7 @@ def restore_run(args, meta):
         setattr(args, flag, saved[flag])
     if "backend" not in args.explicit and saved.get("backend"):
         args.backend = saved["backend"]
+    check_fake_flags(args)
     return extra
 
 

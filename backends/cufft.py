@@ -342,8 +342,13 @@ def _valid_config(config, g):
     except (TypeError, KeyError, ValueError):
         return False
     n0, m0 = min_basis(g)
-    return (type(n) is int and type(m) is int and n in basis_sizes(n0) and m in basis_sizes(m0)
+    return (type(n) is int and type(m) is int and _is_basis_size(n, n0) and _is_basis_size(m, m0)
             and how in _gemm_forms(config))
+
+
+def _is_basis_size(n, n0):
+    """n in basis_sizes(n0), without building the list (this runs on every tuned pass)."""
+    return n0 <= n <= 1 << (n0 - 1).bit_length() and (n == n0 or _is_7_smooth(n))
 
 
 def _tuning_enabled(xp):

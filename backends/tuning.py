@@ -19,9 +19,10 @@ Faults lose nothing:
   keeps its choices in memory only.
 - Writes go to a temporary file, fsynced, with the umask's usual permissions, then renamed over
   the old one (os.replace), so a reader never sees half a file.
-- A writer holds an exclusive lock (fcntl.flock on <file>.lock, where the platform has it) while
-  it re-reads the file, merges and replaces it, so processes tuning side by side keep each
-  other's choices (the last writer wins on the same key, and both are valid).
+- A writer holds an exclusive lock (fcntl.flock on <file>.lock, where the platform and the
+  filesystem have it; the lock file is opened read-only, so users sharing a cache can all lock
+  it) while it re-reads the file, merges and replaces it, so processes tuning side by side keep
+  each other's choices (the last writer wins on the same key, and both are valid).
 - A cache that cannot be written (read-only home, full disk) warns and keeps working in memory.
 """
 import contextlib
@@ -175,16 +176,28 @@ class TuneCache:
 
     @contextlib.contextmanager
     def _locked(self):
-        """An exclusive lock on <file>.lock for a read-merge-replace (no-op without fcntl)."""
+        """An exclusive lock on <file>.lock for a read-merge-replace. The lock file is opened
+        read-only (created 0666 less the umask), so every user who can read it can lock it.
+        Without fcntl, or on a filesystem without flock (some NFS, Lustre, FUSE mounts), the
+        write goes ahead unlocked, with a warning: still atomic, but a concurrent writer's
+        choice may be dropped."""
         if fcntl is None:
             yield
             return
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:
+                warnings.warn(f"cannot lock autotune cache {self.path} ({e}); writing it unlocked")
+                yield
+                return
             try:
                 yield
             finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 

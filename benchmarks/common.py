@@ -107,11 +107,13 @@ def source_commit(root=RESULTS_DIR.parent):
     named = os.environ.get("MINITORCH_COMMIT")
     if named:
         return named
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != Path(root).resolve():
+            return "unknown (not a git checkout of this tree; set MINITORCH_COMMIT)"  # an outer repo
+        head, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown (no git here; set MINITORCH_COMMIT)"
     return f"{head} with uncommitted changes" if dirty else head

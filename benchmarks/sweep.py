@@ -182,8 +182,10 @@ def run(args):
     out = args.out / slug(tuning.device_name(cp)) / ("sweep_quick.jsonl" if args.quick else "sweep.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     done = load_done(out)
-    record_chunk(out, len(done), provenance(tuning.device_name(cp), cupy=cp.__version__, torch=torch.__version__))
     todo = [c for c in (quick_sample() if args.quick else configurations()) if key(c) not in done]
+    if todo:
+        record_chunk(out, len(done), provenance(tuning.device_name(cp), cupy=cp.__version__,
+                                                torch=torch.__version__))
     deadline = time.monotonic() + args.max_minutes * 60
     for config in tqdm(todo, desc=f"sweep ({len(done)} done before)"):
         if time.monotonic() > deadline:

@@ -88,9 +88,10 @@ class Tensor:
             grad = xp.ones_like(self.data)
         else:
             grad = grad.data if isinstance(grad, Tensor) else grad
-            if get_array_module(grad) is not xp:
+            if isinstance(grad, np.ndarray) and xp is not np or is_cupy(grad) and xp is np:
                 raise TypeError(f"backward(): the gradient is a {type(grad).__name__} but the tensor "
                                 f"lives on {'the GPU' if xp is not np else 'the CPU'}")
+            grad = xp.asarray(grad)        # a number or a list is fine for a tensor of its shape
             if tuple(grad.shape) != tuple(self.shape):
                 raise ValueError(f"backward(): gradient of shape {tuple(grad.shape)} for a tensor of "
                                  f"shape {tuple(self.shape)}")

@@ -107,3 +107,13 @@ def test_numbers_on_either_side_of_add_and_mul():
     y.sum().backward()
     np.testing.assert_array_equal(t.grad, np.full((2, 3), 6, np.float32))
     assert mt.optim.SGD([mt.Parameter(np.ones(2))], lr=np.float32(0.1)).lr == pytest.approx(0.1)
+
+
+def test_backward_takes_a_number_or_a_list_of_the_tensors_shape():
+    t = mt.Tensor(np.ones(3, np.float32), requires_grad=True)
+    (t * t).sum().backward(1.0)
+    np.testing.assert_array_equal(t.grad, [2, 2, 2])
+    u = mt.Tensor(np.ones(3, np.float32), requires_grad=True)
+    (u * 2.0).backward([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(u.grad, [2, 4, 6])
+    assert u.grad.dtype == np.float32

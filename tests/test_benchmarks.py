@@ -101,6 +101,9 @@ def test_source_commit_marks_a_tree_that_differs_from_head(tmp_path, monkeypatch
     assert common.source_commit(tmp_path) == f"{head} with uncommitted changes"
     monkeypatch.setenv("MINITORCH_COMMIT", "named")
     assert common.source_commit(tmp_path) == "named"
+    monkeypatch.delenv("MINITORCH_COMMIT")
+    (tmp_path / "copy").mkdir()                   # a tree without .git inside another repository
+    assert common.source_commit(tmp_path / "copy").startswith("unknown")
 
 
 def fbfft_vs_cufft_rows(speedups, ok=True):

@@ -323,6 +323,12 @@ def test_invalid_cached_choice_is_retuned(rng, monkeypatch):
     assert n >= n0 and m >= m0
 
 
+def test_basis_membership_matches_the_candidate_list():
+    for n0 in range(1, 300):
+        sizes = set(cufft.basis_sizes(n0))
+        assert {n for n in range(1, 1100) if cufft._is_basis_size(n, n0)} == sizes, n0
+
+
 @pytest.mark.parametrize("choice", [{"basis": [2048, 2048], "gemm": "batched"},   # past the next power of two
                                     {"basis": [11, 8], "gemm": "batched"},       # 11 is not 7-smooth
                                     {"basis": [64, 64], "gemm": "loop"},         # 2,112 host-loop GEMMs

@@ -149,6 +149,17 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, capsys):
     assert [h["lr"] for h in result["history"]] == pytest.approx([0.1, 0.075, 0.025])   # cosine over 3
 
 
+def test_resume_accepts_the_fake_data_flags_it_was_started_with(tmp_path, capsys):
+    ckpt = str(tmp_path / "fake.ckpt")
+    run = ["--no-progress", "--checkpoint", ckpt, "--data", "fake", "--fake-size", "32", "--backend", "gemm"]
+    assert train.main(run + ["--epochs", "2", "--max-epochs-this-run", "1"]) == 0
+    capsys.readouterr()
+    assert train.main(["--no-progress", "--checkpoint", ckpt, "--resume", "--fake-size", "32"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["epochs"] == 2
+    with pytest.raises(ValueError, match="--fake-size 16 differs from the checkpoint's 32"):
+        train.main(["--no-progress", "--checkpoint", ckpt, "--resume", "--fake-size", "16"])
+
+
 def test_a_checkpoint_not_written_by_train_py_cannot_be_resumed(tmp_path):
     ckpt = str(tmp_path / "lib.ckpt")
     net = models.get("digits", 10)

@@ -276,3 +276,28 @@ def test_gpu_device_name_and_timing():
     assert tuning.device_name(cupy) and tuning.device_name(cupy) != "cpu"
     a = cupy.ones((512, 512), dtype=np.float32)
     assert tuning.timeit(lambda: a @ a, cupy, warmup=1, repeat=3) > 0
+
+
+@pytest.mark.skipif(tuning.fcntl is None, reason="no fcntl here")
+def test_a_filesystem_without_locks_still_gets_the_file(path, monkeypatch):
+    def no_locks(fd, op):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(tuning.fcntl, "flock", no_locks)
+    with pytest.warns(UserWarning, match="writing it unlocked"):
+        tuning.TuneCache(path).put(a_key(), "choice")
+    assert tuning.TuneCache(path).get(a_key()) == "choice"
+
+
+@pytest.mark.skipif(tuning.fcntl is None, reason="no fcntl here")
+def test_the_lock_file_is_made_for_every_user_of_a_shared_cache(path):
+    """Created 0666 less the umask and only ever opened read-only, so another user who can read
+    it can lock it (an 'a'-mode open needed write permission)."""
+    tuning.TuneCache(path).put(a_key(), 1)
+    lock = path.with_name(path.name + ".lock")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o666 & ~mask
+    lock.chmod(0o444)                               # read-only, as for a second user under umask 022
+    tuning.TuneCache(path).put(a_key("bprop"), 2)   # (root ignores modes; the open is O_RDONLY anyway)
+    assert tuning.TuneCache(path).get(a_key("bprop")) == 2
