@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
 from benchmarks.common import (RESULTS_DIR, median_ms, peak_extra_bytes, provenance,  # noqa: E402
-                               write_results)
+                               setup_cudnn, write_results)
 
 # -- defaults --------------------------------------------------------------------------------
 BATCH = 128
@@ -242,14 +242,12 @@ def main():
 
     if not torch.cuda.is_available():
         sys.exit("bench_cufft needs a CUDA GPU visible to PyTorch and CuPy")
-    torch.backends.cudnn.benchmark = True
-    TORCH_TF32_DEFAULTS.update(cudnn=torch.backends.cudnn.allow_tf32,
-                               matmul=torch.backends.cuda.matmul.allow_tf32)
+    cudnn_setup = setup_cudnn(torch, TORCH_TF32_DEFAULTS)
     device = tuning.device_name(cp)
     meta = provenance(device, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                       cupy=cp.__version__, cuda_runtime=cp.cuda.runtime.runtimeGetVersion(),
                       batch=args.batch, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
-                      torch_tf32_defaults=dict(TORCH_TF32_DEFAULTS),
+                      **cudnn_setup,
                       cufft_tune=os.environ.get("MINITORCH_CUFFT_TUNE", "auto"),
                       cupy_tf32=os.environ.get("CUPY_TF32", "0"))
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
-from benchmarks.common import RESULTS_DIR, median_ms, provenance, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, median_ms, provenance, setup_cudnn, write_results  # noqa: E402
 
 # -- defaults --------------------------------------------------------------------------------
 BATCH = 128
@@ -358,14 +358,12 @@ def main(argv=None):
     from backends import tuning
     if not torch.cuda.is_available():
         sys.exit("bench_direct needs a CUDA GPU visible to PyTorch and CuPy")
-    torch.backends.cudnn.benchmark = True
-    TORCH_TF32_DEFAULTS.update(cudnn=torch.backends.cudnn.allow_tf32,
-                               matmul=torch.backends.cuda.matmul.allow_tf32)
+    cudnn_setup = setup_cudnn(torch, TORCH_TF32_DEFAULTS)
     device = tuning.device_name(cp)
     meta = provenance(device, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                       cupy=cp.__version__, cuda_runtime=cp.cuda.runtime.runtimeGetVersion(),
                       batch=args.batch, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
-                      parts=",".join(args.parts), torch_tf32_defaults=dict(TORCH_TF32_DEFAULTS),
+                      parts=",".join(args.parts), **cudnn_setup,
                       direct_tune=os.environ.get("MINITORCH_DIRECT_TUNE", "auto"),
                       tune_cache=str(tuning.cache_path()))
     log(f"bench_direct on {device}: parts {', '.join(args.parts)}")

@@ -84,6 +84,23 @@ def slug(name):
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-device"
 
 
+def setup_cudnn(torch, tf32_defaults):
+    """cuDNN as every baseline here runs it: benchmark mode over every algorithm it has.
+
+    torch.backends.cudnn.benchmark_limit defaults to 10: cuDNN would time only its heuristics'
+    first ten plans, while our tuners time every candidate (results before session 4 ran with
+    that default; a benchmark audit found cuDNN TF32 slower than strict on Table 4 L1-L3 bprop,
+    which a full search cannot give). 0 tries them all. Fills `tf32_defaults` with PyTorch's TF32
+    defaults (what its "tf32" mode restores) and returns the settings for a result's meta."""
+    torch.backends.cudnn.benchmark = True
+    if hasattr(torch.backends.cudnn, "benchmark_limit"):
+        torch.backends.cudnn.benchmark_limit = 0
+    tf32_defaults.update(cudnn=torch.backends.cudnn.allow_tf32, matmul=torch.backends.cuda.matmul.allow_tf32)
+    return {"cudnn_benchmark": True,
+            "cudnn_benchmark_limit": getattr(torch.backends.cudnn, "benchmark_limit", None),
+            "torch_tf32_defaults": dict(tf32_defaults)}
+
+
 def provenance(device, **versions):
     """Where, when and how: device name, UTC date, exact command line, source commit, platform
     and versions."""

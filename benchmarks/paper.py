@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
-from benchmarks.common import RESULTS_DIR, median_ms, provenance, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, median_ms, provenance, setup_cudnn, write_results  # noqa: E402
 
 BATCH = 128
 PASSES = ("fprop", "bprop", "accgrad")
@@ -281,6 +281,7 @@ def step(args, bar):
     import backends
     import minitorch_fft as mt
     import models
+    from backends import cgemm
     rows, failures = [], []
     n_steps = max(3, args.repeat // 2)
     for net in ("alexnet", "overfeat_fast"):
@@ -296,7 +297,7 @@ def step(args, bar):
         x, y = mt.Tensor(cp.asarray(x_np)), cp.asarray(y_np)
 
         def our_step():  # as train.py runs it: spectra shared across a step's passes
-            with backends.reuse_spectra():
+            with cgemm.tf32(False), backends.reuse_spectra():  # strict fp32, whatever the environment
                 loss = crit(model(x), y)
                 opt.zero_grad()
                 loss.backward()
@@ -384,12 +385,12 @@ def main():
     from backends import tuning
     if not torch.cuda.is_available():
         sys.exit("paper.py needs a CUDA GPU visible to PyTorch and CuPy")
-    torch.backends.cudnn.benchmark = True
-    TORCH_TF32_DEFAULTS.update(cudnn=torch.backends.cudnn.allow_tf32, matmul=torch.backends.cuda.matmul.allow_tf32)
+    from backends import cgemm
+    cudnn_setup = setup_cudnn(torch, TORCH_TF32_DEFAULTS)
     set_tf32("strict")
     meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                       cupy=cp.__version__, batch=args.batch, warmup=args.warmup, repeat=args.repeat,
-                      cgemm_tf32=args.cgemm_tf32)
+                      cgemm_tf32=args.cgemm_tf32, cgemm_default_mode=cgemm.mode(cp), **cudnn_setup)
     for name in (COMMANDS if args.command == "all" else [args.command]):
         fn, title, total = COMMANDS[name]
         with tqdm(total=total, desc=name) as bar:
