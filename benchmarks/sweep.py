@@ -155,7 +155,7 @@ def measure(config, args):
         for p in PASSES:
             try:
                 row["ms"][f"{name}_{p}"], row["err"][f"{name}_{p}"] = layer.measure(
-                    layer.ours(b, p), "cupy", p, 1e-4, args)
+                    layer.dispatched(name, p), "cupy", p, 1e-4, args)
             except Exception as e:  # noqa: BLE001 - recorded in the row, never hidden
                 row["skipped"][f"{name}_{p}"] = f"{type(e).__name__}: {e}"[:200]
                 cp.get_default_memory_pool().free_all_blocks()
