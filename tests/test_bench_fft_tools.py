@@ -20,6 +20,10 @@ def test_fft_targets_report_the_worst_case_and_miss_honestly():
     assert "worst 2.10x" in inv and got[inv] is True
     bw = {t.split(":")[0]: ok for t, ok in got.items() if "bandwidth" in t}
     assert bw == {"2-D n=16": True, "2-D n=32": False, "2-D n=64": False}
+    # with a 50 MiB L2, n=16 at batch 4096 (8 MB) may be served from it: not judged at all
+    assert not any(t.startswith("2-D n=16") for t, _ in bench_fft.targets(rows, 4000, l2_bytes=50 << 20))
+    failed = bench_fft.targets(rows + [row(8, 4096, 2.0, 2.0, 100, err=3e-3)], copy_gbs=4000)
+    assert failed == [("no target judged: 1 row(s) failed the correctness check", False)]
 
 
 def test_fft_table_flags_wrong_results():
