@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
-from benchmarks.common import (RESULTS_DIR, median_ms, peak_extra_bytes, provenance,  # noqa: E402
-                               setup_cudnn, write_results)
+from benchmarks.common import (RESULTS_DIR, median_ms, peak_extra_bytes, poisoned,  # noqa: E402
+                               provenance, setup_cudnn, write_results)
 
 # -- defaults --------------------------------------------------------------------------------
 BATCH = 128
@@ -171,6 +171,9 @@ def bench_layer(name, args, tqdm_bar):
             got = fn()                                   # cufft tunes on this first call
             torch.cuda.synchronize()
             row[f"first_call_s_{impl}"] = time.perf_counter() - start
+            if lib == "cupy":                            # checked: the call on NaN-filled memory
+                del got
+                got = poisoned(fn)
             row[f"err_{impl}"] = rel_err(got, pn)
             del got
             row[f"ms_{impl}"] = median_ms(fn, lib, args.warmup, args.repeat)

@@ -84,6 +84,28 @@ def slug(name):
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-device"
 
 
+def poisoned(fn):
+    """fn() with every CuPy allocation it makes filled with 0xFF bytes (NaN as float32) first.
+
+    The pool hands back blocks that the previous implementation filled with the right answer
+    for the same data: an output element a backend forgot to write would pass the check. Here
+    it is NaN, and the check fails."""
+    import cupy as cp
+    previous = cp.cuda.get_allocator()
+
+    def allocate(size):
+        mem = previous(size)
+        if size:
+            cp.cuda.runtime.memsetAsync(mem.ptr, 0xFF, size, cp.cuda.get_current_stream().ptr)
+        return mem
+
+    cp.cuda.set_allocator(allocate)
+    try:
+        return fn()
+    finally:
+        cp.cuda.set_allocator(previous)
+
+
 def setup_cudnn(torch, tf32_defaults):
     """cuDNN as every baseline here runs it: benchmark mode over every algorithm it has.
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
-from benchmarks.common import RESULTS_DIR, median_ms, provenance, setup_cudnn, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, median_ms, poisoned, provenance, setup_cudnn, write_results  # noqa: E402
 
 BATCH = 128
 PASSES = ("fprop", "bprop", "accgrad")
@@ -125,7 +125,7 @@ class Layer:
         """(median ms, relative error); the result is checked before it is timed. Ours must pass
         the check; a reference library's miss is timed anyway and appended to `flagged`."""
         import torch
-        got = fn()
+        got = poisoned(fn) if lib == "cupy" else fn()
         got = torch.from_dlpack(got) if lib == "cupy" else got
         ref = self.ref[pass_name]
         err = float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))

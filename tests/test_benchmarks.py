@@ -265,3 +265,37 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     first = calls[:len(impls)]
     assert len({(g, pn) for g, pn, _ in first}) == 1
     assert sum("(cuDNN itself)" in f for f in failures) == 2 * sum(n_layers.values())   # accGrad of each
+
+
+def test_poisoned_fills_every_allocation_and_restores_the_allocator(monkeypatch):
+    """benchmarks.common.poisoned, with a stand-in for CuPy's allocator API: every block the
+    call allocates is memset to 0xFF (NaN as float32) on the current stream, and the previous
+    allocator comes back, also when the call raises."""
+    import types
+
+    from benchmarks import common
+    state = {"allocator": None, "memsets": []}
+    pool_malloc = lambda size: types.SimpleNamespace(ptr=1000 + size)  # noqa: E731
+    state["allocator"] = pool_malloc
+    cuda = types.SimpleNamespace(
+        get_allocator=lambda: state["allocator"],
+        set_allocator=lambda a: state.__setitem__("allocator", a),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=7),
+        runtime=types.SimpleNamespace(memsetAsync=lambda ptr, v, n, s: state["memsets"].append((ptr, v, n, s))))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+
+    def work():
+        state["allocator"](64)
+        state["allocator"](0)
+        return "result"
+
+    assert common.poisoned(work) == "result"
+    assert state["memsets"] == [(1064, 0xFF, 64, 7)] and state["allocator"] is pool_malloc
+
+    def fails():
+        state["allocator"](8)
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError):
+        common.poisoned(fails)
+    assert state["allocator"] is pool_malloc and state["memsets"][-1] == (1008, 0xFF, 8, 7)
