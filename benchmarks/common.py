@@ -112,7 +112,7 @@ def setup_cudnn(torch, tf32_defaults):
     torch.backends.cudnn.benchmark_limit defaults to 10: cuDNN would time only its heuristics'
     first ten plans, while our tuners time every candidate (results before session 4 ran with
     that default; a benchmark audit found cuDNN TF32 slower than strict on Table 4 L1-L3 bprop,
-    which a full search cannot give). 0 tries them all. Fills `tf32_defaults` with PyTorch's TF32
+    which a full search should not give). 0 tries them all. Fills `tf32_defaults` with PyTorch's TF32
     defaults (what its "tf32" mode restores) and returns the settings for a result's meta."""
     torch.backends.cudnn.benchmark = True
     if hasattr(torch.backends.cudnn, "benchmark_limit"):
