@@ -27,6 +27,15 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture
+def fresh_rng(request):
+    """A generator on a new seed every run (fresh data, as the measuring method asks), with the
+    seed in the test's report, so a failure can be replayed with default_rng(seed)."""
+    seed = np.random.SeedSequence().entropy
+    request.node.add_report_section("call", "seed", f"np.random.default_rng({seed})")
+    return np.random.default_rng(seed)
+
+
 def host_library(tmp_path_factory, name, source, flags=()):
     """C++ `source` (a CUDA file behind a host shim) compiled as a shared library and loaded;
     skips without a host compiler, or where it lacks C++20 <barrier>."""

@@ -313,9 +313,9 @@ def test_emulated_irfft2_matches_numpy(emulated, rng, n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,B,h,w,top,left", CASES, ids=CASE_IDS)
-def test_cuda_rfft2_matches_cufft(n, B, h, w, top, left):
+def test_cuda_rfft2_matches_cufft(n, B, h, w, top, left, fresh_rng):
     import cupy as cp
-    rng = np.random.default_rng()  # fresh data every run
+    rng = fresh_rng  # fresh data every run, its seed in the report
     x = cp.asarray(rng.standard_normal((B, h, w)).astype(np.float32))
     out = cp.full((n * n // 2 + 2, B), np.nan, dtype=np.complex64)  # poisoned
     F = fbfft_kernels.rfft2(x, n, (top, left), out=out)
@@ -329,9 +329,9 @@ def test_cuda_rfft2_matches_cufft(n, B, h, w, top, left):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", model.SIZES)
-def test_cuda_irfft2_matches_cufft(n):
+def test_cuda_irfft2_matches_cufft(n, fresh_rng):
     import cupy as cp
-    rng = np.random.default_rng()
+    rng = fresh_rng
     B = 3 * model.plan(n).planes + 5
     planes = cp.asarray(rng.standard_normal((B, n, n)).astype(np.float32))
     spec = cp.fft.rfft2(planes)                                    # (B, n, nh)
@@ -458,9 +458,9 @@ def test_model_1d_rejects_inputs_that_do_not_fit():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,B,length,pad", CASES_1D, ids=CASE_IDS_1D)
-def test_cuda_rfft1_matches_cufft(n, B, length, pad):
+def test_cuda_rfft1_matches_cufft(n, B, length, pad, fresh_rng):
     import cupy as cp
-    rng = np.random.default_rng()  # fresh data every run
+    rng = fresh_rng  # fresh data every run, its seed in the report
     x = cp.asarray(rng.standard_normal((B, length)).astype(np.float32))
     out = cp.full((n // 2 + 1, B), np.nan, dtype=np.complex64)  # poisoned
     F = fbfft_kernels.rfft1(x, n, pad, out=out)
@@ -473,9 +473,9 @@ def test_cuda_rfft1_matches_cufft(n, B, length, pad):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", model.SIZES_1D)
-def test_cuda_irfft1_matches_cufft(n):
+def test_cuda_irfft1_matches_cufft(n, fresh_rng):
     import cupy as cp
-    rng = np.random.default_rng()
+    rng = fresh_rng
     B = 3 * model.plan1(n).signals + 5
     signals = cp.asarray(rng.standard_normal((B, n)).astype(np.float32))
     F = cp.ascontiguousarray(cp.fft.rfft(signals, axis=1).T).astype(cp.complex64)
