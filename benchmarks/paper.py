@@ -289,6 +289,46 @@ def torch_model(name, num_classes):
         nn.Linear(4096, num_classes))
 
 
+STEP_TOL = 1e-3           # relative error of the loss and of every weight gradient, fp32 vs float64
+
+
+def step_check(model, torch_net, x_np, y_np, torch_device="cpu"):
+    """Relative errors {name: err} of our model's loss and weight gradients against the same
+    weights in PyTorch, float64, both in eval mode (dropout is random in each framework).
+
+    Weights are copied into a float64 copy of `torch_net` in parameter order (shapes checked);
+    our model runs on the device its parameters are on. Gradients are left zeroed afterwards."""
+    import copy
+
+    import torch
+
+    import minitorch_fft as mt
+    ours, theirs = model.parameters(), list(torch_net.parameters())
+    if [tuple(p.shape) for p in ours] != [tuple(q.shape) for q in theirs]:
+        raise ValueError("step_check: the two models' parameters differ in order or shape")
+    ref = copy.deepcopy(torch_net).double().to(torch_device).eval()
+    with torch.no_grad():
+        for p, q in zip(ours, ref.parameters()):
+            q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu"), dtype=torch.float64))
+    xp = ours[0].xp
+    model.eval()
+    model.zero_grad()
+    loss = mt.CrossEntropyCriterion()(model(mt.Tensor(xp.asarray(x_np))), xp.asarray(y_np))
+    loss.backward()
+    x64 = torch.as_tensor(x_np, dtype=torch.float64, device=torch_device)
+    ref_loss = torch.nn.functional.cross_entropy(ref(x64), torch.as_tensor(y_np, device=torch_device))
+    ref_loss.backward()
+    ref_value = float(ref_loss.detach())
+    errors = {"loss": abs(float(loss.item()) - ref_value) / abs(ref_value)}
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        g = torch.as_tensor(mt.to_device(p.grad, "cpu"), dtype=torch.float64)
+        r = q.grad.detach().cpu()
+        errors[name] = float(torch.linalg.vector_norm(g - r) / torch.linalg.vector_norm(r))
+    model.zero_grad()
+    model.train()
+    return errors
+
+
 def step(args, bar):
     """A full training step (forward, backward, SGD update), batch S, 1000 classes."""
     import cupy as cp
@@ -321,9 +361,16 @@ def step(args, bar):
             opt.step()
 
         our_step()  # tunes every layer and pass
+        with cgemm.tf32(False):  # checked as timed: the whole batch, strict fp32, the tuned choices
+            errors = step_check(model, torch_model(net, 1000), x_np, y_np, "cuda")
+        worst = max(errors, key=errors.get)
+        if not errors[worst] <= STEP_TOL:
+            failures.append(f"{net} minitorch auto step: {worst} relative error {errors[worst]:.1e} "
+                            f"> {STEP_TOL} against PyTorch float64")
         ms = median_ms(our_step, "cupy", 1, n_steps)
         row = {"network": net, "implementation": "minitorch auto", "step_ms": ms,
-               "images_per_s": args.batch / ms * 1e3, "kernel_fraction": kernel_fraction(our_step)}
+               "images_per_s": args.batch / ms * 1e3, "kernel_fraction": kernel_fraction(our_step),
+               "max_err": errors[worst]}
         rows.append(row)
         del model, opt
         cp.get_default_memory_pool().free_all_blocks()
@@ -350,7 +397,8 @@ def step(args, bar):
         bar.update(1)
     cols = [("network", "network", ""), ("implementation", "implementation", ""),
             ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"),
-            ("time in GPU kernels", "kernel_fraction", ".1%")]
+            ("time in GPU kernels", "kernel_fraction", ".1%"),
+            ("max rel err (loss, weight grads; fp64 ref)", "max_err", ".1e")]
     return rows, cols, failures
 
 

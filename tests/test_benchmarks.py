@@ -299,3 +299,29 @@ def test_poisoned_fills_every_allocation_and_restores_the_allocator(monkeypatch)
     with pytest.raises(RuntimeError):
         common.poisoned(fails)
     assert state["allocator"] is pool_malloc and state["memsets"][-1] == (1008, 0xFF, 8, 7)
+
+
+def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch):
+    """paper.step_check on the CPU (AlexNet, 10 classes, 2 images): our fp32 loss and weight
+    gradients agree with PyTorch float64 on copied weights, and a weight gradient 1 % off in
+    one pass of the conv backend is caught."""
+    import numpy as np
+
+    import backends
+    import minitorch_fft as mt
+    import models
+    from benchmarks import paper
+    mt.manual_seed(0)
+    net = models.get("alexnet", num_classes=10, backend="gemm")
+    x = np.random.default_rng(0).standard_normal((2, 3, 224, 224), dtype=np.float32)
+    y = np.array([3, 7])
+    errors = paper.step_check(net, paper.torch_model("alexnet", 10), x, y)
+    assert len(errors) == 1 + len(net.parameters())
+    assert max(errors.values()) <= paper.STEP_TOL, errors
+    assert all(p.grad is None for p in net.parameters())
+    with pytest.raises(ValueError, match="differ in order or shape"):
+        paper.step_check(net, paper.torch_model("overfeat_fast", 10), x, y)
+    real = backends.gemm.accgrad
+    monkeypatch.setattr(backends.gemm, "accgrad", lambda *a, **k: real(*a, **k) * np.float32(1.01))
+    wrong = paper.step_check(net, paper.torch_model("alexnet", 10), x, y)
+    assert wrong["features.0.weight"] > paper.STEP_TOL and wrong["loss"] <= paper.STEP_TOL
