@@ -5,11 +5,13 @@
   python benchmarks/paper.py step              # a full training step: images/s and time in kernels
   python benchmarks/paper.py all --quick       # everything, fewer repeats
   python benchmarks/paper.py table4 --cgemm-tf32   # adds auto with the FFT backends' GEMM on TF32
+  python benchmarks/paper.py table3 --runs 3   # each network three times: the median run and the spread
 
 Our implementations are the registered backends (each on the layers it supports; a layer it
 cannot serve, such as the strided conv1 for the FFT backends, runs on the autotuner's pick, as
 the paper ran conv1 on cuDNN) and `auto`, the per-layer, per-pass autotuner over our backends
-only. cuDNN runs through PyTorch with torch.backends.cudnn.benchmark on, in fp32 strict
+only. cuDNN runs through PyTorch with torch.backends.cudnn.benchmark on (every algorithm tried:
+benchmark_limit 0), in fp32 strict
 (allow_tf32 off for cuDNN and cuBLAS) and in PyTorch's default (TF32 convolutions).
 
 --cgemm-tf32 adds `auto TF32` to table3 (a row) and table4 (columns): auto with the frequency-
@@ -24,6 +26,8 @@ Times are medians of CUDA events after warm-up, on fresh random data. Results go
 results/<device>/paper_<table>.{json,md} with device, date and command.
 """
 import argparse
+import itertools
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -173,34 +177,42 @@ def table3(args, bar):
     for net in ("alexnet", "overfeat_fast"):
         layers = [Layer(*spec[1:], seed=args.seed + i) for i, spec in enumerate(conv_layers(net, args.batch))]
         impls = implementations() + (["auto TF32"] if args.cgemm_tf32 else []) + ["cudnn_strict", "cudnn_tf32"]
-        totals = {impl: {p: 0.0 for p in PASSES} for impl in impls}
+        runs = getattr(args, "runs", 1)
+        totals = [{impl: {p: 0.0 for p in PASSES} for impl in impls} for _ in range(runs)]
         used, errors = {impl: [] for impl in impls}, {impl: [] for impl in impls}
         # Interleaved: every implementation runs each (layer, pass) before the next one starts,
-        # so clock and thermal drift over the run falls on all of them alike.
-        for li, layer in enumerate(layers):
-            for pn in PASSES:
-                for impl in impls:
-                    bar.set_postfix_str(f"{net} conv{li + 1} {pn} {impl}")
-                    try:
-                        if impl.startswith("cudnn"):
-                            mode = impl.split("_")[1]
-                            set_tf32(mode)
-                            flagged = []
-                            ms, err = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args, flagged)
+        # so clock and thermal drift over the run falls on all of them alike. --runs repeats the
+        # whole network that many times in this process; the table gives the median run.
+        for run, li, pn in itertools.product(range(runs), range(len(layers)), PASSES):
+            layer = layers[li]
+            for impl in impls:
+                bar.set_postfix_str(f"{net} run {run + 1}/{runs} conv{li + 1} {pn} {impl}")
+                try:
+                    if impl.startswith("cudnn"):
+                        mode = impl.split("_")[1]
+                        set_tf32(mode)
+                        flagged = []
+                        ms, err = layer.measure(layer.cudnn(pn), "torch", pn, TOLERANCE[mode], args, flagged)
+                        if run == 0:   # said once, not once per run
                             failures += [f"{net} {impl} conv{li + 1} {pn} (cuDNN itself): {f}" for f in flagged]
-                            set_tf32("strict")
-                        else:
-                            tf32 = impl == "auto TF32"
-                            ms, err, b = run_ours(layer, "auto" if tf32 else impl, pn, args, tf32=tf32)
-                            used[impl].append(b)
-                        errors[impl].append(err)
-                    except Exception as e:  # noqa: BLE001 - reported, never hidden
-                        failures.append(f"{net} {impl} conv{li + 1} {pn}: {type(e).__name__}: {e}"[:300])
-                        ms = float("nan")
-                    totals[impl][pn] += ms
+                        set_tf32("strict")
+                    else:
+                        tf32 = impl == "auto TF32"
+                        ms, err, b = run_ours(layer, "auto" if tf32 else impl, pn, args, tf32=tf32)
+                        used[impl].append(b)
+                    errors[impl].append(err)
+                except Exception as e:  # noqa: BLE001 - reported, never hidden
+                    failures.append(f"{net} {impl} conv{li + 1} {pn}: {type(e).__name__}: {e}"[:300])
+                    ms = float("nan")
+                totals[run][impl][pn] += ms
         for impl in impls:
-            rows.append({"network": net, "implementation": impl, **{f"{p}_ms": totals[impl][p] for p in PASSES},
-                         "total_ms": sum(totals[impl].values()), "max_err": max(errors[impl], default=None),
+            per_run = [sum(t[impl].values()) for t in totals]
+            rows.append({"network": net, "implementation": impl,
+                         **{f"{p}_ms": statistics.median(t[impl][p] for t in totals) for p in PASSES},
+                         "total_ms": statistics.median(per_run) if all(v == v for v in per_run) else float("nan"),
+                         "runs_ms": " / ".join(f"{v:.2f}" for v in per_run),
+                         "spread": max(per_run) / min(per_run) - 1 if min(per_run) > 0 else float("nan"),
+                         "max_err": max(errors[impl], default=None),
                          "backends_used": ",".join(sorted(set(used[impl]))) if used[impl] else "cudnn"})
         bar.update(1)
     for net in ("alexnet", "overfeat_fast"):
@@ -217,6 +229,8 @@ def table3(args, bar):
             ("accGrad ms", "accgrad_ms", ".2f"), ("total ms", "total_ms", ".2f"),
             ("x cuDNN strict", "x_strict", ".2f"), ("x cuDNN TF32", "x_tf32", ".2f"),
             ("max rel err", "max_err", ".1e"), ("backends used", "backends_used", "")]
+    if getattr(args, "runs", 1) > 1:   # the median run above; each run's total and their spread here
+        cols[6:6] = [("total ms per run", "runs_ms", ""), ("spread", "spread", ".1%")]
     return rows + quoted, cols, failures
 
 
@@ -433,13 +447,17 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="warm-up 1, repeat 3")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="table3: time each whole network this many times in one process and "
+                             "report the median run, with every run's total and the spread")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--cgemm-tf32", action="store_true",
                         help="table3/table4: add auto with the FFT backends' GEMM on TF32 (backends.cgemm)")
     args = parser.parse_args()
-    if args.batch < 1 or args.warmup < 0 or args.repeat < 1:
-        parser.error(f"need --batch >= 1, --warmup >= 0, --repeat >= 1, got {args.batch}, {args.warmup}, {args.repeat}")
+    if args.batch < 1 or args.warmup < 0 or args.repeat < 1 or args.runs < 1:
+        parser.error(f"need --batch >= 1, --warmup >= 0, --repeat >= 1, --runs >= 1, got {args.batch}, "
+                     f"{args.warmup}, {args.repeat}, {args.runs}")
     if args.quick:
         args.warmup, args.repeat = 1, 3
 

@@ -266,6 +266,18 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     assert len({(g, pn) for g, pn, _ in first}) == 1
     assert sum("(cuDNN itself)" in f for f in failures) == 2 * sum(n_layers.values())   # accGrad of each
 
+    # --runs 3: each network timed three times; the median run, every run's total, the spread
+    calls.clear()
+    times = iter([0.5, 0.6, 0.4] * 1000)                  # our calls, run after run
+    monkeypatch.setattr(paper, "run_ours", lambda layer, impl, pn, args, tf32=False: (next(times), 1e-7, "fbfft"))
+    args.runs, args.cgemm_tf32 = 3, False
+    rows, cols, failures = paper.table3(args, bar)
+    assert ("total ms per run", "runs_ms", "") in cols
+    assert sum("(cuDNN itself)" in f for f in failures) == 2 * sum(n_layers.values())   # not once per run
+    cudnn = next(r for r in rows if r["network"] == "alexnet" and r["implementation"] == "cudnn_strict")
+    assert cudnn["total_ms"] == pytest.approx(3 * n_layers["alexnet"]) and cudnn["spread"] == 0
+    assert len(calls) == 3 * 3 * sum(n_layers.values()) * 2                             # cuDNN: 2 modes
+
 
 def test_poisoned_fills_every_allocation_and_restores_the_allocator(monkeypatch):
     """benchmarks.common.poisoned, with a stand-in for CuPy's allocator API: every block the
