@@ -48,24 +48,21 @@ RUN_FLAGS = ("model", "data", "epochs", "batch_size", "lr", "momentum", "weight_
 EXIT_DIVERGED = 3
 
 
-def positive_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
+def int_at_least(lo, what):
+    """An argparse type: an int >= lo, else an error saying `expected <what>, got ...`."""
+    def parse(s):
+        try:
+            v = int(s)
+        except ValueError:
+            v = None
+        if v is None or v < lo:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+    return parse
 
 
-def nonneg_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
-    return v
+positive_int = int_at_least(1, "a positive integer")
+nonneg_int = int_at_least(0, "an integer >= 0")
 
 
 def nonneg_float(s, allow_zero=True):

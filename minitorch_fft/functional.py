@@ -8,7 +8,7 @@ import backends
 
 from . import random as _random
 from .device import get_array_module
-from .utils import pair as _pair
+from .utils import is_number, pair as _pair
 from .tensor import Function, Tensor
 
 
@@ -79,13 +79,9 @@ class Scale(Function):
         return g * g.dtype.type(self.c)
 
 
-def _number(v):
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-
-
 def _operands(a, b, op):
     """(a, b) as Tensors of one shape, or (a, number); TypeError for anything else."""
-    if not isinstance(a, Tensor) or not (isinstance(b, Tensor) or _number(b)):
+    if not isinstance(a, Tensor) or not (isinstance(b, Tensor) or is_number(b)):
         raise TypeError(f"{op} takes Tensors of one shape, or a Tensor and a number; got "
                         f"{type(a).__name__} and {type(b).__name__}")
     if isinstance(b, Tensor):

@@ -5,6 +5,7 @@ from backends import reuse
 
 from .device import get_array_module, to_device
 from .tensor import no_grad
+from .utils import is_number
 
 
 class SGD:
@@ -19,8 +20,7 @@ class SGD:
         if not self.params:
             raise ValueError("SGD got an empty parameter list")
         for name, v, lo in (("lr", lr, 0.0), ("momentum", momentum, 0.0), ("weight_decay", weight_decay, 0.0)):
-            if (not isinstance(v, (int, float, np.integer, np.floating)) or isinstance(v, (bool, np.bool_))
-                    or not np.isfinite(v) or v < lo or (name == "lr" and v == 0)):
+            if not is_number(v) or not np.isfinite(v) or v < lo or (name == "lr" and v == 0):
                 raise ValueError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}, got {v!r}")
         self.base_lr = self.lr = float(lr)
         self.momentum, self.weight_decay = float(momentum), float(weight_decay)

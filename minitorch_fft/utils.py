@@ -10,6 +10,11 @@ def is_int(v):
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+def is_number(v):
+    """A real number, Python's or NumPy's, but not a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
 def pair(v, name):
     """int or (h, w) -> (h, w) of ints; TypeError naming `name` otherwise."""
     if is_int(v):
