@@ -95,7 +95,7 @@ OPS = ("N", "T", "C")  # as stored, transposed, conjugate-transposed (last two a
 _CUBLAS_OP = {"N": 0, "T": 1, "C": 2}
 
 
-def _apply(xp, a, op):
+def apply_op(xp, a, op):
     """op(a) on the last two axes, as an array expression (a view, or a conjugated copy)."""
     if op == "N":
         return a
@@ -124,7 +124,7 @@ def matmul(xp, a, b, out=None, op_a="N", op_b="N", accumulate=False):
         raise ValueError("matmul: accumulate=True needs out, the array to add the product into")
     if (xp is np or a.dtype != b.dtype or a.dtype not in (np.float32, np.complex64)
             or a.ndim < 2 or b.ndim < 2 or not _batchable(a, b)):
-        result = xp.matmul(_apply(xp, a, op_a), _apply(xp, b, op_b))
+        result = xp.matmul(apply_op(xp, a, op_a), apply_op(xp, b, op_b))
         if out is None:
             return result
         if accumulate:

@@ -11,12 +11,19 @@ inverse FFT -> clip to the pass's output (oh x ow, h x w, kh x kw). Conjugation 
 circular convolution into Torch's cross-correlation; no kernel is flipped. cuFFT and cuBLAS
 through CuPy on the GPU; pocketfft and BLAS through NumPy on the CPU, so CI tests all of it.
 
-Normalisation. Neither FFT is scaled (rfft2 norm "backward", irfft2 norm "forward"); the inverse
-transform's 1/(n*m) is applied to the smallest real tensor of the pass: the weight before its FFT
-(fprop, bprop) or gradWeight after its clip (accGrad), f'*f*kh*kw values, never a spectrum.
+On the GPU neither transpose is a copy: cuFFT's advanced data layout (cufftPlanMany's strides)
+lets the forward FFT write its spectra frequency-major, (F, planes) with the planes of one
+frequency adjacent, and the inverse read them back from there. The conjugate-transposes the
+GEMMs need (conj(W)^T in fprop, conj(GY)^T in accGrad) are cuBLAS operand flags. A pass is then
+at most: place its operand in the basis (one kernel: zeros and copy together), two forward FFTs,
+one GEMM, one inverse FFT, one clip; a shared or full-sized operand skips its placing or FFT.
 
-Zero padding, without a padded copy of the input. Operands sit at offset 0 of the basis and the
-FFT's s= argument zero-extends them at the bottom/right. Top/left padding (ph, pw) is a cyclic
+Normalisation. Neither FFT is scaled (rfft2 norm "backward", irfft2 norm "forward"); the inverse
+transform's 1/(n*m) is applied to the smallest real tensor of the pass: the weight as it is
+placed (fprop, bprop) or gradWeight as it is clipped (accGrad), f'*f*kh*kw values, never a spectrum.
+
+Zero padding, without a padded input. Operands sit at offset 0 of the basis, zero-extended at the
+bottom/right as they are placed. Top/left padding (ph, pw) is a cyclic
 shift by (-ph, -pw) given to whichever tensor is kernel-sized: the weight is written into its
 basis at rows (u - ph) mod n for fprop and bprop, and gradWeight is read back from rows
 (u - ph) mod n in accGrad. The circular correlation then equals the zero-padded one when
@@ -31,8 +38,10 @@ sizes from min_basis up to the next power of two (rows, then columns: basis_size
 GEMM forms (GEMMS), checks the winner against the default, and caches it per device through
 backends.tuning (paper §3.4).
 
-Memory. Spectra and frequency-major copies live in scratch buffers owned by this module, one per
-role, grown when too small and reused by every call (paper §3.3). Above WORKSPACE_BYTES
+Memory. Placed operands, GEMM outputs and inverse outputs live in scratch buffers owned by this
+module, one per role, grown when too small and reused by every call (paper §3.3); forward spectra
+are fresh pool blocks, since reuse_spectra() may keep them. cuFFT plans (and their work areas)
+are cached per device, shape and batch, the PLAN_CACHE_SIZE most recent kept. Above WORKSPACE_BYTES
 ($MINITORCH_CUFFT_WORKSPACE_MB, default 2048) the batch is processed in chunks; accGrad sums the
 chunks' products in the frequency domain. Weight-sized buffers (f' x f planes) are not chunked.
 
@@ -42,6 +51,7 @@ FFTs per layer and step become 3); train.py wraps every training step in it by d
 are keyed by backend, role, basis and offset: only whole-batch (unchunked) spectra on the same
 basis are shared, and tuned passes may pick different bases.
 """
+import functools
 import math
 import os
 import warnings
@@ -93,17 +103,14 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
 
     def run(config):
         basis = tuple(config["basis"])
-        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis)
-        b = _to_frequency_major(xp, wf, "rhs", swap=True, conj=True)         # (F, f, f'), conj(W)^T
+        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis)  # (F, f', f)
         y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
         chunks = _batch_chunks(g, basis)
         for sl in chunks:
             owner = x if len(chunks) == 1 else None
-            xf = shared(_key("x", basis), owner, _rfft2, xp, xa[sl], basis)  # (S', f, n, m//2+1)
-            a = _to_frequency_major(xp, xf, "lhs")                           # (F, S', f)
-            c = _cgemm(xp, a, b, "product", config["gemm"])                  # (F, S', f')
-            full = _irfft2(xp, _to_batch_major(xp, c, basis), basis)         # (S', f', n, m)
-            y[sl] = full[:, :, :g.oh, :g.ow]
+            xf = shared(_key("x", basis), owner, _spectrum, xp, xa[sl], basis)   # (F, S', f)
+            c = _cgemm(xp, xf, wf, "product", config["gemm"], op_b="C")      # (F, S', f') = X conj(W)^T
+            _crop(xp, _inverse(xp, c, basis), y[sl])
         return y
 
     return _run(xp, "fprop", g, run)
@@ -117,17 +124,14 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
 
     def run(config):
         basis = tuple(config["basis"])
-        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis)
-        b = _to_frequency_major(xp, wf, "rhs")                               # (F, f', f)
+        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis)  # (F, f', f)
         gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
         chunks = _batch_chunks(g, basis)
         for sl in chunks:
             owner = gy if len(chunks) == 1 else None
-            gyf = shared(_key("gy", basis), owner, _rfft2, xp, gya[sl], basis)  # (S', f', n, m//2+1)
-            a = _to_frequency_major(xp, gyf, "lhs")                          # (F, S', f')
-            c = _cgemm(xp, a, b, "product", config["gemm"])                  # (F, S', f)
-            full = _irfft2(xp, _to_batch_major(xp, c, basis), basis)         # (S', f, n, m)
-            gx[sl] = full[:, :, :g.h, :g.w]        # the weight's (-ph, -pw) shift put row ph at 0
+            gyf = shared(_key("gy", basis), owner, _spectrum, xp, gya[sl], basis)  # (F, S', f')
+            c = _cgemm(xp, gyf, wf, "product", config["gemm"])               # (F, S', f) = GY W
+            _crop(xp, _inverse(xp, c, basis), gx[sl])  # the weight's (-ph, -pw) shift put row ph at 0
         return gx
 
     return _run(xp, "bprop", g, run)
@@ -144,18 +148,14 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
         chunks = _batch_chunks(g, basis)
         for k, sl in enumerate(chunks):
             gy_owner, x_owner = (gy, x) if len(chunks) == 1 else (None, None)
-            gyf = shared(_key("gy", basis), gy_owner, _rfft2, xp, gya[sl], basis)  # (S', f', n, m//2+1)
-            xf = shared(_key("x", basis), x_owner, _rfft2, xp, xa[sl], basis)  # (S', f, n, m//2+1)
-            a = _to_frequency_major(xp, gyf, "lhs", swap=True, conj=True)    # (F, f', S'), conj(GY)^T
-            b = _to_frequency_major(xp, xf, "rhs")                           # (F, S', f)
-            if k == 0:
-                gwf = _cgemm(xp, a, b, "gw_sum", config["gemm"])             # (F, f', f)
-            else:
-                gwf += _cgemm(xp, a, b, "product", config["gemm"])           # summed over S-chunks
-        full = _irfft2(xp, _to_batch_major(xp, gwf, basis), basis)           # (f', f, n, m)
-        rows, cols = _kernel_positions(xp, g, basis)
-        gw = full[:, :, rows, cols]                                          # (f', f, kh, kw), a copy
-        gw *= np.float32(1 / (basis[0] * basis[1]))
+            gyf = shared(_key("gy", basis), gy_owner, _spectrum, xp, gya[sl], basis)  # (F, S', f')
+            xf = shared(_key("x", basis), x_owner, _spectrum, xp, xa[sl], basis)      # (F, S', f)
+            if k == 0:                                                       # (F, f', f) = conj(GY)^T X
+                gwf = _cgemm(xp, gyf, xf, "gw_sum", config["gemm"], op_a="C")
+            else:                                                            # summed over S-chunks
+                gwf += _cgemm(xp, gyf, xf, "product", config["gemm"], op_a="C")
+        gw = xp.empty((g.fo, g.f, g.kh, g.kw), dtype=np.float32)
+        _crop(xp, _inverse(xp, gwf, basis), gw, shift=(g.ph, g.pw), scale=1 / (basis[0] * basis[1]))
         return gw
 
     return _run(xp, "accgrad", g, run)
@@ -163,87 +163,153 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
 
 # -- steps of the pipeline ------------------------------------------------------------------
 
-def _rfft2(xp, a, basis):
-    """a (p, q, <=n, <=m) float32 -> (p, q, n, m//2+1) complex64, zero-extended to the basis by s=.
+def _weight_spectrum(xp, w, g, basis):
+    """w (f', f, kh, kw) scaled by 1/(n*m), shifted by (-ph, -pw) in the basis -> (F, f', f)."""
+    return _spectrum(xp, w, basis, shift=(g.ph, g.pw), scale=1 / (basis[0] * basis[1]))
 
+
+def _spectrum(xp, a, basis, shift=(0, 0), scale=1.0):
+    """a (p, q, h, w) float32 placed in the n x m basis (_place) -> (F, p, q) complex64, frequency-major.
+
+    The paper's FFT and Trans2D in one call: the R2C plan writes frequency k of plane b at
+    k*p*q + b (cuFFT's advanced layout, ostride = p*q, odist = 1), the layout the GEMM reads.
     A fresh array, never a scratch buffer: reuse_spectra() may keep it for a later pass.
     """
-    # NumPy < 2 returns complex128 for float32 input; astype is a no-op where it is complex64.
-    return xp.fft.rfft2(a, s=basis).astype(np.complex64, copy=False)
-
-
-def _irfft2(xp, spec, basis):
-    """spec (p, q, n, m//2+1) complex64 -> (p, q, n, m) float32, unscaled. Overwrites spec on the GPU."""
-    if xp is np:
-        out = np.fft.irfft2(spec, s=basis, norm="forward")
-    else:  # cupyx's variant may destroy its input (our scratch), which saves cuFFT C2R a copy
-        import cupyx.scipy.fft
-        out = cupyx.scipy.fft.irfft2(spec, s=basis, norm="forward", overwrite_x=True)
-    return out.astype(np.float32, copy=False)
-
-
-def _kernel_positions(xp, g, basis):
-    """Index arrays (kh, 1), (kw,) of kernel tap (u, v) in the basis: ((u - ph) mod n, (v - pw) mod m).
-
-    Built once per (device, geometry, basis): on the GPU each build is six small launches, and
-    every weight spectrum and weight gradient asks."""
-    device = "cpu" if xp is np else xp.cuda.Device().id
-    key = (device, g.kh, g.kw, g.ph, g.pw, tuple(basis))
-    found = _positions.get(key)
-    if found is None:
-        n, m = basis
-        rows = xp.asarray((np.arange(g.kh) - g.ph) % n)
-        cols = xp.asarray((np.arange(g.kw) - g.pw) % m)
-        found = _positions[key] = (rows[:, None], cols)
-    return found
-
-
-_positions = {}
-
-
-def _weight_spectrum(xp, w, g, basis):
-    """w (f', f, kh, kw) scaled by 1/(n*m), shifted by (-ph, -pw) in the basis -> (f', f, n, m//2+1)."""
+    p, q, h, w = a.shape
     n, m = basis
-    placed = _scratch(xp, "placed_weight", (g.fo, g.f, n, m), np.float32)    # (f', f, n, m)
-    placed.fill(0)
-    rows, cols = _kernel_positions(xp, g, basis)
-    placed[:, :, rows, cols] = w * np.float32(1 / (n * m))
-    return _rfft2(xp, placed, basis)
-
-
-def _to_frequency_major(xp, spec, role, swap=False, conj=False):
-    """spec (p, q, n, m//2+1) -> scratch (F, p, q), or (F, q, p) with swap, conjugated on request.
-
-    One copy, the paper's Trans2D (BDHW -> HWBD); the conjugation rides along for free.
-    """
-    p, q = spec.shape[:2]
-    flat = spec.reshape(p, q, -1)                                            # (p, q, F)
-    view = flat.transpose(2, 1, 0) if swap else flat.transpose(2, 0, 1)      # (F, q, p) | (F, p, q)
-    out = _scratch(xp, role, view.shape, np.complex64)
-    if conj:
-        xp.conjugate(view, out=out)
-    else:
-        out[...] = view
+    if (h, w) != (n, m) or shift != (0, 0) or scale != 1:
+        a = _place(xp, a, basis, shift, scale)                               # scratch (p, q, n, m)
+    F = n * (m // 2 + 1)
+    if xp is np:
+        spec = np.fft.rfft2(a).astype(np.complex64, copy=False)  # NumPy < 2 returns complex128
+        return np.ascontiguousarray(spec.reshape(p * q, F).T).reshape(F, p, q)
+    out = xp.empty((F, p, q), dtype=np.complex64)
+    _plan(xp, "r2c", basis, p * q).fft(a, out, _FORWARD)   # R2C leaves its input alone: `a` may be x
     return out
 
 
-def _to_batch_major(xp, c, basis):
-    """c (F, p, q) -> scratch (p, q, n, m//2+1), the layout the inverse FFT reads. One copy."""
-    F, p, q = c.shape
-    out = _scratch(xp, "batch_major", (p, q, F), np.complex64)
-    out[...] = c.transpose(1, 2, 0)                                          # (p, q, F)
-    return out.reshape(p, q, basis[0], basis[1] // 2 + 1)                    # (p, q, n, m//2+1)
+def _inverse(xp, spec, basis):
+    """spec (F, p, q) complex64, frequency-major -> scratch (p, q, n, m) float32, unscaled.
+
+    The C2R plan reads frequency k of plane b at k*p*q + b (istride = p*q, idist = 1): Trans2D
+    back and the inverse FFT in one call. cuFFT's multi-dimensional C2R overwrites its input;
+    spec is always a GEMM output in scratch.
+    """
+    F, p, q = spec.shape
+    n, m = basis
+    if xp is np:
+        half = spec.reshape(F, p * q).T.reshape(p, q, n, m // 2 + 1)
+        return np.fft.irfft2(half, s=basis, norm="forward").astype(np.float32, copy=False)
+    out = _scratch(xp, "inverse", (p, q, n, m), np.float32)
+    _plan(xp, "c2r", basis, p * q).fft(spec, out, _INVERSE)
+    return out
 
 
-def _cgemm(xp, a, b, role, how):
-    """a (F, p, r) @ b (F, r, q) -> scratch (F, p, q) for every frequency; `how` is one of GEMMS."""
-    c = _scratch(xp, role, (a.shape[0], a.shape[1], b.shape[2]), np.complex64)
-    if how == "batched":       # one call: cublasCgemmStridedBatched on the GPU
-        cgemm.matmul(xp, a, b, out=c)
-    elif how == "loop":        # one cublasCgemm per frequency, issued from the host
+def _place(xp, a, basis, shift=(0, 0), scale=1.0):
+    """a (p, q, h, w) -> scratch (p, q, n, m): element (u, v) at ((u - sh) mod n, (v - sw) mod m),
+    times scale, zeros elsewhere. One pass over the basis on the GPU (zeros and copy together)."""
+    p, q, h, w = a.shape
+    n, m = basis
+    out = _scratch(xp, "placed", (p, q, n, m), np.float32)
+    if xp is np:
+        out.fill(0)
+        out[:, :, _cyclic(h, shift[0], n)[:, None], _cyclic(w, shift[1], m)] = a * np.float32(scale)
+    else:
+        _gpu_kernels()["place"](xp.ascontiguousarray(a), n, m, h, w, shift[0], shift[1],
+                                np.float32(scale), out)
+    return out
+
+
+def _crop(xp, full, out, shift=(0, 0), scale=1.0):
+    """out (p, q, oh, ow)[..., u, v] = full (p, q, n, m)[..., (u - sh) mod n, (v - sw) mod m] * scale.
+
+    The pass's clip: (0, 0) for fprop and bprop; gradWeight reads its taps back from the rows
+    and columns the weight was shifted to, and takes the inverse FFT's 1/(n*m)."""
+    n, m = full.shape[2:]
+    oh, ow = out.shape[2:]
+    if xp is np:
+        out[...] = full[:, :, _cyclic(oh, shift[0], n)[:, None], _cyclic(ow, shift[1], m)]
+        if scale != 1:
+            out *= np.float32(scale)
+    else:
+        _gpu_kernels()["crop"](full, n, m, oh, ow, shift[0], shift[1], np.float32(scale), out)
+    return out
+
+
+def _cyclic(count, shift, size):
+    """Rows (or columns) (i - shift) mod size for i < count, as a NumPy index array."""
+    return (np.arange(count) - shift) % size
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_kernels():
+    """_place and _crop as CuPy elementwise kernels, one thread per output element."""
+    import cupy as cp
+    place = cp.ElementwiseKernel(
+        "raw float32 a, int32 n, int32 m, int32 h, int32 w, int32 sh, int32 sw, float32 scale",
+        "float32 out",
+        """
+        const int c = i % m, r = (i / m) % n;
+        const ptrdiff_t plane = i / ((ptrdiff_t)n * m);
+        const int u = (r + sh) % n, v = (c + sw) % m;      // the element of a this slot holds
+        out = (u < h && v < w) ? a[(plane * h + u) * w + v] * scale : 0.0f;
+        """, "minitorch_cufft_place")
+    crop = cp.ElementwiseKernel(
+        "raw float32 full, int32 n, int32 m, int32 oh, int32 ow, int32 sh, int32 sw, float32 scale",
+        "float32 out",
+        """
+        const int v = i % ow, u = (i / ow) % oh;
+        const ptrdiff_t plane = i / ((ptrdiff_t)oh * ow);
+        out = full[(plane * n + (u - sh + n) % n) * m + (v - sw + m) % m] * scale;
+        """, "minitorch_cufft_crop")
+    return {"place": place, "crop": crop}
+
+
+# cufftExecR2C's direction argument is ignored; CuPy's Plan.fft asks for one anyway.
+_FORWARD, _INVERSE = -1, 1
+# cuFFT's plan arguments are C ints: every offset into a plan's input or output must fit.
+_INT_MAX = 2**31 - 1
+PLAN_CACHE_SIZE = 32  # plans kept per process (each holds a cuFFT work area), least recent dropped
+_plans = {}
+
+
+def _plan(xp, kind, basis, batch):
+    """The cached cuFFT plan of `batch` n x m transforms between (batch, n, m) real planes and
+    frequency-major (F, batch) spectra: kind "r2c" (forward) or "c2r" (inverse)."""
+    from cupy.cuda import cufft as lib
+    n, m = basis
+    key = (xp.cuda.Device().id, kind, n, m, batch)
+    plan = _plans.pop(key, None)
+    if plan is None:
+        if batch * n * m > _INT_MAX:
+            raise ValueError(f"cufft: {batch} planes of {n}x{m} exceed cuFFT's 32-bit plan offsets "
+                             f"({batch * n * m} > {_INT_MAX} elements); use fewer planes per call")
+        real, half = [n, m], [n, m // 2 + 1]
+        if kind == "r2c":
+            plan = lib.PlanNd((n, m), real, 1, n * m, half, batch, 1, lib.CUFFT_R2C, batch, "C", -1, m)
+        else:
+            plan = lib.PlanNd((n, m), half, batch, 1, real, 1, n * m, lib.CUFFT_C2R, batch, "C", -1, m)
+        while len(_plans) >= PLAN_CACHE_SIZE:
+            _plans.pop(next(iter(_plans)))                                   # the least recent
+    _plans[key] = plan                                                       # now the most recent
+    return plan
+
+
+def _cgemm(xp, a, b, role, how, op_a="N", op_b="N"):
+    """op_a(a) (F, p, r) @ op_b(b) (F, r, q) -> scratch (F, p, q) for every frequency.
+
+    `how` is one of GEMMS; op_a / op_b are cgemm.matmul's operand ops ("C": conjugate-transpose),
+    cuBLAS flags on the GPU, so conj(W)^T and conj(GY)^T are never stored."""
+    p = a.shape[1] if op_a == "N" else a.shape[2]
+    q = b.shape[2] if op_b == "N" else b.shape[1]
+    c = _scratch(xp, role, (a.shape[0], p, q), np.complex64)
+    if how == "batched":       # one call: cublasGemmStridedBatchedEx on the GPU
+        cgemm.matmul(xp, a, b, out=c, op_a=op_a, op_b=op_b)
+    elif how == "loop":        # one cuBLAS GEMM per frequency, issued from the host
         for k in range(a.shape[0]):
-            cgemm.matmul(xp, a[k], b[k], out=c[k])
+            cgemm.matmul(xp, a[k], b[k], out=c[k], op_a=op_a, op_b=op_b)
     elif how == "gauss":       # three real batched GEMMs instead of four (Gauss's trick)
+        a, b = cgemm.apply_op(xp, a, op_a), cgemm.apply_op(xp, b, op_b)      # op'ed copies here
         ar, ai = xp.ascontiguousarray(a.real), xp.ascontiguousarray(a.imag)
         br, bi = xp.ascontiguousarray(b.real), xp.ascontiguousarray(b.imag)
         t1 = cgemm.matmul(xp, ar + ai, br)              # ar br + ai br
@@ -259,16 +325,17 @@ def _cgemm(xp, a, b, role, how):
 def _batch_chunks(g, basis):
     """Slices of the batch whose frequency-domain buffers fit WORKSPACE_BYTES (>= 1 image each).
 
-    Per image a pass holds about f + f' planes of real basis (4nm bytes: padded input, inverse
-    output) and of three spectra (24F bytes: FFT output, frequency-major copy, GEMM output or its
-    transpose). The f' x f weight-sized planes do not shrink with the batch: they come on top of
-    the workspace, and never push the chunks down to single images (subtracting them once made
-    OverFeat conv5 run 128 one-image GEMMs, 60x slower).
+    Per image a pass holds about f + f' planes of real basis (4nm bytes: the placed input, the
+    inverse's output) and of two spectra (16F bytes: the FFT's frequency-major output and the
+    GEMM's), plus cuFFT's work area, counted as one more spectrum (24F in all). A chunk also
+    keeps every cuFFT offset within a C int (_plan). The f' x f weight-sized planes do not shrink
+    with the batch: they come on top of the workspace, and never push the chunks down to single
+    images (subtracting them once made OverFeat conv5 run 128 one-image GEMMs, 60x slower).
     """
     n, m = basis
     F = n * (m // 2 + 1)
     per_image = (g.f + g.fo) * (4 * n * m + 24 * F)
-    step = max(1, WORKSPACE_BYTES // per_image)
+    step = max(1, min(WORKSPACE_BYTES // per_image, _INT_MAX // (max(g.f, g.fo) * n * m)))
     return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
 
 
@@ -290,8 +357,9 @@ def _scratch(xp, role, shape, dtype):
 
 
 def release_buffers():
-    """Drop the scratch buffers (they are rebuilt on the next call), e.g. between benchmarks."""
+    """Drop the scratch buffers and cuFFT plans (rebuilt on the next call), e.g. between benchmarks."""
     _scratch_buffers.clear()
+    _plans.clear()
 
 
 # -- spectra shared across passes (backends/reuse.py) ---------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS_DIR, median_ms, provenance, setup_cudnn, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, provenance, setup_cudnn, write_results  # noqa: E402
 from benchmarks.paper import BATCH, PASSES, TABLE4, Layer, conv_layers  # noqa: E402
 
 CATEGORIES = ("fft", "gemm", "other")

@@ -201,6 +201,23 @@ def test_batch_chunks_match_the_whole_batch(rng, monkeypatch, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_shape,w_shape,padding", [((3, 2, 8, 8), (4, 2, 3, 3), (0, 0)),   # x fills the basis
+                                                     ((3, 2, 7, 6), (4, 2, 3, 3), (1, 2))])
+def test_inputs_are_left_unchanged(rng, device, x_shape, w_shape, padding):
+    """The FFTs read x, w and gy in place (a full-sized x goes straight to cuFFT's R2C): none is written."""
+    x, w = arrays(rng, x_shape, w_shape)
+    g = geometry(x.shape, w.shape, (1, 1), padding)
+    gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow)).astype(np.float32)
+    xd, wd, gyd = (to_device(a, device) for a in (x, w, gy))
+    assert cufft.default_config(g)["basis"] == [g.h, g.w] or padding != (0, 0)
+    cufft.fprop(xd, wd, padding=padding)
+    cufft.bprop(gyd, wd, x.shape, padding=padding)
+    cufft.accgrad(gyd, xd, w.shape, padding=padding)
+    for before, after in ((x, xd), (w, wd), (gy, gyd)):
+        np.testing.assert_array_equal(before, to_device(after, "cpu"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_scratch_buffers_are_reused(rng, device):
     x, w = arrays(rng, (2, 3, 8, 8), (4, 3, 3, 3))
     all_passes(x, w, (1, 1), device)
@@ -293,8 +310,8 @@ def test_tuner_picks_a_valid_basis_and_caches_it(rng, monkeypatch, tmp_path):
 def test_tuner_keeps_the_default_when_the_winner_disagrees(rng, monkeypatch):
     real_cgemm = cufft._cgemm
 
-    def wrong_gauss(xp, a, b, role, how):
-        c = real_cgemm(xp, a, b, role, how)
+    def wrong_gauss(xp, a, b, role, how, **ops):
+        c = real_cgemm(xp, a, b, role, how, **ops)
         if how == "gauss":
             c *= 2
         return c

@@ -1,0 +1,126 @@
+"""Experiment (not a benchmark of record): the cufft backend against an earlier version of itself.
+
+An A/B of one pipeline change at a fixed configuration: both versions run untuned (smallest
+basis, strided-batched GEMM), in one process, interleaved round by round, on the same fresh
+random data per layer. Each pass of each version is first checked against PyTorch in float64.
+
+  git show f023745:backends/cufft.py > /tmp/cufft_f023745.py
+  python3 benchmarks/exp_layout.py --baseline /tmp/cufft_f023745.py --label f023745
+
+The question it was written for (benchmarks/NOTES.md, session 5): does cuFFT's advanced layout
+(spectra written and read frequency-major by the FFT plans themselves) beat rfft2 + a transpose
+copy each way? Writes results/<device>/exp_layout.{json,md}.
+"""
+import argparse
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
+
+from benchmarks.bench_cufft import LAYERS  # noqa: E402
+from benchmarks.common import RESULTS_DIR, median_ms, provenance, write_results  # noqa: E402
+
+DEFAULT_LAYERS = ("table4.L2", "table4.L3", "table4.L4", "table4.L5", "alexnet.conv2",
+                  "alexnet.conv3", "overfeat.conv3")
+PASSES = ("fprop", "bprop", "accgrad")
+TOLERANCE = 1e-4
+
+
+def load_baseline(path):
+    """The file at `path` as the module backends._baseline_cufft (its relative imports resolve in backends)."""
+    spec = importlib.util.spec_from_file_location("backends._baseline_cufft", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference(x, w, gy, padding):
+    """fprop, bprop and accGrad in float64 through PyTorch on the GPU, as CuPy arrays."""
+    import cupy as cp
+    import torch
+    import torch.nn.functional as F
+    x64 = torch.as_tensor(x, device="cuda").double().requires_grad_()
+    w64 = torch.as_tensor(w, device="cuda").double().requires_grad_()
+    y = F.conv2d(x64, w64, padding=padding)
+    y.backward(torch.as_tensor(gy, device="cuda").double())
+    return {name: cp.asarray(t.detach()) for name, t in
+            (("fprop", y), ("bprop", x64.grad), ("accgrad", w64.grad))}
+
+
+def calls(module, x, w, gy, padding):
+    return {"fprop": lambda: module.fprop(x, w, padding=padding),
+            "bprop": lambda: module.bprop(gy, w, x.shape, padding=padding),
+            "accgrad": lambda: module.accgrad(gy, x, w.shape, padding=padding)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--baseline", type=Path, required=True, help="an earlier backends/cufft.py")
+    ap.add_argument("--label", default="baseline", help="what to call the baseline in the table")
+    ap.add_argument("--layers", default=",".join(DEFAULT_LAYERS), help="bench_cufft layer names")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args()
+    names = [n.strip() for n in args.layers.split(",") if n.strip()]
+    if not args.baseline.is_file() or any(n not in LAYERS for n in names) or args.rounds < 1:
+        ap.error(f"need an existing --baseline file, layers from {', '.join(LAYERS)}, --rounds >= 1")
+
+    import cupy as cp
+    from tqdm import tqdm
+
+    from backends import cufft, tuning
+    baseline = load_baseline(args.baseline)
+    versions = {args.label: baseline, "current": cufft}
+    for module in versions.values():
+        module.TUNE = "off"                          # same configuration on both sides
+    rng = cp.random.default_rng(0)
+    rows = []
+    for name in tqdm(names, desc="layers"):
+        f, fo, h, k, pad = LAYERS[name]
+        oh = h + 2 * pad - k + 1
+        x = rng.standard_normal((128, f, h, h), dtype=cp.float32)
+        w = rng.standard_normal((fo, f, k, k), dtype=cp.float32)
+        gy = rng.standard_normal((128, fo, oh, oh), dtype=cp.float32)
+        ref = reference(x, w, gy, pad)
+        fns = {label: calls(m, x, w, gy, (pad, pad)) for label, m in versions.items()}
+        for p in PASSES:
+            row = {"layer": name, "pass": p, "basis": "x".join(map(str, cufft.default_config(
+                cufft.geometry(x.shape, w.shape, (1, 1), (pad, pad)))["basis"]))}
+            for label in versions:
+                got = fns[label][p]()
+                err = float(cp.linalg.norm(got - ref[p]) / cp.linalg.norm(ref[p]))
+                if not err <= TOLERANCE:
+                    raise SystemExit(f"{label} {name} {p}: relative error {err:.2e} > {TOLERANCE}")
+                row[f"err_{label}"] = err
+            times = {label: [] for label in versions}
+            for r in range(args.rounds):
+                order = list(versions) if r % 2 == 0 else list(versions)[::-1]
+                for label in order:
+                    times[label].append(median_ms(fns[label][p], "cupy"))
+            for label in versions:
+                row[f"ms_{label}"] = statistics.median(times[label])
+            row["speedup"] = row[f"ms_{args.label}"] / row["ms_current"]
+            rows.append(row)
+        for m in versions.values():
+            m.release_buffers()
+    cols = [("layer", "layer", ""), ("pass", "pass", ""), ("basis", "basis", ""),
+            (f"{args.label} ms", f"ms_{args.label}", ".3f"), ("current ms", "ms_current", ".3f"),
+            (f"x {args.label}", "speedup", ".2f"), (f"{args.label} err", f"err_{args.label}", ".1e"),
+            ("current err", "err_current", ".1e")]
+    meta = provenance(tuning.device_name(cp), cupy=cp.__version__, baseline=str(args.label))
+    paths = write_results("exp_layout", meta, rows, cols,
+                          f"Experiment: the cufft backend now against {args.label}",
+                          f"Batch 128, both untuned (smallest basis, batched GEMM). ms = median over "
+                          f"{args.rounds} interleaved rounds of median_ms (3 warm-up, 10 timed, CUDA "
+                          f"events); x = {args.label} ms / current ms; err = relative error against "
+                          "PyTorch float64.", out_dir=args.out)
+    print(paths[1].read_text())
+
+
+if __name__ == "__main__":
+    main()
