@@ -11,12 +11,18 @@ inverse FFT -> clip to the pass's output (oh x ow, h x w, kh x kw). Conjugation 
 circular convolution into Torch's cross-correlation; no kernel is flipped. cuFFT and cuBLAS
 through CuPy on the GPU; pocketfft and BLAS through NumPy on the CPU, so CI tests all of it.
 
-On the GPU neither transpose is a copy: cuFFT's advanced data layout (cufftPlanMany's strides)
-lets the forward FFT write its spectra frequency-major, (F, planes) with the planes of one
-frequency adjacent, and the inverse read them back from there. The conjugate-transposes the
-GEMMs need (conj(W)^T in fprop, conj(GY)^T in accGrad) are cuBLAS operand flags. A pass is then
-at most: place its operand in the basis (one kernel: zeros and copy together), two forward FFTs,
-one GEMM, one inverse FFT, one clip; a shared or full-sized operand skips its placing or FFT.
+The transposes take one of two forms (LAYOUTS), a tuned choice like the basis:
+  "strided"  none is a copy: cuFFT's advanced data layout (cufftPlanMany's strides) lets the
+             forward FFT write its spectra frequency-major, (F, planes) with the planes of one
+             frequency adjacent, and the inverse read them back from there;
+  "copy"     the FFTs keep cuFFT's default layout and one copy each way transposes the spectra.
+On an H200 the strided plans won at 16 x 16 (1.6x on Table 4's L4) and lost at 13-14, 32 and
+64 (down to 0.5x on L2), where cuFFT's own kernels for strided data are slower than a transpose
+(benchmarks/exp_layout.py, NOTES.md). The conjugate-transposes the GEMMs need (conj(W)^T in
+fprop, conj(GY)^T in accGrad) are cuBLAS operand flags. A pass is then at most: place its
+operand in the basis (one kernel: zeros and copy together), two forward FFTs, one GEMM, one
+inverse FFT, one clip, and a transpose after each FFT in the "copy" layout; a shared or
+full-sized operand skips its placing or FFT.
 
 Normalisation. Neither FFT is scaled (rfft2 norm "backward", irfft2 norm "forward"); the inverse
 transform's 1/(n*m) is applied to the smallest real tensor of the pass: the weight as it is
@@ -31,11 +37,11 @@ n >= h + ph: the zero rows below the input serve as the bottom padding and, wrap
 the top padding. With n >= kh and n >= oh every operand fits, so the smallest basis is
 max(h + ph, kh, oh) (one padding, not two), and likewise for m (min_basis).
 
-Basis and GEMM choice. Untuned, a pass uses the smallest 2^a 3^b 5^c 7^d basis >= min_basis
-and the strided-batched GEMM, without timing anything. With tuning on (MINITORCH_CUFFT_TUNE:
-"auto" = on the GPU only, "on", "off"), the first call of a pass for a geometry times the basis
-sizes from min_basis up to the next power of two (rows, then columns: basis_sizes) and the three
-GEMM forms (GEMMS), checks the winner against the default, and caches it per device through
+Basis and GEMM choice. Untuned, a pass uses the smallest 2^a 3^b 5^c 7^d basis >= min_basis,
+the "copy" layout and the strided-batched GEMM, without timing anything. With tuning on (MINITORCH_CUFFT_TUNE:
+"auto" = on the GPU only, "on", "off"), the first call of a pass for a geometry times the two
+layouts, the basis sizes from min_basis up to the next power of two (rows, then columns:
+basis_sizes), the three GEMM forms (GEMMS) and the layouts again on the chosen basis, checks the winner against the default, and caches it per device through
 backends.tuning (paper §3.4).
 
 Memory. Placed operands, GEMM outputs and inverse outputs live in scratch buffers owned by this
@@ -68,6 +74,8 @@ from .reuse import Key, reuse_spectra, shared, suspended  # noqa: F401 - reuse_s
 WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_CUFFT_WORKSPACE_MB", "2048")) * 2**20)
 TUNE = os.environ.get("MINITORCH_CUFFT_TUNE", "auto")
 GEMMS = ("batched", "loop", "gauss")
+LAYOUTS = ("copy", "strided")  # how spectra become frequency-major (module docstring)
+DEFAULT_LAYOUT = "copy"        # the untuned choice: never slower than before layouts existed
 # A host loop of more per-frequency GEMM calls than this is never a candidate (launch-bound).
 LOOP_GEMM_MAX_CALLS = 512
 # How far a tuned winner may stray from the default configuration before it is rejected.
@@ -102,15 +110,15 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
     g = _stride1_geometry(x.shape, w.shape, stride, padding)
 
     def run(config):
-        basis = tuple(config["basis"])
-        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis)  # (F, f', f)
+        basis, layout = tuple(config["basis"]), config["layout"]
+        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis, layout)  # (F, f', f)
         y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
         chunks = _batch_chunks(g, basis)
         for sl in chunks:
             owner = x if len(chunks) == 1 else None
-            xf = shared(_key("x", basis), owner, _spectrum, xp, xa[sl], basis)   # (F, S', f)
+            xf = shared(_key("x", basis), owner, _spectrum, xp, xa[sl], basis, layout)  # (F, S', f)
             c = _cgemm(xp, xf, wf, "product", config["gemm"], op_b="C")      # (F, S', f') = X conj(W)^T
-            _crop(xp, _inverse(xp, c, basis), y[sl])
+            _crop(xp, _inverse(xp, c, basis, layout), y[sl])
         return y
 
     return _run(xp, "fprop", g, run)
@@ -123,15 +131,15 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     check_output_shape("gy", gya, g, (g.oh, g.ow))
 
     def run(config):
-        basis = tuple(config["basis"])
-        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis)  # (F, f', f)
+        basis, layout = tuple(config["basis"]), config["layout"]
+        wf = shared(_key("w", basis, (-g.ph, -g.pw)), w, _weight_spectrum, xp, wa, g, basis, layout)  # (F, f', f)
         gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
         chunks = _batch_chunks(g, basis)
         for sl in chunks:
             owner = gy if len(chunks) == 1 else None
-            gyf = shared(_key("gy", basis), owner, _spectrum, xp, gya[sl], basis)  # (F, S', f')
+            gyf = shared(_key("gy", basis), owner, _spectrum, xp, gya[sl], basis, layout)  # (F, S', f')
             c = _cgemm(xp, gyf, wf, "product", config["gemm"])               # (F, S', f) = GY W
-            _crop(xp, _inverse(xp, c, basis), gx[sl])  # the weight's (-ph, -pw) shift put row ph at 0
+            _crop(xp, _inverse(xp, c, basis, layout), gx[sl])  # the weight's (-ph, -pw) shift put row ph at 0
         return gx
 
     return _run(xp, "bprop", g, run)
@@ -144,18 +152,18 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     check_output_shape("gy", gya, g, (g.oh, g.ow))
 
     def run(config):
-        basis = tuple(config["basis"])
+        basis, layout = tuple(config["basis"]), config["layout"]
         chunks = _batch_chunks(g, basis)
         for k, sl in enumerate(chunks):
             gy_owner, x_owner = (gy, x) if len(chunks) == 1 else (None, None)
-            gyf = shared(_key("gy", basis), gy_owner, _spectrum, xp, gya[sl], basis)  # (F, S', f')
-            xf = shared(_key("x", basis), x_owner, _spectrum, xp, xa[sl], basis)      # (F, S', f)
+            gyf = shared(_key("gy", basis), gy_owner, _spectrum, xp, gya[sl], basis, layout)  # (F, S', f')
+            xf = shared(_key("x", basis), x_owner, _spectrum, xp, xa[sl], basis, layout)      # (F, S', f)
             if k == 0:                                                       # (F, f', f) = conj(GY)^T X
                 gwf = _cgemm(xp, gyf, xf, "gw_sum", config["gemm"], op_a="C")
             else:                                                            # summed over S-chunks
                 gwf += _cgemm(xp, gyf, xf, "product", config["gemm"], op_a="C")
         gw = xp.empty((g.fo, g.f, g.kh, g.kw), dtype=np.float32)
-        _crop(xp, _inverse(xp, gwf, basis), gw, shift=(g.ph, g.pw), scale=1 / (basis[0] * basis[1]))
+        _crop(xp, _inverse(xp, gwf, basis, layout), gw, shift=(g.ph, g.pw), scale=1 / (basis[0] * basis[1]))
         return gw
 
     return _run(xp, "accgrad", g, run)
@@ -163,17 +171,19 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
 
 # -- steps of the pipeline ------------------------------------------------------------------
 
-def _weight_spectrum(xp, w, g, basis):
+def _weight_spectrum(xp, w, g, basis, layout):
     """w (f', f, kh, kw) scaled by 1/(n*m), shifted by (-ph, -pw) in the basis -> (F, f', f)."""
-    return _spectrum(xp, w, basis, shift=(g.ph, g.pw), scale=1 / (basis[0] * basis[1]))
+    return _spectrum(xp, w, basis, layout, shift=(g.ph, g.pw), scale=1 / (basis[0] * basis[1]))
 
 
-def _spectrum(xp, a, basis, shift=(0, 0), scale=1.0):
+def _spectrum(xp, a, basis, layout, shift=(0, 0), scale=1.0):
     """a (p, q, h, w) float32 placed in the n x m basis (_place) -> (F, p, q) complex64, frequency-major.
 
-    The paper's FFT and Trans2D in one call: the R2C plan writes frequency k of plane b at
-    k*p*q + b (cuFFT's advanced layout, ostride = p*q, odist = 1), the layout the GEMM reads.
+    The paper's FFT and Trans2D. "strided": in one call, the R2C plan writing frequency k of
+    plane b at k*p*q + b (cuFFT's advanced layout, ostride = p*q, odist = 1), the layout the
+    GEMM reads; "copy": cuFFT's default layout (p*q, F) into scratch, then one transposing copy.
     A fresh array, never a scratch buffer: reuse_spectra() may keep it for a later pass.
+    Both layouts give the same array, so spectra are shared across passes whatever their layout.
     """
     p, q, h, w = a.shape
     n, m = basis
@@ -184,16 +194,23 @@ def _spectrum(xp, a, basis, shift=(0, 0), scale=1.0):
         spec = np.fft.rfft2(a).astype(np.complex64, copy=False)  # NumPy < 2 returns complex128
         return np.ascontiguousarray(spec.reshape(p * q, F).T).reshape(F, p, q)
     out = xp.empty((F, p, q), dtype=np.complex64)
-    _plan(xp, "r2c", basis, p * q).fft(a, out, _FORWARD)   # R2C leaves its input alone: `a` may be x
+    plan = _plan(xp, "r2c", basis, p * q, layout)
+    if layout == "strided":
+        plan.fft(a, out, _FORWARD)           # R2C leaves its input alone: `a` may be x itself
+    else:
+        natural = _scratch(xp, "natural", (p * q, F), np.complex64)
+        plan.fft(a, natural, _FORWARD)
+        out.reshape(F, p * q)[...] = natural.T
     return out
 
 
-def _inverse(xp, spec, basis):
+def _inverse(xp, spec, basis, layout):
     """spec (F, p, q) complex64, frequency-major -> scratch (p, q, n, m) float32, unscaled.
 
-    The C2R plan reads frequency k of plane b at k*p*q + b (istride = p*q, idist = 1): Trans2D
-    back and the inverse FFT in one call. cuFFT's multi-dimensional C2R overwrites its input;
-    spec is always a GEMM output in scratch.
+    "strided": the C2R plan reads frequency k of plane b at k*p*q + b (istride = p*q, idist = 1),
+    Trans2D back and the inverse FFT in one call; "copy": one transposing copy to (p*q, F), then
+    cuFFT's default layout. cuFFT's multi-dimensional C2R overwrites its input: spec (strided)
+    is always a GEMM output in scratch, and the copy (copy) is scratch too.
     """
     F, p, q = spec.shape
     n, m = basis
@@ -201,7 +218,11 @@ def _inverse(xp, spec, basis):
         half = spec.reshape(F, p * q).T.reshape(p, q, n, m // 2 + 1)
         return np.fft.irfft2(half, s=basis, norm="forward").astype(np.float32, copy=False)
     out = _scratch(xp, "inverse", (p, q, n, m), np.float32)
-    _plan(xp, "c2r", basis, p * q).fft(spec, out, _INVERSE)
+    if layout == "copy":
+        natural = _scratch(xp, "natural", (p * q, F), np.complex64)
+        natural[...] = spec.reshape(F, p * q).T
+        spec = natural
+    _plan(xp, "c2r", basis, p * q, layout).fft(spec, out, _INVERSE)
     return out
 
 
@@ -273,19 +294,23 @@ PLAN_CACHE_SIZE = 32  # plans kept per process (each holds a cuFFT work area), l
 _plans = {}
 
 
-def _plan(xp, kind, basis, batch):
+def _plan(xp, kind, basis, batch, layout):
     """The cached cuFFT plan of `batch` n x m transforms between (batch, n, m) real planes and
-    frequency-major (F, batch) spectra: kind "r2c" (forward) or "c2r" (inverse)."""
+    spectra: kind "r2c" (forward) or "c2r" (inverse); layout "strided" for frequency-major
+    (F, batch) spectra, "copy" for cuFFT's default (batch, F)."""
     from cupy.cuda import cufft as lib
     n, m = basis
-    key = (xp.cuda.Device().id, kind, n, m, batch)
+    key = (xp.cuda.Device().id, kind, n, m, batch, layout)
     plan = _plans.pop(key, None)
     if plan is None:
         if batch * n * m > _INT_MAX:
             raise ValueError(f"cufft: {batch} planes of {n}x{m} exceed cuFFT's 32-bit plan offsets "
                              f"({batch * n * m} > {_INT_MAX} elements); use fewer planes per call")
         real, half = [n, m], [n, m // 2 + 1]
-        if kind == "r2c":
+        if layout == "copy":
+            fft_type = lib.CUFFT_R2C if kind == "r2c" else lib.CUFFT_C2R
+            plan = lib.PlanNd((n, m), None, 1, 0, None, 1, 0, fft_type, batch, "C", -1, m)  # default layout
+        elif kind == "r2c":
             plan = lib.PlanNd((n, m), real, 1, n * m, half, batch, 1, lib.CUFFT_R2C, batch, "C", -1, m)
         else:
             plan = lib.PlanNd((n, m), half, batch, 1, real, 1, n * m, lib.CUFFT_C2R, batch, "C", -1, m)
@@ -393,25 +418,26 @@ def _is_7_smooth(i):
 
 
 def default_config(g):
-    """The untuned choice: the smallest fast basis and the strided-batched GEMM."""
+    """The untuned choice: the smallest fast basis, the "copy" layout and the strided-batched GEMM."""
     n0, m0 = min_basis(g)
     n = next(i for i in basis_sizes(n0) if _is_7_smooth(i))
     m = next(i for i in basis_sizes(m0) if _is_7_smooth(i))
-    return {"basis": [n, m], "gemm": "batched"}
+    return {"basis": [n, m], "gemm": "batched", "layout": DEFAULT_LAYOUT}
 
 
 def _valid_config(config, g):
     """One the tuner could have made for g: a candidate basis (large enough for g, no larger than
-    the next power of two) and a GEMM form allowed at that basis. A cached choice is checked
-    before use, so an edited or stale file cannot send a pass to a huge basis or a long loop."""
+    the next power of two), a GEMM form allowed at that basis and a layout. A cached choice is
+    checked before use, so an edited or stale file cannot send a pass to a huge basis or a long
+    loop (and a choice cached before layouts were tuned is tuned again)."""
     try:
         n, m = config["basis"]
-        how = config["gemm"]
+        how, layout = config["gemm"], config["layout"]
     except (TypeError, KeyError, ValueError):
         return False
     n0, m0 = min_basis(g)
     return (type(n) is int and type(m) is int and _is_basis_size(n, n0) and _is_basis_size(m, m0)
-            and how in _gemm_forms(config))
+            and how in _gemm_forms(config) and layout in LAYOUTS)
 
 
 def _is_basis_size(n, n0):
@@ -454,7 +480,8 @@ def _run(xp, pass_name, g, run):
 
 
 def _tune(xp, g, run):
-    """The fastest configuration for run: row size, then column size, then GEMM form (paper §3.4).
+    """The fastest configuration for run: layout, row size, column size, GEMM form, and the layout
+    again on the chosen basis (paper §3.4, plus this module's layouts).
 
     Spectrum sharing is off while timing (every candidate must pay for its FFTs). The winner must
     agree with the default configuration to TUNE_CHECK_TOL, else the default is kept.
@@ -462,11 +489,13 @@ def _tune(xp, g, run):
     with suspended():
         default = default_config(g)
         n0, m0 = min_basis(g)
-        best = tuning.fastest([dict(default, basis=[n, default["basis"][1]]) for n in basis_sizes(n0)],
+        best = tuning.fastest([dict(default, layout=layout) for layout in LAYOUTS], run, xp)
+        best = tuning.fastest([dict(best, basis=[n, best["basis"][1]]) for n in basis_sizes(n0)],
                               run, xp)
         best = tuning.fastest([dict(best, basis=[best["basis"][0], m]) for m in basis_sizes(m0)],
                               run, xp)
         best = tuning.fastest([dict(best, gemm=how) for how in _gemm_forms(best)], run, xp)
+        best = tuning.fastest([dict(best, layout=layout) for layout in LAYOUTS], run, xp)
         if best != default:
             reference, got = run(default), run(best)
             err = float(xp.linalg.norm(got - reference)) / max(float(xp.linalg.norm(reference)), 1e-30)

@@ -1,8 +1,9 @@
 """Experiment (not a benchmark of record): the cufft backend against an earlier version of itself.
 
-An A/B of one pipeline change at a fixed configuration: both versions run untuned (smallest
-basis, strided-batched GEMM), in one process, interleaved round by round, on the same fresh
-random data per layer. Each pass of each version is first checked against PyTorch in float64.
+An A/B of one pipeline change at a fixed configuration: the earlier file and the current backend
+in each of its spectrum layouts (cufft.LAYOUTS) run untuned (smallest basis, strided-batched
+GEMM), in one process, interleaved round by round, on the same fresh random data per layer.
+Each pass of each version is first checked against PyTorch in float64.
 
   git show f023745:backends/cufft.py > /tmp/cufft_f023745.py
   python3 benchmarks/exp_layout.py --baseline /tmp/cufft_f023745.py --label f023745
@@ -50,10 +51,16 @@ def reference(x, w, gy, padding):
             (("fprop", y), ("bprop", x64.grad), ("accgrad", w64.grad))}
 
 
-def calls(module, x, w, gy, padding):
-    return {"fprop": lambda: module.fprop(x, w, padding=padding),
-            "bprop": lambda: module.bprop(gy, w, x.shape, padding=padding),
-            "accgrad": lambda: module.accgrad(gy, x, w.shape, padding=padding)}
+def calls(module, layout, x, w, gy, padding):
+    """The three passes of `module`, in `layout` where it has layouts (None: an earlier file)."""
+    def run(fn, *args):
+        def call():
+            if layout is not None:
+                module.DEFAULT_LAYOUT = layout               # read by default_config (untuned)
+            return fn(*args, padding=padding)
+        return call
+    return {"fprop": run(module.fprop, x, w), "bprop": run(module.bprop, gy, w, x.shape),
+            "accgrad": run(module.accgrad, gy, x, w.shape)}
 
 
 def main():
@@ -75,9 +82,9 @@ def main():
 
     from backends import cufft, tuning
     baseline = load_baseline(args.baseline)
-    versions = {args.label: baseline, "current": cufft}
-    for module in versions.values():
-        module.TUNE = "off"                          # same configuration on both sides
+    versions = {args.label: (baseline, None), **{layout: (cufft, layout) for layout in cufft.LAYOUTS}}
+    for module, _ in versions.values():
+        module.TUNE = "off"                          # same configuration on every side
     rng = cp.random.default_rng(0)
     rows = []
     for name in tqdm(names, desc="layers"):
@@ -87,7 +94,7 @@ def main():
         w = rng.standard_normal((fo, f, k, k), dtype=cp.float32)
         gy = rng.standard_normal((128, fo, oh, oh), dtype=cp.float32)
         ref = reference(x, w, gy, pad)
-        fns = {label: calls(m, x, w, gy, (pad, pad)) for label, m in versions.items()}
+        fns = {label: calls(m, layout, x, w, gy, (pad, pad)) for label, (m, layout) in versions.items()}
         for p in PASSES:
             row = {"layer": name, "pass": p, "basis": "x".join(map(str, cufft.default_config(
                 cufft.geometry(x.shape, w.shape, (1, 1), (pad, pad)))["basis"]))}
@@ -104,21 +111,22 @@ def main():
                     times[label].append(median_ms(fns[label][p], "cupy"))
             for label in versions:
                 row[f"ms_{label}"] = statistics.median(times[label])
-            row["speedup"] = row[f"ms_{args.label}"] / row["ms_current"]
+            for layout in cufft.LAYOUTS:
+                row[f"x_{layout}"] = row[f"ms_{args.label}"] / row[f"ms_{layout}"]
             rows.append(row)
-        for m in versions.values():
+        for m, _ in versions.values():
             m.release_buffers()
-    cols = [("layer", "layer", ""), ("pass", "pass", ""), ("basis", "basis", ""),
-            (f"{args.label} ms", f"ms_{args.label}", ".3f"), ("current ms", "ms_current", ".3f"),
-            (f"x {args.label}", "speedup", ".2f"), (f"{args.label} err", f"err_{args.label}", ".1e"),
-            ("current err", "err_current", ".1e")]
+    cols = [("layer", "layer", ""), ("pass", "pass", ""), ("basis", "basis", "")]
+    cols += [(f"{label} ms", f"ms_{label}", ".3f") for label in versions]
+    cols += [(f"{layout} x {args.label}", f"x_{layout}", ".2f") for layout in cufft.LAYOUTS]
+    cols += [(f"{label} err", f"err_{label}", ".1e") for label in versions]
     meta = provenance(tuning.device_name(cp), cupy=cp.__version__, baseline=str(args.label))
     paths = write_results("exp_layout", meta, rows, cols,
-                          f"Experiment: the cufft backend now against {args.label}",
-                          f"Batch 128, both untuned (smallest basis, batched GEMM). ms = median over "
+                          f"Experiment: the cufft backend's layouts against {args.label}",
+                          f"Batch 128, all untuned (smallest basis, batched GEMM). ms = median over "
                           f"{args.rounds} interleaved rounds of median_ms (3 warm-up, 10 timed, CUDA "
-                          f"events); x = {args.label} ms / current ms; err = relative error against "
-                          "PyTorch float64.", out_dir=args.out)
+                          f"events); <layout> x {args.label} = {args.label} ms / that layout's ms; err = "
+                          "relative error against PyTorch float64.", out_dir=args.out)
     print(paths[1].read_text())
 
 

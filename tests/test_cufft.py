@@ -25,6 +25,13 @@ def untuned(tmp_path, monkeypatch):
     monkeypatch.setattr(cufft, "TUNE", "off")
 
 
+@pytest.fixture(params=cufft.LAYOUTS)
+def layout(request, monkeypatch):
+    """Runs a test once per spectrum layout (cuFFT's default + a transpose, or strided plans)."""
+    monkeypatch.setattr(cufft, "DEFAULT_LAYOUT", request.param)
+    return request.param
+
+
 def arrays(rng, x_shape, w_shape):
     return (rng.standard_normal(x_shape).astype(np.float32),
             rng.standard_normal(w_shape).astype(np.float32))
@@ -77,7 +84,7 @@ def test_table2_sample_cpu(rng, S, f, fo, k, y):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("S,f,fo,k,y", _gpu_grid())
-def test_table2_sample_gpu(rng, S, f, fo, k, y):
+def test_table2_sample_gpu(rng, layout, S, f, fo, k, y):
     _grid_case(rng, S, f, fo, k, y, "cuda")
 
 
@@ -85,7 +92,7 @@ def test_table2_sample_gpu(rng, S, f, fo, k, y):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("padding", [(1, 1), (2, 2), (1, 0), (0, 3), (2, 1), (4, 4)])
-def test_padding(rng, device, padding):
+def test_padding(rng, layout, device, padding):
     # (4, 4) exceeds the 3x3 kernel: the output (oh = h + 5) outgrows h + ph, so oh sets the basis
     check(rng, (2, 3, 6, 7), (4, 3, 3, 3), padding, device)
 
@@ -100,12 +107,12 @@ def test_padding(rng, device, padding):
     ((2, 3, 1, 1), (2, 3, 3, 3), (1, 1)),     # 1x1 input, padding only
     ((2, 3, 6, 6), (4, 3, 1, 1), (0, 0)),     # 1x1 kernel
 ])
-def test_rectangular_and_edge_shapes(rng, device, x_shape, w_shape, padding):
+def test_rectangular_and_edge_shapes(rng, layout, device, x_shape, w_shape, padding):
     check(rng, x_shape, w_shape, padding, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_batch_one_single_channel(rng, device):
+def test_batch_one_single_channel(rng, layout, device):
     check(rng, (1, 1, 9, 9), (1, 1, 3, 3), (1, 1), device)
 
 
@@ -165,12 +172,13 @@ def test_basis_sizes_and_minimum():
     assert cufft.min_basis(geometry((1, 1, 13, 13), (1, 1, 3, 3), (1, 1), (1, 1))) == (14, 14)
     assert cufft.min_basis(geometry((1, 1, 4, 4), (1, 1, 1, 1), (1, 1), (3, 0))) == (10, 4)
     g = geometry((1, 1, 13, 13), (1, 1, 3, 3), (1, 1), (0, 0))
-    assert cufft.default_config(g) == {"basis": [14, 14], "gemm": "batched"}   # 13 is prime
+    assert cufft.default_config(g) == {"basis": [14, 14], "gemm": "batched", "layout": "copy"}   # 13 is prime
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("how", cufft.GEMMS)
-def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how):
+@pytest.mark.parametrize("layout_", cufft.LAYOUTS)
+def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how, layout_):
     """A cached choice is used as is: an odd, oversized basis (15 columns where 11 would do, one
     of the tuner's candidates) and each GEMM form stay exact."""
     monkeypatch.setattr(cufft, "TUNE", "on")
@@ -178,7 +186,7 @@ def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how):
     padding = (1, 2)
     g = geometry(x.shape, w.shape, (1, 1), padding)
     xp = get_array_module(to_device(x, device))
-    config = {"basis": [8, 15], "gemm": how}
+    config = {"basis": [8, 15], "gemm": how, "layout": layout_}
     assert cufft.min_basis(g) == (8, 11) and 15 in cufft.basis_sizes(11)
     for pass_name in ("fprop", "bprop", "accgrad"):
         tuning.default_cache().put(tuning.key(xp, np.float32, g, pass_name, "cufft"), config)
@@ -203,7 +211,7 @@ def test_batch_chunks_match_the_whole_batch(rng, monkeypatch, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("x_shape,w_shape,padding", [((3, 2, 8, 8), (4, 2, 3, 3), (0, 0)),   # x fills the basis
                                                      ((3, 2, 7, 6), (4, 2, 3, 3), (1, 2))])
-def test_inputs_are_left_unchanged(rng, device, x_shape, w_shape, padding):
+def test_inputs_are_left_unchanged(rng, layout, device, x_shape, w_shape, padding):
     """The FFTs read x, w and gy in place (a full-sized x goes straight to cuFFT's R2C): none is written."""
     x, w = arrays(rng, x_shape, w_shape)
     g = geometry(x.shape, w.shape, (1, 1), padding)
@@ -243,7 +251,7 @@ def test_no_device_allocation_in_steady_state(rng):
 # -- spectra shared across the passes of a step ----------------------------------------------
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_reuse_spectra_gives_identical_results(rng, device):
+def test_reuse_spectra_gives_identical_results(rng, layout, device):
     x, w = arrays(rng, (3, 2, 7, 8), (4, 2, 3, 3))
     plain = all_passes(x, w, (1, 2), device)
     g = geometry(x.shape, w.shape, (1, 1), (1, 2))
@@ -333,7 +341,7 @@ def test_invalid_cached_choice_is_retuned(rng, monkeypatch):
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))
     key = tuning.key(np, np.float32, g, "fprop", "cufft")
-    tuning.default_cache().put(key, {"basis": [4, 4], "gemm": "batched"})  # too small: would alias
+    tuning.default_cache().put(key, {"basis": [4, 4], "gemm": "batched", "layout": "copy"})  # too small: would alias
     with pytest.warns(UserWarning, match="invalid cached cufft choice"):
         cufft.fprop(x, w)
     (n, m), (n0, m0) = tuning.default_cache().get(key)["basis"], cufft.min_basis(g)
@@ -349,7 +357,9 @@ def test_basis_membership_matches_the_candidate_list():
 @pytest.mark.parametrize("choice", [{"basis": [2048, 2048], "gemm": "batched"},   # past the next power of two
                                     {"basis": [11, 8], "gemm": "batched"},       # 11 is not 7-smooth
                                     {"basis": [64, 64], "gemm": "loop"},         # 2,112 host-loop GEMMs
-                                    {"basis": [8.0, 8], "gemm": "batched"}])
+                                    {"basis": [8.0, 8], "gemm": "batched"},
+                                    {"basis": [8, 8], "gemm": "batched", "layout": "sideways"},
+                                    {"basis": [8, 8], "gemm": "batched"}])      # cached before layouts
 def test_a_cached_choice_the_tuner_could_not_have_made_is_refused(rng, monkeypatch, choice):
     """An edited or stale cache must not send a pass to a huge basis or a long host loop."""
     monkeypatch.setattr(cufft, "TUNE", "on")
