@@ -10,40 +10,15 @@ cuBLAS strict, no TF32), parameter by parameter.
   python3 benchmarks/exp_step_error.py                  # batch 128, as paper.py step
 """
 import argparse
-import copy
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
 from benchmarks.common import RESULTS_DIR, provenance, write_results  # noqa: E402
-from benchmarks.paper import step_check, torch_model  # noqa: E402
+from benchmarks.paper import step_check, torch_fp32_errors, torch_model  # noqa: E402
 
 BACKENDS = ("gemm", "auto")  # fbfft cannot take the strided conv1 (auto puts it on polyphase)
-
-
-def torch_fp32_errors(model, torch_net, x_np, y_np):
-    """{name: relative error} of PyTorch float32 (strict) against PyTorch float64, on our model's weights."""
-    import torch
-
-    import minitorch_fft as mt
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    grads = {}
-    for dtype in (torch.float64, torch.float32):
-        net = copy.deepcopy(torch_net).to(dtype).cuda().eval()
-        with torch.no_grad():
-            for p, q in zip(model.parameters(), net.parameters()):
-                q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu"), dtype=dtype))
-        x = torch.as_tensor(x_np, dtype=dtype, device="cuda")
-        loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device="cuda"))
-        loss.backward()
-        grads[dtype] = [float(loss)] + [q.grad.double() for q in net.parameters()]
-    ref, got = grads[torch.float64], grads[torch.float32]
-    errors = {"loss": abs(got[0] - ref[0]) / abs(ref[0])}
-    for (name, _), r, g in zip(model.named_parameters(), ref[1:], got[1:]):
-        errors[name] = float(torch.linalg.vector_norm(g - r) / torch.linalg.vector_norm(r))
-    return errors
 
 
 def main():
@@ -70,7 +45,7 @@ def main():
             model = models.get(net, num_classes=1000, backend=backend).to("cuda")
             with cgemm.tf32(False):
                 errors[backend] = step_check(model, torch_model(net, 1000), x_np, y_np, "cuda")
-        errors["torch_fp32"] = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np)
+        errors["torch_fp32"] = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda")
         for name in errors["gemm"]:
             rows.append({"network": net, "tensor": name, **{k: errors[k][name] for k in errors}})
         del model

@@ -303,7 +303,15 @@ def torch_model(name, num_classes):
         nn.Linear(4096, num_classes))
 
 
-STEP_TOL = 1e-3           # relative error of the loss and of every weight gradient, fp32 vs float64
+# A weight gradient of the step passes when its relative error against float64 is at most
+# STEP_TOL, or at most STEP_FACTOR times PyTorch float32's own error on the same tensor, weights
+# and batch (torch_fp32_errors). The second clause exists because fp32 itself misses 1e-3 on the
+# first layers' gradients of these nets at initialisation: on an H200, PyTorch float32 with
+# cuDNN strict was 2.2e-3 off on AlexNet's conv1 weight gradient and 3.5e-3 on OverFeat-fast's,
+# about what our gemm backend gets (2.5e-3, 3.4e-3), while every single pass agrees with float64
+# to 1e-6 (benchmarks/exp_step_error.py, NOTES.md, session 5).
+STEP_TOL = 1e-3
+STEP_FACTOR = 2
 
 
 def step_check(model, torch_net, x_np, y_np, torch_device="cpu"):
@@ -343,6 +351,49 @@ def step_check(model, torch_net, x_np, y_np, torch_device="cpu"):
     return errors
 
 
+def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu"):
+    """{name: relative error} of PyTorch float32 against PyTorch float64, both on our model's
+    weights, batch and labels (eval mode, as step_check): the error fp32 arithmetic itself
+    makes here, with cuDNN and cuBLAS strict (no TF32) and cuDNN's heuristic algorithms (its
+    benchmark search off, so no approximate algorithm it might time as fastest)."""
+    import copy
+
+    import torch
+
+    import minitorch_fft as mt
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    try:
+        grads = {}
+        for dtype in (torch.float64, torch.float32):
+            net = copy.deepcopy(torch_net).to(dtype).to(torch_device).eval()
+            with torch.no_grad():
+                for p, q in zip(model.parameters(), net.parameters(), strict=True):
+                    q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu"), dtype=dtype))
+            x = torch.as_tensor(x_np, dtype=dtype, device=torch_device)
+            loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device=torch_device))
+            loss.backward()
+            grads[dtype] = [float(loss)] + [q.grad.double() for q in net.parameters()]
+    finally:
+        (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.benchmark) = saved
+    ref, got = grads[torch.float64], grads[torch.float32]
+    errors = {"loss": abs(got[0] - ref[0]) / abs(ref[0])}
+    for (name, _), r, g in zip(model.named_parameters(), ref[1:], got[1:], strict=True):
+        errors[name] = float(torch.linalg.vector_norm(g - r) / torch.linalg.vector_norm(r))
+    return errors
+
+
+def step_verdict(errors, yardstick):
+    """(worst tensor, its bound, passed): each error against max(STEP_TOL, STEP_FACTOR x
+    PyTorch float32's error on that tensor); the worst is the one nearest its bound."""
+    bounds = {k: max(STEP_TOL, STEP_FACTOR * yardstick[k]) for k in errors}
+    worst = max(errors, key=lambda k: errors[k] / bounds[k])
+    return worst, bounds[worst], errors[worst] <= bounds[worst]
+
+
 def step(args, bar):
     """A full training step (forward, backward, SGD update), batch S, 1000 classes."""
     import cupy as cp
@@ -377,14 +428,16 @@ def step(args, bar):
         our_step()  # tunes every layer and pass
         with cgemm.tf32(False):  # checked as timed: the whole batch, strict fp32, the tuned choices
             errors = step_check(model, torch_model(net, 1000), x_np, y_np, "cuda")
-        worst = max(errors, key=errors.get)
-        if not errors[worst] <= STEP_TOL:
+        yardstick = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda")
+        worst, bound, passed = step_verdict(errors, yardstick)
+        if not passed:
             failures.append(f"{net} minitorch auto step: {worst} relative error {errors[worst]:.1e} "
-                            f"> {STEP_TOL} against PyTorch float64")
+                            f"> {bound:.1e} against PyTorch float64 (PyTorch float32: "
+                            f"{yardstick[worst]:.1e})")
         ms = median_ms(our_step, "cupy", 1, n_steps)
         row = {"network": net, "implementation": "minitorch auto", "step_ms": ms,
                "images_per_s": args.batch / ms * 1e3, "kernel_fraction": kernel_fraction(our_step),
-               "max_err": errors[worst]}
+               "max_err": errors[worst], "torch_fp32_err": yardstick[worst], "worst_tensor": worst}
         rows.append(row)
         del model, opt
         cp.get_default_memory_pool().free_all_blocks()
@@ -412,7 +465,8 @@ def step(args, bar):
     cols = [("network", "network", ""), ("implementation", "implementation", ""),
             ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"),
             ("time in GPU kernels", "kernel_fraction", ".1%"),
-            ("max rel err (loss, weight grads; fp64 ref)", "max_err", ".1e")]
+            ("worst tensor (nearest its bound)", "worst_tensor", ""),
+            ("its rel err vs fp64", "max_err", ".1e"), ("PyTorch fp32's rel err there", "torch_fp32_err", ".1e")]
     return rows, cols, failures
 
 

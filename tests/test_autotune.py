@@ -232,3 +232,27 @@ def test_a_malformed_cached_record_is_ignored_with_a_warning_and_retuned(tuner, 
         assert autotune.pick(reg, "fprop", **GEOM) == "gemm"             # "a" sleeps in fprop
     assert set(autotune.choices()[0]["ms"]) == {"gemm", "a"}             # timed again
     assert "fprop" in autotune.format_choices()                          # the table still prints
+
+
+def test_a_remembered_choice_skips_the_tuning_key(tuner, monkeypatch):
+    """After a layer's first call, choose() answers from the arguments as given (one lookup);
+    a reset of the tuner's memory (a new process, in tests) sends it back to pick()."""
+    reg = {"gemm": SlowIn("fprop"), "b": SlowIn("bprop")}
+    assert autotune.remembered(reg, "fprop", **GEOM) is None
+    first = autotune.pick(reg, "fprop", **GEOM)
+    assert autotune.remembered(reg, "fprop", **GEOM) == first
+    assert autotune.remembered(reg, "bprop", **GEOM) is None          # per pass
+    assert autotune.remembered({"gemm": reg["gemm"]}, "fprop", **GEOM) in (None, "gemm")
+    monkeypatch.setattr(autotune, "_memory", {})
+    assert autotune.remembered(reg, "fprop", **GEOM) is None
+
+
+def test_choose_takes_the_remembered_path_after_the_first_call(tuner, monkeypatch):
+    x_shape, w_shape = (2, 3, 8, 8), (4, 3, 3, 3)
+    first = backends.choose("auto", "fprop", x_shape, w_shape, (1, 1), (1, 1))
+    monkeypatch.setattr(autotune, "pick", lambda *a, **k: pytest.fail("pick() ran again"))
+    assert backends.choose("auto", "fprop", x_shape, w_shape, (1, 1), (1, 1)) is first
+    assert autotune.remembered(backends._REGISTRY, "fprop", [2, 3, 8, 8], w_shape, (1, 1), (1, 1)) is None
+    monkeypatch.setenv("MINITORCH_AUTO_TUNE", "sometimes")
+    with pytest.raises(ValueError, match="MINITORCH_AUTO_TUNE"):
+        backends.choose("auto", "fprop", x_shape, w_shape, (1, 1), (1, 1))

@@ -337,3 +337,20 @@ def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch
     monkeypatch.setattr(backends.gemm, "accgrad", lambda *a, **k: real(*a, **k) * np.float32(1.01))
     wrong = paper.step_check(net, paper.torch_model("alexnet", 10), x, y)
     assert wrong["features.0.weight"] > paper.STEP_TOL and wrong["loss"] <= paper.STEP_TOL
+    # The yardstick: PyTorch float32 on the same weights. On the CPU it is far below STEP_TOL,
+    # so the bounds stay at STEP_TOL and the 1 % error is still a failure.
+    yardstick = paper.torch_fp32_errors(net, paper.torch_model("alexnet", 10), x, y)
+    assert set(yardstick) == set(errors) and max(yardstick.values()) < paper.STEP_TOL
+    assert paper.step_verdict(errors, yardstick)[2]
+    worst, bound, passed = paper.step_verdict(wrong, yardstick)
+    assert not passed and worst.endswith(".weight") and bound == paper.STEP_TOL
+
+
+def test_step_verdict_bounds_each_tensor_by_pytorch_float32():
+    from benchmarks import paper
+    tol, factor = paper.STEP_TOL, paper.STEP_FACTOR
+    ours = {"loss": 1e-8, "a.weight": 3e-3, "b.weight": 9e-4}
+    assert paper.step_verdict(ours, {"loss": 1e-8, "a.weight": 2e-3, "b.weight": 1e-6}) == \
+        ("b.weight", tol, True)                    # 3e-3 <= 2 x 2e-3; 9e-4 is nearest its bound
+    worst, bound, passed = paper.step_verdict(ours, {"loss": 1e-8, "a.weight": 1e-3, "b.weight": 1e-6})
+    assert (worst, passed) == ("a.weight", False) and bound == factor * 1e-3   # 3e-3 > 2 x 1e-3
