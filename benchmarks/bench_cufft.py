@@ -64,6 +64,7 @@ TOLERANCE = {"cufft": 1e-4, "gemm": 1e-4, "cudnn_strict": 1e-4, "cudnn_tf32": 1e
 
 MARKDOWN_COLUMNS = [
     ("layer", "layer", ""), ("pass", "pass", ""), ("basis", "basis", ""), ("GEMM", "gemm_form", ""),
+    ("layout", "layout", ""),
     ("cufft ms", "ms_cufft", ".3f"), ("gemm ms", "ms_gemm", ".3f"),
     ("cuDNN strict ms", "ms_cudnn_strict", ".3f"), ("cuDNN TF32 ms", "ms_cudnn_tf32", ".3f"),
     ("x strict", "speedup_strict", ".2f"), ("x TF32", "speedup_tf32", ".2f"),
@@ -188,6 +189,7 @@ def bench_layer(name, args, tqdm_bar):
         config = cufft.config_for(pn, x.shape, w.shape, stride, pad, xp=cp)
         row["basis"] = "{}x{}".format(*config["basis"])
         row["gemm_form"] = config["gemm"]
+        row["layout"] = config["layout"]
         row["speedup_strict"] = row["ms_cudnn_strict"] / row["ms_cufft"]
         row["speedup_tf32"] = row["ms_cudnn_tf32"] / row["ms_cufft"]
         row["tred_cufft"] = reductions / (row["ms_cufft"] * 1e-3) / 1e12

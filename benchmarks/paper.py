@@ -234,11 +234,24 @@ def table3(args, bar):
     return rows + quoted, cols, failures
 
 
-def table4(args, bar):
+def basis_label(backend, pass_name, layer, tf32):
+    """The Fourier basis a pass ran on: fbfft's n x n, or cufft's tuned n x m and spectrum layout
+    (its choices are keyed by GEMM precision too); '' for the other backends."""
     import cupy as cp
 
     import backends
     from backends import cgemm
+    if backend == "fbfft":
+        n = backends.fbfft.basis(layer.g)
+        return f"{n}x{n}"
+    if backend == "cufft":
+        with cgemm.tf32(tf32):
+            config = backends.cufft.config_for(pass_name, *layer.geom, xp=cp)
+        return "{}x{} {}".format(*config["basis"], config["layout"])
+    return ""
+
+
+def table4(args, bar):
     rows, failures = [], []
     for name, (f, fo, hw, k) in TABLE4.items():
         layer = Layer((args.batch, f, hw, hw), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
@@ -248,10 +261,7 @@ def table4(args, bar):
             row = {"layer": name, "pass": pn, "S": g.S, "f": f, "fo": fo, "hw": hw, "k": k}
             try:
                 row["ms_auto"], row["err_auto"], row["backend"] = run_ours(layer, "auto", pn, args)
-                if row["backend"] == "cufft":
-                    with cgemm.tf32(False):  # cufft's tuned choices are keyed by GEMM precision too
-                        basis = backends.cufft.config_for(pn, *layer.geom, xp=cp)["basis"]
-                    row["basis"] = "{}x{}".format(*basis)
+                row["basis"] = basis_label(row["backend"], pn, layer, tf32=False)
                 for mode in ("strict", "tf32"):
                     set_tf32(mode)
                     flagged = []
@@ -268,10 +278,7 @@ def table4(args, bar):
                 try:
                     row["ms_auto_tf32"], row["err_auto_tf32"], row["backend_tf32"] = run_ours(
                         layer, "auto", pn, args, tf32=True)
-                    if row["backend_tf32"] == "cufft":
-                        with cgemm.tf32(True):
-                            basis = backends.cufft.config_for(pn, *layer.geom, xp=cp)["basis"]
-                        row["basis_tf32"] = "{}x{}".format(*basis)
+                    row["basis_tf32"] = basis_label(row["backend_tf32"], pn, layer, tf32=True)
                     if "ms_cudnn_tf32" in row:
                         row["x_tf32_tf32"] = row["ms_cudnn_tf32"] / row["ms_auto_tf32"]
                 except Exception as e:  # noqa: BLE001
