@@ -33,6 +33,15 @@ def test_sweep_configurations_and_sample():
     assert {c[3] for c in sample} == set(sweep.KERNELS) and {c[4] for c in sample} == set(sweep.OUTPUTS)
 
 
+def test_sweep_run_order_is_a_fixed_shuffle_whose_prefixes_cover_the_grid():
+    from benchmarks import sweep
+    order = sweep.run_order()
+    assert sorted(order) == sorted(sweep.configurations()) and order == sweep.run_order()
+    head = order[:400]                    # what a short first chunk measures
+    for axis, values in enumerate((sweep.S_SIZES, sweep.PLANES, sweep.PLANES, sweep.KERNELS, sweep.OUTPUTS)):
+        assert {c[axis] for c in head} == set(values)
+
+
 def synthetic_row(config, fft_ms, base_ms):
     """A measured row where the FFT takes fft_ms and cuDNN and gemm base_ms, every pass."""
     from benchmarks import sweep
