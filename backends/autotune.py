@@ -89,28 +89,38 @@ def _geometry_key(x_shape, w_shape, stride, padding):
 
 
 def _fast_key(pass_name, x_shape, w_shape, stride, padding, xp):
-    """The arguments as given (no normalising), the device and the GEMM precision: what a layer
-    passes on every call, hashed as is. None where something is unhashable (a list)."""
-    device = None if xp is np else xp.cuda.runtime.getDevice()
-    fast = (pass_name, x_shape, w_shape, stride, padding, xp, device, cgemm.mode(xp))
+    """The arguments as given, the device and the GEMM precision: what a layer passes on every
+    call, hashed as is. None unless every size is a plain int (a float or bool equals an int
+    as a dict key, and geometry() must see those), or where the precision setting is invalid
+    (the full path then reports it in its usual order)."""
     try:
-        hash(fast)
-    except TypeError:
+        if not (_plain_ints(x_shape) and _plain_ints(w_shape) and _plain_ints(stride)
+                and _plain_ints(padding)):
+            return None
+        mode = cgemm.mode(xp)
+    except (TypeError, ValueError):
         return None
-    return fast
+    device = None if xp is np else xp.cuda.runtime.getDevice()
+    return (pass_name, x_shape, w_shape, stride, padding, xp, device, mode)
+
+
+def _plain_ints(value):
+    """An int, or a tuple of ints (not bools, floats or NumPy integers; lists are unhashable)."""
+    return type(value) is int or (type(value) is tuple and all(type(v) is int for v in value))
 
 
 def remembered(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
     """pick()'s answer if this process already made it for these very arguments, else None.
 
     The per-call path of every auto layer after its first step: one dict lookup on the
-    arguments as given, instead of normalising the geometry and building the tuning key (about
-    40 µs a pass under a profiler on an H200 host, benchmarks/exp_host.py)."""
-    _tuning_on(xp)  # rejects a bad MINITORCH_AUTO_TUNE, remembered or not
+    arguments as given, instead of normalising the geometry and building the tuning key. (It
+    was meant to save 20-30 us a pass; on an H200 host the saving was within run-to-run noise,
+    benchmarks/NOTES.md, session 5.)"""
     fast = _fast_key(pass_name, x_shape, w_shape, stride, padding, xp)
     hit = _fast.get(fast) if fast is not None else None
     if hit is None:
         return None
+    _tuning_on(xp)  # rejects a bad MINITORCH_AUTO_TUNE, remembered or not
     key, name = hit
     known = _memory.get(key)   # the record the answer came from, unless _memory was reset since
     if known is None or known.get("backend") != name or name not in registry:

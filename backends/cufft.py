@@ -83,9 +83,10 @@ TUNE_CHECK_TOL = 1e-4
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
-    """Stride 1 with any zero padding, kernel and input (rectangular ones included)."""
+    """Stride 1 with any zero padding, kernel and input (rectangular ones included), where the
+    f' x f weight planes of the smallest basis fit cuFFT's 32-bit plan offsets (_fits)."""
     g = valid_geometry(x_shape, w_shape, stride, padding)
-    return g is not None and (g.sh, g.sw) == (1, 1)
+    return g is not None and (g.sh, g.sw) == (1, 1) and _fits(g, _default_basis(g))
 
 
 def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -93,12 +94,24 @@ def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     _stride1_geometry(x_shape, w_shape, stride, padding)
 
 
+def _fits(g, basis):
+    """Whether a basis keeps every cuFFT plan of g within C ints: the weight's f' x f planes are
+    never chunked (one image's f or f' planes are fewer, and _batch_chunks bounds the rest)."""
+    return g.fo * g.f * basis[0] * basis[1] <= _INT_MAX
+
+
 def _stride1_geometry(x_shape, w_shape, stride, padding):
-    """geometry(), refusing strides other than 1 with a ValueError that says what to use instead."""
+    """geometry(), refusing strides other than 1, and weights too large for cuFFT's plans, with a
+    ValueError that says what to use instead."""
     g = geometry(x_shape, w_shape, stride, padding)
     if (g.sh, g.sw) != (1, 1):
         raise ValueError(f"cufft supports stride 1 only, got stride {(g.sh, g.sw)} (strided FFT "
                          "convolution is impractical, paper §2); use the gemm backend")
+    n, m = _default_basis(g)
+    if not _fits(g, (n, m)):
+        raise ValueError(f"cufft: {g.fo} x {g.f} weight planes of the {n}x{m} basis exceed cuFFT's "
+                         f"32-bit plan offsets ({g.fo * g.f * n * m} > {_INT_MAX} elements); use fbfft "
+                         "or gemm")
     return g
 
 
@@ -187,7 +200,7 @@ def _spectrum(xp, a, basis, layout, shift=(0, 0), scale=1.0):
     """
     p, q, h, w = a.shape
     n, m = basis
-    if (h, w) != (n, m) or shift != (0, 0) or scale != 1:
+    if (h, w) != (n, m) or shift != (0, 0) or scale != 1 or not _aligned(xp, a):
         a = _place(xp, a, basis, shift, scale)                               # scratch (p, q, n, m)
     F = n * (m // 2 + 1)
     if xp is np:
@@ -202,6 +215,12 @@ def _spectrum(xp, a, basis, layout, shift=(0, 0), scale=1.0):
         plan.fft(a, natural, _FORWARD)
         out.reshape(F, p * q)[...] = natural.T
     return out
+
+
+def _aligned(xp, a):
+    """Whether cuFFT may read `a` in place: it needs its data aligned (cufftComplex, 8 bytes; we
+    ask 16). Whole arrays from the pool are; a batch chunk x[sl] may start 4 bytes off."""
+    return xp is np or a.data.ptr % 16 == 0
 
 
 def _inverse(xp, spec, basis, layout):
@@ -419,10 +438,18 @@ def _is_7_smooth(i):
 
 def default_config(g):
     """The untuned choice: the smallest fast basis, the "copy" layout and the strided-batched GEMM."""
+    return {"basis": list(_default_basis(g)), "gemm": "batched", "layout": DEFAULT_LAYOUT}
+
+
+def _default_basis(g):
     n0, m0 = min_basis(g)
-    n = next(i for i in basis_sizes(n0) if _is_7_smooth(i))
-    m = next(i for i in basis_sizes(m0) if _is_7_smooth(i))
-    return {"basis": [n, m], "gemm": "batched", "layout": DEFAULT_LAYOUT}
+    return _smallest_fast(n0), _smallest_fast(m0)
+
+
+@functools.lru_cache(maxsize=None)
+def _smallest_fast(n0):
+    """The smallest 7-smooth size >= n0 (asked on every supports() and untuned pass)."""
+    return next(i for i in basis_sizes(n0) if _is_7_smooth(i))
 
 
 def _valid_config(config, g):
@@ -437,7 +464,7 @@ def _valid_config(config, g):
         return False
     n0, m0 = min_basis(g)
     return (type(n) is int and type(m) is int and _is_basis_size(n, n0) and _is_basis_size(m, m0)
-            and how in _gemm_forms(config) and layout in LAYOUTS)
+            and _fits(g, (n, m)) and how in _gemm_forms(config) and layout in LAYOUTS)
 
 
 def _is_basis_size(n, n0):
@@ -486,14 +513,23 @@ def _tune(xp, g, run):
     Spectrum sharing is off while timing (every candidate must pay for its FFTs). The winner must
     agree with the default configuration to TUNE_CHECK_TOL, else the default is kept.
     """
+    made_before = set(_plans)
+    try:
+        return _tune_candidates(xp, g, run)
+    finally:  # the losing candidates' plans hold cuFFT work areas; the winner's are rebuilt once
+        for key in [k for k in _plans if k not in made_before]:
+            del _plans[key]
+
+
+def _tune_candidates(xp, g, run):
     with suspended():
         default = default_config(g)
         n0, m0 = min_basis(g)
         best = tuning.fastest([dict(default, layout=layout) for layout in LAYOUTS], run, xp)
-        best = tuning.fastest([dict(best, basis=[n, best["basis"][1]]) for n in basis_sizes(n0)],
-                              run, xp)
-        best = tuning.fastest([dict(best, basis=[best["basis"][0], m]) for m in basis_sizes(m0)],
-                              run, xp)
+        rows = [dict(best, basis=[n, best["basis"][1]]) for n in basis_sizes(n0)]
+        best = tuning.fastest([c for c in rows if _fits(g, c["basis"])], run, xp)
+        cols = [dict(best, basis=[best["basis"][0], m]) for m in basis_sizes(m0)]
+        best = tuning.fastest([c for c in cols if _fits(g, c["basis"])], run, xp)
         best = tuning.fastest([dict(best, gemm=how) for how in _gemm_forms(best)], run, xp)
         best = tuning.fastest([dict(best, layout=layout) for layout in LAYOUTS], run, xp)
         if best != default:

@@ -310,15 +310,20 @@ def torch_model(name, num_classes):
         nn.Linear(4096, num_classes))
 
 
-# A weight gradient of the step passes when its relative error against float64 is at most
-# STEP_TOL, or at most STEP_FACTOR times PyTorch float32's own error on the same tensor, weights
-# and batch (torch_fp32_errors). The second clause exists because fp32 itself misses 1e-3 on the
-# first layers' gradients of these nets at initialisation: on an H200, PyTorch float32 with
-# cuDNN strict was 2.2e-3 off on AlexNet's conv1 weight gradient and 3.5e-3 on OverFeat-fast's,
-# about what our gemm backend gets (2.5e-3, 3.4e-3), while every single pass agrees with float64
-# to 1e-6 (benchmarks/exp_step_error.py, NOTES.md, session 5).
+# The step's loss and weight gradients must agree with PyTorch float64 on the same weights to
+# within one bound per network: STEP_TOL, or STEP_FACTOR times the largest error PyTorch float32
+# makes on that network's tensors in the same run (torch_fp32_errors), capped at STEP_CAP.
+# Why not 1e-3 flat: an fp32 forward pass routes a few values differently from float64 (a
+# max-pooling argmax or a ReLU sign at a near-tie), and each such flip puts ~2e-3 into every
+# gradient below it, whoever computes it. On an H200, PyTorch float32 with cuDNN strict was
+# 2.2e-3 off on AlexNet's conv1 weight gradient and 3.5e-3 on OverFeat-fast's, our gemm backend
+# 2.5e-3 and 3.4e-3 (benchmarks/exp_step_error.py, NOTES.md, session 5). Flips land on different
+# tensors in each implementation, hence one bound per network rather than per tensor. What this
+# check can see: an error of 1 % in one backend pass (tests/test_benchmarks.py), not one of 0.5 %
+# in the early layers' gradients; the per-layer checks of table3/table4 (1e-4) see those.
 STEP_TOL = 1e-3
 STEP_FACTOR = 2
+STEP_CAP = 5e-3
 
 
 def step_check(model, torch_net, x_np, y_np, torch_device="cpu"):
@@ -368,6 +373,8 @@ def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu"):
     import torch
 
     import minitorch_fft as mt
+    if [tuple(p.shape) for p in model.parameters()] != [tuple(q.shape) for q in torch_net.parameters()]:
+        raise ValueError("torch_fp32_errors: the two models' parameters differ in order or shape")
     saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.benchmark)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
@@ -382,7 +389,7 @@ def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu"):
             x = torch.as_tensor(x_np, dtype=dtype, device=torch_device)
             loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device=torch_device))
             loss.backward()
-            grads[dtype] = [float(loss)] + [q.grad.double() for q in net.parameters()]
+            grads[dtype] = [loss.item()] + [q.grad.double() for q in net.parameters()]
     finally:
         (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
          torch.backends.cudnn.benchmark) = saved
@@ -394,11 +401,16 @@ def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu"):
 
 
 def step_verdict(errors, yardstick):
-    """(worst tensor, its bound, passed): each error against max(STEP_TOL, STEP_FACTOR x
-    PyTorch float32's error on that tensor); the worst is the one nearest its bound."""
-    bounds = {k: max(STEP_TOL, STEP_FACTOR * yardstick[k]) for k in errors}
-    worst = max(errors, key=lambda k: errors[k] / bounds[k])
-    return worst, bounds[worst], errors[worst] <= bounds[worst]
+    """(worst tensor, the network's bound, passed). The bound is STEP_FACTOR x PyTorch float32's
+    largest error, at least STEP_TOL and at most STEP_CAP; a NaN or infinite error (ours, or the
+    yardstick's, which then cannot judge) fails."""
+    import math
+    broken = [k for k in errors if not math.isfinite(errors[k])]
+    if broken or not all(math.isfinite(v) for v in yardstick.values()):
+        return (broken[0] if broken else "PyTorch float32 yardstick"), float("nan"), False
+    bound = min(STEP_CAP, max(STEP_TOL, STEP_FACTOR * max(yardstick.values())))
+    worst = max(errors, key=errors.get)
+    return worst, bound, errors[worst] <= bound
 
 
 def step(args, bar):
@@ -438,13 +450,14 @@ def step(args, bar):
         yardstick = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda")
         worst, bound, passed = step_verdict(errors, yardstick)
         if not passed:
-            failures.append(f"{net} minitorch auto step: {worst} relative error {errors[worst]:.1e} "
-                            f"> {bound:.1e} against PyTorch float64 (PyTorch float32: "
-                            f"{yardstick[worst]:.1e})")
+            failures.append(f"{net} minitorch auto step: {worst} relative error {errors.get(worst, float('nan')):.1e} "
+                            f"against PyTorch float64, bound {bound:.1e} (PyTorch float32's largest error: "
+                            f"{max(yardstick.values()):.1e})")
         ms = median_ms(our_step, "cupy", 1, n_steps)
         row = {"network": net, "implementation": "minitorch auto", "step_ms": ms,
                "images_per_s": args.batch / ms * 1e3, "kernel_fraction": kernel_fraction(our_step),
-               "max_err": errors[worst], "torch_fp32_err": yardstick[worst], "worst_tensor": worst}
+               "max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
+               "torch_fp32_max_err": max(yardstick.values())}
         rows.append(row)
         del model, opt
         cp.get_default_memory_pool().free_all_blocks()
@@ -472,8 +485,8 @@ def step(args, bar):
     cols = [("network", "network", ""), ("implementation", "implementation", ""),
             ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"),
             ("time in GPU kernels", "kernel_fraction", ".1%"),
-            ("worst tensor (nearest its bound)", "worst_tensor", ""),
-            ("its rel err vs fp64", "max_err", ".1e"), ("PyTorch fp32's rel err there", "torch_fp32_err", ".1e")]
+            ("worst tensor", "worst_tensor", ""), ("its rel err vs fp64", "max_err", ".1e"),
+            ("PyTorch fp32's largest", "torch_fp32_max_err", ".1e"), ("bound", "bound", ".1e")]
     return rows, cols, failures
 
 

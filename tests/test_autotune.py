@@ -242,7 +242,11 @@ def test_a_remembered_choice_skips_the_tuning_key(tuner, monkeypatch):
     first = autotune.pick(reg, "fprop", **GEOM)
     assert autotune.remembered(reg, "fprop", **GEOM) == first
     assert autotune.remembered(reg, "bprop", **GEOM) is None          # per pass
-    assert autotune.remembered({"gemm": reg["gemm"]}, "fprop", **GEOM) in (None, "gemm")
+    assert autotune.remembered({"gemm": reg["gemm"]}, "fprop", **GEOM) == (first if first == "gemm" else None)
+    # Equal as dict keys, but not sizes geometry() accepts: never answered from memory.
+    for odd in (dict(GEOM, x_shape=(2.0, 3, 9, 9)), dict(GEOM, stride=(True, True)),
+                dict(GEOM, padding=(np.int64(1), 1)), dict(GEOM, x_shape=[2, 3, 9, 9])):
+        assert autotune.remembered(reg, "fprop", **odd) is None
     monkeypatch.setattr(autotune, "_memory", {})
     assert autotune.remembered(reg, "fprop", **GEOM) is None
 
@@ -253,6 +257,8 @@ def test_choose_takes_the_remembered_path_after_the_first_call(tuner, monkeypatc
     monkeypatch.setattr(autotune, "pick", lambda *a, **k: pytest.fail("pick() ran again"))
     assert backends.choose("auto", "fprop", x_shape, w_shape, (1, 1), (1, 1)) is first
     assert autotune.remembered(backends._REGISTRY, "fprop", [2, 3, 8, 8], w_shape, (1, 1), (1, 1)) is None
+    with pytest.raises(TypeError):                   # a float size still reaches geometry()'s check
+        backends.choose("auto", "fprop", (2.0, 3, 8, 8), w_shape, (1, 1), (1, 1))
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "sometimes")
     with pytest.raises(ValueError, match="MINITORCH_AUTO_TUNE"):
         backends.choose("auto", "fprop", x_shape, w_shape, (1, 1), (1, 1))

@@ -353,13 +353,34 @@ def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch
     assert paper.step_verdict(errors, yardstick)[2]
     worst, bound, passed = paper.step_verdict(wrong, yardstick)
     assert not passed and worst.endswith(".weight") and bound == paper.STEP_TOL
+    import torch
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = True, True
+    try:
+        with pytest.raises(ValueError, match="differ in order or shape"):   # it raises...
+            paper.torch_fp32_errors(net, paper.torch_model("overfeat_fast", 10), x, y)
+        real_copy = torch.Tensor.copy_
+        monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+        with pytest.raises(RuntimeError, match="boom"):                       # ...or fails inside...
+            paper.torch_fp32_errors(net, paper.torch_model("alexnet", 10), x, y)
+        monkeypatch.setattr(torch.Tensor, "copy_", real_copy)
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == (True, True)  # ...and restores
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
-def test_step_verdict_bounds_each_tensor_by_pytorch_float32():
+def test_step_verdict_bounds_a_network_by_pytorch_float32():
     from benchmarks import paper
-    tol, factor = paper.STEP_TOL, paper.STEP_FACTOR
+    tol, factor, cap = paper.STEP_TOL, paper.STEP_FACTOR, paper.STEP_CAP
     ours = {"loss": 1e-8, "a.weight": 3e-3, "b.weight": 9e-4}
-    assert paper.step_verdict(ours, {"loss": 1e-8, "a.weight": 2e-3, "b.weight": 1e-6}) == \
-        ("b.weight", tol, True)                    # 3e-3 <= 2 x 2e-3; 9e-4 is nearest its bound
-    worst, bound, passed = paper.step_verdict(ours, {"loss": 1e-8, "a.weight": 1e-3, "b.weight": 1e-6})
-    assert (worst, passed) == ("a.weight", False) and bound == factor * 1e-3   # 3e-3 > 2 x 1e-3
+    # PyTorch float32's largest error 2e-3 (on any tensor): the bound is 4e-3 for every tensor
+    assert paper.step_verdict(ours, {"loss": 1e-8, "a.weight": 1e-6, "b.weight": 2e-3}) == \
+        ("a.weight", factor * 2e-3, True)
+    assert paper.step_verdict(ours, {"loss": 1e-8, "a.weight": 1e-6, "b.weight": 1e-6}) == \
+        ("a.weight", tol, False)                      # float32 exact here: 1e-3 flat
+    assert paper.step_verdict(dict(ours, **{"a.weight": 6e-3}), {"loss": 1e-8, "a.weight": 1e-2,
+                                                                 "b.weight": 1e-6})[1:] == (cap, False)
+    worst, _, passed = paper.step_verdict(dict(ours, **{"b.weight": float("nan")}),
+                                          {"loss": 1e-8, "a.weight": 2e-3, "b.weight": 2e-3})
+    assert (worst, passed) == ("b.weight", False)     # a NaN gradient fails, it is not skipped
+    assert not paper.step_verdict(ours, {"loss": 1e-8, "a.weight": float("nan"), "b.weight": 1e-6})[2]

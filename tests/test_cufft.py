@@ -196,16 +196,25 @@ def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how, layout
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_batch_chunks_match_the_whole_batch(rng, monkeypatch, device):
-    x, w = arrays(rng, (5, 3, 8, 8), (4, 3, 3, 3))
-    whole = all_passes(x, w, (1, 1), device)
+@pytest.mark.parametrize("how", cufft.GEMMS)
+@pytest.mark.parametrize("x_shape,w_shape,padding", [
+    ((5, 3, 8, 8), (4, 3, 3, 3), (1, 1)),
+    ((5, 3, 9, 9), (4, 3, 3, 3), (0, 0)),   # x fills its 9x9 basis: chunks start 972 bytes apart,
+    ((5, 4, 9, 9), (3, 4, 1, 1), (0, 0)),   # so every other one is 4 bytes off cuFFT's alignment
+])
+def test_batch_chunks_match_the_whole_batch(rng, monkeypatch, layout, device, how, x_shape, w_shape, padding):
+    """Chunked passes (accGrad summing its chunks' products) equal the whole batch's, in every
+    layout and GEMM form."""
+    x, w = arrays(rng, x_shape, w_shape)
+    monkeypatch.setattr(cufft, "default_config", lambda g, real=cufft.default_config: dict(real(g), gemm=how))
+    whole = all_passes(x, w, padding, device)
     monkeypatch.setattr(cufft, "WORKSPACE_BYTES", 1)            # one image per chunk
-    g = geometry(x.shape, w.shape, (1, 1), (1, 1))
+    g = geometry(x.shape, w.shape, (1, 1), padding)
     assert len(cufft._batch_chunks(g, cufft.default_config(g)["basis"])) == 5
-    chunked = all_passes(x, w, (1, 1), device)
+    chunked = all_passes(x, w, padding, device)
     for a, b in zip(whole, chunked, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    check_backend(cufft, x, w, (1, 1), (1, 1), device=device, rng=rng)
+    check_backend(cufft, x, w, (1, 1), padding, device=device, rng=rng)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -306,7 +315,7 @@ def test_tuner_picks_a_valid_basis_and_caches_it(rng, monkeypatch, tmp_path):
     for choice in choices:
         n, m = choice["basis"]
         assert n in cufft.basis_sizes(n0) and m in cufft.basis_sizes(m0)
-        assert choice["gemm"] in cufft.GEMMS
+        assert choice["gemm"] in cufft.GEMMS and choice["layout"] in cufft.LAYOUTS
 
     # Another process (a fresh cache object on the same file) reuses the choices without timing.
     tuning._caches.clear()
@@ -409,3 +418,43 @@ def test_large_weights_do_not_shrink_chunks_to_single_images():
     g = geometry((128, 1024, 12, 12), (1024, 1024, 3, 3), (1, 1), (1, 1))
     chunks = cufft._batch_chunks(g, cufft.default_config(g)["basis"])
     assert len(chunks) <= 2
+
+
+# -- cuFFT's 32-bit plan offsets -------------------------------------------------------------
+
+def test_weights_too_large_for_cuffts_plans_are_refused_with_the_reason():
+    x_shape, w_shape = (1, 1024, 48, 48), (1024, 1024, 3, 3)   # 1024 x 1024 planes of 49 x 49
+    assert not cufft.supports(x_shape, w_shape, (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="exceed cuFFT's 32-bit plan offsets.*use fbfft or gemm"):
+        cufft.check_geometry(x_shape, w_shape, (1, 1), (1, 1))
+    assert cufft.supports((1, 1024, 44, 44), w_shape, (1, 1), (1, 1))      # 45 x 45 fits
+
+
+def test_the_tuner_skips_bases_beyond_the_plan_limit_and_drops_its_plans(rng, monkeypatch):
+    """A candidate basis whose weight planes overflow cuFFT's ints is never timed, and the plans
+    made while tuning (the losing candidates' work areas) are released."""
+    monkeypatch.setattr(cufft, "TUNE", "on")
+    x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))             # f' f = 6; min_basis (6, 6)
+    monkeypatch.setattr(cufft, "_INT_MAX", 6 * 6 * 7)           # 6x6 and 7x6 fit, 8x6 and 7x7 do not
+    timed = []
+
+    def last(candidates, run, xp):
+        timed.extend(c["basis"] for c in candidates)
+        return candidates[-1]
+    monkeypatch.setattr(tuning, "fastest", last)
+    cufft._plans[("stale", 0)] = "a plan made before tuning"
+    real = cufft._tune_candidates
+
+    def with_a_plan(xp, g, run):
+        cufft._plans[("made while tuning", 0)] = "a losing candidate's plan"
+        return real(xp, g, run)
+    monkeypatch.setattr(cufft, "_tune_candidates", with_a_plan)
+    try:
+        check_backend(cufft, x, w, (1, 1), (0, 0), rng=rng)
+        g = geometry(x.shape, w.shape, (1, 1), (0, 0))
+        assert timed and all(n * m * 6 <= 6 * 6 * 7 for n, m in timed)
+        assert cufft.config_for("fprop", x.shape, w.shape)["basis"] == [7, 6]
+        assert ("made while tuning", 0) not in cufft._plans and ("stale", 0) in cufft._plans
+        assert cufft._valid_config(dict(cufft.default_config(g), basis=[8, 6]), g) is False
+    finally:
+        cufft._plans.clear()
