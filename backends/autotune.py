@@ -22,7 +22,8 @@ the tied the winner is, in this order of preference:
      layer's passes stay on one FFT backend and share spectra (backends.reuse): the tuner times
      each pass alone with sharing suspended, so it cannot see that saving;
   2. the first in TIE_ORDER: fbfft, cufft, polyphase (the FFT backends, for the same reason;
-     fbfft's pass is three kernels and a GEMM, cufft's about twenty launches), gemm, direct;
+     fbfft's pass is three kernels and a GEMM, cufft's up to ten: places, FFTs, transposes,
+     GEMM, inverse, crop), gemm, direct;
   3. the faster.
 The record keeps every candidate's median ms and says why its backend won ("why").
 
