@@ -268,9 +268,24 @@ def report(args):
         fig.savefig(png, dpi=110)
         plt.close(fig)
         lines += ["", f"![heat maps vs {baseline}]({png.name})", ""]
+        lines += by_batch(rows, baseline)
     md = path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")
     print(md)
+
+
+def by_batch(rows, baseline):
+    """Markdown: the same summary per batch size S, so that a partial sweep that measured some S
+    more than others (its first chunk ran in grid order: S = 1 only) reads right."""
+    lines = [f"### By batch size S (vs {baseline})", "",
+             "| S | configurations | FFT faster | median | best |", "|---|---|---|---|---|"]
+    for S in S_SIZES:
+        values = sorted(v for v in (speedups(r, baseline) for r in rows if r["config"][0] == S) if v)
+        if values:
+            wins = sum(v > 1 for v in values)
+            lines.append(f"| {S} | {len(values)} | {wins} ({wins / len(values):.0%}) | "
+                         f"{values[len(values) // 2]:.2f}x | {values[-1]:.2f}x |")
+    return lines + [""]
 
 
 def main():

@@ -384,3 +384,13 @@ def test_step_verdict_bounds_a_network_by_pytorch_float32():
                                           {"loss": 1e-8, "a.weight": 2e-3, "b.weight": 2e-3})
     assert (worst, passed) == ("b.weight", False)     # a NaN gradient fails, it is not skipped
     assert not paper.step_verdict(ours, {"loss": 1e-8, "a.weight": float("nan"), "b.weight": 1e-6})[2]
+
+
+def test_sweep_report_breaks_the_summary_down_by_batch_size():
+    from benchmarks import sweep
+    rows = [synthetic_row((1, 4, 4, 3, 8), 2.0, 1.0), synthetic_row((1, 4, 16, 5, 8), 2.0, 1.0),
+            synthetic_row((128, 4, 4, 9, 8), 1.0, 4.0), synthetic_row((128, 16, 4, 9, 4), 2.0, 1.0)]
+    table = {line.split("|")[1].strip(): line for line in sweep.by_batch(rows, "cudnn") if line.startswith("| 1")}
+    assert set(table) == {"1", "128"}                                  # S = 16 and 64: nothing measured
+    assert "| 2 | 0 (0%) | 0.50x | 0.50x |" in table["1"]
+    assert "| 2 | 1 (50%) | 4.00x | 4.00x |" in table["128"]
