@@ -46,7 +46,7 @@ from collections import Counter
 import numpy as np
 
 from . import cgemm, tuning
-from .common import PASSES, geometry
+from .common import PASSES, geometry, plain_args
 
 log = logging.getLogger("minitorch_fft.autotune")
 
@@ -91,23 +91,17 @@ def _geometry_key(x_shape, w_shape, stride, padding):
 
 def _fast_key(pass_name, x_shape, w_shape, stride, padding, xp):
     """The arguments as given, the device and the GEMM precision: what a layer passes on every
-    call, hashed as is. None unless every size is a plain int (a float or bool equals an int
-    as a dict key, and geometry() must see those), or where the precision setting is invalid
-    (the full path then reports it in its usual order)."""
+    call, hashed as is. None unless they are common.plain_args (geometry() must check anything
+    else), or where the precision setting is invalid (the full path then reports it in its
+    usual order)."""
+    if not plain_args(x_shape, w_shape, stride, padding):
+        return None
     try:
-        if not (_plain_ints(x_shape) and _plain_ints(w_shape) and _plain_ints(stride)
-                and _plain_ints(padding)):
-            return None
         mode = cgemm.mode(xp)
-    except (TypeError, ValueError):
+    except ValueError:
         return None
     device = None if xp is np else xp.cuda.runtime.getDevice()
     return (pass_name, x_shape, w_shape, stride, padding, xp, device, mode)
-
-
-def _plain_ints(value):
-    """An int, or a tuple of ints (not bools, floats or NumPy integers; lists are unhashable)."""
-    return type(value) is int or (type(value) is tuple and all(type(v) is int for v in value))
 
 
 def remembered(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
@@ -131,29 +125,28 @@ def remembered(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
 
 def pick(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
     """The name of the backend that runs this pass of this geometry."""
-    name = _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp)
-    if name is not None:
-        fast = _fast_key(pass_name, x_shape, w_shape, stride, padding, xp)
-        if fast is not None:
-            key = tuning.key(xp, np.float32, _geometry_key(x_shape, w_shape, stride, padding), pass_name, "auto")
-            _fast[fast] = (key, name)
+    name, key = _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp)
+    fast = _fast_key(pass_name, x_shape, w_shape, stride, padding, xp)
+    if name is not None and fast is not None:
+        _fast[fast] = (key, name)   # remembered() finds it from the arguments next time
     return name
 
 
 def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
+    """(backend name or None, the tuning key of this choice)."""
     tune = _tuning_on(xp)  # also rejects a bad MINITORCH_AUTO_TUNE, cached choice or not
     geom = _geometry_key(x_shape, w_shape, stride, padding)
     key = tuning.key(xp, np.float32, geom, pass_name, "auto")
     known = _memory.get(key)
     if known is not None and known.get("backend") in registry:
-        return known["backend"]  # chosen earlier in this process: every later pass of a layer
+        return known["backend"], key  # chosen earlier in this process: every later pass of a layer
     candidates = [n for n in PREFERENCE if n in registry and registry[n].supports(x_shape, w_shape, stride, padding)]
     candidates += [n for n in registry if n not in candidates and registry[n].supports(x_shape, w_shape, stride, padding)]
     if not candidates:
-        return None
+        return None, key
     if len(candidates) == 1 or not tune:
         _memory[key] = {"backend": candidates[0], "ms": {}, "skipped": {}, "untimed": True}
-        return candidates[0]
+        return candidates[0], key
     record = known or tuning.default_cache().get(key)
     if record is not None and not _valid_record(record):
         warnings.warn(f"ignoring a malformed autotune record for {pass_name} {geom}: {record!r:.200}; "
@@ -164,7 +157,7 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
                        _siblings(xp, geom, pass_name))
         tuning.default_cache().put(key, record)
     _memory[key] = record
-    return record["backend"]
+    return record["backend"], key
 
 
 def _valid_record(record):

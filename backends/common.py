@@ -26,12 +26,19 @@ def geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     so the checks run once per shape (a few microseconds of Python saved per pass). Arguments
     are made plain ints first (TypeError otherwise), so 8.0 or True never share 8's or 1's entry;
     the usual call, tuples of plain ints, goes straight to the cache (about 1 us)."""
-    if (type(x_shape) is tuple and type(w_shape) is tuple and type(stride) is tuple
-            and type(padding) is tuple and len(stride) == len(padding) == 2
-            and all(type(v) is int for v in x_shape + w_shape + stride + padding)):
+    if plain_args(x_shape, w_shape, stride, padding):
         return _geometry_cached(x_shape, w_shape, stride, padding)
     return _geometry_cached(_dims(x_shape, "input shape"), _dims(w_shape, "weight shape"),
                             pair(stride, "stride"), pair(padding, "padding"))
+
+
+def plain_args(x_shape, w_shape, stride, padding):
+    """Whether a convolution's arguments are tuples of plain ints (stride and padding of two), as
+    layers pass them: usable as cache keys as given. 8.0, True or a NumPy integer equal 8 or 1
+    as keys, so they take the checked path instead; lists are unhashable."""
+    return (type(x_shape) is tuple and type(w_shape) is tuple and type(stride) is tuple
+            and type(padding) is tuple and len(stride) == len(padding) == 2
+            and all(type(v) is int for v in x_shape + w_shape + stride + padding))
 
 
 def _dims(shape, name):

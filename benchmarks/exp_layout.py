@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any
 
 from benchmarks.bench_cufft import LAYERS  # noqa: E402
 from benchmarks.common import RESULTS_DIR, median_ms, provenance, write_results  # noqa: E402
+from benchmarks.paper import PASSES, Layer  # noqa: E402
 
 DEFAULT_LAYERS = ("table4.L2", "table4.L3", "table4.L4", "table4.L5", "alexnet.conv2",
                   "alexnet.conv3", "overfeat.conv3")
-PASSES = ("fprop", "bprop", "accgrad")
 TOLERANCE = 1e-4
 
 
@@ -36,19 +36,6 @@ def load_baseline(path):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def reference(x, w, gy, padding):
-    """fprop, bprop and accGrad in float64 through PyTorch on the GPU, as CuPy arrays."""
-    import cupy as cp
-    import torch
-    import torch.nn.functional as F
-    x64 = torch.as_tensor(x, device="cuda").double().requires_grad_()
-    w64 = torch.as_tensor(w, device="cuda").double().requires_grad_()
-    y = F.conv2d(x64, w64, padding=padding)
-    y.backward(torch.as_tensor(gy, device="cuda").double())
-    return {name: cp.asarray(t.detach()) for name, t in
-            (("fprop", y), ("bprop", x64.grad), ("accgrad", w64.grad))}
 
 
 def calls(module, layout, x, w, gy, padding):
@@ -78,6 +65,7 @@ def main():
         ap.error(f"need an existing --baseline file, layers from {', '.join(LAYERS)}, --rounds >= 1")
 
     import cupy as cp
+    import torch
     from tqdm import tqdm
 
     from backends import cufft, tuning
@@ -85,22 +73,17 @@ def main():
     versions = {args.label: (baseline, None), **{layout: (cufft, layout) for layout in cufft.LAYOUTS}}
     for module, _ in versions.values():
         module.TUNE = "off"                          # same configuration on every side
-    rng = cp.random.default_rng(0)
     rows = []
     for name in tqdm(names, desc="layers"):
         f, fo, h, k, pad = LAYERS[name]
-        oh = h + 2 * pad - k + 1
-        x = rng.standard_normal((128, f, h, h), dtype=cp.float32)
-        w = rng.standard_normal((fo, f, k, k), dtype=cp.float32)
-        gy = rng.standard_normal((128, fo, oh, oh), dtype=cp.float32)
-        ref = reference(x, w, gy, pad)
+        layer = Layer((128, f, h, h), (fo, f, k, k), (1, 1), (pad, pad), seed=0)  # data, float64 refs
+        x, w, gy = layer.x, layer.w, layer.gy
         fns = {label: calls(m, layout, x, w, gy, (pad, pad)) for label, (m, layout) in versions.items()}
         for p in PASSES:
-            row = {"layer": name, "pass": p, "basis": "x".join(map(str, cufft.default_config(
-                cufft.geometry(x.shape, w.shape, (1, 1), (pad, pad)))["basis"]))}
+            row = {"layer": name, "pass": p, "basis": "x".join(map(str, cufft.default_config(layer.g)["basis"]))}
             for label in versions:
-                got = fns[label][p]()
-                err = float(cp.linalg.norm(got - ref[p]) / cp.linalg.norm(ref[p]))
+                err = float(torch.linalg.vector_norm(torch.from_dlpack(fns[label][p]()).double() - layer.ref[p])
+                            / torch.linalg.vector_norm(layer.ref[p]))
                 if not err <= TOLERANCE:
                     raise SystemExit(f"{label} {name} {p}: relative error {err:.2e} > {TOLERANCE}")
                 row[f"err_{label}"] = err

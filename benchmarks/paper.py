@@ -326,78 +326,78 @@ STEP_FACTOR = 2
 STEP_CAP = 5e-3
 
 
-def step_check(model, torch_net, x_np, y_np, torch_device="cpu"):
-    """Relative errors {name: err} of our model's loss and weight gradients against the same
-    weights in PyTorch, float64, both in eval mode (dropout is random in each framework).
-
-    Weights are copied into a float64 copy of `torch_net` in parameter order (shapes checked);
-    our model runs on the device its parameters are on. Gradients are left zeroed afterwards."""
+def torch_step(model, torch_net, x_np, y_np, dtype, torch_device="cpu"):
+    """(loss, [weight gradients]) of a copy of `torch_net` in `dtype` that carries our model's
+    weights (copied in parameter order, shapes checked), in eval mode (dropout is random in each
+    framework), on x_np and y_np; the gradients as float64 CPU tensors."""
     import copy
 
     import torch
 
     import minitorch_fft as mt
-    ours, theirs = model.parameters(), list(torch_net.parameters())
-    if [tuple(p.shape) for p in ours] != [tuple(q.shape) for q in theirs]:
-        raise ValueError("step_check: the two models' parameters differ in order or shape")
-    ref = copy.deepcopy(torch_net).double().to(torch_device).eval()
+    ours = model.parameters()
+    if [tuple(p.shape) for p in ours] != [tuple(q.shape) for q in torch_net.parameters()]:
+        raise ValueError("step check: the two models' parameters differ in order or shape")
+    net = copy.deepcopy(torch_net).to(dtype).to(torch_device).eval()
     with torch.no_grad():
-        for p, q in zip(ours, ref.parameters()):
-            q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu"), dtype=torch.float64))
-    xp = ours[0].xp
+        for p, q in zip(ours, net.parameters()):
+            q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu"), dtype=dtype))
+    x = torch.as_tensor(x_np, dtype=dtype, device=torch_device)
+    loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device=torch_device))
+    loss.backward()
+    return loss.item(), [q.grad.detach().double().cpu() for q in net.parameters()]
+
+
+def relative_errors(model, got, ref):
+    """{"loss": ..., parameter name: ...} relative errors of `got` against `ref`, each a
+    (loss, [gradients]) pair as torch_step returns it."""
+    import torch
+    errors = {"loss": abs(got[0] - ref[0]) / abs(ref[0])}
+    for (name, _), g, r in zip(model.named_parameters(), got[1], ref[1], strict=True):
+        errors[name] = float(torch.linalg.vector_norm(g - r) / torch.linalg.vector_norm(r))
+    return errors
+
+
+def step_check(model, torch_net, x_np, y_np, torch_device="cpu", reference=None):
+    """Relative errors {name: err} of our model's loss and weight gradients against the same
+    weights in PyTorch, float64 (torch_step; `reference` if already computed, and then
+    torch_net is not used), both in eval mode.
+    Our model runs on the device its parameters are on. Gradients are left zeroed afterwards."""
+    import torch
+
+    import minitorch_fft as mt
+    if reference is None:
+        reference = torch_step(model, torch_net, x_np, y_np, torch.float64, torch_device)
+    xp = model.parameters()[0].xp
     model.eval()
     model.zero_grad()
     loss = mt.CrossEntropyCriterion()(model(mt.Tensor(xp.asarray(x_np))), xp.asarray(y_np))
     loss.backward()
-    x64 = torch.as_tensor(x_np, dtype=torch.float64, device=torch_device)
-    ref_loss = torch.nn.functional.cross_entropy(ref(x64), torch.as_tensor(y_np, device=torch_device))
-    ref_loss.backward()
-    ref_value = float(ref_loss.detach())
-    errors = {"loss": abs(float(loss.item()) - ref_value) / abs(ref_value)}
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        g = torch.as_tensor(mt.to_device(p.grad, "cpu"), dtype=torch.float64)
-        r = q.grad.detach().cpu()
-        errors[name] = float(torch.linalg.vector_norm(g - r) / torch.linalg.vector_norm(r))
+    ours = (float(loss.item()), [torch.as_tensor(mt.to_device(p.grad, "cpu"), dtype=torch.float64)
+                                 for p in model.parameters()])
     model.zero_grad()
     model.train()
-    return errors
+    return relative_errors(model, ours, reference)
 
 
-def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu"):
-    """{name: relative error} of PyTorch float32 against PyTorch float64, both on our model's
-    weights, batch and labels (eval mode, as step_check): the error fp32 arithmetic itself
-    makes here, with cuDNN and cuBLAS strict (no TF32) and cuDNN's heuristic algorithms (its
-    benchmark search off, so no approximate algorithm it might time as fastest)."""
-    import copy
-
+def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", reference=None):
+    """{name: relative error} of PyTorch float32 against PyTorch float64 (`reference` if already
+    computed), both on our model's weights, batch and labels (torch_step): the error fp32
+    arithmetic itself makes here, with cuDNN and cuBLAS strict (no TF32) and cuDNN's heuristic
+    algorithms (its benchmark search off, so no approximate algorithm it might time as fastest)."""
     import torch
-
-    import minitorch_fft as mt
-    if [tuple(p.shape) for p in model.parameters()] != [tuple(q.shape) for q in torch_net.parameters()]:
-        raise ValueError("torch_fp32_errors: the two models' parameters differ in order or shape")
     saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.benchmark)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
     try:
-        grads = {}
-        for dtype in (torch.float64, torch.float32):
-            net = copy.deepcopy(torch_net).to(dtype).to(torch_device).eval()
-            with torch.no_grad():
-                for p, q in zip(model.parameters(), net.parameters(), strict=True):
-                    q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu"), dtype=dtype))
-            x = torch.as_tensor(x_np, dtype=dtype, device=torch_device)
-            loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device=torch_device))
-            loss.backward()
-            grads[dtype] = [loss.item()] + [q.grad.double() for q in net.parameters()]
+        if reference is None:
+            reference = torch_step(model, torch_net, x_np, y_np, torch.float64, torch_device)
+        got = torch_step(model, torch_net, x_np, y_np, torch.float32, torch_device)
     finally:
         (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
          torch.backends.cudnn.benchmark) = saved
-    ref, got = grads[torch.float64], grads[torch.float32]
-    errors = {"loss": abs(got[0] - ref[0]) / abs(ref[0])}
-    for (name, _), r, g in zip(model.named_parameters(), ref[1:], got[1:], strict=True):
-        errors[name] = float(torch.linalg.vector_norm(g - r) / torch.linalg.vector_norm(r))
-    return errors
+    return relative_errors(model, got, reference)
 
 
 def step_verdict(errors, yardstick):
@@ -446,8 +446,9 @@ def step(args, bar):
 
         our_step()  # tunes every layer and pass
         with cgemm.tf32(False):  # checked as timed: the whole batch, strict fp32, the tuned choices
-            errors = step_check(model, torch_model(net, 1000), x_np, y_np, "cuda")
-        yardstick = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda")
+            reference = torch_step(model, torch_model(net, 1000), x_np, y_np, torch.float64, "cuda")
+            errors = step_check(model, None, x_np, y_np, "cuda", reference)
+        yardstick = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda", reference)
         worst, bound, passed = step_verdict(errors, yardstick)
         if not passed:
             failures.append(f"{net} minitorch auto step: {worst} relative error {errors.get(worst, float('nan')):.1e} "
