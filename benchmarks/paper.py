@@ -326,7 +326,7 @@ STEP_FACTOR = 2
 STEP_CAP = 5e-3
 
 
-def torch_step(model, torch_net, x_np, y_np, dtype, torch_device="cpu"):
+def torch_gradients(model, torch_net, x_np, y_np, dtype, torch_device="cpu"):
     """(loss, [weight gradients]) of a copy of `torch_net` in `dtype` that carries our model's
     weights (copied in parameter order, shapes checked), in eval mode (dropout is random in each
     framework), on x_np and y_np; the gradients as float64 CPU tensors."""
@@ -350,7 +350,7 @@ def torch_step(model, torch_net, x_np, y_np, dtype, torch_device="cpu"):
 
 def relative_errors(model, got, ref):
     """{"loss": ..., parameter name: ...} relative errors of `got` against `ref`, each a
-    (loss, [gradients]) pair as torch_step returns it."""
+    (loss, [gradients]) pair as torch_gradients returns it."""
     import torch
     errors = {"loss": abs(got[0] - ref[0]) / abs(ref[0])}
     for (name, _), g, r in zip(model.named_parameters(), got[1], ref[1], strict=True):
@@ -360,14 +360,14 @@ def relative_errors(model, got, ref):
 
 def step_check(model, torch_net, x_np, y_np, torch_device="cpu", reference=None):
     """Relative errors {name: err} of our model's loss and weight gradients against the same
-    weights in PyTorch, float64 (torch_step; `reference` if already computed, and then
+    weights in PyTorch, float64 (torch_gradients; `reference` if already computed, and then
     torch_net is not used), both in eval mode.
     Our model runs on the device its parameters are on. Gradients are left zeroed afterwards."""
     import torch
 
     import minitorch_fft as mt
     if reference is None:
-        reference = torch_step(model, torch_net, x_np, y_np, torch.float64, torch_device)
+        reference = torch_gradients(model, torch_net, x_np, y_np, torch.float64, torch_device)
     xp = model.parameters()[0].xp
     model.eval()
     model.zero_grad()
@@ -382,7 +382,7 @@ def step_check(model, torch_net, x_np, y_np, torch_device="cpu", reference=None)
 
 def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", reference=None):
     """{name: relative error} of PyTorch float32 against PyTorch float64 (`reference` if already
-    computed), both on our model's weights, batch and labels (torch_step): the error fp32
+    computed), both on our model's weights, batch and labels (torch_gradients): the error fp32
     arithmetic itself makes here, with cuDNN and cuBLAS strict (no TF32) and cuDNN's heuristic
     algorithms (its benchmark search off, so no approximate algorithm it might time as fastest)."""
     import torch
@@ -392,8 +392,8 @@ def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", referenc
     torch.backends.cudnn.benchmark = False
     try:
         if reference is None:
-            reference = torch_step(model, torch_net, x_np, y_np, torch.float64, torch_device)
-        got = torch_step(model, torch_net, x_np, y_np, torch.float32, torch_device)
+            reference = torch_gradients(model, torch_net, x_np, y_np, torch.float64, torch_device)
+        got = torch_gradients(model, torch_net, x_np, y_np, torch.float32, torch_device)
     finally:
         (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
          torch.backends.cudnn.benchmark) = saved
@@ -446,7 +446,7 @@ def step(args, bar):
 
         our_step()  # tunes every layer and pass
         with cgemm.tf32(False):  # checked as timed: the whole batch, strict fp32, the tuned choices
-            reference = torch_step(model, torch_model(net, 1000), x_np, y_np, torch.float64, "cuda")
+            reference = torch_gradients(model, torch_model(net, 1000), x_np, y_np, torch.float64, "cuda")
             errors = step_check(model, None, x_np, y_np, "cuda", reference)
         yardstick = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda", reference)
         worst, bound, passed = step_verdict(errors, yardstick)

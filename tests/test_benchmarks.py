@@ -350,6 +350,10 @@ def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch
     # so the bounds stay at STEP_TOL and the 1 % error is still a failure.
     yardstick = paper.torch_fp32_errors(net, paper.torch_model("alexnet", 10), x, y)
     assert set(yardstick) == set(errors) and max(yardstick.values()) < paper.STEP_TOL
+    import torch
+    reference = paper.torch_gradients(net, paper.torch_model("alexnet", 10), x, y, torch.float64)
+    assert paper.step_check(net, None, x, y, reference=reference) == wrong   # as paper.step calls it
+    assert paper.torch_fp32_errors(net, paper.torch_model("alexnet", 10), x, y, reference=reference) == yardstick
     assert paper.step_verdict(errors, yardstick)[2]
     worst, bound, passed = paper.step_verdict(wrong, yardstick)
     assert not passed and worst.endswith(".weight") and bound == paper.STEP_TOL
@@ -394,3 +398,15 @@ def test_sweep_report_breaks_the_summary_down_by_batch_size():
     assert set(table) == {"1", "128"}                                  # S = 16 and 64: nothing measured
     assert "| 2 | 0 (0%) | 0.50x | 0.50x |" in table["1"]
     assert "| 2 | 1 (50%) | 4.00x | 4.00x |" in table["128"]
+
+
+def test_paper_step_shadows_none_of_the_module_functions_it_calls():
+    """paper.step runs only on a GPU. A local name equal to a module-level function it calls
+    (a nested `def torch_step` once hid the function torch_step: UnboundLocalError on the
+    device) is caught here, on the CPU, from the compiled code."""
+    import types
+
+    from benchmarks import paper
+    module_functions = {name for name, v in vars(paper).items() if isinstance(v, types.FunctionType)}
+    code = paper.step.__code__
+    assert not (set(code.co_varnames) | set(code.co_cellvars)) & module_functions
