@@ -34,8 +34,10 @@ Autotuning keys carry mode(xp) (backends.tuning.key), so a choice tuned under TF
 reused in fp32 mode; checks of one result against another use TF32_TOL where the mode is tf32.
 """
 import contextlib
+import functools
 import math
 import os
+from collections import namedtuple
 
 import numpy as np
 
@@ -89,7 +91,8 @@ def mode(xp):
     return "tf32" if xp is not np and tf32_enabled() else "fp32"
 
 
-# 1 and 0 of each dtype as host arrays: the GEMM's alpha and beta (host pointer mode)
+# 1 and 0 of each dtype as host arrays: the GEMM's alpha and beta (host pointer mode); they live
+# as long as the module, so their addresses can be kept in the plans below
 _SCALARS = {t: (np.ones(1, t), np.zeros(1, t)) for t in (np.float32, np.complex64)}
 OPS = ("N", "T", "C")  # as stored, transposed, conjugate-transposed (last two axes)
 _CUBLAS_OP = {"N": 0, "T": 1, "C": 2}
@@ -145,38 +148,54 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate):
     """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags."""
     from cupy_backends.cuda.libs import cublas
 
-    p, r = a.shape[-2:] if op_a == "N" else a.shape[-1:-3:-1]
-    r2, q = b.shape[-2:] if op_b == "N" else b.shape[-1:-3:-1]
-    if r != r2:
-        raise ValueError(f"matmul: op_a(a) {op_a} {a.shape} and op_b(b) {op_b} {b.shape} are not aligned "
-                         f"({r} != {r2})")
-    batch = a.shape[:-2] if math.prod(a.shape[:-2]) >= math.prod(b.shape[:-2]) else b.shape[:-2]
-    a, b = xp.ascontiguousarray(a), xp.ascontiguousarray(b)  # no-ops for the backends' operands
-    shape = tuple(batch) + (p, q)
+    g = _gemm_plan(a.shape, b.shape, a.dtype, op_a, op_b)   # sizes worked out once per shape
+    if not a.flags.c_contiguous:
+        a = xp.ascontiguousarray(a)   # the backends' operands always are: no copy there
+    if not b.flags.c_contiguous:
+        b = xp.ascontiguousarray(b)
     if out is None:
-        out = xp.empty(shape, dtype=a.dtype)
-    elif out.shape != shape or out.dtype != a.dtype or not out.flags.c_contiguous:
-        raise ValueError(f"matmul: out must be C-contiguous {a.dtype} of shape {shape}, got "
+        out = xp.empty(g.out_shape, dtype=a.dtype)
+    elif out.shape != g.out_shape or out.dtype != a.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"matmul: out must be C-contiguous {a.dtype} of shape {g.out_shape}, got "
                          f"{out.dtype} {out.shape} (C-contiguous: {out.flags.c_contiguous})")
-    count = math.prod(batch)
-    if out.size == 0:
+    if g.count * g.p * g.q == 0:
         return out
-    if r == 0:
+    if g.r == 0:
         if not accumulate:
             out.fill(0)
         return out
-    one, zero = _SCALARS[a.dtype.type]  # alpha and beta, read from the host during the call
-    beta = one if accumulate else zero
-    dtype = _CUDA_C_32F if a.dtype == np.complex64 else _CUDA_R_32F
     compute = _CUBLAS_COMPUTE_32F_FAST_TF32 if mode(xp) == "tf32" else _CUBLAS_COMPUTE_32F
-    stride_a = a.shape[-1] * a.shape[-2] if math.prod(a.shape[:-2]) > 1 else 0
-    stride_b = b.shape[-1] * b.shape[-2] if math.prod(b.shape[:-2]) > 1 else 0
-    # cuBLAS is column-major: a row-major matrix is its transpose there, so the row-major
-    # C = op_a(A) op_b(B) is the column-major C^T = op_b(B)^T op_a(A)^T, which is cuBLAS's
-    # (m, n, k) = (q, p, r) product of b's and a's stored matrices under the same op flags, each
-    # with its stored row length as leading dimension.
+    # alpha and beta are read from the host during the call (host pointer mode)
     cublas.gemmStridedBatchedEx(
-        xp.cuda.device.get_cublas_handle(), _CUBLAS_OP[op_b], _CUBLAS_OP[op_a], q, p, r,
-        one.ctypes.data, b.data.ptr, dtype, b.shape[-1], stride_b, a.data.ptr, dtype, a.shape[-1], stride_a,
-        beta.ctypes.data, out.data.ptr, dtype, q, p * q, count, compute, _CUBLAS_GEMM_DEFAULT)
+        xp.cuda.device.get_cublas_handle(), g.op_b, g.op_a, g.q, g.p, g.r,
+        g.one, b.data.ptr, g.dtype, g.ldb, g.stride_b, a.data.ptr, g.dtype, g.lda, g.stride_a,
+        g.one if accumulate else g.zero, out.data.ptr, g.dtype, g.q, g.p * g.q, g.count, compute,
+        _CUBLAS_GEMM_DEFAULT)
     return out
+
+
+GemmPlan = namedtuple("GemmPlan", "p q r count out_shape op_a op_b lda ldb stride_a stride_b dtype one zero")
+
+
+@functools.lru_cache(maxsize=1024)
+def _gemm_plan(a_shape, b_shape, dtype, op_a, op_b):
+    """The cuBLAS arguments of op_a(a) @ op_b(b) for C-contiguous operands of these shapes.
+
+    cuBLAS is column-major: a row-major matrix is its transpose there, so the row-major
+    C = op_a(A) op_b(B) is the column-major C^T = op_b(B)^T op_a(A)^T, which is cuBLAS's
+    (m, n, k) = (q, p, r) product of b's and a's stored matrices under the same op flags, each
+    with its stored row length as leading dimension. A batch of one is broadcast (stride 0)."""
+    p, r = a_shape[-2:] if op_a == "N" else a_shape[-1:-3:-1]
+    r2, q = b_shape[-2:] if op_b == "N" else b_shape[-1:-3:-1]
+    if r != r2:
+        raise ValueError(f"matmul: op_a(a) {op_a} {a_shape} and op_b(b) {op_b} {b_shape} are not aligned "
+                         f"({r} != {r2})")
+    batch_a, batch_b = math.prod(a_shape[:-2]), math.prod(b_shape[:-2])
+    batch = a_shape[:-2] if batch_a >= batch_b else b_shape[:-2]
+    one, zero = _SCALARS[dtype.type]
+    return GemmPlan(p=p, q=q, r=r, count=math.prod(batch), out_shape=tuple(batch) + (p, q),
+                    op_a=_CUBLAS_OP[op_a], op_b=_CUBLAS_OP[op_b], lda=a_shape[-1], ldb=b_shape[-1],
+                    stride_a=a_shape[-1] * a_shape[-2] if batch_a > 1 else 0,
+                    stride_b=b_shape[-1] * b_shape[-2] if batch_b > 1 else 0,
+                    dtype=_CUDA_C_32F if dtype == np.complex64 else _CUDA_R_32F,
+                    one=one.ctypes.data, zero=zero.ctypes.data)

@@ -27,12 +27,13 @@ Whole-batch spectra only: a chunked pass keeps none.
 On the CPU the same passes run on the NumPy model of the kernels (fbfft_model), so CI checks
 the padding, layout and clipping arithmetic that the GPU runs.
 """
+import functools
 import os
 
 import numpy as np
 
 from . import cgemm, fbfft_model
-from .common import check_arrays, check_output_shape, geometry, valid_geometry
+from .common import check_arrays, check_output_shape, geometry, plain_args, valid_geometry
 from .reuse import Key, shared
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
@@ -73,8 +74,30 @@ def _geometry(x_shape, w_shape, stride, padding):
     return g, n
 
 
+def _plan(x_shape, w_shape, stride, padding):
+    """(Geometry, basis n, batch chunks) of a pass, worked out once per geometry: every step
+    runs the same few, and the checks and sizes cost more host time than a small layer's kernels
+    (benchmarks/exp_host_parts.py). chunks is (None,) when the whole batch fits the workspace."""
+    if not plain_args(x_shape, w_shape, stride, padding):   # 8.0, lists, NumPy ints: checked first
+        g = geometry(x_shape, w_shape, stride, padding)
+        x_shape, w_shape = (g.S, g.f, g.h, g.w), (g.fo, g.f, g.kh, g.kw)
+        stride, padding = (g.sh, g.sw), (g.ph, g.pw)
+    return _plan_cached(x_shape, w_shape, stride, padding, WORKSPACE_BYTES)
+
+
+@functools.lru_cache(maxsize=1024)
+def _plan_cached(x_shape, w_shape, stride, padding, workspace_bytes):
+    g, n = _geometry(x_shape, w_shape, stride, padding)
+    chunks = _batch_chunks(g, n, g.f + g.fo, workspace_bytes)
+    return g, n, (None,) if len(chunks) == 1 else tuple(chunks)
+
+
 def _kernels(xp):
-    """The FFT pair for this array module: CUDA kernels on the GPU, their NumPy model on the CPU."""
+    """The FFT pair for this array module: CUDA kernels on the GPU, their NumPy model on the CPU.
+
+      fft(a, n, offset)      a (p, q, h, w) placed at `offset` of the basis -> (nf, p, q), fresh
+      ifft(F, n, offset, out)  F (nf, ...) -> out (..., oh, ow), the window at `offset`
+    """
     pair = _PAIRS.get(xp)
     if pair is None:
         pair = _PAIRS[xp] = _make_kernels(xp)
@@ -86,95 +109,103 @@ _PAIRS = {}
 
 def _make_kernels(xp):
     if xp is np:
-        return (lambda x, n, padding: fbfft_model.rfft2(x, n, padding, check_coverage=False),
-                lambda F, n, out_shape, offset, out=None: _into(
-                    out, fbfft_model.irfft2(F, n, out_shape, offset, check_coverage=False)))
+        def fft(a, n, offset):
+            p, q, h, w = a.shape
+            F = fbfft_model.rfft2(a.reshape(p * q, h, w), n, offset, check_coverage=False)
+            return F.reshape(-1, p, q)
+
+        def ifft(F, n, offset, out):
+            y = fbfft_model.irfft2(F.reshape(F.shape[0], -1), n, out.shape[-2:], offset, check_coverage=False)
+            out.reshape(y.shape)[...] = y
+            return out
+        return fft, ifft
+
+    # The GPU pair launches the kernels straight on C-contiguous arrays (the passes' operands, whole
+    # or sliced along the batch, always are): the kernels address B planes from a pointer, so no
+    # reshape is needed, and the sizes are checked once per geometry by the cached launchers.
+    import cupy as cp
+
     from . import fbfft_kernels
-    return (lambda x, n, padding: fbfft_kernels.rfft2(x, n, padding),
-            lambda F, n, out_shape, offset, out=None: fbfft_kernels.irfft2(F, n, out_shape, offset, out=out))
+
+    def fft(a, n, offset):
+        p, q, h, w = a.shape
+        F = cp.empty((fbfft_model.stored_frequencies(n), p, q), dtype=np.complex64)
+        fbfft_kernels.rfft2_launcher(n, p * q, h, w, offset)(a, F)
+        return F
+
+    def ifft(F, n, offset, out):
+        oh, ow = out.shape[-2:]
+        fbfft_kernels.irfft2_launcher(n, out.size // (oh * ow), (oh, ow), offset)(F, out)
+        return out
+    return fft, ifft
 
 
-def _into(out, y):
-    if out is None:
-        return y
-    out[...] = y
-    return out
-
-
-def _batch_chunks(g, n, planes_per_image):
-    """Slices of the batch whose spectra fit WORKSPACE_BYTES (at least one image each)."""
+def _batch_chunks(g, n, planes_per_image, workspace_bytes=None):
+    """Slices of the batch whose spectra fit the workspace (WORKSPACE_BYTES; at least one image each)."""
+    workspace_bytes = WORKSPACE_BYTES if workspace_bytes is None else workspace_bytes
     per_image = planes_per_image * fbfft_model.stored_frequencies(n) * 8 * 2  # spectra in, GEMM out
-    step = max(1, WORKSPACE_BYTES // per_image)
+    step = max(1, workspace_bytes // per_image)
     return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
 
 
-def _spectrum(fft, a, n, offset):
-    """a (p, q, h, w) planes placed at `offset` of the n x n basis -> (nf, p, q), frequency-major.
-
-    A fresh array from the FFT kernel, never a scratch buffer: reuse_spectra() may keep it.
-    """
-    p, q, h, w = a.shape
-    return fft(a.reshape(p * q, h, w), n, offset).reshape(fbfft_model.stored_frequencies(n), p, q)
-
-
+@functools.lru_cache(maxsize=None)
 def _key(role, n, offset=(0, 0)):
     """The reuse key of a spectrum: x sits at (ph, pw) of the basis, w and gy at the origin."""
     return Key("fbfft", role, (n, n), offset)
 
 
+# In the passes below, a spectrum (nf, p, q) is frequency-major: the GEMM's batch of nf
+# matrices. A chunk `sl` of None is the whole batch, used as it is (slicing a CuPy array costs
+# microseconds of host time, and a whole-batch spectrum can be shared across passes).
+
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw)."""
     xp, xa, wa = check_arrays(x=x, w=w)
-    g, n = _geometry(x.shape, w.shape, stride, padding)
+    g, n, chunks = _plan(x.shape, w.shape, stride, padding)
     fft, ifft = _kernels(xp)
     pad = (g.ph, g.pw)
-    wf = shared(_key("w", n), w, _spectrum, fft, wa, n, (0, 0))              # (nf, f', f), kept for bprop
+    wf = shared(_key("w", n), w, fft, wa, n, (0, 0))                        # (nf, f', f), kept for bprop
     y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
-    chunks = _batch_chunks(g, n, g.f + g.fo)
     for sl in chunks:
-        s = sl.stop - sl.start
-        owner = x if len(chunks) == 1 else None
-        xf = shared(_key("x", n, pad), owner, _spectrum, fft, xa[sl], n, pad)  # (nf, S', f)
+        xs, ys = (xa, y) if sl is None else (xa[sl], y[sl])
+        xf = shared(_key("x", n, pad), x if sl is None else None, fft, xs, n, pad)  # (nf, S', f)
         yf = cgemm.matmul(xp, xf, wf, op_b="C")                                     # (nf, S', f')
-        ifft(yf.reshape(-1, s * g.fo), n, (g.oh, g.ow), (0, 0),
-             out=y[sl].reshape(s * g.fo, g.oh, g.ow))
+        ifft(yf, n, (0, 0), ys)                                                     # (S', f', oh, ow)
     return y
 
 
 def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     """gx (S, f, h, w): gradient w.r.t. the input of fprop (a full convolution of gy with w)."""
     xp, gya, wa = check_arrays(gy=gy, w=w)
-    g, n = _geometry(x_shape, w.shape, stride, padding)
-    check_output_shape("gy", gya, g, (g.oh, g.ow))
+    g, n, chunks = _plan(x_shape, w.shape, stride, padding)
+    if gya.shape != (g.S, g.fo, g.oh, g.ow):
+        check_output_shape("gy", gya, g, (g.oh, g.ow))
     fft, ifft = _kernels(xp)
-    wf = shared(_key("w", n), w, _spectrum, fft, wa, n, (0, 0))              # (nf, f', f)
+    wf = shared(_key("w", n), w, fft, wa, n, (0, 0))                        # (nf, f', f)
     gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
-    chunks = _batch_chunks(g, n, g.f + g.fo)
     for sl in chunks:
-        s = sl.stop - sl.start
-        owner = gy if len(chunks) == 1 else None
-        gyf = shared(_key("gy", n), owner, _spectrum, fft, gya[sl], n, (0, 0))  # (nf, S', f')
+        gys, gxs = (gya, gx) if sl is None else (gya[sl], gx[sl])
+        gyf = shared(_key("gy", n), gy if sl is None else None, fft, gys, n, (0, 0))  # (nf, S', f')
         gxf = cgemm.matmul(xp, gyf, wf)                                             # (nf, S', f)
         # The input sat at (ph, pw) in fprop's basis: its gradient is read back from there.
-        ifft(gxf.reshape(-1, s * g.f), n, (g.h, g.w), (g.ph, g.pw),
-             out=gx[sl].reshape(s * g.f, g.h, g.w))
+        ifft(gxf, n, (g.ph, g.pw), gxs)                                             # (S', f, h, w)
     return gx
 
 
 def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch."""
     xp, gya, xa = check_arrays(gy=gy, x=x)
-    g, n = _geometry(x.shape, w_shape, stride, padding)
-    check_output_shape("gy", gya, g, (g.oh, g.ow))
+    g, n, chunks = _plan(x.shape, w_shape, stride, padding)
+    if gya.shape != (g.S, g.fo, g.oh, g.ow):
+        check_output_shape("gy", gya, g, (g.oh, g.ow))
     fft, ifft = _kernels(xp)
     pad = (g.ph, g.pw)
     gwf = None
-    chunks = _batch_chunks(g, n, g.f + g.fo)
     for sl in chunks:
-        gy_owner, x_owner = (gy, x) if len(chunks) == 1 else (None, None)
-        gyf = shared(_key("gy", n), gy_owner, _spectrum, fft, gya[sl], n, (0, 0))  # (nf, S', f')
-        xf = shared(_key("x", n, pad), x_owner, _spectrum, fft, xa[sl], n, pad)  # (nf, S', f)
+        gys, xs = (gya, xa) if sl is None else (gya[sl], xa[sl])
+        whole = sl is None
+        gyf = shared(_key("gy", n), gy if whole else None, fft, gys, n, (0, 0))   # (nf, S', f')
+        xf = shared(_key("x", n, pad), x if whole else None, fft, xs, n, pad)     # (nf, S', f)
         # (nf, f', f), summed over S-chunks in place (the GEMM's beta = 1)
         gwf = cgemm.matmul(xp, gyf, xf, out=gwf, op_a="C", accumulate=gwf is not None)
-    gw = ifft(gwf.reshape(-1, g.fo * g.f), n, (g.kh, g.kw), (0, 0))
-    return gw.reshape(tuple(w_shape))
+    return ifft(gwf, n, (0, 0), xp.empty((g.fo, g.f, g.kh, g.kw), dtype=np.float32))

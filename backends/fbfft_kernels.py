@@ -60,11 +60,23 @@ def kernel(name, n):
 
 
 def _launch(name, n, B, args):
+    _launcher(name, n, B, args[2:])(*args[:2])
+
+
+@functools.lru_cache(maxsize=4096)
+def _launcher(name, n, B, scalars):
+    """launch(src, dst): kernel `name` at size n over B planes with the int/float arguments
+    `scalars`, grid and shared memory worked out once (the FFT convolution launches the same few
+    geometries every step; each launch then costs CuPy's own call, ~7 us on an H200 host)."""
     import cupy as cp
     width, threads, smem = _plan(name, n)
-    kernel(name, n)(((B + width - 1) // width,), (threads,), args, shared_mem=smem)
-    if CHECK_LAUNCHES:
-        cp.cuda.runtime.deviceSynchronize()  # host-device sync point: debug only
+    kern, grid, block = kernel(name, n), ((B + width - 1) // width,), (threads,)
+
+    def launch(src, dst):
+        kern(grid, block, (src, dst) + scalars, shared_mem=smem)
+        if CHECK_LAUNCHES:   # read per launch: gpu_check_fbfft.py turns it on at run time
+            cp.cuda.runtime.deviceSynchronize()  # host-device sync point: debug only
+    return launch
 
 
 def _check_cupy(name, a, dtype):
@@ -92,22 +104,34 @@ def rfft2(x, n, padding=(0, 0), out=None):
         raise ValueError(f"fbfft: x must be (B, h, w) or (..., h, w), got shape {tuple(x.shape)}")
     h, w = x.shape[-2:]
     B = math.prod(x.shape[:-2])
-    top, left = padding
-    if B < 1 or h < 1 or w < 1:
-        raise ValueError(f"fbfft: empty input of shape {tuple(x.shape)}")
-    if top < 0 or left < 0 or top + h > n or left + w > n:
-        raise ValueError(f"fbfft: input {h}x{w} at offset ({top}, {left}) does not fit "
-                         f"the {n}x{n} basis")
-    if B >= 2**31:
-        raise ValueError(f"fbfft: batch {B} exceeds the kernels' int32 batch index")
+    launch = rfft2_launcher(n, B, h, w, tuple(padding))
     shape = (stored_frequencies(n), B)
     if out is None:
         import cupy as cp
         out = cp.empty(shape, dtype=np.complex64)
     else:
         _check_out(out, shape, np.complex64)
-    _launch("rfft2", n, B, (x, out, np.int32(B), np.int32(h), np.int32(w), np.int32(top), np.int32(left)))
+    launch(x, out)
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def rfft2_launcher(n, B, h, w, padding=(0, 0)):
+    """launch(x, F): rfft2 of B planes of h x w at offset `padding` into F (nf, B), its sizes
+    checked here, once per geometry. For callers that run one geometry again and again (fbfft's
+    passes): x and F must be C-contiguous float32 / complex64 CuPy arrays of these sizes, which
+    launch() does not check again."""
+    check_size(n)
+    top, left = padding
+    if B < 1 or h < 1 or w < 1:
+        raise ValueError(f"fbfft: empty input of {B} planes of {h}x{w}")
+    if top < 0 or left < 0 or top + h > n or left + w > n:
+        raise ValueError(f"fbfft: input {h}x{w} at offset ({top}, {left}) does not fit "
+                         f"the {n}x{n} basis")
+    if B >= 2**31:
+        raise ValueError(f"fbfft: batch {B} exceeds the kernels' int32 batch index")
+    i32 = np.int32
+    return _launcher("rfft2", n, B, (i32(B), i32(h), i32(w), i32(top), i32(left)))
 
 
 def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, out=None):
@@ -120,23 +144,34 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, out=None):
     if F.ndim != 2 or F.shape[0] != nf:
         raise ValueError(f"fbfft: F must have shape ({nf}, B) for n = {n}, got {tuple(F.shape)}")
     B = F.shape[1]
-    out_h, out_w = (n, n) if out_shape is None else out_shape
+    out_shape = (n, n) if out_shape is None else tuple(out_shape)
+    launch = irfft2_launcher(n, B, out_shape, tuple(offset), scale)
+    shape = (B,) + out_shape
+    if out is None:
+        import cupy as cp
+        out = cp.empty(shape, dtype=np.float32)
+    else:
+        _check_out(out, shape, np.float32)
+    launch(F, out)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def irfft2_launcher(n, B, out_shape, offset=(0, 0), scale=None):
+    """launch(F, y): irfft2 of F (nf, B) into y (B, out_h, out_w), the window checked here, once
+    per geometry (as rfft2_launcher: the arrays are not checked again)."""
+    check_size(n)
+    out_h, out_w = out_shape
     row_off, col_off = offset
     if B < 1 or B >= 2**31:
         raise ValueError(f"fbfft: F must hold 1 to 2^31 - 1 planes, got B = {B}")
     if out_h < 1 or out_w < 1 or row_off < 0 or col_off < 0 or row_off + out_h > n or col_off + out_w > n:
         raise ValueError(f"fbfft: output window {out_h}x{out_w} at ({row_off}, {col_off}) "
                          f"does not fit the {n}x{n} basis")
-    shape = (B, out_h, out_w)
-    if out is None:
-        import cupy as cp
-        out = cp.empty(shape, dtype=np.float32)
-    else:
-        _check_out(out, shape, np.float32)
     scale = 1.0 / (n * n) if scale is None else scale
-    _launch("irfft2", n, B, (F, out, np.int32(B), np.int32(row_off), np.int32(col_off),
-                             np.int32(out_h), np.int32(out_w), np.float32(scale)))
-    return out
+    i32 = np.int32
+    return _launcher("irfft2", n, B, (i32(B), i32(row_off), i32(col_off), i32(out_h), i32(out_w),
+                                      np.float32(scale)))
 
 
 def rfft1(x, n, pad=0, out=None):

@@ -27,6 +27,8 @@ so the inner backend's spectra are shared across the passes as for any stride-1 
 supports() is True only for strides other than (1, 1): a stride-1 layer has one phase, and the
 inner backend serves it directly.
 """
+import functools
+
 import numpy as np
 
 from . import cufft, fbfft
@@ -49,7 +51,9 @@ def inner_shapes(g):
     return (g.S, planes, Ha, Wa), (g.fo, planes, KH, KW)
 
 
+@functools.lru_cache(maxsize=256)
 def _inner(g):
+    """The inner backend of geometry g (asked on every pass: remembered per geometry)."""
     x2, w2 = inner_shapes(g)
     return next((b for b in INNER if b.supports(x2, w2, (1, 1), (0, 0))), None)
 

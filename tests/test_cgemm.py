@@ -140,7 +140,7 @@ def _op(a, op):
 @pytest.mark.parametrize("dtype", [np.complex64, np.float32])
 def test_the_cublas_arguments_describe_the_row_major_product(rng, cublas_model, dtype, tf32):
     xp = cublas_model
-    a, b = rand(rng, (6, 3, 5), dtype), rand(rng, (6, 5, 4), dtype)
+    a, b = rand(rng, (6, 3, 5), dtype).view(_Device), rand(rng, (6, 5, 4), dtype).view(_Device)
     cases = {"batched": (a, b), "2-D": (a[2], b[2]), "broadcast": (a, b[0]), "broadcast a": (a[0], b),
              "odd sizes": (a[:, :1], b[:, :, 3:]),
              "transposed views": (b.conj().transpose(0, 2, 1), a.transpose(0, 2, 1))}
@@ -171,6 +171,7 @@ def test_operand_ops_and_accumulation(rng, cublas_model, dtype, op_a, op_b):
     a = rand(rng, (6, 3, 5) if op_a == "N" else (6, 5, 3), dtype)
     b = rand(rng, (6, 5, 4) if op_b == "N" else (6, 4, 5), dtype)
     want = np.matmul(_op(a.astype(np.complex128), op_a), _op(b.astype(np.complex128), op_b))
+    a, b = a.view(_Device), b.view(_Device)   # device arrays for the model; NumPy takes them too
     for xp in (cublas_model, np):
         got = cgemm.matmul(xp, a, b, op_a=op_a, op_b=op_b)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
