@@ -2,7 +2,10 @@
 
   python benchmarks/sweep.py run --max-minutes 9     # measure until the time is up; rerun to resume
   python benchmarks/sweep.py run --quick             # a fixed sample of 84 (two per k, y cell)
-  python benchmarks/sweep.py report                  # heat maps + summary from what was measured
+  python benchmarks/sweep.py run --shard 2/8        # shard 2 of 8: every 8th configuration, from the 3rd
+  python benchmarks/sweep.py merge results/<device>/sweep.jsonl   # fold the shards' part files in
+  python benchmarks/sweep.py report results/<device>/sweep.jsonl  # heat maps + summary of what was measured
+  bash benchmarks/sweep_gpus.sh 9 results            # one shard per GPU of the host, then merge
 
 Configurations: S in {1, 16, 64, 128}; f, f' in {1, 4, 16, 64, 96, 128, 256};
 k in {3, 5, 7, 9, 11, 13}; output size y in {1, 2, 4, 8, 16, 32, 64} (input h = w = y + k - 1,
@@ -15,6 +18,12 @@ configurations in a fixed shuffled order (run_order), so whatever a cut-off run 
 a uniform sample of the grid, not one corner of it (in the grid's own order, the first 1,372
 configurations are all S = 1).
 
+Sharded (one process per GPU), run --shard I/N measures the I-th of every N configurations of
+that order that are not yet done, and appends its rows to sweep.partI.jsonl (with its own
+provenance sidecar, which names the shard and CUDA_VISIBLE_DEVICES); every run counts the rows of
+the main file and of all part files as done. merge folds the part files into the main file and
+deletes them; report refuses to run while any are left, so that it never leaves rows out.
+
 The report draws, per kernel size, the speed-up of the best FFT backend over cuDNN strict
 (geometric mean of the three passes' speed-ups, then over the configurations in a cell), on
 axes of output size against problem size S*f*f' (binned by powers of 4), as the paper's
@@ -25,13 +34,14 @@ import itertools
 import json
 import math
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
-from benchmarks.common import RESULTS_DIR, provenance, setup_cudnn, slug  # noqa: E402
+from benchmarks.common import RESULTS_DIR, provenance, setup_cudnn, slug, source_commit  # noqa: E402
 
 S_SIZES = (1, 16, 64, 128)
 PLANES = (1, 4, 16, 64, 96, 128, 256)
@@ -79,6 +89,56 @@ def load_done(path):
                 continue  # a run killed mid-write: that configuration is measured again
             done[row["key"]] = row
     return done
+
+
+def part_path(path, i):
+    """Where shard i of the sweep file `path` appends its rows."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.part{i}.jsonl")
+
+
+def part_paths(path):
+    """The shards' part files next to `path`, by part number (part10 after part9); their
+    provenance sidecars (sweep.part0.provenance.jsonl) are not part files."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    numbered = []
+    for p in path.parent.glob(f"{path.stem}.part*.jsonl"):
+        match = re.fullmatch(re.escape(path.stem) + r"\.part(\d+)\.jsonl", p.name)
+        if match:
+            numbered.append((int(match.group(1)), p))
+    return [p for _, p in sorted(numbered)]
+
+
+def load_all_done(path):
+    """load_done of `path` and of its part files: what no shard needs to measure again."""
+    done = load_done(path)
+    for part in part_paths(path):
+        done.update(load_done(part))
+    return done
+
+
+def parse_shard(text):
+    """'I/N' -> (I, N); a ValueError names what is wrong and the limits."""
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match:
+        raise ValueError(f"--shard must be I/N with whole numbers 0 <= I < N (e.g. 0/8), got {text!r}")
+    i, n = int(match.group(1)), int(match.group(2))
+    if n < 1:
+        raise ValueError(f"--shard I/N needs N >= 1 shards, got {text!r}")
+    if i >= n:
+        raise ValueError(f"--shard I/N needs 0 <= I < N (shards are numbered from 0), got {text!r}")
+    return i, n
+
+
+def shard_todo(order, done, shard=None):
+    """The configurations of `order` that shard (I, N) measures: every N-th from the I-th, less
+    those done. The shard is cut from the fixed order, not from what is left of it: the shards
+    read `done` each at its own start, and rows another shard appends meanwhile must not shift
+    which configurations are this one's (a shift of one would hand it a neighbour's share)."""
+    mine = order if shard is None else order[shard[0]::shard[1]]
+    return [c for c in mine if key(c) not in done]
 
 
 def provenance_path(path):
@@ -156,7 +216,10 @@ def measure(config, args):
     S, f, fo, k, y = config
     h = y + k - 1
     layer = Layer((S, f, h, h), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
-    row = {"key": key(config), "config": list(config), "ms": {}, "err": {}, "skipped": {}}
+    # The commit in every row: merged shards interleave rows of several runs (rows before session 6
+    # have none; their chunks' provenance lines name 58005ef and ab24b86).
+    row = {"key": key(config), "config": list(config), "commit": source_commit(), "ms": {}, "err": {},
+           "skipped": {}}
     for name in ("cufft", "fbfft", "gemm"):
         b = backends.get(name)
         if not b.supports(*layer.geom):
@@ -192,31 +255,88 @@ def run(args):
     cudnn_setup = setup_cudnn(torch, paper.TORCH_TF32_DEFAULTS)
     out = args.out / slug(tuning.device_name(cp)) / ("sweep_quick.jsonl" if args.quick else "sweep.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = load_done(out)
-    todo = [c for c in (quick_sample() if args.quick else run_order()) if key(c) not in done]
+    done = load_all_done(out)
+    todo = shard_todo(quick_sample() if args.quick else run_order(), done, args.shard)
+    dest, shard_fields = out, {}
+    if args.shard:
+        dest = part_path(out, args.shard[0])
+        shard_fields = {"shard": "{}/{}".format(*args.shard),
+                        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     if todo:
-        record_chunk(out, len(done), provenance(tuning.device_name(cp), cupy=cp.__version__,
-                                                torch=torch.__version__, **cudnn_setup))
+        record_chunk(dest, len(done), dict(provenance(tuning.device_name(cp), cupy=cp.__version__,
+                                                      torch=torch.__version__, **cudnn_setup), **shard_fields))
     deadline = time.monotonic() + args.max_minutes * 60
-    for i, config in enumerate(tqdm(todo, desc=f"sweep ({len(done)} done before)")):
+    label = f"sweep shard {shard_fields['shard']}" if args.shard else "sweep"
+    for i, config in enumerate(tqdm(todo, desc=f"{label} ({len(done)} done before)")):
         if time.monotonic() > deadline:
             print(f"time is up: {len(todo) - i} configurations were left; run again to resume",
                   file=sys.stderr)
             break
-        append_row(out, measure(config, args))
+        append_row(dest, measure(config, args))
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
-    print(out)
+    print(dest)
+
+
+def write_atomically(path, lines):
+    """Replace `path` by `lines` in one step: a merge cut off midway leaves the old file whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        fh.writelines(line + "\n" for line in lines)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself outlives a crash before the part files are deleted
+    finally:
+        os.close(dir_fd)
+
+
+def merge(args):
+    """Fold the shards' part files into the sweep file, then delete them: the main file's rows
+    first, then each part's in part-number order; a key seen before is dropped."""
+    path = Path(args.jsonl)
+    parts = part_paths(path)
+    if not parts:
+        print(f"nothing to merge: no {path.stem}.part<I>.jsonl next to {path}")
+        return
+    rows = load_done(path)
+    before, duplicates = len(rows), 0
+    for part in parts:
+        for k, row in load_done(part).items():
+            if k in rows:
+                duplicates += 1
+            else:
+                rows[k] = row
+    side = provenance_path(path)
+    chunks = side.read_text().splitlines() if side.exists() else []
+    for part in parts:
+        part_side = provenance_path(part)
+        if part_side.exists():  # a line already there is from a merge cut off before the deletes
+            chunks += [line for line in part_side.read_text().splitlines() if line.strip() and line not in chunks]
+    write_atomically(path, [json.dumps(row) for row in rows.values()])
+    if chunks:
+        write_atomically(side, chunks)
+    for part in parts:
+        part.unlink()
+        provenance_path(part).unlink(missing_ok=True)
+    print(f"{path}: {before} rows before, {len(rows) - before} added from {len(parts)} part file(s), "
+          f"{duplicates} duplicate(s) dropped, {len(rows)} rows after")
 
 
 def report(args):
     """Heat maps (PNG) and a Markdown summary next to the sweep's JSON lines."""
+    path = Path(args.jsonl)
+    parts = part_paths(path)
+    if parts:
+        sys.exit(f"{path} has unmerged shard files ({', '.join(p.name for p in parts)}), whose rows the "
+                 f"report would leave out; fold them in first: python benchmarks/sweep.py merge {path}")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.colors import LogNorm
 
-    path = Path(args.jsonl)
     rows = list(load_done(path).values())
     if not rows:
         sys.exit(f"no measured configurations in {path}")
@@ -303,13 +423,24 @@ def main():
     r.add_argument("--repeat", type=int, default=5)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", type=Path, default=RESULTS_DIR)
+    r.add_argument("--shard", metavar="I/N",
+                   help="measure only shard I of N (0 <= I < N); its rows go to a part file (see merge)")
+    m = sub.add_parser("merge", help="fold the shards' part files into the sweep file")
+    m.add_argument("jsonl", help="results/<device>/sweep.jsonl")
     p = sub.add_parser("report", help="heat maps and summary from a sweep file")
     p.add_argument("jsonl", help="results/<device>/sweep.jsonl")
     args = parser.parse_args()
     if args.command == "run":
         if args.max_minutes <= 0 or args.repeat < 1 or args.warmup < 0:
             parser.error("need --max-minutes > 0, --repeat >= 1, --warmup >= 0")
+        if args.shard is not None:
+            try:
+                args.shard = parse_shard(args.shard)
+            except ValueError as e:
+                parser.error(str(e))
         run(args)
+    elif args.command == "merge":
+        merge(args)
     else:
         report(args)
 

@@ -1,4 +1,5 @@
 """The benchmarks' CPU-side logic: layer tracing and command-line help (they need a GPU to run)."""
+import json
 import subprocess
 import sys
 
@@ -112,6 +113,114 @@ def test_sweep_chunks_carry_their_provenance(tmp_path, monkeypatch):
     sweep.main()
     md = (tmp_path / "sweep.md").read_text()
     assert "measured in 2 run(s)" in md and md.count("commit 0123abc") == 2 and "Test GPU" in md
+
+
+@pytest.mark.parametrize("bad, says", [("3", "must be I/N"), ("a/4", "must be I/N"), ("-1/4", "must be I/N"),
+                                       ("1/2/3", "must be I/N"), ("1/0", "N >= 1"), ("4/4", "0 <= I < N")])
+def test_sweep_shard_argument_is_checked(bad, says, monkeypatch, capsys):
+    from benchmarks import sweep
+    monkeypatch.setattr(sweep, "run", lambda args: pytest.fail("run despite a bad --shard"))
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "run", f"--shard={bad}"])
+    with pytest.raises(SystemExit) as e:
+        sweep.main()
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_sweep_shard_argument_reaches_run(monkeypatch):
+    from benchmarks import sweep
+    seen = []
+    monkeypatch.setattr(sweep, "run", lambda args: seen.append(args.shard))
+    for argv in (["run", "--shard", "7/8"], ["run", "--shard", "0/1"], ["run"]):
+        monkeypatch.setattr(sys, "argv", ["sweep.py", *argv])
+        sweep.main()
+    assert seen == [(7, 8), (0, 1), None]                       # no --shard: the whole todo, as before
+
+
+def test_sweep_shards_cover_what_is_left_once_and_do_not_shift():
+    """The shards split what is left exactly, evenly after a cut-off run, and a shard's share does
+    not move when the other shards' first rows land before it reads `done`."""
+    from benchmarks import sweep
+    order = sweep.run_order()
+    done = {sweep.key(c): {} for c in order[:37] + order[500:900:7]}   # a cut-off run, and more
+    todo = sweep.shard_todo(order, done)
+    assert todo == [c for c in order if sweep.key(c) not in done]      # unsharded: as before
+    for n in (1, 3, 8):
+        assert [sweep.shard_todo(order, {}, (i, n)) for i in range(n)] == [order[i::n] for i in range(n)]
+        shards = [sweep.shard_todo(order, done, (i, n)) for i in range(n)]
+        assert sorted(c for s in shards for c in s) == sorted(todo)    # every configuration once
+        prefix_done = [sweep.shard_todo(order, dict.fromkeys(map(sweep.key, order[:37])), (i, n)) for i in range(n)]
+        assert max(map(len, prefix_done)) - min(map(len, prefix_done)) <= 1
+    shards = [sweep.shard_todo(order, done, (i, 8)) for i in range(8)]
+    first_rows = {sweep.key(s[0]): {} for s in shards[:3]}               # shards 0-2 start first
+    assert sweep.shard_todo(order, {**done, **first_rows}, (5, 8)) == shards[5]
+
+
+def test_sweep_done_counts_the_part_files(tmp_path):
+    from benchmarks import sweep
+    path = tmp_path / "sweep.jsonl"
+    a, b, c, d = sweep.configurations()[:4]
+    sweep.append_row(path, synthetic_row(a, 1.0, 2.0))
+    for i, config in ((10, b), (2, c)):
+        sweep.append_row(sweep.part_path(path, i), synthetic_row(config, 1.0, 2.0))
+        sweep.record_chunk(sweep.part_path(path, i), 0, {"shard": f"{i}/11"})   # a sidecar is no part
+    sweep.append_row(tmp_path / "sweep_quick.part0.jsonl", synthetic_row(d, 1.0, 2.0))  # another sweep's
+    assert [p.name for p in sweep.part_paths(path)] == ["sweep.part2.jsonl", "sweep.part10.jsonl"]
+    assert set(sweep.load_all_done(path)) == {sweep.key(x) for x in (a, b, c)}
+    assert sweep.part_paths(tmp_path / "nowhere" / "sweep.jsonl") == []
+
+
+def test_sweep_merge_folds_the_parts_in_once(tmp_path, monkeypatch, capsys):
+    """Main file first, then the parts by number; a key already seen and a torn line are dropped,
+    the parts' provenance follows the main file's, the parts go, and a second merge does nothing."""
+    from benchmarks import sweep
+    path = tmp_path / "sweep.jsonl"
+    a, b, c, d = sweep.configurations()[:4]
+    part2, part10 = sweep.part_path(path, 2), sweep.part_path(path, 10)
+    for file, rows in ((path, [(a, 1.0), (b, 1.0)]), (part2, [(c, 2.0), (a, 9.0)]), (part10, [(d, 3.0), (c, 9.0)])):
+        sweep.record_chunk(file, 0, {"from": file.name})
+        for config, fft_ms in rows:
+            sweep.append_row(file, synthetic_row(config, fft_ms, 1.0))
+    with open(part10, "a") as fh:
+        fh.write('{"key": "S1_f1_fo1_k3_y')                                 # a shard killed mid-write
+    saved = {p: p.read_text() for p in (part2, part10, sweep.provenance_path(part2), sweep.provenance_path(part10))}
+
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "merge", str(path)])
+    sweep.main()
+    summary = capsys.readouterr().out
+    assert "2 rows before, 2 added from 2 part file(s), 2 duplicate(s) dropped, 4 rows after" in summary
+    rows = [json.loads(line) for line in path.read_text().splitlines()]   # every line whole
+    assert [(r["key"], r["ms"]["cufft_fprop"]) for r in rows] == [(sweep.key(a), 1.0), (sweep.key(b), 1.0),
+                                                                   (sweep.key(c), 2.0), (sweep.key(d), 3.0)]
+    assert [ch["from"] for ch in sweep.read_chunks(path)] == [path.name, part2.name, part10.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.jsonl", "sweep.provenance.jsonl"]
+
+    merged = path.read_text()
+    sweep.main()
+    assert "nothing to merge" in capsys.readouterr().out and path.read_text() == merged
+
+    for p, text in saved.items():       # a merge cut off after rewriting, before deleting the parts
+        p.write_text(text)
+    sweep.main()
+    assert "4 duplicate(s) dropped, 4 rows after" in capsys.readouterr().out
+    assert path.read_text() == merged and len(sweep.read_chunks(path)) == 3
+
+
+def test_sweep_report_refuses_while_parts_are_left(tmp_path, monkeypatch):
+    from benchmarks import sweep
+    path = tmp_path / "sweep.jsonl"                                     # a first sharded run: no main file yet
+    k3 = [c for c in sweep.quick_sample() if c[3] == 3]
+    sweep.append_row(sweep.part_path(path, 0), synthetic_row(k3[0], 1.0, 2.0))
+    sweep.append_row(sweep.part_path(path, 1), synthetic_row(k3[1], 1.0, 2.0))
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "report", str(path)])
+    with pytest.raises(SystemExit) as e:
+        sweep.main()
+    assert "sweep.part0.jsonl, sweep.part1.jsonl" in str(e.value.code) and f"merge {path}" in str(e.value.code)
+    assert not (tmp_path / "sweep.md").exists()
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "merge", str(path)])
+    sweep.main()
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "report", str(path)])
+    sweep.main()
+    assert "(2 of 8232 configurations)" in (tmp_path / "sweep.md").read_text()
 
 
 def test_source_commit_marks_a_tree_that_differs_from_head(tmp_path, monkeypatch):
