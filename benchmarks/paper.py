@@ -92,9 +92,15 @@ class Layer:
         self.xt, self.wt, self.gyt = (torch.from_dlpack(a) for a in (self.x, self.w, self.gy))
         x64, w64, gy64 = self.xt.double(), self.wt.double(), self.gyt.double()
         s, p = self.geom[2], self.geom[3]
-        self.ref = {"fprop": TF.conv2d(x64, w64, stride=s, padding=p),
-                    "bprop": torch.nn.grad.conv2d_input(x64.shape, w64, gy64, stride=s, padding=p),
-                    "accgrad": torch.nn.grad.conv2d_weight(x64, w64.shape, gy64, stride=s, padding=p)}
+        # The references are not timed: cuDNN's heuristic float64 algorithm, not a benchmark-mode
+        # search of every one (a sweep profile put that search at a third of the sweep's time).
+        searching, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
+        try:
+            self.ref = {"fprop": TF.conv2d(x64, w64, stride=s, padding=p),
+                        "bprop": torch.nn.grad.conv2d_input(x64.shape, w64, gy64, stride=s, padding=p),
+                        "accgrad": torch.nn.grad.conv2d_weight(x64, w64.shape, gy64, stride=s, padding=p)}
+        finally:
+            torch.backends.cudnn.benchmark = searching
 
     def _args(self, pass_name):
         return {"fprop": (self.x, self.w), "bprop": (self.gy, self.w, self.x.shape),
