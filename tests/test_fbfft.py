@@ -62,7 +62,26 @@ def test_supports_and_basis():
 
 
 def test_chunked_batch_gives_the_same_answer(rng, monkeypatch):
-    monkeypatch.setattr(fbfft, "WORKSPACE_BYTES", 1)  # one image per chunk
     x = rng.standard_normal((3, 2, 9, 9)).astype(np.float32)
     wt = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    assert fbfft._plan(x.shape, wt.shape, (1, 1), (1, 1))[2] == (None,)   # whole batch, planned once
+    monkeypatch.setattr(fbfft, "WORKSPACE_BYTES", 1)  # one image per chunk
+    # the pass plans are cached per geometry: a new workspace must still give new chunks
+    assert fbfft._plan(x.shape, wt.shape, (1, 1), (1, 1))[2] == (slice(0, 1), slice(1, 2), slice(2, 3))
     check_backend(fbfft, x, wt, (1, 1), (1, 1), rng=rng)
+
+
+def test_planned_passes_take_any_int_sequence_and_refuse_non_ints(rng):
+    """The pass plans are cached on the arguments: lists and NumPy ints are checked and made plain
+    first (same answer as tuples), and 8.0 never reaches a cached plan."""
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    wt = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    gy = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    want = fbfft.bprop(gy, wt, (2, 3, 8, 8), (1, 1), (1, 1))
+    np.testing.assert_array_equal(fbfft.bprop(gy, wt, [2, 3, np.int64(8), 8], [1, 1], [1, 1]), want)
+    np.testing.assert_array_equal(fbfft.accgrad(gy, x, [4, 3, 3, 3], 1, 1), fbfft.accgrad(gy, x, (4, 3, 3, 3),
+                                                                                        (1, 1), (1, 1)))
+    with pytest.raises(TypeError, match="input shape must be a sequence of ints"):
+        fbfft.bprop(gy, wt, (2, 3, 8.0, 8), (1, 1), (1, 1))
+    with pytest.raises(ValueError, match=r"gy must have shape \(2, 4, 8, 8\)"):
+        fbfft.bprop(gy[:, :3], wt, (2, 3, 8, 8), (1, 1), (1, 1))

@@ -493,3 +493,16 @@ def test_cuda_1d_kernels_live_in_registers(name, n):
     k = fbfft_kernels.kernel(name, n)
     assert k.local_size_bytes == 0, f"fbfft_{name}<{n}> uses local memory (spills)"
     assert k.max_threads_per_block >= model.plan1(n).threads
+
+
+def test_launchers_check_their_sizes_before_touching_the_gpu():
+    """fbfft's passes launch through rfft2_launcher / irfft2_launcher, which check a geometry once
+    and are cached: a misfit must raise there, naming the limit (no CuPy needed to see it)."""
+    with pytest.raises(ValueError, match=r"input 9x8 at offset \(0, 0\) does not fit the 8x8 basis"):
+        fbfft_kernels.rfft2_launcher(8, 1, 9, 8, (0, 0))
+    with pytest.raises(ValueError, match="exceeds the kernels' int32 batch index"):
+        fbfft_kernels.rfft2_launcher(8, 2**31, 8, 8, (0, 0))
+    with pytest.raises(ValueError, match=r"output window 4x4 at \(5, 0\) does not fit the 8x8 basis"):
+        fbfft_kernels.irfft2_launcher(8, 3, (4, 4), (5, 0))
+    with pytest.raises(ValueError, match=r"size 12\b.*supported sizes are"):
+        fbfft_kernels.irfft2_launcher(12, 3, (4, 4), (0, 0))
