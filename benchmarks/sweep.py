@@ -30,6 +30,7 @@ axes of output size against problem size S*f*f' (binned by powers of 4), as the 
 Figures 1-6 do, and the same against gemm; and it summarises where FFT wins.
 """
 import argparse
+import collections
 import itertools
 import json
 import math
@@ -344,13 +345,21 @@ def report(args):
              f"{len(configurations())} configurations)", "", f"- source: `{path}`"]
     chunks = read_chunks(path)
     if chunks:
-        lines += [f"- measured in {len(chunks)} run(s) (`{provenance_path(path).name}`):"]
-        lines += [f"  - {c.get('date')} on {c.get('device')}, commit {c.get('commit')}, "
-                  f"{c.get('done_before')} done before: `{c.get('command')}`" for c in chunks]
+        lines += [f"- measured in {len(chunks)} run(s) (`{provenance_path(path).name}`; the shards of one "
+                  "multi-GPU run on one line, its earliest start):"]
+        runs = {}
+        for c in chunks:   # shards I/N of one run differ only in I
+            command = re.sub(r"--shard \d+/(\d+)", r"--shard I/\1", c.get("command", ""))
+            runs.setdefault((c.get("commit"), c.get("done_before"), command), []).append(c)
+        lines += [f"  - {min(c.get('date') for c in cs)} on {cs[0].get('device')}, commit {commit}, "
+                  f"{done} done before{f', {len(cs)} shards' if len(cs) > 1 else ''}: `{command}`"
+                  for (commit, done, command), cs in runs.items()]
     else:
         lines += ["- provenance: not recorded (these rows predate the provenance sidecar; "
                   "results/<device>/README.md names their run)"]
-    lines += [""]
+    by_commit = collections.Counter(r.get("commit", "not recorded (before rows named theirs)") for r in rows)
+    lines += ["- rows by the commit they were measured at: "
+              + ", ".join(f"{c}: {n}" for c, n in sorted(by_commit.items())), ""]
     for baseline in ("cudnn", "gemm"):
         fig, axes = plt.subplots(2, 3, figsize=(14, 8), sharex=True, sharey=True)
         im = None
