@@ -6,6 +6,7 @@
   python benchmarks/sweep.py merge results/<device>/sweep.jsonl   # fold the shards' part files in
   python benchmarks/sweep.py report results/<device>/sweep.jsonl  # heat maps + summary of what was measured
   bash benchmarks/sweep_gpus.sh 9 results            # one shard per GPU of the host, then merge
+  python benchmarks/sweep.py run --remeasure-unnamed  # also measure again the rows that name no commit
 
 Configurations: S in {1, 16, 64, 128}; f, f' in {1, 4, 16, 64, 96, 128, 256};
 k in {3, 5, 7, 9, 11, 13}; output size y in {1, 2, 4, 8, 16, 32, 64} (input h = w = y + k - 1,
@@ -23,6 +24,9 @@ that order that are not yet done, and appends its rows to sweep.partI.jsonl (wit
 provenance sidecar, which names the shard and CUDA_VISIBLE_DEVICES); every run counts the rows of
 the main file and of all part files as done. merge folds the part files into the main file and
 deletes them; report refuses to run while any are left, so that it never leaves rows out.
+Every row names the commit it was measured at; the rows from before they did (session 5's, and
+before session 6's host-time trim) can be measured again with --remeasure-unnamed, the new row
+taking the old one's place (in a file and in a merge, a key's latest row wins).
 
 The report draws, per kernel size, the speed-up of the best FFT backend over cuDNN strict
 (geometric mean of the three passes' speed-ups, then over the configurations in a cell), on
@@ -112,11 +116,16 @@ def part_paths(path):
     return [p for _, p in sorted(numbered)]
 
 
-def load_all_done(path):
-    """load_done of `path` and of its part files: what no shard needs to measure again."""
+def load_all_done(path, remeasure_unnamed=False):
+    """load_done of `path` and of its part files: what no shard needs to measure again.
+    remeasure_unnamed: rows that name no commit (measured before rows carried theirs, and before
+    session 6's host-time trim) count as not done, so a run measures them again; the new row
+    replaces the old one (load_done and merge keep a key's latest row)."""
     done = load_done(path)
     for part in part_paths(path):
         done.update(load_done(part))
+    if remeasure_unnamed:
+        done = {k: row for k, row in done.items() if row.get("commit")}
     return done
 
 
@@ -256,7 +265,7 @@ def run(args):
     cudnn_setup = setup_cudnn(torch, paper.TORCH_TF32_DEFAULTS)
     out = args.out / slug(tuning.device_name(cp)) / ("sweep_quick.jsonl" if args.quick else "sweep.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = load_all_done(out)
+    done = load_all_done(out, args.remeasure_unnamed)
     todo = shard_todo(quick_sample() if args.quick else run_order(), done, args.shard)
     dest, shard_fields = out, {}
     if args.shard:
@@ -296,20 +305,19 @@ def write_atomically(path, lines):
 
 def merge(args):
     """Fold the shards' part files into the sweep file, then delete them: the main file's rows
-    first, then each part's in part-number order; a key seen before is dropped."""
+    first, then each part's in part-number order; a key seen before takes the later row (a
+    re-measurement, run --remeasure-unnamed) in the earlier one's place."""
     path = Path(args.jsonl)
     parts = part_paths(path)
     if not parts:
         print(f"nothing to merge: no {path.stem}.part<I>.jsonl next to {path}")
         return
     rows = load_done(path)
-    before, duplicates = len(rows), 0
+    before, replaced = len(rows), 0
     for part in parts:
         for k, row in load_done(part).items():
-            if k in rows:
-                duplicates += 1
-            else:
-                rows[k] = row
+            replaced += k in rows
+            rows[k] = row
     side = provenance_path(path)
     chunks = side.read_text().splitlines() if side.exists() else []
     for part in parts:
@@ -323,7 +331,7 @@ def merge(args):
         part.unlink()
         provenance_path(part).unlink(missing_ok=True)
     print(f"{path}: {before} rows before, {len(rows) - before} added from {len(parts)} part file(s), "
-          f"{duplicates} duplicate(s) dropped, {len(rows)} rows after")
+          f"{replaced} replaced by a later row, {len(rows)} rows after")
 
 
 def report(args):
@@ -434,6 +442,8 @@ def main():
     r.add_argument("--out", type=Path, default=RESULTS_DIR)
     r.add_argument("--shard", metavar="I/N",
                    help="measure only shard I of N (0 <= I < N); its rows go to a part file (see merge)")
+    r.add_argument("--remeasure-unnamed", action="store_true",
+                   help="measure again the rows that name no commit (before session 6's host-time trim)")
     m = sub.add_parser("merge", help="fold the shards' part files into the sweep file")
     m.add_argument("jsonl", help="results/<device>/sweep.jsonl")
     p = sub.add_parser("report", help="heat maps and summary from a sweep file")

@@ -6,7 +6,8 @@
 # Shard and GPU numbers differ when FIRST_GPU > 0: with G GPUs and FIRST_GPU = k, the N = G - k
 # shards 0..N-1 run on GPUs k..G-1 (shard I on GPU k + I, as --shard I/N). Logs and tuning caches are
 # named by GPU: OUT_DIR/sweep_gpu<gpu>.log, /tmp/tune_gpu<gpu>.json. Name the commit you sent
-# with MINITORCH_COMMIT, as for benchmarks/gpu_all.sh. Exits non-zero if any shard failed (the
+# with MINITORCH_COMMIT, as for benchmarks/gpu_all.sh; SWEEP_ARGS passes more options to every
+# shard (SWEEP_ARGS=--remeasure-unnamed, SWEEP_ARGS=--quick). Exits non-zero if any shard failed (the
 # rows it measured are merged all the same) or the merge failed.
 set -uo pipefail
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
@@ -35,6 +36,7 @@ pids=()
 for ((gpu = first; gpu < gpus; gpu++)); do
     CUDA_VISIBLE_DEVICES=$gpu MINITORCH_TUNE_CACHE=/tmp/tune_gpu$gpu.json \
         python3 benchmarks/sweep.py run --shard "$((gpu - first))/$n" --max-minutes "$minutes" --out "$out" \
+        ${SWEEP_ARGS:-} \
         >"$out/sweep_gpu$gpu.log" 2>&1 &
     pids+=($!)
 done

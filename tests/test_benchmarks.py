@@ -170,8 +170,10 @@ def test_sweep_done_counts_the_part_files(tmp_path):
 
 
 def test_sweep_merge_folds_the_parts_in_once(tmp_path, monkeypatch, capsys):
-    """Main file first, then the parts by number; a key already seen and a torn line are dropped,
-    the parts' provenance follows the main file's, the parts go, and a second merge does nothing."""
+    """Main file first, then the parts by number; a key seen before takes the later row in its
+    place (a re-measurement), a torn line is dropped, the parts' provenance follows the main
+    file's, the parts go, a second merge does nothing, and merging the same parts again (a merge
+    cut off before its deletes) gives the same file."""
     from benchmarks import sweep
     path = tmp_path / "sweep.jsonl"
     a, b, c, d = sweep.configurations()[:4]
@@ -187,10 +189,10 @@ def test_sweep_merge_folds_the_parts_in_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["sweep.py", "merge", str(path)])
     sweep.main()
     summary = capsys.readouterr().out
-    assert "2 rows before, 2 added from 2 part file(s), 2 duplicate(s) dropped, 4 rows after" in summary
+    assert "2 rows before, 2 added from 2 part file(s), 2 replaced by a later row, 4 rows after" in summary
     rows = [json.loads(line) for line in path.read_text().splitlines()]   # every line whole
-    assert [(r["key"], r["ms"]["cufft_fprop"]) for r in rows] == [(sweep.key(a), 1.0), (sweep.key(b), 1.0),
-                                                                   (sweep.key(c), 2.0), (sweep.key(d), 3.0)]
+    assert [(r["key"], r["ms"]["cufft_fprop"]) for r in rows] == [(sweep.key(a), 9.0), (sweep.key(b), 1.0),
+                                                                   (sweep.key(c), 9.0), (sweep.key(d), 3.0)]
     assert [ch["from"] for ch in sweep.read_chunks(path)] == [path.name, part2.name, part10.name]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.jsonl", "sweep.provenance.jsonl"]
 
@@ -201,7 +203,7 @@ def test_sweep_merge_folds_the_parts_in_once(tmp_path, monkeypatch, capsys):
     for p, text in saved.items():       # a merge cut off after rewriting, before deleting the parts
         p.write_text(text)
     sweep.main()
-    assert "4 duplicate(s) dropped, 4 rows after" in capsys.readouterr().out
+    assert "4 replaced by a later row, 4 rows after" in capsys.readouterr().out
     assert path.read_text() == merged and len(sweep.read_chunks(path)) == 3
 
 
@@ -519,3 +521,24 @@ def test_paper_step_shadows_none_of_the_module_functions_it_calls():
     module_functions = {name for name, v in vars(paper).items() if isinstance(v, types.FunctionType)}
     code = paper.step.__code__
     assert not (set(code.co_varnames) | set(code.co_cellvars)) & module_functions
+
+
+def test_sweep_remeasures_the_rows_that_name_no_commit(tmp_path):
+    """--remeasure-unnamed: rows from before rows named their commit count as not done, so a run
+    (or a shard) measures them again; once it has, the key is done, with the new row."""
+    from benchmarks import sweep
+    path = tmp_path / "sweep.jsonl"
+    order = sweep.run_order()[:6]
+    for i, config in enumerate(order[:4]):
+        row = synthetic_row(config, 1.0, 2.0)
+        if i % 2:
+            row["commit"] = "abc1234"
+        sweep.append_row(path, row)
+    assert sweep.shard_todo(order, sweep.load_all_done(path)) == order[4:]
+    redo = sweep.load_all_done(path, remeasure_unnamed=True)
+    assert sweep.shard_todo(order, redo) == [order[0], order[2]] + order[4:]
+    assert sweep.shard_todo(order, redo, (0, 2)) == [order[0], order[2], order[4]]
+    again = dict(synthetic_row(order[0], 5.0, 2.0), commit="def5678")
+    sweep.append_row(sweep.part_path(path, 0), again)                  # a shard re-measured order[0]
+    assert sweep.load_all_done(path, remeasure_unnamed=True)[sweep.key(order[0])] == again
+    assert sweep.shard_todo(order, sweep.load_all_done(path, remeasure_unnamed=True), (0, 2)) == [order[2], order[4]]
