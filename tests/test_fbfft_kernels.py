@@ -6,6 +6,7 @@ spectrum as Hermitian-consistent (see fbfft.cu), as cuFFT's C2R also assumes.
 """
 import ctypes
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -506,3 +507,50 @@ def test_launchers_check_their_sizes_before_touching_the_gpu():
         fbfft_kernels.irfft2_launcher(8, 3, (4, 4), (5, 0))
     with pytest.raises(ValueError, match=r"size 12\b.*supported sizes are"):
         fbfft_kernels.irfft2_launcher(12, 3, (4, 4), (0, 0))
+
+
+class _DeviceArray(np.ndarray):
+    """Stands for a CuPy array in the wrapper test below."""
+
+
+def test_wrappers_allocate_check_and_launch_with_the_kernels_arguments(monkeypatch):
+    """rfft2 / irfft2 / rfft1 / irfft1 on the CPU with CuPy and the launch faked: each wrapper
+    allocates (or checks) its output and hands the launch the scalars in the order of the
+    kernel's signature (kernels/fbfft.cu), which only a GPU run would otherwise show."""
+    import types
+    launches = []
+
+    def launcher(name, n, B, scalars):
+        return lambda src, dst: launches.append((name, n, B, tuple(float(v) for v in scalars), src, dst))
+    fake_cupy = types.SimpleNamespace(empty=lambda shape, dtype: np.empty(shape, dtype).view(_DeviceArray))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setattr(fbfft_kernels, "is_cupy", lambda a: isinstance(a, _DeviceArray))
+    monkeypatch.setattr(fbfft_kernels, "_launcher", launcher)
+    for cached in (fbfft_kernels.rfft2_launcher, fbfft_kernels.irfft2_launcher):
+        cached.cache_clear()
+    try:
+        dev = lambda shape, dtype: np.zeros(shape, dtype).view(_DeviceArray)  # noqa: E731
+        x = dev((2, 3, 5, 6), np.float32)
+        F = fbfft_kernels.rfft2(x, 8, (1, 2))
+        assert (F.shape, F.dtype) == ((34, 6), np.complex64)
+        assert launches[-1][:4] == ("rfft2", 8, 6, (6, 5, 6, 1, 2)) and launches[-1][4] is x and launches[-1][5] is F
+        y = fbfft_kernels.irfft2(F, 8, (4, 5), (1, 2))
+        assert (y.shape, y.dtype) == ((6, 4, 5), np.float32)
+        assert launches[-1][:4] == ("irfft2", 8, 6, (6, 1, 2, 4, 5, 1 / 64)) and launches[-1][5] is y
+        out = dev((6, 4, 5), np.float32)
+        assert fbfft_kernels.irfft2(F, 8, (4, 5), (1, 2), scale=0.5, out=out) is out
+        assert launches[-1][3][-1] == 0.5
+        with pytest.raises(ValueError, match=r"out must have shape \(6, 4, 5\)"):
+            fbfft_kernels.irfft2(F, 8, (4, 5), (1, 2), out=dev((6, 5, 4), np.float32))
+        with pytest.raises(TypeError, match="out must be complex64"):
+            fbfft_kernels.rfft2(x, 8, (1, 2), out=dev((34, 6), np.float32))
+        s = dev((3, 7), np.float32)
+        F1 = fbfft_kernels.rfft1(s, 16, 2)
+        assert (F1.shape, F1.dtype) == ((9, 3), np.complex64) and launches[-1][:4] == ("rfft1", 16, 3, (3, 7, 2))
+        y1 = fbfft_kernels.irfft1(F1, 16, 10, 3)
+        assert (y1.shape, y1.dtype) == ((3, 10), np.float32)
+        assert launches[-1][:4] == ("irfft1", 16, 3, (3, 3, 10, 1 / 16))
+        assert len(launches) == 5      # the refused calls launched nothing
+    finally:
+        for cached in (fbfft_kernels.rfft2_launcher, fbfft_kernels.irfft2_launcher):
+            cached.cache_clear()
