@@ -46,7 +46,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
 
-from benchmarks.common import RESULTS_DIR, provenance, setup_cudnn, slug, source_commit  # noqa: E402
+from benchmarks.common import RESULTS_DIR, provenance, setup_cudnn, slug  # noqa: E402
+from minitorch_fft.utils import atomic_file  # noqa: E402
 
 S_SIZES = (1, 16, 64, 128)
 PLANES = (1, 4, 16, 64, 96, 128, 256)
@@ -217,8 +218,9 @@ def crossover(rows, k, baseline):
     return None
 
 
-def measure(config, args):
-    """The row of one configuration: ms of every implementation and pass, errors checked."""
+def measure(config, args, commit):
+    """The row of one configuration, measured at source `commit`: ms of every implementation and
+    pass, errors checked."""
     import cupy as cp
 
     import backends
@@ -228,7 +230,7 @@ def measure(config, args):
     layer = Layer((S, f, h, h), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
     # The commit in every row: merged shards interleave rows of several runs (rows before session 6
     # have none; their chunks' provenance lines name 58005ef and ab24b86).
-    row = {"key": key(config), "config": list(config), "commit": source_commit(), "ms": {}, "err": {},
+    row = {"key": key(config), "config": list(config), "commit": commit, "ms": {}, "err": {},
            "skipped": {}}
     for name in ("cufft", "fbfft", "gemm"):
         b = backends.get(name)
@@ -272,9 +274,9 @@ def run(args):
         dest = part_path(out, args.shard[0])
         shard_fields = {"shard": "{}/{}".format(*args.shard),
                         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    prov = provenance(tuning.device_name(cp), cupy=cp.__version__, torch=torch.__version__, **cudnn_setup)
     if todo:
-        record_chunk(dest, len(done), dict(provenance(tuning.device_name(cp), cupy=cp.__version__,
-                                                      torch=torch.__version__, **cudnn_setup), **shard_fields))
+        record_chunk(dest, len(done), dict(prov, **shard_fields))
     deadline = time.monotonic() + args.max_minutes * 60
     label = f"sweep shard {shard_fields['shard']}" if args.shard else "sweep"
     for i, config in enumerate(tqdm(todo, desc=f"{label} ({len(done)} done before)")):
@@ -282,25 +284,10 @@ def run(args):
             print(f"time is up: {len(todo) - i} configurations were left; run again to resume",
                   file=sys.stderr)
             break
-        append_row(dest, measure(config, args))
+        append_row(dest, measure(config, args, prov["commit"]))
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
     print(dest)
-
-
-def write_atomically(path, lines):
-    """Replace `path` by `lines` in one step: a merge cut off midway leaves the old file whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        fh.writelines(line + "\n" for line in lines)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself outlives a crash before the part files are deleted
-    finally:
-        os.close(dir_fd)
 
 
 def merge(args):
@@ -324,9 +311,12 @@ def merge(args):
         part_side = provenance_path(part)
         if part_side.exists():  # a line already there is from a merge cut off before the deletes
             chunks += [line for line in part_side.read_text().splitlines() if line.strip() and line not in chunks]
-    write_atomically(path, [json.dumps(row) for row in rows.values()])
+    # each file replaced in one step: a merge cut off midway leaves the old file whole
+    with atomic_file(path) as fh:
+        fh.writelines(json.dumps(row) + "\n" for row in rows.values())
     if chunks:
-        write_atomically(side, chunks)
+        with atomic_file(side) as fh:
+            fh.writelines(line + "\n" for line in chunks)
     for part in parts:
         part.unlink()
         provenance_path(part).unlink(missing_ok=True)
