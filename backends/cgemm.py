@@ -148,6 +148,10 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate):
     """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags."""
     from cupy_backends.cuda.libs import cublas
 
+    for name, arr in (("a", a), ("b", b), ("out", out)):
+        if arr is not None and not isinstance(arr, xp.ndarray):
+            raise TypeError(f"matmul: with {xp.__name__}, {name} must be a {xp.__name__}.ndarray, got "
+                            f"{type(arr).__module__}.{type(arr).__name__}; move it to the device first")
     g = _gemm_plan(a.shape, b.shape, a.dtype, op_a, op_b)   # sizes worked out once per shape
     if not a.flags.c_contiguous:
         a = xp.ascontiguousarray(a)   # the backends' operands always are: no copy there

@@ -135,14 +135,17 @@ def _make_kernels(xp):
 
     def ifft(F, n, offset, out):
         oh, ow = out.shape[-2:]
-        fbfft_kernels.irfft2_launcher(n, out.size // (oh * ow), (oh, ow), offset)(F, out)
+        planes = out.size // (oh * ow)
+        if F.size != fbfft_model.stored_frequencies(n) * planes:   # the kernel would read past F
+            raise ValueError(f"fbfft: a spectrum of {F.size} values cannot fill {planes} output planes "
+                             f"of basis {n} ({fbfft_model.stored_frequencies(n)} frequencies each)")
+        fbfft_kernels.irfft2_launcher(n, planes, (oh, ow), offset)(F, out)
         return out
     return fft, ifft
 
 
-def _batch_chunks(g, n, planes_per_image, workspace_bytes=None):
-    """Slices of the batch whose spectra fit the workspace (WORKSPACE_BYTES; at least one image each)."""
-    workspace_bytes = WORKSPACE_BYTES if workspace_bytes is None else workspace_bytes
+def _batch_chunks(g, n, planes_per_image, workspace_bytes):
+    """Slices of the batch whose spectra fit workspace_bytes (at least one image each)."""
     per_image = planes_per_image * fbfft_model.stored_frequencies(n) * 8 * 2  # spectra in, GEMM out
     step = max(1, workspace_bytes // per_image)
     return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]

@@ -126,6 +126,7 @@ def cublas_model(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs", libs)
     monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs.cublas", libs.cublas)
     return types.SimpleNamespace(
+        __name__="cupy", ndarray=_Device,
         ascontiguousarray=lambda a: np.ascontiguousarray(a).view(_Device),
         broadcast_to=np.broadcast_to, matmul=np.matmul, conj=np.conj, iscomplexobj=np.iscomplexobj,
         empty=lambda shape, dtype: np.empty(shape, dtype).view(_Device),
@@ -154,7 +155,7 @@ def test_the_cublas_arguments_describe_the_row_major_product(rng, cublas_model, 
         np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(cgemm.matmul(xp, a[:, :, :0], b[:, :0]), np.zeros((6, 3, 4), dtype))
         with pytest.raises(ValueError, match="out must be C-contiguous"):
-            cgemm.matmul(xp, a, b, out=np.empty((6, 4, 3), dtype).transpose(0, 2, 1))
+            cgemm.matmul(xp, a, b, out=np.empty((6, 4, 3), dtype).view(_Device).transpose(0, 2, 1))
         with pytest.raises(ValueError, match="not aligned"):
             cgemm.matmul(xp, a, a)
         x64 = a.astype(np.complex128)                      # other dtypes: xp.matmul, untouched
@@ -261,3 +262,14 @@ def test_gpu_operand_ops_match_float64(op_a, op_b):
     assert _rel(got, ref) <= 1e-5
     cgemm.matmul(cp, a, b, out=got, op_a=op_a, op_b=op_b, accumulate=True)
     assert _rel(got, 2 * ref) <= 1e-5
+
+
+def test_host_operands_on_the_device_path_are_refused(rng, cublas_model):
+    """A NumPy operand given to the device matmul raises a TypeError naming it, instead of
+    failing on .data.ptr (or, worse, handing cuBLAS a host address)."""
+    a = rand(rng, (2, 3, 4), np.complex64).view(_Device)
+    b = rand(rng, (2, 4, 5), np.complex64)                       # host memory
+    with pytest.raises(TypeError, match=r"b must be a cupy.ndarray, got numpy.ndarray"):
+        cgemm.matmul(cublas_model, a, b)
+    with pytest.raises(TypeError, match=r"out must be a cupy.ndarray"):
+        cgemm.matmul(cublas_model, a, b.view(_Device), out=np.empty((2, 3, 5), np.complex64))

@@ -214,3 +214,16 @@ def test_one_step_reuses_its_spectra(gpu_branch, rng):
                               Key("fbfft", "x", (n, n), pad)]
     assert (cache.hits, cache.misses) == (3, 3)
     assert counts(gpu_branch) == {"rfft2": 3, "irfft2": 3, "sync": 0, "gemm": 3}
+
+
+def test_a_spectrum_too_small_for_the_output_is_refused(gpu_branch):
+    """The GPU inverse takes its plane count from `out`; a spectrum that does not hold that many
+    planes (a misuse: an array reshaped inside reuse_spectra()) raises instead of being read past."""
+    import cupy as cp   # the fake one
+    fft, ifft = fbfft._kernels(cp)
+    n = 8
+    F = cp.empty((model.stored_frequencies(n), 2, 3), np.complex64)     # 6 planes
+    out = cp.empty((2, 4, 5, 5), np.float32)                              # 8 planes
+    with pytest.raises(ValueError, match=r"cannot fill 8 output planes of basis 8"):
+        ifft(F, n, (0, 0), out)
+    assert gpu_branch["irfft2"] == 0
