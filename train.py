@@ -8,10 +8,14 @@ Examples:
   python train.py --checkpoint runs/digits.ckpt --resume
   python train.py --model alexnet --data imagefolder:/data/imagenette --device cuda
   python train.py --model alexnet --data fake --device cuda --backend fbfft --no-reuse-spectra
+  python train.py --model alexnet --data fake --device cuda --cuda-graph
 
 Each training step (forward and backward) runs inside backends.reuse_spectra(): the FFT backends
 compute each layer's x, w and gy spectra once and share them across fprop, bprop and accGrad.
 --no-reuse-spectra makes every pass compute its own (less memory held between the passes).
+--cuda-graph runs the first step eagerly (auto tunes there), then captures the whole step (forward,
+backward, update) as one CUDA graph and replays it for every full batch (minitorch_fft.graphs):
+the GPU no longer waits for Python between kernels. A partial last batch runs eagerly.
 
 --resume continues the run saved in --checkpoint exactly: the flags that define the run (model,
 data, epochs, batch size, optimiser settings, seed) come from the checkpoint, and giving one
@@ -108,6 +112,8 @@ def _parser(explicit_only=False):
                    help="with --backend auto: write the autotuner's per-layer, per-pass choices here (JSON)")
     p.add_argument("--no-reuse-spectra", action="store_true",
                    help="FFT backends compute every spectrum in every pass (default: shared within a step)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="GPU only: replay each full-batch training step as one captured CUDA graph")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (the per-epoch lines stay)")
     p.add_argument("--max-epochs-this-run", type=positive_int,
                    help="stop (with a checkpoint) after this many epochs; --resume continues")
@@ -222,6 +228,9 @@ def main(argv=None):
     resumed = restore_run(args, mt.checkpoint.header(args.checkpoint)) if args.resume else None
     check_outputs(args)
     device = mt.normalize_device(args.device)
+    if args.cuda_graph and device != "cuda":
+        raise ValueError(f"--cuda-graph needs the GPU (--device cuda), got --device {args.device} "
+                         f"({device})")
     mt.manual_seed(args.seed)
     train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes,
                                    args.workers)
@@ -248,6 +257,8 @@ def main(argv=None):
     # One training step's forward and backward share spectra; the optimizer step comes after
     # the block, because it changes the weights in place.
     step_scope = contextlib.nullcontext if args.no_reuse_spectra else backends.reuse_spectra
+    graphed = (mt.graphs.GraphedStep(model, criterion, opt, reuse_spectra=not args.no_reuse_spectra)
+               if args.cuda_graph else None)
     n_batches = mt.data.num_batches(len(train), args.batch_size)
     first_epoch = state["epoch"]
     tuned_report_shown = False
@@ -272,15 +283,19 @@ def main(argv=None):
             mt.synchronize(model.parameters()[0].xp)
             t0, imgs = time.perf_counter(), 0
             for x, y in bar:
-                y_dev = mt.to_device(y, device)
-                with step_scope():
-                    logits = model(mt.Tensor(mt.to_device(x, device)))
-                    loss = criterion(logits, y_dev)
-                    opt.zero_grad()
-                    loss.backward()
-                opt.step()
-                # loss.item() and the argmax below are host-device sync points, once per batch.
-                loss_value = loss.item()
+                # loss_value and the logits are host-device sync points, once per batch.
+                if graphed is not None and len(y) == args.batch_size:
+                    loss_dev, logits_dev = graphed(mt.to_device(x, device), y)  # y checked on the host
+                    loss_value, logits_np = float(loss_dev), mt.to_device(logits_dev, "cpu")
+                else:
+                    y_dev = mt.to_device(y, device)
+                    with step_scope():
+                        logits = model(mt.Tensor(mt.to_device(x, device)))
+                        loss = criterion(logits, y_dev)
+                        opt.zero_grad()
+                        loss.backward()
+                    opt.step()
+                    loss_value, logits_np = loss.item(), logits.numpy()
                 if not np.isfinite(loss_value):
                     print(f"train.py: the loss became {loss_value} at epoch {epoch + 1} batch "
                           f"{state['batch'] + 1} (try a smaller --lr); stopping without saving"
@@ -288,7 +303,7 @@ def main(argv=None):
                           file=sys.stderr)
                     return EXIT_DIVERGED
                 state["loss_sum"] += loss_value * len(y)
-                state["correct"] += int((logits.numpy().argmax(axis=1) == y).sum())
+                state["correct"] += int((logits_np.argmax(axis=1) == y).sum())
                 state["seen"] += len(y)
                 state["batch"] += 1
                 imgs += len(y)
@@ -328,6 +343,7 @@ def main(argv=None):
 
     result = {
         "model": args.model, "backend": args.backend, "reuse_spectra": not args.no_reuse_spectra,
+        "cuda_graph": args.cuda_graph,
         "device": backends.tuning.device_name(mt.get_array_module(model.parameters()[0].data)), "data": args.data,
         "epochs": state["epoch"], "test_accuracy": round(evaluate(model, test, args.batch_size, device), 4),
         "train_loss": state["history"][-1]["loss"] if state["history"] else None,

@@ -129,6 +129,12 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
             gemm.WORKSPACE_BYTES = saved
 
 
+def held_on_device():
+    """Device memory the backends keep across calls (cufft's scratch buffers and plans; the other
+    backends allocate per call): what a captured CUDA graph must keep alive (minitorch_fft.graphs)."""
+    return cufft.held_on_device()
+
+
 def _free_gpu_pool():
     from minitorch_fft.device import cupy_or_none
     cp = cupy_or_none()
@@ -136,4 +142,4 @@ def _free_gpu_pool():
         cp.get_default_memory_pool().free_all_blocks()
 
 
-__all__ = ["names", "get", "choose", "run_pass", "reuse_spectra", "geometry", "PASSES"]
+__all__ = ["names", "get", "choose", "run_pass", "reuse_spectra", "geometry", "held_on_device", "PASSES"]

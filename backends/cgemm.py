@@ -106,14 +106,15 @@ def apply_op(xp, a, op):
     return xp.conj(a) if op == "C" and xp.iscomplexobj(a) else a
 
 
-def matmul(xp, a, b, out=None, op_a="N", op_b="N", accumulate=False):
+def matmul(xp, a, b, out=None, op_a="N", op_b="N", accumulate=False, strict=False):
     """op_a(a) (..., p, r) @ op_b(b) (..., r, q) -> (..., p, q), in mode(xp)'s precision.
 
     op_a / op_b: "N" as stored, "T" transposed, "C" conjugate-transposed (the last two axes). On
     the GPU the op is the GEMM's own operand flag, so conj(W)^T or conj(GY)^T is never
     materialised: benchmarks/bench_cgemm.py measured those copies at up to 40 % of fprop's GEMM
     time on the large layers. accumulate=True adds the product into `out` (cuBLAS beta = 1)
-    instead of overwriting it.
+    instead of overwriting it. strict=True keeps this GEMM in fp32 whatever the mode (the real
+    GEMMs of the gemm backend and of Linear layers, which TF32 mode is not meant to reach).
 
     float32 and complex64 operands of one dtype with equal batch shapes (or a batch of one,
     broadcast) go to one cublasGemmStridedBatchedEx with compute type CUBLAS_COMPUTE_32F (strict
@@ -135,7 +136,7 @@ def matmul(xp, a, b, out=None, op_a="N", op_b="N", accumulate=False):
         else:
             out[...] = result
         return out
-    return _gemm(xp, a, b, out, op_a, op_b, accumulate)
+    return _gemm(xp, a, b, out, op_a, op_b, accumulate, strict)
 
 
 def _batchable(a, b):
@@ -144,9 +145,9 @@ def _batchable(a, b):
     return ba == bb or math.prod(ba) == 1 or math.prod(bb) == 1
 
 
-def _gemm(xp, a, b, out, op_a, op_b, accumulate):
-    """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags."""
-    from cupy_backends.cuda.libs import cublas
+def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
+    """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags: through CuPy
+    on its handle, or, while a CUDA graph is captured, on the graph's own handle (capturing())."""
 
     for name, arr in (("a", a), ("b", b), ("out", out)):
         if arr is not None and not isinstance(arr, xp.ndarray):
@@ -168,14 +169,109 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate):
         if not accumulate:
             out.fill(0)
         return out
-    compute = _CUBLAS_COMPUTE_32F_FAST_TF32 if mode(xp) == "tf32" else _CUBLAS_COMPUTE_32F
-    # alpha and beta are read from the host during the call (host pointer mode)
-    cublas.gemmStridedBatchedEx(
-        xp.cuda.device.get_cublas_handle(), g.op_b, g.op_a, g.q, g.p, g.r,
+    compute = _CUBLAS_COMPUTE_32F_FAST_TF32 if not strict and mode(xp) == "tf32" else _CUBLAS_COMPUTE_32F
+    if _capture is None:
+        from cupy_backends.cuda.libs import cublas
+        gemm, handle = cublas.gemmStridedBatchedEx, xp.cuda.device.get_cublas_handle()
+    else:
+        handle, gemm = _capture
+    # alpha and beta are read from the host during the call (host pointer mode; in a graph,
+    # their values at capture time)
+    gemm(
+        handle, g.op_b, g.op_a, g.q, g.p, g.r,
         g.one, b.data.ptr, g.dtype, g.ldb, g.stride_b, a.data.ptr, g.dtype, g.lda, g.stride_a,
         g.one if accumulate else g.zero, out.data.ptr, g.dtype, g.q, g.p * g.q, g.count, compute,
         _CUBLAS_GEMM_DEFAULT)
     return out
+
+
+# -- CUDA graphs ---------------------------------------------------------------------------------
+# CuPy refuses every cuBLAS call while a stream is being captured (its wrappers' cublasSetStream
+# raises NotImplementedError, cupy/cupy#6290). minitorch_fft.graphs captures a training step all
+# the same: for the capture, _gemm calls libcublas's cublasGemmStridedBatchedEx directly (ctypes,
+# the library CuPy loaded) on a handle of the graph's own, bound to the capture stream with a
+# workspace of its own, as the cuBLAS guide's "CUDA Graphs Support" section asks: without one,
+# cuBLAS may allocate inside the graph.
+
+_capture = None   # (handle, gemm function) while capturing(); None: CuPy's handle and wrapper
+GRAPH_WORKSPACE_BYTES = 32 << 20   # cuBLAS's recommended workspace on Hopper
+
+
+@contextlib.contextmanager
+def capturing(handle):
+    """The block's GEMMs go to `handle` (graph_handle()) instead of CuPy's: for stream capture."""
+    global _capture
+    saved, _capture = _capture, (handle.ptr, handle.gemm)
+    try:
+        yield
+    finally:
+        _capture = saved
+
+
+class GraphHandle:
+    """A cuBLAS handle bound to one stream, with its own workspace (an array the caller keeps
+    alive: allocate it from the graph's memory pool); `gemm` has cupy_backends' argument order."""
+
+    def __init__(self, stream_ptr, workspace):
+        import ctypes
+        lib = _libcublas()
+        handle = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self.ptr, self._lib, self.workspace = handle.value, lib, workspace
+        _check(lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
+        _check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
+                                         ctypes.c_size_t(workspace.nbytes)), "cublasSetWorkspace")
+
+    def gemm(self, *args):
+        _check(self._lib.cublasGemmStridedBatchedEx(*args), "cublasGemmStridedBatchedEx")
+
+    def close(self):
+        if self.ptr is not None:
+            self._lib.cublasDestroy_v2(self.ptr)
+            self.ptr = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:   # interpreter shutdown
+            pass
+
+
+def _check(status, what):
+    if status != 0:
+        raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+
+@functools.lru_cache(maxsize=1)
+def _libcublas():
+    """libcublas as CuPy loaded it (found in this process's memory map, so handles and library
+    state are shared), with the argument types of the few functions used here."""
+    import ctypes
+
+    import cupy as cp
+    cp.cuda.device.get_cublas_handle()            # makes CuPy load the library
+    path = None
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            name = line.rsplit(None, 1)[-1]
+            if "/libcublas.so" in name:
+                path = name
+                break
+    if path is None:
+        raise RuntimeError("CUDA graphs: libcublas is not loaded in this process (looked for it in "
+                           "/proc/self/maps after CuPy's first cuBLAS use)")
+    lib = ctypes.CDLL(path)
+    vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
+    lib.cublasDestroy_v2.argtypes = [vp]
+    lib.cublasSetStream_v2.argtypes = [vp, vp]
+    lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+    lib.cublasGemmStridedBatchedEx.argtypes = [
+        vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i]
+    for f in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
+              "cublasGemmStridedBatchedEx"):
+        getattr(lib, f).restype = i
+    return lib
 
 
 GemmPlan = namedtuple("GemmPlan", "p q r count out_shape op_a op_b lda ldb stride_a stride_b dtype one zero")

@@ -400,6 +400,14 @@ def _scratch(xp, role, shape, dtype):
     return buf[:size].reshape(shape)
 
 
+def held_on_device():
+    """The scratch buffers and cuFFT plans (whose work areas are device memory) this module holds
+    now. A captured CUDA graph keeps addresses in them: minitorch_fft.graphs holds these objects
+    for as long as its graph lives, so a buffer that grows or a plan that leaves the cache does not
+    hand memory the graph writes to another allocation."""
+    return list(_scratch_buffers.values()) + list(_plans.values())
+
+
 def release_buffers():
     """Drop the scratch buffers and cuFFT plans (rebuilt on the next call), e.g. between benchmarks."""
     _scratch_buffers.clear()

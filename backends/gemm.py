@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from . import cgemm
 from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), kh x kw kernel, oh x ow output
@@ -77,7 +78,7 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
     w2 = w.reshape(g.fo, -1)                                       # (f', f*kh*kw)
     for sl in _batch_chunks(g):
         n = sl.stop - sl.start
-        yc = w2 @ _im2col(xp, x[sl], g)                            # (f', n*oh*ow)
+        yc = cgemm.matmul(xp, w2, _im2col(xp, x[sl], g), strict=True)   # (f', n*oh*ow)
         y[sl] = yc.reshape(g.fo, n, g.oh, g.ow).transpose(1, 0, 2, 3)
     return y
 
@@ -88,9 +89,9 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     g = geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
-    w2t = w.reshape(g.fo, -1).T                                    # (f*kh*kw, f')
+    w2 = w.reshape(g.fo, -1)                                       # (f', f*kh*kw)
     for sl in _batch_chunks(g):
-        cols = w2t @ _gy_matrix(gy[sl])                            # (f*kh*kw, n*oh*ow)
+        cols = cgemm.matmul(xp, w2, _gy_matrix(gy[sl]), op_a="T", strict=True)  # (f*kh*kw, n*oh*ow)
         gx[sl] = _col2im(xp, cols, g, sl.stop - sl.start)
     return gx
 
@@ -102,5 +103,6 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     gw = xp.zeros((g.fo, g.f * g.kh * g.kw), dtype=np.float32)
     for sl in _batch_chunks(g):
-        gw += _gy_matrix(gy[sl]) @ _im2col(xp, x[sl], g).T         # (f', f*kh*kw)
+        cgemm.matmul(xp, _gy_matrix(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
+                     accumulate=True, strict=True)                 # gw += (f', f*kh*kw)
     return gw.reshape(tuple(w_shape))

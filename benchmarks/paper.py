@@ -466,7 +466,21 @@ def step(args, bar):
                "max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
                "torch_fp32_max_err": max(yardstick.values())}
         rows.append(row)
-        del model, opt
+        # The same step captured as one CUDA graph (minitorch_fft.graphs) and replayed, the
+        # labels from the host as train.py --cuda-graph passes them. Its first call runs eagerly
+        # (everything is tuned already), the second captures.
+        graphed = mt.graphs.GraphedStep(model, crit, opt)
+
+        def graph_step():
+            with cgemm.tf32(False):
+                graphed(x, y_np)
+        graph_step()
+        graph_step()
+        ms = median_ms(graph_step, "cupy", 1, n_steps)
+        rows.append({"network": net, "implementation": "minitorch auto, CUDA graph", "step_ms": ms,
+                     "images_per_s": args.batch / ms * 1e3, "kernel_fraction": kernel_fraction(graph_step),
+                     "graph_captures": graphed.captures})
+        del model, opt, graphed
         cp.get_default_memory_pool().free_all_blocks()
         # PyTorch, same architecture
         for mode in ("strict", "tf32"):

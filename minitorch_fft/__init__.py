@@ -1,5 +1,5 @@
 """minitorch-fft: a small Torch-style CNN framework with pluggable convolution backends."""
-from . import checkpoint, data, functional, nn, optim, random
+from . import checkpoint, data, functional, graphs, nn, optim, random
 from .device import get_array_module, gpu_available, normalize_device, synchronize, to_device
 from .nn import (ClassNLLCriterion, CrossEntropyCriterion, Dropout, Flatten, Linear, LogSoftMax,
                  Module, ReLU, Sequential, SpatialConvolution, SpatialMaxPooling, View)

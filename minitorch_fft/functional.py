@@ -5,6 +5,7 @@ Only ``conv2d`` is device-specific, and it delegates to ``backends``.
 import numpy as np
 
 import backends
+from backends import cgemm
 
 from . import random as _random
 from .device import get_array_module
@@ -123,16 +124,21 @@ def relu(x):
 
 
 class LinearFn(Function):
+    """y = x w^T + b. The GEMMs go through backends.cgemm in strict fp32 (on the GPU, cuBLAS with
+    the transposes as operand flags; on the CPU, np.matmul): the one GEMM path a CUDA graph can
+    capture (minitorch_fft.graphs)."""
+
     def forward(self, x, w, b=None):
         self.x, self.w = x, w
-        y = x @ w.T  # (S, in) @ (in, out) -> (S, out)
+        y = cgemm.matmul(get_array_module(x), x, w, op_b="T", strict=True)  # (S, in) @ (in, out)
         if b is not None:
             y += b
         return y
 
     def backward(self, g):
-        gx = g @ self.w if self.needs_input_grad[0] else None
-        gw = g.T @ self.x if self.needs_input_grad[1] else None
+        xp = get_array_module(g)
+        gx = cgemm.matmul(xp, g, self.w, strict=True) if self.needs_input_grad[0] else None
+        gw = cgemm.matmul(xp, g, self.x, op_a="T", strict=True) if self.needs_input_grad[1] else None
         gb = g.sum(axis=0) if len(self.needs_input_grad) > 2 else None
         return (gx, gw, gb)[:len(self.parents)]
 
@@ -274,6 +280,9 @@ MAX_POOL_WINDOW = 256
 class DropoutFn(Function):
     def forward(self, x, p):
         xp = get_array_module(x)
+        if xp is not np:   # one kernel, its Philox counter on the device (CUDA-graph safe)
+            y, self.scale = _random.dropout_mask(x, p)
+            return y
         keep = _random.uniform(x.shape, xp) >= p
         self.scale = keep.astype(x.dtype) / (1.0 - p)  # inverted dropout: eval is the identity
         return x * self.scale
@@ -313,6 +322,9 @@ def log_softmax(x):
     return LogSoftmaxFn.apply(x)
 
 
+_targets_prechecked = False   # set by minitorch_fft.graphs while it captures a step
+
+
 def _check_targets(x, target):
     if isinstance(target, Tensor):
         raise TypeError("targets must be an integer array of class indices, not a Tensor "
@@ -323,8 +335,9 @@ def _check_targets(x, target):
         raise ValueError(f"targets must have shape ({x.shape[0]},), got {tuple(t.shape)}")
     if t.dtype.kind not in "iu":
         raise TypeError(f"targets must be integer class indices, got dtype {t.dtype}")
-    # one host-device synchronisation on the GPU (a count), none for the message unless it fails
-    if t.size and int(xp.count_nonzero((t < 0) | (t >= x.shape[1]))):
+    # one host-device synchronisation on the GPU (a count), none for the message unless it fails;
+    # none inside a CUDA graph capture, whose caller checks each batch's values before it runs
+    if t.size and not _targets_prechecked and int(xp.count_nonzero((t < 0) | (t >= x.shape[1]))):
         raise ValueError(f"targets must lie in [0, {x.shape[1]}), got values in "
                          f"[{int(t.min())}, {int(t.max())}]")
     return t.astype(np.int64)

@@ -1,0 +1,181 @@
+"""A whole training step as one CUDA graph: captured once, replayed for every batch.
+
+An eager step issues a few hundred kernels, GEMMs and FFTs from Python, one at a time; where
+they are short (the small layers, the element-wise ops, the update) the GPU waits for Python.
+`GraphedStep` runs the step eagerly for `warmup` batches (that is where `auto` tunes, kernels
+compile, cuFFT plans and the optimiser's buffers are made), then captures it on a stream of its
+own (cudaStreamBeginCapture / EndCapture through CuPy) and from then on issues the whole step
+with one cudaGraphLaunch.
+
+A graph replays fixed addresses with fixed kernel arguments, which decides how this works:
+- Inputs go through static buffers: each call copies its batch into them, then launches.
+- Memory the step allocates comes from a pool of the graph's own (cupy.cuda.MemoryPool), never
+  used for anything else, so no array allocated outside can land where the graph writes. Memory a
+  backend keeps across calls (cufft's scratch buffers and plans) is held by the graph as well, so
+  a buffer that grows later or a plan evicted from its cache is not freed under it.
+- The parameters, the optimiser's momentum buffers, the learning rate and the modes (training,
+  TF32, spectra reuse) are baked in. They make the graph's key: when one changes (an lr schedule,
+  load_state_dict, model.to()), the next call captures again.
+- Dropout masks come from a Philox counter on the device (minitorch_fft.random), so every replay
+  draws new ones; cuBLAS runs on a handle and workspace of the graph's own (backends.cgemm: CuPy
+  refuses cuBLAS calls during capture).
+- Nothing in the captured step may wait for the host: the targets' range check, which would, is
+  done by the call before the replay instead.
+"""
+import contextlib
+
+import numpy as np
+
+from . import functional as F
+from .device import get_array_module
+from .tensor import Tensor
+
+
+class GraphedStep:
+    """step = GraphedStep(model, criterion, optimizer); loss, logits = step(x, y)
+
+    One training step per call (forward, backward, optimiser update, in train.py's order), on the
+    GPU. x: float32 (batch, ...) and y: integer (batch,) class indices, CuPy or NumPy arrays (or a
+    Tensor for x), the same shapes at every call. Returns the loss (0-d) and the logits as CuPy
+    arrays of their own (copies: the graph's buffers are overwritten by the next replay)."""
+
+    def __init__(self, model, criterion, optimizer, reuse_spectra=True, warmup=1):
+        params = model.parameters()
+        if not params or get_array_module(params[0].data) is np:
+            raise ValueError("GraphedStep needs the model on the GPU (model.to('cuda')): CUDA graphs "
+                             "replay GPU work only")
+        if not isinstance(warmup, int) or warmup < 1:
+            raise ValueError(f"warmup must be an int >= 1 (the eager steps that tune and allocate "
+                             f"before the capture), got {warmup!r}")
+        import cupy as cp
+        self.cp, self.model, self.criterion, self.optimizer = cp, model, criterion, optimizer
+        self.reuse_spectra, self.warmup = reuse_spectra, warmup
+        self._modules = model.modules()
+        self.calls = self.captures = 0
+        self.stream = cp.cuda.Stream(non_blocking=True)   # the legacy stream cannot be captured
+        self.pool = cp.cuda.MemoryPool()
+        self.graph = self.key = self.x = self.y = self.handle = None
+        self.loss = self.logits = self.n_classes = self._pinned = self._staged = None
+        self._held = []
+
+    # -- the step itself ----------------------------------------------------------------------
+    def _step(self, x, y):
+        import backends
+        scope = backends.reuse_spectra() if self.reuse_spectra else contextlib.nullcontext()
+        with scope:
+            logits = self.model(x)
+            loss = self.criterion(logits, y)
+            self.optimizer.zero_grad()
+            loss.backward()
+        self.optimizer.step()
+        return loss.data, logits.data
+
+    def _graph_key(self):
+        """What the captured graph has baked in; a change means capturing again."""
+        from backends import cgemm
+        opt = self.optimizer
+        return (opt.lr, opt.momentum, opt.weight_decay,
+                tuple(p.data.data.ptr for p in opt.params),
+                tuple(None if v is None else v.data.ptr for v in opt.velocity),
+                tuple(m.training for m in self._modules), cgemm.tf32_enabled(), self.reuse_spectra)
+
+    # -- a call -------------------------------------------------------------------------------
+    def __call__(self, x, y):
+        cp = self.cp
+        x, y = self._inputs(x, y)
+        if self.calls < self.warmup:
+            loss, logits = self._step(Tensor(x), cp.asarray(y, dtype=np.int64))  # checks the targets
+            self.calls, self.n_classes = self.calls + 1, logits.shape[1]
+            return loss, logits
+        key = self._graph_key()
+        if self.graph is None or key != self.key:
+            self._capture(x, key)
+        current = cp.cuda.get_current_stream()
+        s = self.stream
+        s.wait_event(current.record())        # the batch's producers first
+        with s:
+            self.x[...] = x
+            self._copy_targets(y)
+            self.graph.launch(s)
+            out = self.loss.copy(), self.logits.copy()
+        current.wait_event(s.record())        # later work on the caller's stream after the step
+        self.calls += 1
+        return out
+
+    def _inputs(self, x, y):
+        """x as a float32 CuPy array, y as given (NumPy or CuPy), both of the first call's shapes;
+        y's values checked here, outside the graph (once a warm-up step has shown the number of
+        classes): on the host when y is a NumPy array, else with one wait for the GPU."""
+        cp = self.cp
+        x = x.data if isinstance(x, Tensor) else x
+        if isinstance(y, Tensor):
+            raise TypeError("targets must be an integer array of class indices, not a Tensor")
+        if not isinstance(y, cp.ndarray):
+            y = np.asarray(y)
+        if y.dtype.kind not in "iu":
+            raise TypeError(f"targets must be integer class indices, got dtype {y.dtype}")
+        if self.x is not None and (tuple(x.shape) != self.x.shape or y.shape != self.y.shape):
+            raise ValueError(f"GraphedStep: batch of shape x {tuple(x.shape)}, y {y.shape}; the graph "
+                             f"was made for x {self.x.shape}, y {self.y.shape} (every batch must have "
+                             f"the same shape: drop or pad the last one, or run it eagerly)")
+        if self.n_classes is not None and y.size:
+            lo, hi = int(y.min()), int(y.max())
+            if lo < 0 or hi >= self.n_classes:
+                raise ValueError(f"targets must lie in [0, {self.n_classes}), got values in [{lo}, {hi}]")
+        return cp.asarray(x, dtype=np.float32), y
+
+    def _copy_targets(self, y):
+        """y into the static buffer, on the graph's stream. From NumPy through a pinned staging
+        buffer: an asynchronous copy, so the host does not wait for the GPU here; the buffer is
+        rewritten only once the previous batch's copy out of it is done."""
+        cp = self.cp
+        if isinstance(y, cp.ndarray):
+            self.y[...] = y
+            return
+        if self._staged is not None:
+            self._staged.synchronize()
+        self._pinned[...] = y
+        self.y.set(self._pinned, stream=self.stream)
+        self._staged = self.stream.record()
+
+    def _capture(self, x, key):
+        import cupyx
+
+        from backends import cgemm
+        cp = self.cp
+        self.graph = None                                   # the old graph's memory is free again
+        if self.x is None:                                  # static inputs (the default pool)
+            self.x = cp.empty(x.shape, np.float32)
+            self.y = cp.zeros(x.shape[:1], np.int64)        # valid class indices while capturing
+            self._pinned, self._staged = cupyx.empty_pinned(x.shape[:1], np.int64), None
+        s = self.stream
+        s.wait_event(cp.cuda.get_current_stream().record())
+        with cp.cuda.using_allocator(self.pool.malloc):
+            if self.handle is None:
+                self.handle = cgemm.GraphHandle(s.ptr, cp.empty(cgemm.GRAPH_WORKSPACE_BYTES, np.uint8))
+            with s, cgemm.capturing(self.handle), _prechecked_targets():
+                s.begin_capture()
+                try:
+                    loss, logits = self._step(Tensor(self.x), self.y)
+                except Exception as e:
+                    with contextlib.suppress(Exception):
+                        s.end_capture()               # leave the stream usable
+                    raise RuntimeError(f"GraphedStep: the training step could not be captured as a "
+                                       f"CUDA graph ({type(e).__name__}: {e}); something in it waits "
+                                       f"for the host or calls a library CuPy cannot capture. Run the "
+                                       f"step eagerly instead (train.py without --cuda-graph)") from e
+                graph = s.end_capture()
+        import backends
+        self.loss, self.logits = loss, logits
+        self.graph, self.key = graph, key
+        self._held = backends.held_on_device()     # buffers and plans the graph's addresses point into
+        self.captures += 1
+
+
+@contextlib.contextmanager
+def _prechecked_targets():
+    saved, F._targets_prechecked = F._targets_prechecked, True
+    try:
+        yield
+    finally:
+        F._targets_prechecked = saved

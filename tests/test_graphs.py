@@ -1,0 +1,237 @@
+"""CUDA-graph training steps (minitorch_fft.graphs) and the GPU dropout stream they rely on.
+
+CPU: Philox4x32-10 against Random123's known answers, the dropout stream's properties and its
+state in checkpoints, cgemm's capture path on a modelled cuBLAS, and the refusals. GPU: the
+dropout kernel bit for bit against the NumPy reference; a graphed step against the same steps
+run eagerly, dropout included; recapture when what the graph baked in changes."""
+import json
+
+import numpy as np
+import pytest
+
+import minitorch_fft as mt
+from backends import cgemm
+from minitorch_fft import random as mrandom
+from test_cgemm import CALLS, _Device, _gemm_strided_batched_ex, cublas_model, rand  # noqa: F401
+
+
+# -- Philox and the dropout stream, on the CPU -------------------------------------------------
+
+@pytest.mark.parametrize("counter, key, expected", [   # Random123's kat_vectors, philox4x32 10
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+])
+def test_philox_known_answers(counter, key, expected):
+    assert tuple(int(v) for v in mrandom.philox4x32(counter, key)) == expected
+
+
+def test_dropout_stream_keeps_the_right_share_and_differs_per_mask():
+    masks = [mrandom.dropout_reference(7, n, 200_000, 0.3) for n in range(3)]
+    for m in masks:
+        assert abs(m.mean() - 0.7) < 4 * np.sqrt(0.21 / m.size)     # 4 sigma
+    assert (masks[0] != masks[1]).mean() > 0.35                      # independent: 2 p (1 - p) = 0.42
+    assert not np.array_equal(mrandom.dropout_reference(8, 0, 1000, 0.3), masks[0][:1000])
+    np.testing.assert_array_equal(mrandom.dropout_reference(7, 1, 1000, 0.3), masks[1][:1000])
+
+
+def test_uniform_from_bits_covers_zero_to_below_one():
+    u = mrandom.uniform_from_bits(np.array([0, 255, 256, 0xFFFFFFFF], dtype=np.uint32))
+    assert u.dtype == np.float32 and u[0] == u[1] == 0 and u[2] == 2.0 ** -24 and u[3] == 1 - 2.0 ** -24
+
+
+def test_random_state_round_trips_through_json_and_reads_old_checkpoints():
+    mt.manual_seed(11)
+    state = json.loads(json.dumps(mt.random.get_state()))
+    a = mt.random.generator().random(4)
+    mt.manual_seed(99)
+    mt.random.set_state(state)
+    np.testing.assert_array_equal(mt.random.generator().random(4), a)
+    assert mrandom._seed == 11
+    old = state["numpy"]                          # a checkpoint from before the GPU stream had state
+    mt.manual_seed(5)
+    mt.random.set_state(old)
+    np.testing.assert_array_equal(mt.random.generator().random(4), a)
+
+
+def test_gpu_uniform_is_refused():
+    with pytest.raises(TypeError, match="dropout_mask"):
+        mrandom.uniform((3,), xp=object())
+
+
+# -- cgemm while capturing: the graph's handle and libcublas's own entry point ---------------
+
+def test_capturing_sends_gemms_to_the_graph_handle(rng, cublas_model, monkeypatch):
+    """Inside cgemm.capturing() the GEMM goes to the handle given, with cupy_backends' argument
+    order (which the model checks), and CuPy's wrapper (which refuses capture) is not called."""
+    def refuse(*args):
+        raise AssertionError("CuPy's cuBLAS wrapper called during capture")
+    import sys
+    monkeypatch.setattr(sys.modules["cupy_backends.cuda.libs.cublas"], "gemmStridedBatchedEx", refuse)
+    seen = []
+
+    class Handle:
+        ptr = 1234
+
+        @staticmethod
+        def gemm(handle, *args):
+            seen.append(handle)
+            _gemm_strided_batched_ex(handle, *args)
+    a, b = rand(rng, (3, 4, 5), np.complex64).view(_Device), rand(rng, (3, 4, 6), np.complex64).view(_Device)
+    with cgemm.capturing(Handle):
+        got = cgemm.matmul(cublas_model, a, b, op_a="C")
+        w = rand(rng, (6, 5), np.float32).view(_Device)
+        x = rand(rng, (2, 5), np.float32).view(_Device)
+        lin = cgemm.matmul(cublas_model, x, w, op_b="T", strict=True)
+    np.testing.assert_allclose(got, np.conj(a).transpose(0, 2, 1) @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lin, x @ w.T, rtol=1e-5, atol=1e-5)
+    assert seen == [1234, 1234] and cgemm._capture is None
+
+
+def test_strict_gemms_stay_fp32_in_tf32_mode(rng, cublas_model):
+    a, b = rand(rng, (4, 5), np.float32).view(_Device), rand(rng, (5, 3), np.float32).view(_Device)
+    CALLS.clear()
+    with cgemm.tf32(True):
+        cgemm.matmul(cublas_model, a, b, strict=True)
+        cgemm.matmul(cublas_model, a, b)
+    assert CALLS == [68, 77]                      # CUBLAS_COMPUTE_32F, then ..._FAST_TF32
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+def test_graphed_step_needs_the_gpu():
+    model = mt.Sequential(mt.Linear(4, 3))
+    opt = mt.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="needs the model on the GPU"):
+        mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt)
+
+
+def test_train_refuses_cuda_graph_on_the_cpu():
+    from test_train import run_train
+    p = run_train("--device", "cpu", "--cuda-graph", "--epochs", "1", check=False)
+    assert p.returncode == 2 and "--cuda-graph needs the GPU" in p.stderr and "Traceback" not in p.stderr
+
+
+# -- on the GPU --------------------------------------------------------------------------------
+
+def _net(backend):
+    return mt.Sequential(
+        mt.SpatialConvolution(3, 8, 5, padding=2, backend=backend), mt.ReLU(), mt.SpatialMaxPooling(2),
+        mt.SpatialConvolution(8, 16, 3, padding=1, backend=backend), mt.ReLU(),
+        mt.Flatten(), mt.Dropout(0.3), mt.Linear(16 * 8 * 8, 32), mt.ReLU(), mt.Dropout(0.5),
+        mt.Linear(32, 10))
+
+
+def _batches(n, S=16, seed=0):
+    r = np.random.default_rng(seed)
+    return [(r.standard_normal((S, 3, 16, 16), dtype=np.float32), r.integers(0, 10, S)) for _ in range(n)]
+
+
+def _train(backend, batches, graphed, lr_at=None):
+    """Weights after training on `batches`, eagerly or through GraphedStep, from seed 0; lr_at =
+    (step, lr) changes the learning rate before that step."""
+    import cupy as cp
+    mt.manual_seed(0)
+    model = _net(backend).to("cuda")
+    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    crit = mt.CrossEntropyCriterion()
+    step = mt.graphs.GraphedStep(model, crit, opt) if graphed else None
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if lr_at and i == lr_at[0]:
+            opt.lr = lr_at[1]
+        if step is not None:
+            loss, _ = step(cp.asarray(x), y)
+        else:
+            import backends
+            with backends.reuse_spectra():
+                loss = crit(model(mt.Tensor(cp.asarray(x))), cp.asarray(y))
+                opt.zero_grad()
+                loss.backward()
+            opt.step()
+            loss = loss.data
+        losses.append(float(loss))
+    return [p.numpy() for p in model.parameters()], losses, step
+
+
+@pytest.mark.gpu
+def test_gpu_dropout_matches_the_reference_bit_for_bit():
+    import cupy as cp
+    mt.manual_seed(123)
+    x = cp.asarray(np.random.default_rng(0).standard_normal((7, 1001), dtype=np.float32))
+    for n in range(3):
+        y, m = mrandom.dropout_mask(x, 0.4)
+        keep = mrandom.dropout_reference(123, n, x.size, 0.4).reshape(x.shape)
+        np.testing.assert_array_equal(cp.asnumpy(m), np.where(keep, np.float32(1 / 0.6), np.float32(0)))
+        np.testing.assert_array_equal(cp.asnumpy(y), cp.asnumpy(x) * cp.asnumpy(m))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "fbfft", "gemm", "cufft"])
+def test_graphed_training_equals_eager_training(backend):
+    """Six steps through the graph (one eager warm-up, one capture, replays) give the weights and
+    losses of the same six steps run eagerly: same kernels, same dropout masks."""
+    batches = _batches(6)
+    eager_w, eager_loss, _ = _train(backend, batches, graphed=False)
+    graph_w, graph_loss, step = _train(backend, batches, graphed=True)
+    assert step.captures == 1 and step.calls == 6
+    np.testing.assert_allclose(graph_loss, eager_loss, rtol=1e-5)
+    for g, e in zip(graph_w, eager_w):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    assert len(set(np.round(graph_loss, 6))) == 6
+
+
+@pytest.mark.gpu
+def test_replays_draw_new_dropout_masks():
+    import cupy as cp
+    batches = _batches(4)
+    _, _, step = _train("gemm", batches, graphed=True)
+    drawn = int(mrandom._gpu_states[cp.cuda.Device().id][1])
+    assert drawn == 2 * 4              # two Dropout layers, four steps: the replays advanced the counter
+
+
+@pytest.mark.gpu
+def test_a_new_learning_rate_is_captured_again():
+    batches = _batches(5)
+    eager_w, _, _ = _train("auto", batches, graphed=False, lr_at=(3, 0.01))
+    graph_w, _, step = _train("auto", batches, graphed=True, lr_at=(3, 0.01))
+    assert step.captures == 2
+    for g, e in zip(graph_w, eager_w):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_bad_batches_are_refused_before_the_replay():
+    import cupy as cp
+    batches = _batches(2)
+    _, _, step = _train("gemm", batches, graphed=True)
+    x, y = batches[0]
+    with pytest.raises(ValueError, match="the graph was made for x"):
+        step(cp.asarray(x[:8]), y[:8])
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, 10\), got values in \[0, 10\]"):
+        step(cp.asarray(x), np.where(np.arange(16) == 3, 10, y))
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, 10\)"):
+        step(cp.asarray(x), cp.asarray(np.where(np.arange(16) == 3, -1, y)))
+    with pytest.raises(TypeError, match="integer class indices"):
+        step(cp.asarray(x), y.astype(np.float32))
+
+
+@pytest.mark.gpu
+def test_memory_the_graph_uses_is_not_handed_out_after_cufft_lets_it_go():
+    """cufft's scratch buffers and plans are in the graph; after release_buffers() (or a buffer
+    that grows, or a plan evicted from the cache) new arrays must not land in that memory, or the
+    next replay would overwrite them."""
+    import cupy as cp
+
+    import backends
+    batches = _batches(3)
+    _, _, step = _train("cufft", batches, graphed=True)
+    sizes = [b.nbytes for b in backends.cufft.held_on_device() if hasattr(b, "nbytes")]
+    assert step.captures == 1 and sizes
+    backends.cufft.release_buffers()
+    junk = [cp.full(n // 4, 7.0, np.float32) for n in sizes for _ in range(2)]
+    x, y = batches[0]
+    step(cp.asarray(x), y)
+    cp.cuda.Device().synchronize()
+    assert all(bool((j == 7.0).all()) for j in junk)
