@@ -65,7 +65,7 @@ import warnings
 import numpy as np
 
 from . import cgemm, tuning
-from .common import check_arrays, check_output_shape, geometry, valid_geometry
+from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
 from .reuse import Key, reuse_spectra, shared, suspended  # noqa: F401 - reuse_spectra: an alias
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
@@ -283,26 +283,29 @@ def _cyclic(count, shift, size):
 
 @functools.lru_cache(maxsize=None)
 def _gpu_kernels():
-    """_place and _crop as CuPy elementwise kernels, one thread per output element."""
-    import cupy as cp
-    place = cp.ElementwiseKernel(
-        "raw float32 a, int32 n, int32 m, int32 h, int32 w, int32 sh, int32 sw, float32 scale",
-        "float32 out",
-        """
-        const int c = i % m, r = (i / m) % n;
-        const ptrdiff_t plane = i / ((ptrdiff_t)n * m);
-        const int u = (r + sh) % n, v = (c + sw) % m;      // the element of a this slot holds
-        out = (u < h && v < w) ? a[(plane * h + u) * w + v] * scale : 0.0f;
-        """, "minitorch_cufft_place")
-    crop = cp.ElementwiseKernel(
-        "raw float32 full, int32 n, int32 m, int32 oh, int32 ow, int32 sh, int32 sw, float32 scale",
-        "float32 out",
-        """
-        const int v = i % ow, u = (i / ow) % oh;
-        const ptrdiff_t plane = i / ((ptrdiff_t)oh * ow);
-        out = full[(plane * n + (u - sh + n) % n) * m + (v - sw + m) % m] * scale;
-        """, "minitorch_cufft_crop")
+    """_place and _crop on the GPU: kernels/cufft_place.cu, behind functions that take the
+    arguments of the NumPy model (tests/test_cufft_emulated.py runs the same C arithmetic).
+    RawKernel launches: CuPy's ElementwiseKernel spent ~3x the host time per call parsing its
+    arguments, which a small pass's kernels do not hide."""
+    module = cuda_module("cufft_place.cu")
+    place_k, crop_k = module.get_function("cufft_place"), module.get_function("cufft_crop")
+    i32 = np.int32
+
+    def place(a, n, m, h, w, sh, sw, scale, out):
+        _contiguous(a, out)
+        launch_1d(place_k, out.size, (a, out, i32(n), i32(m), i32(h), i32(w), i32(sh), i32(sw), scale,
+                                      np.int64(out.size)))
+
+    def crop(full, n, m, oh, ow, sh, sw, scale, out):
+        _contiguous(full, out)
+        launch_1d(crop_k, out.size, (full, out, i32(n), i32(m), i32(oh), i32(ow), i32(sh), i32(sw), scale,
+                                     np.int64(out.size)))
     return {"place": place, "crop": crop}
+
+
+def _contiguous(*arrays):
+    if not all(a.flags.c_contiguous for a in arrays):
+        raise ValueError("cufft: the place and crop kernels address C-contiguous arrays only")
 
 
 # cufftExecR2C's direction argument is ignored; CuPy's Plan.fft asks for one anyway.
@@ -367,6 +370,12 @@ def _cgemm(xp, a, b, role, how, op_a="N", op_b="N"):
 
 
 def _batch_chunks(g, basis):
+    """_chunks(g, basis, WORKSPACE_BYTES): computed once per geometry and basis."""
+    return _chunks(g, tuple(basis), WORKSPACE_BYTES)
+
+
+@functools.lru_cache(maxsize=1024)
+def _chunks(g, basis, workspace_bytes):
     """Slices of the batch whose frequency-domain buffers fit WORKSPACE_BYTES (>= 1 image each).
 
     Per image a pass holds about f + f' planes of real basis (4nm bytes: the placed input, the
@@ -379,8 +388,8 @@ def _batch_chunks(g, basis):
     n, m = basis
     F = n * (m // 2 + 1)
     per_image = (g.f + g.fo) * (4 * n * m + 24 * F)
-    step = max(1, min(WORKSPACE_BYTES // per_image, _INT_MAX // (max(g.f, g.fo) * n * m)))
-    return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
+    step = max(1, min(workspace_bytes // per_image, _INT_MAX // (max(g.f, g.fo) * n * m)))
+    return tuple(slice(s, min(s + step, g.S)) for s in range(0, g.S, step))
 
 
 # -- scratch buffers: one per role, grown on demand, never handed to the caller ---------------
@@ -416,6 +425,7 @@ def release_buffers():
 
 # -- spectra shared across passes (backends/reuse.py) ---------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def _key(role, basis, offset=(0, 0)):
     """The reuse key of a spectrum: x and gy sit at offset 0; w is shifted by (-ph, -pw)."""
     return Key("cufft", role, tuple(basis), offset)
@@ -502,16 +512,32 @@ def config_for(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np
 
 def _run(xp, pass_name, g, run):
     """run(config) with the configuration of this pass: default, cached, or tuned now and cached."""
+    return run(_config(xp, pass_name, g, run))
+
+
+_configs = {}   # (pass, g, device, precision) -> (cache, its version, config): _config's memo
+
+
+def _config(xp, pass_name, g, run):
+    """The pass's configuration. Looking a tuned one up in the tuning cache (its key, a JSON entry
+    name, the validity check) cost ~20 us of host time per call, more than a small pass's kernels
+    take to start, so the answer is remembered until the cache changes (TuneCache.version)."""
     if not _tuning_enabled(xp):
-        return run(default_config(g))
-    cache, key = tuning.default_cache(), _tune_key(xp, pass_name, g)
+        return default_config(g)
+    cache = tuning.default_cache()
+    memo = (pass_name, g, -1 if xp is np else xp.cuda.Device().id, cgemm.mode(xp))
+    hit = _configs.get(memo)
+    if hit is not None and hit[0] is cache and hit[1] == cache.version:
+        return hit[2]
+    key = _tune_key(xp, pass_name, g)
     config = cache.get(key)
     if not _valid_config(config, g):
         if config is not None:
             warnings.warn(f"ignoring invalid cached cufft choice {config!r} for {pass_name} {tuple(g)}")
         config = _tune(xp, g, run)
         cache.put(key, config)
-    return run(config)
+    _configs[memo] = (cache, cache.version, config)
+    return config
 
 
 def _tune(xp, g, run):

@@ -98,6 +98,7 @@ class TuneCache:
         self.path = Path(path).expanduser().absolute()
         self._devices, _ = self._read(warn=True)          # {device name: {entry name: value}}
         self._own = {}                                     # what this object put(), same layout
+        self.version = 0   # counts put()s: lets a caller memoise get() (backends/cufft.py's _config)
 
     def get(self, key):
         """The stored choice for `key`, or None."""
@@ -114,6 +115,7 @@ class TuneCache:
         self._devices.setdefault(device, {})[_entry_name(rest)] = value
         self._own.setdefault(device, {})[_entry_name(rest)] = value
         self._write()
+        self.version += 1
 
     def _read(self, warn):
         """({device: {entry: value}}, state) from the file. state is "ok", "missing", "unreadable"

@@ -458,3 +458,33 @@ def test_the_tuner_skips_bases_beyond_the_plan_limit_and_drops_its_plans(rng, mo
         assert cufft._valid_config(dict(cufft.default_config(g), basis=[8, 6]), g) is False
     finally:
         cufft._plans.clear()
+
+
+def test_the_configuration_lookup_is_remembered_until_the_cache_changes(rng, monkeypatch):
+    """A pass looks its tuned configuration up in the tuning cache once; a put() to the cache
+    (a new choice, here for this very pass) makes the next call look again, and a fresh cache
+    object (another file, or tuning._caches cleared) is never answered from the memo."""
+    monkeypatch.setattr(cufft, "TUNE", "on")
+    monkeypatch.setattr(tuning, "timeit", _no_timing)
+    x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
+    g = geometry(x.shape, w.shape, (1, 1), (0, 0))
+    key = tuning.key(np, np.float32, g, "fprop", "cufft")
+    cache = tuning.default_cache()
+    cache.put(key, {"basis": [8, 8], "gemm": "batched", "layout": "copy"})
+    lookups = []
+    real_get = tuning.TuneCache.get
+    monkeypatch.setattr(tuning.TuneCache, "get", lambda self, k: lookups.append(k) or real_get(self, k))
+    used = []
+    real_crop = cufft._crop
+    monkeypatch.setattr(cufft, "_crop", lambda xp, full, out, **kw: used.append(full.shape[2:]) or
+                        real_crop(xp, full, out, **kw))
+    for _ in range(3):
+        cufft.fprop(x, w)
+    assert len(lookups) == 1 and used == [(8, 8)] * 3
+    cache.put(key, {"basis": [7, 8], "gemm": "batched", "layout": "copy"})
+    cufft.fprop(x, w)
+    assert len(lookups) == 2 and used[-1] == (7, 8)
+    tuning._caches.clear()                        # a new cache object on the same file
+    y = cufft.fprop(x, w)
+    assert len(lookups) == 3 and used[-1] == (7, 8)
+    np.testing.assert_allclose(y, cufft.fprop(x, w), rtol=0, atol=0)
