@@ -213,7 +213,7 @@ def _spectrum(xp, a, basis, layout, shift=(0, 0), scale=1.0):
     else:
         natural = _scratch(xp, "natural", (p * q, F), np.complex64)
         plan.fft(a, natural, _FORWARD)
-        out.reshape(F, p * q)[...] = natural.T
+        _gpu_kernels()["transpose"](natural, out.reshape(F, p * q))
     return out
 
 
@@ -239,7 +239,7 @@ def _inverse(xp, spec, basis, layout):
     out = _scratch(xp, "inverse", (p, q, n, m), np.float32)
     if layout == "copy":
         natural = _scratch(xp, "natural", (p * q, F), np.complex64)
-        natural[...] = spec.reshape(F, p * q).T
+        _gpu_kernels()["transpose"](spec.reshape(F, p * q), natural)
         spec = natural
     _plan(xp, "c2r", basis, p * q, layout).fft(spec, out, _INVERSE)
     return out
@@ -283,12 +283,14 @@ def _cyclic(count, shift, size):
 
 @functools.lru_cache(maxsize=None)
 def _gpu_kernels():
-    """_place and _crop on the GPU: kernels/cufft_place.cu, behind functions that take the
-    arguments of the NumPy model (tests/test_cufft_emulated.py runs the same C arithmetic).
-    RawKernel launches: CuPy's ElementwiseKernel spent ~3x the host time per call parsing its
-    arguments, which a small pass's kernels do not hide."""
-    module = cuda_module("cufft_place.cu")
+    """_place, _crop and the copy layout's transposes on the GPU: kernels/cufft.cu, behind functions
+    that take the arguments of their NumPy models (tests/test_cufft_emulated.py runs the same C
+    arithmetic). RawKernel launches: CuPy's ElementwiseKernel, and its copy into a transposed
+    view, spent ~3x the host time per call parsing arguments, which a small pass's kernels do not
+    hide; the copy also read or wrote with a stride, where the tiled transpose does neither."""
+    module = cuda_module("cufft.cu")
     place_k, crop_k = module.get_function("cufft_place"), module.get_function("cufft_crop")
+    transpose_k = module.get_function("cufft_transpose")
     i32 = np.int32
 
     def place(a, n, m, h, w, sh, sw, scale, out):
@@ -300,7 +302,18 @@ def _gpu_kernels():
         _contiguous(full, out)
         launch_1d(crop_k, out.size, (full, out, i32(n), i32(m), i32(oh), i32(ow), i32(sh), i32(sw), scale,
                                      np.int64(out.size)))
-    return {"place": place, "crop": crop}
+
+    def transpose(src, dst):
+        """dst (cols, rows) = src (rows, cols)^T, complex64, both C-contiguous."""
+        rows, cols = src.shape
+        _contiguous(src, dst)
+        if dst.shape != (cols, rows) or src.dtype != np.complex64 or dst.dtype != np.complex64:
+            raise ValueError(f"cufft transpose: {src.dtype} {src.shape} into {dst.dtype} {dst.shape}")
+        grid_y = (rows + 31) // 32
+        if grid_y > 65535:
+            raise ValueError(f"cufft transpose: {rows} rows need {grid_y} blocks in y, above CUDA's 65535")
+        transpose_k(((cols + 31) // 32, grid_y), (32, 8), (src, dst, i32(rows), i32(cols)))
+    return {"place": place, "crop": crop, "transpose": transpose}
 
 
 def _contiguous(*arrays):

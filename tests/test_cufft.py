@@ -488,3 +488,17 @@ def test_the_configuration_lookup_is_remembered_until_the_cache_changes(rng, mon
     y = cufft.fprop(x, w)
     assert len(lookups) == 3 and used[-1] == (7, 8)
     np.testing.assert_allclose(y, cufft.fprop(x, w), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,cols", [(1, 1), (31, 33), (64, 32), (100, 7), (7, 1000), (144, 16384)])
+def test_gpu_transpose_kernel_is_exact(rows, cols, fresh_rng):
+    """The copy layout's tiled transpose (kernels/cufft.cu) against NumPy's, on sizes that are
+    and are not multiples of its 32 x 32 tile, into a NaN-poisoned output."""
+    import cupy as cp
+    src = (fresh_rng.standard_normal((rows, cols)) + 1j * fresh_rng.standard_normal((rows, cols))).astype(np.complex64)
+    dst = cp.full((cols, rows), np.nan, dtype=np.complex64)
+    cufft._gpu_kernels()["transpose"](cp.asarray(src), dst)
+    np.testing.assert_array_equal(cp.asnumpy(dst), src.T)
+    with pytest.raises(ValueError, match="cufft transpose"):
+        cufft._gpu_kernels()["transpose"](cp.asarray(src), cp.empty((rows, cols + 1), np.complex64))

@@ -77,6 +77,16 @@ def crop_kernel(full, n, m, oh, ow, sh, sw, scale, out):
     out[...] = (full.reshape(-1)[index] * scale).reshape(out.shape)
 
 
+def transpose_kernel(src, dst):
+    """The tiled transpose, tile by tile with its bounds checks, as cufft.cu's blocks run it."""
+    rows, cols = src.shape
+    assert src.flags.c_contiguous and dst.flags.c_contiguous and dst.shape == (cols, rows)
+    for r0 in range(0, rows, 32):
+        for c0 in range(0, cols, 32):
+            tile = src[r0:min(r0 + 32, rows), c0:min(c0 + 32, cols)]
+            dst[c0:c0 + tile.shape[1], r0:r0 + tile.shape[0]] = tile.T
+
+
 class FakeCupy(types.ModuleType):
     """NumPy under another name, so that cufft takes its GPU branch (`xp is not np`)."""
 
@@ -96,7 +106,8 @@ def gpu_branch(monkeypatch):
 
     numpy_matmul = cgemm.matmul                  # its NumPy branch stands in for cuBLAS's op flags
     monkeypatch.setattr(cgemm, "matmul", lambda xp_, *args, **kwargs: numpy_matmul(np, *args, **kwargs))
-    monkeypatch.setattr(cufft, "_gpu_kernels", lambda: {"place": place_kernel, "crop": crop_kernel})
+    monkeypatch.setattr(cufft, "_gpu_kernels",
+                        lambda: {"place": place_kernel, "crop": crop_kernel, "transpose": transpose_kernel})
     monkeypatch.setattr(cufft, "_aligned", lambda xp_, a: a.ctypes.data % 16 == 0)
     monkeypatch.setattr(cufft, "check_arrays",
                         lambda **arrays: (xp, *[np.ascontiguousarray(a) for a in arrays.values()]))
