@@ -8,7 +8,8 @@ time is summed by category from the kernel names:
 
   fft    our FFT kernels (fbfft_*) and cuFFT's (regular_fft, vector_fft, ... from libcufft)
   gemm   cuBLAS / CUTLASS kernels (names with gemm, sm90_xmma, cutlass)
-  other  everything else: elementwise copies, conj, transposes, reductions, our direct kernels
+  other  everything else: elementwise copies, conj, transposes, reductions, our direct kernels,
+         the cufft backend's own place / crop / transpose kernels (kernels/cufft.cu: cufft_*)
 
 wall is the median of CUDA events around one call; host = wall - kernel time, the part of the
 call in which the GPU waits for Python (a negative value only means overlapping kernels).
@@ -29,6 +30,8 @@ CATEGORIES = ("fft", "gemm", "other")
 
 def category(kernel_name):
     name = kernel_name.lower()
+    if name.startswith("cufft_"):       # the cufft backend's own place, crop and transpose kernels
+        return "other"
     if name.startswith("fbfft") or "fft" in name:
         return "fft"
     if "gemm" in name or "xmma" in name or "cutlass" in name:

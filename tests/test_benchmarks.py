@@ -542,3 +542,14 @@ def test_sweep_remeasures_the_rows_that_name_no_commit(tmp_path):
     sweep.append_row(sweep.part_path(path, 0), again)                  # a shard re-measured order[0]
     assert sweep.load_all_done(path, remeasure_unnamed=True)[sweep.key(order[0])] == again
     assert sweep.shard_todo(order, sweep.load_all_done(path, remeasure_unnamed=True), (0, 2)) == [order[2], order[4]]
+
+
+def test_profile_categories_keep_the_cufft_backends_own_kernels_out_of_fft():
+    """profile_layers sorts kernels by name: cuFFT's and fbfft's transforms are "fft", cuBLAS's
+    GEMMs "gemm"; the cufft backend's place / crop / transpose kernels (cufft_*) are "other",
+    though their names contain "fft"."""
+    from benchmarks.profile_layers import category
+    assert [category(k) for k in ("regular_fft_c2r<16>", "vector_fft_r2c", "fbfft_rfft2<16>",
+                                  "sm90_xmma_gemm_f32f32", "cutlass_80_tensorop", "cufft_transpose",
+                                  "cufft_place", "cufft_crop", "minitorch_sgd_momentum")] == \
+        ["fft", "fft", "fft", "gemm", "gemm", "other", "other", "other", "other"]
