@@ -131,7 +131,8 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
 
 def held_on_device():
     """Device memory the backends keep across calls (cufft's scratch buffers and plans; the other
-    backends allocate per call): what a captured CUDA graph must keep alive (minitorch_fft.graphs)."""
+    backends allocate per call): what a captured CUDA graph must keep alive (minitorch_fft.graphs).
+    `with cufft.keeping_retired() as kept:` also keeps what the caches drop during a capture."""
     return cufft.held_on_device()
 
 

@@ -57,6 +57,7 @@ FFTs per layer and step become 3); train.py wraps every training step in it by d
 are keyed by backend, role, basis and offset: only whole-batch (unchunked) spectra on the same
 basis are shared, and tuned passes may pick different bases.
 """
+import contextlib
 import functools
 import math
 import os
@@ -309,10 +310,8 @@ def _gpu_kernels():
         _contiguous(src, dst)
         if dst.shape != (cols, rows) or src.dtype != np.complex64 or dst.dtype != np.complex64:
             raise ValueError(f"cufft transpose: {src.dtype} {src.shape} into {dst.dtype} {dst.shape}")
-        grid_y = (rows + 31) // 32
-        if grid_y > 65535:
-            raise ValueError(f"cufft transpose: {rows} rows need {grid_y} blocks in y, above CUDA's 65535")
-        transpose_k(((cols + 31) // 32, grid_y), (32, 8), (src, dst, i32(rows), i32(cols)))
+        tiles = ((rows + 31) // 32) * ((cols + 31) // 32)     # one block per 32 x 32 tile
+        transpose_k((tiles,), (32, 8), (src, dst, i32(rows), i32(cols)))
     return {"place": place, "crop": crop, "transpose": transpose}
 
 
@@ -350,7 +349,7 @@ def _plan(xp, kind, basis, batch, layout):
         else:
             plan = lib.PlanNd((n, m), half, batch, 1, real, 1, n * m, lib.CUFFT_C2R, batch, "C", -1, m)
         while len(_plans) >= PLAN_CACHE_SIZE:
-            _plans.pop(next(iter(_plans)))                                   # the least recent
+            _retire(_plans.pop(next(iter(_plans))))                          # the least recent
     _plans[key] = plan                                                       # now the most recent
     return plan
 
@@ -417,7 +416,7 @@ def _scratch(xp, role, shape, dtype):
     key = (role, np.dtype(dtype).str, device)
     buf = _scratch_buffers.get(key)
     if buf is None or buf.size < size:
-        _scratch_buffers.pop(key, None)          # let the allocator reuse the old memory
+        _retire(_scratch_buffers.pop(key, None))  # the allocator may reuse the old memory
         buf = _scratch_buffers[key] = xp.empty(size, dtype=dtype)
     return buf[:size].reshape(shape)
 
@@ -426,8 +425,30 @@ def held_on_device():
     """The scratch buffers and cuFFT plans (whose work areas are device memory) this module holds
     now. A captured CUDA graph keeps addresses in them: minitorch_fft.graphs holds these objects
     for as long as its graph lives, so a buffer that grows or a plan that leaves the cache does not
-    hand memory the graph writes to another allocation."""
+    hand memory the graph writes to another allocation. Inside keeping_retired(), the plans and
+    buffers dropped meanwhile are kept too (a step that needs more than PLAN_CACHE_SIZE plans
+    evicts some of them during its own capture)."""
     return list(_scratch_buffers.values()) + list(_plans.values())
+
+
+_retired = None   # a list while keeping_retired() runs: what the caches dropped meanwhile
+
+
+def _retire(obj):
+    if _retired is not None and obj is not None:
+        _retired.append(obj)
+
+
+@contextlib.contextmanager
+def keeping_retired():
+    """`with keeping_retired() as kept:` the plans and scratch buffers this module drops inside
+    the block are appended to `kept` instead of being freed while anything may still use them."""
+    global _retired
+    saved, _retired = _retired, []
+    try:
+        yield _retired
+    finally:
+        _retired = saved
 
 
 def release_buffers():

@@ -476,10 +476,14 @@ def step(args, bar):
                 graphed(x, y_np)
         graph_step()
         graph_step()
+        graph_err = graph_check(model, opt, crit, graphed, x, y, y_np)
+        if not graph_err <= GRAPH_TOL:
+            failures.append(f"{net} minitorch auto, CUDA graph: one replayed step differs from the same "
+                            f"step run eagerly by {graph_err:.1e} (relative; bound {GRAPH_TOL:.0e})")
         ms = median_ms(graph_step, "cupy", 1, n_steps)
         rows.append({"network": net, "implementation": "minitorch auto, CUDA graph", "step_ms": ms,
                      "images_per_s": args.batch / ms * 1e3, "kernel_fraction": kernel_fraction(graph_step),
-                     "graph_captures": graphed.captures})
+                     "graph_captures": graphed.captures, "graph_vs_eager": graph_err})
         del model, opt, graphed
         cp.get_default_memory_pool().free_all_blocks()
         # PyTorch, same architecture
@@ -505,10 +509,52 @@ def step(args, bar):
         bar.update(1)
     cols = [("network", "network", ""), ("implementation", "implementation", ""),
             ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"),
-            ("time in GPU kernels", "kernel_fraction", ".1%"),
+            ("time in GPU kernels", "kernel_fraction", ".1%"), ("graph vs eager", "graph_vs_eager", ".1e"),
             ("worst tensor", "worst_tensor", ""), ("its rel err vs fp64", "max_err", ".1e"),
             ("PyTorch fp32's largest", "torch_fp32_max_err", ".1e"), ("bound", "bound", ".1e")]
     return rows, cols, failures
+
+
+GRAPH_TOL = 1e-4   # a replayed step against the same step run eagerly (rounding only: cuBLAS may
+                   # pick other GEMM algorithms on the graph's own handle and workspace)
+
+
+def graph_check(model, opt, crit, graphed, x, y, y_np):
+    """The largest relative difference between one replay of `graphed` and the same step run
+    eagerly from the same weights, momentum and dropout stream: the loss, and each parameter's
+    update. The state is restored in place between the two (the graph keeps its addresses)."""
+    import cupy as cp
+
+    import backends
+    import minitorch_fft as mt
+    from backends import cgemm
+    params = model.parameters()
+    before = [p.data.copy() for p in params]
+    velocity = [None if v is None else v.copy() for v in opt.velocity]
+    stream = mt.random.get_state()
+
+    def restore():
+        for p, b in zip(params, before):
+            p.data[...] = b
+        for v, b in zip(opt.velocity, velocity):
+            if v is not None:
+                v[...] = b
+        mt.random.set_state(stream)
+    with cgemm.tf32(False):
+        graph_loss, _ = graphed(x, y_np)
+        graph_updates = [p.data - b for p, b in zip(params, before)]
+        restore()
+        with backends.reuse_spectra():
+            loss = crit(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+        opt.step()
+    errs = [abs(float(graph_loss) - float(loss.data)) / abs(float(loss.data))]
+    for p, b, g in zip(params, before, graph_updates):
+        e = p.data - b
+        errs.append(float(cp.linalg.norm(g - e)) / max(float(cp.linalg.norm(e)), 1e-30))
+    restore()
+    return max(errs)
 
 
 def kernel_fraction(fn, steps=3):

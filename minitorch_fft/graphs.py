@@ -52,6 +52,7 @@ class GraphedStep:
         self.reuse_spectra, self.warmup = reuse_spectra, warmup
         self._modules = model.modules()
         self.calls = self.captures = 0
+        self._eager_left = warmup      # eager steps before the next capture
         self.stream = cp.cuda.Stream(non_blocking=True)   # the legacy stream cannot be captured
         self.pool = cp.cuda.MemoryPool()
         self.graph = self.key = self.x = self.y = self.handle = None
@@ -71,25 +72,33 @@ class GraphedStep:
         return loss.data, logits.data
 
     def _graph_key(self):
-        """What the captured graph has baked in; a change means capturing again."""
+        """What the captured graph has baked in; a change means capturing again: the optimiser's
+        settings, the addresses of parameters and momentum buffers, which parameters train, every
+        module's scalar settings (training mode, Dropout's p, a layer's backend, ...), the GEMM
+        precision and spectrum reuse. Not covered: the backends' module-level settings (cufft.TUNE,
+        the workspace sizes), which a run does not change."""
         from backends import cgemm
         opt = self.optimizer
         return (opt.lr, opt.momentum, opt.weight_decay,
-                tuple(p.data.data.ptr for p in opt.params),
+                tuple(p.data.data.ptr for p in opt.params), tuple(p.requires_grad for p in opt.params),
                 tuple(None if v is None else v.data.ptr for v in opt.velocity),
-                tuple(m.training for m in self._modules), cgemm.tf32_enabled(), self.reuse_spectra)
+                tuple(_settings(m) for m in self._modules), cgemm.tf32_enabled(), self.reuse_spectra)
 
     # -- a call -------------------------------------------------------------------------------
     def __call__(self, x, y):
         cp = self.cp
         x, y = self._inputs(x, y)
-        if self.calls < self.warmup:
-            loss, logits = self._step(Tensor(x), cp.asarray(y, dtype=np.int64))  # checks the targets
-            self.calls, self.n_classes = self.calls + 1, logits.shape[1]
-            return loss, logits
         key = self._graph_key()
-        if self.graph is None or key != self.key:
-            self._capture(x, key)
+        if self.graph is not None and key != self.key:
+            # Something baked in changed. One eager step first: a new precision or a new layer
+            # setting may need tuning, which cannot run inside a capture.
+            self.graph, self._eager_left = None, 1
+        if self._eager_left > 0:
+            loss, logits = self._step(Tensor(x), cp.asarray(y, dtype=np.int64))  # checks the targets
+            self.calls, self._eager_left, self.n_classes = self.calls + 1, self._eager_left - 1, logits.shape[1]
+            return loss, logits
+        if self.graph is None:
+            self._capture(x, self._graph_key())
         current = cp.cuda.get_current_stream()
         s = self.stream
         s.wait_event(current.record())        # the batch's producers first
@@ -150,26 +159,44 @@ class GraphedStep:
             self._pinned, self._staged = cupyx.empty_pinned(x.shape[:1], np.int64), None
         s = self.stream
         s.wait_event(cp.cuda.get_current_stream().record())
+        import backends
+        opt = self.optimizer
+        velocity = list(opt.velocity)          # a buffer made in the capture is never initialised
         with cp.cuda.using_allocator(self.pool.malloc):
             if self.handle is None:
                 self.handle = cgemm.GraphHandle(s.ptr, cp.empty(cgemm.GRAPH_WORKSPACE_BYTES, np.uint8))
-            with s, cgemm.capturing(self.handle), _prechecked_targets():
+            with s, cgemm.capturing(self.handle), _prechecked_targets(), \
+                    backends.cufft.keeping_retired() as retired:
                 s.begin_capture()
                 try:
                     loss, logits = self._step(Tensor(self.x), self.y)
-                except Exception as e:
+                except BaseException as e:
                     with contextlib.suppress(Exception):
                         s.end_capture()               # leave the stream usable
+                    opt.velocity = velocity
+                    if not isinstance(e, Exception):
+                        raise                         # Ctrl-C: as it is
                     raise RuntimeError(f"GraphedStep: the training step could not be captured as a "
                                        f"CUDA graph ({type(e).__name__}: {e}); something in it waits "
                                        f"for the host or calls a library CuPy cannot capture. Run the "
                                        f"step eagerly instead (train.py without --cuda-graph)") from e
                 graph = s.end_capture()
-        import backends
         self.loss, self.logits = loss, logits
         self.graph, self.key = graph, key
-        self._held = backends.held_on_device()     # buffers and plans the graph's addresses point into
+        # buffers and plans the graph's addresses point into, those evicted during the capture too
+        self._held = backends.held_on_device() + retired
         self.captures += 1
+
+
+def _settings(module):
+    """A module's scalar attributes (numbers, strings, booleans and tuples of them), sorted."""
+    return tuple(sorted((k, v) for k, v in vars(module).items() if k != "training" and _scalar(v))) + \
+        (module.training,)
+
+
+def _scalar(v):
+    return (isinstance(v, (bool, int, float, str)) or
+            isinstance(v, tuple) and all(isinstance(e, (bool, int, float, str)) for e in v))
 
 
 @contextlib.contextmanager

@@ -11,11 +11,11 @@ masks it would have drawn.
 """
 import numpy as np
 
-from .device import cupy_or_none
 
 _rng = np.random.default_rng(0)
 _seed = 0
 _gpu_states = {}   # device id -> uint64 array [seed, masks drawn], on that device
+_pending = {}      # device id -> masks drawn, from set_state(), for a device not used yet
 
 # Philox4x32-10's constants (Random123's philox.h)
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
@@ -27,6 +27,7 @@ def manual_seed(seed):
     global _rng, _seed
     _rng = np.random.default_rng(seed)
     _seed = int(seed)
+    _pending.clear()
     for state in _gpu_states.values():
         state.set(np.array([_seed % 2**64, 0], dtype=np.uint64))
 
@@ -113,7 +114,7 @@ def _gpu_state(cp):
     dev = cp.cuda.Device().id
     state = _gpu_states.get(dev)
     if state is None:
-        state = _gpu_states[dev] = cp.array([_seed % 2**64, 0], dtype=np.uint64)
+        state = _gpu_states[dev] = cp.array([_seed % 2**64, _pending.pop(dev, 0)], dtype=np.uint64)
     return state
 
 
@@ -145,11 +146,10 @@ def set_state(state):
         return
     _rng.bit_generator.state = state["numpy"]
     _seed = int(state["seed"])
-    drawn = state.get("gpu_masks_drawn", {})
-    cp = cupy_or_none()
-    for dev, n in (drawn.items() if cp is not None else ()):   # a GPU run resumed on the CPU: no GPU stream
-        with cp.cuda.Device(int(dev)):
-            _gpu_state(cp).set(np.array([_seed % 2**64, int(n)], dtype=np.uint64))
-    for dev, s in _gpu_states.items():      # devices the snapshot had not used start from 0
-        if str(dev) not in drawn:
-            s.set(np.array([_seed % 2**64, 0], dtype=np.uint64))
+    drawn = {int(d): int(n) for d, n in state.get("gpu_masks_drawn", {}).items()}
+    # Devices this process has used are set now; the others when they draw their first mask
+    # (a checkpoint from another machine, or read where no GPU is usable, never touches CUDA here).
+    _pending.clear()
+    for dev, s in _gpu_states.items():
+        s.set(np.array([_seed % 2**64, drawn.pop(dev, 0)], dtype=np.uint64))
+    _pending.update(drawn)

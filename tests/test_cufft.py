@@ -502,3 +502,16 @@ def test_gpu_transpose_kernel_is_exact(rows, cols, fresh_rng):
     np.testing.assert_array_equal(cp.asnumpy(dst), src.T)
     with pytest.raises(ValueError, match="cufft transpose"):
         cufft._gpu_kernels()["transpose"](cp.asarray(src), cp.empty((rows, cols + 1), np.complex64))
+
+
+def test_buffers_dropped_while_keeping_retired_are_kept():
+    """A scratch buffer that grows inside keeping_retired() (as during a CUDA-graph capture) is
+    handed to the caller instead of being freed; outside, it is simply dropped."""
+    cufft._scratch_buffers.clear()
+    small = cufft._scratch(np, "test", (4,), np.float32)
+    with cufft.keeping_retired() as kept:
+        cufft._scratch(np, "test", (16,), np.float32)
+    assert len(kept) == 1 and kept[0].size == 4 and np.shares_memory(kept[0], small)
+    cufft._scratch(np, "test", (64,), np.float32)
+    assert cufft._retired is None
+    cufft._scratch_buffers.clear()

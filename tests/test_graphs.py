@@ -55,6 +55,42 @@ def test_random_state_round_trips_through_json_and_reads_old_checkpoints():
     np.testing.assert_array_equal(mt.random.generator().random(4), a)
 
 
+def test_a_gpu_checkpoint_resumes_where_no_gpu_was_used_yet():
+    """set_state() with mask counts for devices this process has not touched (another machine's
+    checkpoint, or one read without a usable GPU) touches no CUDA; the counts wait in _pending
+    until the device draws its first mask."""
+    mt.manual_seed(3)
+    state = json.loads(json.dumps(mt.random.get_state()))
+    state["gpu_masks_drawn"] = {"5": 17}
+    saved = dict(mrandom._gpu_states)
+    mrandom._gpu_states.clear()
+    try:
+        mt.random.set_state(state)
+        assert mrandom._pending == {5: 17}
+        mt.manual_seed(3)
+        assert mrandom._pending == {}
+    finally:
+        mrandom._gpu_states.update(saved)
+
+
+def test_the_graph_key_sees_module_settings():
+    """Dropout's p is a kernel argument in the graph: changing it must change the key (as must a
+    layer's backend, training mode, ...); the weights themselves are not part of it."""
+    from minitorch_fft.graphs import _settings
+    a, b = mt.Dropout(0.3), mt.Dropout(0.5)
+    assert _settings(a) != _settings(b)
+    conv = mt.SpatialConvolution(2, 3, 3, backend="gemm")
+    before = _settings(conv)
+    conv.backend = "fbfft"
+    assert _settings(conv) != before
+    conv.backend = "gemm"
+    conv.eval()
+    assert _settings(conv) != before
+    conv.train()
+    conv.weight.data = conv.weight.data * 2
+    assert _settings(conv) == before
+
+
 def test_gpu_uniform_is_refused():
     with pytest.raises(TypeError, match="dropout_mask"):
         mrandom.uniform((3,), xp=object())
@@ -199,6 +235,21 @@ def test_a_new_learning_rate_is_captured_again():
     assert step.captures == 2
     for g, e in zip(graph_w, eager_w):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_new_dropout_rate_runs_one_eager_step_then_captures_again():
+    import cupy as cp
+    batches = _batches(5)
+    mt.manual_seed(0)
+    model = _net("auto").to("cuda")
+    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt)
+    for i, (x, y) in enumerate(batches):
+        if i == 3:
+            model[6].p = 0.1
+        step(cp.asarray(x), y)
+    assert step.captures == 2 and step.calls == 5     # eager, capture, replay, eager, capture
 
 
 @pytest.mark.gpu

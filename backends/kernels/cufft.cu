@@ -37,12 +37,14 @@ extern "C" __global__ void cufft_crop(const float* __restrict__ full, float* __r
 // shared memory so that both the reads and the writes are coalesced (the padding column keeps
 // the tile's column reads free of bank conflicts). The "copy" layout's Trans2D: cuFFT's natural
 // (planes, F) spectra to the GEMM's frequency-major (F, planes) and back. Blocks of 32 x 8
-// threads, each moving four elements; grid (ceil(cols / 32), ceil(rows / 32)).
+// threads, each moving four elements; a 1-D grid of ceil(rows / 32) * ceil(cols / 32) blocks, one
+// per tile, row of tiles by row of tiles (gridDim.x has room for any plane count; y would not).
 extern "C" __global__ void cufft_transpose(const float2* __restrict__ in, float2* __restrict__ out,
                                            int rows, int cols)
 {
     __shared__ float2 tile[32][33];
-    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    const int tiles_c = (cols + 31) / 32;
+    const int r0 = (int)(blockIdx.x / tiles_c) * 32, c0 = (int)(blockIdx.x % tiles_c) * 32;
     for (int j = threadIdx.y; j < 32; j += 8) {
         const int r = r0 + j, c = c0 + threadIdx.x;
         if (r < rows && c < cols)
