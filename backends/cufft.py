@@ -317,7 +317,7 @@ def _gpu_kernels():
 
 def _contiguous(*arrays):
     if not all(a.flags.c_contiguous for a in arrays):
-        raise ValueError("cufft: the place and crop kernels address C-contiguous arrays only")
+        raise ValueError("cufft: its place, crop and transpose kernels address C-contiguous arrays only")
 
 
 # cufftExecR2C's direction argument is ignored; CuPy's Plan.fft asks for one anyway.

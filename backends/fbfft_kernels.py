@@ -88,10 +88,15 @@ def _check_cupy(name, a, dtype):
         raise ValueError(f"fbfft: {name} must be C-contiguous (no hidden copies are made)")
 
 
-def _check_out(out, shape, dtype):
+def _output(out, shape, dtype):
+    """`out` checked against the shape and dtype a wrapper writes, or a new CuPy array of them."""
+    if out is None:
+        import cupy as cp
+        return cp.empty(shape, dtype=dtype)
     _check_cupy("out", out, dtype)
     if tuple(out.shape) != shape:
         raise ValueError(f"fbfft: out must have shape {shape}, got {tuple(out.shape)}")
+    return out
 
 
 def rfft2(x, n, padding=(0, 0), out=None):
@@ -105,12 +110,7 @@ def rfft2(x, n, padding=(0, 0), out=None):
     h, w = x.shape[-2:]
     B = math.prod(x.shape[:-2])
     launch = rfft2_launcher(n, B, h, w, tuple(padding))
-    shape = (stored_frequencies(n), B)
-    if out is None:
-        import cupy as cp
-        out = cp.empty(shape, dtype=np.complex64)
-    else:
-        _check_out(out, shape, np.complex64)
+    out = _output(out, (stored_frequencies(n), B), np.complex64)
     launch(x, out)
     return out
 
@@ -146,12 +146,7 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, out=None):
     B = F.shape[1]
     out_shape = (n, n) if out_shape is None else tuple(out_shape)
     launch = irfft2_launcher(n, B, out_shape, tuple(offset), scale)
-    shape = (B,) + out_shape
-    if out is None:
-        import cupy as cp
-        out = cp.empty(shape, dtype=np.float32)
-    else:
-        _check_out(out, shape, np.float32)
+    out = _output(out, (B,) + out_shape, np.float32)
     launch(F, out)
     return out
 
@@ -189,12 +184,7 @@ def rfft1(x, n, pad=0, out=None):
         raise ValueError(f"fbfft: signal of length {length} at offset {pad} does not fit the basis {n}")
     if B >= 2**31:
         raise ValueError(f"fbfft: batch {B} exceeds the kernels' int32 batch index")
-    shape = (n // 2 + 1, B)
-    if out is None:
-        import cupy as cp
-        out = cp.empty(shape, dtype=np.complex64)
-    else:
-        _check_out(out, shape, np.complex64)
+    out = _output(out, (n // 2 + 1, B), np.complex64)
     _launch("rfft1", n, B, (x, out, np.int32(B), np.int32(length), np.int32(pad)))
     return out
 
@@ -213,12 +203,7 @@ def irfft1(F, n, out_len=None, offset=0, scale=None, out=None):
         raise ValueError(f"fbfft: F must hold 1 to 2^31 - 1 signals, got B = {B}")
     if out_len < 1 or offset < 0 or offset + out_len > n:
         raise ValueError(f"fbfft: output window of {out_len} at {offset} does not fit the basis {n}")
-    shape = (B, out_len)
-    if out is None:
-        import cupy as cp
-        out = cp.empty(shape, dtype=np.float32)
-    else:
-        _check_out(out, shape, np.float32)
+    out = _output(out, (B, out_len), np.float32)
     scale = 1.0 / n if scale is None else scale
     _launch("irfft1", n, B, (F, out, np.int32(B), np.int32(offset), np.int32(out_len), np.float32(scale)))
     return out

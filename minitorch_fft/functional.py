@@ -335,12 +335,18 @@ def _check_targets(x, target):
         raise ValueError(f"targets must have shape ({x.shape[0]},), got {tuple(t.shape)}")
     if t.dtype.kind not in "iu":
         raise TypeError(f"targets must be integer class indices, got dtype {t.dtype}")
-    # one host-device synchronisation on the GPU (a count), none for the message unless it fails;
-    # none inside a CUDA graph capture, whose caller checks each batch's values before it runs
-    if t.size and not _targets_prechecked and int(xp.count_nonzero((t < 0) | (t >= x.shape[1]))):
-        raise ValueError(f"targets must lie in [0, {x.shape[1]}), got values in "
-                         f"[{int(t.min())}, {int(t.max())}]")
+    if not _targets_prechecked:   # inside a CUDA graph capture the caller checks each batch first
+        check_target_range(t, x.shape[1])
     return t.astype(np.int64)
+
+
+def check_target_range(t, n_classes):
+    """ValueError unless every class index in `t` lies in [0, n_classes): one count (on the GPU,
+    one host-device synchronisation), the bounds only for the message when it fails."""
+    xp = get_array_module(t)
+    if t.size and int(xp.count_nonzero((t < 0) | (t >= n_classes))):
+        raise ValueError(f"targets must lie in [0, {n_classes}), got values in "
+                         f"[{int(t.min())}, {int(t.max())}]")
 
 
 class NLLFn(Function):

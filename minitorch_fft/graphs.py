@@ -127,10 +127,8 @@ class GraphedStep:
             raise ValueError(f"GraphedStep: batch of shape x {tuple(x.shape)}, y {y.shape}; the graph "
                              f"was made for x {self.x.shape}, y {self.y.shape} (every batch must have "
                              f"the same shape: drop or pad the last one, or run it eagerly)")
-        if self.n_classes is not None and y.size:
-            lo, hi = int(y.min()), int(y.max())
-            if lo < 0 or hi >= self.n_classes:
-                raise ValueError(f"targets must lie in [0, {self.n_classes}), got values in [{lo}, {hi}]")
+        if self.n_classes is not None:
+            F.check_target_range(y, self.n_classes)
         return cp.asarray(x, dtype=np.float32), y
 
     def _copy_targets(self, y):
@@ -150,6 +148,7 @@ class GraphedStep:
     def _capture(self, x, key):
         import cupyx
 
+        import backends
         from backends import cgemm
         cp = self.cp
         self.graph = None                                   # the old graph's memory is free again
@@ -159,7 +158,6 @@ class GraphedStep:
             self._pinned, self._staged = cupyx.empty_pinned(x.shape[:1], np.int64), None
         s = self.stream
         s.wait_event(cp.cuda.get_current_stream().record())
-        import backends
         opt = self.optimizer
         velocity = list(opt.velocity)          # a buffer made in the capture is never initialised
         with cp.cuda.using_allocator(self.pool.malloc):

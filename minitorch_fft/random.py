@@ -29,7 +29,12 @@ def manual_seed(seed):
     _seed = int(seed)
     _pending.clear()
     for state in _gpu_states.values():
-        state.set(np.array([_seed % 2**64, 0], dtype=np.uint64))
+        state.set(_state_values(0))
+
+
+def _state_values(masks_drawn):
+    """A device's dropout state as a host array: [seed, masks drawn], uint64."""
+    return np.array([_seed % 2**64, masks_drawn], dtype=np.uint64)
 
 
 def generator():
@@ -114,7 +119,7 @@ def _gpu_state(cp):
     dev = cp.cuda.Device().id
     state = _gpu_states.get(dev)
     if state is None:
-        state = _gpu_states[dev] = cp.array([_seed % 2**64, _pending.pop(dev, 0)], dtype=np.uint64)
+        state = _gpu_states[dev] = cp.asarray(_state_values(_pending.pop(dev, 0)))
     return state
 
 
@@ -151,5 +156,5 @@ def set_state(state):
     # (a checkpoint from another machine, or read where no GPU is usable, never touches CUDA here).
     _pending.clear()
     for dev, s in _gpu_states.items():
-        s.set(np.array([_seed % 2**64, drawn.pop(dev, 0)], dtype=np.uint64))
+        s.set(_state_values(drawn.pop(dev, 0)))
     _pending.update(drawn)
