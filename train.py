@@ -224,6 +224,7 @@ def evaluate(model, dataset, batch_size, device):
 
 
 def main(argv=None):
+    backends.config.check()   # a bad MINITORCH_* value: one line and exit 2, before any work
     args = parse_args(argv)
     resumed = restore_run(args, mt.checkpoint.header(args.checkpoint)) if args.resume else None
     check_outputs(args)
@@ -357,11 +358,19 @@ def main(argv=None):
     return 0
 
 
+def _debug():
+    """MINITORCH_DEBUG=1: a full traceback instead of one line (a bad value counts as off)."""
+    try:
+        return backends.config.get("debug")
+    except backends.config.ConfigError:
+        return False
+
+
 if __name__ == "__main__":
     try:
         sys.exit(main())
     except (ValueError, TypeError, OSError, CheckpointError) as e:
-        if os.environ.get("MINITORCH_DEBUG"):
+        if _debug():
             raise
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(2)

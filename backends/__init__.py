@@ -19,10 +19,10 @@ import warnings
 
 import numpy as np
 
-from . import autotune, cufft, direct, fbfft, gemm, polyphase, reuse
+from . import autotune, config, cufft, direct, fbfft, gemm, polyphase, reuse
 from .common import PASSES, geometry
 from .reuse import reuse_spectra
-from minitorch_fft.device import get_array_module
+from .device import get_array_module
 
 _REGISTRY = {
     "gemm": gemm,
@@ -109,24 +109,22 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
         backend.release_buffers()
     reuse.drop()  # so would the step's shared spectra; later passes recompute theirs
     _free_gpu_pool()
-    budget = gemm.WORKSPACE_BYTES
+    budget_mb = config.get("gemm_workspace_mb")
     while True:
-        budget //= 4
+        budget_mb /= 4
         key = (backend.__name__, pass_name, tuple(x_shape), tuple(w_shape))
         if key not in _warned:
             _warned.add(key)
             warnings.warn(f"{backend.__name__.split('.')[-1]} ran out of GPU memory in {pass_name} for input "
                           f"{tuple(x_shape)}, weight {tuple(w_shape)} ({first_error}); falling back to gemm "
-                          f"with a {budget >> 20} MiB workspace", ResourceWarning, stacklevel=3)
-        saved, gemm.WORKSPACE_BYTES = gemm.WORKSPACE_BYTES, budget
+                          f"with a {budget_mb:g} MiB workspace", ResourceWarning, stacklevel=3)
         try:
-            return call(gemm)
+            with config.override(gemm_workspace_mb=budget_mb):
+                return call(gemm)
         except Exception as e:  # noqa: BLE001
-            if not _is_out_of_memory(e) or budget < 1:
+            if not _is_out_of_memory(e) or budget_mb < 2**-20:   # one byte: a single image already
                 raise
             _free_gpu_pool()
-        finally:
-            gemm.WORKSPACE_BYTES = saved
 
 
 def held_on_device():
@@ -137,10 +135,11 @@ def held_on_device():
 
 
 def _free_gpu_pool():
-    from minitorch_fft.device import cupy_or_none
+    from .device import cupy_or_none
     cp = cupy_or_none()
     if cp is not None:
         cp.get_default_memory_pool().free_all_blocks()
 
 
-__all__ = ["names", "get", "choose", "run_pass", "reuse_spectra", "geometry", "held_on_device", "PASSES"]
+__all__ = ["names", "get", "choose", "run_pass", "reuse_spectra", "geometry", "held_on_device", "PASSES",
+           "config"]

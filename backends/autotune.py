@@ -38,14 +38,13 @@ On the CPU nothing is timed unless ``MINITORCH_AUTO_TUNE=on``: the first backend
 PREFERENCE that supports the geometry is used, which keeps CPU runs deterministic and fast.
 """
 import logging
-import os
 import statistics
 import warnings
 from collections import Counter
 
 import numpy as np
 
-from . import cgemm, tuning
+from . import cgemm, config, tuning
 from .common import PASSES, geometry, plain_args
 
 log = logging.getLogger("minitorch_fft.autotune")
@@ -56,32 +55,20 @@ PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase")
 # the spectra a step shares across passes), then the rest; backends not listed come last.
 TIE_ORDER = ("fbfft", "cufft", "polyphase", "gemm", "direct")
 ROUNDS, REPEAT = 3, 5   # timing rounds per candidate, timed runs per round (see the docstring)
-MARGIN = 0.03           # default tie margin, a fraction of the fastest time
+MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)
 _memory = {}      # key -> record, this process's choices
 _fast = {}        # (pass, shapes as given, xp, device, precision) -> (key, backend): remembered()
 
 
 def _tuning_on(xp):
-    mode = os.environ.get("MINITORCH_AUTO_TUNE", "auto")
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"MINITORCH_AUTO_TUNE must be auto, on or off, got {mode!r}")
+    mode = config.get("auto_tune")
     return mode == "on" or (mode == "auto" and xp is not np)
 
 
 def margin():
-    """The tie margin: $MINITORCH_AUTO_MARGIN (a fraction, e.g. 0.03 for 3%), else MARGIN."""
-    raw = os.environ.get("MINITORCH_AUTO_MARGIN")
-    if raw is None:
-        return MARGIN
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < 1:
-        raise ValueError(f"MINITORCH_AUTO_MARGIN must be a fraction in [0, 1), such as 0.03 for 3%, "
-                         f"got {raw!r}")
-    return value
+    """The tie margin: the auto_margin setting ($MINITORCH_AUTO_MARGIN, a fraction, 0.03 = 3%)."""
+    return config.get("auto_margin")
 
 
 def _geometry_key(x_shape, w_shape, stride, padding):
@@ -227,7 +214,7 @@ def _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp
     reference = run("gemm") if "gemm" in registry else None
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     rounds, skipped = {}, {}
-    cap_mb = os.environ.get("MINITORCH_AUTO_MEMORY_MB")
+    cap_mb = config.get("auto_memory_mb")
     for name in candidates:  # the untimed first run: warm-up (compilation, plans, buffers) and check
         try:
             with _memory_cap(xp, cap_mb):

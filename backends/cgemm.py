@@ -36,12 +36,13 @@ reused in fp32 mode; checks of one result against another use TF32_TOL where the
 import contextlib
 import functools
 import math
-import os
 from collections import namedtuple
 
 import numpy as np
 
-ENV = "MINITORCH_CGEMM_TF32"
+from . import config
+
+ENV = config.SETTINGS["tf32"].env
 # Relative error allowed between a result through a TF32 GEMM and a strict one (the tolerance
 # benchmarks/paper.py gives cuDNN's TF32 convolutions); 20x TF32's unit roundoff.
 TF32_TOL = 1e-2
@@ -52,38 +53,25 @@ _CUBLAS_COMPUTE_32F = 68
 _CUBLAS_COMPUTE_32F_FAST_TF32 = 77
 _CUBLAS_GEMM_DEFAULT = -1
 
-_override = None  # True / False from set_tf32() or tf32(); None follows the environment
-
-
 def tf32_enabled():
-    """Whether the complex GEMM runs in TF32 on the GPU: set_tf32()/tf32() if used, else $MINITORCH_CGEMM_TF32."""
-    if _override is not None:
-        return _override
-    value = os.environ.get(ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV} must be 0 (strict fp32) or 1 (TF32), got {value!r}")
-    return value == "1"
+    """Whether the complex GEMM runs in TF32 on the GPU: the tf32 setting (backends.config:
+    set_tf32()/tf32() in code, else $MINITORCH_CGEMM_TF32)."""
+    return config.get("tf32")
 
 
 def set_tf32(enabled):
     """TF32 on (True) or off (False) for this process; None goes back to $MINITORCH_CGEMM_TF32."""
-    global _override
     if enabled is not None and not isinstance(enabled, bool):
         raise TypeError(f"set_tf32 takes True, False or None, got {enabled!r}")
-    _override = enabled
+    config.set("tf32", enabled)
 
 
-@contextlib.contextmanager
 def tf32(enabled=True):
     """`with cgemm.tf32():` runs the block's GEMMs in TF32 (fp32 with enabled=False), then
     restores the setting that was in force before, also when the block raises."""
-    global _override
-    saved = _override
-    set_tf32(enabled)
-    try:
-        yield
-    finally:
-        _override = saved
+    if not isinstance(enabled, bool):
+        raise TypeError(f"tf32 takes True or False, got {enabled!r}")
+    return config.override(tf32=enabled)
 
 
 def mode(xp):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minitorch_fft.device import cupy_or_none, get_array_module, is_cupy
-from minitorch_fft.utils import is_int, pair
+from .device import cupy_or_none, get_array_module, is_cupy
+from .utils import is_int, pair
 
 Geometry = namedtuple("Geometry", "S f fo h w kh kw sh sw ph pw oh ow")
 

@@ -47,8 +47,8 @@ backends.tuning (paper §3.4).
 Memory. Placed operands, GEMM outputs and inverse outputs live in scratch buffers owned by this
 module, one per role, grown when too small and reused by every call (paper §3.3); forward spectra
 are fresh pool blocks, since reuse_spectra() may keep them. cuFFT plans (and their work areas)
-are cached per device, shape and batch, the PLAN_CACHE_SIZE most recent kept. Above WORKSPACE_BYTES
-($MINITORCH_CUFFT_WORKSPACE_MB, default 2048) the batch is processed in chunks; accGrad sums the
+are cached per device, shape and batch, the PLAN_CACHE_SIZE most recent kept. Above
+$MINITORCH_CUFFT_WORKSPACE_MB (default 2048) the batch is processed in chunks; accGrad sums the
 chunks' products in the frequency domain. Weight-sized buffers (f' x f planes) are not chunked.
 
 Reuse across passes. Within `with backends.reuse_spectra():` (backends/reuse.py) the FFTs of x,
@@ -60,20 +60,17 @@ basis are shared, and tuned passes may pick different bases.
 import contextlib
 import functools
 import math
-import os
 import warnings
 
 import numpy as np
 
-from . import cgemm, tuning
+from . import cgemm, config, tuning
 from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
 from .reuse import Key, reuse_spectra, shared, suspended  # noqa: F401 - reuse_spectra: an alias
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
 # oh x ow output, n x m Fourier basis, F = n*(m//2+1) frequencies (Hermitian half)
 
-WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_CUFFT_WORKSPACE_MB", "2048")) * 2**20)
-TUNE = os.environ.get("MINITORCH_CUFFT_TUNE", "auto")
 GEMMS = ("batched", "loop", "gauss")
 LAYOUTS = ("copy", "strided")  # how spectra become frequency-major (module docstring)
 DEFAULT_LAYOUT = "copy"        # the untuned choice: never slower than before layouts existed
@@ -382,13 +379,13 @@ def _cgemm(xp, a, b, role, how, op_a="N", op_b="N"):
 
 
 def _batch_chunks(g, basis):
-    """_chunks(g, basis, WORKSPACE_BYTES): computed once per geometry and basis."""
-    return _chunks(g, tuple(basis), WORKSPACE_BYTES)
+    """_chunks(g, basis, the cufft workspace in bytes): computed once per geometry and basis."""
+    return _chunks(g, tuple(basis), config.mib_bytes("cufft_workspace_mb"))
 
 
 @functools.lru_cache(maxsize=1024)
 def _chunks(g, basis, workspace_bytes):
-    """Slices of the batch whose frequency-domain buffers fit WORKSPACE_BYTES (>= 1 image each).
+    """Slices of the batch whose frequency-domain buffers fit workspace_bytes (>= 1 image each).
 
     Per image a pass holds about f + f' planes of real basis (4nm bytes: the placed input, the
     inverse's output) and of two spectra (16F bytes: the FFT's frequency-major output and the
@@ -525,9 +522,8 @@ def _is_basis_size(n, n0):
 
 
 def _tuning_enabled(xp):
-    if TUNE not in ("auto", "on", "off"):
-        raise ValueError(f"MINITORCH_CUFFT_TUNE (cufft.TUNE) must be 'auto', 'on' or 'off', got {TUNE!r}")
-    return TUNE == "on" or (TUNE == "auto" and xp is not np)
+    tune = config.get("cufft_tune")
+    return tune == "on" or (tune == "auto" and xp is not np)
 
 
 def _tune_key(xp, pass_name, g):

@@ -33,20 +33,17 @@ NaN in gy can reach a few more input pixels than the definition says (the FFT ba
 them further still); finite inputs are unaffected.
 """
 import functools
-import os
 import warnings
 from collections import namedtuple
 
 import numpy as np
 
-from . import tuning
+from . import config, tuning
 from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, sh x sw stride,
 # ph x pw padding, oh x ow output; KK = kh*kw taps; q = oy*ow + ox a flattened output position.
 
-TUNE = os.environ.get("MINITORCH_DIRECT_TUNE", "auto")          # "auto"/"on": tune on the GPU; "off"
-POISON = os.environ.get("MINITORCH_DIRECT_POISON", "0") == "1"  # NaN-fill outputs before launch (tests)
 TUNE_CHECK_TOL = 1e-4        # largest relative difference from naive a tuned winner may have
 TUNE_INNER = 3               # runs per timed span while tuning
 SMEM_BUDGET = 48 * 1024      # shared memory a tiled block aims at; more only if one channel needs it
@@ -390,7 +387,7 @@ def _kernel(name):
 
 def _new(xp, shape):
     """An output array: NaN-filled when POISON is set, so an element no kernel writes shows up."""
-    return xp.full(shape, np.nan, np.float32) if POISON else xp.empty(shape, np.float32)
+    return xp.full(shape, np.nan, np.float32) if config.get("direct_poison") else xp.empty(shape, np.float32)
 
 
 def _conv_args(g):
@@ -459,7 +456,7 @@ def _accgrad_gpu(cfg, gy, x, g):
 
 # -- choosing a configuration: forced, remembered, tuned or default ------------------------------
 
-_chosen = {}  # (device id, pass, geometry, TUNE) -> Config: the per-call lookup, no device query
+_chosen = {}  # (device id, pass, geometry, direct_tune) -> Config: the per-call lookup, no device query
 
 
 def _choose(pass_name, g, run, config):
@@ -469,17 +466,17 @@ def _choose(pass_name, g, run, config):
         if plan(pass_name, config, g) is None:
             raise ValueError(f"direct {pass_name} config {config!r} does not fit geometry {tuple(g)}")
         return cfg
-    device_id = cp.cuda.Device().id
-    cfg = _chosen.get((device_id, pass_name, g, TUNE))
+    device_id, tune = cp.cuda.Device().id, config.get("direct_tune")
+    cfg = _chosen.get((device_id, pass_name, g, tune))
     if cfg is not None:
         return cfg
     names = candidates(pass_name, g, *_device_limits(device_id))
-    if TUNE == "off" or len(names) == 1:
+    if tune == "off" or len(names) == 1:
         cfg = _config(pass_name, default_config(pass_name, g, names))
     else:
         key = tuning.key(cp, np.float32, g, pass_name, "direct")
         cfg = _config(pass_name, _remembered(key, names, lambda: tune(pass_name, g, run, names)))
-    _chosen[device_id, pass_name, g, TUNE] = cfg
+    _chosen[device_id, pass_name, g, tune] = cfg
     return cfg
 
 
@@ -548,7 +545,7 @@ def tune(pass_name, g, run, names, warmup=1, repeat=5):
 # (outputs per thread, threads per block) of every correlate1d<OUT, THREADS> instance; OUT odd.
 CORRELATE1D_CONFIGS = ((7, 256), (15, 128), (15, 256), (23, 128), (31, 64), (31, 128))
 MAX_GRID_Y = 65535
-_correlate1d_chosen = {}  # (device id, B, L, K, TUNE) -> (OUT, THREADS)
+_correlate1d_chosen = {}  # (device id, B, L, K, direct_tune) -> (OUT, THREADS)
 
 
 def correlate1d(x, mask, *, config=None):
@@ -595,14 +592,15 @@ def correlate1d(x, mask, *, config=None):
 
 
 def _choose_correlate1d(B, L, K, run):
-    """The remembered, cached, tuned or (TUNE off) default configuration for one problem size."""
+    """The remembered, cached, tuned or (direct_tune off) default configuration for one problem size."""
     import cupy as cp
     device_id = cp.cuda.Device().id
-    memo = (device_id, B, L, K, TUNE)
+    tune = config.get("direct_tune")
+    memo = (device_id, B, L, K, tune)
     if memo in _correlate1d_chosen:
         return _correlate1d_chosen[memo]
     cfg = (15, 128)
-    if TUNE != "off":
+    if tune != "off":
         by_name = {f"{o}x{t}": (o, t) for o, t in CORRELATE1D_CONFIGS}   # cached by name, "OUTxTHREADS"
 
         def tune():

@@ -28,11 +28,10 @@ On the CPU the same passes run on the NumPy model of the kernels (fbfft_model), 
 the padding, layout and clipping arithmetic that the GPU runs.
 """
 import functools
-import os
 
 import numpy as np
 
-from . import cgemm, fbfft_model
+from . import cgemm, config, fbfft_model
 from .common import check_arrays, check_output_shape, geometry, plain_args, valid_geometry
 from .reuse import Key, shared
 
@@ -41,7 +40,6 @@ from .reuse import Key, shared
 # conjugate duplicates: the GEMM skips them; fbfft.cu's header)
 
 MAX_BASIS = max(fbfft_model.SIZES)
-WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_FBFFT_WORKSPACE_MB", "2048")) * 2**20)
 
 
 def basis(g):
@@ -82,7 +80,7 @@ def _plan(x_shape, w_shape, stride, padding):
         g = geometry(x_shape, w_shape, stride, padding)
         x_shape, w_shape = (g.S, g.f, g.h, g.w), (g.fo, g.f, g.kh, g.kw)
         stride, padding = (g.sh, g.sw), (g.ph, g.pw)
-    return _plan_cached(x_shape, w_shape, stride, padding, WORKSPACE_BYTES)
+    return _plan_cached(x_shape, w_shape, stride, padding, config.mib_bytes("fbfft_workspace_mb"))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -13,24 +13,22 @@ are implicit: no padded or cropped copy is ever made. CuPy arrays only; the NumP
 of the same kernels is fbfft_model.py.
 
 Every launch checks its arguments and raises ValueError naming what is wrong; with
-MINITORCH_FBFFT_CHECK=1 (or CHECK_LAUNCHES = True) each launch is followed by a device
+MINITORCH_FBFFT_CHECK=1 (or config.override(fbfft_check=True)) each launch is followed by a device
 synchronisation, so a kernel fault surfaces at the call that caused it.
 """
 import functools
 import math
-import os
 
 import numpy as np
 
-from minitorch_fft.device import is_cupy
-
+from . import config
 from .common import cuda_module
+from .device import is_cupy
 from .fbfft_model import SIZES, SIZES_1D, check_size, plan, plan1, stored_frequencies
 
 # Every instantiation the module compiles (NVRTC name expressions).
 NAME_EXPRESSIONS = (tuple(f"fbfft_{k}<{n}>" for k in ("rfft2", "irfft2") for n in SIZES)
                     + tuple(f"fbfft_{k}<{n}>" for k in ("rfft1", "irfft1") for n in SIZES_1D))
-CHECK_LAUNCHES = os.environ.get("MINITORCH_FBFFT_CHECK", "0") == "1"
 STATIC_SMEM_LIMIT = 48 * 1024  # above this a kernel must opt in to more dynamic shared memory
 
 
@@ -74,7 +72,7 @@ def _launcher(name, n, B, scalars):
 
     def launch(src, dst):
         kern(grid, block, (src, dst) + scalars, shared_mem=smem)
-        if CHECK_LAUNCHES:   # read per launch: gpu_check_fbfft.py turns it on at run time
+        if config.get("fbfft_check"):   # read per launch: gpu_check_fbfft.py turns it on at run time
             cp.cuda.runtime.deviceSynchronize()  # host-device sync point: debug only
     return launch
 

@@ -6,18 +6,15 @@
 
 cuBLAS (through CuPy) on the GPU, BLAS (through NumPy) on the CPU. im2col/col2im
 are CUDA kernels (kernels/im2col.cu) on the GPU and strided NumPy views on the
-CPU. The column matrix is the workspace: above WORKSPACE_BYTES the batch is
+CPU. The column matrix is the workspace: above MINITORCH_GEMM_WORKSPACE_MB the batch is
 processed in chunks, so memory stays bounded for any batch size.
 """
-import os
-
 import numpy as np
 
-from . import cgemm
+from . import cgemm, config
 from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), kh x kw kernel, oh x ow output
-WORKSPACE_BYTES = int(float(os.environ.get("MINITORCH_GEMM_WORKSPACE_MB", "1024")) * 2**20)
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -28,7 +25,7 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 def _batch_chunks(g):
     """Slices of the batch whose column matrix fits the workspace (at least one image)."""
     per_image = g.f * g.kh * g.kw * g.oh * g.ow * 4
-    step = max(1, WORKSPACE_BYTES // per_image)
+    step = max(1, config.mib_bytes("gemm_workspace_mb") // per_image)
     return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
 
 

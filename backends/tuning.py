@@ -41,17 +41,17 @@ try:
 except ImportError:  # not POSIX: writes stay atomic, but concurrent writers may drop a choice
     fcntl = None
 
-from minitorch_fft.utils import atomic_file
+from .utils import atomic_file
 
-from . import cgemm
+from . import cgemm, config
 
 VERSION = 2  # 2: the GEMM precision joined the key
 
 
 def cache_path():
     """Where the on-disk cache lives: $MINITORCH_TUNE_CACHE, else ~/.cache/minitorch_fft/autotune.json."""
-    override = os.environ.get("MINITORCH_TUNE_CACHE")
-    return _absolute(override) if override else Path.home() / ".cache" / "minitorch_fft" / "autotune.json"
+    override = config.get("tune_cache")
+    return _absolute(str(override)) if override else Path.home() / ".cache" / "minitorch_fft" / "autotune.json"
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import backends
+
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 
 
@@ -143,7 +145,7 @@ def source_commit(root=RESULTS_DIR.parent):
     $MINITORCH_COMMIT when set: a copy of the tree on a lent machine may carry a stale .git, so
     the caller names the commit it sent. Otherwise git's HEAD, marked when tracked files differ
     from it (then HEAD alone does not say what ran), or "unknown" without git."""
-    named = os.environ.get("MINITORCH_COMMIT")
+    named = backends.config.get("commit")
     if named:
         return named
     def git(*args):

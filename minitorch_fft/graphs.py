@@ -74,15 +74,15 @@ class GraphedStep:
     def _graph_key(self):
         """What the captured graph has baked in; a change means capturing again: the optimiser's
         settings, the addresses of parameters and momentum buffers, which parameters train, every
-        module's scalar settings (training mode, Dropout's p, a layer's backend, ...), the GEMM
-        precision and spectrum reuse. Not covered: the backends' module-level settings (cufft.TUNE,
-        the workspace sizes), which a run does not change."""
-        from backends import cgemm
+        module's scalar settings (training mode, Dropout's p, a layer's backend, ...), every
+        setting that changes what a pass computes or launches (backends.config.snapshot(): the
+        GEMM precision, the workspace sizes, the tuning modes) and spectrum reuse."""
+        from backends import config
         opt = self.optimizer
         return (opt.lr, opt.momentum, opt.weight_decay,
                 tuple(p.data.data.ptr for p in opt.params), tuple(p.requires_grad for p in opt.params),
                 tuple(None if v is None else v.data.ptr for v in opt.velocity),
-                tuple(_settings(m) for m in self._modules), cgemm.tf32_enabled(), self.reuse_spectra)
+                tuple(_settings(m) for m in self._modules), config.snapshot(), self.reuse_spectra)
 
     # -- a call -------------------------------------------------------------------------------
     def __call__(self, x, y):

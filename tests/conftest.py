@@ -1,4 +1,5 @@
 """Shared fixtures: the `gpu` marker skips cleanly where CuPy or a GPU is missing."""
+import contextlib
 import ctypes
 import shutil
 import subprocess
@@ -51,3 +52,12 @@ def host_library(tmp_path_factory, name, source, flags=()):
         pytest.skip(f"{cxx} lacks C++20 <barrier>")
     assert res.returncode == 0, f"host compile of {name} failed:\n{res.stderr[-4000:]}"
     return ctypes.CDLL(str(lib))
+
+
+@pytest.fixture
+def settings():
+    """settings(name=value, ...) overrides backends.config settings until the test ends: the one
+    way tests change a setting (never by patching module attributes)."""
+    from backends import config
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(config.override(**values))

@@ -11,9 +11,11 @@ from backends import cgemm
 
 @pytest.fixture(autouse=True)
 def no_override(monkeypatch):
-    """Each test starts from the environment's setting and leaves no override behind."""
-    monkeypatch.setattr(cgemm, "_override", None)
+    """Each test starts from the environment's setting and leaves no process setting behind."""
+    cgemm.set_tf32(None)
     monkeypatch.delenv(cgemm.ENV, raising=False)
+    yield
+    cgemm.set_tf32(None)
 
 
 GPU = object()  # stands for cupy where only `xp is not numpy` matters
@@ -26,7 +28,7 @@ def test_default_is_strict_and_the_environment_switches_it(monkeypatch):
     monkeypatch.setenv(cgemm.ENV, "0")
     assert cgemm.mode(GPU) == "fp32"
     monkeypatch.setenv(cgemm.ENV, "yes")
-    with pytest.raises(ValueError, match="MINITORCH_CGEMM_TF32 must be 0"):
+    with pytest.raises(ValueError, match="MINITORCH_CGEMM_TF32='yes' is not allowed: it takes 0 or 1"):
         cgemm.tf32_enabled()
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends import cufft, reuse, tuning
+from backends import config, cufft, reuse, tuning
 from backends.common import geometry
 from conftest import DEVICES
 from minitorch_fft.device import get_array_module, to_device
@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def untuned(tmp_path, monkeypatch):
+def untuned(tmp_path, monkeypatch, settings):
     """Each test starts untuned (tests that tune say so), with its own tuning-cache file."""
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "autotune.json"))
-    monkeypatch.setattr(cufft, "TUNE", "off")
+    settings(cufft_tune="off")
 
 
 @pytest.fixture(params=cufft.LAYOUTS)
@@ -156,9 +156,9 @@ def test_argument_errors(rng):
         cufft.fprop(x.astype(np.float64), w)
     with pytest.raises(ValueError, match="gy must have shape"):
         cufft.bprop(np.zeros((2, 4, 5, 5), np.float32), w, x.shape)
-    with pytest.raises(ValueError, match="MINITORCH_CUFFT_TUNE"):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(cufft, "TUNE", "sometimes")
+    with pytest.raises(ValueError, match="MINITORCH_CUFFT_TUNE='sometimes' is not allowed"):
+        with pytest.MonkeyPatch.context() as mp, config.override(cufft_tune=config.ENVIRONMENT):
+            mp.setenv("MINITORCH_CUFFT_TUNE", "sometimes")
             cufft.fprop(x, w)
 
 
@@ -178,10 +178,10 @@ def test_basis_sizes_and_minimum():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("how", cufft.GEMMS)
 @pytest.mark.parametrize("layout_", cufft.LAYOUTS)
-def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how, layout_):
+def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how, layout_, settings):
     """A cached choice is used as is: an odd, oversized basis (15 columns where 11 would do, one
     of the tuner's candidates) and each GEMM form stay exact."""
-    monkeypatch.setattr(cufft, "TUNE", "on")
+    settings(cufft_tune="on")
     x, w = arrays(rng, (3, 2, 7, 9), (4, 2, 3, 5))
     padding = (1, 2)
     g = geometry(x.shape, w.shape, (1, 1), padding)
@@ -202,13 +202,13 @@ def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how, layout
     ((5, 3, 9, 9), (4, 3, 3, 3), (0, 0)),   # x fills its 9x9 basis: chunks start 972 bytes apart,
     ((5, 4, 9, 9), (3, 4, 1, 1), (0, 0)),   # so every other one is 4 bytes off cuFFT's alignment
 ])
-def test_batch_chunks_match_the_whole_batch(rng, monkeypatch, layout, device, how, x_shape, w_shape, padding):
+def test_batch_chunks_match_the_whole_batch(rng, monkeypatch, layout, device, how, x_shape, w_shape, padding, settings):
     """Chunked passes (accGrad summing its chunks' products) equal the whole batch's, in every
     layout and GEMM form."""
     x, w = arrays(rng, x_shape, w_shape)
     monkeypatch.setattr(cufft, "default_config", lambda g, real=cufft.default_config: dict(real(g), gemm=how))
     whole = all_passes(x, w, padding, device)
-    monkeypatch.setattr(cufft, "WORKSPACE_BYTES", 1)            # one image per chunk
+    settings(cufft_workspace_mb=2**-20)            # one image per chunk
     g = geometry(x.shape, w.shape, (1, 1), padding)
     assert len(cufft._batch_chunks(g, cufft.default_config(g)["basis"])) == 5
     chunked = all_passes(x, w, padding, device)
@@ -293,15 +293,15 @@ def _no_timing(*args, **kwargs):
     raise AssertionError("timed a candidate although no tuning was due")
 
 
-def test_cpu_default_is_not_timed(rng, monkeypatch, tmp_path):
-    monkeypatch.setattr(cufft, "TUNE", "auto")                  # auto: tune on the GPU only
+def test_cpu_default_is_not_timed(rng, monkeypatch, tmp_path, settings):
+    settings(cufft_tune="auto")                  # auto: tune on the GPU only
     monkeypatch.setattr(tuning, "timeit", _no_timing)
     check(rng, (2, 3, 8, 8), (4, 3, 3, 3), (1, 1))
     assert not (tmp_path / "autotune.json").exists()
 
 
-def test_tuner_picks_a_valid_basis_and_caches_it(rng, monkeypatch, tmp_path):
-    monkeypatch.setattr(cufft, "TUNE", "on")
+def test_tuner_picks_a_valid_basis_and_caches_it(rng, monkeypatch, tmp_path, settings):
+    settings(cufft_tune="on")
     x, w = arrays(rng, (2, 2, 5, 7), (3, 2, 3, 3))
     padding = (1, 0)
     check_backend(cufft, x, w, (1, 1), padding, rng=rng)        # tunes all three passes
@@ -324,7 +324,7 @@ def test_tuner_picks_a_valid_basis_and_caches_it(rng, monkeypatch, tmp_path):
     assert cufft.config_for("accgrad", x.shape, w.shape, (1, 1), padding) in choices
 
 
-def test_tuner_keeps_the_default_when_the_winner_disagrees(rng, monkeypatch):
+def test_tuner_keeps_the_default_when_the_winner_disagrees(rng, monkeypatch, settings):
     real_cgemm = cufft._cgemm
 
     def wrong_gauss(xp, a, b, role, how, **ops):
@@ -335,18 +335,18 @@ def test_tuner_keeps_the_default_when_the_winner_disagrees(rng, monkeypatch):
 
     monkeypatch.setattr(cufft, "_cgemm", wrong_gauss)
     monkeypatch.setattr(tuning, "fastest", lambda candidates, run, xp: candidates[-1])
-    monkeypatch.setattr(cufft, "TUNE", "on")
+    settings(cufft_tune="on")
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
     with pytest.warns(UserWarning, match="keeping the default"):
         y = cufft.fprop(x, w)
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))
     assert cufft.config_for("fprop", x.shape, w.shape) == cufft.default_config(g)
-    monkeypatch.setattr(cufft, "TUNE", "off")
+    settings(cufft_tune="off")
     np.testing.assert_array_equal(y, cufft.fprop(x, w))
 
 
-def test_invalid_cached_choice_is_retuned(rng, monkeypatch):
-    monkeypatch.setattr(cufft, "TUNE", "on")
+def test_invalid_cached_choice_is_retuned(rng, monkeypatch, settings):
+    settings(cufft_tune="on")
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))
     key = tuning.key(np, np.float32, g, "fprop", "cufft")
@@ -369,9 +369,9 @@ def test_basis_membership_matches_the_candidate_list():
                                     {"basis": [8.0, 8], "gemm": "batched"},
                                     {"basis": [8, 8], "gemm": "batched", "layout": "sideways"},
                                     {"basis": [8, 8], "gemm": "batched"}])      # cached before layouts
-def test_a_cached_choice_the_tuner_could_not_have_made_is_refused(rng, monkeypatch, choice):
+def test_a_cached_choice_the_tuner_could_not_have_made_is_refused(rng, monkeypatch, choice, settings):
     """An edited or stale cache must not send a pass to a huge basis or a long host loop."""
-    monkeypatch.setattr(cufft, "TUNE", "on")
+    settings(cufft_tune="on")
     monkeypatch.setattr(cufft, "LOOP_GEMM_MAX_CALLS", 64)
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))                  # min_basis (6, 6): sizes 6, 7, 8
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))
@@ -384,8 +384,8 @@ def test_a_cached_choice_the_tuner_could_not_have_made_is_refused(rng, monkeypat
 
 
 @pytest.mark.gpu
-def test_tuner_on_the_gpu(rng, monkeypatch):
-    monkeypatch.setattr(cufft, "TUNE", "auto")
+def test_tuner_on_the_gpu(rng, monkeypatch, settings):
+    settings(cufft_tune="auto")
     check(rng, (8, 16, 13, 13), (16, 16, 3, 3), (1, 1), "cuda")
 
 
@@ -430,10 +430,10 @@ def test_weights_too_large_for_cuffts_plans_are_refused_with_the_reason():
     assert cufft.supports((1, 1024, 44, 44), w_shape, (1, 1), (1, 1))      # 45 x 45 fits
 
 
-def test_the_tuner_skips_bases_beyond_the_plan_limit_and_drops_its_plans(rng, monkeypatch):
+def test_the_tuner_skips_bases_beyond_the_plan_limit_and_drops_its_plans(rng, monkeypatch, settings):
     """A candidate basis whose weight planes overflow cuFFT's ints is never timed, and the plans
     made while tuning (the losing candidates' work areas) are released."""
-    monkeypatch.setattr(cufft, "TUNE", "on")
+    settings(cufft_tune="on")
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))             # f' f = 6; min_basis (6, 6)
     monkeypatch.setattr(cufft, "_INT_MAX", 6 * 6 * 7)           # 6x6 and 7x6 fit, 8x6 and 7x7 do not
     timed = []
@@ -460,11 +460,11 @@ def test_the_tuner_skips_bases_beyond_the_plan_limit_and_drops_its_plans(rng, mo
         cufft._plans.clear()
 
 
-def test_the_configuration_lookup_is_remembered_until_the_cache_changes(rng, monkeypatch):
+def test_the_configuration_lookup_is_remembered_until_the_cache_changes(rng, monkeypatch, settings):
     """A pass looks its tuned configuration up in the tuning cache once; a put() to the cache
     (a new choice, here for this very pass) makes the next call look again, and a fresh cache
     object (another file, or tuning._caches cleared) is never answered from the memo."""
-    monkeypatch.setattr(cufft, "TUNE", "on")
+    settings(cufft_tune="on")
     monkeypatch.setattr(tuning, "timeit", _no_timing)
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))

@@ -95,7 +95,7 @@ class FakeCupy(types.ModuleType):
 
 
 @pytest.fixture
-def gpu_branch(monkeypatch):
+def gpu_branch(monkeypatch, settings):
     xp = FakeCupy("fake_cupy")
     xp.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))
     fake_cufft = types.SimpleNamespace(PlanNd=FakePlan, CUFFT_R2C=R2C, CUFFT_C2R=C2R)
@@ -111,7 +111,7 @@ def gpu_branch(monkeypatch):
     monkeypatch.setattr(cufft, "_aligned", lambda xp_, a: a.ctypes.data % 16 == 0)
     monkeypatch.setattr(cufft, "check_arrays",
                         lambda **arrays: (xp, *[np.ascontiguousarray(a) for a in arrays.values()]))
-    monkeypatch.setattr(cufft, "TUNE", "off")
+    settings(cufft_tune="off")
     monkeypatch.setattr(cufft, "_scratch_buffers", {})
     monkeypatch.setattr(cufft, "_plans", {})
     return xp
@@ -135,7 +135,7 @@ CASES = [((3, 2, 7, 8), (4, 2, 3, 3), (1, 2)),
 @pytest.mark.parametrize("how", cufft.GEMMS)
 @pytest.mark.parametrize("chunked", [False, True])
 def test_gpu_branch_matches_the_cpu_branch(gpu_branch, monkeypatch, rng, x_shape, w_shape, padding,
-                                           layout, how, chunked):
+                                           layout, how, chunked, settings):
     x = rng.standard_normal(x_shape).astype(np.float32)
     w = rng.standard_normal(w_shape).astype(np.float32)
     g = geometry(x_shape, w_shape, (1, 1), padding)
@@ -147,7 +147,7 @@ def test_gpu_branch_matches_the_cpu_branch(gpu_branch, monkeypatch, rng, x_shape
     monkeypatch.setattr(cufft, "DEFAULT_LAYOUT", layout)
     monkeypatch.setattr(cufft, "default_config", lambda g_, real=cufft.default_config: dict(real(g_), gemm=how))
     if chunked:
-        monkeypatch.setattr(cufft, "WORKSPACE_BYTES", 1)
+        settings(cufft_workspace_mb=2**-20)
         assert len(cufft._batch_chunks(g, cufft.default_config(g)["basis"])) == g.S
     got = passes(x, w, gy, padding)
     for name, a, b in zip(("fprop", "bprop", "accgrad"), expected, got, strict=True):

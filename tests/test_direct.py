@@ -130,9 +130,9 @@ def test_errors_match_gemm():
 
 # -- GPU: every configuration, forced --------------------------------------------------------------
 
-def _check_configs(case, monkeypatch, tol=1e-5):
+def _check_configs(case, settings, tol=1e-5):
     import cupy as cp
-    monkeypatch.setattr(direct, "POISON", True)
+    settings(direct_poison=True)
     x, w, stride, pad, rng = _data(case, seed=3)
     g = common.geometry(x.shape, w.shape, stride, pad)
     gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow)).astype(np.float32)
@@ -154,24 +154,24 @@ def _check_configs(case, monkeypatch, tol=1e-5):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_config_on_gpu(case, monkeypatch):
-    errs = _check_configs(case, monkeypatch)
+def test_every_config_on_gpu(case, settings):
+    errs = _check_configs(case, settings)
     assert any(name.startswith("tile") for _, name in errs)
 
 
 @pytest.mark.gpu
-def test_plane_configs_on_gpu(monkeypatch):
-    errs = _check_configs("single_plane_k7_pad", monkeypatch)
+def test_plane_configs_on_gpu(settings):
+    errs = _check_configs("single_plane_k7_pad", settings)
     assert {n for p, n in errs if p == "fprop" and n.startswith("plane")} == {
         c.name for c in direct.CONFIGS["fprop"] if c.family == "plane"}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", range(1, direct.PLANE_MAX_K + 1))
-def test_plane_every_size_on_gpu(k, monkeypatch):
+def test_plane_every_size_on_gpu(k, monkeypatch, settings):
     """Every plane kernel size, with interior blocks (no bounds checks) and edge blocks."""
     import cupy as cp
-    monkeypatch.setattr(direct, "POISON", True)
+    settings(direct_poison=True)
     rng = np.random.default_rng(k)
     x = rng.standard_normal((1, 1, 150, 300)).astype(np.float32)
     w = rng.standard_normal((1, 1, k, k)).astype(np.float32)
@@ -187,11 +187,11 @@ def test_plane_every_size_on_gpu(k, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_tuner_picks_a_checked_config_and_remembers_it(monkeypatch, tmp_path):
+def test_tuner_picks_a_checked_config_and_remembers_it(monkeypatch, tmp_path, settings):
     import cupy as cp
     from backends import tuning
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "tune.json"))
-    monkeypatch.setattr(direct, "TUNE", "auto")
+    settings(direct_tune="auto")
     monkeypatch.setattr(direct, "_chosen", {})
     x, w, stride, pad, rng = _data("conv3x3_pad1")
     g = common.geometry(x.shape, w.shape, stride, pad)
@@ -276,11 +276,11 @@ def test_correlate1d_against_float64(batch, L, K, device):
 
 
 @pytest.mark.gpu
-def test_correlate1d_never_multiplies_inputs_past_the_mask(monkeypatch):
+def test_correlate1d_never_multiplies_inputs_past_the_mask(monkeypatch, settings):
     """The last mask chunk rounds up to whole register groups; the taps past K must be skipped,
     not multiplied by 0: an inf that only the last output reaches stays in the last output."""
     import cupy as cp
-    monkeypatch.setattr(direct, "POISON", True)
+    settings(direct_poison=True)
     L, K = 3000, 1030                 # every OUT leaves a partial group in the last chunk
     x = np.random.default_rng(0).standard_normal(L).astype(np.float32)
     x[-1] = np.inf

@@ -61,11 +61,11 @@ def test_supports_and_basis():
     assert "fbfft" in backends.names()
 
 
-def test_chunked_batch_gives_the_same_answer(rng, monkeypatch):
+def test_chunked_batch_gives_the_same_answer(rng, monkeypatch, settings):
     x = rng.standard_normal((3, 2, 9, 9)).astype(np.float32)
     wt = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
     assert fbfft._plan(x.shape, wt.shape, (1, 1), (1, 1))[2] == (None,)   # whole batch, planned once
-    monkeypatch.setattr(fbfft, "WORKSPACE_BYTES", 1)  # one image per chunk
+    settings(fbfft_workspace_mb=2**-20)  # one image per chunk
     # the pass plans are cached per geometry: a new workspace must still give new chunks
     assert fbfft._plan(x.shape, wt.shape, (1, 1), (1, 1))[2] == (slice(0, 1), slice(1, 2), slice(2, 3))
     check_backend(fbfft, x, wt, (1, 1), (1, 1), rng=rng)

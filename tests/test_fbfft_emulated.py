@@ -33,7 +33,7 @@ from backends import fbfft_model as model
 from backends.common import KERNEL_DIR, geometry
 from backends.reuse import Key
 from conftest import host_library
-from minitorch_fft import device
+from backends import device
 from reference import check_backend
 from test_cgemm import CALLS as GEMM_CALLS
 from test_cgemm import _Device, _gemm_strided_batched_ex
@@ -188,11 +188,11 @@ def test_the_cases_cover_every_basis_size():
             for S, f, fo, h, w, kh, kw, pad in CASES} == set(model.SIZES)
 
 
-def test_chunked_batch(gpu_branch, monkeypatch, rng):
+def test_chunked_batch(gpu_branch, monkeypatch, rng, settings):
     """One image per chunk: slices of x, gy, y and gx launched by pointer, accGrad's GEMMs summed
     in place (beta = 1), and each launch followed by a sync under CHECK_LAUNCHES."""
-    monkeypatch.setattr(fbfft, "WORKSPACE_BYTES", 1)
-    monkeypatch.setattr(fbfft_kernels, "CHECK_LAUNCHES", True)
+    settings(fbfft_workspace_mb=2**-20)
+    settings(fbfft_check=True)
     x, w = data(rng, 3, 2, 4, 10, 7, 3, 2)
     assert len(fbfft._plan(x.shape, w.shape, (1, 1), (2, 1))[2]) == 3
     check_backend(fbfft, x, w, (1, 1), (2, 1), device="cuda", rng=rng)

@@ -42,12 +42,12 @@ def test_network_layers(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_batch_chunking_gives_the_same_answer(device, monkeypatch):
+def test_batch_chunking_gives_the_same_answer(device, monkeypatch, settings):
     """A workspace smaller than one batch forces chunks (here: one image each)."""
     rng = np.random.default_rng(9)
     x = rng.standard_normal((5, 3, 10, 10)).astype(np.float32)
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
-    monkeypatch.setattr(gemm, "WORKSPACE_BYTES", 1)
+    settings(gemm_workspace_mb=2**-20)
     g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
     assert len(gemm._batch_chunks(g)) == 5
     check_backend(gemm, x, w, (1, 1), (1, 1), device=device, rng=rng)

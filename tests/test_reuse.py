@@ -18,10 +18,10 @@ FFT_BACKENDS = ["cufft", "fbfft"]
 
 
 @pytest.fixture(autouse=True)
-def untuned(tmp_path, monkeypatch):
+def untuned(tmp_path, monkeypatch, settings):
     """cufft untuned (its smallest basis), each test with its own tuning-cache file."""
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "autotune.json"))
-    monkeypatch.setattr(cufft, "TUNE", "off")
+    settings(cufft_tune="off")
 
 
 def operands(shape_x=(3, 4, 9, 10), shape_w=(5, 4, 3, 3), padding=(1, 2), seed=0):
@@ -170,10 +170,10 @@ def test_fbfft_keeps_apart_an_input_placed_at_other_offsets():
 
 
 @pytest.mark.parametrize("name", FFT_BACKENDS)
-def test_chunked_batches_share_only_the_weight(name, monkeypatch):
+def test_chunked_batches_share_only_the_weight(name, settings):
     """One image per chunk: chunk spectra are never kept, the (unchunked) weight's still is."""
     backend = backends.get(name)
-    monkeypatch.setattr(backend, "WORKSPACE_BYTES", 1)
+    settings(**{f"{name}_workspace_mb": 2**-20})
     padding = (1, 1)
     x, w, gy = operands(padding=padding)
     plain = passes(backend, x, w, gy, padding)
@@ -201,12 +201,12 @@ def test_the_cache_is_dropped_after_the_block_even_on_error():
     assert backends.cufft.reuse_spectra is backends.reuse_spectra   # the older name still works
 
 
-def test_tuners_time_every_candidate_without_sharing(tmp_path, monkeypatch):
+def test_tuners_time_every_candidate_without_sharing(tmp_path, monkeypatch, settings):
     """auto and cufft's tuner call a pass many times on the same arrays while timing it: inside a
     step those calls must not be served from the step's cache."""
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "on")
     monkeypatch.setattr(autotune, "_memory", {})
-    monkeypatch.setattr(cufft, "TUNE", "on")
+    settings(cufft_tune="on")
     x, w, _ = operands((2, 3, 6, 6), (4, 3, 3, 3), (0, 0))
     with backends.reuse_spectra() as cache:
         backends.choose("auto", "fprop", x.shape, w.shape, (1, 1), (0, 0))

@@ -1,0 +1,208 @@
+"""Settings: every MINITORCH_* environment variable, declared once, read in one place.
+
+Each setting has a name (used in code), an environment variable, a type with its allowed
+range, a default and one line of doc (SETTINGS below; `python -m backends.config` prints the
+table the README shows). Code reads a setting with `config.get("gemm_workspace_mb")`; nothing
+else in the project reads os.environ.
+
+Values come from, in this order:
+  1. `with config.override(name=value, ...):` blocks (innermost first), for code and tests;
+  2. `config.set(name, value)`, for the rest of the process (cgemm.set_tf32 is one);
+  3. the environment variable, parsed and checked when first read (a bad value raises
+     ConfigError naming the variable and what it allows; train.py turns that into exit 2);
+  4. the default.
+The environment is read at each get() (parsing is memoised per raw string, about a microsecond
+a read), so a variable set before a run takes effect in it; nothing is read at import, so a bad
+value never breaks `import backends`. Overrides are process-wide, not per thread.
+
+`snapshot()` is the tuple of every setting that changes what a pass computes or launches: the
+CUDA-graph key (minitorch_fft.graphs) and the tuning-cache key (backends.tuning) are built
+from it, so neither can replay or reuse work made under other settings.
+"""
+import contextlib
+import functools
+import math
+import os
+from collections import namedtuple
+
+
+class ConfigError(ValueError):
+    """A setting with a value outside what it allows (names the variable and the limit)."""
+
+
+Setting = namedtuple("Setting", "name env kind default doc keyed")
+# kind: "bool" (0 or 1), "tune" (auto, on or off), "mib" (a size in MiB, > 0 and finite),
+# "fraction" ([0, 1)), "path", "text". keyed: part of snapshot().
+
+SETTINGS = {s.name: s for s in (
+    Setting("tf32", "MINITORCH_CGEMM_TF32", "bool", False,
+            "the FFT backends' complex GEMM in TF32 (1) or strict fp32 (0)", True),
+    Setting("gemm_workspace_mb", "MINITORCH_GEMM_WORKSPACE_MB", "mib", 1024.0,
+            "gemm's im2col workspace; larger batches run in chunks", True),
+    Setting("cufft_workspace_mb", "MINITORCH_CUFFT_WORKSPACE_MB", "mib", 2048.0,
+            "cufft's frequency-domain buffers; larger batches run in chunks", True),
+    Setting("fbfft_workspace_mb", "MINITORCH_FBFFT_WORKSPACE_MB", "mib", 2048.0,
+            "fbfft's frequency-domain buffers; larger batches run in chunks", True),
+    Setting("auto_tune", "MINITORCH_AUTO_TUNE", "tune", "auto",
+            "auto times the backends: auto = on the GPU only, on, off (first supported backend)", True),
+    Setting("auto_margin", "MINITORCH_AUTO_MARGIN", "fraction", 0.03,
+            "auto's tie margin: candidates within it of the fastest are tied", True),
+    Setting("auto_memory_mb", "MINITORCH_AUTO_MEMORY_MB", "mib", None,
+            "extra GPU memory a candidate may take while auto times it (unset: no cap)", False),
+    Setting("cufft_tune", "MINITORCH_CUFFT_TUNE", "tune", "auto",
+            "cufft tunes its basis, GEMM form and layout: auto = on the GPU only, on, off", True),
+    Setting("direct_tune", "MINITORCH_DIRECT_TUNE", "tune", "auto",
+            "direct tunes its kernel configuration: auto = on the GPU only, on, off", True),
+    Setting("tune_cache", "MINITORCH_TUNE_CACHE", "path", None,
+            "the tuning cache file (unset: ~/.cache/minitorch_fft/autotune.json)", False),
+    Setting("direct_poison", "MINITORCH_DIRECT_POISON", "bool", False,
+            "direct fills its outputs with NaN before each launch (tests: unwritten elements show)", True),
+    Setting("fbfft_check", "MINITORCH_FBFFT_CHECK", "bool", False,
+            "fbfft synchronises and checks the device after every kernel launch (debugging)", False),
+    Setting("debug", "MINITORCH_DEBUG", "bool", False,
+            "train.py prints the full traceback of an error instead of one line", False),
+    Setting("commit", "MINITORCH_COMMIT", "text", None,
+            "the commit benchmark results name where the tree has no .git", False),
+)}
+
+_overrides = []   # a stack of {name: value}, innermost last
+_process = {}     # set(): values for the rest of the process, below any override block
+ENVIRONMENT = object()   # override(name=ENVIRONMENT): the block follows the environment variable
+
+
+def get(name):
+    """The value of setting `name` now (see the module docstring for the order)."""
+    for layer in reversed(_overrides):
+        if name in layer:
+            value = layer[name]
+            if value is ENVIRONMENT:
+                break
+            return value
+    else:
+        if name in _process:
+            return _process[name]
+    setting = _setting(name)
+    raw = os.environ.get(setting.env)
+    return setting.default if raw is None else _parse(setting.name, raw)
+
+
+def mib_bytes(name):
+    """A MiB-sized setting in bytes (an int)."""
+    return int(get(name) * 2**20)
+
+
+@contextlib.contextmanager
+def override(**values):
+    """`with config.override(gemm_workspace_mb=64):` sets settings for the block, checked as the
+    environment would be, and restores them when it ends (also on an exception)."""
+    layer = {name: _check(_setting(name), value) for name, value in values.items()}
+    _overrides.append(layer)
+    try:
+        yield
+    finally:
+        _overrides.remove(layer)
+
+
+def set(name, value):  # noqa: A001 - config.set reads as intended
+    """Set `name` for the rest of the process (below override blocks); None returns it to the
+    environment."""
+    setting = _setting(name)
+    if value is None:
+        _process.pop(name, None)
+    else:
+        _process[name] = _check(setting, value)
+
+
+def snapshot():
+    """((name, value), ...) of every keyed setting: what the graph and tuning keys are built from."""
+    return tuple((s.name, get(s.name)) for s in SETTINGS.values() if s.keyed)
+
+
+def check():
+    """Read every setting once, so that a bad environment fails before any work (train.py)."""
+    for name in SETTINGS:
+        get(name)
+
+
+def table():
+    """The settings as a Markdown table (the README's)."""
+    rows = ["| variable | values | default | what it does |", "|---|---|---|---|"]
+    for s in SETTINGS.values():
+        default = "unset" if s.default is None else _show(s, s.default)
+        rows.append(f"| `{s.env}` | {_ALLOWED[s.kind]} | {default} | {s.doc} |")
+    return "\n".join(rows)
+
+
+# -- parsing and checking ------------------------------------------------------------------------
+
+_ALLOWED = {"bool": "0 or 1", "tune": "auto, on or off", "mib": "MiB > 0",
+            "fraction": "0 <= x < 1", "path": "a file path", "text": "any text"}
+
+
+def _setting(name):
+    try:
+        return SETTINGS[name]
+    except KeyError:
+        raise KeyError(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(name, raw):
+    """The value of environment string `raw` for setting `name`; ConfigError if not allowed."""
+    s = SETTINGS[name]
+    bad = ConfigError(f"{s.env}={raw!r} is not allowed: it takes {_ALLOWED[s.kind]} ({s.doc})")
+    if s.kind == "bool":
+        if raw not in ("0", "1"):
+            raise bad
+        return raw == "1"
+    if s.kind == "tune":
+        if raw not in ("auto", "on", "off"):
+            raise bad
+        return raw
+    if s.kind in ("mib", "fraction"):
+        try:
+            value = float(raw)
+        except ValueError:
+            raise bad from None
+        if not _in_range(s.kind, value):
+            raise bad
+        return value
+    if s.kind == "path":
+        if not raw.strip():
+            raise bad
+        return raw
+    return raw
+
+
+def _in_range(kind, value):
+    if kind == "mib":
+        return math.isfinite(value) and value > 0
+    return 0 <= value < 1        # fraction; NaN fails both comparisons
+
+
+def _check(s, value):
+    """An override's value checked as the environment's would be (ConfigError otherwise)."""
+    if value is ENVIRONMENT or value is None and s.default is None:
+        return value
+    ok = {"bool": lambda v: isinstance(v, bool),
+          "tune": lambda v: v in ("auto", "on", "off"),
+          "mib": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and _in_range("mib", v),
+          "fraction": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+          and _in_range("fraction", v),
+          "path": lambda v: isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
+          "text": lambda v: isinstance(v, str)}[s.kind]
+    if not ok(value):
+        raise ConfigError(f"setting {s.name} ({s.env}) takes {_ALLOWED[s.kind]}, got {value!r}")
+    return float(value) if s.kind in ("mib", "fraction") else value
+
+
+def _show(s, value):
+    if s.kind == "bool":
+        return "1" if value else "0"
+    if s.kind in ("mib", "fraction"):
+        return f"{value:g}"
+    return str(value)
+
+
+if __name__ == "__main__":
+    print(table())

@@ -1,0 +1,76 @@
+"""Small helpers the backends and the core share: argument checks, atomic file writes."""
+import contextlib
+import os
+import tempfile
+
+import numpy as np
+
+
+def is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def is_number(v):
+    """A real number, Python's or NumPy's, but not a bool."""
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def pair(v, name):
+    """int or (h, w) -> (h, w) of ints; TypeError naming `name` otherwise."""
+    if is_int(v):
+        return (int(v), int(v))
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(is_int(e) for e in v):
+        return (int(v[0]), int(v[1]))
+    raise TypeError(f"{name} must be an int or a pair (h, w) of ints, got {v!r}")
+
+
+def positive_int(v, name):
+    """v as an int >= 1; ValueError naming `name` otherwise."""
+    if not is_int(v) or v < 1:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return int(v)
+
+
+@contextlib.contextmanager
+def atomic_file(path, mode="w", prefix=None):
+    """Write `path` through the yielded file: it holds the old contents or the new, never part of
+    either. A temporary file beside it is written, fsynced, given the umask's usual permissions
+    (mkstemp's 0600 would hide it from a shared group), and renamed over `path`; the folder is
+    then fsynced so the rename survives a power cut. On any error the temporary file is removed
+    and `path` is untouched. The folder must exist."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix or os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder):
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return                 # not every platform opens directories; the file itself is synced
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _umask():
+    mask = os.umask(0)         # the only way to read it; done once, at import, before threads
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
