@@ -27,7 +27,6 @@ is saved: the last checkpoint is the last good state), 130 / 143 stopped by SIGI
 after saving.
 """
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -255,9 +254,6 @@ def main(argv=None):
             mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"],
                                extra={"progress": state, "rng": mt.random.get_state(), "args": saved_args})
 
-    # One training step's forward and backward share spectra; the optimizer step comes after
-    # the block, because it changes the weights in place.
-    step_scope = contextlib.nullcontext if args.no_reuse_spectra else backends.reuse_spectra
     graphed = (mt.graphs.GraphedStep(model, criterion, opt, reuse_spectra=not args.no_reuse_spectra)
                if args.cuda_graph else None)
     n_batches = mt.data.num_batches(len(train), args.batch_size)
@@ -289,13 +285,8 @@ def main(argv=None):
                     loss_dev, logits_dev = graphed(mt.to_device(x, device), y)  # y checked on the host
                     loss_value, logits_np = float(loss_dev), mt.to_device(logits_dev, "cpu")
                 else:
-                    y_dev = mt.to_device(y, device)
-                    with step_scope():
-                        logits = model(mt.Tensor(mt.to_device(x, device)))
-                        loss = criterion(logits, y_dev)
-                        opt.zero_grad()
-                        loss.backward()
-                    opt.step()
+                    loss, logits = mt.train_step(model, criterion, opt, mt.Tensor(mt.to_device(x, device)),
+                                                 mt.to_device(y, device), not args.no_reuse_spectra)
                     loss_value, logits_np = loss.item(), logits.numpy()
                 if not np.isfinite(loss_value):
                     print(f"train.py: the loss became {loss_value} at epoch {epoch + 1} batch "
@@ -310,7 +301,7 @@ def main(argv=None):
                 imgs += len(y)
                 if args.backend == "auto" and not tuned_report_shown:
                     tuned_report_shown = True  # the first step tuned every layer and pass
-                    tqdm.write("autotuner choices:\n" + backends.autotune.format_choices(), file=sys.stderr)
+                    tqdm.write("autotuner choices:\n" + backends.auto.format_choices(), file=sys.stderr)
                 bar.set_postfix(loss=f"{state['loss_sum'] / state['seen']:.4f}",
                                 acc=f"{state['correct'] / state['seen']:.3f}",
                                 img_s=f"{imgs / (time.perf_counter() - t0):.0f}")
@@ -353,7 +344,7 @@ def main(argv=None):
     }
     if args.tune_report:
         with atomic_file(args.tune_report) as f:
-            json.dump(backends.autotune.choices(), f, indent=1)
+            json.dump(backends.auto.choices(), f, indent=1)
     print(json.dumps(result, allow_nan=False))
     return 0
 

@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from . import autotune, config, cufft, direct, fbfft, gemm, polyphase, reuse
+from . import auto, config, cufft, direct, fbfft, gemm, polyphase, reuse
 from .common import PASSES, geometry
 from .reuse import reuse_spectra
 from .device import get_array_module
@@ -52,12 +52,12 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=
     if pass_name not in PASSES:
         raise ValueError(f"unknown pass {pass_name!r}; expected one of {PASSES}")
     if name == "auto":
-        picked = autotune.remembered(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
+        picked = auto.remembered(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
         if picked is not None:                       # every call after a layer's first
             return _REGISTRY[picked]
         geometry(x_shape, w_shape, stride, padding)  # an invalid geometry says why first
         with reuse.suspended():  # a timed candidate pays for its own FFTs, every repeat
-            picked = autotune.pick(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
+            picked = auto.pick(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
         if picked is None:
             raise ValueError(f"no backend supports input {tuple(x_shape)}, weight {tuple(w_shape)}, "
                              f"stride {stride}, padding {padding}")

@@ -5,5 +5,6 @@ from .nn import (ClassNLLCriterion, CrossEntropyCriterion, Dropout, Flatten, Lin
                  Module, ReLU, Sequential, SpatialConvolution, SpatialMaxPooling, View)
 from .random import manual_seed
 from .tensor import Function, Parameter, Tensor, is_grad_enabled, no_grad
+from .training import train_step
 
 __version__ = "0.1.0"

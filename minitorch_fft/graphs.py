@@ -29,6 +29,7 @@ import numpy as np
 from . import functional as F
 from .device import get_array_module
 from .tensor import Tensor
+from .training import train_step
 
 
 class GraphedStep:
@@ -61,14 +62,7 @@ class GraphedStep:
 
     # -- the step itself ----------------------------------------------------------------------
     def _step(self, x, y):
-        import backends
-        scope = backends.reuse_spectra() if self.reuse_spectra else contextlib.nullcontext()
-        with scope:
-            logits = self.model(x)
-            loss = self.criterion(logits, y)
-            self.optimizer.zero_grad()
-            loss.backward()
-        self.optimizer.step()
+        loss, logits = train_step(self.model, self.criterion, self.optimizer, x, y, self.reuse_spectra)
         return loss.data, logits.data
 
     def _graph_key(self):

@@ -8,7 +8,7 @@ import pytest
 
 import backends
 import minitorch_fft as mt
-from backends import autotune, cufft, fbfft, reuse
+from backends import auto, cufft, fbfft, reuse
 from backends.common import geometry
 from conftest import DEVICES
 from minitorch_fft.device import to_device
@@ -120,7 +120,7 @@ def test_no_sharing_across_backends(monkeypatch):
     b = np.zeros(w.shape[0], np.float32)
     expected = (layer_step("cufft", x, w, b, gy, (0, 0), "cpu")[:2]          # y, dx
                 + layer_step("fbfft", x, w, b, gy, (0, 0), "cpu")[2:])         # dw, db
-    monkeypatch.setattr(autotune, "pick", lambda registry, pass_name, *args, **kwargs: picks[pass_name])
+    monkeypatch.setattr(auto, "pick", lambda registry, pass_name, *args, **kwargs: picks[pass_name])
     with backends.reuse_spectra() as cache:
         got = layer_step("auto", x, w, b, gy, (0, 0), "cpu")
     assert roles(cache) == [("cufft", "w")] and cache.misses == 5
@@ -205,7 +205,7 @@ def test_tuners_time_every_candidate_without_sharing(tmp_path, monkeypatch, sett
     """auto and cufft's tuner call a pass many times on the same arrays while timing it: inside a
     step those calls must not be served from the step's cache."""
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "on")
-    monkeypatch.setattr(autotune, "_memory", {})
+    monkeypatch.setattr(auto, "_memory", {})
     settings(cufft_tune="on")
     x, w, _ = operands((2, 3, 6, 6), (4, 3, 3, 3), (0, 0))
     with backends.reuse_spectra() as cache:

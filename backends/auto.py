@@ -47,7 +47,7 @@ import numpy as np
 from . import cgemm, config, tuning
 from .common import PASSES, geometry, plain_args
 
-log = logging.getLogger("minitorch_fft.autotune")
+log = logging.getLogger("minitorch_fft.auto")
 
 # Untimed order (CPU default): cheapest-to-set-up first.
 PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase")

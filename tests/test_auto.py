@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import backends
-from backends import autotune, gemm, tuning
+from backends import auto, gemm, tuning
 
 GEOM = dict(x_shape=(2, 3, 9, 9), w_shape=(4, 3, 3, 3), stride=(1, 1), padding=(1, 1))
 
@@ -48,7 +48,7 @@ def tuner(tmp_path, monkeypatch):
     """Tuning on, on the CPU, with a fresh cache file and no remembered choices."""
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "on")
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "tune.json"))
-    monkeypatch.setattr(autotune, "_memory", {})
+    monkeypatch.setattr(auto, "_memory", {})
     return tmp_path / "tune.json"
 
 
@@ -62,43 +62,43 @@ def test_winner_is_per_pass(tuner):
     # Only the stubs compete: a real backend (fbfft's NumPy model, say) could tie with them in
     # bprop and win on the tie order, which is not what this test is about.
     reg = {"gemm": SlowIn("fprop"), "a": SlowIn("fprop"), "b": SlowIn("bprop")}
-    picks = {p: autotune.pick(reg, p, **GEOM) for p in ("fprop", "bprop")}
+    picks = {p: auto.pick(reg, p, **GEOM) for p in ("fprop", "bprop")}
     assert picks["fprop"] == "b" and picks["bprop"] in ("a", "gemm")
-    rows = autotune.choices()
+    rows = auto.choices()
     assert {r["pass"] for r in rows} == {"fprop", "bprop"}
     assert all(set(r["ms"]) >= {"a", "b"} for r in rows)
-    assert "fprop" in autotune.format_choices()
+    assert "fprop" in auto.format_choices()
 
 
 def test_failing_and_wrong_candidates_are_skipped_with_a_reason(tuner):
     reg = registry(oom=Broken(MemoryError("out of memory (stub)")), wrong=Broken())
-    assert autotune.pick(reg, "fprop", **GEOM) not in ("oom", "wrong")
-    rec = autotune.choices()[0]
+    assert auto.pick(reg, "fprop", **GEOM) not in ("oom", "wrong")
+    rec = auto.choices()[0]
     assert "MemoryError" in rec["skipped"]["oom"]
     assert "disagrees with gemm" in rec["skipped"]["wrong"]
 
 
 def test_choice_is_cached_on_disk_and_not_tuned_again(tuner, monkeypatch):
     reg = registry(a=SlowIn("none"))
-    first = autotune.pick(reg, "accgrad", **GEOM)
+    first = auto.pick(reg, "accgrad", **GEOM)
     assert tuner.exists()
-    monkeypatch.setattr(autotune, "_memory", {})        # a new process: memory empty...
+    monkeypatch.setattr(auto, "_memory", {})        # a new process: memory empty...
     tuning._caches.clear()
-    monkeypatch.setattr(autotune, "_tune", lambda *a: pytest.fail("tuned again despite the cache"))
-    assert autotune.pick(reg, "accgrad", **GEOM) == first  # ...the disk cache answers
+    monkeypatch.setattr(auto, "_tune", lambda *a: pytest.fail("tuned again despite the cache"))
+    assert auto.pick(reg, "accgrad", **GEOM) == first  # ...the disk cache answers
 
 
 def test_cpu_default_is_untimed_and_deterministic(monkeypatch):
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "auto")
-    monkeypatch.setattr(autotune, "_tune", lambda *a: pytest.fail("timed on the CPU"))
-    assert autotune.pick(registry(), "fprop", **GEOM) == "gemm"
+    monkeypatch.setattr(auto, "_tune", lambda *a: pytest.fail("timed on the CPU"))
+    assert auto.pick(registry(), "fprop", **GEOM) == "gemm"
     assert backends.choose("auto", "bprop", **GEOM) is gemm
 
 
 def test_bad_mode_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "sometimes")
     with pytest.raises(ValueError, match="MINITORCH_AUTO_TUNE='sometimes' is not allowed: it takes auto, on or off"):
-        autotune.pick(registry(a=SlowIn("none")), "fprop", **GEOM)
+        auto.pick(registry(a=SlowIn("none")), "fprop", **GEOM)
 
 
 # -- the selection rule: repeated rounds, a tie margin, a layer's passes kept together ----------
@@ -147,62 +147,62 @@ def stubs(*timed):
 
 
 def test_select_takes_the_fastest_outside_the_margin():
-    assert autotune.select({"gemm": 1.0, "cufft": 1.1}, {}, 0.03) == ("gemm", "fastest")
-    assert autotune.select({"gemm": 1.0, "cufft": 1.02}, {}, 0.0) == ("gemm", "fastest")
+    assert auto.select({"gemm": 1.0, "cufft": 1.1}, {}, 0.03) == ("gemm", "fastest")
+    assert auto.select({"gemm": 1.0, "cufft": 1.02}, {}, 0.0) == ("gemm", "fastest")
 
 
 def test_select_breaks_a_tie_by_the_layer_then_the_tie_order():
-    winner, why = autotune.select({"gemm": 1.0, "cufft": 1.02}, {}, 0.03)
+    winner, why = auto.select({"gemm": 1.0, "cufft": 1.02}, {}, 0.03)
     assert winner == "cufft" and "tie order" in why and "2.0% slower than gemm" in why
-    winner, why = autotune.select({"cufft": 1.0, "fbfft": 1.02}, {"fprop": "fbfft"}, 0.03)
+    winner, why = auto.select({"cufft": 1.0, "fbfft": 1.02}, {"fprop": "fbfft"}, 0.03)
     assert winner == "fbfft" and "the layer's fprop backend" in why
     # most of the other passes win; a sibling's backend outside the margin does not
-    assert autotune.select({"cufft": 1.0, "fbfft": 1.01},
+    assert auto.select({"cufft": 1.0, "fbfft": 1.01},
                            {"fprop": "cufft", "bprop": "fbfft", "accgrad": "fbfft"}, 0.03)[0] == "fbfft"
-    assert autotune.select({"gemm": 1.0, "fbfft": 1.2}, {"fprop": "fbfft"}, 0.03)[0] == "gemm"
+    assert auto.select({"gemm": 1.0, "fbfft": 1.2}, {"fprop": "fbfft"}, 0.03)[0] == "gemm"
     # backends outside TIE_ORDER come last, then by time
-    assert autotune.select({"mine": 1.0, "gemm": 1.01, "other": 1.0}, {}, 0.03)[0] == "gemm"
-    assert autotune.select({"mine": 1.01, "other": 1.0}, {}, 0.03)[0] == "other"
+    assert auto.select({"mine": 1.0, "gemm": 1.01, "other": 1.0}, {}, 0.03)[0] == "gemm"
+    assert auto.select({"mine": 1.01, "other": 1.0}, {}, 0.03)[0] == "other"
 
 
 def test_margin_from_the_environment(monkeypatch):
-    assert autotune.margin() == autotune.MARGIN == 0.03
+    assert auto.margin() == auto.MARGIN == 0.03
     monkeypatch.setenv("MINITORCH_AUTO_MARGIN", "0.1")
-    assert autotune.margin() == 0.1
+    assert auto.margin() == 0.1
     for bad in ("3%", "-0.01", "1", "nan"):
         monkeypatch.setenv("MINITORCH_AUTO_MARGIN", bad)
         with pytest.raises(ValueError, match=f"MINITORCH_AUTO_MARGIN='{bad}' is not allowed: it takes 0 <= x < 1"):
-            autotune.margin()
+            auto.margin()
 
 
 def test_rounds_are_interleaved_and_their_median_decides(fake_clock):
     # cufft has one bad round (a clock hiccup): one round of timing would have picked gemm.
     reg = stubs(Timed("gemm", fprop=[1.2, 1.2, 1.2]), Timed("cufft", fprop=[5.0, 1.0, 1.0]))
-    assert autotune.ROUNDS == 3
-    assert autotune.pick(reg, "fprop", **GEOM) == "cufft"
+    assert auto.ROUNDS == 3
+    assert auto.pick(reg, "fprop", **GEOM) == "cufft"
     assert fake_clock == [("gemm", "fprop"), ("cufft", "fprop")] * 3
-    assert autotune.choices()[0]["ms"] == {"gemm": 1.2, "cufft": 1.0}
+    assert auto.choices()[0]["ms"] == {"gemm": 1.2, "cufft": 1.0}
 
 
 def test_a_layers_passes_stay_on_one_backend_within_the_margin(fake_clock):
     reg = stubs(Timed("gemm", fprop=2.0, bprop=2.0, accgrad=1.00),
                 Timed("cufft", fprop=1.5, bprop=1.00, accgrad=1.01),
                 Timed("fbfft", fprop=1.0, bprop=1.02, accgrad=1.05))
-    picks = {p: autotune.pick(reg, p, **GEOM) for p in backends.PASSES}
+    picks = {p: auto.pick(reg, p, **GEOM) for p in backends.PASSES}
     # fprop: fbfft is fastest by far. bprop: fbfft is 2% behind cufft, so the layer's fprop
     # backend wins. accGrad: fbfft is 5% behind, outside the margin; gemm and cufft tie (1%),
     # and cufft comes first in the tie order.
     assert picks == {"fprop": "fbfft", "bprop": "fbfft", "accgrad": "cufft"}
-    why = {r["pass"]: r["why"] for r in autotune.choices()}
+    why = {r["pass"]: r["why"] for r in auto.choices()}
     assert why["fprop"] == "fastest" and "the layer's fprop backend" in why["bprop"]
     assert "tie order" in why["accgrad"]
-    assert "within the 3.0% margin" in autotune.format_choices()
+    assert "within the 3.0% margin" in auto.format_choices()
 
 
 def test_zero_margin_lets_the_fastest_win(fake_clock, monkeypatch):
     monkeypatch.setenv("MINITORCH_AUTO_MARGIN", "0")
     reg = stubs(Timed("gemm", bprop=1.0), Timed("cufft", bprop=1.001))
-    assert autotune.pick(reg, "bprop", **GEOM) == "gemm"
+    assert auto.pick(reg, "bprop", **GEOM) == "gemm"
 
 
 def test_tf32_choices_are_tuned_and_checked_apart_from_fp32(fake_clock, monkeypatch):
@@ -211,52 +211,52 @@ def test_tf32_choices_are_tuned_and_checked_apart_from_fp32(fake_clock, monkeypa
     mode = {"now": "tf32"}
     monkeypatch.setattr(backends.cgemm, "mode", lambda xp: mode["now"])
     reg = stubs(Timed("gemm", fprop=2.0), Timed("cufft", error=1e-3, fprop=1.0))
-    assert autotune.pick(reg, "fprop", **GEOM) == "cufft"
+    assert auto.pick(reg, "fprop", **GEOM) == "cufft"
     mode["now"] = "fp32"
-    assert autotune.pick(reg, "fprop", **GEOM) == "gemm"          # tuned again, not reused
-    rows = {r["math"]: r for r in autotune.choices()}
+    assert auto.pick(reg, "fprop", **GEOM) == "gemm"          # tuned again, not reused
+    rows = {r["math"]: r for r in auto.choices()}
     assert rows["tf32"]["backend"] == "cufft" and "cufft" not in rows["fp32"]["ms"]
     assert "disagrees with gemm" in rows["fp32"]["skipped"]["cufft"]
     mode["now"] = "tf32"
-    monkeypatch.setattr(autotune, "_tune", lambda *a: pytest.fail("the TF32 choice was tuned again"))
-    assert autotune.pick(reg, "fprop", **GEOM) == "cufft"
+    monkeypatch.setattr(auto, "_tune", lambda *a: pytest.fail("the TF32 choice was tuned again"))
+    assert auto.pick(reg, "fprop", **GEOM) == "cufft"
 
 
 @pytest.mark.parametrize("record", ["gemm", {"backend": "gemm"}, {"backend": 3, "ms": {}, "skipped": {}},
                                     {"backend": "gemm", "ms": {"gemm": "fast"}, "skipped": {}}])
 def test_a_malformed_cached_record_is_ignored_with_a_warning_and_retuned(tuner, record):
     reg = {"gemm": SlowIn("none"), "a": SlowIn("fprop")}
-    geom = autotune._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
+    geom = auto._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
     tuning.default_cache().put(tuning.key(np, np.float32, geom, "fprop", "auto"), record)
     with pytest.warns(UserWarning, match="malformed autotune record"):
-        assert autotune.pick(reg, "fprop", **GEOM) == "gemm"             # "a" sleeps in fprop
-    assert set(autotune.choices()[0]["ms"]) == {"gemm", "a"}             # timed again
-    assert "fprop" in autotune.format_choices()                          # the table still prints
+        assert auto.pick(reg, "fprop", **GEOM) == "gemm"             # "a" sleeps in fprop
+    assert set(auto.choices()[0]["ms"]) == {"gemm", "a"}             # timed again
+    assert "fprop" in auto.format_choices()                          # the table still prints
 
 
 def test_a_remembered_choice_skips_the_tuning_key(tuner, monkeypatch):
     """After a layer's first call, choose() answers from the arguments as given (one lookup);
     a reset of the tuner's memory (a new process, in tests) sends it back to pick()."""
     reg = {"gemm": SlowIn("fprop"), "b": SlowIn("bprop")}
-    assert autotune.remembered(reg, "fprop", **GEOM) is None
-    first = autotune.pick(reg, "fprop", **GEOM)
-    assert autotune.remembered(reg, "fprop", **GEOM) == first
-    assert autotune.remembered(reg, "bprop", **GEOM) is None          # per pass
-    assert autotune.remembered({"gemm": reg["gemm"]}, "fprop", **GEOM) == (first if first == "gemm" else None)
+    assert auto.remembered(reg, "fprop", **GEOM) is None
+    first = auto.pick(reg, "fprop", **GEOM)
+    assert auto.remembered(reg, "fprop", **GEOM) == first
+    assert auto.remembered(reg, "bprop", **GEOM) is None          # per pass
+    assert auto.remembered({"gemm": reg["gemm"]}, "fprop", **GEOM) == (first if first == "gemm" else None)
     # Equal as dict keys, but not sizes geometry() accepts: never answered from memory.
     for odd in (dict(GEOM, x_shape=(2.0, 3, 9, 9)), dict(GEOM, stride=(True, True)),
                 dict(GEOM, padding=(np.int64(1), 1)), dict(GEOM, x_shape=[2, 3, 9, 9])):
-        assert autotune.remembered(reg, "fprop", **odd) is None
-    monkeypatch.setattr(autotune, "_memory", {})
-    assert autotune.remembered(reg, "fprop", **GEOM) is None
+        assert auto.remembered(reg, "fprop", **odd) is None
+    monkeypatch.setattr(auto, "_memory", {})
+    assert auto.remembered(reg, "fprop", **GEOM) is None
 
 
 def test_choose_takes_the_remembered_path_after_the_first_call(tuner, monkeypatch):
     x_shape, w_shape = (2, 3, 8, 8), (4, 3, 3, 3)
     first = backends.choose("auto", "fprop", x_shape, w_shape, (1, 1), (1, 1))
-    monkeypatch.setattr(autotune, "pick", lambda *a, **k: pytest.fail("pick() ran again"))
+    monkeypatch.setattr(auto, "pick", lambda *a, **k: pytest.fail("pick() ran again"))
     assert backends.choose("auto", "fprop", x_shape, w_shape, (1, 1), (1, 1)) is first
-    assert autotune.remembered(backends._REGISTRY, "fprop", [2, 3, 8, 8], w_shape, (1, 1), (1, 1)) is None
+    assert auto.remembered(backends._REGISTRY, "fprop", [2, 3, 8, 8], w_shape, (1, 1), (1, 1)) is None
     with pytest.raises(TypeError):                   # a float size still reaches geometry()'s check
         backends.choose("auto", "fprop", (2.0, 3, 8, 8), w_shape, (1, 1), (1, 1))
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "sometimes")

@@ -1,0 +1,25 @@
+"""One training step, written once: forward, loss, backward, optimiser update.
+
+train.py, GraphedStep (the step it captures) and the benchmarks all run this function, so the
+three cannot drift apart. Forward and backward run inside backends.reuse_spectra() (unless
+reuse_spectra=False): the FFT backends compute each spectrum once per step and share it across
+a layer's passes. The optimiser's update comes after that block, because it changes the weights
+in place and a spectrum of the old weights must not outlive them.
+"""
+import contextlib
+
+import backends
+
+
+def train_step(model, criterion, optimizer, x, y, reuse_spectra=True):
+    """Run one step on batch x (a Tensor) with targets y; returns (loss, logits) as Tensors.
+
+    Nothing here waits for the GPU: reading loss.item() or the logits is the caller's sync point."""
+    scope = backends.reuse_spectra() if reuse_spectra else contextlib.nullcontext()
+    with scope:
+        logits = model(x)
+        loss = criterion(logits, y)
+        optimizer.zero_grad()
+        loss.backward()
+    optimizer.step()
+    return loss, logits
