@@ -11,8 +11,9 @@ Values come from, in this order:
   3. the environment variable, parsed and checked when first read (a bad value raises
      ConfigError naming the variable and what it allows; train.py turns that into exit 2);
   4. the default.
-The environment is read at each get() (parsing is memoised per raw string, about a microsecond
-a read), so a variable set before a run takes effect in it; nothing is read at import, so a bad
+Each variable is read from the environment once, at its first use, and remembered (a setting is
+read on every pass, and os.environ costs a microsecond or two a look-up); `reload()` forgets what
+was read, for code that changes os.environ after the fact. Nothing is read at import, so a bad
 value never breaks `import backends`. Overrides are process-wide, not per thread.
 
 `snapshot()` is the tuple of every setting that changes what a pass computes or launches: the
@@ -67,6 +68,7 @@ SETTINGS = {s.name: s for s in (
 
 _overrides = []   # a stack of {name: value}, innermost last
 _process = {}     # set(): values for the rest of the process, below any override block
+_environment = {}  # name -> the value its variable gave when first read (reload() empties it)
 ENVIRONMENT = object()   # override(name=ENVIRONMENT): the block follows the environment variable
 
 
@@ -81,9 +83,20 @@ def get(name):
     else:
         if name in _process:
             return _process[name]
+    try:
+        return _environment[name]
+    except KeyError:
+        pass
     setting = _setting(name)
     raw = os.environ.get(setting.env)
-    return setting.default if raw is None else _parse(setting.name, raw)
+    value = setting.default if raw is None else _parse(setting.name, raw)   # raises on a bad value
+    _environment[name] = value
+    return value
+
+
+def reload():
+    """Forget what was read from the environment: the next get() of each setting reads it again."""
+    _environment.clear()
 
 
 def mib_bytes(name):

@@ -54,6 +54,21 @@ def host_library(tmp_path_factory, name, source, flags=()):
     return ctypes.CDLL(str(lib))
 
 
+@pytest.fixture(autouse=True)
+def settings_read_afresh(monkeypatch):
+    """backends.config reads each variable once; every test starts from the environment as it is,
+    and monkeypatch.setenv/delenv take effect at once (config.reload() after each)."""
+    from backends import config
+    config.reload()
+    for name in ("setenv", "delenv"):
+        def follow(*args, _real=getattr(monkeypatch, name), **kwargs):
+            _real(*args, **kwargs)
+            config.reload()
+        setattr(monkeypatch, name, follow)
+    yield
+    config.reload()
+
+
 @pytest.fixture
 def settings():
     """settings(name=value, ...) overrides backends.config settings until the test ends: the one

@@ -150,3 +150,17 @@ def test_train_exits_2_with_one_line_on_a_bad_setting():
     assert res.stderr.strip().splitlines() == [
         "train.py: error: MINITORCH_FBFFT_WORKSPACE_MB='-1' is not allowed: it takes MiB > 0 "
         "(fbfft's frequency-domain buffers; larger batches run in chunks)"]
+
+
+def test_the_environment_is_read_once_until_reload(monkeypatch):
+    monkeypatch.delenv("MINITORCH_GEMM_WORKSPACE_MB", raising=False)
+    assert config.get("gemm_workspace_mb") == 1024.0
+    import os
+    os.environ["MINITORCH_GEMM_WORKSPACE_MB"] = "32"     # behind config's back: not seen...
+    try:
+        assert config.get("gemm_workspace_mb") == 1024.0
+        config.reload()                                   # ...until reload()
+        assert config.get("gemm_workspace_mb") == 32.0
+    finally:
+        del os.environ["MINITORCH_GEMM_WORKSPACE_MB"]
+        config.reload()

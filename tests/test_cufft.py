@@ -159,6 +159,7 @@ def test_argument_errors(rng):
     with pytest.raises(ValueError, match="MINITORCH_CUFFT_TUNE='sometimes' is not allowed"):
         with pytest.MonkeyPatch.context() as mp, config.override(cufft_tune=config.ENVIRONMENT):
             mp.setenv("MINITORCH_CUFFT_TUNE", "sometimes")
+            config.reload()
             cufft.fprop(x, w)
 
 
