@@ -1,9 +1,11 @@
 """CUDA-graph training steps (minitorch_fft.graphs) and the GPU dropout stream they rely on.
 
 CPU: Philox4x32-10 against Random123's known answers, the dropout stream's properties and its
-state in checkpoints, cgemm's capture path on a modelled cuBLAS, and the refusals. GPU: the
-dropout kernel bit for bit against the NumPy reference; a graphed step against the same steps
-run eagerly, dropout included; recapture when what the graph baked in changes."""
+state in checkpoints, kernels/dropout.cu compiled for the host against the NumPy reference,
+cgemm's capture path on a modelled cuBLAS, and the refusals. GPU: the dropout kernel bit for bit
+against the NumPy reference; a graphed step against the same steps run eagerly, dropout
+included; recapture when what the graph baked in changes."""
+import ctypes
 import json
 
 import numpy as np
@@ -34,6 +36,43 @@ def test_dropout_stream_keeps_the_right_share_and_differs_per_mask():
     assert (masks[0] != masks[1]).mean() > 0.35                      # independent: 2 p (1 - p) = 0.42
     assert not np.array_equal(mrandom.dropout_reference(8, 0, 1000, 0.3), masks[0][:1000])
     np.testing.assert_array_equal(mrandom.dropout_reference(7, 1, 1000, 0.3), masks[1][:1000])
+
+
+DROPOUT_WRAPPERS = r"""
+extern "C" void emu_dropout(const float* x, const unsigned long long* state, float p, float scale,
+                            float* y, float* m, unsigned long long size, unsigned grid, unsigned block) {
+    launch(grid, block, [=] { minitorch_dropout_philox(x, state, p, scale, y, m, size); });
+}
+extern "C" void emu_advance(unsigned long long* state) {
+    launch(1, 1, [=] { minitorch_dropout_advance(state); });
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def dropout_cu(tmp_path_factory):
+    from test_cuda_compile import core_host_library
+    return core_host_library(tmp_path_factory, "dropout.cu", DROPOUT_WRAPPERS)
+
+
+@pytest.mark.parametrize("seed, first_mask", [(123, 0), (2**40 + 7, 2**33 + 5)])  # both words
+def test_dropout_kernel_on_the_host_matches_the_reference_bit_for_bit(dropout_cu, seed, first_mask):
+    """kernels/dropout.cu compiled for the host: the mask is dropout_reference's, y = x * mask,
+    and the advance kernel moves the stream on by one mask."""
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)     # noqa: E731
+    p, size = 0.4, 3 * 1001
+    scale = np.float32(1.0 / (1.0 - p))
+    x = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
+    state = np.array([seed, first_mask], dtype=np.uint64)
+    for n in range(first_mask, first_mask + 3):
+        y, m = np.full(size, np.nan, np.float32), np.full(size, np.nan, np.float32)
+        dropout_cu.emu_dropout(ptr(x), ptr(state), ctypes.c_float(p), ctypes.c_float(scale), ptr(y), ptr(m),
+                               ctypes.c_ulonglong(size), 5, 64)   # 5 x 64 threads: a grid-stride loop
+        keep = mrandom.dropout_reference(seed, n, size, p)
+        np.testing.assert_array_equal(m, np.where(keep, scale, np.float32(0)))
+        np.testing.assert_array_equal(y, x * m)
+        dropout_cu.emu_advance(ptr(state))
+        assert state.tolist() == [seed, n + 1]
 
 
 def test_uniform_from_bits_covers_zero_to_below_one():

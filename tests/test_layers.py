@@ -1,4 +1,7 @@
-"""Every layer, forward and gradients, against PyTorch in float64 (the independent reference)."""
+"""Every layer, forward and gradients, against PyTorch in float64 (the independent reference);
+the max-pooling kernels (kernels/pool.cu) compiled for the host against the NumPy passes."""
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -144,3 +147,52 @@ def test_module_api():
     with pytest.raises(ValueError, match="shape"):
         bad = dict(sd, **{"3.weight": np.zeros((3, 9), np.float32)})
         other.load_state_dict(bad)
+
+
+# -- kernels/pool.cu on the host, against MaxPool2dFn's NumPy passes ------------------------------
+POOL_WRAPPERS = r"""
+#define GEOM(T) (T)h, (T)w, (T)kh, (T)kw, (T)sh, (T)sw, (T)oh, (T)ow
+extern "C" void emu_pool_fwd(int wide, const float* x, float* y, unsigned char* arg, long long total,
+                             long long h, long long w, long long kh, long long kw, long long sh,
+                             long long sw, long long oh, long long ow, unsigned grid, unsigned block) {
+    if (wide) launch(grid, block, [=] { minitorch_maxpool_fwd<long long>(x, y, arg, total, GEOM(long long)); });
+    else launch(grid, block, [=] { minitorch_maxpool_fwd<int>(x, y, arg, total, GEOM(int)); });
+}
+extern "C" void emu_pool_bwd(int wide, const float* g, const unsigned char* arg, float* gx, long long total,
+                             long long h, long long w, long long kh, long long kw, long long sh,
+                             long long sw, long long oh, long long ow, unsigned grid, unsigned block) {
+    if (wide) launch(grid, block, [=] { minitorch_maxpool_bwd<long long>(g, arg, gx, total, GEOM(long long)); });
+    else launch(grid, block, [=] { minitorch_maxpool_bwd<int>(g, arg, gx, total, GEOM(int)); });
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def pool_cu(tmp_path_factory):
+    from test_cuda_compile import core_host_library
+    return core_host_library(tmp_path_factory, "pool.cu", POOL_WRAPPERS)
+
+
+@pytest.mark.parametrize("wide", [0, 1])
+@pytest.mark.parametrize("k,s,hw", [((3, 3), (2, 2), (9, 11)), ((2, 3), (1, 2), (7, 8)), ((2, 2), (3, 3), (8, 9))])
+def test_pool_kernels_on_the_host_equal_the_numpy_passes(pool_cu, wide, k, s, hw, rng):
+    """kernels/pool.cu (both index types) picks the NumPy pass's maximum and argmax, ties and NaN
+    included, and routes the gradient the same way."""
+    from minitorch_fft.functional import MaxPool2dFn
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)     # noqa: E731
+    x = rng.integers(-2, 3, (2, 3) + hw).astype(np.float32)   # few values: many ties
+    x[0, 1, 2, 3] = x[1, 2, 4, 5] = np.nan
+    fn = MaxPool2dFn()
+    y_ref = fn.forward(x, k, s)
+    g = rng.integers(-4, 5, y_ref.shape).astype(np.float32)    # small integers: sums are exact
+    gx_ref = fn.backward(g)
+    geom = [*x.shape[2:], *k, *s, *y_ref.shape[2:]]
+    y, arg = np.full(y_ref.shape, np.nan, np.float32), np.full(y_ref.shape, 255, np.uint8)
+    pool_cu.emu_pool_fwd(wide, ptr(x), ptr(y), ptr(arg), ctypes.c_longlong(y.size),
+                         *(ctypes.c_longlong(v) for v in geom), 3, 32)
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(arg, fn.arg)
+    gx = np.full(x.shape, np.nan, np.float32)
+    pool_cu.emu_pool_bwd(wide, ptr(g), ptr(arg), ptr(gx), ctypes.c_longlong(gx.size),
+                         *(ctypes.c_longlong(v) for v in geom), 3, 32)
+    np.testing.assert_array_equal(gx, gx_ref)
