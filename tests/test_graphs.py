@@ -14,6 +14,7 @@ import pytest
 import minitorch_fft as mt
 from backends import cgemm
 from minitorch_fft import random as mrandom
+from test_cuda_compile import core_gpu_branch, core_host_library
 from test_cgemm import CALLS, _Device, _gemm_strided_batched_ex, cublas_model, rand  # noqa: F401
 
 
@@ -38,21 +39,9 @@ def test_dropout_stream_keeps_the_right_share_and_differs_per_mask():
     np.testing.assert_array_equal(mrandom.dropout_reference(7, 1, 1000, 0.3), masks[1][:1000])
 
 
-DROPOUT_WRAPPERS = r"""
-extern "C" void emu_dropout(const float* x, const unsigned long long* state, float p, float scale,
-                            float* y, float* m, unsigned long long size, unsigned grid, unsigned block) {
-    launch(grid, block, [=] { minitorch_dropout_philox(x, state, p, scale, y, m, size); });
-}
-extern "C" void emu_advance(unsigned long long* state) {
-    launch(1, 1, [=] { minitorch_dropout_advance(state); });
-}
-"""
-
-
 @pytest.fixture(scope="module")
 def dropout_cu(tmp_path_factory):
-    from test_cuda_compile import core_host_library
-    return core_host_library(tmp_path_factory, "dropout.cu", DROPOUT_WRAPPERS)
+    return core_host_library(tmp_path_factory, "dropout.cu")
 
 
 @pytest.mark.parametrize("seed, first_mask", [(123, 0), (2**40 + 7, 2**33 + 5)])  # both words
@@ -71,8 +60,29 @@ def test_dropout_kernel_on_the_host_matches_the_reference_bit_for_bit(dropout_cu
         keep = mrandom.dropout_reference(seed, n, size, p)
         np.testing.assert_array_equal(m, np.where(keep, scale, np.float32(0)))
         np.testing.assert_array_equal(y, x * m)
-        dropout_cu.emu_advance(ptr(state))
+        dropout_cu.emu_advance(ptr(state), 1, 1)
         assert state.tolist() == [seed, n + 1]
+
+
+def test_gpu_dropout_run_on_the_host_matches_the_reference(dropout_cu, monkeypatch):
+    """random.dropout_mask's GPU branch on a fake CuPy (test_cuda_compile.core_gpu_branch): the
+    kernels get arguments of their C types, the state advances on the device, masks n = 0, 1, 2
+    are dropout_reference's, bit for bit."""
+    for name, value in (("_gpu_states", {}), ("_pending", {}), ("_rng", mrandom._rng), ("_seed", mrandom._seed)):
+        monkeypatch.setattr(mrandom, name, value)   # no fake device array outlives the test
+    mt.manual_seed(123)
+    x0 = np.random.default_rng(0).standard_normal((7, 1001), dtype=np.float32)
+    with core_gpu_branch(dropout_cu, mrandom) as log:
+        import cupy as cp   # the fake one
+        x = cp.asarray(x0)
+        for n in range(3):
+            y, m = mrandom.dropout_mask(x, 0.4)
+            keep = mrandom.dropout_reference(123, n, x.size, 0.4).reshape(x.shape)
+            np.testing.assert_array_equal(m, np.where(keep, np.float32(1 / 0.6), np.float32(0)))
+            np.testing.assert_array_equal(y, x0 * np.asarray(m))
+        assert mrandom.get_state()["gpu_masks_drawn"] == {"0": 3}
+    assert [name for name, _, _ in log] == ["minitorch_dropout_philox", "minitorch_dropout_advance"] * 3
+    assert log[1][1:] == (1, 1)
 
 
 def test_uniform_from_bits_covers_zero_to_below_one():
