@@ -121,10 +121,11 @@ def check_output_shape(name, arr, g, expected_oh_ow):
 
 
 @functools.lru_cache(maxsize=None)
-def cuda_module(filename, options=("--std=c++17",), name_expressions=None):
-    """Compile backends/kernels/<filename> once per process through CuPy (NVRTC)."""
+def cuda_module(filename, options=("--std=c++17",), name_expressions=None, directory=KERNEL_DIR):
+    """Compile <directory>/<filename> once per process through CuPy (NVRTC): the backends'
+    kernels (backends/kernels/, the default) and the core's (minitorch_fft/kernels/)."""
     import cupy as cp
-    src = (KERNEL_DIR / filename).read_text()
+    src = (Path(directory) / filename).read_text()
     return cp.RawModule(code=src, options=options, name_expressions=name_expressions)
 
 

@@ -24,14 +24,14 @@ and accGrad by conj(GY)^T through the GEMM's operand flags (cgemm.matmul's op "C
 spectra are the raw ones, and no conjugated or transposed copy is ever made.
 Whole-batch spectra only: a chunked pass keeps none.
 
-On the CPU the same passes run on the NumPy model of the kernels (fbfft_model), so CI checks
-the padding, layout and clipping arithmetic that the GPU runs.
+On the CPU the same passes run the kernels' emulator (fbfft_emulator), so CI checks the
+padding, layout and clipping arithmetic that the GPU runs.
 """
 import functools
 
 import numpy as np
 
-from . import cgemm, config, fbfft_model
+from . import cgemm, config, fbfft_emulator, fbfft_plan
 from .common import check_arrays, check_output_shape, geometry, plain_args, valid_geometry
 from .reuse import Key, shared
 
@@ -39,7 +39,7 @@ from .reuse import Key, shared
 # oh x ow output, n x n Fourier basis, nf = n^2/2 + 2 frequencies (the Hermitian half without its
 # conjugate duplicates: the GEMM skips them; fbfft.cu's header)
 
-MAX_BASIS = max(fbfft_model.SIZES)
+MAX_BASIS = max(fbfft_plan.SIZES)
 
 
 def basis(g):
@@ -91,7 +91,7 @@ def _plan_cached(x_shape, w_shape, stride, padding, workspace_bytes):
 
 
 def _kernels(xp):
-    """The FFT pair for this array module: CUDA kernels on the GPU, their NumPy model on the CPU.
+    """The FFT pair for this array module: CUDA kernels on the GPU, their emulator on the CPU.
 
       fft(a, n, offset)      a (p, q, h, w) placed at `offset` of the basis -> (nf, p, q), fresh
       ifft(F, n, offset, out)  F (nf, ...) -> out (..., oh, ow), the window at `offset`
@@ -109,11 +109,11 @@ def _make_kernels(xp):
     if xp is np:
         def fft(a, n, offset):
             p, q, h, w = a.shape
-            F = fbfft_model.rfft2(a.reshape(p * q, h, w), n, offset, check_coverage=False)
+            F = fbfft_emulator.rfft2(a.reshape(p * q, h, w), n, offset, check_coverage=False)
             return F.reshape(-1, p, q)
 
         def ifft(F, n, offset, out):
-            y = fbfft_model.irfft2(F.reshape(F.shape[0], -1), n, out.shape[-2:], offset, check_coverage=False)
+            y = fbfft_emulator.irfft2(F.reshape(F.shape[0], -1), n, out.shape[-2:], offset, check_coverage=False)
             out.reshape(y.shape)[...] = y
             return out
         return fft, ifft
@@ -127,16 +127,16 @@ def _make_kernels(xp):
 
     def fft(a, n, offset):
         p, q, h, w = a.shape
-        F = cp.empty((fbfft_model.stored_frequencies(n), p, q), dtype=np.complex64)
+        F = cp.empty((fbfft_plan.stored_frequencies(n), p, q), dtype=np.complex64)
         fbfft_kernels.rfft2_launcher(n, p * q, h, w, offset)(a, F)
         return F
 
     def ifft(F, n, offset, out):
         oh, ow = out.shape[-2:]
         planes = out.size // (oh * ow)
-        if F.size != fbfft_model.stored_frequencies(n) * planes:   # the kernel would read past F
+        if F.size != fbfft_plan.stored_frequencies(n) * planes:   # the kernel would read past F
             raise ValueError(f"fbfft: a spectrum of {F.size} values cannot fill {planes} output planes "
-                             f"of basis {n} ({fbfft_model.stored_frequencies(n)} frequencies each)")
+                             f"of basis {n} ({fbfft_plan.stored_frequencies(n)} frequencies each)")
         fbfft_kernels.irfft2_launcher(n, planes, (oh, ow), offset)(F, out)
         return out
     return fft, ifft
@@ -144,7 +144,7 @@ def _make_kernels(xp):
 
 def _batch_chunks(g, n, planes_per_image, workspace_bytes):
     """Slices of the batch whose spectra fit workspace_bytes (at least one image each)."""
-    per_image = planes_per_image * fbfft_model.stored_frequencies(n) * 8 * 2  # spectra in, GEMM out
+    per_image = planes_per_image * fbfft_plan.stored_frequencies(n) * 8 * 2  # spectra in, GEMM out
     step = max(1, workspace_bytes // per_image)
     return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
 

@@ -8,9 +8,9 @@
 F is frequency-major with the batch fastest (the layout the per-frequency GEMM of the
 FFT convolution reads), F[freq(ky, kx), b] = rfft2(plane_b)[ky, kx] (1-D: F[k, b] = rfft(signal_b)[k]);
 the 2-D half-spectrum leaves out its conjugate duplicates F[ky][0], F[ky][n/2] for ky > n/2
-(fbfft_model.compact / expand convert from and to np.fft's layout). Zero padding and clipping
-are implicit: no padded or cropped copy is ever made. CuPy arrays only; the NumPy model
-of the same kernels is fbfft_model.py.
+(fbfft_plan.compact / expand convert from and to np.fft's layout). Zero padding and clipping
+are implicit: no padded or cropped copy is ever made. CuPy arrays only; the launch plans
+are fbfft_plan.py, and the CPU path's emulator of the same kernels is fbfft_emulator.py.
 
 Every launch checks its arguments and raises ValueError naming what is wrong; with
 MINITORCH_FBFFT_CHECK=1 (or config.override(fbfft_check=True)) each launch is followed by a device
@@ -24,7 +24,7 @@ import numpy as np
 from . import config
 from .common import cuda_module
 from .device import is_cupy
-from .fbfft_model import SIZES, SIZES_1D, check_size, plan, plan1, stored_frequencies
+from .fbfft_plan import SIZES, SIZES_1D, check_size, plan, plan1, stored_frequencies
 
 # Every instantiation the module compiles (NVRTC name expressions).
 NAME_EXPRESSIONS = (tuple(f"fbfft_{k}<{n}>" for k in ("rfft2", "irfft2") for n in SIZES)

@@ -2,10 +2,14 @@
 
 Only ``conv2d`` is device-specific, and it delegates to ``backends``.
 """
+import functools
+from pathlib import Path
+
 import numpy as np
 
 import backends
 from backends import cgemm
+from backends.common import cuda_module, launch_1d
 
 from . import random as _random
 from .device import get_array_module
@@ -156,7 +160,7 @@ class MaxPool2dFn(Function):
     (its offset i * kw + j, the last NaN if there is one, so NaN propagates as in Torch) is
     kept for backward, which routes each output's gradient to that element only.
 
-    On the GPU each pass is one elementwise kernel (no synchronisation with the host: a
+    On the GPU each pass is one kernel of kernels/pool.cu (no synchronisation with the host: a
     boolean-mask assignment would wait for the GPU at every window offset); on the CPU the
     same arithmetic runs over the k*k strided views."""
 
@@ -203,59 +207,33 @@ class MaxPool2dFn(Function):
         return gx
 
 
-_POOL = {}
-# 32-bit index arithmetic unless an array reaches 2^31 elements (64-bit division and remainder
-# are emulated on the GPU, many instructions each).
-_POOL_CODE = {
-    "fwd": """
-        const IDX k = (IDX)i;
-        const IDX ox = k % ow, oy = (k / ow) % oh, plane = k / (oh * ow);
-        const IDX base = (plane * h + oy * sh) * w + ox * sw;
-        float best = x[base];
-        int best_k = 0;
-        for (int a = 0; a < kh; ++a)
-            for (int b = 0; b < kw; ++b) {
-                const float v = x[base + a * w + b];
-                if (v > best || isnan(v)) { best = v; best_k = a * kw + b; }
-            }
-        y = best;
-        arg = (unsigned char)best_k;
-        """,
-    # gradient of input element (yy, xx): the outputs whose window holds it and whose argmax
-    # it is (a gather: no atomics, windows may overlap)
-    "bwd": """
-        const IDX k = (IDX)i;
-        const IDX xx = k % w, yy = (k / w) % h, plane = k / (h * w);
-        const IDX oy0 = yy >= kh ? (yy - kh) / sh + 1 : 0, oy1 = min(yy / sh, oh - 1);
-        const IDX ox0 = xx >= kw ? (xx - kw) / sw + 1 : 0, ox1 = min(xx / sw, ow - 1);
-        float acc = 0.f;
-        for (IDX oy = oy0; oy <= oy1; ++oy)
-            for (IDX ox = ox0; ox <= ox1; ++ox) {
-                const IDX o = (plane * oh + oy) * ow + ox;
-                if (arg[o] == (yy - oy * sh) * kw + (xx - ox * sw)) acc += g[o];
-            }
-        gx = acc;
-        """,
-}
+_KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+# pool.cu's kernels are templated on the index type: 32-bit index arithmetic unless an array
+# reaches 2^31 elements (64-bit division and remainder are emulated on the GPU).
+POOL_NAME_EXPRESSIONS = tuple(f"minitorch_maxpool_{kind}<{t}>" for kind in ("fwd", "bwd")
+                              for t in ("int", "long long"))
+
+
+@functools.lru_cache(maxsize=None)
+def _pool_kernel(kind, wide):
+    """kernels/pool.cu's minitorch_maxpool_<kind> for int (or, `wide`, long long) indices,
+    compiled on first use (CuPy)."""
+    module = cuda_module("pool.cu", ("--std=c++17",), POOL_NAME_EXPRESSIONS, directory=_KERNEL_DIR)
+    return module.get_function(f"minitorch_maxpool_{kind}<{'long long' if wide else 'int'}>")
 
 
 def _pool(kind, size, *args):
     """Launch the max-pooling kernel `kind` ('fwd' or 'bwd') over arrays of up to `size`
-    elements: args are the raw inputs, then h, w, kh, kw, sh, sw, oh, ow, then the outputs."""
+    elements: args are the inputs (contiguous), then h, w, kh, kw, sh, sw, oh, ow, then the
+    outputs (fresh, contiguous); one thread per element of the first output."""
     wide = size >= 2**31
-    kern = _POOL.get((kind, wide))
-    if kern is None:
-        import cupy as cp
-        t = "int64" if wide else "int32"
-        params = f"{t} h, {t} w, {t} kh, {t} kw, {t} sh, {t} sw, {t} oh, {t} ow"
-        ins, outs = (("raw float32 x, ", "float32 y, uint8 arg") if kind == "fwd"
-                     else ("raw float32 g, raw uint8 arg, ", "float32 gx"))
-        kern = _POOL[(kind, wide)] = cp.ElementwiseKernel(
-            ins + params, outs, _POOL_CODE[kind].replace("IDX", "long long" if wide else "int"),
-            f"minitorch_maxpool_{kind}_{t}")
     cast = np.int64 if wide else np.int32
-    n_raw = 1 if kind == "fwd" else 2
-    return kern(*args[:n_raw], *(cast(v) for v in args[n_raw:n_raw + 8]), *args[n_raw + 8:])
+    n_in = 1 if kind == "fwd" else 2
+    ins, geom, outs = args[:n_in], tuple(cast(v) for v in args[n_in:n_in + 8]), args[n_in + 8:]
+    total = outs[0].size
+    if total:
+        launch_1d(_pool_kernel(kind, wide), total, ins + outs + (np.int64(total),) + geom)
+    return outs
 
 
 def max_pool2d(x, kernel_size, stride=None):

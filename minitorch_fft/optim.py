@@ -1,7 +1,11 @@
 """Stochastic gradient descent with momentum and weight decay (PyTorch's update rule)."""
+import functools
+from pathlib import Path
+
 import numpy as np
 
 from backends import reuse
+from backends.common import cuda_module, launch_1d
 
 from .device import get_array_module, to_device
 from .tensor import no_grad
@@ -43,7 +47,8 @@ class SGD:
             for i, p in enumerate(self.params):
                 if p.grad is None:
                     continue
-                if self.momentum and get_array_module(p.data) is not np and p.data.flags.c_contiguous:
+                if (self.momentum and get_array_module(p.data) is not np and p.data.flags.c_contiguous
+                        and (self.velocity[i] is None or self.velocity[i].flags.c_contiguous)):
                     self._fused_step(i, p)
                     continue
                 d = p.grad
@@ -60,14 +65,19 @@ class SGD:
                 p.data -= self.lr * d
 
     def _fused_step(self, i, p):
-        """The same update as step()'s, as one GPU kernel per parameter instead of four."""
+        """The same update as step()'s, as one GPU kernel per parameter instead of four
+        (kernels/sgd.cu; p.data and its velocity C-contiguous)."""
         xp = get_array_module(p.data)
+        g = xp.ascontiguousarray(p.grad, dtype=np.float32)
+        if g.shape != p.data.shape:   # the kernel would read past g
+            raise ValueError(f"gradient of shape {tuple(g.shape)} for a parameter of shape {tuple(p.shape)}")
         first = self.velocity[i] is None
         if first:
             self.velocity[i] = xp.empty_like(p.data)
-        _sgd_kernel()(xp.ascontiguousarray(p.grad, dtype=np.float32), np.float32(self.lr),
-                      np.float32(self.momentum), np.float32(self.weight_decay), first,
-                      p.data, self.velocity[i])
+        if p.data.size:
+            launch_1d(_sgd_kernel(), p.data.size,
+                      (g, np.float32(self.lr), np.float32(self.momentum), np.float32(self.weight_decay),
+                       np.int32(first), p.data, self.velocity[i], np.int64(p.data.size)))
 
     def state_dict(self):
         return {"lr": self.lr, "base_lr": self.base_lr, "momentum": self.momentum,
@@ -87,19 +97,11 @@ class SGD:
                          for v, p in zip(vel, self.params)]
 
 
-_SGD = None
+_KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
 
+@functools.lru_cache(maxsize=None)
 def _sgd_kernel():
-    """d = g + wd p;  v = d (first step) or momentum v + d;  p -= lr v. CuPy, compiled once."""
-    global _SGD
-    if _SGD is None:
-        import cupy as cp
-        _SGD = cp.ElementwiseKernel(
-            "float32 g, float32 lr, float32 momentum, float32 wd, bool first", "float32 p, float32 v",
-            """
-            const float d = wd != 0.f ? g + wd * p : g;
-            v = first ? d : momentum * v + d;
-            p = p - lr * v;
-            """, "minitorch_sgd_momentum")
-    return _SGD
+    """kernels/sgd.cu's update: d = g + wd p;  v = d (first step) or momentum v + d;  p -= lr v.
+    Compiled on first use (CuPy)."""
+    return cuda_module("sgd.cu", directory=_KERNEL_DIR).get_function("minitorch_sgd_momentum")

@@ -4,12 +4,17 @@ On the CPU one NumPy Generator drives everything, so a seed gives bit-identical 
 On the GPU dropout masks come from a counter-based generator, Philox4x32-10 (Salmon et al.,
 "Parallel random numbers: as easy as 1, 2, 3", SC 2011): element i of the n-th mask drawn on a
 device is a pure function of (seed, n, i). The seed and n live in a small device array that the
-mask kernel reads and a one-thread kernel advances, so a training step captured as a CUDA graph
-(minitorch_fft.graphs) draws a fresh mask at every replay; a counter passed as a kernel argument
-would be frozen into the graph. Both streams are in get_state(), so a resumed run draws the
-masks it would have drawn.
+mask kernel reads and a one-thread kernel advances (kernels/dropout.cu, compiled on first use),
+so a training step captured as a CUDA graph (minitorch_fft.graphs) draws a fresh mask at every
+replay; a counter passed as a kernel argument would be frozen into the graph. Both streams are in
+get_state(), so a resumed run draws the masks it would have drawn.
 """
+import functools
+from pathlib import Path
+
 import numpy as np
+
+from backends.common import cuda_module, launch_1d
 
 
 _rng = np.random.default_rng(0)
@@ -52,7 +57,7 @@ def uniform(shape, xp=np):
 
 def philox4x32(counter, key, rounds=10):
     """Philox4x32-R in NumPy: counter (4, ...) and key (2, ...) uint32 -> (4, ...) uint32. The
-    model that the GPU kernel below follows; tested against Random123's known answers."""
+    model that kernels/dropout.cu follows; tested against Random123's known answers."""
     c = [np.asarray(w, dtype=np.uint64) for w in counter]
     k0, k1 = (np.asarray(w, dtype=np.uint64) for w in key)
     mask = np.uint64(0xFFFFFFFF)
@@ -79,40 +84,14 @@ def dropout_reference(seed, n, size, p):
     return uniform_from_bits(bits) >= np.float32(p)
 
 
-_DROPOUT_PREAMBLE = r"""
-__device__ __forceinline__ unsigned int minitorch_philox_word0(
-        unsigned int c0, unsigned int c1, unsigned int c2, unsigned int c3,
-        unsigned int k0, unsigned int k1) {
-    #pragma unroll
-    for (int r = 0; r < 10; ++r) {
-        if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-        const unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        const unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
-    }
-    return c0;
-}
-"""
-
-_KERNELS = {}
+_KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
 
+@functools.lru_cache(maxsize=None)
 def _kernels():
-    if not _KERNELS:
-        import cupy as cp
-        _KERNELS["mask"] = cp.ElementwiseKernel(
-            "float32 x, raw uint64 state, float32 p, float32 scale", "float32 y, float32 m",
-            """
-            const unsigned long long e = (unsigned long long)i, seed = state[0], n = state[1];
-            const unsigned int bits = minitorch_philox_word0(
-                (unsigned int)e, (unsigned int)(e >> 32), (unsigned int)n, (unsigned int)(n >> 32),
-                (unsigned int)seed, (unsigned int)(seed >> 32));
-            m = (float)(bits >> 8) * 5.9604644775390625e-08f >= p ? scale : 0.f;
-            y = x * m;
-            """, "minitorch_dropout_philox", preamble=_DROPOUT_PREAMBLE)
-        _KERNELS["advance"] = cp.ElementwiseKernel(
-            "", "raw uint64 state", "state[1] += 1;", "minitorch_dropout_advance")
-    return _KERNELS
+    """(mask, advance): kernels/dropout.cu's two kernels, compiled on first use (CuPy)."""
+    module = cuda_module("dropout.cu", directory=_KERNEL_DIR)
+    return module.get_function("minitorch_dropout_philox"), module.get_function("minitorch_dropout_advance")
 
 
 def _gpu_state(cp):
@@ -128,10 +107,13 @@ def dropout_mask(x, p):
     drawn from the device's Philox stream, which then advances by one mask. Two kernels, no host
     round trip: the step can be captured in a CUDA graph."""
     import cupy as cp
-    k = _kernels()
+    mask, advance = _kernels()
     state = _gpu_state(cp)
-    y, m = k["mask"](x, state, np.float32(p), np.float32(1.0 / (1.0 - p)))
-    k["advance"](state, size=1)
+    x = cp.ascontiguousarray(x, dtype=np.float32)   # element i of the mask is x's i-th in C order
+    y, m = cp.empty_like(x), cp.empty_like(x)
+    if x.size:
+        launch_1d(mask, x.size, (x, state, np.float32(p), np.float32(1.0 / (1.0 - p)), y, m, np.uint64(x.size)))
+    advance((1,), (1,), (state,))
     return y, m
 
 

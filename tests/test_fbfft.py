@@ -1,4 +1,4 @@
-"""The fbfft convolution backend against PyTorch float64: CPU (the kernels' NumPy model) and GPU."""
+"""The fbfft convolution backend against PyTorch float64: CPU (the kernels' emulator) and GPU."""
 import numpy as np
 import pytest
 

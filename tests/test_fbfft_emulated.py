@@ -28,8 +28,7 @@ import numpy as np
 import pytest
 
 import backends
-from backends import cgemm, fbfft, fbfft_kernels
-from backends import fbfft_model as model
+from backends import cgemm, fbfft, fbfft_kernels, fbfft_plan
 from backends.common import KERNEL_DIR, geometry
 from backends.reuse import Key
 from conftest import host_library
@@ -46,7 +45,7 @@ SCALARS = {"rfft2": (np.int32,) * 5,                   # B, h, w, top, left
 
 def buffers(name, n, scalars):
     """((dtype, size) of src, (dtype, size) of dst) that kernel `name` addresses."""
-    nf = model.stored_frequencies(n)
+    nf = fbfft_plan.stored_frequencies(n)
     B, *rest = (int(s) for s in scalars)
     if name == "rfft2":
         h, w = rest[:2]
@@ -63,7 +62,7 @@ class EmulatedKernel:
 
     def __call__(self, grid, block, args, shared_mem=0):
         src, dst, *scalars = args
-        p = model.plan(self.n)
+        p = fbfft_plan.plan(self.n)
         B = int(scalars[0])
         assert (grid, block, shared_mem) == (((B + p.planes - 1) // p.planes,), (p.threads,), p.smem_bytes)
         assert tuple(type(s) for s in scalars) == SCALARS[self.name], f"{self.name} scalars {scalars}"
@@ -185,7 +184,7 @@ def test_three_passes_match_the_reference(gpu_branch, rng, case):
 
 def test_the_cases_cover_every_basis_size():
     assert {fbfft.basis(geometry((S, f, h, w), (fo, f, kh, kw), 1, pad))
-            for S, f, fo, h, w, kh, kw, pad in CASES} == set(model.SIZES)
+            for S, f, fo, h, w, kh, kw, pad in CASES} == set(fbfft_plan.SIZES)
 
 
 def test_chunked_batch(gpu_branch, monkeypatch, rng, settings):
@@ -222,7 +221,7 @@ def test_a_spectrum_too_small_for_the_output_is_refused(gpu_branch):
     import cupy as cp   # the fake one
     fft, ifft = fbfft._kernels(cp)
     n = 8
-    F = cp.empty((model.stored_frequencies(n), 2, 3), np.complex64)     # 6 planes
+    F = cp.empty((fbfft_plan.stored_frequencies(n), 2, 3), np.complex64)     # 6 planes
     out = cp.empty((2, 4, 5, 5), np.float32)                              # 8 planes
     with pytest.raises(ValueError, match=r"cannot fill 8 output planes of basis 8"):
         ifft(F, n, (0, 0), out)

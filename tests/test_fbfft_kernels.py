@@ -1,5 +1,5 @@
-"""fbfft kernels: the NumPy model and a host emulation of the CUDA source against np.fft
-(CPU), and the CUDA kernels against cuFFT through cupy.fft (gpu marker).
+"""fbfft kernels: the NumPy emulator (fbfft's CPU path) and the CUDA source compiled for the
+host, against np.fft (CPU); the CUDA kernels against cuFFT through cupy.fft (gpu marker).
 
 Spectra fed to the inverse are always rfft2 of real planes: the kernels read each
 spectrum as Hermitian-consistent (see fbfft.cu), as cuFFT's C2R also assumes.
@@ -11,8 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from backends import fbfft_kernels
-from backends import fbfft_model as model
+from backends import fbfft_emulator, fbfft_kernels, fbfft_plan
 from backends.common import KERNEL_DIR
 from conftest import host_library
 
@@ -20,14 +19,14 @@ from conftest import host_library
 def geometries(n):
     """(B, h, w, pad_top, pad_left): the whole plane; a batch that leaves the last block
     partly empty, with an off-centre, non-square input; one pixel in the far corner."""
-    planes = model.plan(n).planes
+    planes = fbfft_plan.plan(n).planes
     h, w = max(1, n - 3), n // 2 + 1
     return [(5, n, n, 0, 0),
             (2 * planes + 3, h, w, min(2, n - h), min(1, n - w)),
             (3, 1, 1, n - 1, n - 1)]
 
 
-CASES = [(n,) + g for n in model.SIZES for g in geometries(n)]
+CASES = [(n,) + g for n in fbfft_plan.SIZES for g in geometries(n)]
 CASE_IDS = [f"n{n}-B{B}-{h}x{w}-at{t},{l}" for n, B, h, w, t, l in CASES]
 TOL = 1e-5  # relative (norm-wise) error in float32; an FFT of size 64 reaches ~1e-7
 
@@ -48,7 +47,7 @@ def spectrum_case(rng, n, B):
     """A Hermitian-consistent spectrum in the kernels' (nf, B) layout and its real planes (B, n, n)."""
     planes = rng.standard_normal((B, n, n))
     full = np.fft.rfft2(planes).transpose(1, 2, 0)
-    return np.ascontiguousarray(model.compact(full, n), dtype=np.complex64), planes
+    return np.ascontiguousarray(fbfft_plan.compact(full, n), dtype=np.complex64), planes
 
 
 def windows(n):
@@ -57,55 +56,55 @@ def windows(n):
             (1, 1, n - 1, n - 1)]
 
 
-# ---- NumPy model (CPU) ---------------------------------------------------------------
+# ---- NumPy emulator, fbfft's CPU path -------------------------------------------------
 
 @pytest.mark.parametrize("n,B,h,w,top,left", CASES, ids=CASE_IDS)
-def test_model_rfft2_matches_numpy(rng, n, B, h, w, top, left):
+def test_emulator_rfft2_matches_numpy(rng, n, B, h, w, top, left):
     x = rng.standard_normal((B, h, w)).astype(np.float32)
-    F = model.rfft2(x, n, (top, left))  # asserts every output written exactly once
+    F = fbfft_emulator.rfft2(x, n, (top, left))  # asserts every output written exactly once
     ref = np.fft.rfft2(padded(x, n, top, left)).transpose(1, 2, 0)
     assert F.shape == (n * n // 2 + 2, B) and F.dtype == np.complex64
-    assert rel_err(F, model.compact(ref, n)) < TOL
-    assert rel_err(model.expand(F, n), ref) < TOL
+    assert rel_err(F, fbfft_plan.compact(ref, n)) < TOL
+    assert rel_err(fbfft_plan.expand(F, n), ref) < TOL
 
 
-@pytest.mark.parametrize("n", model.SIZES)
-def test_model_irfft2_matches_numpy(rng, n):
-    B = model.plan(n).planes + 1
+@pytest.mark.parametrize("n", fbfft_plan.SIZES)
+def test_emulator_irfft2_matches_numpy(rng, n):
+    B = fbfft_plan.plan(n).planes + 1
     F, planes = spectrum_case(rng, n, B)
     for oh, ow, ro, co in windows(n):
-        y = model.irfft2(F, n, (oh, ow), (ro, co))  # asserts every output written once
+        y = fbfft_emulator.irfft2(F, n, (oh, ow), (ro, co))  # asserts every output written once
         ref = planes[:, ro:ro + oh, co:co + ow]
         assert y.shape == (B, oh, ow) and y.dtype == np.float32
         assert rel_err(y, ref) < TOL
-    y = model.irfft2(F, n, scale=1.0)
+    y = fbfft_emulator.irfft2(F, n, scale=1.0)
     assert rel_err(y, planes * n * n) < TOL
 
 
-def test_model_is_the_algorithm_not_numpy(rng):
-    """Guard against a model that only wraps np.fft: it must use bit-reversed registers."""
+def test_emulator_is_the_algorithm_not_numpy(rng):
+    """Guard against an emulator that only wraps np.fft: it must use bit-reversed registers."""
     v = [np.array([k], dtype=np.complex64) for k in range(8)]
-    model.dif_fft(v, False)
+    fbfft_emulator.dif_fft(v, False)
     X = np.fft.fft(np.arange(8))
-    got = np.array([v[model.bit_reverse(k, 3)][0] for k in range(8)])
+    got = np.array([v[fbfft_emulator.bit_reverse(k, 3)][0] for k in range(8)])
     assert np.allclose(got, X, atol=1e-5)
     assert not np.allclose([v[k][0] for k in range(8)], X, atol=1e-3)
 
 
-@pytest.mark.parametrize("n", model.SIZES)
+@pytest.mark.parametrize("n", fbfft_plan.SIZES)
 def test_shared_memory_bank_conflicts_as_documented(n):
     want = {"columns": 1, "rows": 1}
-    assert model.bank_conflicts(n) == want
+    assert fbfft_plan.bank_conflicts(n) == want
 
 
-def test_twiddle_table_in_source_matches_model():
+def test_twiddle_table_in_source_matches_plan():
     src = (KERNEL_DIR / "fbfft.cu").read_text()
     body = src[src.index("kTwiddle[kTwiddleN] = {"):]
     body = body[:body.index("};")]
     vals = [float(v) for v in re.findall(r"(-?\d\.\d+e[-+]\d+)f", body)]
     table = np.array(vals, dtype=np.float32).reshape(-1, 2)
-    want = model.twiddle_table()
-    assert table.shape == (model.TWIDDLE_N, 2)
+    want = fbfft_plan.twiddle_table()
+    assert table.shape == (fbfft_plan.TWIDDLE_N, 2)
     assert np.array_equal(table[:, 0], want.real) and np.array_equal(table[:, 1], want.imag)
 
 
@@ -116,7 +115,7 @@ def test_instantiated_sizes_match_wrapper():
     sizes = tuple(int(v) for v in re.findall(r"FBFFT_INSTANTIATE\((\d+)\)", block))
     block1 = src[src.index("// BEGIN 1D SIZES"):src.index("// END 1D SIZES")]
     sizes1 = tuple(int(v) for v in re.findall(r"FBFFT_INSTANTIATE_1D\((\d+)\)", block1))
-    assert sizes == model.SIZES and sizes1 == model.SIZES_1D
+    assert sizes == fbfft_plan.SIZES and sizes1 == fbfft_plan.SIZES_1D
     assert fbfft_kernels.NAME_EXPRESSIONS == tuple(
         f"fbfft_{name}<{n}>" for name in ("rfft2", "irfft2") for n in sizes) + tuple(
         f"fbfft_{name}<{n}>" for name in ("rfft1", "irfft1") for n in sizes1)
@@ -125,37 +124,37 @@ def test_instantiated_sizes_match_wrapper():
 @pytest.mark.parametrize("bad", [1, 3, 12, 256, 512])
 def test_unsupported_size_raises(bad):
     x = np.zeros((1, 1, 1), dtype=np.float32)
-    calls = [lambda: model.plan(bad), lambda: model.rfft2(x, bad),
+    calls = [lambda: fbfft_plan.plan(bad), lambda: fbfft_emulator.rfft2(x, bad),
              lambda: fbfft_kernels.rfft2(x, bad), lambda: fbfft_kernels.kernel("rfft2", bad),
              lambda: fbfft_kernels.irfft2(x, bad)]
-    if bad not in model.SIZES_1D:
-        calls += [lambda: model.plan1(bad), lambda: model.rfft1(x[0], bad),
+    if bad not in fbfft_plan.SIZES_1D:
+        calls += [lambda: fbfft_plan.plan1(bad), lambda: fbfft_emulator.rfft1(x[0], bad),
                   lambda: fbfft_kernels.rfft1(x[0], bad), lambda: fbfft_kernels.kernel("irfft1", bad)]
     for call in calls:
         with pytest.raises(ValueError, match=rf"size {bad}\b.*supported sizes are"):
             call()
 
 
-def test_model_rejects_inputs_that_do_not_fit():
+def test_emulator_rejects_inputs_that_do_not_fit():
     with pytest.raises(ValueError, match="does not fit"):
-        model.rfft2(np.zeros((1, 8, 8), np.float32), 8, (1, 0))
+        fbfft_emulator.rfft2(np.zeros((1, 8, 8), np.float32), 8, (1, 0))
     with pytest.raises(ValueError, match="does not fit"):
-        model.irfft2(np.zeros((34, 1), np.complex64), 8, (8, 8), (0, 1))
+        fbfft_emulator.irfft2(np.zeros((34, 1), np.complex64), 8, (8, 8), (0, 1))
     with pytest.raises(ValueError, match=r"spectrum must have shape \(34, B\)"):
-        model.irfft2(np.zeros((8, 5, 1), np.complex64), 8)
+        fbfft_emulator.irfft2(np.zeros((8, 5, 1), np.complex64), 8)
 
 
-@pytest.mark.parametrize("n", model.SIZES)
+@pytest.mark.parametrize("n", fbfft_plan.SIZES)
 def test_compact_layout(n):
     """nf = n^2/2 + 2 values stored: every (ky, kx) of the half-spectrum but the conjugate
     duplicates in columns 0 and n/2; row_base places them as fbfft.cu does; expand undoes
     compact on any Hermitian-consistent spectrum."""
-    nf = model.stored_frequencies(n)
-    stored = model._stored(n)
+    nf = fbfft_plan.stored_frequencies(n)
+    stored = fbfft_plan._stored(n)
     assert len(stored) == nf == n * n // 2 + 2
-    assert [int(model.row_base(n, ky)) + kx for ky, kx in stored] == list(range(nf))
+    assert [int(fbfft_plan.row_base(n, ky)) + kx for ky, kx in stored] == list(range(nf))
     full = np.fft.rfft2(np.random.default_rng(n).standard_normal((3, n, n))).transpose(1, 2, 0)
-    np.testing.assert_allclose(model.expand(model.compact(full, n), n), full, atol=1e-9)
+    np.testing.assert_allclose(fbfft_plan.expand(fbfft_plan.compact(full, n), n), full, atol=1e-9)
 
 
 # ---- the CUDA source itself, compiled for the host (CPU) ---------------------------
@@ -281,11 +280,11 @@ def _ptr(a):
     return a.ctypes.data_as(ctypes.c_void_p)
 
 
-@pytest.mark.parametrize("n", model.SIZES)
-def test_emulated_plan_matches_model(emulated, n):
+@pytest.mark.parametrize("n", fbfft_plan.SIZES)
+def test_emulated_plan_matches_fbfft_plan(emulated, n):
     v = (ctypes.c_int * 8)()
     assert emulated.emu_plan(n, v) == 0
-    p = model.plan(n)
+    p = fbfft_plan.plan(n)
     assert list(v) == [p.split, p.planes, p.threads, p.col_stride, p.row_stride, p.smem_elems, p.smem_bytes,
                        int(p.stage_out)]
 
@@ -296,12 +295,12 @@ def test_emulated_rfft2_matches_numpy(emulated, rng, n, B, h, w, top, left):
     F = np.full((n * n // 2 + 2, B), np.nan, dtype=np.complex64)  # poisoned
     assert emulated.emu_rfft2(n, _ptr(x), _ptr(F), B, h, w, top, left) == 0
     ref = np.fft.rfft2(padded(x, n, top, left)).transpose(1, 2, 0)
-    assert rel_err(F, model.compact(ref, n)) < TOL
+    assert rel_err(F, fbfft_plan.compact(ref, n)) < TOL
 
 
-@pytest.mark.parametrize("n", model.SIZES)
+@pytest.mark.parametrize("n", fbfft_plan.SIZES)
 def test_emulated_irfft2_matches_numpy(emulated, rng, n):
-    B = model.plan(n).planes + 1
+    B = fbfft_plan.plan(n).planes + 1
     F, planes = spectrum_case(rng, n, B)
     for oh, ow, ro, co in windows(n):
         y = np.full((B, oh, ow), np.nan, dtype=np.float32)  # poisoned
@@ -325,18 +324,18 @@ def test_cuda_rfft2_matches_cufft(n, B, h, w, top, left, fresh_rng):
     P[:, top:top + h, left:left + w] = x
     ref = cp.fft.rfft2(P).transpose(1, 2, 0)
     assert F is out
-    assert rel_err(cp.asnumpy(F), model.compact(cp.asnumpy(ref), n)) < TOL
+    assert rel_err(cp.asnumpy(F), fbfft_plan.compact(cp.asnumpy(ref), n)) < TOL
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", model.SIZES)
+@pytest.mark.parametrize("n", fbfft_plan.SIZES)
 def test_cuda_irfft2_matches_cufft(n, fresh_rng):
     import cupy as cp
     rng = fresh_rng
-    B = 3 * model.plan(n).planes + 5
+    B = 3 * fbfft_plan.plan(n).planes + 5
     planes = cp.asarray(rng.standard_normal((B, n, n)).astype(np.float32))
     spec = cp.fft.rfft2(planes)                                    # (B, n, nh)
-    F = cp.asarray(model.compact(cp.asnumpy(spec.transpose(1, 2, 0)), n).astype(np.complex64))
+    F = cp.asarray(fbfft_plan.compact(cp.asnumpy(spec.transpose(1, 2, 0)), n).astype(np.complex64))
     full = cp.fft.irfft2(spec, s=(n, n))
     for oh, ow, ro, co in windows(n):
         out = cp.full((B, oh, ow), np.nan, dtype=np.float32)       # poisoned
@@ -355,11 +354,11 @@ def test_cuda_round_trip_large_batch():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["rfft2", "irfft2"])
-@pytest.mark.parametrize("n", model.SIZES)
+@pytest.mark.parametrize("n", fbfft_plan.SIZES)
 def test_cuda_kernels_live_in_registers(name, n):
     k = fbfft_kernels.kernel(name, n)
     assert k.local_size_bytes == 0, f"fbfft_{name}<{n}> uses local memory (spills)"
-    assert k.max_threads_per_block >= model.plan(n).threads
+    assert k.max_threads_per_block >= fbfft_plan.plan(n).threads
 
 
 @pytest.mark.gpu
@@ -381,17 +380,17 @@ def test_cuda_rejects_bad_arguments():
         fbfft_kernels.rfft2(x, 8, out=cp.empty((34, 3), cp.complex64))
 
 
-# ---- 1-D kernels: model and host emulation against np.fft (CPU), CUDA against cuFFT (GPU) ----
+# ---- 1-D kernels: NumPy emulator and host-compiled source against np.fft (CPU), CUDA against cuFFT (GPU) ----
 
 def geometries1(n):
     """(B, len, pad): the whole signal; a batch that leaves the last block partly empty, with an
     off-centre input; one sample at the far end."""
-    signals = model.plan1(n).signals
+    signals = fbfft_plan.plan1(n).signals
     length = max(1, n - 3)
     return [(5, n, 0), (signals + 3, length, min(2, n - length)), (3, 1, n - 1)]
 
 
-CASES_1D = [(n,) + g for n in model.SIZES_1D for g in geometries1(n)]
+CASES_1D = [(n,) + g for n in fbfft_plan.SIZES_1D for g in geometries1(n)]
 CASE_IDS_1D = [f"n{n}-B{B}-len{ln}-at{p}" for n, B, ln, p in CASES_1D]
 
 
@@ -412,23 +411,23 @@ def padded1(x, n, pad):
 
 
 @pytest.mark.parametrize("n,B,length,pad", CASES_1D, ids=CASE_IDS_1D)
-def test_model_rfft1_matches_numpy(rng, n, B, length, pad):
+def test_emulator_rfft1_matches_numpy(rng, n, B, length, pad):
     x = rng.standard_normal((B, length)).astype(np.float32)
-    assert rel_err(model.rfft1(x, n, pad), np.fft.rfft(padded1(x, n, pad), axis=1).T) < TOL
+    assert rel_err(fbfft_emulator.rfft1(x, n, pad), np.fft.rfft(padded1(x, n, pad), axis=1).T) < TOL
 
 
-@pytest.mark.parametrize("n", model.SIZES_1D)
-def test_model_irfft1_matches_numpy(rng, n):
+@pytest.mark.parametrize("n", fbfft_plan.SIZES_1D)
+def test_emulator_irfft1_matches_numpy(rng, n):
     F, signals = signal_spectrum_case(rng, n, 7)
     for out_len, off in windows1(n):
-        assert rel_err(model.irfft1(F, n, out_len, off), signals[:, off:off + out_len]) < TOL
+        assert rel_err(fbfft_emulator.irfft1(F, n, out_len, off), signals[:, off:off + out_len]) < TOL
 
 
-@pytest.mark.parametrize("n", model.SIZES_1D)
-def test_emulated_plan1_matches_model(emulated, n):
+@pytest.mark.parametrize("n", fbfft_plan.SIZES_1D)
+def test_emulated_plan1_matches_fbfft_plan(emulated, n):
     v = (ctypes.c_int * 7)()
     assert emulated.emu_plan1(n, v) == 0
-    p = model.plan1(n)
+    p = fbfft_plan.plan1(n)
     assert list(v) == [p.L, p.split, p.m, p.signals, p.threads, p.row, p.smem_bytes]
 
 
@@ -440,9 +439,9 @@ def test_emulated_rfft1_matches_numpy(emulated, rng, n, B, length, pad):
     assert rel_err(F, np.fft.rfft(padded1(x, n, pad), axis=1).T) < TOL
 
 
-@pytest.mark.parametrize("n", model.SIZES_1D)
+@pytest.mark.parametrize("n", fbfft_plan.SIZES_1D)
 def test_emulated_irfft1_matches_numpy(emulated, rng, n):
-    B = model.plan1(n).signals + 1
+    B = fbfft_plan.plan1(n).signals + 1
     F, signals = signal_spectrum_case(rng, n, B)
     for out_len, off in windows1(n):
         y = np.full((B, out_len), np.nan, dtype=np.float32)  # poisoned
@@ -450,11 +449,11 @@ def test_emulated_irfft1_matches_numpy(emulated, rng, n):
         assert rel_err(y, signals[:, off:off + out_len]) < TOL
 
 
-def test_model_1d_rejects_inputs_that_do_not_fit():
+def test_emulator_1d_rejects_inputs_that_do_not_fit():
     with pytest.raises(ValueError, match="does not fit"):
-        model.rfft1(np.zeros((1, 8), np.float32), 8, 1)
+        fbfft_emulator.rfft1(np.zeros((1, 8), np.float32), 8, 1)
     with pytest.raises(ValueError, match="does not fit"):
-        model.irfft1(np.zeros((5, 1), np.complex64), 8, 8, 1)
+        fbfft_emulator.irfft1(np.zeros((5, 1), np.complex64), 8, 8, 1)
 
 
 @pytest.mark.gpu
@@ -473,11 +472,11 @@ def test_cuda_rfft1_matches_cufft(n, B, length, pad, fresh_rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", model.SIZES_1D)
+@pytest.mark.parametrize("n", fbfft_plan.SIZES_1D)
 def test_cuda_irfft1_matches_cufft(n, fresh_rng):
     import cupy as cp
     rng = fresh_rng
-    B = 3 * model.plan1(n).signals + 5
+    B = 3 * fbfft_plan.plan1(n).signals + 5
     signals = cp.asarray(rng.standard_normal((B, n)).astype(np.float32))
     F = cp.ascontiguousarray(cp.fft.rfft(signals, axis=1).T).astype(cp.complex64)
     for out_len, off in windows1(n):
@@ -489,11 +488,11 @@ def test_cuda_irfft1_matches_cufft(n, fresh_rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["rfft1", "irfft1"])
-@pytest.mark.parametrize("n", model.SIZES_1D)
+@pytest.mark.parametrize("n", fbfft_plan.SIZES_1D)
 def test_cuda_1d_kernels_live_in_registers(name, n):
     k = fbfft_kernels.kernel(name, n)
     assert k.local_size_bytes == 0, f"fbfft_{name}<{n}> uses local memory (spills)"
-    assert k.max_threads_per_block >= model.plan1(n).threads
+    assert k.max_threads_per_block >= fbfft_plan.plan1(n).threads
 
 
 def test_launchers_check_their_sizes_before_touching_the_gpu():

@@ -1,9 +1,11 @@
 """CUDA-graph training steps (minitorch_fft.graphs) and the GPU dropout stream they rely on.
 
 CPU: Philox4x32-10 against Random123's known answers, the dropout stream's properties and its
-state in checkpoints, cgemm's capture path on a modelled cuBLAS, and the refusals. GPU: the
-dropout kernel bit for bit against the NumPy reference; a graphed step against the same steps
-run eagerly, dropout included; recapture when what the graph baked in changes."""
+state in checkpoints, kernels/dropout.cu compiled for the host against the NumPy reference,
+cgemm's capture path on a modelled cuBLAS, and the refusals. GPU: the dropout kernel bit for bit
+against the NumPy reference; a graphed step against the same steps run eagerly, dropout
+included; recapture when what the graph baked in changes."""
+import ctypes
 import json
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import minitorch_fft as mt
 from backends import cgemm
 from minitorch_fft import random as mrandom
+from test_cuda_compile import core_gpu_branch, core_host_library
 from test_cgemm import CALLS, _Device, _gemm_strided_batched_ex, cublas_model, rand  # noqa: F401
 
 
@@ -34,6 +37,52 @@ def test_dropout_stream_keeps_the_right_share_and_differs_per_mask():
     assert (masks[0] != masks[1]).mean() > 0.35                      # independent: 2 p (1 - p) = 0.42
     assert not np.array_equal(mrandom.dropout_reference(8, 0, 1000, 0.3), masks[0][:1000])
     np.testing.assert_array_equal(mrandom.dropout_reference(7, 1, 1000, 0.3), masks[1][:1000])
+
+
+@pytest.fixture(scope="module")
+def dropout_cu(tmp_path_factory):
+    return core_host_library(tmp_path_factory, "dropout.cu")
+
+
+@pytest.mark.parametrize("seed, first_mask", [(123, 0), (2**40 + 7, 2**33 + 5)])  # both words
+def test_dropout_kernel_on_the_host_matches_the_reference_bit_for_bit(dropout_cu, seed, first_mask):
+    """kernels/dropout.cu compiled for the host: the mask is dropout_reference's, y = x * mask,
+    and the advance kernel moves the stream on by one mask."""
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)     # noqa: E731
+    p, size = 0.4, 3 * 1001
+    scale = np.float32(1.0 / (1.0 - p))
+    x = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
+    state = np.array([seed, first_mask], dtype=np.uint64)
+    for n in range(first_mask, first_mask + 3):
+        y, m = np.full(size, np.nan, np.float32), np.full(size, np.nan, np.float32)
+        dropout_cu.emu_dropout(ptr(x), ptr(state), ctypes.c_float(p), ctypes.c_float(scale), ptr(y), ptr(m),
+                               ctypes.c_ulonglong(size), 5, 64)   # 5 x 64 threads: a grid-stride loop
+        keep = mrandom.dropout_reference(seed, n, size, p)
+        np.testing.assert_array_equal(m, np.where(keep, scale, np.float32(0)))
+        np.testing.assert_array_equal(y, x * m)
+        dropout_cu.emu_advance(ptr(state), 1, 1)
+        assert state.tolist() == [seed, n + 1]
+
+
+def test_gpu_dropout_run_on_the_host_matches_the_reference(dropout_cu, monkeypatch):
+    """random.dropout_mask's GPU branch on a fake CuPy (test_cuda_compile.core_gpu_branch): the
+    kernels get arguments of their C types, the state advances on the device, masks n = 0, 1, 2
+    are dropout_reference's, bit for bit."""
+    for name, value in (("_gpu_states", {}), ("_pending", {}), ("_rng", mrandom._rng), ("_seed", mrandom._seed)):
+        monkeypatch.setattr(mrandom, name, value)   # no fake device array outlives the test
+    mt.manual_seed(123)
+    x0 = np.random.default_rng(0).standard_normal((7, 1001), dtype=np.float32)
+    with core_gpu_branch(dropout_cu, mrandom) as log:
+        import cupy as cp   # the fake one
+        x = cp.asarray(x0)
+        for n in range(3):
+            y, m = mrandom.dropout_mask(x, 0.4)
+            keep = mrandom.dropout_reference(123, n, x.size, 0.4).reshape(x.shape)
+            np.testing.assert_array_equal(m, np.where(keep, np.float32(1 / 0.6), np.float32(0)))
+            np.testing.assert_array_equal(y, x0 * np.asarray(m))
+        assert mrandom.get_state()["gpu_masks_drawn"] == {"0": 3}
+    assert [name for name, _, _ in log] == ["minitorch_dropout_philox", "minitorch_dropout_advance"] * 3
+    assert log[1][1:] == (1, 1)
 
 
 def test_uniform_from_bits_covers_zero_to_below_one():

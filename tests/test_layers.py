@@ -1,4 +1,7 @@
-"""Every layer, forward and gradients, against PyTorch in float64 (the independent reference)."""
+"""Every layer, forward and gradients, against PyTorch in float64 (the independent reference);
+the max-pooling kernels (kernels/pool.cu) compiled for the host against the NumPy passes."""
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -6,7 +9,9 @@ import torch.nn.functional as TF
 
 import minitorch_fft as mt
 from conftest import DEVICES
+from minitorch_fft import functional
 from reference import rel_error
+from test_cuda_compile import core_gpu_branch, core_host_library
 
 
 def compare(ours, theirs, inputs, device, rng, tol=1e-5):
@@ -144,3 +149,69 @@ def test_module_api():
     with pytest.raises(ValueError, match="shape"):
         bad = dict(sd, **{"3.weight": np.zeros((3, 9), np.float32)})
         other.load_state_dict(bad)
+
+
+# -- kernels/pool.cu on the host, against MaxPool2dFn's NumPy passes ------------------------------
+@pytest.fixture(scope="module")
+def pool_cu(tmp_path_factory):
+    return core_host_library(tmp_path_factory, "pool.cu")
+
+
+POOL_CASES = [((3, 3), (2, 2), (9, 11)), ((2, 3), (1, 2), (7, 8)), ((2, 2), (3, 3), (8, 9))]
+
+
+def pool_case(rng, hw):
+    """An input with many ties and two NaNs, and integer upstream gradients (exact sums)."""
+    x = rng.integers(-2, 3, (2, 3) + hw).astype(np.float32)
+    x[0, 1, 2, 3] = x[1, 2, 4, 5] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("index", ["int", "ll"])
+@pytest.mark.parametrize("k,s,hw", POOL_CASES)
+def test_pool_kernels_on_the_host_equal_the_numpy_passes(pool_cu, index, k, s, hw, rng):
+    """kernels/pool.cu (both index types) picks the NumPy pass's maximum and argmax, ties and NaN
+    included, and routes the gradient the same way."""
+    from minitorch_fft.functional import MaxPool2dFn
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)     # noqa: E731
+    x = pool_case(rng, hw)
+    fn = MaxPool2dFn()
+    y_ref = fn.forward(x, k, s)
+    g = rng.integers(-4, 5, y_ref.shape).astype(np.float32)
+    gx_ref = fn.backward(g)
+    c_idx = ctypes.c_int if index == "int" else ctypes.c_longlong
+    geom = [c_idx(v) for v in (*x.shape[2:], *k, *s, *y_ref.shape[2:])]
+    y, arg = np.full(y_ref.shape, np.nan, np.float32), np.full(y_ref.shape, 255, np.uint8)
+    getattr(pool_cu, f"emu_pool_fwd_{index}")(ptr(x), ptr(y), ptr(arg), ctypes.c_longlong(y.size), *geom, 3, 32)
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(arg, fn.arg)
+    gx = np.full(x.shape, np.nan, np.float32)
+    getattr(pool_cu, f"emu_pool_bwd_{index}")(ptr(g), ptr(arg), ptr(gx), ctypes.c_longlong(gx.size), *geom, 3, 32)
+    np.testing.assert_array_equal(gx, gx_ref)
+
+
+@pytest.mark.parametrize("k,s,hw", POOL_CASES)
+def test_gpu_pooling_run_on_the_host_equals_the_cpu_passes(pool_cu, k, s, hw, rng):
+    """MaxPool2dFn's GPU branch on a fake CuPy (test_cuda_compile.core_gpu_branch): one launch per
+    pass with arguments of the kernels' C types, results equal to the CPU passes; and _pool's
+    64-bit variant, picked for arrays of 2^31 elements or more."""
+    from minitorch_fft.functional import MaxPool2dFn
+    x = pool_case(rng, hw)
+    cpu = MaxPool2dFn()
+    y_ref = cpu.forward(x, k, s)
+    g = rng.integers(-4, 5, y_ref.shape).astype(np.float32)
+    gx_ref = cpu.backward(g)
+    with core_gpu_branch(pool_cu, functional) as log:
+        import cupy as cp   # the fake one
+        gpu = MaxPool2dFn()
+        y = gpu.forward(cp.asarray(x), k, s)
+        gx = gpu.backward(cp.asarray(g))
+        y64, arg64 = cp.empty(y_ref.shape, np.float32), cp.empty(y_ref.shape, np.uint8)
+        functional._pool("fwd", 2**31, cp.asarray(x), *x.shape[2:], *k, *s, *y_ref.shape[2:], y64, arg64)
+    np.testing.assert_array_equal(y, y_ref)
+    np.testing.assert_array_equal(gpu.arg, cpu.arg)
+    np.testing.assert_array_equal(gx, gx_ref)
+    np.testing.assert_array_equal(y64, y_ref)
+    np.testing.assert_array_equal(arg64, cpu.arg)
+    assert [name for name, _, _ in log] == ["minitorch_maxpool_fwd<int>", "minitorch_maxpool_bwd<int>",
+                                            "minitorch_maxpool_fwd<long long>"]

@@ -1,125 +1,22 @@
-"""NumPy model of the fbfft kernels (kernels/fbfft.cu), index for index.
+"""fbfft's CPU path: the CUDA kernels of kernels/fbfft.cu emulated in NumPy, lane by lane.
 
-Not a wrapper around np.fft: it re-enacts the kernels' plan, thread roles, shared-memory
-layout, radix-2 decimation-in-frequency butterflies with bit-reversed registers, the
-two-real-signals-in-one-complex packing, implicit zero padding, clipping, and the
-frequency-major output layout, so that the CPU tests check the kernels' index arithmetic
-against np.fft without a GPU. Each "register" is a NumPy vector over all threads of one
-role and class (the kernel's SIMT lanes side by side); loops run in the kernel's order.
+fbfft's CPU passes (backends/fbfft.py) run these emulated kernels, so CI checks the GPU
+kernels' index arithmetic (plan, thread roles, shared-memory layout, bit-reversed registers,
+implicit padding and clipping) against np.fft without a GPU. Each "register" is a NumPy vector
+over all threads of one role (the kernel's SIMT lanes side by side); loops run in the kernel's
+order. The emulator also checks what a GPU run cannot show: every shared-memory slot is written
+once before it is read, and every output element exactly once. benchmarks/NOTES.md ("Backend
+notes moved from module docstrings (fbfft)") has the longer account.
 
-Layouts (n the FFT size, nh = n // 2 + 1, nf = n^2 / 2 + 2, B planes), as in the kernels:
-  rfft2   x (B, h, w) float32 at offset padding = (top, left) of an n x n zero plane
-          -> F (nf, B) complex64, F[freq(ky, kx), b] = np.fft.rfft2(plane_b)[ky, kx]
-  irfft2  F (nf, B) complex64 -> y (B, out_h, out_w) float32,
-          y[b] = scale * n^2 * np.fft.irfft2(expand(F)[..., b], s=(n, n))[row_off:, col_off:][:out_h, :out_w]
-The half-spectrum's redundant values F[ky][0] and F[ky][n/2] for ky > n/2 (conjugates of
-rows n - ky) are not stored: freq(ky, kx) = row_base(n, ky) + kx, and a row past n/2 holds
-only 0 < kx < n/2. compact() and expand() convert from and to np.fft's (n, nh, B) layout.
-
-The model also checks what a GPU run cannot show directly: every shared-memory slot is
-written once before it is read, and every output element is written exactly once.
+  n FFT size, nf = n^2/2 + 2 stored frequencies, B planes (launch plans: fbfft_plan.py)
+  rfft2   x (B, h, w) float32 at offset (top, left) of an n x n zero plane -> F (nf, B) complex64
+  irfft2  F (nf, B) complex64 -> y (B, out_h, out_w) float32, the window at (row_off, col_off)
+  rfft1   x (B, len) float32 at offset pad of a length-n signal -> F (n//2+1, B) complex64
+  irfft1  F (n//2+1, B) complex64 -> y (B, out_len) float32
 """
-from collections import namedtuple
-
 import numpy as np
 
-SIZES = (2, 4, 8, 16, 32, 64, 128)         # 2-D kernels
-SIZES_1D = (2, 4, 8, 16, 32, 64, 128, 256)  # 1-D kernels
-TWIDDLE_N = 256  # kTwiddleN: the twiddle table holds exp(-2 pi i k / 256)
-
-Plan = namedtuple("Plan", "n split m log_m rows nh planes threads col_stride row_stride smem_elems smem_bytes "
-                         "stage_out")
-Plan1 = namedtuple("Plan1", "n L split m log_m signals threads row smem_bytes")
-
-
-def check_size(n, sizes=SIZES):
-    """ValueError unless n is an FFT size the kernels are instantiated for."""
-    if n not in sizes:
-        raise ValueError(f"fbfft: FFT size {n!r} is not supported; supported sizes are {sizes}")
-
-
-def plan(n):
-    """The 2-D kernels' Plan<N>: launch geometry and shared-memory strides (see fbfft.cu)."""
-    check_size(n)
-    split = 2 if n > 32 else 1
-    m = n // split
-    rows = n // 2
-    planes = {2: 128, 4: 128, 8: 64, 16: 32, 32: 8, 64: 4, 128: 1}[n]
-    if n <= 16:
-        col_stride = planes + 16 // rows
-        row_stride = n * col_stride
-    elif n == 32:
-        col_stride, row_stride = 9, n * 9 + 8
-    elif n == 64:
-        col_stride, row_stride = 5, n * 5 + 4
-    else:
-        col_stride, row_stride = 1, n + 1
-    stage_out = n <= 32  # the inverse stages its output in shared memory (fbfft.cu)
-    return Plan(n, split, m, m.bit_length() - 1, rows, n // 2 + 1, planes,
-                rows * split * planes, col_stride, row_stride, rows * row_stride, rows * row_stride * 8, stage_out)
-
-
-def stored_frequencies(n):
-    """nf = n^2/2 + 2: the values of an n x n real signal's half-spectrum that are stored."""
-    return n * n // 2 + 2
-
-
-def row_base(n, row):
-    """Index in the (nf, B) layout of row `row`'s kx = 0 (fbfft.cu's row_base): a row past n/2
-    stores only 0 < kx < n/2, at row_base + kx as well."""
-    nh = n // 2 + 1
-    row = np.asarray(row, dtype=np.int64)  # a number or an array of rows
-    return np.where(row <= n // 2, row * nh, (n // 2 + 1) * nh + (row - n // 2 - 1) * (n // 2 - 1) - 1)
-
-
-def _stored(n):
-    """(ky, kx) of every stored frequency, in storage order."""
-    return [(ky, kx) for ky in range(n) for kx in range(n // 2 + 1) if ky <= n // 2 or 0 < kx < n // 2]
-
-
-def _stored_index(n, F):
-    """(ky, kx) index arrays of the stored frequencies, on F's device (NumPy or CuPy)."""
-    ky, kx = np.array(_stored(n)).T
-    if isinstance(F, np.ndarray):
-        return ky, kx
-    import cupy
-    return cupy.asarray(ky), cupy.asarray(kx)
-
-
-def compact(F, n):
-    """np.fft's half-spectra laid out (n, nh, B) -> the kernels' (nf, B) (NumPy or CuPy)."""
-    ky, kx = _stored_index(n, F)
-    return F[ky, kx]
-
-
-def expand(F, n):
-    """The kernels' (nf, B) -> (n, nh, B), the unstored values rebuilt as conjugates (NumPy
-    or CuPy arrays)."""
-    xp = np if isinstance(F, np.ndarray) else __import__("cupy")
-    full = xp.empty((n, n // 2 + 1) + F.shape[1:], dtype=F.dtype)
-    ky, kx = _stored_index(n, F)
-    full[ky, kx] = F
-    for col in sorted({0, n // 2}):
-        full[n // 2 + 1:, col] = xp.conj(full[n // 2 - 1:0:-1, col])
-    return full
-
-
-def plan1(n):
-    """The 1-D kernels' Plan1<N> (see fbfft.cu): L = n/2 complex points per signal, split
-    over `split` threads, `signals` signals per block, one row of `row` complex slots each."""
-    check_size(n, SIZES_1D)
-    L = n // 2
-    split = L // 32 if L > 32 else 1
-    m = L // split
-    signals = 256 if n <= 32 else 8192 // n
-    return Plan1(n, L, split, m, m.bit_length() - 1, signals, signals * split, L + 1, signals * (L + 1) * 8)
-
-
-def twiddle_table():
-    """kTwiddle: exp(-2 pi i k / 256) rounded to float32, k = 0..255."""
-    w = np.exp(-2j * np.pi * np.arange(TWIDDLE_N) / TWIDDLE_N)
-    return (w.real.astype(np.float32) + 1j * w.imag.astype(np.float32)).astype(np.complex64)
-
+from .fbfft_plan import TWIDDLE_N, plan, plan1, row_base, stored_frequencies, twiddle_table
 
 _TW = twiddle_table()
 
@@ -183,12 +80,12 @@ class _Shared:
     def store(self, blk, idx, val, mask=None):
         if mask is not None:  # the lanes whose store is predicated off write nothing
             blk, idx, val = blk[mask], idx[mask], val[mask]
-        assert not self.written[blk, idx].any(), "fbfft model: shared slot written twice"
+        assert not self.written[blk, idx].any(), "fbfft emulator: shared slot written twice"
         self.written[blk, idx] = True
         self.mem[blk, idx] = val
 
     def load(self, blk, idx):
-        assert self.written[blk, idx].all(), "fbfft model: shared slot read before written"
+        assert self.written[blk, idx].all(), "fbfft emulator: shared slot read before written"
         return self.mem[blk, idx]
 
 
@@ -228,7 +125,7 @@ def _check_batch(B):
 
 
 def rfft2(x, n, padding=(0, 0), check_coverage=True):
-    """Model of fbfft_rfft2<n>: x (B, h, w) float32 placed at offset `padding` (top, left)
+    """Emulates fbfft_rfft2<n>: x (B, h, w) float32 placed at offset `padding` (top, left)
     of an n x n zero plane -> F (nf, B) complex64."""
     p = plan(n)
     pad_top, pad_left = padding
@@ -301,12 +198,12 @@ def rfft2(x, n, padding=(0, 0), check_coverage=True):
             out.store((base_b + kx) * B + b, b_val, (b < B) & keep_b)
 
     if check_coverage:
-        assert (out.count == 1).all(), "fbfft model: output not written exactly once"
+        assert (out.count == 1).all(), "fbfft emulator: output not written exactly once"
     return out.flat.reshape(out.shape)
 
 
 def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True):
-    """Model of fbfft_irfft2<n>: F (nf, B) complex64 -> (B, out_h, out_w) float32."""
+    """Emulates fbfft_irfft2<n>: F (nf, B) complex64 -> (B, out_h, out_w) float32."""
     p = plan(n)
     F = np.ascontiguousarray(F, dtype=np.complex64)
     nf = stored_frequencies(n)
@@ -404,33 +301,8 @@ def irfft2(F, n, out_shape=None, offset=(0, 0), scale=None, check_coverage=True)
             out.store(blk * p.planes * window + i, stage.load(blk, i), np.ones(i.size, bool))
 
     if check_coverage:
-        assert (out.count == 1).all(), "fbfft model: output not written exactly once"
+        assert (out.count == 1).all(), "fbfft emulator: output not written exactly once"
     return out.flat.reshape(out.shape)
-
-
-def bank_conflicts(n):
-    """Worst-case ways of shared-memory bank conflict per access, for each of the four
-    access patterns (pass-1 stores / pass-2 loads of the forward; the inverse does the
-    same pattern the other way round). 64-bit accesses are served a half-warp at a time;
-    a half-warp's 16 words are conflict-free when they fall in 16 distinct bank pairs.
-    Threads of one address (broadcast) count once."""
-    p = plan(n)
-    tid = np.arange(p.threads)
-    cols = tid % p.rows, (tid // p.rows) % p.planes                  # (xp, p)
-    rows = (tid // p.planes) % p.rows, tid % p.planes                # (r, p)
-    patterns = {
-        "columns": [cols[0] * p.col_stride + cols[1] + r * p.row_stride for r in range(p.rows)],
-        "rows": [rows[0] * p.row_stride + x * p.col_stride + rows[1] for x in range(n)],
-    }
-    worst = {}
-    for name, accesses in patterns.items():
-        ways = 1
-        for addr in accesses:
-            for h0 in range(0, p.threads, 16):
-                words = np.unique(addr[h0:h0 + 16])
-                ways = max(ways, np.bincount(words % 16).max())
-        worst[name] = int(ways)
-    return worst
 
 
 # ---- 1-D kernels (fbfft_rfft1 / fbfft_irfft1) ------------------------------------------
@@ -449,7 +321,7 @@ def load_radix(L, R, c, inverse, load):
 
 
 def rfft1(x, n, pad=0):
-    """Model of fbfft_rfft1<n>: x (B, len) float32 at offset `pad` of a length-n zero signal
+    """Emulates fbfft_rfft1<n>: x (B, len) float32 at offset `pad` of a length-n zero signal
     -> F (n//2+1, B) complex64, F[k, b] = np.fft.rfft(signal_b)[k]."""
     p = plan1(n)
     x = np.ascontiguousarray(x, dtype=np.float32)
@@ -476,12 +348,12 @@ def rfft1(x, n, pad=0):
             d = twiddle(zk - zc, k * (TWIDDLE_N // n), False)
             out.store(k * B + lanes, ((zk + zc + d * np.complex64(-1j)) * np.float32(0.5)).astype(np.complex64),
                       np.ones(B, bool))
-    assert (out.count == 1).all(), "fbfft model: 1-D output not written exactly once"
+    assert (out.count == 1).all(), "fbfft emulator: 1-D output not written exactly once"
     return out.flat.reshape(out.shape)
 
 
 def irfft1(F, n, out_len=None, offset=0, scale=None):
-    """Model of fbfft_irfft1<n>: F (n//2+1, B) complex64 -> y (B, out_len) float32,
+    """Emulates fbfft_irfft1<n>: F (n//2+1, B) complex64 -> y (B, out_len) float32,
     y[b] = scale * n * np.fft.irfft(F[:, b], n)[offset:offset + out_len] (scale 1/n default)."""
     p = plan1(n)
     F = np.ascontiguousarray(F, dtype=np.complex64)
