@@ -1,7 +1,7 @@
 // fbfft: batched 2-D (n = 2..128) and 1-D (n = 2..256) real FFTs of power-of-two size, for the FFT convolution
 // backend (after section 5 of Vasilache et al., "Fast convolutional nets with fbfft",
 // ICLR 2015). Host wrappers: backends/fbfft_kernels.py. NumPy model of exactly this
-// index arithmetic: backends/fbfft_model.py (the CPU tests run both against np.fft).
+// index arithmetic: backends/fbfft_emulator.py (the CPU tests run both against np.fft).
 //
 // Layouts (row-major, contiguous; B planes, n = N the FFT size, nh = n/2 + 1):
 //   fbfft_rfft2<N>   in : float   (B, h, w)        h, w <= n, placed at (pad_top, pad_left)
@@ -77,7 +77,7 @@ namespace fbfft {
 __host__ __device__ constexpr int ilog2(int n) { return n <= 1 ? 0 : 1 + ilog2(n >> 1); }
 
 // Launch geometry and shared-memory layout for one size. The host wrapper
-// (fbfft_kernels.py) and the model (fbfft_model.py) carry the same table; a CPU test
+// (fbfft_kernels.py) and the plan (fbfft_plan.py) carry the same table; a CPU test
 // compiles this file on the host and checks that they agree.
 //
 // Shared memory holds the transposed intermediate S[r][x][p] (rows r < n/2, columns
@@ -98,7 +98,7 @@ struct Plan {
     static constexpr int kNh = N / 2 + 1;           // kx extent of a half-spectrum
     static constexpr int kNf = N * N / 2 + 2;       // frequencies stored (see the header)
 #ifndef FBFFT_PLANES_8   // overridable only for tuning experiments (benchmarks/NOTES.md); the
-#define FBFFT_PLANES_8 64  // host side (fbfft_model.plan) carries the defaults
+#define FBFFT_PLANES_8 64  // host side (fbfft_plan.plan) carries the defaults
 #endif
 #ifndef FBFFT_PLANES_16
 #define FBFFT_PLANES_16 32
