@@ -111,10 +111,12 @@ def rel_error(got, ref):
     """||got - ref|| / ||ref|| (2-norm over every element) in float64, complex128 for complex
     operands, on the device they are on (NumPy, CuPy or torch; mixed: as torch tensors). A NaN in
     `got` gives NaN, so `not err <= tol` fails; a zero `ref` gives the absolute error."""
-    import numpy as np
-    lib = {type(a).__module__.split(".")[0] for a in (got, ref)}
-    if lib <= {"numpy", "cupy"} and len(lib) == 1:
-        xp = np if lib == {"numpy"} else __import__("cupy")
+    libraries = {type(a).__module__.split(".")[0] for a in (got, ref)}
+    if libraries in ({"numpy"}, {"cupy"}):
+        if libraries == {"numpy"}:
+            import numpy as xp
+        else:
+            import cupy as xp
         wide = lambda a: a.astype(xp.complex128 if xp.iscomplexobj(a) else xp.float64)  # noqa: E731
         got, ref = wide(xp.asarray(got)), wide(xp.asarray(ref))
         num, den = float(xp.linalg.norm((got - ref).ravel())), float(xp.linalg.norm(ref.ravel()))
