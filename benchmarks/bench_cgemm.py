@@ -1,6 +1,6 @@
 """The frequency-domain GEMM alone, in the ways the FFT backends can run it, on the layers' shapes.
 
-  python3 benchmarks/bench_cgemm.py [--quick] [--out DIR]
+  python -m benchmarks.bench_cgemm [--quick] [--out DIR]
 
 Per frequency the FFT convolution multiplies complex matrices (F of them, F = n (n/2 + 1) for an
 n x n basis): fprop (S, f) @ conj(W)^T (f, f'), bprop (S, f') @ W (f', f), accGrad
@@ -22,13 +22,9 @@ is an equivalent rate. Results: results/<device>/bench_cgemm.{json,md}.
 """
 import argparse
 import ctypes
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.common import RESULTS_DIR, median_ms, provenance, write_results  # noqa: E402
-from benchmarks.paper import BATCH, PASSES, TABLE4, conv_layers  # noqa: E402
+from benchmarks.harness import (BATCH, PASSES, RESULTS_DIR, TABLE4, conv_layers, median_ms, provenance, rel_error,
+                                write_results)
 
 OP_N, OP_T, OP_C = 0, 1, 2
 CUDA_R_32F, CUDA_C_32F = 0, 4
@@ -193,7 +189,7 @@ def main():
         for name, (fn, decode) in forms(pn, A, B, fn3m).items():
             got = fn()
             got = decode(got) if decode else got
-            row[f"err_{name}"] = float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
+            row[f"err_{name}"] = rel_error(got, ref)
             del got
             row[f"ms_{name}"] = median_ms(fn, "cupy", args.warmup, args.repeat)
             row[f"tflops_{name}"] = flops / row[f"ms_{name}"] / 1e9

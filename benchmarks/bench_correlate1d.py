@@ -10,8 +10,8 @@ cross-correlation) before it is timed; times are medians of CUDA events after wa
 random data. GFLOP/s counts 2 * K * n_out (one multiply and one add per tap and output), the
 walk-through's measure; its T4 figures are quoted for reference, not re-measured.
 
-  python benchmarks/bench_correlate1d.py                  # the sweep (~1 min on an H100)
-  python benchmarks/bench_correlate1d.py --masks 2047     # the walk-through's case only
+  python -m benchmarks.bench_correlate1d                  # the sweep (~1 min on an H100)
+  python -m benchmarks.bench_correlate1d --masks 2047     # the walk-through's case only
 
 Writes results/<device>/correlate1d.{json,md,png}.
 """
@@ -20,9 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks.common import RESULTS_DIR, median_ms, provenance, slug, write_results  # noqa: E402
+from benchmarks.harness import RESULTS_DIR, median_ms, provenance, rel_error, save_figure, slug, write_results
 
 LENGTH = 1_000_000
 MASKS = (15, 63, 255, 1023, 2047, 4095)
@@ -51,12 +49,6 @@ def gflops(K, n_out, ms):
     return 2.0 * K * n_out / (ms * 1e-3) / 1e9
 
 
-def rel_err(got, ref):
-    import cupy as cp
-    got = cp.asarray(got, dtype=cp.float64)
-    return float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
-
-
 def bench_mask(K, args, rng):
     import cupy as cp
     import cupyx.scipy.signal as sig
@@ -71,7 +63,7 @@ def bench_mask(K, args, rng):
         torch.as_tensor(x, device="cuda").double().view(1, 1, L),
         torch.as_tensor(mask, device="cuda").double().view(1, 1, K)).view(n_out))
     row = {"L": L, "K": K, "n_out": n_out}
-    row["err_direct"] = rel_err(direct.correlate1d(x, mask), ref)     # tunes on first call
+    row["err_direct"] = rel_error(direct.correlate1d(x, mask), ref)     # tunes on first call
     entry = tuning.default_cache().get(tuning.key(cp, "float32", (1, L, K), "correlate1d", "direct"))
     if isinstance(entry, dict):
         row["direct_config"] = entry.get("config")          # "OUTxTHREADS"
@@ -89,7 +81,7 @@ def bench_mask(K, args, rng):
         out = run()
         cp.cuda.Device().synchronize()
         once_ms = (time.perf_counter() - t0) * 1e3
-        row[f"err_cupyx_{method}"] = rel_err(out, ref)
+        row[f"err_cupyx_{method}"] = rel_error(out, ref)
         del out
         warm, rep = (0, 1) if once_ms > SLOW_MS else (args.warmup, args.repeat)
         ms = median_ms(run, "cupy", warm, rep)
@@ -129,7 +121,7 @@ def plot(rows, path, device):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -6,10 +6,10 @@ OverFeat-fast, batch 128. cuDNN runs twice, with torch.backends.cudnn.benchmark 
 implementation's result is checked against a float64 reference (PyTorch on the GPU) before it
 is timed; timings are medians of CUDA events after warm-up, on fresh random data per layer.
 
-  python benchmarks/bench_cufft.py                             # every layer (< 8 min on an H100)
-  python benchmarks/bench_cufft.py --quick                     # three layers, a smoke test
-  python benchmarks/bench_cufft.py --layers table4.L3,alexnet.conv3 --repeat 20
-  MINITORCH_CUFFT_TUNE=off python benchmarks/bench_cufft.py    # cufft untuned: smallest basis
+  python -m benchmarks.bench_cufft                             # every layer (< 8 min on an H100)
+  python -m benchmarks.bench_cufft --quick                     # three layers, a smoke test
+  python -m benchmarks.bench_cufft --layers table4.L3,alexnet.conv3 --repeat 20
+  MINITORCH_CUFFT_TUNE=off python -m benchmarks.bench_cufft   # cufft untuned: smallest basis
 
 Writes results/<device>/bench_cufft.json and .md: median ms per pass; cufft's basis and GEMM
 form; speed-ups of cufft over cuDNN strict and TF32; TRED/s, the paper's Table 4 metric
@@ -24,41 +24,23 @@ supports the layer, with cuDNN strict's three passes beside them. The fused step
 checked against float64 too.
 """
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks.common import (RESULTS_DIR, median_ms, peak_extra_bytes, poisoned,  # noqa: E402
-                               provenance, setup_cudnn, write_results)
+from backends import config
+from benchmarks.harness import NETWORK_LAYERS as LAYERS
+from benchmarks.harness import (PASSES, RESULTS_DIR, cupy_tf32, median_ms, peak_extra_bytes, poisoned,
+                                provenance, reference64, rel_error, set_tf32, setup_cudnn, write_results)
 
 # -- defaults --------------------------------------------------------------------------------
 BATCH = 128
 WARMUP = 3
 REPEAT = 10
 SEED = 0
-# name: (f, f', h = w, k, padding), all stride 1
-LAYERS = {
-    "table4.L1": (3, 96, 128, 11, 0),
-    "table4.L2": (64, 64, 64, 9, 0),
-    "table4.L3": (128, 128, 32, 9, 0),
-    "table4.L4": (128, 128, 16, 7, 0),
-    "table4.L5": (384, 384, 13, 3, 0),
-    "alexnet.conv2": (64, 192, 27, 5, 2),
-    "alexnet.conv3": (192, 384, 13, 3, 1),
-    "alexnet.conv4": (384, 256, 13, 3, 1),
-    "alexnet.conv5": (256, 256, 13, 3, 1),
-    "overfeat.conv2": (96, 256, 28, 5, 0),
-    "overfeat.conv3": (256, 512, 12, 3, 1),
-    "overfeat.conv4": (512, 1024, 12, 3, 1),
-    "overfeat.conv5": (1024, 1024, 12, 3, 1),
-}
 QUICK = ("table4.L4", "table4.L5", "alexnet.conv3")
 IMPLS = ("cufft", "gemm", "cudnn_strict", "cudnn_tf32")
 STEP_IMPLS = ("cufft", "fbfft")    # FFT backends timed as a fused step (fbfft where it supports the layer)
-PASSES = ("fprop", "bprop", "accgrad")
 # Largest relative error against float64 that counts as correct (TF32 keeps 10 mantissa bits).
 TOLERANCE = {"cufft": 1e-4, "gemm": 1e-4, "cudnn_strict": 1e-4, "cudnn_tf32": 1e-2}
 
@@ -111,10 +93,6 @@ STEP_NOTES = ("Fused training step (second table): the three passes run back to 
               "independent and fused results against float64.")
 
 
-# PyTorch's TF32 settings as the process started (filled in by main), restored for cudnn_tf32.
-TORCH_TF32_DEFAULTS = {}
-
-
 def bench_layer(name, args, tqdm_bar):
     """One row per pass: every implementation checked against float64, then timed and measured."""
     import cupy as cp
@@ -133,23 +111,12 @@ def bench_layer(name, args, tqdm_bar):
     gy = rng.standard_normal((S, fo, oh, oh), dtype=cp.float32)
     xt, wt, gyt = (torch.from_dlpack(a) for a in (x, w, gy))       # the same memory, no copy
 
-    x64, w64, gy64 = xt.double(), wt.double(), gyt.double()
-    reference = {
-        "fprop": TF.conv2d(x64, w64, padding=pad),
-        "bprop": torch.nn.grad.conv2d_input(x64.shape, w64, gy64, padding=pad),
-        "accgrad": torch.nn.grad.conv2d_weight(x64, w64.shape, gy64, padding=pad),
-    }
-    del x64, w64, gy64
+    reference = reference64(x, w, gy, stride, pad)
 
     def ours(backend):
         return {"fprop": lambda: backend.fprop(x, w, stride, pad),
                 "bprop": lambda: backend.bprop(gy, w, x.shape, stride, pad),
                 "accgrad": lambda: backend.accgrad(gy, x, w.shape, stride, pad)}
-
-    def rel_err(got, pass_name):
-        got = torch.from_dlpack(got) if not isinstance(got, torch.Tensor) else got
-        ref = reference[pass_name]
-        return float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))
 
     cudnn = {"fprop": lambda: TF.conv2d(xt, wt, padding=pad),
              "bprop": lambda: torch.nn.grad.conv2d_input(xt.shape, wt, gyt, padding=pad),
@@ -162,9 +129,7 @@ def bench_layer(name, args, tqdm_bar):
     for impl in IMPLS:
         fns, lib = runs[impl]
         # strict: no TF32 anywhere; otherwise PyTorch's defaults (TF32 on for cuDNN convolutions)
-        strict = impl != "cudnn_tf32"
-        torch.backends.cudnn.allow_tf32 = not strict and TORCH_TF32_DEFAULTS["cudnn"]
-        torch.backends.cuda.matmul.allow_tf32 = not strict and TORCH_TF32_DEFAULTS["matmul"]
+        set_tf32("tf32" if impl == "cudnn_tf32" else "strict")
         for pn in PASSES:
             tqdm_bar.set_postfix_str(f"{name} {impl} {pn}")
             fn, row = fns[pn], rows[pn]
@@ -175,7 +140,7 @@ def bench_layer(name, args, tqdm_bar):
             if lib == "cupy":                            # checked: the call on NaN-filled memory
                 del got
                 got = poisoned(fn)
-            row[f"err_{impl}"] = rel_err(got, pn)
+            row[f"err_{impl}"] = rel_error(got, reference[pn])
             del got
             row[f"ms_{impl}"] = median_ms(fn, lib, args.warmup, args.repeat)
             if impl == "cufft":
@@ -207,10 +172,10 @@ def bench_layer(name, args, tqdm_bar):
         else:
             passes_ms = []
             for pn, fn in ours(backend).items():
-                errs.append(rel_err(fn(), pn))
+                errs.append(rel_error(fn(), reference[pn]))
                 passes_ms.append(median_ms(fn, "cupy", args.warmup, args.repeat))
         outputs, cache = fused_step(backend, x, w, gy, stride, pad)
-        errs += [rel_err(out, pn) for out, pn in zip(outputs, PASSES)]
+        errs += [rel_error(out, reference[pn]) for out, pn in zip(outputs, PASSES)]
         del outputs
         ms_step = median_ms(lambda: fused_step(backend, x, w, gy, stride, pad), "cupy", args.warmup, args.repeat)
         strict = sum(rows[pn]["ms_cudnn_strict"] for pn in PASSES)
@@ -247,14 +212,13 @@ def main():
 
     if not torch.cuda.is_available():
         sys.exit("bench_cufft needs a CUDA GPU visible to PyTorch and CuPy")
-    cudnn_setup = setup_cudnn(torch, TORCH_TF32_DEFAULTS)
+    cudnn_setup = setup_cudnn(torch)
     device = tuning.device_name(cp)
     meta = provenance(device, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                       cupy=cp.__version__, cuda_runtime=cp.cuda.runtime.runtimeGetVersion(),
                       batch=args.batch, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
                       **cudnn_setup,
-                      cufft_tune=os.environ.get("MINITORCH_CUFFT_TUNE", "auto"),
-                      cupy_tf32=os.environ.get("CUPY_TF32", "0"))
+                      cufft_tune=config.get("cufft_tune"), cupy_tf32=cupy_tf32(cp))
 
     rows, step_rows = [], []
     bar = tqdm(args.names, desc="layers")

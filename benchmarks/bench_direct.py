@@ -13,9 +13,9 @@ Three parts, each optional:
            bandwidth bound (image read + output written, at the measured device-to-device copy
            rate), cupyx.scipy.ndimage.correlate and cupyx.scipy.signal.correlate2d.
 
-  python benchmarks/bench_direct.py                      # everything (~3 min on an H100)
-  python benchmarks/bench_direct.py --parts layers --layers alexnet.conv1 --repeat 20
-  MINITORCH_DIRECT_TUNE=off python benchmarks/bench_direct.py --parts layers   # untuned
+  python -m benchmarks.bench_direct                      # everything (~3 min on an H100)
+  python -m benchmarks.bench_direct --parts layers --layers alexnet.conv1 --repeat 20
+  MINITORCH_DIRECT_TUNE=off python -m benchmarks.bench_direct --parts layers   # untuned
 
 Writes results/<device>/bench_direct.json and .md (--out for another folder): device, date,
 command, versions; per layer and pass the median ms of each implementation, the speed-ups, the
@@ -24,15 +24,14 @@ fraction of the bandwidth bound; the configuration check's errors. Exit status 1
 """
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks.common import RESULTS_DIR, median_ms, provenance, setup_cudnn, write_results  # noqa: E402
+from backends import config
+from benchmarks.harness import (PASSES, RESULTS_DIR, median_ms, provenance, reference64, rel_error, set_tf32,
+                                setup_cudnn, write_results, write_text)
 
 # -- defaults --------------------------------------------------------------------------------
 BATCH = 128
@@ -41,7 +40,6 @@ REPEAT = 10
 SEED = 0
 INNER = 5   # back-to-back calls per timed span: launches queue up, as in training
 PARTS = ("configs", "layers", "plane")
-PASSES = ("fprop", "bprop", "accgrad")
 # name: (f, f', h = w, k, stride, padding)
 LAYERS = {
     "alexnet.conv1": (3, 64, 224, 11, 4, 2),
@@ -95,27 +93,6 @@ def log(*a):
     print(*a, flush=True)
 
 
-def rel_err(got, ref):
-    """||got - ref|| / ||ref|| in float64 on the GPU (torch tensors or CuPy arrays); NaN stays NaN."""
-    import torch
-    got = torch.from_dlpack(got) if not isinstance(got, torch.Tensor) else got
-    ref = torch.from_dlpack(ref) if not isinstance(ref, torch.Tensor) else ref
-    den = torch.linalg.vector_norm(ref.double())
-    num = torch.linalg.vector_norm(got.double() - ref.double())
-    return float(num / den) if float(den) else float(num)
-
-
-def reference64(x, w, gy, stride, pad):
-    """(y, gx, gw) in float64 on the GPU, through PyTorch."""
-    import torch
-    import torch.nn.functional as TF
-    x64, w64, gy64 = (torch.from_dlpack(a).double() for a in (x, w, gy))
-    y = TF.conv2d(x64, w64, stride=stride, padding=pad)
-    gx, gw = torch.ops.aten.convolution_backward(gy64, x64, w64, None, stride, pad, (1, 1), False,
-                                                 (0, 0), 1, (True, True, False))[:2]
-    return {"fprop": y, "bprop": gx, "accgrad": gw}
-
-
 def gpu_ms(fn, lib, args, inner=INNER):
     """Median ms per call: CUDA events around `inner` back-to-back calls, median over args.repeat
     spans after args.warmup. Host overhead between launches hides behind the queued kernels, so a
@@ -144,8 +121,7 @@ def check_configs(args):
 
     from backends import common, direct
     rows = []
-    direct.POISON = True
-    try:
+    with config.override(direct_poison=True):   # outputs NaN-filled before each launch
         for gi, (name, (xs, ws, stride, pad)) in enumerate(CHECK_GEOMETRIES.items()):
             rng = cp.random.default_rng(args.seed + 100 + gi)
             g = common.geometry(xs, ws, stride, pad)
@@ -162,7 +138,7 @@ def check_configs(args):
                         out = calls[pn](cfg)
                         cp.cuda.Device().synchronize()
                         row["first_call_s"] = time.perf_counter() - start
-                        row["err"] = rel_err(out, ref[pn])
+                        row["err"] = rel_error(out, ref[pn])
                         row["ok"] = row["err"] <= CONFIG_TOL
                     except Exception as e:  # noqa: BLE001 - reported, and the check fails
                         row.update(err=float("nan"), ok=False, error=f"{type(e).__name__}: {e}")
@@ -172,15 +148,10 @@ def check_configs(args):
                     if "CUDA" in row.get("error", ""):  # a kernel fault poisons the context: stop here
                         raise StickyCudaError(rows)
             log(f"configs: {name} done ({sum(r['geometry'] == name for r in rows)} runs)")
-    finally:
-        direct.POISON = False
     return rows
 
 
 # -- part 2: network layers -------------------------------------------------------------------
-
-TORCH_TF32_DEFAULTS = {}
-
 
 def bench_layer(name, args):
     import cupy as cp
@@ -215,8 +186,7 @@ def bench_layer(name, args):
     for impl in IMPLS:
         fns, lib = runs[impl]
         strict = impl != "cudnn_tf32"
-        torch.backends.cudnn.allow_tf32 = not strict and TORCH_TF32_DEFAULTS["cudnn"]
-        torch.backends.cuda.matmul.allow_tf32 = not strict and TORCH_TF32_DEFAULTS["matmul"]
+        set_tf32("strict" if strict else "tf32")
         for pn in PASSES:
             row = rows[pn]
             try:
@@ -225,7 +195,7 @@ def bench_layer(name, args):
                 torch.cuda.synchronize()
                 cp.cuda.Device().synchronize()
                 row[f"first_call_s_{impl}"] = round(time.perf_counter() - start, 3)
-                row[f"err_{impl}"] = rel_err(got, ref[pn])
+                row[f"err_{impl}"] = rel_error(got, ref[pn])
                 del got
                 row[f"ms_{impl}"] = gpu_ms(fns[pn], lib, args)
             except Exception as e:  # noqa: BLE001 - one failure must not hide the other results
@@ -282,7 +252,7 @@ def bench_plane(args):
         try:
             ours = direct.fprop(img, w)                          # tunes
             theirs = sig.correlate2d(img[0, 0], w[0, 0], mode="valid")
-            row["err_vs_correlate2d"] = rel_err(ours[0, 0], theirs)
+            row["err_vs_correlate2d"] = rel_error(ours[0, 0], theirs)
             del ours, theirs
             row["ms_direct"] = gpu_ms(lambda: direct.fprop(img, w), "cupy", args)
             row["pct_bound"] = 100 * row["bound_ms"] / row["ms_direct"]
@@ -358,13 +328,13 @@ def main(argv=None):
     from backends import tuning
     if not torch.cuda.is_available():
         sys.exit("bench_direct needs a CUDA GPU visible to PyTorch and CuPy")
-    cudnn_setup = setup_cudnn(torch, TORCH_TF32_DEFAULTS)
+    cudnn_setup = setup_cudnn(torch)
     device = tuning.device_name(cp)
     meta = provenance(device, torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                       cupy=cp.__version__, cuda_runtime=cp.cuda.runtime.runtimeGetVersion(),
                       batch=args.batch, warmup=args.warmup, repeat=args.repeat, seed=args.seed,
                       parts=",".join(args.parts), **cudnn_setup,
-                      direct_tune=os.environ.get("MINITORCH_DIRECT_TUNE", "auto"),
+                      direct_tune=config.get("direct_tune"),
                       tune_cache=str(tuning.cache_path()))
     log(f"bench_direct on {device}: parts {', '.join(args.parts)}")
     result, start = {"meta": meta}, time.perf_counter()
@@ -398,10 +368,9 @@ def main(argv=None):
     json_path, md_path = write_results("bench_direct", meta, result.get("layers", []), columns,
                                        "direct backend against gemm and cuDNN", notes, out_dir=args.out)
     # the full result (configs and plane too) beside the layer rows
-    json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    write_text(json_path, json.dumps(result, indent=1, default=str) + "\n")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        write_text(args.json, json.dumps(result, indent=1, default=str) + "\n")
     log(f"\nwrote {json_path} and {md_path} ({meta['seconds']} s)\n")
     log(table)
     if failures:

@@ -9,10 +9,10 @@ layout and crop copies between, fbfft through our kernels (power-of-two basis, i
 frequency-major spectra). Each result is checked against a float64 reference (PyTorch on the GPU)
 before it is timed; timings are medians of CUDA events after warm-up, on fresh random data.
 
-  python benchmarks/bench_fbfft_vs_cufft.py                  # 24 configurations x 3 passes
-  python benchmarks/bench_fbfft_vs_cufft.py --quick          # x in {13, 32, 64}, p in {16, 128}
-  python benchmarks/bench_fbfft_vs_cufft.py --sizes 27,57 --planes 128 --repeat 20
-  MINITORCH_CUFFT_TUNE=off python benchmarks/bench_fbfft_vs_cufft.py   # cufft on its smallest basis
+  python -m benchmarks.bench_fbfft_vs_cufft                  # 24 configurations x 3 passes
+  python -m benchmarks.bench_fbfft_vs_cufft --quick          # x in {13, 32, 64}, p in {16, 128}
+  python -m benchmarks.bench_fbfft_vs_cufft --sizes 27,57 --planes 128 --repeat 20
+  MINITORCH_CUFFT_TUNE=off python -m benchmarks.bench_fbfft_vs_cufft   # cufft on its smallest basis
 
 Writes results/<device>/bench_fbfft_vs_cufft.{json,md,png}: ms of each backend per configuration
 and pass, the speed-up cufft ms / fbfft ms (above 1: fbfft is faster); a summary (mean, standard
@@ -21,23 +21,20 @@ paper, and whether the target (mean speed-up >= 1.5x) is met; a plot of the spee
 one line per p, one panel per pass.
 """
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks.common import (RESULTS_DIR, markdown_table, median_ms, poisoned, provenance, slug,  # noqa: E402
-                               write_results)
+from backends import config
+from benchmarks.harness import (PASSES, RESULTS_DIR, markdown_table, median_ms, poisoned, provenance, reference64,
+                                rel_error, save_figure, slug, write_results)
 
 # -- defaults --------------------------------------------------------------------------------
 SIZES = (13, 16, 27, 32, 57, 64)          # x = h = w
 PLANES = (16, 32, 64, 128)                # p = S = f = f'
 QUICK_SIZES, QUICK_PLANES = (13, 32, 64), (16, 128)
 KERNEL = 3
-PASSES = ("fprop", "bprop", "accgrad")
 WARMUP = 3
 REPEAT = 10
 SEED = 0
@@ -102,7 +99,6 @@ def bench_config(size, p, args, seed, bar):
     """Three rows (one per pass) for x = size, S = f = f' = p: both backends checked, then timed."""
     import cupy as cp
     import torch
-    import torch.nn.functional as TF
 
     import backends
     from backends import cufft, fbfft
@@ -116,11 +112,7 @@ def bench_config(size, p, args, seed, bar):
     x = rng.standard_normal(x_shape, dtype=cp.float32)
     w = rng.standard_normal(w_shape, dtype=cp.float32)
     gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow), dtype=cp.float32)
-    x64, w64, gy64 = (torch.from_dlpack(a).double() for a in (x, w, gy))
-    reference = {"fprop": TF.conv2d(x64, w64),
-                 "bprop": torch.nn.grad.conv2d_input(x64.shape, w64, gy64),
-                 "accgrad": torch.nn.grad.conv2d_weight(x64, w64.shape, gy64)}
-    del x64, w64, gy64
+    reference = reference64(x, w, gy)
 
     def calls(backend):
         return {"fprop": lambda: backend.fprop(x, w),
@@ -138,9 +130,8 @@ def bench_config(size, p, args, seed, bar):
             fns[pn]()                                   # cufft tunes on this first call
             torch.cuda.synchronize()
             row[f"first_call_s_{impl}"] = time.perf_counter() - start
-            got = torch.from_dlpack(poisoned(fns[pn]))  # checked: the call on NaN-filled memory
-            ref = reference[pn]
-            row[f"err_{impl}"] = float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))
+            got = poisoned(fns[pn])                     # checked: the call on NaN-filled memory
+            row[f"err_{impl}"] = rel_error(got, reference[pn])
             del got
             row[f"ms_{impl}"] = median_ms(fns[pn], "cupy", args.warmup, args.repeat)
         config = cufft.config_for(pn, x.shape, w.shape, xp=cp)
@@ -228,7 +219,7 @@ def plot(rows, path, title):
     axes[0].set_ylabel("speed-up: cufft ms / fbfft ms")
     axes[-1].legend(fontsize=8)
     fig.suptitle(title)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    save_figure(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -263,8 +254,7 @@ def main(argv=None):
                       cuda_runtime=cp.cuda.runtime.runtimeGetVersion(), warmup=args.warmup,
                       repeat=args.repeat, seed=args.seed, tolerance=args.tolerance,
                       sizes=sorted({x for x, _ in args.configs}), planes=sorted({p for _, p in args.configs}),
-                      cufft_tune=os.environ.get("MINITORCH_CUFFT_TUNE", "auto"),
-                      cgemm_tf32=os.environ.get("MINITORCH_CGEMM_TF32", "0"))
+                      cufft_tune=config.get("cufft_tune"), cgemm_tf32=str(int(config.get("tf32"))))
     rows = []
     bar = tqdm(args.configs, desc="configurations")
     for i, (size, p) in enumerate(bar):

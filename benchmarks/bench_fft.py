@@ -1,8 +1,8 @@
 """Batched 1-D and 2-D real FFTs, fbfft against cuFFT: the paper's Figures 7-8.
 
-  python benchmarks/bench_fft.py                                  # both grids, tables + plots
-  python benchmarks/bench_fft.py --dims 2 --sizes 8 16 32 --batches 4096 16384 --iters 50
-  python benchmarks/bench_fft.py --no-plot --json /tmp/fft.json
+  python -m benchmarks.bench_fft                                  # both grids, tables + plots
+  python -m benchmarks.bench_fft --dims 2 --sizes 8 16 32 --batches 4096 16384 --iters 50
+  python -m benchmarks.bench_fft --no-plot --json /tmp/fft.json
 
 Planes are n x n and signals n long (no padding, whole output), as in the paper's figures. Times are medians
 of CUDA events around single calls, with the GPU kept busy by a spin kernel while the host
@@ -23,10 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.common import RESULTS_DIR, provenance, slug  # noqa: E402
+from benchmarks.harness import (RESULTS_DIR, meta_lines, median_ms, provenance, rel_error, save_figure, slug,
+                                write_text)
 
 SIZES = {2: (8, 16, 32, 64, 128), 1: (8, 16, 32, 64, 128, 256)}
 BATCHES = (256, 4096, 16384, 65536)
@@ -34,47 +32,19 @@ WARMUP, ITERS = 3, 20
 MAX_BYTES = 4e9          # skip cases whose input + output exceed this
 SPIN_US = 300            # GPU busy time covering the host's enqueue of one timed call
 
-_SPIN_SRC = r"""extern "C" __global__ void spin(long long cycles)
-{ long long t0 = clock64(); while (clock64() - t0 < cycles) {} }"""
-
-
 def device_name():
+    """The CUDA device's name, as every result file names it."""
     import cupy as cp
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
 
-
-def _spin():
-    import cupy as cp
-    if not hasattr(_spin, "kernel"):
-        _spin.kernel = cp.RawKernel(_SPIN_SRC, "spin")
-        khz = cp.cuda.Device().attributes["ClockRate"]
-        _spin.cycles = np.int64(SPIN_US * 1e-6 * khz * 1e3)
-    return _spin.kernel, _spin.cycles
+    from backends import tuning
+    return tuning.device_name(cp)
 
 
 def gpu_time_ms(fn, warmup=WARMUP, iters=ITERS, before=None):
-    """Median GPU time of fn() in ms over `iters` calls after `warmup` calls. `before`,
-    if given, runs (untimed) before each timed call, e.g. to restore an input."""
-    import cupy as cp
-    spin, cycles = _spin()
-    for _ in range(warmup):
-        if before:
-            before()
-        fn()
-    cp.cuda.Device().synchronize()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(iters):
-        if before:
-            before()
-        spin((1,), (1,), (cycles,))   # keeps the GPU busy while we enqueue below
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()              # host-device sync point: after the timed region
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+    """Median GPU time of fn() in ms over `iters` calls after `warmup` calls, the GPU kept busy
+    by a spin kernel while the host enqueues each timed call (host launch overhead not counted).
+    `before`, if given, runs (untimed) before each call, e.g. to restore an input."""
+    return median_ms(fn, "cupy", warmup, iters, before=before, spin_us=SPIN_US)
 
 
 def copy_bandwidth_gbs(nbytes=1 << 30):
@@ -122,9 +92,9 @@ def bench_case(n, B, warmup=WARMUP, iters=ITERS, dim=2):
 
     fwd(x, n, out=F)
     ref = compact(spec.transpose(1, 2, 0), n) if dim == 2 else spec.transpose(1, 0)
-    row["fbfft_fwd_err"] = float(cp.linalg.norm(F - ref) / cp.linalg.norm(ref))
+    row["fbfft_fwd_err"] = rel_error(F, ref)
     inv(F, n, out=y)
-    row["fbfft_inv_err"] = float(cp.linalg.norm(y - x) / cp.linalg.norm(x))
+    row["fbfft_inv_err"] = rel_error(y, x)
     row["fbfft_fwd_ms"] = gpu_time_ms(lambda: fwd(x, n, out=F), warmup, iters)
     row["fbfft_inv_ms"] = gpu_time_ms(lambda: inv(F, n, out=y), warmup, iters)
     try:  # cuFFT plans executed directly into preallocated outputs
@@ -269,7 +239,7 @@ def plot(rows, path, dim=2):
     axes[0].set_ylabel("speed-up over cuFFT")
     axes[1].legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -301,16 +271,16 @@ def main():
         table = format_table(rows, copy_gbs, l2_bytes)
         failed |= "FAILED CHECKS" in table
         print(f"{dev}, {dim}-D\n{table}")
-        header = "\n".join(f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in meta.items())
+        header = "\n".join(meta_lines(meta))
         name = f"fft{dim}d"
-        (out_dir / f"{name}.md").write_text(f"# fbfft vs cuFFT, batched {dim}-D, {dev}\n\n{header}\n\n{table}\n")
+        write_text(out_dir / f"{name}.md", f"# fbfft vs cuFFT, batched {dim}-D, {dev}\n\n{header}\n\n{table}\n")
         result = {"meta": meta, "device": dev, "copy_gbs": copy_gbs, "rows": rows}
-        (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1))
+        write_text(out_dir / f"{name}.json", json.dumps(result, indent=1))
         everything[name] = result
         if not args.no_plot and plot(rows, out_dir / f"{name}.png", dim):
             print(f"plot: {out_dir / f'{name}.png'}")
     if args.json:
-        Path(args.json).write_text(json.dumps(everything, indent=1))
+        write_text(args.json, json.dumps(everything, indent=1))
     return 1 if failed else 0
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, for a lent GPU with a time limit: the gpu-marked tests, then the
-# fbfft kernel check (build info and correctness; bench_fft.py times them). Logs go to $OUT (or /tmp).
+# fbfft kernel check (build info and correctness; python -m benchmarks.bench_fft times them). Logs go
+# to $OUT (or /tmp).
 #   MINITORCH_COMMIT=<the sha you sent> bash benchmarks/gpu_all.sh
 # A lent machine's copy of the tree may carry a stale .git: name the commit, and every benchmark's
-# provenance (benchmarks/common.py) records it.
+# provenance (benchmarks/harness.py) records it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -11,4 +12,4 @@ out=${OUT:-/tmp}
 nvidia-smi -L
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
 python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=5 tests/ 2>&1 | tee "$out/pytest_gpu.log" | tail -25
-python3 benchmarks/gpu_check_fbfft.py --no-timing 2>&1 | tee "$out/gpu_check_fbfft.log" | tail -40
+python3 -m benchmarks.gpu_check_fbfft --no-timing --out "$out" 2>&1 | tee "$out/gpu_check_fbfft.log" | tail -40

@@ -1,30 +1,35 @@
 """The direct backend's GPU check in one command (< 4 min on an H100 or H200): bench_direct with
 every part (configuration check against float64, network layers against gemm and cuDNN, the
-single-plane benchmark), tuning from scratch into a temporary cache.
+single-plane benchmark), tuning from scratch into a temporary cache unless the setting
+tune_cache (MINITORCH_TUNE_CACHE) names one.
 
-  PYTHONPATH=. python3 benchmarks/gpu_check_direct.py   # then: python3 -m pytest -m gpu tests/test_direct.py
-  PYTHONPATH=. python3 benchmarks/gpu_check_direct.py --parts configs   # correctness only (~1 min)
+  python -m benchmarks.gpu_check_direct                   # then: python -m pytest -m gpu tests/test_direct.py
+  python -m benchmarks.gpu_check_direct --parts configs   # correctness only (~1 min)
+  python -m benchmarks.gpu_check_direct --out "$OUT"      # results under $OUT instead of results/
 
-Results go to $OUT/<device>/bench_direct.{json,md} and $OUT/gpu_check_direct.json when OUT is set,
-else to results/<device>/. Prints a short table last; exit status 1 if any check failed.
+With --out DIR, results go to DIR/<device>/bench_direct.{json,md} and DIR/gpu_check_direct.json,
+else to results/<device>/. Other arguments go to bench_direct. Prints a short table last; exit
+status 1 if any check failed.
 """
+import argparse
 import os
 import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks import bench_direct  # noqa: E402
+from backends import config
+from benchmarks import bench_direct
 
 
-def main():
-    os.environ.setdefault("MINITORCH_TUNE_CACHE", os.path.join(tempfile.mkdtemp(), "autotune.json"))
-    argv = []
-    out = os.environ.get("OUT")
-    if out:
-        argv += ["--out", out, "--json", os.path.join(out, "gpu_check_direct.json")]
-    return bench_direct.main(argv + sys.argv[1:])
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], add_help=False)
+    parser.add_argument("--out", default=None, help="results folder (default results/)")
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    forwarded = []
+    if args.out:
+        forwarded += ["--out", args.out, "--json", os.path.join(args.out, "gpu_check_direct.json")]
+    cache = config.get("tune_cache") or os.path.join(tempfile.mkdtemp(), "autotune.json")
+    with config.override(tune_cache=cache):
+        return bench_direct.main(forwarded + rest)
 
 
 if __name__ == "__main__":

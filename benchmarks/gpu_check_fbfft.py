@@ -1,8 +1,8 @@
 """One-shot GPU check of the fbfft kernels: build info, correctness, speed. Self-checking.
 
-  python3 benchmarks/gpu_check_fbfft.py                 # from the repository root
-  OUT=/some/dir python3 benchmarks/gpu_check_fbfft.py   # also writes gpu_check_fbfft.json/.md there
-  python3 benchmarks/gpu_check_fbfft.py --no-timing     # parts 1-2 only
+  python -m benchmarks.gpu_check_fbfft                   # from the repository root
+  python -m benchmarks.gpu_check_fbfft --out /some/dir  # also writes gpu_check_fbfft.json/.md there
+  python -m benchmarks.gpu_check_fbfft --no-timing      # parts 1-2 only
 
 1. Kernel attributes as the driver sees them (registers, local memory = spills, static
    shared memory, resident blocks per SM).
@@ -16,31 +16,27 @@
 Exit status 1 if any correctness check fails (targets missed only print MISSED).
 Takes about a minute; well under three.
 """
+import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bench_fft  # noqa: E402  (benchmarks/bench_fft.py)
+from backends import config
+from benchmarks import bench_fft
+from benchmarks.harness import rel_error, write_text
 
 TOL = 1e-5
 
 
 def rel_err(got, ref):
+    """rel_error; inf where an output element was never written (still NaN) or overflowed."""
     import cupy as cp
-    got, ref = cp.asnumpy(got), cp.asnumpy(ref)
-    wide = np.complex128 if np.iscomplexobj(got) or np.iscomplexobj(ref) else np.float64
-    got, ref = got.astype(wide), ref.astype(wide)
-    if not np.all(np.isfinite(got)):
-        return float("inf")  # an output element was never written (still NaN) or overflowed
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    if not bool(cp.all(cp.isfinite(got))):
+        return float("inf")
+    return rel_error(got, ref)
 
 
 def kernel_info(fbfft_kernels, model):
@@ -68,7 +64,6 @@ def correctness(fbfft_kernels, model):
     import cupy as cp
     rng = np.random.default_rng(int(time.time()))  # fresh data every run
     results, failures = {}, []
-    fbfft_kernels.CHECK_LAUNCHES = True             # synchronise after every launch
     for n in model.SIZES:
         planes = model.plan(n).planes
         nh = n // 2 + 1
@@ -113,11 +108,14 @@ def correctness(fbfft_kernels, model):
         failures.append("rfft2 with n=12 did not raise")
     except ValueError:
         pass
-    fbfft_kernels.CHECK_LAUNCHES = False
     return results, failures
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=None, help="also write gpu_check_fbfft.json/.md here")
+    parser.add_argument("--no-timing", action="store_true", help="parts 1-2 only")
+    args = parser.parse_args(argv)
     import cupy as cp
 
     from backends import fbfft_kernels
@@ -146,7 +144,8 @@ def main():
     spills = [k["kernel"] for k in info if k["local_bytes"]]
 
     print("\n== correctness vs cupy.fft (max relative error, tolerance %.0e)" % TOL, flush=True)
-    results, failures = correctness(fbfft_kernels, model)
+    with config.override(fbfft_check=True):        # synchronise and check after every launch
+        results, failures = correctness(fbfft_kernels, model)
     for n in model.SIZES:
         print(f"n={n:<3} rfft2 {results[n]['fwd']:.2e}  irfft2 {results[n]['inv']:.2e}")
     print(f"round trip n=16 B=70001 (padded, clipped): {results['round_trip_16_B70001']:.2e}")
@@ -158,13 +157,11 @@ def main():
     report["correctness"] = {str(k): v for k, v in results.items()}
     report["failures"] = failures
 
-    if "--no-timing" in sys.argv[1:]:
+    if args.no_timing:
         report["total_s"] = time.time() - t0
-        print(f"\n(timing skipped: benchmarks/bench_fft.py times both dims)\ntotal {report['total_s']:.0f} s")
-        out = os.environ.get("OUT")
-        if out:
-            Path(out).mkdir(parents=True, exist_ok=True)
-            (Path(out) / "gpu_check_fbfft.json").write_text(json.dumps(report, indent=1, default=str))
+        print(f"\n(timing skipped: python -m benchmarks.bench_fft times both dims)\ntotal {report['total_s']:.0f} s")
+        if args.out:
+            write_text(args.out / "gpu_check_fbfft.json", json.dumps(report, indent=1, default=str))
         sys.exit(1 if failures else 0)
 
     print("\n== timing (median of CUDA events, host launch overhead excluded)", flush=True)
@@ -178,12 +175,10 @@ def main():
                   total_s=time.time() - t0)
     print(f"\ntotal {report['total_s']:.0f} s")
 
-    out = os.environ.get("OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / "gpu_check_fbfft.json").write_text(json.dumps(report, indent=1, default=str))
-        (Path(out) / "gpu_check_fbfft.md").write_text(f"# fbfft GPU check, {report['device']}\n\n{table}\n")
-        print(f"wrote {out}/gpu_check_fbfft.json")
+    if args.out:
+        write_text(args.out / "gpu_check_fbfft.json", json.dumps(report, indent=1, default=str))
+        write_text(args.out / "gpu_check_fbfft.md", f"# fbfft GPU check, {report['device']}\n\n{table}\n")
+        print(f"wrote {args.out}/gpu_check_fbfft.json")
     sys.exit(1 if failures else 0)
 
 

@@ -1,11 +1,11 @@
 """The fbfft paper's timing study on today's GPU, cuDNN measured beside it in the same process.
 
-  python benchmarks/paper.py table3            # whole networks (paper Table 3): every conv layer, 3 passes
-  python benchmarks/paper.py table4            # representative layers L1-L5 (paper Table 4) under auto
-  python benchmarks/paper.py step              # a full training step: images/s and time in kernels
-  python benchmarks/paper.py all --quick       # everything, fewer repeats
-  python benchmarks/paper.py table4 --cgemm-tf32   # adds auto with the FFT backends' GEMM on TF32
-  python benchmarks/paper.py table3 --runs 3   # each network three times: the median run and the spread
+  python -m benchmarks.paper table3            # whole networks (paper Table 3): every conv layer, 3 passes
+  python -m benchmarks.paper table4            # representative layers L1-L5 (paper Table 4) under auto
+  python -m benchmarks.paper step              # a full training step: images/s and time in kernels
+  python -m benchmarks.paper all --quick       # everything, fewer repeats
+  python -m benchmarks.paper table4 --cgemm-tf32   # adds auto with the FFT backends' GEMM on TF32
+  python -m benchmarks.paper table3 --runs 3   # each network three times: the median run and the spread
 
 Our implementations are the registered backends (each on the layers it supports; a layer it
 cannot serve, such as the strided conv1 for the FFT backends, runs on the autotuner's pick, as
@@ -32,16 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
+from benchmarks.harness import (BATCH, PASSES, RESULTS_DIR, TABLE4, TOLERANCE, Layer, conv_layers,  # noqa: F401
+                                median_ms, provenance, set_tf32, setup_cudnn, step_check, torch_fp32_errors,
+                                torch_gradients, torch_model, write_results)
 
-from benchmarks.common import RESULTS_DIR, median_ms, poisoned, provenance, setup_cudnn, write_results  # noqa: E402
-
-BATCH = 128
-PASSES = ("fprop", "bprop", "accgrad")
-TOLERANCE = {"strict": 1e-4, "tf32": 1e-2}  # relative error against float64
-# Paper Table 4 layers: name -> (f, f', h = w, k), S = 128, stride 1, no padding
-TABLE4 = {"L1": (3, 96, 128, 11), "L2": (64, 64, 64, 9), "L3": (128, 128, 32, 9),
-          "L4": (128, 128, 16, 7), "L5": (384, 384, 13, 3)}
 # Quoted, not measured: the paper's Table 3 (NVIDIA K40m, ms), for reference beside ours.
 PAPER_TABLE3_K40 = {
     "alexnet": {"cuFFT": (94.34, 96.69, 93.20, 284.23), "cuDNN": (147.32, 167.79, 153.96, 469.07),
@@ -50,108 +44,6 @@ PAPER_TABLE3_K40 = {
                       "cuDNN": (459.06, 634.26, 508.02, 1601.35),
                       "ccn2": (433.11, 398.87, 450.82, 1282.80)},
 }
-TORCH_TF32_DEFAULTS = {}
-
-
-def conv_layers(model_name, batch):
-    """[(name, x_shape, w_shape, stride, padding)] of a zoo model's convolutions, by shape tracing."""
-    import minitorch_fft as mt
-    import models
-
-    c, h, w = models.input_shape(model_name)
-    net = models.get(model_name, num_classes=10)
-    layers = []
-    for i, m in enumerate(net.features.layers):
-        if isinstance(m, mt.SpatialConvolution):
-            (kh, kw), (sh, sw), (ph, pw) = m.kernel_size, m.stride, m.padding
-            layers.append((f"conv{len(layers) + 1}", (batch, c, h, w), (m.out_planes, c, kh, kw),
-                           m.stride, m.padding))
-            c, h, w = m.out_planes, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-        elif isinstance(m, mt.SpatialMaxPooling):
-            (kh, kw), (sh, sw) = m.kernel_size, m.stride
-            h, w = (h - kh) // sh + 1, (w - kw) // sw + 1
-    return layers
-
-
-class Layer:
-    """Random operands of one convolution on the GPU, float64 references, and timed passes."""
-
-    def __init__(self, x_shape, w_shape, stride, padding, seed):
-        import cupy as cp
-        import torch
-        import torch.nn.functional as TF
-
-        import backends
-        self.geom = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
-        g = backends.geometry(x_shape, w_shape, stride, padding)
-        self.g = g
-        rng = cp.random.default_rng(seed)
-        self.x = rng.standard_normal(x_shape, dtype=cp.float32)
-        self.w = rng.standard_normal(w_shape, dtype=cp.float32)
-        self.gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow), dtype=cp.float32)
-        self.xt, self.wt, self.gyt = (torch.from_dlpack(a) for a in (self.x, self.w, self.gy))
-        x64, w64, gy64 = self.xt.double(), self.wt.double(), self.gyt.double()
-        s, p = self.geom[2], self.geom[3]
-        # The references are not timed: cuDNN's heuristic float64 algorithm, not a benchmark-mode
-        # search of every one (a sweep profile put that search at a third of the sweep's time).
-        searching, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
-        try:
-            self.ref = {"fprop": TF.conv2d(x64, w64, stride=s, padding=p),
-                        "bprop": torch.nn.grad.conv2d_input(x64.shape, w64, gy64, stride=s, padding=p),
-                        "accgrad": torch.nn.grad.conv2d_weight(x64, w64.shape, gy64, stride=s, padding=p)}
-        finally:
-            torch.backends.cudnn.benchmark = searching
-
-    def _args(self, pass_name):
-        return {"fprop": (self.x, self.w), "bprop": (self.gy, self.w, self.x.shape),
-                "accgrad": (self.gy, self.x, self.w.shape)}[pass_name]
-
-    def ours(self, backend, pass_name):
-        """The backend module's pass alone (profiles, kernel counts)."""
-        s, p = self.geom[2], self.geom[3]
-        args = self._args(pass_name)
-        return lambda: getattr(backend, pass_name)(*args, stride=s, padding=p)
-
-    def dispatched(self, name, pass_name):
-        """The pass as a layer runs it under backend setting `name`: backends.run_pass, which
-        chooses the backend (auto: a lookup of its tuned choice) on every call, as cuDNN's
-        conv2d pays its own dispatch inside the timed call."""
-        import backends
-        x_shape, w_shape, s, p = self.geom
-        args = self._args(pass_name)
-        return lambda: backends.run_pass(name, pass_name, *args, x_shape=x_shape, w_shape=w_shape,
-                                         stride=s, padding=p)
-
-    def cudnn(self, pass_name):
-        import torch
-        import torch.nn.functional as TF
-        s, p = self.geom[2], self.geom[3]
-        return {"fprop": lambda: TF.conv2d(self.xt, self.wt, stride=s, padding=p),
-                "bprop": lambda: torch.nn.grad.conv2d_input(self.xt.shape, self.wt, self.gyt, stride=s, padding=p),
-                "accgrad": lambda: torch.nn.grad.conv2d_weight(self.xt, self.wt.shape, self.gyt,
-                                                               stride=s, padding=p)}[pass_name]
-
-    def measure(self, fn, lib, pass_name, tol, args, flagged=None):
-        """(median ms, relative error); the result is checked before it is timed. Ours must pass
-        the check; a reference library's miss is timed anyway and appended to `flagged`."""
-        import torch
-        got = poisoned(fn) if lib == "cupy" else fn()
-        got = torch.from_dlpack(got) if lib == "cupy" else got
-        ref = self.ref[pass_name]
-        err = float(torch.linalg.vector_norm(got.double() - ref) / torch.linalg.vector_norm(ref))
-        del got
-        if not err <= tol:
-            if flagged is None:
-                raise AssertionError(f"relative error {err:.2e} > {tol}")
-            flagged.append(f"relative error {err:.1e} > {tol}")
-        return median_ms(fn, lib, args.warmup, args.repeat), err
-
-
-def set_tf32(mode):
-    import torch
-    on = mode == "tf32"
-    torch.backends.cudnn.allow_tf32 = on and TORCH_TF32_DEFAULTS["cudnn"]
-    torch.backends.cuda.matmul.allow_tf32 = on and TORCH_TF32_DEFAULTS["matmul"]
 
 
 def implementations():
@@ -302,20 +194,6 @@ def table4(args, bar):
     return rows, cols, failures
 
 
-def torch_model(name, num_classes):
-    """The same architecture in PyTorch (torchvision's AlexNet; OverFeat-fast written out)."""
-    import torch.nn as nn
-    import torchvision
-    if name == "alexnet":
-        return torchvision.models.alexnet(num_classes=num_classes)
-    return nn.Sequential(
-        nn.Conv2d(3, 96, 11, 4), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(96, 256, 5), nn.ReLU(),
-        nn.MaxPool2d(2, 2), nn.Conv2d(256, 512, 3, padding=1), nn.ReLU(), nn.Conv2d(512, 1024, 3, padding=1),
-        nn.ReLU(), nn.Conv2d(1024, 1024, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Flatten(),
-        nn.Dropout(), nn.Linear(36864, 3072), nn.ReLU(), nn.Dropout(), nn.Linear(3072, 4096), nn.ReLU(),
-        nn.Linear(4096, num_classes))
-
-
 # The step's loss and weight gradients must agree with PyTorch float64 on the same weights to
 # within one bound per network: STEP_TOL, or STEP_FACTOR times the largest error PyTorch float32
 # makes on that network's tensors in the same run (torch_fp32_errors), capped at STEP_CAP.
@@ -323,87 +201,13 @@ def torch_model(name, num_classes):
 # max-pooling argmax or a ReLU sign at a near-tie), and each such flip puts ~2e-3 into every
 # gradient below it, whoever computes it. On an H200, PyTorch float32 with cuDNN strict was
 # 2.2e-3 off on AlexNet's conv1 weight gradient and 3.5e-3 on OverFeat-fast's, our gemm backend
-# 2.5e-3 and 3.4e-3 (benchmarks/exp_step_error.py, NOTES.md, session 5). Flips land on different
+# 2.5e-3 and 3.4e-3 (benchmarks/experiments/exp_step_error.py, NOTES.md, session 5). Flips land on different
 # tensors in each implementation, hence one bound per network rather than per tensor. What this
 # check can see: an error of 1 % in one backend pass (tests/test_benchmarks.py), not one of 0.5 %
 # in the early layers' gradients; the per-layer checks of table3/table4 (1e-4) see those.
 STEP_TOL = 1e-3
 STEP_FACTOR = 2
 STEP_CAP = 5e-3
-
-
-def torch_gradients(model, torch_net, x_np, y_np, dtype, torch_device="cpu"):
-    """(loss, [weight gradients]) of a copy of `torch_net` in `dtype` that carries our model's
-    weights (copied in parameter order, shapes checked), in eval mode (dropout is random in each
-    framework), on x_np and y_np; the gradients as float64 CPU tensors."""
-    import copy
-
-    import torch
-
-    import minitorch_fft as mt
-    ours = model.parameters()
-    if [tuple(p.shape) for p in ours] != [tuple(q.shape) for q in torch_net.parameters()]:
-        raise ValueError("step check: the two models' parameters differ in order or shape")
-    net = copy.deepcopy(torch_net).to(dtype).to(torch_device).eval()
-    with torch.no_grad():
-        for p, q in zip(ours, net.parameters()):
-            q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu"), dtype=dtype))
-    x = torch.as_tensor(x_np, dtype=dtype, device=torch_device)
-    loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device=torch_device))
-    loss.backward()
-    return loss.item(), [q.grad.detach().double().cpu() for q in net.parameters()]
-
-
-def relative_errors(model, got, ref):
-    """{"loss": ..., parameter name: ...} relative errors of `got` against `ref`, each a
-    (loss, [gradients]) pair as torch_gradients returns it."""
-    import torch
-    errors = {"loss": abs(got[0] - ref[0]) / abs(ref[0])}
-    for (name, _), g, r in zip(model.named_parameters(), got[1], ref[1], strict=True):
-        errors[name] = float(torch.linalg.vector_norm(g - r) / torch.linalg.vector_norm(r))
-    return errors
-
-
-def step_check(model, torch_net, x_np, y_np, torch_device="cpu", reference=None):
-    """Relative errors {name: err} of our model's loss and weight gradients against the same
-    weights in PyTorch, float64 (torch_gradients; `reference` if already computed, and then
-    torch_net is not used), both in eval mode.
-    Our model runs on the device its parameters are on. Gradients are left zeroed afterwards."""
-    import torch
-
-    import minitorch_fft as mt
-    if reference is None:
-        reference = torch_gradients(model, torch_net, x_np, y_np, torch.float64, torch_device)
-    xp = model.parameters()[0].xp
-    model.eval()
-    model.zero_grad()
-    loss = mt.CrossEntropyCriterion()(model(mt.Tensor(xp.asarray(x_np))), xp.asarray(y_np))
-    loss.backward()
-    ours = (float(loss.item()), [torch.as_tensor(mt.to_device(p.grad, "cpu"), dtype=torch.float64)
-                                 for p in model.parameters()])
-    model.zero_grad()
-    model.train()
-    return relative_errors(model, ours, reference)
-
-
-def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", reference=None):
-    """{name: relative error} of PyTorch float32 against PyTorch float64 (`reference` if already
-    computed), both on our model's weights, batch and labels (torch_gradients): the error fp32
-    arithmetic itself makes here, with cuDNN and cuBLAS strict (no TF32) and cuDNN's heuristic
-    algorithms (its benchmark search off, so no approximate algorithm it might time as fastest)."""
-    import torch
-    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.benchmark)
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.benchmark = False
-    try:
-        if reference is None:
-            reference = torch_gradients(model, torch_net, x_np, y_np, torch.float64, torch_device)
-        got = torch_gradients(model, torch_net, x_np, y_np, torch.float32, torch_device)
-    finally:
-        (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-         torch.backends.cudnn.benchmark) = saved
-    return relative_errors(model, got, reference)
 
 
 def step_verdict(errors, yardstick):
@@ -425,7 +229,6 @@ def step(args, bar):
     import numpy as np
     import torch
 
-    import backends
     import minitorch_fft as mt
     import models
     from backends import cgemm
@@ -444,11 +247,8 @@ def step(args, bar):
         x, y = mt.Tensor(cp.asarray(x_np)), cp.asarray(y_np)
 
         def our_step():  # as train.py runs it: spectra shared across a step's passes
-            with cgemm.tf32(False), backends.reuse_spectra():  # strict fp32, whatever the environment
-                loss = crit(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-            opt.step()
+            with cgemm.tf32(False):  # strict fp32, whatever the environment
+                mt.train_step(model, crit, opt, x, y)
 
         our_step()  # tunes every layer and pass
         with cgemm.tf32(False):  # checked as timed: the whole batch, strict fp32, the tuned choices
@@ -525,7 +325,6 @@ def graph_check(model, opt, crit, graphed, x, y, y_np):
     update. The state is restored in place between the two (the graph keeps its addresses)."""
     import cupy as cp
 
-    import backends
     import minitorch_fft as mt
     from backends import cgemm
     params = model.parameters()
@@ -544,11 +343,7 @@ def graph_check(model, opt, crit, graphed, x, y, y_np):
         graph_loss, _ = graphed(x, y_np)
         graph_updates = [p.data - b for p, b in zip(params, before)]
         restore()
-        with backends.reuse_spectra():
-            loss = crit(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-        opt.step()
+        loss, _ = mt.train_step(model, crit, opt, x, y)
     errs = [abs(float(graph_loss) - float(loss.data)) / abs(float(loss.data))]
     for p, b, g in zip(params, before, graph_updates):
         e = p.data - b
@@ -610,7 +405,7 @@ def main():
     if not torch.cuda.is_available():
         sys.exit("paper.py needs a CUDA GPU visible to PyTorch and CuPy")
     from backends import cgemm
-    cudnn_setup = setup_cudnn(torch, TORCH_TF32_DEFAULTS)
+    cudnn_setup = setup_cudnn(torch)
     set_tf32("strict")
     meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                       cupy=cp.__version__, batch=args.batch, warmup=args.warmup, repeat=args.repeat,

@@ -1,6 +1,6 @@
 """Where each layer's time goes: FFT kernels, GEMM, other kernels, and host time no kernel covers.
 
-  python3 benchmarks/profile_layers.py [--backend fbfft] [--nets alexnet overfeat_fast table4] [--out DIR]
+  python -m benchmarks.profile_layers [--backend fbfft] [--nets alexnet overfeat_fast table4] [--out DIR]
 
 For every convolution of the chosen networks and every pass, the backend runs `--iters` times
 under torch.profiler (CUPTI sees CuPy's kernels too: it traces the whole CUDA context). Kernel
@@ -17,13 +17,9 @@ Layers the backend does not support (stride > 1) run on `--strided` (polyphase),
 results/<device>/profile_<backend>.{json,md}.
 """
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.common import RESULTS_DIR, provenance, setup_cudnn, write_results  # noqa: E402
-from benchmarks.paper import BATCH, PASSES, TABLE4, Layer, conv_layers  # noqa: E402
+from benchmarks.harness import (BATCH, PASSES, RESULTS_DIR, TABLE4, Layer, conv_layers, provenance, setup_cudnn,
+                                write_results)
 
 CATEGORIES = ("fft", "gemm", "other")
 
@@ -74,7 +70,7 @@ def main():
 
     import backends
     from backends import tuning
-    cudnn_setup = setup_cudnn(torch, {})
+    cudnn_setup = setup_cudnn(torch)
     torch.backends.cudnn.allow_tf32 = False      # strict: the baseline this profile compares with
     specs = []
     for net in args.nets:

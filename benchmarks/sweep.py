@@ -1,12 +1,12 @@
 """The paper's 8,232-configuration sweep (Table 2, Figures 1-6): FFT convolution vs cuDNN strict.
 
-  python benchmarks/sweep.py run --max-minutes 9     # measure until the time is up; rerun to resume
-  python benchmarks/sweep.py run --quick             # a fixed sample of 84 (two per k, y cell)
-  python benchmarks/sweep.py run --shard 2/8        # shard 2 of 8: every 8th configuration, from the 3rd
-  python benchmarks/sweep.py merge results/<device>/sweep.jsonl   # fold the shards' part files in
-  python benchmarks/sweep.py report results/<device>/sweep.jsonl  # heat maps + summary of what was measured
+  python -m benchmarks.sweep run --max-minutes 9     # measure until the time is up; rerun to resume
+  python -m benchmarks.sweep run --quick             # a fixed sample of 84 (two per k, y cell)
+  python -m benchmarks.sweep run --shard 2/8        # shard 2 of 8: every 8th configuration, from the 3rd
+  python -m benchmarks.sweep merge results/<device>/sweep.jsonl   # fold the shards' part files in
+  python -m benchmarks.sweep report results/<device>/sweep.jsonl  # heat maps + summary of what was measured
   bash benchmarks/sweep_gpus.sh 9 results            # one shard per GPU of the host, then merge
-  python benchmarks/sweep.py run --remeasure-unnamed  # also measure again the rows that name no commit
+  python -m benchmarks.sweep run --remeasure-unnamed  # also measure again the rows that name no commit
 
 Configurations: S in {1, 16, 64, 128}; f, f' in {1, 4, 16, 64, 96, 128, 256};
 k in {3, 5, 7, 9, 11, 13}; output size y in {1, 2, 4, 8, 16, 32, 64} (input h = w = y + k - 1,
@@ -21,7 +21,7 @@ configurations are all S = 1).
 
 Sharded (one process per GPU), run --shard I/N measures the I-th of every N configurations of
 that order that are not yet done, and appends its rows to sweep.partI.jsonl (with its own
-provenance sidecar, which names the shard and CUDA_VISIBLE_DEVICES); every run counts the rows of
+provenance sidecar, which names the shard and the GPU: index, PCI bus id and name); every run counts the rows of
 the main file and of all part files as done. merge folds the part files into the main file and
 deletes them; report refuses to run while any are left, so that it never leaves rows out.
 Every row names the commit it was measured at; the rows from before they did (session 5's, and
@@ -44,16 +44,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks.common import RESULTS_DIR, provenance, setup_cudnn, slug  # noqa: E402
-from minitorch_fft.utils import atomic_file  # noqa: E402
+from benchmarks.harness import (PASSES, RESULTS_DIR, Layer, device_identity, provenance, save_figure, set_tf32,
+                                setup_cudnn, slug, write_text)
+from minitorch_fft.utils import atomic_file
 
 S_SIZES = (1, 16, 64, 128)
 PLANES = (1, 4, 16, 64, 96, 128, 256)
 KERNELS = (3, 5, 7, 9, 11, 13)
 OUTPUTS = (1, 2, 4, 8, 16, 32, 64)
-PASSES = ("fprop", "bprop", "accgrad")
 QUICK_SAMPLE = 2 * len(KERNELS) * len(OUTPUTS)  # 84: two per heat-map cell
 
 
@@ -224,7 +222,6 @@ def measure(config, args, commit):
     import cupy as cp
 
     import backends
-    from benchmarks.paper import Layer, set_tf32
     S, f, fo, k, y = config
     h = y + k - 1
     layer = Layer((S, f, h, h), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
@@ -263,8 +260,7 @@ def run(args):
     from tqdm import tqdm
 
     from backends import tuning
-    from benchmarks import paper
-    cudnn_setup = setup_cudnn(torch, paper.TORCH_TF32_DEFAULTS)
+    cudnn_setup = setup_cudnn(torch)
     out = args.out / slug(tuning.device_name(cp)) / ("sweep_quick.jsonl" if args.quick else "sweep.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     done = load_all_done(out, args.remeasure_unnamed)
@@ -272,8 +268,8 @@ def run(args):
     dest, shard_fields = out, {}
     if args.shard:
         dest = part_path(out, args.shard[0])
-        shard_fields = {"shard": "{}/{}".format(*args.shard),
-                        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        # which GPU of the host the shard ran on, as CuPy names it (sweep_gpus.sh picks it)
+        shard_fields = {"shard": "{}/{}".format(*args.shard), **device_identity(cp)}
     prov = provenance(tuning.device_name(cp), cupy=cp.__version__, torch=torch.__version__, **cudnn_setup)
     if todo:
         record_chunk(dest, len(done), dict(prov, **shard_fields))
@@ -330,7 +326,7 @@ def report(args):
     parts = part_paths(path)
     if parts:
         sys.exit(f"{path} has unmerged shard files ({', '.join(p.name for p in parts)}), whose rows the "
-                 f"report would leave out; fold them in first: python benchmarks/sweep.py merge {path}")
+                 f"report would leave out; fold them in first: python -m benchmarks.sweep merge {path}")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -390,12 +386,12 @@ def report(args):
         if im is not None:
             fig.colorbar(im, ax=axes, label=f"best FFT speed-up over {baseline} (geometric mean of passes)")
         png = path.with_name(f"{path.stem}_vs_{baseline}.png")
-        fig.savefig(png, dpi=110)
+        save_figure(fig, png, dpi=110)
         plt.close(fig)
         lines += ["", f"![heat maps vs {baseline}]({png.name})", ""]
         lines += by_batch(rows, baseline)
     md = path.with_suffix(".md")
-    md.write_text("\n".join(lines) + "\n")
+    write_text(md, "\n".join(lines) + "\n")
     print(md)
 
 

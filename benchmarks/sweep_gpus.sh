@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sweep (benchmarks/sweep.py) on every GPU of one host at once, one shard per GPU, then the
+# The sweep (python -m benchmarks.sweep) on every GPU of one host at once, one shard per GPU, then the
 # shards' part files merged into OUT_DIR/<device>/sweep.jsonl. Rerun to resume, as with one GPU.
 #   bash benchmarks/sweep_gpus.sh MINUTES OUT_DIR [FIRST_GPU]
 # MINUTES is each shard's --max-minutes; FIRST_GPU (default 0) leaves the GPUs below it alone.
@@ -35,7 +35,7 @@ echo "sweep_gpus: $n shard(s) on GPUs $first..$((gpus - 1)), $minutes minute(s) 
 pids=()
 for ((gpu = first; gpu < gpus; gpu++)); do
     CUDA_VISIBLE_DEVICES=$gpu MINITORCH_TUNE_CACHE=/tmp/tune_gpu$gpu.json \
-        python3 benchmarks/sweep.py run --shard "$((gpu - first))/$n" --max-minutes "$minutes" --out "$out" \
+        python3 -m benchmarks.sweep run --shard "$((gpu - first))/$n" --max-minutes "$minutes" --out "$out" \
         ${SWEEP_ARGS:-} \
         >"$out/sweep_gpu$gpu.log" 2>&1 &
     pids+=($!)
@@ -51,7 +51,7 @@ done
 for dir in "$out"/*/; do
     for stem in sweep sweep_quick; do
         if compgen -G "$dir$stem.part[0-9]*.jsonl" >/dev/null; then
-            python3 benchmarks/sweep.py merge "$dir$stem.jsonl" || failed=1
+            python3 -m benchmarks.sweep merge "$dir$stem.jsonl" || failed=1
         fi
     done
 done

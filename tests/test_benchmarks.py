@@ -2,10 +2,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from benchmarks.paper import conv_layers
+from benchmarks.harness import conv_layers
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_conv_layers_trace_the_papers_networks():
@@ -18,11 +21,27 @@ def test_conv_layers_trace_the_papers_networks():
     assert over[4][2] == (1024, 1024, 3, 3)
 
 
-def test_help_works_without_a_gpu():
-    for script in ("benchmarks/paper.py", "benchmarks/bench_cufft.py", "benchmarks/bench_fbfft_vs_cufft.py",
-                   "benchmarks/bench_cgemm.py", "benchmarks/profile_layers.py"):
-        p = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
-        assert p.returncode == 0 and "usage" in p.stdout, p.stderr
+# Every entry point, run as the package's module from the repository root (python -m ...).
+ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_fbfft_vs_cufft",
+                "benchmarks.bench_cgemm", "benchmarks.profile_layers", "benchmarks.bench_direct",
+                "benchmarks.bench_fft", "benchmarks.bench_correlate1d", "benchmarks.sweep",
+                "benchmarks.gpu_check_fbfft", "benchmarks.gpu_check_direct",
+                "benchmarks.experiments.exp_host", "benchmarks.experiments.exp_layout",
+                "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error")
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_works_without_a_gpu(module):
+    p = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0 and "usage" in p.stdout, p.stderr
+
+
+def test_bench_cufft_help_lists_its_layers():
+    p = subprocess.run([sys.executable, "-m", "benchmarks.bench_cufft", "--help"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "--quick" in p.stdout and "table4.L1" in p.stdout
 
 
 def test_sweep_configurations_and_sample():
@@ -101,11 +120,12 @@ def test_sweep_report_counts_what_it_leaves_out(tmp_path, monkeypatch):
 def test_sweep_chunks_carry_their_provenance(tmp_path, monkeypatch):
     """Each run (chunk) of a resumable sweep leaves a provenance line, commit included, and the
     report lists them."""
-    from benchmarks import common, sweep
+    from backends import config
+    from benchmarks import harness, sweep
     path = tmp_path / "sweep.jsonl"
-    monkeypatch.setenv("MINITORCH_COMMIT", "0123abc")
     for done_before, c in enumerate(sweep.quick_sample()[:2]):
-        sweep.record_chunk(path, done_before, common.provenance("Test GPU", cupy="0"))
+        with config.override(commit="0123abc"):
+            sweep.record_chunk(path, done_before, harness.provenance("Test GPU", cupy="0"))
         sweep.append_row(path, synthetic_row(c, 1.0, 2.0))
     chunks = sweep.read_chunks(path)
     assert [c["done_before"] for c in chunks] == [0, 1] and {c["commit"] for c in chunks} == {"0123abc"}
@@ -226,7 +246,7 @@ def test_sweep_report_refuses_while_parts_are_left(tmp_path, monkeypatch):
 
 
 def test_source_commit_marks_a_tree_that_differs_from_head(tmp_path, monkeypatch):
-    from benchmarks import common
+    from benchmarks import harness
     monkeypatch.delenv("MINITORCH_COMMIT", raising=False)
     if subprocess.run(["git", "--version"], capture_output=True).returncode != 0:
         pytest.skip("no git")
@@ -236,14 +256,14 @@ def test_source_commit_marks_a_tree_that_differs_from_head(tmp_path, monkeypatch
     run("add", "f.txt")
     run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
-    assert common.source_commit(tmp_path) == head
+    assert harness.source_commit(tmp_path) == head
     (tmp_path / "f.txt").write_text("b")
-    assert common.source_commit(tmp_path) == f"{head} with uncommitted changes"
+    assert harness.source_commit(tmp_path) == f"{head} with uncommitted changes"
     monkeypatch.setenv("MINITORCH_COMMIT", "named")
-    assert common.source_commit(tmp_path) == "named"
+    assert harness.source_commit(tmp_path) == "named"
     monkeypatch.delenv("MINITORCH_COMMIT")
     (tmp_path / "copy").mkdir()                   # a tree without .git inside another repository
-    assert common.source_commit(tmp_path / "copy").startswith("unknown")
+    assert harness.source_commit(tmp_path / "copy").startswith("unknown")
 
 
 def fbfft_vs_cufft_rows(speedups, ok=True):
@@ -263,7 +283,7 @@ def test_fbfft_vs_cufft_summary_and_report(tmp_path):
     import statistics
 
     from benchmarks import bench_fbfft_vs_cufft as bench
-    from benchmarks.common import provenance
+    from benchmarks.harness import provenance
     rows = fbfft_vs_cufft_rows({"fprop": 2.0, "bprop": 1.0, "accgrad": 4.0})
     rows += fbfft_vs_cufft_rows({"fprop": 100.0, "bprop": 100.0, "accgrad": 100.0}, ok=False)
     summary = bench.summarize(rows)
@@ -325,7 +345,7 @@ def test_bench_cufft_writes_the_fused_step_table(tmp_path):
     import json
 
     from benchmarks import bench_cufft
-    from benchmarks.common import provenance, write_results
+    from benchmarks.harness import provenance, write_results
     step_rows = [{"layer": "table4.L5", "backend": "fbfft", "ms_passes": 3.0, "ms_step": 2.0, "speedup_step": 1.5,
                   "hits": 3, "ms_cudnn_strict": 4.0, "speedup_strict": 2.0, "err_max": 1e-6}]   # made up
     json_path, md_path = write_results("bench_cufft", provenance("Test GPU 0"), [], bench_cufft.MARKDOWN_COLUMNS,
@@ -372,7 +392,7 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     args = types.SimpleNamespace(batch=4, seed=0, cgemm_tf32=True, warmup=0, repeat=1)
     bar = types.SimpleNamespace(set_postfix_str=lambda s: None, update=lambda n: None)
     rows, cols, failures = paper.table3(args, bar)
-    n_layers = {net: len(paper.conv_layers(net, 4)) for net in ("alexnet", "overfeat_fast")}
+    n_layers = {net: len(conv_layers(net, 4)) for net in ("alexnet", "overfeat_fast")}
     ours = [r for r in rows if "quoted" not in r["implementation"]]
     impls = paper.implementations() + ["auto TF32", "cudnn_strict", "cudnn_tf32"]
     assert len(ours) == 2 * len(impls)
@@ -400,12 +420,12 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
 
 
 def test_poisoned_fills_every_allocation_and_restores_the_allocator(monkeypatch):
-    """benchmarks.common.poisoned, with a stand-in for CuPy's allocator API: every block the
+    """benchmarks.harness.poisoned, with a stand-in for CuPy's allocator API: every block the
     call allocates is memset to 0xFF (NaN as float32) on the current stream, and the previous
     allocator comes back, also when the call raises."""
     import types
 
-    from benchmarks import common
+    from benchmarks import harness
     state = {"allocator": None, "memsets": []}
     pool_malloc = lambda size: types.SimpleNamespace(ptr=1000 + size)  # noqa: E731
     state["allocator"] = pool_malloc
@@ -421,7 +441,7 @@ def test_poisoned_fills_every_allocation_and_restores_the_allocator(monkeypatch)
         state["allocator"](0)
         return "result"
 
-    assert common.poisoned(work) == "result"
+    assert harness.poisoned(work) == "result"
     assert state["memsets"] == [(1064, 0xFF, 64, 7)] and state["allocator"] is pool_malloc
 
     def fails():
@@ -429,42 +449,42 @@ def test_poisoned_fills_every_allocation_and_restores_the_allocator(monkeypatch)
         raise RuntimeError("kernel failed")
 
     with pytest.raises(RuntimeError):
-        common.poisoned(fails)
+        harness.poisoned(fails)
     assert state["allocator"] is pool_malloc and state["memsets"][-1] == (1008, 0xFF, 8, 7)
 
 
 def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch):
-    """paper.step_check on the CPU (AlexNet, 10 classes, 2 images): our fp32 loss and weight
-    gradients agree with PyTorch float64 on copied weights, and a weight gradient 1 % off in
-    one pass of the conv backend is caught."""
+    """harness.step_check (paper.step's check) on the CPU (AlexNet, 10 classes, 2 images): our
+    fp32 loss and weight gradients agree with PyTorch float64 on copied weights, and a weight
+    gradient 1 % off in one pass of the conv backend is caught."""
     import numpy as np
 
     import backends
     import minitorch_fft as mt
     import models
-    from benchmarks import paper
+    from benchmarks import harness, paper
     mt.manual_seed(0)
     net = models.get("alexnet", num_classes=10, backend="gemm")
     x = np.random.default_rng(0).standard_normal((2, 3, 224, 224), dtype=np.float32)
     y = np.array([3, 7])
-    errors = paper.step_check(net, paper.torch_model("alexnet", 10), x, y)
+    errors = harness.step_check(net, harness.torch_model("alexnet", 10), x, y)
     assert len(errors) == 1 + len(net.parameters())
     assert max(errors.values()) <= paper.STEP_TOL, errors
     assert all(p.grad is None for p in net.parameters())
     with pytest.raises(ValueError, match="differ in order or shape"):
-        paper.step_check(net, paper.torch_model("overfeat_fast", 10), x, y)
+        harness.step_check(net, harness.torch_model("overfeat_fast", 10), x, y)
     real = backends.gemm.accgrad
     monkeypatch.setattr(backends.gemm, "accgrad", lambda *a, **k: real(*a, **k) * np.float32(1.01))
-    wrong = paper.step_check(net, paper.torch_model("alexnet", 10), x, y)
+    wrong = harness.step_check(net, harness.torch_model("alexnet", 10), x, y)
     assert wrong["features.0.weight"] > paper.STEP_TOL and wrong["loss"] <= paper.STEP_TOL
     # The yardstick: PyTorch float32 on the same weights. On the CPU it is far below STEP_TOL,
     # so the bounds stay at STEP_TOL and the 1 % error is still a failure.
-    yardstick = paper.torch_fp32_errors(net, paper.torch_model("alexnet", 10), x, y)
+    yardstick = harness.torch_fp32_errors(net, harness.torch_model("alexnet", 10), x, y)
     assert set(yardstick) == set(errors) and max(yardstick.values()) < paper.STEP_TOL
     import torch
-    reference = paper.torch_gradients(net, paper.torch_model("alexnet", 10), x, y, torch.float64)
-    assert paper.step_check(net, None, x, y, reference=reference) == wrong   # as paper.step calls it
-    assert paper.torch_fp32_errors(net, paper.torch_model("alexnet", 10), x, y, reference=reference) == yardstick
+    reference = harness.torch_gradients(net, harness.torch_model("alexnet", 10), x, y, torch.float64)
+    assert harness.step_check(net, None, x, y, reference=reference) == wrong   # as paper.step calls it
+    assert harness.torch_fp32_errors(net, harness.torch_model("alexnet", 10), x, y, reference=reference) == yardstick
     assert paper.step_verdict(errors, yardstick)[2]
     worst, bound, passed = paper.step_verdict(wrong, yardstick)
     assert not passed and worst.endswith(".weight") and bound == paper.STEP_TOL
@@ -473,11 +493,11 @@ def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch
     torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = True, True
     try:
         with pytest.raises(ValueError, match="differ in order or shape"):   # it raises...
-            paper.torch_fp32_errors(net, paper.torch_model("overfeat_fast", 10), x, y)
+            harness.torch_fp32_errors(net, harness.torch_model("overfeat_fast", 10), x, y)
         real_copy = torch.Tensor.copy_
         monkeypatch.setattr(torch.Tensor, "copy_", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
         with pytest.raises(RuntimeError, match="boom"):                       # ...or fails inside...
-            paper.torch_fp32_errors(net, paper.torch_model("alexnet", 10), x, y)
+            harness.torch_fp32_errors(net, harness.torch_model("alexnet", 10), x, y)
         monkeypatch.setattr(torch.Tensor, "copy_", real_copy)
         assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == (True, True)  # ...and restores
     finally:

@@ -6,11 +6,11 @@ GEMM), in one process, interleaved round by round, on the same fresh random data
 Each pass of each version is first checked against PyTorch in float64.
 
   git show f023745:backends/cufft.py > /tmp/cufft_f023745.py
-  python3 benchmarks/exp_layout.py --baseline /tmp/cufft_f023745.py --label f023745
+  python -m benchmarks.experiments.exp_layout --baseline /tmp/cufft_f023745.py --label f023745
 
 The question it was written for (benchmarks/NOTES.md, session 5): does cuFFT's advanced layout
 (spectra written and read frequency-major by the FFT plans themselves) beat rfft2 + a transpose
-copy each way? Writes results/<device>/exp_layout.{json,md}.
+copy each way? Writes results/<device>/experiments/exp_layout.{json,md}.
 """
 import argparse
 import importlib.util
@@ -18,11 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks.bench_cufft import LAYERS  # noqa: E402
-from benchmarks.common import RESULTS_DIR, median_ms, provenance, write_results  # noqa: E402
-from benchmarks.paper import PASSES, Layer  # noqa: E402
+from backends import config
+from benchmarks.harness import NETWORK_LAYERS as LAYERS
+from benchmarks.harness import PASSES, RESULTS_DIR, Layer, median_ms, provenance, rel_error, write_results
 
 DEFAULT_LAYERS = ("table4.L2", "table4.L3", "table4.L4", "table4.L5", "alexnet.conv2",
                   "alexnet.conv3", "overfeat.conv3")
@@ -50,29 +48,9 @@ def calls(module, layout, x, w, gy, padding):
             "accgrad": run(module.accgrad, gy, x, w.shape)}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    ap.add_argument("--baseline", type=Path, required=True, help="an earlier backends/cufft.py")
-    ap.add_argument("--label", default="baseline", help="what to call the baseline in the table")
-    ap.add_argument("--layers", default=",".join(DEFAULT_LAYERS), help="bench_cufft layer names")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
-    args = ap.parse_args()
-    names = [n.strip() for n in args.layers.split(",") if n.strip()]
-    if not args.baseline.is_file() or any(n not in LAYERS for n in names) or args.rounds < 1:
-        ap.error(f"need an existing --baseline file, layers from {', '.join(LAYERS)}, --rounds >= 1")
-
-    import cupy as cp
-    import torch
+def measure(args, names, versions, cufft):
+    """The rows: every version's passes on each layer, checked, then timed in interleaved rounds."""
     from tqdm import tqdm
-
-    from backends import cufft, tuning
-    baseline = load_baseline(args.baseline)
-    versions = {args.label: (baseline, None), **{layout: (cufft, layout) for layout in cufft.LAYOUTS}}
-    for module, _ in versions.values():
-        module.TUNE = "off"                          # same configuration on every side
     rows = []
     for name in tqdm(names, desc="layers"):
         f, fo, h, k, pad = LAYERS[name]
@@ -82,8 +60,7 @@ def main():
         for p in PASSES:
             row = {"layer": name, "pass": p, "basis": "x".join(map(str, cufft.default_config(layer.g)["basis"]))}
             for label in versions:
-                err = float(torch.linalg.vector_norm(torch.from_dlpack(fns[label][p]()).double() - layer.ref[p])
-                            / torch.linalg.vector_norm(layer.ref[p]))
+                err = rel_error(fns[label][p](), layer.ref[p])
                 if not err <= TOLERANCE:
                     raise SystemExit(f"{label} {name} {p}: relative error {err:.2e} > {TOLERANCE}")
                 row[f"err_{label}"] = err
@@ -99,6 +76,32 @@ def main():
             rows.append(row)
         for m, _ in versions.values():
             m.release_buffers()
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    ap.add_argument("--baseline", type=Path, required=True, help="an earlier backends/cufft.py")
+    ap.add_argument("--label", default="baseline", help="what to call the baseline in the table")
+    ap.add_argument("--layers", default=",".join(DEFAULT_LAYERS), help="bench_cufft layer names")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median taken)")
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    args = ap.parse_args()
+    names = [n.strip() for n in args.layers.split(",") if n.strip()]
+    if not args.baseline.is_file() or any(n not in LAYERS for n in names) or args.rounds < 1:
+        ap.error(f"need an existing --baseline file, layers from {', '.join(LAYERS)}, --rounds >= 1")
+
+    import cupy as cp
+
+    from backends import cufft, tuning
+    baseline = load_baseline(args.baseline)
+    versions = {args.label: (baseline, None), **{layout: (cufft, layout) for layout in cufft.LAYOUTS}}
+    if hasattr(baseline, "TUNE"):   # an earlier file, from before backends.config: its own switch
+        baseline.TUNE = "off"
+    with config.override(cufft_tune="off"):          # same configuration on every side
+        rows = measure(args, names, versions, cufft)
     cols = [("layer", "layer", ""), ("pass", "pass", ""), ("basis", "basis", "")]
     cols += [(f"{label} ms", f"ms_{label}", ".3f") for label in versions]
     cols += [(f"{layout} x {args.label}", f"x_{layout}", ".2f") for layout in cufft.LAYOUTS]
@@ -109,7 +112,7 @@ def main():
                           f"Batch 128, all untuned (smallest basis, batched GEMM). ms = median over "
                           f"{args.rounds} interleaved rounds of median_ms (3 warm-up, 10 timed, CUDA "
                           f"events); <layout> x {args.label} = {args.label} ms / that layout's ms; err = "
-                          "relative error against PyTorch float64.", out_dir=args.out)
+                          "relative error against PyTorch float64.", out_dir=args.out, subdir="experiments")
     print(paths[1].read_text())
 
 

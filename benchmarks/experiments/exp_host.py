@@ -1,25 +1,19 @@
 """Experiment (not a benchmark of record): where the host time of a convolution pass goes.
 
-profile_layers.py puts about 1 ms of AlexNet's 5.9 ms conv total (batch 128, H200, session 5)
+profile_layers puts about 1 ms of AlexNet's 5.9 ms conv total (batch 128, H200, session 5)
 outside GPU kernels: Python issuing each pass's launches while the GPU waits. This times, for
 every conv layer and pass of a network under a backend setting (auto by default), the host
 time of one call (perf_counter around the call, no synchronisation: what issuing it costs) and
 then profiles repeated calls with cProfile, printing the functions that take the most time.
 
-  python3 benchmarks/exp_host.py --net alexnet --backend auto --calls 200
+  python -m benchmarks.experiments.exp_host --net alexnet --backend auto --calls 200
 """
 import argparse
 import cProfile
 import io
 import pstats
-import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks.paper import PASSES, Layer, conv_layers  # noqa: E402
+from benchmarks.harness import PASSES, Layer, conv_layers, median_ms
 
 
 def main():
@@ -39,13 +33,8 @@ def main():
             fn = layer.dispatched(args.backend, p)
             fn()                                            # tunes (auto), compiles, allocates
             cp.cuda.Device().synchronize()
-            host = []
-            for _ in range(20):
-                t0 = time.perf_counter()
-                fn()
-                host.append((time.perf_counter() - t0) * 1e3)
-                cp.cuda.Device().synchronize()
-            rows.append((name, p, statistics.median(host)))
+            # the host clock around each call, the queue drained before it (untimed)
+            rows.append((name, p, median_ms(fn, "cpu", 0, 20, before=cp.cuda.Device().synchronize)))
             calls.append(fn)
     print(f"{'layer':8} {'pass':8} host ms per call (issue only, median of 20)")
     for name, p, ms in rows:

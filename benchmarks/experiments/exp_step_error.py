@@ -7,16 +7,12 @@ float64 to 1e-6 in Table 3. This asks whether that is our error or fp32's: on th
 and batch it measures, against float64, each of our backends and PyTorch in float32 (cuDNN and
 cuBLAS strict, no TF32), parameter by parameter.
 
-  python3 benchmarks/exp_step_error.py                  # batch 128, as paper.py step
+  python -m benchmarks.experiments.exp_step_error    # batch 128, as paper.py step
 """
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs from any directory
-
-from benchmarks.common import RESULTS_DIR, provenance, write_results  # noqa: E402
-from benchmarks.paper import step_check, torch_fp32_errors, torch_model  # noqa: E402
+from benchmarks.harness import RESULTS_DIR, provenance, step_check, torch_fp32_errors, torch_model, write_results
 
 BACKENDS = ("gemm", "auto")  # fbfft cannot take the strided conv1 (auto puts it on polyphase)
 
@@ -58,7 +54,7 @@ def main():
                           "Relative error (2-norm) against PyTorch float64 on the same weights, batch and "
                           "labels, eval mode, at initialisation: our model per backend (strict fp32 "
                           "GEMMs) and PyTorch float32 (cuDNN and cuBLAS without TF32, cudnn.benchmark off: its "
-                          "heuristic algorithms).", out_dir=args.out)
+                          "heuristic algorithms).", out_dir=args.out, subdir="experiments")
     print(paths[1].read_text())
 
 

@@ -1,0 +1,169 @@
+"""benchmarks.harness on the CPU: relative error, the float64 reference against a naive loop,
+timing, provenance, atomic result files; and the package's shape (no sys.path edits, no
+environment reads, every results file the index links to present)."""
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import backends
+from backends import config
+from benchmarks import harness
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def naive_conv(x, w, stride, padding):
+    """Cross-correlation by loops over every output element, in float64 (NCHW, OIHW)."""
+    S, f, h, wd = x.shape
+    fo, _, kh, kw = w.shape
+    (sh, sw), (ph, pw) = stride, padding
+    xp = np.zeros((S, f, h + 2 * ph, wd + 2 * pw))
+    xp[:, :, ph:ph + h, pw:pw + wd] = x
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (wd + 2 * pw - kw) // sw + 1
+    y = np.zeros((S, fo, oh, ow))
+    for s in range(S):
+        for o in range(fo):
+            for i in range(oh):
+                for j in range(ow):
+                    y[s, o, i, j] = np.sum(xp[s, :, i * sh:i * sh + kh, j * sw:j * sw + kw] * w[o])
+    return y
+
+
+def test_passes_are_the_backends_contract():
+    assert harness.PASSES is backends.PASSES == ("fprop", "bprop", "accgrad")
+
+
+def test_rel_error_on_each_array_library():
+    import torch
+    ref = np.array([3.0, 4.0])                                      # norm 5
+    got = np.array([3.0, 4.0 + 0.5], dtype=np.float32)
+    assert harness.rel_error(got, ref) == pytest.approx(0.1)
+    assert harness.rel_error(torch.tensor(got), torch.tensor(ref)) == pytest.approx(0.1)
+    assert harness.rel_error(got, torch.tensor(ref)) == pytest.approx(0.1)          # mixed
+    assert harness.rel_error(ref.astype(np.complex64) * 1j, ref * 1j) == 0.0          # complex
+    assert harness.rel_error(np.array([1.0, 1.0 + 1e-7], np.float32), np.array([1.0, 1.0])) < 1e-7
+    assert np.isnan(harness.rel_error(np.array([np.nan, 4.0]), ref))                 # NaN fails a <= check
+    assert harness.rel_error(np.array([0.0, 2.0]), np.zeros(2)) == pytest.approx(2.0)  # zero ref: absolute
+
+
+@pytest.mark.parametrize("stride, padding", [((1, 1), (0, 0)), ((2, 1), (1, 2))])
+def test_reference64_agrees_with_a_naive_loop(stride, padding):
+    """fprop against loops; bprop and accGrad as the adjoints: <gy, conv(x, w)> = <bprop(gy), x>
+    = <accgrad(gy), w>, all in float64."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    y = naive_conv(x.astype(np.float64), w.astype(np.float64), stride, padding)
+    gy = rng.standard_normal(y.shape).astype(np.float32)
+    ref = harness.reference64(x, w, gy, stride, padding)
+    assert set(ref) == set(harness.PASSES) and all(str(r.dtype) == "torch.float64" for r in ref.values())
+    assert harness.rel_error(ref["fprop"], y) < 1e-14
+    inner = float(np.sum(gy.astype(np.float64) * y))
+    assert float((ref["bprop"].numpy() * x).sum()) == pytest.approx(inner, rel=1e-12)
+    assert float((ref["accgrad"].numpy() * w).sum()) == pytest.approx(inner, rel=1e-12)
+    assert ref["bprop"].shape == x.shape and ref["accgrad"].shape == w.shape
+
+
+def test_median_ms_on_the_cpu():
+    calls = []
+    ms = harness.median_ms(lambda: calls.append(sum(range(20000))), "cpu", warmup=2, repeat=5)
+    assert ms > 0 and len(calls) == 7
+    restored = []
+    harness.median_ms(lambda: None, "cpu", 1, 3, before=lambda: restored.append(1))
+    assert len(restored) == 4                                       # before every call, warm-up too
+    for bad in ({"lib": "numpy"}, {"lib": "cpu", "repeat": 0}, {"lib": "cpu", "warmup": -1},
+                {"lib": "cpu", "spin_us": 300}):
+        with pytest.raises(ValueError):
+            harness.median_ms(lambda: None, **{"warmup": 0, "repeat": 1, **bad})
+
+
+def test_provenance_names_device_date_command_and_commit():
+    with config.override(commit="0123abc"):
+        meta = harness.provenance("Test GPU 0", torch="x")
+    assert {"device", "date", "command", "commit", "python", "platform", "torch"} <= set(meta)
+    assert meta["device"] == "Test GPU 0" and meta["commit"] == "0123abc" and meta["torch"] == "x"
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$", meta["date"])
+    assert harness.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+
+
+def test_write_results_writes_both_files_atomically(tmp_path):
+    meta = harness.provenance("Test GPU 0")
+    rows = [{"layer": "L1", "ms": 0.5}]
+    cols = [("layer", "layer", ""), ("ms", "ms", ".3f")]
+    json_path, md_path = harness.write_results("t", meta, rows, cols, "title", "notes", out_dir=tmp_path)
+    assert json_path == tmp_path / "test-gpu-0" / "t.json" and json.loads(json_path.read_text())["rows"] == rows
+    md = md_path.read_text()
+    assert md.startswith("# title\n") and "| L1 | 0.500 |" in md and "- command: `" in md
+    before = json_path.read_text()
+    # A failure while writing (here the file's write itself) leaves the old file whole and no
+    # temporary file behind.
+    with pytest.raises(TypeError):
+        harness.write_results("t", meta, [{"layer": object()}], cols, "title", out_dir=tmp_path)
+    with pytest.raises(TypeError):
+        harness.write_text(json_path, b"not text")
+    assert json_path.read_text() == before
+    assert sorted(p.name for p in json_path.parent.iterdir()) == ["t.json", "t.md"]
+    paths = harness.write_results("e", meta, rows, cols, "title", out_dir=tmp_path, subdir="experiments")
+    assert [p.relative_to(tmp_path).as_posix() for p in paths] == ["test-gpu-0/experiments/e.json",
+                                                                  "test-gpu-0/experiments/e.md"]
+
+
+def test_write_text_and_save_figure(tmp_path):
+    path = harness.write_text(tmp_path / "new" / "a.md", "x\n")
+    assert path.read_text() == "x\n"
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    png = harness.save_figure(fig, tmp_path / "f.png", dpi=50)
+    plt.close(fig)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "f.png", "new"]
+
+
+def test_set_tf32_restores_pytorchs_defaults():
+    import torch
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
+             torch.backends.cuda.matmul.allow_tf32, dict(harness.TORCH_TF32_DEFAULTS))
+    try:
+        meta = harness.setup_cudnn(torch)
+        assert meta["cudnn_benchmark"] and meta["torch_tf32_defaults"] == harness.TORCH_TF32_DEFAULTS
+        harness.set_tf32("strict")
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+        harness.set_tf32("tf32")
+        assert torch.backends.cudnn.allow_tf32 == harness.TORCH_TF32_DEFAULTS["cudnn"]
+        assert harness.setup_cudnn(torch)["torch_tf32_defaults"] == meta["torch_tf32_defaults"]   # kept
+    finally:
+        (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
+         torch.backends.cuda.matmul.allow_tf32) = saved[:3]
+        harness.TORCH_TF32_DEFAULTS.clear()
+        harness.TORCH_TF32_DEFAULTS.update(saved[3])
+
+
+def test_layer_tables():
+    assert harness.NETWORK_LAYERS["table4.L1"] == (3, 96, 128, 11, 0)
+    assert all(f"table4.{k}" in harness.NETWORK_LAYERS for k in harness.TABLE4)
+
+
+def test_benchmarks_are_a_package_that_reads_settings_only_through_config():
+    """No benchmark edits sys.path, reads the environment or sets a backend's module attribute."""
+    sources = sorted((ROOT / "benchmarks").rglob("*.py"))
+    assert (ROOT / "benchmarks" / "__init__.py") in sources
+    assert (ROOT / "benchmarks" / "experiments" / "__init__.py") in sources
+    for path in sources:
+        text = path.read_text()
+        assert "sys.path" not in text and "os.environ" not in text and "getenv" not in text, path
+        assert not re.search(r"\b(direct\.POISON|\.TUNE\s*=\s*\"|CHECK_LAUNCHES)", text.replace(
+            'baseline.TUNE = "off"', "")), path
+
+
+def test_results_index_links_resolve():
+    """Every file results/<device>/README.md links to exists (and the top-level README's results links)."""
+    for index in sorted((ROOT / "results").glob("*/README.md")):
+        for target in re.findall(r"\]\(([^)#]+)\)", index.read_text()):
+            if "://" not in target:
+                assert (index.parent / target).exists(), f"{index}: {target}"
