@@ -119,7 +119,7 @@ def main(argv=None):
     import cupy as cp
 
     from backends import fbfft_kernels
-    from backends import fbfft_model as model
+    from backends import fbfft_plan as model
 
     t0 = time.time()
     report = {"device": bench_fft.device_name(), "cupy": cp.__version__,

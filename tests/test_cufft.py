@@ -393,17 +393,17 @@ def test_tuner_on_the_gpu(rng, monkeypatch, settings):
 # -- the benchmark script --------------------------------------------------------------------
 
 def test_benchmark_help_needs_no_gpu():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_cufft.py"), "--help"],
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_cufft", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--quick" in out.stdout and "table4.L1" in out.stdout
 
 
 def test_benchmark_results_files(tmp_path):
-    from benchmarks import common
-    meta = common.provenance("NVIDIA H100 80GB HBM3", torch="x")
+    from benchmarks import harness
+    meta = harness.provenance("NVIDIA H100 80GB HBM3", torch="x")
     rows = [{"layer": "table4.L3", "pass": "fprop", "ms_cufft": 0.5}]
-    json_path, md_path = common.write_results("bench_cufft", meta, rows,
+    json_path, md_path = harness.write_results("bench_cufft", meta, rows,
                                               [("layer", "layer", ""), ("cufft ms", "ms_cufft", ".3f")],
                                               title="t", out_dir=tmp_path)
     assert json_path.parent == tmp_path / "nvidia-h100-80gb-hbm3"

@@ -25,7 +25,7 @@ def main():
 
     from backends import tuning
     from backends.common import KERNEL_DIR
-    from backends.fbfft_model import compact, stored_frequencies
+    from backends.fbfft_plan import compact, stored_frequencies
 
     src = (KERNEL_DIR / "fbfft.cu").read_text()
     rows = []
