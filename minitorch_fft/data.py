@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .utils import is_int, positive_int
+
 
 class ArrayDataset:
     def __init__(self, x, y):
@@ -186,8 +188,7 @@ def batches(dataset, batch_size, shuffle=True, seed=0, epoch=0, start=0, prefetc
 
     prefetch: how many batches a background thread prepares ahead (0: none, each batch is
     made when asked for). A batch that fails to load raises here, in the caller's thread."""
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    batch_size = positive_int(batch_size, "batch_size")   # NumPy integers too; not bools
     n = len(dataset)
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
     made = (dataset.take(order[b * batch_size:(b + 1) * batch_size], epoch=epoch)
@@ -229,4 +230,8 @@ def _ahead(items, depth):
 
 
 def num_batches(n, batch_size):
-    return (n + batch_size - 1) // batch_size
+    """Batches of `batch_size` (the last one possibly partial) that hold n images."""
+    batch_size = positive_int(batch_size, "batch_size")
+    if not is_int(n) or n < 0:
+        raise ValueError(f"the number of images must be an int >= 0, got {n!r}")
+    return (int(n) + batch_size - 1) // batch_size

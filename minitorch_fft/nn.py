@@ -5,13 +5,15 @@ found by walking attributes in assignment order, which gives PyTorch's
 state_dict key layout (``features.0.weight``) for free.
 """
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import functional as F
 from . import random as _random
+from .checkpoint import CheckpointError, state_array
 from .device import to_device
-from .tensor import Parameter, Tensor
+from .tensor import Parameter, Tensor, check_sizes
 from .utils import pair, positive_int
 
 
@@ -77,21 +79,33 @@ class Module:
         return {k: to_device(p.data, "cpu").copy() for k, p in self.named_parameters()}
 
     def load_state_dict(self, state):
+        """Copy `state` (name -> array) into the parameters, all or nothing: every key, shape and
+        dtype is checked before any parameter changes; a CheckpointError (a ValueError) names the
+        first problem. Values are taken as PyTorch's load_state_dict copies them into float32
+        parameters: float16 and float32 exactly, a float64 that fits rounded to the nearest
+        float32 (bit for bit what torch's copy_ gives), NaN and inf copied as they are. Refused,
+        where PyTorch would cast: a finite float64 beyond float32's range (it would become inf),
+        complex (the imaginary part would be lost), integer, bool and non-numeric arrays."""
+        self.assign_state(self.checked_state(state))
+        return self
+
+    def checked_state(self, state):
+        """load_state_dict's checks: [(parameter, its new data on its device)], or CheckpointError.
+        Nothing changes here; assign_state() then only rebinds attributes, which cannot fail."""
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"a state_dict is a mapping of names to arrays, got {type(state).__name__}")
         params = dict(self.named_parameters())
         missing = sorted(set(params) - set(state))
-        unexpected = sorted(set(state) - set(params))
+        unexpected = sorted(map(str, set(state) - set(params)))
         if missing or unexpected:
-            raise ValueError(f"state_dict keys do not match: missing {missing}, unexpected {unexpected}")
-        values = {}
-        for k, p in params.items():           # every check before any assignment: all or nothing
-            v = np.asarray(to_device(state[k], "cpu"))
-            if tuple(v.shape) != tuple(p.shape):
-                raise ValueError(f"state_dict[{k!r}] has shape {tuple(v.shape)}, "
-                                 f"the model expects {tuple(p.shape)}")
-            values[k] = v
-        for k, p in params.items():
-            p.data = to_device(values[k].astype(np.float32), p.device)
-        return self
+            raise CheckpointError(f"state_dict keys do not match: missing {missing}, unexpected {unexpected}")
+        values = [(p, state_array(state[k], p.shape, f"state_dict[{k!r}]")) for k, p in params.items()]
+        return [(p, to_device(v, p.device)) for p, v in values]
+
+    @staticmethod
+    def assign_state(values):
+        for p, v in values:
+            p.data = v
 
     def __repr__(self):
         kids = self.children()
@@ -217,10 +231,12 @@ class Dropout(Module):
 
 
 class View(Module):
-    """Reshape each sample to `shape` (Torch's nn.View); the batch dimension is kept."""
+    """Reshape each sample to `shape` (Torch's nn.View); the batch dimension is kept. Sizes are
+    ints (NumPy's too) or one tuple of them, one of them may be -1; others are refused as
+    torch's view refuses them (a TypeError naming a float or bool size)."""
 
     def __init__(self, *shape):
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = check_sizes(shape, "View")
 
     def forward(self, x):
         return F.reshape(x, (x.shape[0],) + self.shape)

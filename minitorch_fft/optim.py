@@ -7,9 +7,9 @@ import numpy as np
 from backends import reuse
 from backends.common import cuda_module, launch_1d
 
+from .checkpoint import CheckpointError, finite_number, state_array
 from .device import get_array_module, to_device
-from .tensor import no_grad
-from .utils import is_number
+from .tensor import Tensor, no_grad
 
 
 class SGD:
@@ -20,14 +20,21 @@ class SGD:
     """
 
     def __init__(self, params, lr=0.01, momentum=0.0, weight_decay=0.0, lr_schedule=None):
+        """lr, momentum and weight_decay are checked as torch.optim.SGD checks them (>= 0; lr 0 is
+        allowed, momentum above 1 too) and, beyond PyTorch, must be finite real numbers (no NaN,
+        inf, bool or tensor): a NaN learning rate would silently turn every weight into NaN.
+        PyTorch's dampening and nesterov do not exist here."""
         self.params = list(params)
         if not self.params:
             raise ValueError("SGD got an empty parameter list")
-        for name, v, lo in (("lr", lr, 0.0), ("momentum", momentum, 0.0), ("weight_decay", weight_decay, 0.0)):
-            if not is_number(v) or not np.isfinite(v) or v < lo or (name == "lr" and v == 0):
-                raise ValueError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}, got {v!r}")
-        self.base_lr = self.lr = float(lr)
-        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
+        for p in self.params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"SGD optimises Tensors, got a {type(p).__name__} in the parameter list")
+        self.base_lr = self.lr = _hyperparameter("lr", lr)
+        self.momentum = _hyperparameter("momentum", momentum)
+        self.weight_decay = _hyperparameter("weight_decay", weight_decay)
+        if lr_schedule is not None and not callable(lr_schedule):
+            raise TypeError(f"lr_schedule must be a function epoch -> factor, got {lr_schedule!r}")
         self.lr_schedule = lr_schedule
         self.velocity = [None] * len(self.params)
 
@@ -85,16 +92,43 @@ class SGD:
                 "velocity": [None if v is None else to_device(v, "cpu").copy() for v in self.velocity]}
 
     def load_state_dict(self, state):
+        """Restore state_dict()'s output, all or nothing: every field is checked (the numbers as
+        __init__ checks them, each buffer as Module.load_state_dict checks a parameter) before
+        any changes; a CheckpointError (a ValueError) names the first problem."""
+        self.assign_state(self.checked_state(state))
+
+    def checked_state(self, state):
+        """load_state_dict's checks: the new fields, buffers on their parameters' devices; nothing
+        changes here. assign_state() then only rebinds attributes, which cannot fail."""
+        keys = ("lr", "base_lr", "momentum", "weight_decay", "velocity")
+        if not isinstance(state, dict) or set(state) != set(keys):
+            got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(f"optimizer state must be a dict with keys {list(keys)}, got {got}")
+        new = {}
+        for k in keys[:4]:
+            try:
+                new[k] = _hyperparameter(k, state[k])
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"optimizer state: {e}") from None
         vel = state["velocity"]
-        if len(vel) != len(self.params):
-            raise ValueError(f"optimizer state has {len(vel)} buffers, the model has {len(self.params)} parameters")
-        for v, p in zip(vel, self.params):
-            if v is not None and tuple(v.shape) != tuple(p.shape):
-                raise ValueError(f"optimizer buffer of shape {tuple(v.shape)} for a parameter of shape {tuple(p.shape)}")
-        self.lr, self.base_lr = float(state["lr"]), float(state["base_lr"])
-        self.momentum, self.weight_decay = float(state["momentum"]), float(state["weight_decay"])
-        self.velocity = [None if v is None else get_array_module(p.data).asarray(v, dtype=np.float32)
-                         for v, p in zip(vel, self.params)]
+        if not isinstance(vel, (list, tuple)) or len(vel) != len(self.params):
+            n = len(vel) if isinstance(vel, (list, tuple)) else type(vel).__name__
+            raise CheckpointError(f"optimizer state has {n} buffers, the model has {len(self.params)} parameters")
+        vel = [None if v is None else state_array(v, p.shape, f"optimizer buffer {i}")
+               for i, (v, p) in enumerate(zip(vel, self.params))]
+        new["velocity"] = [None if v is None else to_device(v, p.device) for v, p in zip(vel, self.params)]
+        return new
+
+    def assign_state(self, new):
+        self.lr, self.base_lr = new["lr"], new["base_lr"]
+        self.momentum, self.weight_decay, self.velocity = new["momentum"], new["weight_decay"], new["velocity"]
+
+
+def _hyperparameter(name, v):
+    """v as a float: a finite real number >= 0 (not a bool), else ValueError naming it."""
+    if not finite_number(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+    return float(v)
 
 
 _KERNEL_DIR = Path(__file__).resolve().parent / "kernels"

@@ -3,7 +3,9 @@
 A Function subclass implements ``forward``/``backward`` on raw arrays (NumPy or
 CuPy) and saves explicitly what backward needs. ``needs_input_grad`` lets
 backward skip work nobody asked for, e.g. the first convolution's gradInput.
-Gradients are raw arrays stored in ``Tensor.grad`` and accumulate.
+Gradients are raw arrays stored in ``Tensor.grad`` and accumulate. As in PyTorch, backward()
+frees what the graph's operations saved, so a second backward through the same graph is an
+error unless the first was called with ``retain_graph=True``.
 """
 import contextlib
 
@@ -30,7 +32,10 @@ def is_grad_enabled():
 
 
 def _as_float32(data):
-    """The dtype policy: every Tensor holds float32. Other real dtypes are cast."""
+    """The dtype policy: every Tensor holds float32. Other real dtypes are cast (rounded to
+    nearest, as torch.tensor(..., dtype=torch.float32) rounds). A finite value beyond float32's
+    range is refused with a ValueError naming it: PyTorch silently makes it inf, and so would
+    astype; here it is an error, as it is in load_state_dict. NaN and inf stay what they are."""
     if isinstance(data, Tensor):
         data = data.data
     if not is_cupy(data):
@@ -39,7 +44,48 @@ def _as_float32(data):
         return data
     if data.dtype.kind not in "biuf":
         raise TypeError(f"Tensor data must be real numbers, got dtype {data.dtype}")
-    return data.astype(np.float32)
+    out = cast_float32(data)
+    v = overflow_value(data, out)
+    if v is not None:
+        raise ValueError(f"Tensor data holds {v!r}, beyond float32's range (largest "
+                         f"{float(np.finfo(np.float32).max)!r}): it would become inf")
+    return out
+
+
+def cast_float32(a):
+    """a.astype(float32), without NumPy's overflow warning: overflow_value() reports it instead."""
+    with np.errstate(over="ignore"):
+        return a.astype(np.float32)
+
+
+def overflow_value(src, cast):
+    """The first finite value of `src` that became inf in its float32 `cast`, as a Python float,
+    or None. Only wider floats can overflow (int64's largest is 9.2e18, float32's 3.4e38); on the
+    GPU this is a host-device sync point, paid only by float64 data."""
+    if src.dtype.kind != "f" or src.dtype.itemsize <= 4:
+        return None
+    xp = get_array_module(cast)
+    bad = xp.isinf(cast) & xp.isfinite(src)
+    if not bool(bad.any()):
+        return None
+    return float(src[bad].reshape(-1)[0])
+
+
+def check_sizes(sizes, what):
+    """`sizes` (ints, or one tuple/list of them) as a tuple of Python ints for a view or reshape;
+    as torch's view: a TypeError naming a size that is not an integer (a float, a bool), a
+    ValueError for a size below -1 or more than one -1. NumPy integers are accepted."""
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    for i, s in enumerate(sizes):
+        if not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)):
+            raise TypeError(f"{what}: sizes must be ints, got {s!r} ({type(s).__name__}) at position {i}")
+        if s < -1:
+            raise ValueError(f"{what}: invalid size {int(s)} at position {i} (sizes are >= 0, or -1 "
+                             "for one inferred dimension)")
+    if sum(1 for s in sizes if s == -1) > 1:
+        raise ValueError(f"{what}: only one size can be -1, got {tuple(int(s) for s in sizes)}")
+    return tuple(int(s) for s in sizes)
 
 
 class Tensor:
@@ -77,8 +123,10 @@ class Tensor:
         return Tensor(to_device(self.data, device), requires_grad=self.requires_grad)
 
     # -- autograd -----------------------------------------------------------
-    def backward(self, grad=None):
-        """Backpropagate from this tensor through the recorded graph."""
+    def backward(self, grad=None, retain_graph=False):
+        """Backpropagate from this tensor through the recorded graph. Afterwards the graph's saved
+        arrays are freed (PyTorch's default), and a second backward through any part of it raises
+        RuntimeError before any gradient changes; retain_graph=True keeps them for another pass."""
         if self._ctx is None and not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad")
         xp = self.xp
@@ -97,6 +145,13 @@ class Tensor:
                                  f"shape {tuple(self.shape)}")
             grad = grad.astype(self.data.dtype, copy=False)
         topo = _topological_order(self)
+        freed = next((t._ctx for t in topo if t._ctx is not None and t._ctx.freed), None)
+        if freed is not None:     # checked first: a refused backward accumulates nothing
+            raise RuntimeError(
+                f"backward(): trying to backward through the graph a second time: the first "
+                f"backward() freed the values {type(freed).__name__} saved. Call backward("
+                "retain_graph=True) the first time to backward through the graph again, or run "
+                "the forward pass again")
         grads = {id(self): grad}
         for t in reversed(topo):
             g = grads.pop(id(t), None)
@@ -118,11 +173,15 @@ class Tensor:
                                        f"input of shape {parent.shape}")
                 k = id(parent)
                 grads[k] = pg if k not in grads else grads[k] + pg
+        if not retain_graph:
+            for t in topo:
+                if t._ctx is not None:
+                    t._ctx.free()
 
     # -- a few operators, enough for models and tests ----------------------
     def reshape(self, *shape):
         from . import functional as F
-        return F.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
+        return F.reshape(self, check_sizes(shape, "reshape"))
 
     def __add__(self, other):
         from . import functional as F
@@ -168,11 +227,20 @@ def _topological_order(root):
 
 
 class Function:
-    """One differentiable operation. Subclasses define forward and backward on raw arrays."""
+    """One differentiable operation. Subclasses define forward and backward on raw arrays, and
+    keep what backward needs as attributes of self; free() drops them after a backward pass."""
+
+    freed = False
 
     def __init__(self, *parents):
         self.parents = parents
         self.needs_input_grad = tuple(p.requires_grad for p in parents)
+
+    def free(self):
+        """Drop the arrays (and anything else) forward saved; the graph's links stay."""
+        for k in [k for k in vars(self) if k not in ("parents", "needs_input_grad")]:
+            delattr(self, k)
+        self.freed = True
 
     def forward(self, *arrays, **kwargs):
         raise NotImplementedError

@@ -117,3 +117,56 @@ def test_backward_takes_a_number_or_a_list_of_the_tensors_shape():
     (u * 2.0).backward([1.0, 2.0, 3.0])
     np.testing.assert_array_equal(u.grad, [2, 4, 6])
     assert u.grad.dtype == np.float32
+
+
+def test_a_second_backward_through_a_freed_graph_raises_as_in_pytorch():
+    """backward() twice silently doubled the gradients. As in PyTorch, the first backward frees
+    what the graph saved and the second raises RuntimeError (before any gradient changes);
+    retain_graph=True keeps the graph, and then both accumulate, as PyTorch's do."""
+    import torch
+    tw = torch.ones(2, requires_grad=True)
+    ty = (tw * tw).sum()
+    ty.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        ty.backward()
+    w = mt.Tensor(np.ones(2), requires_grad=True)
+    y = (w * w).sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time.*retain_graph=True"):
+        y.backward()
+    np.testing.assert_array_equal(w.grad, tw.grad.numpy())               # [2, 2], not doubled
+
+    tz = (tw * tw).sum()
+    tz.backward(retain_graph=True)
+    tz.backward()
+    z = (w * w).sum()
+    z.backward(retain_graph=True)
+    z.backward()
+    np.testing.assert_array_equal(w.grad, tw.grad.numpy())               # [6, 6] in both
+
+
+def test_backward_through_part_of_a_freed_graph_raises():
+    """A new tensor built on an intermediate of a graph already backpropagated: the old part's
+    saved values are gone, so PyTorch refuses, and so do we; gradients stay as they were."""
+    import torch
+    ta = torch.tensor([2.0, -1.0], requires_grad=True)
+    tb = ta * ta
+    tb.sum().backward()
+    with pytest.raises(RuntimeError):
+        (tb * 3.0).sum().backward()
+    a = mt.Tensor(np.array([2.0, -1.0]), requires_grad=True)
+    b = a * a
+    b.sum().backward()
+    with pytest.raises(RuntimeError, match="Mul saved"):
+        (b * 3.0).sum().backward()
+    np.testing.assert_array_equal(a.grad, ta.grad.numpy())
+
+
+def test_backward_frees_the_saved_arrays():
+    """The freed graph holds no saved arrays (memory back before the next forward)."""
+    conv = mt.SpatialConvolution(1, 2, 3)
+    y = conv(mt.Tensor(np.ones((1, 1, 5, 5)), requires_grad=True)).sum()
+    ctx = y._ctx.parents[0]._ctx
+    assert hasattr(ctx, "x")
+    y.backward()
+    assert ctx.freed and not hasattr(ctx, "x") and not hasattr(ctx, "w")

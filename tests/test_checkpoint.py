@@ -82,3 +82,276 @@ def test_wrong_model_is_a_clear_error(tmp_path):
     other = mt.Sequential(mt.SpatialConvolution(1, 4, 3), mt.Flatten(), mt.Linear(36, 3))
     with pytest.raises(CheckpointError, match="does not fit this model"):
         mt.checkpoint.load(path, other)
+
+
+# -- format 2: the header is checksummed, every field is checked, loading is all or nothing -----
+def state_of(m, opt):
+    return ([v.copy() for v in m.state_dict().values()],
+            (opt.lr, opt.base_lr, opt.momentum, opt.weight_decay,
+             [None if v is None else v.copy() for v in opt.velocity]))
+
+
+def unchanged(m, opt, before):
+    after = state_of(m, opt)
+    return (all(np.array_equal(a, b) for a, b in zip(before[0], after[0])) and before[1][:4] == after[1][:4]
+            and all((u is None and v is None) or np.array_equal(u, v) for u, v in zip(before[1][4], after[1][4])))
+
+
+def rewrite(path, meta=None, arrays=None, checksum=True):
+    """Rewrite a checkpoint's header (a dict) and arrays ({name: array}); with checksum, the
+    __sha256__ recomputed as save() would: a hand-built file whose checksum is right."""
+    import hashlib
+    import json
+    with np.load(path) as z:
+        items = {k: z[k] for k in z.files}
+    header = json.dumps(meta).encode() if meta is not None else items["__meta__"].tobytes()
+    items["__meta__"] = np.frombuffer(header, np.uint8)
+    if arrays is not None:
+        items = {k: v for k, v in items.items() if k.startswith("__")} | arrays
+    if checksum:
+        h = hashlib.sha256()
+        for k in sorted(k for k in items if not k.startswith("__")):
+            mt.checkpoint._hash_array(h, k, items[k])
+        items["__sha256__"] = np.frombuffer(mt.checkpoint._digest(header, h), np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **items)
+
+
+def saved(tmp_path):
+    m, opt = small_model_and_opt(0)
+    path = str(tmp_path / "a.ckpt")
+    mt.checkpoint.save(path, m, opt, epoch=1)
+    victim, victim_opt = small_model_and_opt(1)
+    return path, mt.checkpoint.header(path), victim, victim_opt
+
+
+def test_the_header_is_covered_by_the_checksum(tmp_path):
+    """An edited header (lr: null) with the old checksum: refused, nothing touched (format 1
+    assigned the weights, then failed on the header with a TypeError)."""
+    path, meta, m, opt = saved(tmp_path)
+    before = state_of(m, opt)
+    meta["optimizer"]["lr"] = None
+    rewrite(path, meta, checksum=False)
+    with pytest.raises(CheckpointError, match="checksum"):
+        mt.checkpoint.load(path, m, opt)
+    assert unchanged(m, opt, before)
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda h: h["optimizer"].update(lr=None), "optimizer lr must be a finite number"),
+    (lambda h: h["optimizer"].update(momentum=-5), "optimizer momentum must be a finite number"),
+    (lambda h: h["optimizer"].update(weight_decay=float("nan")), "optimizer weight_decay"),
+    (lambda h: h["optimizer"].update(velocity="yes"), "velocity must be a list"),
+    (lambda h: h["optimizer"].pop("base_lr"), "optimizer must be null or an object with the fields"),
+    (lambda h: h.update(optimizer=[0.1]), "optimizer must be null or an object"),
+    (lambda h: h.update(epoch=-1), "epoch must be an int >= 0"),
+    (lambda h: h.update(epoch="3"), "epoch must be an int >= 0"),
+    (lambda h: h.update(extra=[]), "extra must be a JSON object"),
+    (lambda h: h.pop("extra"), "expected the fields"),
+    (lambda h: h.update(sha256="x"), "expected the fields"),
+])
+def test_a_hand_built_header_is_checked_field_by_field(tmp_path, edit, msg):
+    """With a correct checksum (a hand-built file) each malformed field is a CheckpointError that
+    names it, and neither the model nor the optimizer changes."""
+    path, meta, m, opt = saved(tmp_path)
+    before = state_of(m, opt)
+    edit(meta)
+    rewrite(path, meta)
+    with pytest.raises(CheckpointError, match=msg):
+        mt.checkpoint.load(path, m, opt)
+    assert unchanged(m, opt, before)
+
+
+@pytest.mark.parametrize("change,msg", [
+    (lambda a, k: a.update({k: a[k].astype(np.complex64)}), "complex64.*imaginary"),
+    (lambda a, k: a.update({k: a[k].astype(np.int32)}), "dtype int32"),
+    (lambda a, k: a.update({k: a[k].astype(np.float64) * 1e300}), "beyond float32's range"),
+    (lambda a, k: a.update({k: a[k][..., :1]}), "has shape"),
+    (lambda a, k: a.update({k + "x": a.pop(k)}), "does not fit this model: state_dict keys do not match"),
+    (lambda a, k: a.pop("optim/0"), "do not match"),
+])
+def test_a_bad_last_array_changes_nothing(tmp_path, change, msg):
+    """The model's last parameter malformed in a file with a correct checksum: every earlier
+    parameter and the optimizer keep their values."""
+    path, _, m, opt = saved(tmp_path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if not k.startswith("__")}
+    last = sorted(k for k in arrays if k.startswith("model/"))[-1]
+    change(arrays, last)
+    rewrite(path, arrays=arrays)
+    before = state_of(m, opt)
+    with pytest.raises(CheckpointError, match=msg):
+        mt.checkpoint.load(path, m, opt)
+    assert unchanged(m, opt, before)
+
+
+def test_a_float64_file_that_fits_loads_cast(tmp_path):
+    """A hand-built file in float64 whose values fit float32 loads, rounded as PyTorch rounds."""
+    path, _, m, opt = saved(tmp_path)
+    with np.load(path) as z:
+        arrays = {k: z[k].astype(np.float64) + 1e-9 for k in z.files if not k.startswith("__")}
+    rewrite(path, arrays=arrays)
+    mt.checkpoint.load(path, m, opt)
+    for k, v in m.state_dict().items():
+        assert v.dtype == np.float32 and np.array_equal(v, arrays["model/" + k].astype(np.float32))
+
+
+@pytest.mark.parametrize("version,msg", [(1, "format version 1, an older minitorch-fft's"),
+                                         (3, "format version 3, newer than")])
+def test_older_and_newer_formats_are_refused(tmp_path, version, msg):
+    path, meta, m, opt = saved(tmp_path)
+    meta["format_version"] = version
+    rewrite(path, meta, checksum=version != 1)
+    if version == 1:                      # format 1: no __sha256__ member, the digest in the header
+        with np.load(path) as z:
+            items = {k: z[k] for k in z.files if k != "__sha256__"}
+        np.savez(open(path, "wb"), **items)
+    before = state_of(m, opt)
+    for read in (mt.checkpoint.header, lambda p: mt.checkpoint.load(p, m, opt)):
+        with pytest.raises(CheckpointError, match=msg):
+            read(path)
+    assert unchanged(m, opt, before)
+
+
+def test_a_flipped_byte_in_the_zip_directory_is_a_checkpoint_error(tmp_path):
+    """The central directory's compression method of the first member set to an unknown value:
+    zipfile raised NotImplementedError through format 1's load."""
+    path, _, m, opt = saved(tmp_path)
+    data = bytearray(open(path, "rb").read())
+    cd = bytes(data).index(b"PK\x01\x02")                    # the first central-directory entry
+    data[cd + 10] = 0x63                                      # compression method 99
+    open(path, "wb").write(bytes(data))
+    before = state_of(m, opt)
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        mt.checkpoint.load(path, m, opt)
+    assert unchanged(m, opt, before)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda z: z.append(z[0]),                                                # a member twice
+    lambda z: z.append(("notes.txt", b"hello")),                            # not an array
+    lambda z: z.__setitem__(0, (z[0][0], z[0][1][:-4])),                    # shorter than its shape
+])
+def test_structural_damage_is_a_checkpoint_error(tmp_path, edit):
+    import warnings
+    import zipfile
+    path, _, m, opt = saved(tmp_path)
+    with zipfile.ZipFile(path) as z:
+        items = [(i.filename, z.read(i)) for i in z.infolist()]
+    edit(items)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with zipfile.ZipFile(path, "w") as z:
+            for name, raw in items:
+                z.writestr(name, raw)
+    before = state_of(m, opt)
+    with pytest.raises(CheckpointError):
+        mt.checkpoint.load(path, m, opt)
+    assert unchanged(m, opt, before)
+
+
+# -- train.py's run state -----------------------------------------------------------------------
+def run_state():
+    """A run state as train.py saves it: epoch 1 of 3 done, 2 batches of 16 into the second."""
+    return {"progress": {"epoch": 1, "batch": 2, "history": [{"epoch": 1, "loss": 2.1, "train_accuracy": 0.3,
+                                                              "lr": 0.05}],
+                         "loss_sum": 60.0, "correct": 10, "seen": 32},
+            "rng": mt.random.get_state(),
+            "args": {"model": "digits", "data": "digits", "epochs": 3, "batch_size": 16, "lr": 0.05,
+                     "momentum": 0.9, "weight_decay": 5e-4, "seed": 0, "fake_size": 1024,
+                     "num_classes": None, "backend": "auto", "device": "auto"}}
+
+
+def test_a_real_train_py_run_state_passes(tmp_path):
+    """What train.py writes, after an epoch, is accepted (by format version 2's rules)."""
+    import train
+    ckpt = str(tmp_path / "r.ckpt")
+    assert train.main(["--no-progress", "--epochs", "3", "--checkpoint", ckpt, "--max-epochs-this-run", "1",
+                       "--batch-size", "64"]) == 0
+    extra = mt.checkpoint.header(ckpt)["extra"]
+    mt.checkpoint.check_run_state(extra, n_train=len(mt.data.digits()[0]))
+    mt.checkpoint.check_run_state(run_state(), n_train=100)
+
+
+def _set(path, value):
+    def edit(state):
+        node = state
+        for k in path[:-1]:
+            node = node[k]
+        if value is KeyError:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+    return edit
+
+
+RUN_STATE_EDITS = [
+    (("args", "batch_size"), 0, "args.batch_size must be an int >= 1"),
+    (("args", "batch_size"), 16.0, "args.batch_size"),
+    (("args", "epochs"), True, "args.epochs"),
+    (("args", "lr"), float("nan"), "args.lr must be a finite number"),
+    (("args", "lr"), -0.1, "args.lr"),
+    (("args", "momentum"), "0.9", "args.momentum"),
+    (("args", "seed"), -1, "args.seed"),
+    (("args", "num_classes"), 0, "args.num_classes"),
+    (("args", "model"), 5, "args.model must be a non-empty string"),
+    (("args",), [], "not written by train.py"),
+    (("rng",), KeyError, "not written by train.py"),
+    (("progress", "epoch"), 4, "progress.epoch .4. exceeds args.epochs"),
+    (("progress", "epoch"), -1, "progress.epoch must be an int >= 0"),
+    (("progress", "batch"), 1.5, "progress.batch must be an int"),
+    (("progress", "batch"), 3, "progress.seen .32. does not match 3 batches of 16"),
+    (("progress", "seen"), 33, "does not match 2 batches"),
+    (("progress", "seen"), 16, "does not match 2 batches"),
+    (("progress", "correct"), 40, "exceeds progress.seen"),
+    (("progress", "loss_sum"), float("inf"), "progress.loss_sum"),
+    (("progress", "loss_sum"), None, "progress.loss_sum"),
+    (("progress", "history"), {}, "progress.history must be a list of 1"),
+    (("progress", "history"), [], "progress.history must be a list of 1"),
+    (("progress", "history", 0, "loss"), float("nan"), r"history\[0\].loss"),
+    (("progress", "history", 0, "loss"), "2.1", r"history\[0\].loss"),
+    (("progress", "history", 0, "train_accuracy"), 1.5, r"train_accuracy must be a finite number >= 0 and <= 1"),
+    (("progress", "history", 0, "epoch"), 2, r"history\[0\].epoch must be 1"),
+    (("progress", "history", 0), [1, 2], r"history\[0\] must have the fields"),
+    (("progress", "extra_field"), 1, "progress must have the fields"),
+    (("progress", "seen"), KeyError, "progress must have the fields"),
+    (("progress",), None, "progress must have the fields"),
+    (("rng", "seed"), "0", "rng.seed"),
+    (("rng", "gpu_masks_drawn"), {"0": -1}, "rng.gpu_masks_drawn"),
+    (("rng", "gpu_masks_drawn"), {"gpu": 1}, "rng.gpu_masks_drawn"),
+    (("rng", "numpy", "bit_generator"), "MT19937", "rng must be a NumPy PCG64 state"),
+    (("rng", "numpy", "state", "state"), -5, "not a well-formed PCG64 state"),
+    (("rng", "numpy", "state", "inc"), "1", "not a well-formed PCG64 state"),
+    (("rng", "numpy", "has_uint32"), 2, "not a well-formed PCG64 state"),
+    (("rng", "numpy", "uinteger"), 2**40, "not a well-formed PCG64 state"),
+    (("rng", "numpy"), None, "rng must be a NumPy PCG64 state"),
+]
+
+
+@pytest.mark.parametrize("path,value,msg", RUN_STATE_EDITS, ids=[f"{'.'.join(map(str, p))}={v!r}"[:60]
+                                                                  for p, v, _ in RUN_STATE_EDITS])
+def test_check_run_state_refuses_each_malformed_field(path, value, msg):
+    state = run_state()
+    _set(path, value)(state)
+    with pytest.raises(CheckpointError, match=msg):
+        mt.checkpoint.check_run_state(state)
+
+
+def test_check_run_state_knows_the_epochs_length():
+    """With the number of training images: a batch beyond the epoch, or a count of images seen
+    that the batches do not give, is refused; the state saved by a signal during an epoch's last,
+    partial batch (batch = batches per epoch) is accepted."""
+    state = run_state()                                      # batch 2 of 16 done, 32 seen
+    mt.checkpoint.check_run_state(state, n_train=33)
+    with pytest.raises(CheckpointError, match="does not fit an epoch of 2 batches of 16"):
+        mt.checkpoint.check_run_state(state, n_train=20)
+    state["progress"].update(seen=31)                        # would do, were batch 2 the last
+    with pytest.raises(CheckpointError, match="31 images seen"):
+        mt.checkpoint.check_run_state(state, n_train=40)
+    mt.checkpoint.check_run_state(state, n_train=31)         # interrupted after the last batch
+
+
+def test_old_bare_numpy_rng_state_is_accepted():
+    state = run_state()
+    state["rng"] = state["rng"]["numpy"]                 # checkpoints from before the GPU stream
+    mt.checkpoint.check_run_state(state)

@@ -179,3 +179,157 @@ def test_a_tied_parameter_is_listed_and_updated_once():
         p.grad = np.ones_like(p.data)
     mt.optim.SGD(net.parameters(), lr=0.1).step()
     np.testing.assert_allclose(net.a.weight.data, w0 - 0.1, rtol=0, atol=1e-7)
+
+
+# -- nothing accepted silently that PyTorch would refuse; what PyTorch accepts, accepted ----------
+def torch_outcome(call):
+    """'ok' or the exception's type name: what PyTorch does with the same input."""
+    try:
+        call()
+        return "ok"
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__
+
+
+def test_state_dict_values_are_taken_as_pytorch_copies_them():
+    """float64 that fits: rounded to nearest, bit for bit what torch's load_state_dict gives (the
+    values around float32's largest included); NaN and inf copied as PyTorch copies them."""
+    import torch
+    big = float(np.finfo(f32).max)
+    vals = np.array([0.1, -1 / 3, 1e-40, big, np.nextafter(big, np.inf), -big * (1 + 2**-25),
+                     np.nan, np.inf, -np.inf, 1e30], np.float64)
+    ours, theirs = mt.Linear(5, 2), torch.nn.Linear(5, 2)
+    state = {"weight": vals.reshape(2, 5), "bias": np.array([np.nan, 2.5])}
+    ours.load_state_dict(state)
+    theirs.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
+    for k, v in ours.state_dict().items():
+        ref = theirs.state_dict()[k].numpy()
+        assert v.dtype == np.float32 and v.tobytes() == ref.tobytes(), k
+
+
+@pytest.mark.parametrize("value,err,pattern", [
+    (np.ones((2, 5), np.complex128) * (1 + 2j), mt.checkpoint.CheckpointError, "complex128.*imaginary parts"),
+    (np.full((2, 5), 1e300), mt.checkpoint.CheckpointError, r"holds 1e\+300, beyond float32's range"),
+    (np.full((2, 5), -3.5e38), mt.checkpoint.CheckpointError, "beyond float32's range"),
+    (np.ones((2, 5), np.int64), mt.checkpoint.CheckpointError, "dtype int64"),
+    (np.ones((2, 5), bool), mt.checkpoint.CheckpointError, "dtype bool"),
+    (np.array([["a"] * 5] * 2), mt.checkpoint.CheckpointError, "dtype <U1"),
+    ([[1.0, 2.0], [3.0]], mt.checkpoint.CheckpointError, "not an array"),
+])
+def test_state_dict_values_that_would_change_are_refused_and_nothing_loads(value, err, pattern):
+    """Complex (imaginary parts dropped), float64 beyond float32 (inf), integer, bool or text
+    arrays: refused, and the parameter before it keeps its value (all or nothing)."""
+    net = mt.Linear(5, 2)
+    before = {k: v.copy() for k, v in net.state_dict().items()}
+    with pytest.raises(err, match=pattern):
+        net.load_state_dict({"bias": np.zeros(2, f32), "weight": value})   # weight checked after bias
+    assert all(np.array_equal(v, before[k]) for k, v in net.state_dict().items())
+    assert issubclass(err, ValueError)
+
+
+def test_tensor_from_a_value_beyond_float32_is_refused():
+    """torch.tensor(1e300, dtype=torch.float32) is inf, silently; here a ValueError names the value,
+    as load_state_dict refuses such values. Values that round to float32's largest are kept, as
+    PyTorch keeps them; inf and NaN given as such stay inf and NaN."""
+    import torch
+    assert torch.isinf(torch.tensor(1e300, dtype=torch.float32))          # what PyTorch does
+    for v in (1e300, [1.0, -1e39], np.array([[3.5e38]])):
+        with pytest.raises(ValueError, match="beyond float32's range"):
+            mt.Tensor(v)
+    big = np.nextafter(float(np.finfo(f32).max), np.inf)
+    assert mt.Tensor(big).data == torch.tensor(big, dtype=torch.float32).numpy()
+    assert np.isinf(mt.Tensor(np.inf).data) and np.isnan(mt.Tensor(np.nan).data)
+    assert mt.Tensor(np.int64(2**62)).data == np.float32(2**62)
+
+
+SGD_SETTINGS = [  # (settings, what PyTorch does, what we do): we follow it except where noted
+    (dict(lr=-1), "ValueError", "ValueError"),
+    (dict(lr=0), "ok", "ok"),
+    (dict(lr=0.1, momentum=-5), "ValueError", "ValueError"),
+    (dict(lr=0.1, momentum=2.0), "ok", "ok"),
+    (dict(lr=0.1, weight_decay=-1e-4), "ValueError", "ValueError"),
+    (dict(lr=np.float32(0.1), momentum=np.float64(0.9), weight_decay=np.int64(0)), "ok", "ok"),
+    (dict(lr="0.1"), "TypeError", "ValueError"),
+    (dict(lr=None), "TypeError", "ValueError"),
+    # stricter than PyTorch, which accepts these and then trains on NaN weights or treats a bool as 1
+    (dict(lr=float("nan")), "ok", "ValueError"),
+    (dict(lr=0.1, momentum=float("inf")), "ok", "ValueError"),
+    (dict(lr=0.1, weight_decay=float("nan")), "ok", "ValueError"),
+    (dict(lr=True), "ok", "ValueError"),
+]
+
+
+@pytest.mark.parametrize("settings,torch_does,we_do", SGD_SETTINGS, ids=[str(s[0]) for s in SGD_SETTINGS])
+def test_sgd_settings_are_checked_as_pytorch_checks_them(settings, torch_does, we_do):
+    import torch
+    assert torch_outcome(lambda: torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], **settings)) == torch_does
+    assert torch_outcome(lambda: mt.optim.SGD(mt.Linear(2, 2).parameters(), **settings)) == we_do
+
+
+def test_sgd_load_state_dict_checks_every_field_and_changes_nothing_on_failure():
+    """momentum=-5 in a state_dict was taken as is; now every field is checked as __init__ checks
+    it, each buffer as a parameter is, before anything changes."""
+    net = mt.Linear(2, 2)
+    opt = mt.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for p in net.parameters():
+        p.grad = np.ones_like(p.data)
+    opt.step()
+    good = opt.state_dict()
+    bad_states = [dict(good, momentum=-5), dict(good, lr=None), dict(good, weight_decay=float("nan")),
+                  dict(good, velocity=good["velocity"][:1]),
+                  dict(good, velocity=[good["velocity"][0], good["velocity"][1].astype(np.complex64)]),
+                  dict(good, velocity=[good["velocity"][0], np.full(2, 1e300)]),
+                  {k: v for k, v in good.items() if k != "base_lr"}, dict(good, nesterov=True), [good]]
+    before = (opt.lr, opt.base_lr, opt.momentum, opt.weight_decay, [v.copy() for v in opt.velocity])
+    for state in bad_states:
+        with pytest.raises(mt.checkpoint.CheckpointError):
+            opt.load_state_dict(state)
+        assert (opt.lr, opt.base_lr, opt.momentum, opt.weight_decay) == before[:4]
+        assert all(np.array_equal(a, b) for a, b in zip(opt.velocity, before[4]))
+    opt.load_state_dict(dict(good, lr=0.0))
+    assert opt.lr == 0.0
+
+
+def test_sgd_refuses_a_parameter_list_of_non_tensors():
+    import torch
+    assert torch_outcome(lambda: torch.optim.SGD([1.0], lr=0.1)) == "TypeError"
+    with pytest.raises(TypeError, match="SGD optimises Tensors, got a float"):
+        mt.optim.SGD([1.0], lr=0.1)
+    with pytest.raises(TypeError, match="lr_schedule must be a function"):
+        mt.optim.SGD(mt.Linear(2, 2).parameters(), lr=0.1, lr_schedule=0.5)
+
+
+@pytest.mark.parametrize("sizes,err", [((2.5,), TypeError), ((2.0, 6), TypeError), ((True, 12), TypeError),
+                                       ((np.bool_(True), 12), TypeError), (("3",), TypeError),
+                                       ((-2, 6), ValueError), ((-1, -1), ValueError)])
+def test_view_refuses_what_torch_view_refuses(sizes, err):
+    """View(2.5) became View(2). torch's view refuses a float or bool size with a TypeError
+    (and -2, or two -1, with a RuntimeError); so do View and Tensor.reshape, naming the size."""
+    import torch
+    assert torch_outcome(lambda: torch.ones(12).view(*sizes)) in ("TypeError", "RuntimeError")
+    with pytest.raises(err, match="View: sizes must be ints, got|invalid size|only one size"):
+        mt.View(*sizes)
+    with pytest.raises(err, match="reshape: "):
+        mt.Tensor(np.ones(12)).reshape(*sizes)
+
+
+def test_numpy_integers_are_sizes_wherever_ints_are():
+    """np.int64(4) as a batch size was refused; NumPy integers now work wherever Python ints do,
+    as in PyTorch (view, Linear, Conv2d), and bools stay refused."""
+    import torch
+    i = np.int64
+    assert torch.ones(2, 12).view(i(2), i(3), i(4)).shape == (2, 3, 4)
+    x = mt.Tensor(np.ones((2, 12), f32))
+    assert mt.View(i(3), i(4))(x).shape == (2, 3, 4) and mt.View((i(3), -1))(x).shape == (2, 3, 4)
+    assert x.reshape(i(6), i(4)).shape == (6, 4)
+    assert mt.Linear(i(12), i(2))(x).shape == (2, 2)
+    assert mt.SpatialConvolution(i(1), i(2), i(3), stride=i(1), padding=i(1))(
+        mt.Tensor(np.ones((1, 1, 4, 4)))).shape == (1, 2, 4, 4)
+    ds = mt.data.ArrayDataset(np.ones((5, 1), f32), [0, 1, 0, 1, 0])
+    assert [len(y) for _, y in mt.data.batches(ds, i(2), prefetch=0)] == [2, 2, 1]
+    assert mt.data.num_batches(i(5), np.int32(2)) == 3
+    for bad in (True, 2.0, 0):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            list(mt.data.batches(ds, bad))
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            mt.data.num_batches(5, bad)
