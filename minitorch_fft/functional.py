@@ -14,7 +14,7 @@ from backends.common import cuda_module, launch_1d
 from . import random as _random
 from .device import get_array_module
 from .utils import is_number, pair as _pair
-from .tensor import Function, Tensor
+from .tensor import Function, Tensor, check_sizes
 
 
 # -- elementwise and shape ---------------------------------------------------
@@ -110,7 +110,7 @@ def sum(x):  # noqa: A001 - the Torch name
 
 
 def reshape(x, shape):
-    return Reshape.apply(x, shape=tuple(int(s) for s in shape))
+    return Reshape.apply(x, shape=check_sizes((shape,), "reshape"))
 
 
 # -- layers' maths -----------------------------------------------------------

@@ -333,3 +333,11 @@ def test_numpy_integers_are_sizes_wherever_ints_are():
             list(mt.data.batches(ds, bad))
         with pytest.raises(ValueError, match="batch_size must be a positive int"):
             mt.data.num_batches(5, bad)
+
+
+def test_functional_reshape_checks_its_sizes_as_view_does():
+    import minitorch_fft.functional as F
+    x = mt.Tensor(np.ones((2, 6), np.float32))
+    with pytest.raises(TypeError, match="sizes must be ints, got 2.5"):
+        F.reshape(x, (2.5, 4))                 # was truncated to (2, 4) silently
+    assert F.reshape(x, (np.int64(3), -1)).shape == (3, 4)
