@@ -377,6 +377,34 @@ def test_enabled_reads_the_three_tune_settings(settings):
         assert not tuning.enabled(name, np) and not tuning.enabled(name, gpu)
 
 
+def test_auto_cufft_and_direct_store_the_same_record_format(tmp_path, monkeypatch, settings):
+    """Each tuner's entry in the file is tune()'s record: auto's, cufft's (CPU, cufft_tune on)
+    and direct's (its GPU tuner driven through a fake run on NumPy arrays)."""
+    from backends import auto, cufft, direct
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
+    monkeypatch.setattr(auto, "_memory", {})
+    settings(auto_tune="on", cufft_tune="on")
+    x_shape, w_shape = (2, 2, 6, 6), (3, 2, 3, 3)
+    auto.pick({"gemm": backends_gemm(), "cufft": cufft}, "fprop", x_shape, w_shape, (1, 1), (1, 1))
+    rng = np.random.default_rng(0)
+    cufft.fprop(rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32))
+    g = geometry((2, 2, 6, 6), (3, 2, 3, 3), (1, 1), (0, 0))
+    outputs = {name: np.ones(3) for name in direct.candidates("fprop", g)}
+    record = direct._tuned(np, "fprop", g, lambda cfg: outputs[cfg.name], list(outputs))
+    data = json.loads((tmp_path / "t.json").read_text())["devices"]["cpu"]
+    tuners = {json.loads(name)[-1]: rec for name, rec in data.items()}
+    assert set(tuners) == {"auto", "cufft", "direct"}
+    for name, rec in tuners.items():
+        assert tuning.is_record(rec) and set(rec) == {"choice", "ms", "skipped", "why"}, name
+    assert tuners["auto"]["choice"] in ("gemm", "cufft") and tuners["cufft"]["choice"]["basis"]
+    assert tuners["direct"] == record and record["choice"] in outputs
+
+
+def backends_gemm():
+    from backends import gemm
+    return gemm
+
+
 @pytest.mark.gpu
 def test_gpu_device_name_and_timing():
     import cupy
