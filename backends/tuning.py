@@ -22,8 +22,8 @@ than a small pass's kernels take to start), else the cache, else tune() and stor
 xp) reads the three tune settings (auto_tune, cufft_tune, direct_tune): "auto" = on the GPU only,
 "on", "off".
 
-A choice is keyed by (device name, dtype, GEMM precision, geometry, pass, backend) and its value
-is anything JSON can hold. The GEMM precision is backends.cgemm's mode, "fp32" or "tf32": a
+A record is keyed by (device name, dtype, GEMM precision, geometry, pass, backend) (TuneCache
+itself stores any JSON value). The GEMM precision is backends.cgemm's mode, "fp32" or "tf32": a
 choice tuned with the FFT backends' GEMM on TF32 is never reused in strict fp32, nor the other
 way round. Choices live in memory and in one JSON file holding every device's choices:
 
@@ -109,7 +109,15 @@ def key(xp, dtype, geometry, pass_name, backend, math=None):
     math = cgemm.mode(xp) if math is None else math
     if math not in ("fp32", "tf32"):
         raise ValueError(f"GEMM precision must be 'fp32' or 'tf32', got {math!r}")
-    return (device_name(xp), np.dtype(dtype).name, math, tuple(int(v) for v in geometry), pass_name, backend)
+    dtype_name, ints = _plain(dtype, tuple(geometry))
+    return (device_name(xp), dtype_name, math, ints, pass_name, backend)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain(dtype, geometry):
+    """(dtype's name, geometry as Python ints): ~30 us uncached, and tuned passes build a key
+    on every call (remembered()'s memo is keyed by it)."""
+    return np.dtype(dtype).name, tuple(int(v) for v in geometry)
 
 
 def _entry_name(rest):
