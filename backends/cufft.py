@@ -4,76 +4,40 @@
   bprop   GX[s,i] = sum_j GY[s,j] W[j,i]           per frequency (S, f') @ (f', f)
   accGrad GW[j,i] = sum_s conj(GY[s,j]) X[s,i]     per frequency (f', S) @ (S, f)
 
-Every pass runs Table 1 of the paper: real-to-complex 2-D FFT of both operands over an n x m
-basis (the Hermitian half, m//2+1 columns) -> transpose to frequency-major (BDHW -> HWBD) -> one
-batched complex GEMM over all F = n*(m//2+1) frequencies -> transpose back -> complex-to-real
-inverse FFT -> clip to the pass's output (oh x ow, h x w, kh x kw). Conjugation turns the
-circular convolution into Torch's cross-correlation; no kernel is flipped. cuFFT and cuBLAS
-through CuPy on the GPU; pocketfft and BLAS through NumPy on the CPU, so CI tests all of it.
+S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
+oh x ow output, n x m Fourier basis, F = n*(m//2+1) frequencies (the Hermitian half).
 
-The transposes take one of two forms (LAYOUTS), a tuned choice like the basis:
-  "strided"  none is a copy: cuFFT's advanced data layout (cufftPlanMany's strides) lets the
-             forward FFT write its spectra frequency-major, (F, planes) with the planes of one
-             frequency adjacent, and the inverse read them back from there;
-  "copy"     the FFTs keep cuFFT's default layout and one copy each way transposes the spectra.
-On an H200 the strided plans won at 16 x 16 (1.6x on Table 4's L4) and lost at 13-14, 32 and
-64 (down to 0.5x on L2), where cuFFT's own kernels for strided data are slower than a transpose
-(benchmarks/exp_layout.py, NOTES.md). The conjugate-transposes the GEMMs need (conj(W)^T in
-fprop, conj(GY)^T in accGrad) are cuBLAS operand flags. A pass is then at most: place its
-operand in the basis (one kernel: zeros and copy together), two forward FFTs, one GEMM, one
-inverse FFT, one clip, and a transpose after each FFT in the "copy" layout; a shared or
-full-sized operand skips its placing or FFT.
+A pass: place each operand in the n x m basis (zero-extended; the kernel-sized tensor cyclically
+shifted by (-ph, -pw), which makes the circular correlation the zero-padded one when n >= h + ph:
+min_basis) -> real-to-complex FFT -> frequency-major spectra (F, planes) -> one batched complex
+GEMM over all F frequencies (conjugate-transposes as cuBLAS operand flags) -> inverse FFT -> crop
+to the pass's output. The inverse's 1/(n*m) is applied to the smallest real tensor (the weight as
+placed, or gradWeight as cropped). cuFFT and cuBLAS through CuPy on the GPU; pocketfft and BLAS
+through NumPy on the CPU, so CI tests the same pipeline.
 
-Normalisation. Neither FFT is scaled (rfft2 norm "backward", irfft2 norm "forward"); the inverse
-transform's 1/(n*m) is applied to the smallest real tensor of the pass: the weight as it is
-placed (fprop, bprop) or gradWeight as it is clipped (accGrad), f'*f*kh*kw values, never a spectrum.
-
-Zero padding, without a padded input. Operands sit at offset 0 of the basis, zero-extended at the
-bottom/right as they are placed. Top/left padding (ph, pw) is a cyclic
-shift by (-ph, -pw) given to whichever tensor is kernel-sized: the weight is written into its
-basis at rows (u - ph) mod n for fprop and bprop, and gradWeight is read back from rows
-(u - ph) mod n in accGrad. The circular correlation then equals the zero-padded one when
-n >= h + ph: the zero rows below the input serve as the bottom padding and, wrapped around, as
-the top padding. With n >= kh and n >= oh every operand fits, so the smallest basis is
-max(h + ph, kh, oh) (one padding, not two), and likewise for m (min_basis).
-
-Basis and GEMM choice. Untuned, a pass uses the smallest 2^a 3^b 5^c 7^d basis >= min_basis,
-the "copy" layout and the strided-batched GEMM, without timing anything. With tuning on (MINITORCH_CUFFT_TUNE:
-"auto" = on the GPU only, "on", "off"), the first call of a pass for a geometry times the two
-layouts, the basis sizes from min_basis up to the next power of two (rows, then columns:
-basis_sizes), the three GEMM forms (GEMMS) and the layouts again on the chosen basis, checks the winner against the default, and caches it per device through
-backends.tuning (paper §3.4).
-
-Memory. Placed operands, GEMM outputs and inverse outputs live in scratch buffers owned by this
-module, one per role, grown when too small and reused by every call (paper §3.3); forward spectra
-are fresh pool blocks, since reuse_spectra() may keep them. cuFFT plans (and their work areas)
-are cached per device, shape and batch, the PLAN_CACHE_SIZE most recent kept. Above
-$MINITORCH_CUFFT_WORKSPACE_MB (default 2048) the batch is processed in chunks; accGrad sums the
-chunks' products in the frequency domain. Weight-sized buffers (f' x f planes) are not chunked.
-
-Reuse across passes. Within `with backends.reuse_spectra():` (backends/reuse.py) the FFTs of x,
-w and gy are computed once per array object and shared by fprop, bprop and accGrad (6 forward
-FFTs per layer and step become 3); train.py wraps every training step in it by default. Spectra
-are keyed by backend, role, basis and offset: only whole-batch (unchunked) spectra on the same
-basis are shared, and tuned passes may pick different bases.
+A configuration is (basis, GEMM form, layout): LAYOUTS say how spectra become frequency-major
+("strided": cuFFT's advanced layout writes them so; "copy": one transposing copy each way).
+Untuned, default_config; with cufft_tune on, a staged search through backends.tuning (_tune),
+cached per device. Batches beyond the cufft_workspace_mb setting run in chunks; scratch buffers
+and plans live in cufft_buffers; spectra are shared across passes inside reuse_spectra().
+benchmarks/NOTES.md ("Backend notes moved from module docstrings") has the measurements.
 """
-import contextlib
 import functools
-import math
-import warnings
 
 import numpy as np
 
 from . import cgemm, config, tuning
 from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
+from . import cufft_buffers as buffers
+from .cufft_buffers import INT_MAX, held_on_device, keeping_retired, release_buffers  # noqa: F401 - API
 from .reuse import Key, reuse_spectra, shared, suspended  # noqa: F401 - reuse_spectra: an alias
-
-# S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
-# oh x ow output, n x m Fourier basis, F = n*(m//2+1) frequencies (Hermitian half)
 
 GEMMS = ("batched", "loop", "gauss")
 LAYOUTS = ("copy", "strided")  # how spectra become frequency-major (module docstring)
 DEFAULT_LAYOUT = "copy"        # the untuned choice: never slower than before layouts existed
+# cufftExecR2C's direction argument is ignored; CuPy's Plan.fft asks for one anyway.
+_FORWARD, _INVERSE = -1, 1
+_INT_MAX = INT_MAX   # cuFFT's plan offsets are C ints (a test lowers it)
 # A host loop of more per-frequency GEMM calls than this is never a candidate (launch-bound).
 LOOP_GEMM_MAX_CALLS = 512
 # How far a tuned winner may stray from the default configuration before it is rejected.
@@ -205,11 +169,11 @@ def _spectrum(xp, a, basis, layout, shift=(0, 0), scale=1.0):
         spec = np.fft.rfft2(a).astype(np.complex64, copy=False)  # NumPy < 2 returns complex128
         return np.ascontiguousarray(spec.reshape(p * q, F).T).reshape(F, p, q)
     out = xp.empty((F, p, q), dtype=np.complex64)
-    plan = _plan(xp, "r2c", basis, p * q, layout)
+    plan = buffers.plan(xp, "r2c", basis, p * q, layout)
     if layout == "strided":
         plan.fft(a, out, _FORWARD)           # R2C leaves its input alone: `a` may be x itself
     else:
-        natural = _scratch(xp, "natural", (p * q, F), np.complex64)
+        natural = buffers.scratch(xp, "natural", (p * q, F), np.complex64)
         plan.fft(a, natural, _FORWARD)
         _gpu_kernels()["transpose"](natural, out.reshape(F, p * q))
     return out
@@ -234,12 +198,12 @@ def _inverse(xp, spec, basis, layout):
     if xp is np:
         half = spec.reshape(F, p * q).T.reshape(p, q, n, m // 2 + 1)
         return np.fft.irfft2(half, s=basis, norm="forward").astype(np.float32, copy=False)
-    out = _scratch(xp, "inverse", (p, q, n, m), np.float32)
+    out = buffers.scratch(xp, "inverse", (p, q, n, m), np.float32)
     if layout == "copy":
-        natural = _scratch(xp, "natural", (p * q, F), np.complex64)
+        natural = buffers.scratch(xp, "natural", (p * q, F), np.complex64)
         _gpu_kernels()["transpose"](spec.reshape(F, p * q), natural)
         spec = natural
-    _plan(xp, "c2r", basis, p * q, layout).fft(spec, out, _INVERSE)
+    buffers.plan(xp, "c2r", basis, p * q, layout).fft(spec, out, _INVERSE)
     return out
 
 
@@ -248,7 +212,7 @@ def _place(xp, a, basis, shift=(0, 0), scale=1.0):
     times scale, zeros elsewhere. One pass over the basis on the GPU (zeros and copy together)."""
     p, q, h, w = a.shape
     n, m = basis
-    out = _scratch(xp, "placed", (p, q, n, m), np.float32)
+    out = buffers.scratch(xp, "placed", (p, q, n, m), np.float32)
     if xp is np:
         out.fill(0)
         out[:, :, _cyclic(h, shift[0], n)[:, None], _cyclic(w, shift[1], m)] = a * np.float32(scale)
@@ -317,40 +281,6 @@ def _contiguous(*arrays):
         raise ValueError("cufft: its place, crop and transpose kernels address C-contiguous arrays only")
 
 
-# cufftExecR2C's direction argument is ignored; CuPy's Plan.fft asks for one anyway.
-_FORWARD, _INVERSE = -1, 1
-# cuFFT's plan arguments are C ints: every offset into a plan's input or output must fit.
-_INT_MAX = 2**31 - 1
-PLAN_CACHE_SIZE = 32  # plans kept per process (each holds a cuFFT work area), least recent dropped
-_plans = {}
-
-
-def _plan(xp, kind, basis, batch, layout):
-    """The cached cuFFT plan of `batch` n x m transforms between (batch, n, m) real planes and
-    spectra: kind "r2c" (forward) or "c2r" (inverse); layout "strided" for frequency-major
-    (F, batch) spectra, "copy" for cuFFT's default (batch, F)."""
-    from cupy.cuda import cufft as lib
-    n, m = basis
-    key = (xp.cuda.Device().id, kind, n, m, batch, layout)
-    plan = _plans.pop(key, None)
-    if plan is None:
-        if batch * n * m > _INT_MAX:
-            raise ValueError(f"cufft: {batch} planes of {n}x{m} exceed cuFFT's 32-bit plan offsets "
-                             f"({batch * n * m} > {_INT_MAX} elements); use fewer planes per call")
-        real, half = [n, m], [n, m // 2 + 1]
-        if layout == "copy":
-            fft_type = lib.CUFFT_R2C if kind == "r2c" else lib.CUFFT_C2R
-            plan = lib.PlanNd((n, m), None, 1, 0, None, 1, 0, fft_type, batch, "C", -1, m)  # default layout
-        elif kind == "r2c":
-            plan = lib.PlanNd((n, m), real, 1, n * m, half, batch, 1, lib.CUFFT_R2C, batch, "C", -1, m)
-        else:
-            plan = lib.PlanNd((n, m), half, batch, 1, real, 1, n * m, lib.CUFFT_C2R, batch, "C", -1, m)
-        while len(_plans) >= PLAN_CACHE_SIZE:
-            _retire(_plans.pop(next(iter(_plans))))                          # the least recent
-    _plans[key] = plan                                                       # now the most recent
-    return plan
-
-
 def _cgemm(xp, a, b, role, how, op_a="N", op_b="N"):
     """op_a(a) (F, p, r) @ op_b(b) (F, r, q) -> scratch (F, p, q) for every frequency.
 
@@ -358,7 +288,7 @@ def _cgemm(xp, a, b, role, how, op_a="N", op_b="N"):
     cuBLAS flags on the GPU, so conj(W)^T and conj(GY)^T are never stored."""
     p = a.shape[1] if op_a == "N" else a.shape[2]
     q = b.shape[2] if op_b == "N" else b.shape[1]
-    c = _scratch(xp, role, (a.shape[0], p, q), np.complex64)
+    c = buffers.scratch(xp, role, (a.shape[0], p, q), np.complex64)
     if how == "batched":       # one call: cublasGemmStridedBatchedEx on the GPU
         cgemm.matmul(xp, a, b, out=c, op_a=op_a, op_b=op_b)
     elif how == "loop":        # one cuBLAS GEMM per frequency, issued from the host
@@ -390,7 +320,7 @@ def _chunks(g, basis, workspace_bytes):
     Per image a pass holds about f + f' planes of real basis (4nm bytes: the placed input, the
     inverse's output) and of two spectra (16F bytes: the FFT's frequency-major output and the
     GEMM's), plus cuFFT's work area, counted as one more spectrum (24F in all). A chunk also
-    keeps every cuFFT offset within a C int (_plan). The f' x f weight-sized planes do not shrink
+    keeps every cuFFT offset within a C int (cufft_buffers.plan). The f' x f weight-sized planes do not shrink
     with the batch: they come on top of the workspace, and never push the chunks down to single
     images (subtracting them once made OverFeat conv5 run 128 one-image GEMMs, 60x slower).
     """
@@ -399,59 +329,6 @@ def _chunks(g, basis, workspace_bytes):
     per_image = (g.f + g.fo) * (4 * n * m + 24 * F)
     step = max(1, min(workspace_bytes // per_image, _INT_MAX // (max(g.f, g.fo) * n * m)))
     return tuple(slice(s, min(s + step, g.S)) for s in range(0, g.S, step))
-
-
-# -- scratch buffers: one per role, grown on demand, never handed to the caller ---------------
-
-_scratch_buffers = {}
-
-
-def _scratch(xp, role, shape, dtype):
-    """A view of `shape` on this module's buffer for `role`; the next call overwrites it."""
-    size = math.prod(shape)
-    device = "cpu" if xp is np else xp.cuda.Device().id
-    key = (role, np.dtype(dtype).str, device)
-    buf = _scratch_buffers.get(key)
-    if buf is None or buf.size < size:
-        _retire(_scratch_buffers.pop(key, None))  # the allocator may reuse the old memory
-        buf = _scratch_buffers[key] = xp.empty(size, dtype=dtype)
-    return buf[:size].reshape(shape)
-
-
-def held_on_device():
-    """The scratch buffers and cuFFT plans (whose work areas are device memory) this module holds
-    now. A captured CUDA graph keeps addresses in them: minitorch_fft.graphs holds these objects
-    for as long as its graph lives, so a buffer that grows or a plan that leaves the cache does not
-    hand memory the graph writes to another allocation. Inside keeping_retired(), the plans and
-    buffers dropped meanwhile are kept too (a step that needs more than PLAN_CACHE_SIZE plans
-    evicts some of them during its own capture)."""
-    return list(_scratch_buffers.values()) + list(_plans.values())
-
-
-_retired = None   # a list while keeping_retired() runs: what the caches dropped meanwhile
-
-
-def _retire(obj):
-    if _retired is not None and obj is not None:
-        _retired.append(obj)
-
-
-@contextlib.contextmanager
-def keeping_retired():
-    """`with keeping_retired() as kept:` the plans and scratch buffers this module drops inside
-    the block are appended to `kept` instead of being freed while anything may still use them."""
-    global _retired
-    saved, _retired = _retired, []
-    try:
-        yield _retired
-    finally:
-        _retired = saved
-
-
-def release_buffers():
-    """Drop the scratch buffers and cuFFT plans (rebuilt on the next call), e.g. between benchmarks."""
-    _scratch_buffers.clear()
-    _plans.clear()
 
 
 # -- spectra shared across passes (backends/reuse.py) ---------------------------------------
@@ -521,22 +398,13 @@ def _is_basis_size(n, n0):
     return n0 <= n <= 1 << (n0 - 1).bit_length() and (n == n0 or _is_7_smooth(n))
 
 
-def _tuning_enabled(xp):
-    tune = config.get("cufft_tune")
-    return tune == "on" or (tune == "auto" and xp is not np)
-
-
-def _tune_key(xp, pass_name, g):
-    return tuning.key(xp, np.float32, g, pass_name, "cufft")
-
-
 def config_for(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np):
     """The configuration the next call of this pass will use: the cached winner or the default."""
     g = _stride1_geometry(x_shape, w_shape, stride, padding)
-    if _tuning_enabled(xp):
-        config = tuning.default_cache().get(_tune_key(xp, pass_name, g))
-        if _valid_config(config, g):
-            return config
+    if tuning.enabled("cufft_tune", xp):
+        record = tuning.default_cache().get(tuning.key(xp, np.float32, g, pass_name, "cufft"))
+        if tuning.is_record(record) and _valid_config(record["choice"], g):
+            return record["choice"]
     return default_config(g)
 
 
@@ -545,66 +413,51 @@ def _run(xp, pass_name, g, run):
     return run(_config(xp, pass_name, g, run))
 
 
-_configs = {}   # (pass, g, device, precision) -> (cache, its version, config): _config's memo
-
-
 def _config(xp, pass_name, g, run):
-    """The pass's configuration. Looking a tuned one up in the tuning cache (its key, a JSON entry
-    name, the validity check) cost ~20 us of host time per call, more than a small pass's kernels
-    take to start, so the answer is remembered until the cache changes (TuneCache.version)."""
-    if not _tuning_enabled(xp):
+    """The pass's configuration: the default untuned, else tuning.remembered's (memo, cache, or
+    _tune now). A cached choice is checked by _valid_config before use."""
+    if not tuning.enabled("cufft_tune", xp):
         return default_config(g)
-    cache = tuning.default_cache()
-    memo = (pass_name, g, -1 if xp is np else xp.cuda.Device().id, cgemm.mode(xp))
-    hit = _configs.get(memo)
-    if hit is not None and hit[0] is cache and hit[1] == cache.version:
-        return hit[2]
-    key = _tune_key(xp, pass_name, g)
-    config = cache.get(key)
-    if not _valid_config(config, g):
-        if config is not None:
-            warnings.warn(f"ignoring invalid cached cufft choice {config!r} for {pass_name} {tuple(g)}")
-        config = _tune(xp, g, run)
-        cache.put(key, config)
-    _configs[memo] = (cache, cache.version, config)
-    return config
+    key = tuning.key(xp, np.float32, g, pass_name, "cufft")
+    return tuning.remembered(key, lambda: _tune(xp, g, run), lambda c: _valid_config(c, g))["choice"]
+
+
+def _stages(g):
+    """The staged search (paper §3.4, plus this module's layouts): each stage maps the previous
+    winner to the next candidates: layout, row size, column size, GEMM form, layout again."""
+    n0, m0 = min_basis(g)
+    return (lambda c: [dict(c, layout=layout) for layout in LAYOUTS],
+            lambda c: [dict(c, basis=[n, c["basis"][1]]) for n in basis_sizes(n0)],
+            lambda c: [dict(c, basis=[c["basis"][0], m]) for m in basis_sizes(m0)],
+            lambda c: [dict(c, gemm=how) for how in _gemm_forms(c)],
+            lambda c: [dict(c, layout=layout) for layout in LAYOUTS])
 
 
 def _tune(xp, g, run):
-    """The fastest configuration for run: layout, row size, column size, GEMM form, and the layout
-    again on the chosen basis (paper §3.4, plus this module's layouts).
+    """The record of the staged search: one tuning.tune per stage, the fastest going on to the
+    next; every candidate is checked against the default configuration's output (TUNE_CHECK_TOL,
+    or cgemm.TF32_TOL on TF32), and bases beyond cuFFT's plan limit (_fits) are never run.
 
-    Spectrum sharing is off while timing (every candidate must pay for its FFTs). The winner must
-    agree with the default configuration to TUNE_CHECK_TOL, else the default is kept.
-    """
-    made_before = set(_plans)
-    try:
-        return _tune_candidates(xp, g, run)
-    finally:  # the losing candidates' plans hold cuFFT work areas; the winner's are rebuilt once
-        for key in [k for k in _plans if k not in made_before]:
-            del _plans[key]
+    Spectrum sharing is off while timing (every candidate must pay for its FFTs), and the plans
+    made meanwhile are dropped (the losers' work areas; the winner's are rebuilt once)."""
+    tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else TUNE_CHECK_TOL
+    best, ms, skipped = default_config(g), {}, {}
+    with suspended(), buffers.dropping_new_plans():
+        reference = run(best)
+        for stage in _stages(g):
+            record = tuning.tune([c for c in stage(best) if _fits(g, c["basis"])], run, xp,
+                                 reference=reference, reference_name="the default configuration",
+                                 tol=tol, label=_label, warn=True)
+            best = record["choice"]
+            ms.update(record["ms"])
+            skipped.update(record["skipped"])
+    return {"choice": best, "ms": ms, "skipped": skipped,
+            "why": "fastest of each stage: layout, rows, columns, GEMM form, layout"}
 
 
-def _tune_candidates(xp, g, run):
-    with suspended():
-        default = default_config(g)
-        n0, m0 = min_basis(g)
-        best = tuning.fastest([dict(default, layout=layout) for layout in LAYOUTS], run, xp)
-        rows = [dict(best, basis=[n, best["basis"][1]]) for n in basis_sizes(n0)]
-        best = tuning.fastest([c for c in rows if _fits(g, c["basis"])], run, xp)
-        cols = [dict(best, basis=[best["basis"][0], m]) for m in basis_sizes(m0)]
-        best = tuning.fastest([c for c in cols if _fits(g, c["basis"])], run, xp)
-        best = tuning.fastest([dict(best, gemm=how) for how in _gemm_forms(best)], run, xp)
-        best = tuning.fastest([dict(best, layout=layout) for layout in LAYOUTS], run, xp)
-        if best != default:
-            reference, got = run(default), run(best)
-            err = float(xp.linalg.norm(got - reference)) / max(float(xp.linalg.norm(reference)), 1e-30)
-            tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else TUNE_CHECK_TOL
-            if not err <= tol:
-                warnings.warn(f"cufft tuning: {best} differs from {default} by {err:.2e} "
-                              f"(> {tol}) on geometry {tuple(g)}; keeping the default")
-                return default
-        return best
+def _label(config):
+    """A configuration's name in a tuning record: "14x16 batched copy"."""
+    return "{}x{} {} {}".format(*config["basis"], config["gemm"], config["layout"])
 
 
 def _gemm_forms(config):

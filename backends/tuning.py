@@ -1,11 +1,33 @@
-"""Autotuning shared by the backends: time candidates, keep the fastest, remember it per device.
+"""Autotuning shared by the backends: one recipe that times candidates, checks them against a
+reference, selects a winner and remembers it per device (auto, cufft and direct all use it).
 
-A choice is keyed by (device name, dtype, GEMM precision, geometry, pass, backend) and its value
-is anything JSON can hold. The GEMM precision is backends.cgemm's mode, "fp32" or "tf32": a
+The recipe, tune(candidates, run, ...):
+  1. Every candidate runs once untimed (compilation, plans, buffers); that run is also the checked
+     one: a candidate that raises, or whose output is further than `tol` (relative, Frobenius norm)
+     from the reference, is skipped with its reason kept.
+  2. ROUNDS rounds visit the survivors in turn (a b c, a b c, ...), each round a warm-up run and
+     the median of REPEAT timed runs (timeit); a candidate's time is the median of its rounds.
+     Interleaving spreads clock and thermal drift over every candidate instead of charging it to
+     whichever ran last. Optionally (drop_slower) a candidate more than that factor behind the
+     best after a round is not timed again.
+  3. select(): the fastest wins, unless others are within `margin` of it (time <= (1 + margin) x
+     fastest); among those tied the caller's preference decides, then time. "why" says which.
+The result is one record format, stored as is in the cache below:
+
+  {"choice": <JSON-able>, "ms": {label: median ms}, "skipped": {label: reason}, "why": "fastest"}
+
+remembered(key, tune) is the lookup every tuner uses: an in-process memo (valid while the
+cache's version is unchanged: a lookup through the file's JSON entry names costs ~20 us, more
+than a small pass's kernels take to start), else the cache, else tune() and store. enabled(name,
+xp) reads the three tune settings (auto_tune, cufft_tune, direct_tune): "auto" = on the GPU only,
+"on", "off".
+
+A record is keyed by (device name, dtype, GEMM precision, geometry, pass, backend) (TuneCache
+itself stores any JSON value). The GEMM precision is backends.cgemm's mode, "fp32" or "tf32": a
 choice tuned with the FFT backends' GEMM on TF32 is never reused in strict fp32, nor the other
 way round. Choices live in memory and in one JSON file holding every device's choices:
 
-  {"version": 2,
+  {"version": 3,
    "devices": {"NVIDIA H100 80GB HBM3": {"[\"float32\", \"fp32\", [128, ...], \"fprop\", \"cufft\"]": {...}}}}
 
 The file is $MINITORCH_TUNE_CACHE if set (with ~ expanded; a relative path is taken from the
@@ -14,7 +36,8 @@ working directory the first time it is seen), else ~/.cache/minitorch_fft/autotu
 Faults lose nothing:
 - A file that is corrupt or of another format version is ignored with a warning. At the next
   choice it is moved aside to <file>.bak, not overwritten, and a new file is written (version 1
-  keys had no GEMM precision: its choices, all made in fp32, are tuned again once).
+  keys had no GEMM precision; version 2 had one record format per tuner: their choices are tuned
+  again once).
 - A file that exists but cannot be read (permissions, I/O error) is never replaced: this process
   keeps its choices in memory only.
 - Writes go to a temporary file, fsynced, with the umask's usual permissions, then renamed over
@@ -28,6 +51,7 @@ Faults lose nothing:
 import contextlib
 import functools
 import json
+import logging
 import os
 import statistics
 import time
@@ -45,7 +69,10 @@ from .utils import atomic_file
 
 from . import cgemm, config
 
-VERSION = 2  # 2: the GEMM precision joined the key
+VERSION = 3  # 2: the GEMM precision joined the key; 3: one record format for every tuner
+ROUNDS, REPEAT = 3, 5   # timing rounds per candidate, timed runs per round (module docstring)
+
+log = logging.getLogger("minitorch_fft.tuning")
 
 
 def cache_path():
@@ -82,7 +109,15 @@ def key(xp, dtype, geometry, pass_name, backend, math=None):
     math = cgemm.mode(xp) if math is None else math
     if math not in ("fp32", "tf32"):
         raise ValueError(f"GEMM precision must be 'fp32' or 'tf32', got {math!r}")
-    return (device_name(xp), np.dtype(dtype).name, math, tuple(int(v) for v in geometry), pass_name, backend)
+    dtype_name, ints = _plain(dtype, tuple(geometry))
+    return (device_name(xp), dtype_name, math, ints, pass_name, backend)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain(dtype, geometry):
+    """(dtype's name, geometry as Python ints): ~30 us uncached, and tuned passes build a key
+    on every call (remembered()'s memo is keyed by it)."""
+    return np.dtype(dtype).name, tuple(int(v) for v in geometry)
 
 
 def _entry_name(rest):
@@ -242,12 +277,128 @@ def timeit(fn, xp=np, warmup=1, repeat=5):
     return statistics.median(times)
 
 
-def fastest(candidates, run, xp=np, warmup=1, repeat=3):
-    """The candidate c for which run(c) has the smallest median time (a lone candidate is not timed)."""
+def enabled(setting, xp):
+    """Whether the tune setting `setting` ("auto_tune", "cufft_tune" or "direct_tune") has tuning
+    on for arrays of `xp`: "on", or "auto" on the GPU."""
+    mode = config.get(setting)
+    return mode == "on" or (mode == "auto" and xp is not np)
+
+
+def rel_error(xp, got, ref):
+    """|got - ref| / |ref| (Frobenius norms), or |got| where ref is zero."""
+    den = float(xp.linalg.norm(ref))
+    return float(xp.linalg.norm(got - ref)) / den if den else float(xp.linalg.norm(got))
+
+
+def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name="the reference",
+         tol=0.0, label=str, margin=0.0, prefer=None, explain=None, drop_slower=None, warn=False):
+    """Time `candidates` with run(candidate) -> output by the recipe in the module docstring and
+    return the record {"choice", "ms", "skipped", "why"}.
+
+    reference: an output every candidate must match to `tol` (reference_name names it in the
+    reasons); or against: the candidate whose output is the reference (it runs first; if it
+    raises, so does tune). Neither: no check.
+    label(candidate) -> str names it in "ms" and "skipped" (and must be unique).
+    margin, prefer(label) -> sortable, explain(label) -> str: select()'s tie rule.
+    drop_slower: a factor; after a round, a candidate slower than it x the best is timed no more.
+    warn: a candidate that disagrees with the reference is also a warning (a kernel bug), not
+    only a log line. A lone candidate is neither run nor timed.
+    """
     candidates = list(candidates)
     if not candidates:
-        raise ValueError("fastest: no candidates to time")
+        raise ValueError("tune: no candidates")
     if len(candidates) == 1:
-        return candidates[0]
-    times = [timeit(functools.partial(run, c), xp, warmup, repeat) for c in candidates]
-    return candidates[int(np.argmin(times))]
+        return {"choice": candidates[0], "ms": {}, "skipped": {}, "why": "only candidate"}
+    by_label = {label(c): c for c in candidates}
+    if len(by_label) != len(candidates):
+        raise ValueError(f"tune: candidate labels are not unique: {[label(c) for c in candidates]}")
+    order = list(by_label)
+    rounds, skipped = {}, {}
+    if against is not None:
+        ref_label = label(against)
+        order.remove(ref_label)
+        order.insert(0, ref_label)
+        reference = run(against)                      # its untimed first run
+        rounds[ref_label] = []
+    else:
+        ref_label = reference_name
+    for name in order:                                # the untimed first run, also the checked one
+        if name in rounds:
+            continue
+        try:
+            out = run(by_label[name])
+            err = None if reference is None else rel_error(xp, out, reference)
+        except Exception as e:  # noqa: BLE001 - any failure only disqualifies the candidate
+            skipped[name] = f"{type(e).__name__}: {e}"[:300]
+            continue
+        if err is not None and not err <= tol:
+            skipped[name] = f"disagrees with {ref_label} (relative error {err:.2e} > {tol})"
+            if warn:
+                warnings.warn(f"tuning: {name} {skipped[name]}; not used", RuntimeWarning, stacklevel=2)
+            continue
+        rounds[name] = []
+    timed = [name for name in order if name in rounds]
+    for _ in range(ROUNDS):                           # interleaved: a b c, a b c, ...
+        for name in list(timed):
+            try:
+                rounds[name].append(timeit(lambda: run(by_label[name]), xp, warmup=1, repeat=REPEAT))
+            except Exception as e:  # noqa: BLE001
+                skipped[name] = f"{type(e).__name__}: {e}"[:300]
+                del rounds[name]
+                timed.remove(name)
+        if drop_slower is not None and timed:
+            best = min(rounds[name][-1] for name in timed)
+            timed = [name for name in timed if rounds[name][-1] <= drop_slower * best]
+    for name, why in skipped.items():
+        log.info("tuning: skipped %s (%s)", name, why)
+    if not rounds:
+        raise RuntimeError(f"every candidate failed: {skipped}")
+    times = {name: statistics.median(ms) for name, ms in rounds.items()}
+    winner, why = select(times, margin, prefer, explain)
+    return {"choice": by_label[winner], "ms": {k: round(v, 4) for k, v in times.items()},
+            "skipped": skipped, "why": why}
+
+
+def select(times, margin=0.0, prefer=None, explain=None):
+    """(winner, why) from times {label: ms}: the fastest, unless others are within `margin` (a
+    fraction) of it; among those tied, the least prefer(label) (default: none preferred), then
+    the faster. why is "fastest", or says how far behind the winner is and explain(winner)."""
+    if not times:
+        raise ValueError("select: no timed candidates")
+    fastest = min(times, key=times.get)
+    tied = [name for name in times if times[name] <= (1 + margin) * times[fastest]]
+    rank = prefer or (lambda name: 0)
+    winner = min(tied, key=lambda name: (rank(name), times[name]))
+    if winner == fastest:
+        return winner, "fastest"
+    within = f"{times[winner] / times[fastest] - 1:.1%} slower than {fastest}, within the {margin:.1%} margin"
+    return winner, f"{within}: {explain(winner)}" if explain else within
+
+
+def is_record(record):
+    """Whether `record` has tune()'s format (an edited or damaged file may hold anything)."""
+    return (isinstance(record, dict) and "choice" in record and isinstance(record.get("ms"), dict)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in record["ms"].values())
+            and isinstance(record.get("skipped"), dict) and isinstance(record.get("why"), str))
+
+
+_memo = {}   # tuning key -> (cache, its version, record): remembered()'s per-call answer
+
+
+def remembered(key, tune, valid=None):
+    """The record for `key`: from this process's memo while the cache is unchanged, else from
+    the cache if is_record and valid(record["choice"]) (a bad one warns), else tune() -> record,
+    stored in the cache. The memo is left alone on hits: a record is checked when read from disk."""
+    cache = default_cache()
+    hit = _memo.get(key)
+    if hit is not None and hit[0] is cache and hit[1] == cache.version:
+        return hit[2]
+    record = cache.get(key)
+    if record is not None and not (is_record(record) and (valid is None or valid(record["choice"]))):
+        warnings.warn(f"ignoring invalid cached tuning record {record!r:.200} for {key}; tuning again")
+        record = None
+    if record is None:
+        record = tune()
+        cache.put(key, record)
+    _memo[key] = (cache, cache.version, record)
+    return record

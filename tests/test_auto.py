@@ -222,13 +222,14 @@ def test_tf32_choices_are_tuned_and_checked_apart_from_fp32(fake_clock, monkeypa
     assert auto.pick(reg, "fprop", **GEOM) == "cufft"
 
 
-@pytest.mark.parametrize("record", ["gemm", {"backend": "gemm"}, {"backend": 3, "ms": {}, "skipped": {}},
-                                    {"backend": "gemm", "ms": {"gemm": "fast"}, "skipped": {}}])
+@pytest.mark.parametrize("record", ["gemm", {"choice": "gemm"}, {"choice": 3, "ms": {}, "skipped": {}, "why": ""},
+                                    {"choice": "gemm", "ms": {"gemm": "fast"}, "skipped": {}, "why": ""},
+                                    {"backend": "gemm", "ms": {}, "skipped": {}}])   # version 2's format
 def test_a_malformed_cached_record_is_ignored_with_a_warning_and_retuned(tuner, record):
     reg = {"gemm": SlowIn("none"), "a": SlowIn("fprop")}
     geom = auto._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
     tuning.default_cache().put(tuning.key(np, np.float32, geom, "fprop", "auto"), record)
-    with pytest.warns(UserWarning, match="malformed autotune record"):
+    with pytest.warns(UserWarning, match="invalid cached tuning record"):
         assert auto.pick(reg, "fprop", **GEOM) == "gemm"             # "a" sleeps in fprop
     assert set(auto.choices()[0]["ms"]) == {"gemm", "a"}             # timed again
     assert "fprop" in auto.format_choices()                          # the table still prints

@@ -9,13 +9,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends import config, cufft, reuse, tuning
+from backends import config, cufft, cufft_buffers, reuse, tuning
 from backends.common import geometry
 from conftest import DEVICES
 from minitorch_fft.device import get_array_module, to_device
 from reference import check_backend
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def record(config):
+    """A cached tuning record (backends.tuning's format) choosing `config`."""
+    return {"choice": config, "ms": {}, "skipped": {}, "why": "written by a test"}
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +195,7 @@ def test_every_gemm_form_on_a_larger_basis(rng, monkeypatch, device, how, layout
     config = {"basis": [8, 15], "gemm": how, "layout": layout_}
     assert cufft.min_basis(g) == (8, 11) and 15 in cufft.basis_sizes(11)
     for pass_name in ("fprop", "bprop", "accgrad"):
-        tuning.default_cache().put(tuning.key(xp, np.float32, g, pass_name, "cufft"), config)
+        tuning.default_cache().put(tuning.key(xp, np.float32, g, pass_name, "cufft"), record(config))
     monkeypatch.setattr(tuning, "timeit", _no_timing)
     check_backend(cufft, x, w, (1, 1), padding, device=device, rng=rng)
     assert cufft.config_for("fprop", x.shape, w.shape, (1, 1), padding, xp=xp) == config
@@ -239,11 +244,11 @@ def test_inputs_are_left_unchanged(rng, layout, device, x_shape, w_shape, paddin
 def test_scratch_buffers_are_reused(rng, device):
     x, w = arrays(rng, (2, 3, 8, 8), (4, 3, 3, 3))
     all_passes(x, w, (1, 1), device)
-    before = {k: id(v) for k, v in cufft._scratch_buffers.items()}
+    before = {k: id(v) for k, v in cufft_buffers._scratch_buffers.items()}
     all_passes(x, w, (1, 1), device)
-    assert before and {k: id(v) for k, v in cufft._scratch_buffers.items()} == before
+    assert before and {k: id(v) for k, v in cufft_buffers._scratch_buffers.items()} == before
     cufft.release_buffers()
-    assert not cufft._scratch_buffers
+    assert not cufft_buffers._scratch_buffers
 
 
 @pytest.mark.gpu
@@ -311,9 +316,11 @@ def test_tuner_picks_a_valid_basis_and_caches_it(rng, monkeypatch, tmp_path, set
     n0, m0 = cufft.min_basis(g)
     saved = json.loads((tmp_path / "autotune.json").read_text())
     assert saved["version"] == tuning.VERSION
-    choices = list(saved["devices"]["cpu"].values())
-    assert len(choices) == 3
-    for choice in choices:
+    records = list(saved["devices"]["cpu"].values())
+    assert len(records) == 3 and all(tuning.is_record(r) for r in records)
+    choices = [r["choice"] for r in records]
+    for r, choice in zip(records, choices):
+        assert cufft._label(choice) in r["ms"] and not r["skipped"]
         n, m = choice["basis"]
         assert n in cufft.basis_sizes(n0) and m in cufft.basis_sizes(m0)
         assert choice["gemm"] in cufft.GEMMS and choice["layout"] in cufft.LAYOUTS
@@ -325,7 +332,9 @@ def test_tuner_picks_a_valid_basis_and_caches_it(rng, monkeypatch, tmp_path, set
     assert cufft.config_for("accgrad", x.shape, w.shape, (1, 1), padding) in choices
 
 
-def test_tuner_keeps_the_default_when_the_winner_disagrees(rng, monkeypatch, settings):
+def test_a_configuration_that_disagrees_with_the_default_never_wins(rng, monkeypatch, settings):
+    """Every candidate is checked against the default configuration's output: a wrong GEMM form
+    is skipped with its reason (and a warning), however fast it is."""
     real_cgemm = cufft._cgemm
 
     def wrong_gauss(xp, a, b, role, how, **ops):
@@ -335,15 +344,17 @@ def test_tuner_keeps_the_default_when_the_winner_disagrees(rng, monkeypatch, set
         return c
 
     monkeypatch.setattr(cufft, "_cgemm", wrong_gauss)
-    monkeypatch.setattr(tuning, "fastest", lambda candidates, run, xp: candidates[-1])
+    monkeypatch.setattr(tuning, "timeit", lambda fn, xp, warmup, repeat: (fn(), 1.0)[1])   # all tie
     settings(cufft_tune="on")
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
-    with pytest.warns(UserWarning, match="keeping the default"):
+    with pytest.warns(RuntimeWarning, match="gauss .*disagrees with the default configuration"):
         y = cufft.fprop(x, w)
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))
-    assert cufft.config_for("fprop", x.shape, w.shape) == cufft.default_config(g)
+    saved = tuning.default_cache().get(tuning.key(np, np.float32, g, "fprop", "cufft"))
+    assert saved["choice"]["gemm"] != "gauss"
+    assert any("gauss" in name and "relative error" in why for name, why in saved["skipped"].items())
     settings(cufft_tune="off")
-    np.testing.assert_array_equal(y, cufft.fprop(x, w))
+    np.testing.assert_allclose(y, cufft.fprop(x, w), rtol=1e-5, atol=1e-5)
 
 
 def test_invalid_cached_choice_is_retuned(rng, monkeypatch, settings):
@@ -351,10 +362,10 @@ def test_invalid_cached_choice_is_retuned(rng, monkeypatch, settings):
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))
     key = tuning.key(np, np.float32, g, "fprop", "cufft")
-    tuning.default_cache().put(key, {"basis": [4, 4], "gemm": "batched", "layout": "copy"})  # too small: would alias
-    with pytest.warns(UserWarning, match="invalid cached cufft choice"):
+    tuning.default_cache().put(key, record({"basis": [4, 4], "gemm": "batched", "layout": "copy"}))  # would alias
+    with pytest.warns(UserWarning, match="invalid cached tuning record"):
         cufft.fprop(x, w)
-    (n, m), (n0, m0) = tuning.default_cache().get(key)["basis"], cufft.min_basis(g)
+    (n, m), (n0, m0) = tuning.default_cache().get(key)["choice"]["basis"], cufft.min_basis(g)
     assert n >= n0 and m >= m0
 
 
@@ -377,10 +388,10 @@ def test_a_cached_choice_the_tuner_could_not_have_made_is_refused(rng, monkeypat
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))                  # min_basis (6, 6): sizes 6, 7, 8
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))
     key = tuning.key(np, np.float32, g, "fprop", "cufft")
-    tuning.default_cache().put(key, choice)
-    with pytest.warns(UserWarning, match="invalid cached cufft choice"):
+    tuning.default_cache().put(key, record(choice))
+    with pytest.warns(UserWarning, match="invalid cached tuning record"):
         cufft.fprop(x, w)
-    n, m = tuning.default_cache().get(key)["basis"]
+    n, m = tuning.default_cache().get(key)["choice"]["basis"]
     assert n in cufft.basis_sizes(6) and m in cufft.basis_sizes(6)
 
 
@@ -438,27 +449,23 @@ def test_the_tuner_skips_bases_beyond_the_plan_limit_and_drops_its_plans(rng, mo
     x, w = arrays(rng, (2, 2, 6, 6), (3, 2, 3, 3))             # f' f = 6; min_basis (6, 6)
     monkeypatch.setattr(cufft, "_INT_MAX", 6 * 6 * 7)           # 6x6 and 7x6 fit, 8x6 and 7x7 do not
     timed = []
+    real_tune = tuning.tune
 
-    def last(candidates, run, xp):
+    def last(candidates, run, xp, **kw):     # the last candidate of every stage wins
         timed.extend(c["basis"] for c in candidates)
-        return candidates[-1]
-    monkeypatch.setattr(tuning, "fastest", last)
-    cufft._plans[("stale", 0)] = "a plan made before tuning"
-    real = cufft._tune_candidates
-
-    def with_a_plan(xp, g, run):
-        cufft._plans[("made while tuning", 0)] = "a losing candidate's plan"
-        return real(xp, g, run)
-    monkeypatch.setattr(cufft, "_tune_candidates", with_a_plan)
+        cufft_buffers._plans[("made while tuning", 0)] = "a losing candidate's plan"
+        return real_tune(candidates[-1:], run, xp, **kw)
+    monkeypatch.setattr(tuning, "tune", last)
+    cufft_buffers._plans[("stale", 0)] = "a plan made before tuning"
     try:
         check_backend(cufft, x, w, (1, 1), (0, 0), rng=rng)
         g = geometry(x.shape, w.shape, (1, 1), (0, 0))
         assert timed and all(n * m * 6 <= 6 * 6 * 7 for n, m in timed)
         assert cufft.config_for("fprop", x.shape, w.shape)["basis"] == [7, 6]
-        assert ("made while tuning", 0) not in cufft._plans and ("stale", 0) in cufft._plans
+        assert ("made while tuning", 0) not in cufft_buffers._plans and ("stale", 0) in cufft_buffers._plans
         assert cufft._valid_config(dict(cufft.default_config(g), basis=[8, 6]), g) is False
     finally:
-        cufft._plans.clear()
+        cufft_buffers._plans.clear()
 
 
 def test_the_configuration_lookup_is_remembered_until_the_cache_changes(rng, monkeypatch, settings):
@@ -471,7 +478,7 @@ def test_the_configuration_lookup_is_remembered_until_the_cache_changes(rng, mon
     g = geometry(x.shape, w.shape, (1, 1), (0, 0))
     key = tuning.key(np, np.float32, g, "fprop", "cufft")
     cache = tuning.default_cache()
-    cache.put(key, {"basis": [8, 8], "gemm": "batched", "layout": "copy"})
+    cache.put(key, record({"basis": [8, 8], "gemm": "batched", "layout": "copy"}))
     lookups = []
     real_get = tuning.TuneCache.get
     monkeypatch.setattr(tuning.TuneCache, "get", lambda self, k: lookups.append(k) or real_get(self, k))
@@ -482,7 +489,7 @@ def test_the_configuration_lookup_is_remembered_until_the_cache_changes(rng, mon
     for _ in range(3):
         cufft.fprop(x, w)
     assert len(lookups) == 1 and used == [(8, 8)] * 3
-    cache.put(key, {"basis": [7, 8], "gemm": "batched", "layout": "copy"})
+    cache.put(key, record({"basis": [7, 8], "gemm": "batched", "layout": "copy"}))
     cufft.fprop(x, w)
     assert len(lookups) == 2 and used[-1] == (7, 8)
     tuning._caches.clear()                        # a new cache object on the same file
@@ -508,11 +515,11 @@ def test_gpu_transpose_kernel_is_exact(rows, cols, fresh_rng):
 def test_buffers_dropped_while_keeping_retired_are_kept():
     """A scratch buffer that grows inside keeping_retired() (as during a CUDA-graph capture) is
     handed to the caller instead of being freed; outside, it is simply dropped."""
-    cufft._scratch_buffers.clear()
-    small = cufft._scratch(np, "test", (4,), np.float32)
+    cufft_buffers._scratch_buffers.clear()
+    small = cufft_buffers.scratch(np, "test", (4,), np.float32)
     with cufft.keeping_retired() as kept:
-        cufft._scratch(np, "test", (16,), np.float32)
+        cufft_buffers.scratch(np, "test", (16,), np.float32)
     assert len(kept) == 1 and kept[0].size == 4 and np.shares_memory(kept[0], small)
-    cufft._scratch(np, "test", (64,), np.float32)
-    assert cufft._retired is None
-    cufft._scratch_buffers.clear()
+    cufft_buffers.scratch(np, "test", (64,), np.float32)
+    assert cufft_buffers._retired is None
+    cufft_buffers._scratch_buffers.clear()

@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from backends import cgemm, cufft
+from backends import cgemm, cufft, cufft_buffers
 from backends.common import geometry
 
 R2C, C2R = 0x2A, 0x2C
@@ -112,8 +112,8 @@ def gpu_branch(monkeypatch, settings):
     monkeypatch.setattr(cufft, "check_arrays",
                         lambda **arrays: (xp, *[np.ascontiguousarray(a) for a in arrays.values()]))
     settings(cufft_tune="off")
-    monkeypatch.setattr(cufft, "_scratch_buffers", {})
-    monkeypatch.setattr(cufft, "_plans", {})
+    monkeypatch.setattr(cufft_buffers, "_scratch_buffers", {})
+    monkeypatch.setattr(cufft_buffers, "_plans", {})
     return xp
 
 
@@ -155,7 +155,7 @@ def test_gpu_branch_matches_the_cpu_branch(gpu_branch, monkeypatch, rng, x_shape
         assert float(np.abs(a - b).max()) / scale < 1e-5, name
     for before, after in zip(originals, (x, w, gy), strict=True):
         np.testing.assert_array_equal(before, after)    # R2C read x, w, gy in place: never written
-    assert {key[-1] for key in cufft._plans} == {layout}
+    assert {key[-1] for key in cufft_buffers._plans} == {layout}
 
 
 def test_a_swapped_stride_is_caught(gpu_branch, rng):
@@ -174,7 +174,7 @@ def test_a_swapped_stride_is_caught(gpu_branch, rng):
     try:
         right = cufft.fprop(x, w)
         FakePlan.__init__ = swapped
-        cufft._plans.clear()
+        cufft_buffers._plans.clear()
         wrong = cufft.fprop(x, w)
     finally:
         FakePlan.__init__ = real

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from backends import common, direct
+from backends import common, correlate1d, direct, direct_plans, tuning
 from conftest import DEVICES
 from minitorch_fft.device import to_device
 from reference import check_backend, conv_reference, rel_error
@@ -100,7 +100,7 @@ def test_plans_fit_an_h100(layer):
         assert names[0] == "naive" and any(n.startswith("tile") for n in names), (pass_name, names)
         assert direct.default_config(pass_name, g, names).startswith("tile")
         for n in names[1:]:
-            pl = direct._plan_for(pass_name, direct._config(pass_name, n), g, 132, 227 * 1024)
+            pl = direct_plans._plan_for(pass_name, direct_plans.config_named(pass_name, n), g, 132, 227 * 1024)
             assert 0 < pl.smem <= 227 * 1024 and pl.block[0] <= 1024
 
 
@@ -189,10 +189,8 @@ def test_plane_every_size_on_gpu(k, monkeypatch, settings):
 @pytest.mark.gpu
 def test_tuner_picks_a_checked_config_and_remembers_it(monkeypatch, tmp_path, settings):
     import cupy as cp
-    from backends import tuning
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "tune.json"))
     settings(direct_tune="auto")
-    monkeypatch.setattr(direct, "_chosen", {})
     x, w, stride, pad, rng = _data("conv3x3_pad1")
     g = common.geometry(x.shape, w.shape, stride, pad)
     # a broken configuration must be rejected by the check against naive
@@ -208,13 +206,43 @@ def test_tuner_picks_a_checked_config_and_remembers_it(monkeypatch, tmp_path, se
         y = direct.fprop(cp.asarray(x), cp.asarray(w), stride, pad)
     assert any(broken in str(c.message) for c in caught)
     entry = tuning.default_cache().get(tuning.key(cp, np.float32, g, "fprop", "direct"))
-    assert entry["format"] == direct.CACHE_FORMAT and entry["config"] != broken
-    assert broken not in entry["ms"] and "naive" in entry["ms"]
+    assert tuning.is_record(entry) and entry["choice"] != broken
+    assert broken not in entry["ms"] and "disagrees with naive" in entry["skipped"][broken] and "naive" in entry["ms"]
     y_ref = conv_reference(x, w, np.zeros((g.S, g.fo, g.oh, g.ow)), stride, pad)[0]
     assert rel_error(y, y_ref) <= 1e-5
-    monkeypatch.setattr(direct, "_chosen", {})                  # from the cache now, no new tuning
-    monkeypatch.setattr(direct, "tune", lambda *a, **k: pytest.fail("tuned twice"))
+    tuning._caches.clear()                                       # from the file now, no new tuning
+    monkeypatch.setattr(tuning, "tune", lambda *a, **k: pytest.fail("tuned twice"))
     direct.fprop(cp.asarray(x), cp.asarray(w), stride, pad)
+
+
+def test_the_gpu_tuner_is_the_recipe_against_naive(tmp_path, monkeypatch, settings):
+    """_tuned (the GPU path's tuner) on NumPy stand-ins: naive is the reference, a configuration
+    that disagrees is skipped with a warning, a hopeless one is timed one round only, and the
+    record is remembered (the cache answers the second time)."""
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "tune.json"))
+    g = common.geometry((2, 16, 13, 13), (24, 16, 3, 3), (1, 1), (1, 1))
+    names = direct.candidates("fprop", g)
+    tile, wrong, slow = names[1], names[2], names[3]
+    ms = {name: 2.0 for name in names}
+    ms.update({"naive": 50.0, tile: 1.0})
+    timed, ran = [], []
+
+    def timeit(fn, xp, warmup, repeat):
+        fn()
+        timed.append(ran[-1])
+        return ms[ran[-1]]
+    monkeypatch.setattr(tuning, "timeit", timeit)
+
+    def run(cfg):
+        ran.append(cfg.name)
+        return np.ones(5) * (1.5 if cfg.name == wrong else 1.0)
+    with pytest.warns(RuntimeWarning, match=f"{wrong} disagrees with naive"):
+        record = direct._tuned(np, "fprop", g, run, names)
+    assert ran[0] == "naive" and record["choice"] == tile and wrong in record["skipped"]
+    assert timed.count("naive") == 1 and timed.count(tile) == tuning.ROUNDS      # naive: > 3x, one round
+    assert timed.count(slow) == tuning.ROUNDS and record["ms"]["naive"] == 50.0
+    ran.clear()
+    assert direct._tuned(np, "fprop", g, run, names) == record and ran == []
 
 
 @pytest.mark.gpu
@@ -264,12 +292,12 @@ def test_correlate1d_against_float64(batch, L, K, device):
     mask = rng.standard_normal(K).astype(np.float32)
     ref = _correlate1d_reference(x, mask)
     if device == "cpu":
-        outs = {"numpy": direct.correlate1d(x, mask)}
+        outs = {"numpy": correlate1d.correlate1d(x, mask)}
     else:
         import cupy as cp
         xd, md = cp.asarray(x), cp.asarray(mask)
-        outs = {cfg: cp.asnumpy(direct.correlate1d(xd, md, config=cfg)) for cfg in direct.CORRELATE1D_CONFIGS}
-        outs["tuned"] = cp.asnumpy(direct.correlate1d(xd, md))
+        outs = {cfg: cp.asnumpy(correlate1d.correlate1d(xd, md, config=cfg)) for cfg in correlate1d.CONFIGS}
+        outs["tuned"] = cp.asnumpy(correlate1d.correlate1d(xd, md))
     for name, y in outs.items():
         assert y.shape == ref.shape, name
         assert rel_error(y, ref) <= 1e-5, (name, rel_error(y, ref))
@@ -285,26 +313,30 @@ def test_correlate1d_never_multiplies_inputs_past_the_mask(monkeypatch, settings
     x = np.random.default_rng(0).standard_normal(L).astype(np.float32)
     x[-1] = np.inf
     mask = np.ones(K, np.float32)
-    for cfg in direct.CORRELATE1D_CONFIGS:
-        y = cp.asnumpy(direct.correlate1d(cp.asarray(x), cp.asarray(mask), config=cfg))
+    for cfg in correlate1d.CONFIGS:
+        y = cp.asnumpy(correlate1d.correlate1d(cp.asarray(x), cp.asarray(mask), config=cfg))
         assert np.isfinite(y[:-1]).all() and np.isposinf(y[-1]), cfg
+
+
+def test_correlate1d_is_its_own_module_and_direct_reexports_it():
+    assert direct.correlate1d is correlate1d.correlate1d          # benchmarks/bench_correlate1d.py
 
 
 def test_correlate1d_errors():
     x, m = np.zeros(10, np.float32), np.ones(3, np.float32)
     with pytest.raises(ValueError, match="mask length K = 11 must be between 1 and the signal length L = 10"):
-        direct.correlate1d(x, np.ones(11, np.float32))
+        correlate1d.correlate1d(x, np.ones(11, np.float32))
     with pytest.raises(ValueError, match="mask"):
-        direct.correlate1d(x, np.ones((1, 3), np.float32))
+        correlate1d.correlate1d(x, np.ones((1, 3), np.float32))
     with pytest.raises(TypeError, match="float32"):
-        direct.correlate1d(x.astype(np.float64), m)
+        correlate1d.correlate1d(x.astype(np.float64), m)
     with pytest.raises(ValueError, match="mask length K = 0"):
-        direct.correlate1d(x, np.ones(0, np.float32))
+        correlate1d.correlate1d(x, np.ones(0, np.float32))
 
 
 def test_correlate1d_instantiations_match_configs():
     src = (common.KERNEL_DIR / "correlate1d.cu").read_text()
     block = src[src.index("// BEGIN CONFIGS"):src.index("// END CONFIGS")]
     found = {tuple(int(v) for v in args.split(",")) for args in re.findall(r"^CORRELATE1D\(([^)]*)\)", block, re.M)}
-    assert found == set(direct.CORRELATE1D_CONFIGS)
+    assert found == set(correlate1d.CONFIGS)
     assert all(out % 2 == 1 for out, _ in found)        # the kernel's bank-conflict argument

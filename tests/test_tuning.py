@@ -256,18 +256,153 @@ def test_timeit_runs_warmup_then_takes_the_median(monkeypatch):
         tuning.timeit(lambda: None, np, warmup=0, repeat=0)
 
 
-def test_fastest_picks_the_quickest_and_skips_a_lone_candidate(monkeypatch):
-    monkeypatch.setattr(tuning, "timeit", lambda fn, xp, warmup, repeat: fn())
-    cost = {"a": 3.0, "b": 1.0, "c": 2.0}
-    assert tuning.fastest(["a", "b", "c"], cost.get) == "b"
+# -- the recipe: tune(), select(), remembered() -------------------------------------------------
 
-    def no_timing(*args):
-        raise AssertionError("a lone candidate was timed")
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """timeit runs fn once and returns the next fake time of the candidate that ran; returns the
+    candidates in the order they were timed."""
+    timed, last = [], []
 
-    monkeypatch.setattr(tuning, "timeit", no_timing)
-    assert tuning.fastest(["only"], cost.get) == "only"
-    with pytest.raises(ValueError, match="no candidates"):
-        tuning.fastest([], cost.get)
+    def timeit(fn, xp, warmup, repeat):
+        fn()
+        timed.append(last[-1])
+        ms = TIMES[last[-1]]
+        return ms.pop(0) if isinstance(ms, list) else ms
+
+    monkeypatch.setattr(tuning, "timeit", timeit)
+    return timed, last
+
+
+TIMES = {}
+
+
+def runner(last, outputs=None):
+    """run(candidate): notes it ran, returns its output (outputs[c], default ones)."""
+    def run(c):
+        last.append(c)
+        out = (outputs or {}).get(c, np.ones(4))
+        if isinstance(out, Exception):
+            raise out
+        return out
+    return run
+
+
+def test_tune_runs_each_once_untimed_then_interleaved_rounds_and_the_median_decides(fake_clock):
+    timed, last = fake_clock
+    TIMES.clear()
+    TIMES.update(a=[1.2, 1.2, 1.2], b=[5.0, 1.0, 1.0])       # b has one bad round
+    record = tuning.tune(["a", "b"], runner(last), np)
+    assert last[:2] == ["a", "b"]                             # the untimed, checked runs
+    assert timed == ["a", "b"] * tuning.ROUNDS                # interleaved rounds
+    assert record == {"choice": "b", "ms": {"a": 1.2, "b": 1.0}, "skipped": {}, "why": "fastest"}
+
+
+def test_tune_skips_a_candidate_that_disagrees_or_raises_with_its_reason(fake_clock):
+    timed, last = fake_clock
+    TIMES.clear()
+    TIMES.update(ok=2.0, wrong=0.1, broken=0.1)
+    outputs = {"wrong": np.ones(4) * 1.01, "broken": MemoryError("out of memory (stub)")}
+    with pytest.warns(RuntimeWarning, match="wrong disagrees with ok"):
+        record = tuning.tune(["wrong", "ok", "broken"], runner(last, outputs), np, against="ok", tol=1e-3,
+                             warn=True)
+    assert last[0] == "ok"                                   # the reference candidate runs first
+    assert record["choice"] == "ok" and set(timed) == {"ok"} and set(record["ms"]) == {"ok"}
+    assert record["skipped"]["wrong"].startswith("disagrees with ok (relative error 1.00e-02 > 0.001)")
+    assert record["skipped"]["broken"] == "MemoryError: out of memory (stub)"
+    # an output reference instead of a candidate, named in the reason
+    record = tuning.tune(["ok", "wrong"], runner(last, outputs), np, reference=np.ones(4),
+                         reference_name="gemm", tol=1e-3)
+    assert record["choice"] == "ok" and "disagrees with gemm" in record["skipped"]["wrong"]
+    with pytest.raises(RuntimeError, match="every candidate failed"):
+        tuning.tune(["wrong", "broken"], runner(last, outputs), np, reference=np.ones(4), tol=1e-3)
+
+
+def test_tune_leaves_a_lone_candidate_alone_and_can_drop_hopeless_ones(fake_clock):
+    timed, last = fake_clock
+    assert tuning.tune(["only"], runner(last), np) == {"choice": "only", "ms": {}, "skipped": {},
+                                                        "why": "only candidate"}
+    assert last == [] and timed == []
+    TIMES.clear()
+    TIMES.update(fast=1.0, slow=[3.5, 0.1, 0.1], close=[2.9, 2.9, 2.9])
+    record = tuning.tune(["fast", "slow", "close"], runner(last), np, drop_slower=3.0)
+    assert timed == ["fast", "slow", "close"] + ["fast", "close"] * 2   # slow: one round only
+    assert record["ms"] == {"fast": 1.0, "slow": 3.5, "close": 2.9} and record["choice"] == "fast"
+
+
+def test_select_ties_within_the_margin_go_to_the_preference():
+    times = {"a": 1.0, "b": 1.02, "c": 1.5}
+    assert tuning.select(times) == ("a", "fastest")
+    assert tuning.select(times, 0.03) == ("a", "fastest")            # no preference: the faster
+    prefer = {"c": 0, "b": 1, "a": 2}.get
+    winner, why = tuning.select(times, 0.03, prefer, lambda n: f"{n} preferred")
+    assert winner == "b" and why == "2.0% slower than a, within the 3.0% margin: b preferred"
+    assert tuning.select(times, 0.0, prefer)[0] == "a"               # zero margin: the fastest
+    with pytest.raises(ValueError, match="no timed candidates"):
+        tuning.select({})
+
+
+def test_a_record_is_written_once_and_read_back_through_the_memo(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
+    calls = []
+    rec = {"choice": {"basis": [8, 8]}, "ms": {"8x8": 1.5}, "skipped": {"9x9": "slow"}, "why": "fastest"}
+    tune = lambda: calls.append(1) or dict(rec)   # noqa: E731
+    key = a_key()
+    assert tuning.remembered(key, tune) == rec and calls == [1]
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["version"] == tuning.VERSION == 3 and list(data["devices"]["cpu"].values()) == [rec]
+    gets = []
+    real_get = tuning.TuneCache.get
+    monkeypatch.setattr(tuning.TuneCache, "get", lambda self, k: gets.append(k) or real_get(self, k))
+    assert tuning.remembered(key, tune) == rec and gets == []        # the memo answers
+    tuning.default_cache().put(a_key("bprop"), dict(rec, choice="other"))   # the cache changed
+    assert tuning.remembered(key, tune) == rec and gets == [key]     # looked up again, not retuned
+    tuning._caches.clear()                                           # a new cache object: a new process
+    assert tuning.remembered(key, tune) == rec and len(gets) == 2 and calls == [1]
+    # a record the caller finds invalid (or of another format) is tuned again, with a warning
+    tuning._caches.clear()
+    with pytest.warns(UserWarning, match="invalid cached tuning record"):
+        tuning.remembered(key, tune, valid=lambda choice: choice != {"basis": [8, 8]})
+    assert calls == [1, 1]
+
+
+def test_enabled_reads_the_three_tune_settings(settings):
+    gpu = object()
+    for name in ("auto_tune", "cufft_tune", "direct_tune"):
+        settings(**{name: "auto"})
+        assert not tuning.enabled(name, np) and tuning.enabled(name, gpu)
+        settings(**{name: "on"})
+        assert tuning.enabled(name, np) and tuning.enabled(name, gpu)
+        settings(**{name: "off"})
+        assert not tuning.enabled(name, np) and not tuning.enabled(name, gpu)
+
+
+def test_auto_cufft_and_direct_store_the_same_record_format(tmp_path, monkeypatch, settings):
+    """Each tuner's entry in the file is tune()'s record: auto's, cufft's (CPU, cufft_tune on)
+    and direct's (its GPU tuner driven through a fake run on NumPy arrays)."""
+    from backends import auto, cufft, direct
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
+    monkeypatch.setattr(auto, "_memory", {})
+    settings(auto_tune="on", cufft_tune="on")
+    x_shape, w_shape = (2, 2, 6, 6), (3, 2, 3, 3)
+    auto.pick({"gemm": backends_gemm(), "cufft": cufft}, "fprop", x_shape, w_shape, (1, 1), (1, 1))
+    rng = np.random.default_rng(0)
+    cufft.fprop(rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32))
+    g = geometry((2, 2, 6, 6), (3, 2, 3, 3), (1, 1), (0, 0))
+    outputs = {name: np.ones(3) for name in direct.candidates("fprop", g)}
+    record = direct._tuned(np, "fprop", g, lambda cfg: outputs[cfg.name], list(outputs))
+    data = json.loads((tmp_path / "t.json").read_text())["devices"]["cpu"]
+    tuners = {json.loads(name)[-1]: rec for name, rec in data.items()}
+    assert set(tuners) == {"auto", "cufft", "direct"}
+    for name, rec in tuners.items():
+        assert tuning.is_record(rec) and set(rec) == {"choice", "ms", "skipped", "why"}, name
+    assert tuners["auto"]["choice"] in ("gemm", "cufft") and tuners["cufft"]["choice"]["basis"]
+    assert tuners["direct"] == record and record["choice"] in outputs
+
+
+def backends_gemm():
+    from backends import gemm
+    return gemm
 
 
 @pytest.mark.gpu
