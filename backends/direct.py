@@ -25,10 +25,8 @@ import numpy as np
 
 from . import tuning
 from .common import check_arrays, check_output_shape, geometry, launch_1d, valid_geometry
-from .correlate1d import correlate1d  # noqa: F401 - for benchmarks/bench_correlate1d.py; moving to backends.correlate1d
 from .direct_plans import (CONFIGS, PLANE_MAX_K, _classes, candidates, config_named, default_config,  # noqa: F401 - API
                            device_limits, kernel, new_output, plan, template_name)
-from .direct_plans import device_limits as _device_limits  # noqa: F401 - benchmarks/bench_direct.py
 
 TUNE_CHECK_TOL = 1e-4   # largest relative difference from naive a tuned configuration may have
 HOPELESS = 3.0          # a configuration over 3x the best after a timing round is timed no more

@@ -75,7 +75,7 @@ def _geometry(x_shape, w_shape, stride, padding):
 def _plan(x_shape, w_shape, stride, padding):
     """(Geometry, basis n, batch chunks) of a pass, worked out once per geometry: every step
     runs the same few, and the checks and sizes cost more host time than a small layer's kernels
-    (benchmarks/exp_host_parts.py). chunks is (None,) when the whole batch fits the workspace."""
+    (benchmarks/experiments/exp_host_parts.py). chunks is (None,) when the whole batch fits the workspace."""
     if not plain_args(x_shape, w_shape, stride, padding):   # 8.0, lists, NumPy ints: checked first
         g = geometry(x_shape, w_shape, stride, padding)
         x_shape, w_shape = (g.S, g.f, g.h, g.w), (g.fo, g.f, g.kh, g.kw)

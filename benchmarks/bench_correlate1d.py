@@ -2,7 +2,7 @@
 
 One float32 signal of 1,000,000 samples, valid cross-correlation with a mask of 2047 taps
 (output[i] = sum_j input[i + j] mask[j], i < 1,000,000 - 2047 + 1), plus a sweep of mask
-lengths around it. The direct backend's register-blocked kernel (backends/direct.py:
+lengths around it. The direct backend's register-blocked kernel (backends/correlate1d.py:
 correlate1d, autotuned over its configurations; every configuration is reported) against
 cupyx.scipy.signal.correlate with method "auto" (its own choice, which may be the FFT),
 "direct" and "fft". Every result is checked against float64 (PyTorch's conv1d on the GPU, a
@@ -54,7 +54,8 @@ def bench_mask(K, args, rng):
     import cupyx.scipy.signal as sig
     import torch
 
-    from backends import direct, tuning
+    from backends import tuning
+    from backends.correlate1d import correlate1d
     L = args.length
     n_out = L - K + 1
     x = rng.standard_normal(L, dtype=cp.float32)
@@ -63,12 +64,12 @@ def bench_mask(K, args, rng):
         torch.as_tensor(x, device="cuda").double().view(1, 1, L),
         torch.as_tensor(mask, device="cuda").double().view(1, 1, K)).view(n_out))
     row = {"L": L, "K": K, "n_out": n_out}
-    row["err_direct"] = rel_error(direct.correlate1d(x, mask), ref)     # tunes on first call
+    row["err_direct"] = rel_error(correlate1d(x, mask), ref)     # tunes on first call
     entry = tuning.default_cache().get(tuning.key(cp, "float32", (1, L, K), "correlate1d", "direct"))
     if isinstance(entry, dict):
-        row["direct_config"] = entry.get("config")          # "OUTxTHREADS"
+        row["direct_config"] = entry.get("choice")          # "OUTxTHREADS"
         row["direct_tuning_ms"] = {c: round(t, 4) for c, t in entry.get("ms", {}).items()}
-    row["ms_direct"] = median_ms(lambda: direct.correlate1d(x, mask), "cupy", args.warmup, args.repeat)
+    row["ms_direct"] = median_ms(lambda: correlate1d(x, mask), "cupy", args.warmup, args.repeat)
     row["GFLOPS_direct"] = gflops(K, n_out, row["ms_direct"])
     try:
         row["cupyx_auto_choice"] = sig.choose_conv_method(x, mask, mode="valid")

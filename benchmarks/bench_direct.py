@@ -119,7 +119,7 @@ def check_configs(args):
     """Force every configuration of every pass on CHECK_GEOMETRIES; poisoned outputs; vs float64."""
     import cupy as cp
 
-    from backends import common, direct
+    from backends import common, direct, direct_plans
     rows = []
     with config.override(direct_poison=True):   # outputs NaN-filled before each launch
         for gi, (name, (xs, ws, stride, pad)) in enumerate(CHECK_GEOMETRIES.items()):
@@ -131,7 +131,7 @@ def check_configs(args):
                      "bprop": lambda c: direct.bprop(gy, w, xs, stride, pad, config=c),
                      "accgrad": lambda c: direct.accgrad(gy, x, ws, stride, pad, config=c)}
             for pn in PASSES:
-                for cfg in direct.candidates(pn, g, *direct._device_limits(cp.cuda.Device().id)):
+                for cfg in direct.candidates(pn, g, *direct_plans.device_limits(cp.cuda.Device().id)):
                     row = {"geometry": name, "pass": pn, "config": cfg}
                     try:
                         start = time.perf_counter()
@@ -207,7 +207,7 @@ def bench_layer(name, args):
     for pn, row in rows.items():
         entry = tuning.default_cache().get(tuning.key(cp, "float32", g, pn, "direct"))
         if isinstance(entry, dict):
-            row["direct_config"] = entry.get("config")
+            row["direct_config"] = entry.get("choice")
             row["direct_tuning_ms"] = {c: round(t, 4) for c, t in entry.get("ms", {}).items()}
         for other in ("gemm", "cudnn_strict", "cudnn_tf32"):
             if row.get("ms_direct") and row.get(f"ms_{other}"):
@@ -258,7 +258,7 @@ def bench_plane(args):
             row["pct_bound"] = 100 * row["bound_ms"] / row["ms_direct"]
             entry = tuning.default_cache().get(tuning.key(cp, "float32", g, "fprop", "direct"))
             if isinstance(entry, dict):
-                row["direct_config"] = entry.get("config")
+                row["direct_config"] = entry.get("choice")
                 row["direct_tuning_ms"] = {c: round(t, 4) for c, t in entry.get("ms", {}).items()}
             plane, w2 = img[0, 0], w[0, 0]
             row["ms_ndimage"] = gpu_ms(lambda: ndi.correlate(plane, w2, mode="constant"), "cupy", args)
