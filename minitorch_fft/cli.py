@@ -235,7 +235,7 @@ def main(argv=None, prog="train.py"):
     docstring). Bad input, a bad MINITORCH_* setting included, is one line on stderr and exit code
     2 (MINITORCH_DEBUG=1: the traceback instead); `prog` names the program in messages."""
     try:
-        return train(argv, prog)
+        return run(argv, prog)
     except (ValueError, TypeError, OSError, CheckpointError) as e:
         if _debug():
             raise
@@ -243,7 +243,7 @@ def main(argv=None, prog="train.py"):
         return 2
 
 
-def train(argv=None, prog="train.py"):
+def run(argv=None, prog="train.py"):
     """main() without its error handling: bad input raises ValueError, TypeError, OSError or
     CheckpointError (argparse's own usage errors exit 2 as SystemExit)."""
     backends.config.check()   # a bad MINITORCH_* value: one line and exit 2, before any work

@@ -186,7 +186,7 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, capsys):
     assert cli.main(run + ["--resume", "--batch-size", "32"]) == 2
     assert "--batch-size 32 differs from the checkpoint's 64" in capsys.readouterr().err
     with pytest.raises(ValueError, match="already exists; --resume continues"):
-        cli.train(run)                                     # without main's one-line handling
+        cli.run(run)                                       # without main's one-line handling
     assert cli.main(run + ["--resume"]) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert result["epochs"] == 3 and result["backend"] == "gemm"
