@@ -15,6 +15,7 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 
 import numpy as np
 
@@ -114,19 +115,59 @@ class TorchvisionDataset:
 
 
 def digits(test_fraction=0.2, seed=0):
-    """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes).
+    """The 8x8 handwritten digits (1,797 images, 10 classes), bundled as digits.npz.
 
-    Returns (train, test) ArrayDatasets of (N, 1, 8, 8) images scaled to [0, 1],
-    split with stratification by a fixed seed.
+    Returns (train, test) ArrayDatasets of (N, 1, 8, 8) images scaled to [0, 1], split with
+    stratification by `seed` exactly as scikit-learn's train_test_split(..., stratify=target,
+    random_state=seed) splits them (stratified_split), without needing scikit-learn.
+
+    The file holds scikit-learn's copy of the UCI test set (E. Alpaydin, C. Kaynak, 1998; CC BY
+    4.0) as uint8 pixels 0..16; it was written once by
+      python -c "import numpy as np, sklearn.datasets as sd; d = sd.load_digits(); np.savez_compressed(
+      'minitorch_fft/digits.npz', images=d.images.astype(np.uint8), target=d.target.astype(np.uint8))"
+    and tests/test_data.py checks it against load_digits() where scikit-learn is installed.
     """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    with resources.files(__package__).joinpath("digits.npz").open("rb") as f:
+        bundled = np.load(f)
+        images, target = bundled["images"], bundled["target"].astype(np.int64)
+    x = (images / 16.0).astype(np.float32)[:, None]  # (N, 1, 8, 8)
+    train, test = stratified_split(target, test_fraction, seed)
+    return ArrayDataset(x[train], target[train]), ArrayDataset(x[test], target[test])
 
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[:, None]  # (N, 1, 8, 8)
-    xtr, xte, ytr, yte = train_test_split(x, d.target, test_size=test_fraction,
-                                          random_state=seed, stratify=d.target)
-    return ArrayDataset(xtr, ytr), ArrayDataset(xte, yte)
+
+def stratified_split(y, test_fraction, seed):
+    """(train, test) indices of a stratified shuffle split of labels `y`: the same indices as
+    scikit-learn's StratifiedShuffleSplit (so train_test_split with `stratify`) at random_state=seed,
+    drawn from the same legacy RandomState stream in the same order."""
+    rng = np.random.RandomState(seed)
+    n_test = int(np.ceil(test_fraction * len(y)))
+    _, y_indices, counts = np.unique(y, return_inverse=True, return_counts=True)
+    by_class = np.split(np.argsort(y_indices, kind="stable"), np.cumsum(counts)[:-1])
+    n_train_i = _approximate_mode(counts, len(y) - n_test, rng)
+    n_test_i = _approximate_mode(counts - n_train_i, n_test, rng)
+    train, test = [], []
+    for members, n_tr, n_te in zip(by_class, n_train_i, n_test_i):
+        shuffled = members[rng.permutation(len(members))]
+        train.extend(shuffled[:n_tr])
+        test.extend(shuffled[n_tr:n_tr + n_te])
+    return rng.permutation(train), rng.permutation(test)
+
+
+def _approximate_mode(counts, n_draws, rng):
+    """How many of n_draws to take from each class: the floor of its share, then one more for the
+    largest remainders, ties broken at random (scikit-learn's utils.extmath._approximate_mode)."""
+    share = counts / counts.sum() * n_draws
+    taken = np.floor(share)
+    need = int(n_draws - taken.sum())
+    remainder = share - taken
+    for value in np.sort(np.unique(remainder))[::-1]:
+        if need <= 0:
+            break
+        (tied,) = np.where(remainder == value)
+        chosen = rng.choice(tied, size=min(len(tied), need), replace=False)
+        taken[chosen] += 1
+        need -= len(chosen)
+    return taken.astype(int)
 
 
 def _torchvision():

@@ -90,3 +90,23 @@ def test_stopping_early_ends_the_prefetch_thread():
         if t.name == "minitorch-prefetch":
             t.join(timeout=5)
     assert threading.active_count() <= before
+
+
+def test_the_bundled_digits_are_scikit_learns_split_the_same_way():
+    """digits.npz holds load_digits() exactly, and stratified_split gives train_test_split's
+    indices (stratified, random_state=seed), so runs match those made when the digits came from
+    scikit-learn; the runtime itself needs no scikit-learn (tests/test_packaging.py)."""
+    sk_datasets = pytest.importorskip("sklearn.datasets")
+    from sklearn.model_selection import train_test_split
+    d = sk_datasets.load_digits()
+    train, test = data.digits()
+    x = (d.images / 16.0).astype(np.float32)[:, None]
+    xtr, xte, ytr, yte = train_test_split(x, d.target, test_size=0.2, random_state=0, stratify=d.target)
+    for got, want in ((train.x, xtr), (test.x, xte), (train.y, ytr), (test.y, yte)):
+        np.testing.assert_array_equal(got, want)
+    index = np.arange(len(d.target))
+    for seed in (0, 1, 7, 12345):
+        for fraction in (0.2, 0.1, 0.33):
+            want = train_test_split(index, test_size=fraction, random_state=seed, stratify=d.target)
+            for got, w in zip(data.stratified_split(d.target, fraction, seed), want, strict=True):
+                np.testing.assert_array_equal(got, w)

@@ -1,4 +1,5 @@
-"""train.py end to end: the default run, checkpoints, resume, and bad input."""
+"""The training command line end to end (train.py, python -m minitorch_fft, minitorch_fft.cli):
+the default run, its output, --help, checkpoints, resume, and bad input."""
 import contextlib
 import json
 import os
@@ -13,7 +14,7 @@ import pytest
 import backends
 import minitorch_fft as mt
 import models
-import train
+from minitorch_fft import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,8 +32,53 @@ def test_default_run_learns_the_digits():
     p = run_train()
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert {"test_accuracy", "epochs", "model", "backend", "device", "seconds"} <= set(result)
-    assert result["model"] == "digits" and result["epochs"] == train.DEFAULTS["epochs"]
+    assert result["model"] == "digits" and result["epochs"] == cli.DEFAULTS["epochs"]
     assert result["test_accuracy"] >= 0.95
+    assert len(p.stdout.splitlines()) == 1                       # stdout is the JSON line alone
+    assert p.stderr.splitlines()[-1].startswith("digits on ")    # the summary, for a person
+
+
+def test_python_m_minitorch_fft_prints_the_summary_before_the_json():
+    """`python -m minitorch_fft` runs the same command line; with stderr and stdout in one
+    stream, the human summary line comes right before the JSON line, which is last."""
+    p = subprocess.run([sys.executable, "-m", "minitorch_fft", "--no-progress", "--data", "fake", "--epochs", "1",
+                        "--fake-size", "40", "--batch-size", "16", "--device", "cpu"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stdout
+    *_, line, last = p.stdout.splitlines()
+    result = json.loads(last)
+    assert line == cli.summary(result, "cpu")
+    assert line.startswith("digits on cpu: test accuracy ") and " after 1 epoch in " in line
+    assert line.endswith(" images/s)")
+
+
+def help_entries(*command):
+    """--help's flags, each with its help text (joined across wrapped lines)."""
+    p = subprocess.run([sys.executable, *command, "--help"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120, env={**os.environ, "COLUMNS": "100"})
+    assert p.returncode == 0, p.stderr
+    options = p.stdout.split("\noptions:\n")[1].split("\n\n")[0]
+    entries, flag = {}, None
+    for line in options.splitlines():
+        if line.startswith("  -"):
+            flag = line.split()[0].rstrip(",")
+            entries[flag] = line
+        else:
+            entries[flag] += " " + line.strip()
+    return p.stdout, entries
+
+
+def test_help_shows_every_flag_with_its_default_in_both_entry_points():
+    text, entries = help_entries(os.path.join(ROOT, "train.py"))
+    _, via_module = help_entries("-m", "minitorch_fft")
+    assert sorted(entries) == sorted(via_module)
+    parser_flags = {a.option_strings[0] for a in cli._parser()._actions}
+    assert set(entries) == parser_flags and len(entries) > 20
+    for flag, entry in entries.items():
+        if flag != "-h":
+            assert "(default" in entry, f"--help gives no default for {flag}: {entry}"
+    assert "(default: 10)" in entries["--epochs"] and "(default: auto)" in entries["--backend"]
+    assert "Exit codes" in text                            # the epilog: outputs and exit codes
 
 
 def test_fake_data_smoke():
@@ -45,9 +91,9 @@ def test_resume_continues_the_same_run(tmp_path):
     """Two epochs, then two more from the checkpoint == four epochs straight (bit for bit)."""
     straight = train_history(4)
     ckpt = str(tmp_path / "run.ckpt")
-    assert train.main(["--no-progress", "--epochs", "4", "--checkpoint", ckpt, "--max-epochs-this-run", "2"]) == 0
+    assert cli.main(["--no-progress", "--epochs", "4", "--checkpoint", ckpt, "--max-epochs-this-run", "2"]) == 0
     assert mt.checkpoint.load(ckpt, models.get("digits", 10))["epoch"] == 2
-    assert train.main(["--no-progress", "--epochs", "4", "--checkpoint", ckpt, "--resume"]) == 0
+    assert cli.main(["--no-progress", "--epochs", "4", "--checkpoint", ckpt, "--resume"]) == 0
     meta = mt.checkpoint.load(ckpt, models.get("digits", 10))
     assert meta["epoch"] == 4
     assert meta["extra"]["progress"]["history"] == straight
@@ -58,7 +104,7 @@ def train_history(epochs):
     from contextlib import redirect_stdout
     buf = io.StringIO()
     with redirect_stdout(buf):
-        assert train.main(["--no-progress", "--epochs", str(epochs)]) == 0
+        assert cli.main(["--no-progress", "--epochs", str(epochs)]) == 0
     return json.loads(buf.getvalue().splitlines()[-1])["history"]
 
 
@@ -92,7 +138,7 @@ def test_imagefolder_and_cifar10_read_local_files(tmp_path, capsys):
         (tmp_path / "imgs" / cls).mkdir(parents=True)
         for i in range(6):
             Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / "imgs" / cls / f"{i}.png")
-    assert train.main(["--no-progress", "--data", f"imagefolder:{tmp_path / 'imgs'}", "--epochs", "1",
+    assert cli.main(["--no-progress", "--data", f"imagefolder:{tmp_path / 'imgs'}", "--epochs", "1",
                        "--batch-size", "4"]) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert result["data"].startswith("imagefolder:") and 0.0 <= result["test_accuracy"] <= 1.0
@@ -115,7 +161,7 @@ def test_steps_share_spectra_by_default_and_it_changes_nothing(backend, monkeypa
         caches.append(cache)
 
     def run(*extra):
-        assert train.main(["--no-progress", "--backend", backend, "--data", "fake", "--fake-size", "48",
+        assert cli.main(["--no-progress", "--backend", backend, "--data", "fake", "--fake-size", "48",
                            "--batch-size", "16", "--epochs", "2", *extra]) == 0
         return json.loads(capsys.readouterr().out.splitlines()[-1])
 
@@ -134,14 +180,14 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, capsys):
     disk is never overwritten by a new run."""
     ckpt = str(tmp_path / "run.ckpt")
     run = ["--no-progress", "--checkpoint", ckpt]
-    assert train.main(run + ["--backend", "gemm", "--epochs", "3", "--batch-size", "64", "--lr", "0.1",
+    assert cli.main(run + ["--backend", "gemm", "--epochs", "3", "--batch-size", "64", "--lr", "0.1",
                              "--max-epochs-this-run", "1"]) == 0
     capsys.readouterr()
-    with pytest.raises(ValueError, match="--batch-size 32 differs from the checkpoint's 64"):
-        train.main(run + ["--resume", "--batch-size", "32"])
+    assert cli.main(run + ["--resume", "--batch-size", "32"]) == 2
+    assert "--batch-size 32 differs from the checkpoint's 64" in capsys.readouterr().err
     with pytest.raises(ValueError, match="already exists; --resume continues"):
-        train.main(run)
-    assert train.main(run + ["--resume"]) == 0
+        cli.run(run)                                       # without main's one-line handling
+    assert cli.main(run + ["--resume"]) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert result["epochs"] == 3 and result["backend"] == "gemm"
     saved = mt.checkpoint.header(ckpt)["extra"]["args"]
@@ -152,12 +198,12 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, capsys):
 def test_resume_accepts_the_fake_data_flags_it_was_started_with(tmp_path, capsys):
     ckpt = str(tmp_path / "fake.ckpt")
     run = ["--no-progress", "--checkpoint", ckpt, "--data", "fake", "--fake-size", "32", "--backend", "gemm"]
-    assert train.main(run + ["--epochs", "2", "--max-epochs-this-run", "1"]) == 0
+    assert cli.main(run + ["--epochs", "2", "--max-epochs-this-run", "1"]) == 0
     capsys.readouterr()
-    assert train.main(["--no-progress", "--checkpoint", ckpt, "--resume", "--fake-size", "32"]) == 0
+    assert cli.main(["--no-progress", "--checkpoint", ckpt, "--resume", "--fake-size", "32"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["epochs"] == 2
-    with pytest.raises(ValueError, match="--fake-size 16 differs from the checkpoint's 32"):
-        train.main(["--no-progress", "--checkpoint", ckpt, "--resume", "--fake-size", "16"])
+    assert cli.main(["--no-progress", "--checkpoint", ckpt, "--resume", "--fake-size", "16"]) == 2
+    assert "--fake-size 16 differs from the checkpoint's 32" in capsys.readouterr().err
 
 
 def test_a_checkpoint_not_written_by_train_py_cannot_be_resumed(tmp_path):
@@ -172,7 +218,7 @@ def test_a_diverging_run_stops_without_saving(tmp_path):
     """A loss of NaN/inf stops the run with exit code 3: no NaN weights saved, no JSON with NaN."""
     ckpt = tmp_path / "run.ckpt"
     p = run_train("--backend", "gemm", "--lr", "1e6", "--epochs", "2", "--checkpoint", str(ckpt), check=False)
-    assert p.returncode == train.EXIT_DIVERGED, p.stderr
+    assert p.returncode == cli.EXIT_DIVERGED, p.stderr
     assert "the loss became" in p.stderr and "Traceback" not in p.stderr
     assert p.stdout.strip() == "" and not ckpt.exists()
 
