@@ -182,6 +182,7 @@ def restore_run(args, meta):
     if "progress" not in extra or "rng" not in extra or not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {args.checkpoint!r} was not written by train.py (it has no "
                               "training progress to resume); load it with mt.checkpoint.load instead")
+    mt.checkpoint.check_run_state(extra)   # every field train.py reads, checked before it is used
     for flag in RUN_FLAGS:
         if flag not in saved:
             continue
@@ -257,6 +258,8 @@ def run(argv=None, prog="train.py"):
     mt.manual_seed(args.seed)
     train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes,
                                    args.workers)
+    if resumed is not None:   # the progress must fit this data set: found now, not after an epoch
+        mt.checkpoint.check_run_state(resumed, n_train=len(train))
     model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)
     opt = mt.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay,

@@ -355,3 +355,28 @@ def test_old_bare_numpy_rng_state_is_accepted():
     state = run_state()
     state["rng"] = state["rng"]["numpy"]                 # checkpoints from before the GPU stream
     mt.checkpoint.check_run_state(state)
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (lambda meta: meta["extra"]["args"].update(batch_size=0), "batch_size"),
+    (lambda meta: meta["extra"]["progress"].update(history="not a list"), "history"),
+    (lambda meta: meta["extra"]["progress"].update(seen=10**9), "seen"),   # caught once the data is known
+])
+def test_train_py_refuses_an_edited_run_state_before_training(tmp_path, capsys, edit, msg):
+    """An edited resume header is one line and exit 2, before any training (it used to divide by
+    zero, or crash after a whole epoch and lose it)."""
+    import json
+    import train
+    ckpt = str(tmp_path / "r.ckpt")
+    assert train.main(["--no-progress", "--epochs", "3", "--checkpoint", ckpt, "--max-epochs-this-run", "1",
+                       "--batch-size", "64"]) == 0
+    meta = mt.checkpoint.header(ckpt)
+    meta = json.loads(json.dumps(meta))
+    edit(meta)
+    rewrite(ckpt, meta=meta)
+    before = open(ckpt, "rb").read()
+    capsys.readouterr()
+    assert train.main(["--no-progress", "--checkpoint", ckpt, "--resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0], err
+    assert open(ckpt, "rb").read() == before                  # nothing trained, nothing written
