@@ -72,5 +72,5 @@ def _choose(xp, B, L, K, run):
     record = tuning.remembered(
         key, lambda: tuning.tune(list(_BY_NAME), lambda name: run(_BY_NAME[name]), xp,
                                  against="{}x{}".format(*DEFAULT), tol=TUNE_CHECK_TOL, warn=True),
-        valid=lambda choice: choice in _BY_NAME)
+        valid=lambda choice: choice in _BY_NAME, untuned=lambda: "{}x{}".format(*DEFAULT))
     return _BY_NAME[record["choice"]]

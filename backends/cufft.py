@@ -419,7 +419,8 @@ def _config(xp, pass_name, g, run):
     if not tuning.enabled("cufft_tune", xp):
         return default_config(g)
     key = tuning.key(xp, np.float32, g, pass_name, "cufft")
-    return tuning.remembered(key, lambda: _tune(xp, g, run), lambda c: _valid_config(c, g))["choice"]
+    return tuning.remembered(key, lambda: _tune(xp, g, run), lambda c: _valid_config(c, g),
+                             untuned=lambda: default_config(g))["choice"]
 
 
 def _stages(g):

@@ -223,4 +223,4 @@ def _tuned(xp, pass_name, g, run, names):
     return tuning.remembered(
         key, lambda: tuning.tune(names, lambda name: run(config_named(pass_name, name)), xp, against="naive",
                                  tol=TUNE_CHECK_TOL, drop_slower=HOPELESS, warn=True),
-        valid=lambda choice: choice in names)
+        valid=lambda choice: choice in names, untuned=lambda: default_config(pass_name, g, names))

@@ -290,6 +290,12 @@ def rel_error(xp, got, ref):
     return float(xp.linalg.norm(got - ref)) / den if den else float(xp.linalg.norm(got))
 
 
+class Untunable(Exception):
+    """The data cannot check the candidates: the reference holds NaN or inf (the caller's own
+    data, as cufft and direct tune on it). remembered() then gives the caller's untuned choice for
+    this call, caches nothing, and a later call with finite data tunes."""
+
+
 def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name="the reference",
          tol=0.0, label=str, margin=0.0, prefer=None, explain=None, drop_slower=None, warn=False):
     """Time `candidates` with run(candidate) -> output by the recipe in the module docstring and
@@ -322,6 +328,8 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
         rounds[ref_label] = []
     else:
         ref_label = reference_name
+    if reference is not None and not bool(xp.isfinite(reference).all()):   # a host-device sync
+        raise Untunable(f"{ref_label} is not finite")
     for name in order:                                # the untimed first run, also the checked one
         if name in rounds:
             continue
@@ -385,10 +393,12 @@ def is_record(record):
 _memo = {}   # tuning key -> (cache, its version, record): remembered()'s per-call answer
 
 
-def remembered(key, tune, valid=None):
+def remembered(key, tune, valid=None, untuned=None):
     """The record for `key`: from this process's memo while the cache is unchanged, else from
     the cache if is_record and valid(record["choice"]) (a bad one warns), else tune() -> record,
-    stored in the cache. The memo is left alone on hits: a record is checked when read from disk."""
+    stored in the cache. The memo is left alone on hits: a record is checked when read from disk.
+    If tune() raises Untunable, the record of untuned() (the caller's default) is returned for this
+    call only: neither cached nor remembered."""
     cache = default_cache()
     hit = _memo.get(key)
     if hit is not None and hit[0] is cache and hit[1] == cache.version:
@@ -398,7 +408,12 @@ def remembered(key, tune, valid=None):
         warnings.warn(f"ignoring invalid cached tuning record {record!r:.200} for {key}; tuning again")
         record = None
     if record is None:
-        record = tune()
+        try:
+            record = tune()
+        except Untunable as e:
+            if untuned is None:
+                raise
+            return {"choice": untuned(), "ms": {}, "skipped": {}, "why": f"untuned this call: {e}"}
         cache.put(key, record)
     _memo[key] = (cache, cache.version, record)
     return record

@@ -436,3 +436,44 @@ def test_the_lock_file_is_made_for_every_user_of_a_shared_cache(path):
     lock.chmod(0o444)                               # read-only, as for a second user under umask 022
     tuning.TuneCache(path).put(a_key("bprop"), 2)   # (root ignores modes; the open is O_RDONLY anyway)
     assert tuning.TuneCache(path).get(a_key("bprop")) == 2
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_reference_that_is_not_finite_tunes_nothing_and_caches_nothing(fake_clock, monkeypatch, tmp_path, bad):
+    """Tuners that check on the caller's data (cufft, direct) cannot check anything when it holds
+    NaN or inf: that call runs the caller's untuned choice, nothing is stored, and the next call
+    with finite data tunes (before, every candidate 'disagreed' and the pass raised)."""
+    timed, last = fake_clock
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
+    reference = np.array([1.0, bad, 2.0])
+    with pytest.raises(tuning.Untunable, match="not finite"):
+        tuning.tune(["a", "b"], runner(last), np, reference=reference)
+    with pytest.raises(tuning.Untunable):
+        tuning.tune(["a", "b"], runner(last, {"a": reference}), np, against="a")
+    key = a_key()
+    tune = lambda: tuning.tune(["a", "b"], runner(last, {"a": reference}), np, against="a")  # noqa: E731
+    record = tuning.remembered(key, tune, untuned=lambda: "b")
+    assert record["choice"] == "b" and "untuned this call" in record["why"]
+    assert tuning.default_cache().get(key) is None and not (tmp_path / "t.json").exists()
+    assert timed == []                                              # nothing was timed
+    TIMES.clear()
+    TIMES.update(a=1.0, b=2.0)
+    assert tuning.remembered(key, lambda: tuning.tune(["a", "b"], runner(last), np, against="a"),
+                             untuned=lambda: "b")["choice"] == "a"  # finite data: tuned and stored
+    assert tuning.default_cache().get(key)["choice"] == "a"
+
+
+def test_cufft_on_nan_data_runs_untuned_and_tunes_later(monkeypatch, tmp_path, settings):
+    from backends import cufft
+    settings(cufft_tune="on")
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    x[0, 0, 4, 4] = np.nan
+    y = cufft.fprop(x, w, padding=(1, 1))
+    assert np.isnan(y[0]).any() and np.isfinite(y[1]).all()          # propagated, no error
+    assert not (tmp_path / "t.json").exists()                        # nothing cached from NaN data
+    x[0, 0, 4, 4] = 0.0
+    cufft.fprop(x, w, padding=(1, 1))
+    assert (tmp_path / "t.json").exists()                            # finite data tunes
