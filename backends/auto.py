@@ -171,8 +171,7 @@ def _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp
 
     def run(name):
         try:
-            with _memory_cap(xp, cap_mb):
-                return getattr(registry[name], pass_name)(*args, stride=stride, padding=padding)
+            return getattr(registry[name], pass_name)(*args, stride=stride, padding=padding)
         except Exception:
             _free_pool(xp)         # a failed candidate's blocks must not squeeze the next one
             raise
@@ -182,15 +181,17 @@ def _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     prefer, explain = _tie_rule(siblings)
     try:
-        return tuning.tune(candidates, run, xp, reference=reference, reference_name="gemm", tol=tol,
-                           margin=margin(), prefer=prefer, explain=explain)
+        # The cap holds for the whole tuning, set once: outside the timed runs' event brackets.
+        with _memory_cap(xp, cap_mb):
+            return tuning.tune(candidates, run, xp, reference=reference, reference_name="gemm", tol=tol,
+                               margin=margin(), prefer=prefer, explain=explain)
     except RuntimeError as e:
         raise RuntimeError(f"auto: every backend failed for {pass_name} of input {tuple(x_shape)}, "
                            f"weight {tuple(w_shape)}: {e}") from None
 
 
 class _memory_cap:
-    """Lower CuPy's pool limit to (in use + cap) while a candidate runs; a no-op without a cap."""
+    """Lower CuPy's pool limit to (in use + cap) while the candidates run; a no-op without a cap."""
 
     def __init__(self, xp, cap_mb):
         self.xp, self.cap = xp, None if cap_mb is None or xp is np else float(cap_mb) * 2**20

@@ -17,8 +17,10 @@ was read, for code that changes os.environ after the fact. Nothing is read at im
 value never breaks `import backends`. Overrides are process-wide, not per thread.
 
 `snapshot()` is the tuple of every setting that changes what a pass computes or launches: the
-CUDA-graph key (minitorch_fft.graphs) and the tuning-cache key (backends.tuning) are built
-from it, so neither can replay or reuse work made under other settings.
+CUDA-graph key (minitorch_fft.graphs) is built from it, so a graph is never replayed under other
+settings. The tuning-cache key (backends.tuning.key) takes the one setting that changes what a
+choice means, the GEMM precision (tf32); a choice tuned under other workspace sizes or tuning
+modes is reused as it is.
 """
 import contextlib
 import functools

@@ -284,6 +284,6 @@ def kernel(name):
 
 
 def new_output(xp, shape):
-    """An output array: NaN-filled when POISON is set, so an element no kernel writes shows up."""
+    """An output array: NaN-filled when the direct_poison setting is on, so an element no kernel writes shows up."""
     return xp.full(shape, np.nan, np.float32) if config.get("direct_poison") else xp.empty(shape, np.float32)
 

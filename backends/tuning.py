@@ -133,7 +133,7 @@ class TuneCache:
         self.path = Path(path).expanduser().absolute()
         self._devices, _ = self._read(warn=True)          # {device name: {entry name: value}}
         self._own = {}                                     # what this object put(), same layout
-        self.version = 0   # counts put()s: lets a caller memoise get() (backends/cufft.py's _config)
+        self.version = 0   # counts put()s: lets a caller memoise get() (remembered()'s memo)
 
     def get(self, key):
         """The stored choice for `key`, or None."""

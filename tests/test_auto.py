@@ -263,3 +263,32 @@ def test_choose_takes_the_remembered_path_after_the_first_call(tuner, monkeypatc
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "sometimes")
     with pytest.raises(ValueError, match="MINITORCH_AUTO_TUNE"):
         backends.choose("auto", "fprop", x_shape, w_shape, (1, 1), (1, 1))
+
+
+@pytest.mark.gpu
+def test_the_memory_cap_skips_a_candidate_that_needs_more_and_restores_the_limit(settings, monkeypatch, tmp_path):
+    """MINITORCH_AUTO_MEMORY_MB: a candidate that allocates beyond the cap while auto times it
+    fails and is skipped with its reason; the pool's limit is as before afterwards."""
+    import cupy as cp
+
+    class Hungry:                       # a stand-in backend that takes 64 MiB on every call
+        @staticmethod
+        def supports(*args):
+            return True
+
+        @staticmethod
+        def fprop(x, w, stride, padding):
+            cp.empty(64 << 20, np.uint8)
+            return gemm.fprop(x, w, stride=stride, padding=padding)
+
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
+    monkeypatch.setattr(auto, "_memory", {})
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()              # cached free blocks would serve the 64 MiB past the cap
+    before = pool.get_limit()
+    settings(auto_tune="on", auto_memory_mb=16)
+    picked = auto.pick({"gemm": gemm, "hungry": Hungry}, "fprop", (2, 3, 16, 16), (4, 3, 3, 3), (1, 1), (1, 1), cp)
+    assert picked == "gemm"
+    record = next(r for r in auto.choices() if r["pass"] == "fprop")
+    assert "OutOfMemory" in record["skipped"]["hungry"], record
+    assert pool.get_limit() == before

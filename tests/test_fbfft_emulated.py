@@ -189,7 +189,7 @@ def test_the_cases_cover_every_basis_size():
 
 def test_chunked_batch(gpu_branch, monkeypatch, rng, settings):
     """One image per chunk: slices of x, gy, y and gx launched by pointer, accGrad's GEMMs summed
-    in place (beta = 1), and each launch followed by a sync under CHECK_LAUNCHES."""
+    in place (beta = 1), and each launch followed by a sync under config.override(fbfft_check=True)."""
     settings(fbfft_workspace_mb=2**-20)
     settings(fbfft_check=True)
     x, w = data(rng, 3, 2, 4, 10, 7, 3, 2)
