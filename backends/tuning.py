@@ -33,13 +33,18 @@ way round. Choices live in memory and in one JSON file holding every device's ch
 The file is $MINITORCH_TUNE_CACHE if set (with ~ expanded; a relative path is taken from the
 working directory the first time it is seen), else ~/.cache/minitorch_fft/autotune.json.
 
-Faults lose nothing:
-- A file that is corrupt or of another format version is ignored with a warning. At the next
-  choice it is moved aside to <file>.bak, not overwritten, and a new file is written (version 1
-  keys had no GEMM precision; version 2 had one record format per tuner: their choices are tuned
-  again once).
-- A file that exists but cannot be read (permissions, I/O error) is never replaced: this process
-  keeps its choices in memory only.
+Faults lose nothing, and nothing that is not the cache's own is touched:
+- The cache replaces only a file it wrote, known by its format marker ("format": MARKER; files
+  from before the marker are exactly {"version": int, "devices": {...}}). Anything else at the
+  path (a foreign or unparseable file, a directory, a device, a FIFO, a link to nothing, a file
+  that cannot be read) is left untouched, with one warning, and choices stay in memory.
+- A file of its own but of another format version, or with malformed entries, is ignored with
+  a warning and, at the next choice, copied to a numbered backup (<file>.bak, then .bak.2, ...:
+  an older backup is never replaced) before a new file is written (version 1 keys had no GEMM
+  precision; version 2 had one record format per tuner: their choices are tuned again once).
+- A symbolic link at the path is followed: a cache shared through a link stays shared (its
+  target is read and replaced, the link stays). Files are opened non-blocking and checked to be
+  regular files before they are read, so no open or read can block.
 - Writes go to a temporary file, fsynced, with the umask's usual permissions, then renamed over
   the old one (os.replace), so a reader never sees half a file.
 - A writer holds an exclusive lock (fcntl.flock on <file>.lock, where the platform and the
@@ -50,9 +55,11 @@ Faults lose nothing:
 """
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import os
+import stat
 import statistics
 import time
 import warnings
@@ -70,6 +77,7 @@ from .utils import atomic_file
 from . import cgemm, config
 
 VERSION = 3  # 2: the GEMM precision joined the key; 3: one record format for every tuner
+MARKER = "minitorch_fft tuning cache"   # the "format" field of every file this module writes
 ROUNDS, REPEAT = 3, 5   # timing rounds per candidate, timed runs per round (module docstring)
 
 log = logging.getLogger("minitorch_fft.tuning")
@@ -126,12 +134,50 @@ def _entry_name(rest):
     return json.dumps([dtype, math, list(geometry), pass_name, backend])
 
 
+class _Foreign(Exception):
+    """What is at the cache's path is not a cache this module wrote: never replaced."""
+
+
+def _ours(data):
+    """Whether parsed JSON is a cache this module wrote (the module docstring's marker rule)."""
+    if not isinstance(data, dict):
+        return False
+    if data.get("format") == MARKER:
+        return True
+    return (set(data) == {"version", "devices"} and isinstance(data["version"], int)
+            and not isinstance(data["version"], bool) and isinstance(data["devices"], dict))
+
+
+def _read_regular(path):
+    """The bytes of the regular file at `path` (links followed), None where nothing is there;
+    _Foreign for anything else. Opened non-blocking and checked before reading: a FIFO or a
+    device is never read, so this cannot block."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise _Foreign("a symbolic link to nothing") from None
+        return None
+    except OSError as e:
+        raise _Foreign(f"it cannot be opened: {e}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _Foreign("not a regular file" + (" (a directory)" if stat.S_ISDIR(mode) else ""))
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise _Foreign(f"it cannot be read: {e}") from None
+
+
 class TuneCache:
     """Choices in memory, mirrored to one JSON file (see the module docstring)."""
 
     def __init__(self, path):
         self.path = Path(path).expanduser().absolute()
-        self._devices, _ = self._read(warn=True)          # {device name: {entry name: value}}
+        self._warned = set()                               # each refusal is said once
+        self._devices, _, _ = self._read(warn=True)        # {device name: {entry name: value}}
         self._own = {}                                     # what this object put(), same layout
         self.version = 0   # counts put()s: lets a caller memoise get() (remembered()'s memo)
 
@@ -153,80 +199,121 @@ class TuneCache:
         self.version += 1
 
     def _read(self, warn):
-        """({device: {entry: value}}, state) from the file. state is "ok", "missing", "unreadable"
-        (the file exists but cannot be read) or "invalid" (corrupt, or another format version)."""
+        """(devices, state, raw) from the file: devices {device: {entry: value}}; state "ok",
+        "missing", "foreign" (never replaced, see the module docstring) or "stale" (its own, of
+        another version or with malformed entries: backed up, then replaced); raw its bytes."""
         try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return {}, "missing"
-        except OSError as e:
+            raw = _read_regular(self._target())
+        except _Foreign as e:
             if warn:
-                warnings.warn(f"cannot read autotune cache {self.path} ({e}); tuning from scratch, "
-                              "and keeping new choices in memory only")
-            return {}, "unreadable"
+                self._warn(f"leaving {self.path} untouched: {e}; it is not a tuning cache this code "
+                           "wrote, so choices stay in memory only")
+            return {}, "foreign", None
+        if raw is None:
+            return {}, "missing", None
         try:
             data = json.loads(raw.decode("utf-8"))
         except (ValueError, RecursionError) as e:   # UnicodeDecodeError is a ValueError
+            data, why = None, f"it does not parse as JSON ({str(e)[:100]})"
+        else:
+            why = "it has no tuning cache's format marker"
+        if not _ours(data):
             if warn:
-                warnings.warn(f"ignoring corrupt autotune cache {self.path} ({str(e)[:200]}); it will be "
-                              f"rebuilt, the old file kept as {self._backup().name}")
-            return {}, "invalid"
-        version = data.get("version") if isinstance(data, dict) else None
-        if version != VERSION:
+                self._warn(f"leaving {self.path} untouched: {why}, so it is not a tuning cache this "
+                           "code wrote; choices stay in memory only")
+            return {}, "foreign", raw
+        version, devices = data.get("version"), data.get("devices")
+        if version != VERSION or not isinstance(devices, dict) or not all(
+                isinstance(v, dict) for v in devices.values()):
             if warn:
-                warnings.warn(f"ignoring autotune cache {self.path} of format version {version!r} "
-                              f"(this code writes version {VERSION}); it will be rebuilt, the old file "
-                              f"kept as {self._backup().name}")
-            return {}, "invalid"
-        devices = data.get("devices")
-        if not isinstance(devices, dict) or not all(isinstance(v, dict) for v in devices.values()):
-            if warn:
-                warnings.warn(f"ignoring corrupt autotune cache {self.path} (no 'devices' mapping); "
-                              f"it will be rebuilt, the old file kept as {self._backup().name}")
-            return {}, "invalid"
-        return devices, "ok"
+                what = (f"of format version {version!r} (this code writes version {VERSION})"
+                        if version != VERSION else "with malformed entries")
+                self._warn(f"ignoring autotune cache {self.path} {what}; it will be rebuilt, the old "
+                           "file kept as a numbered backup beside it")
+            return {}, "stale", raw
+        return devices, "ok", raw
 
-    def _backup(self):
-        return self.path.with_name(self.path.name + ".bak")
+    def _target(self):
+        """The file read and replaced: the path, or where a link at it points (a shared cache
+        stays shared: the link is never replaced)."""
+        if self.path.is_symlink():
+            target = Path(os.path.realpath(self.path))
+            if target.exists():
+                return target
+        return self.path            # a link to nothing stays the path: _read_regular refuses it
+
+    def _refuse(self):
+        self._warn(f"not writing autotune cache {self.path}: what is there is not a tuning cache this "
+                   "code wrote, and replacing it would lose it; keeping choices in memory only")
+
+    def _warn(self, message):
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(message, stacklevel=3)
+
+    def _back_up(self, target, raw):
+        """Copy `raw` (the stale file's bytes) to the first free <file>.bak, .bak.2, ...: created
+        exclusively, so an older backup is never replaced."""
+        for n in itertools.count(1):
+            backup = target.with_name(target.name + (".bak" if n == 1 else f".bak.{n}"))
+            try:
+                with open(backup, "xb") as f:
+                    f.write(raw)
+                return backup
+            except FileExistsError:
+                continue
 
     def _write(self):
         """Under the lock: merge what this object put into what is on disk now, then replace the
-        file atomically. An unreadable file is left alone; an invalid one is moved to .bak first."""
+        file atomically. A foreign file is left alone; a stale one is backed up first."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self._locked():
-                merged, state = self._read(warn=False)
-                if state == "unreadable":
-                    warnings.warn(f"not writing autotune cache {self.path}: it exists but cannot be "
-                                  "read, and replacing it would lose its choices; keeping choices in "
-                                  "memory only")
-                    return
+            if not self.path.is_symlink():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self._read(warn=False)[1] == "foreign":   # refused before a lock file is made beside it
+                return self._refuse()
+            target = self._target()
+            with self._locked(target):
+                merged, state, raw = self._read(warn=False)
+                if state == "foreign":                         # it changed since the check above
+                    return self._refuse()
                 for device, entries in self._own.items():     # others' newer choices stay
                     merged.setdefault(device, {}).update(entries)
                 self._devices = merged
-                if state == "invalid":
-                    os.replace(self.path, self._backup())
-                with atomic_file(self.path) as f:
-                    json.dump({"version": VERSION, "devices": merged}, f, indent=1, sort_keys=True)
+                if state == "stale":
+                    self._back_up(target, raw)
+                with atomic_file(target) as f:
+                    json.dump({"format": MARKER, "version": VERSION, "devices": merged}, f, indent=1,
+                              sort_keys=True)
         except OSError as e:
-            warnings.warn(f"cannot write autotune cache {self.path} ({e}); keeping choices in memory only")
+            self._warn(f"cannot write autotune cache {self.path} ({e}); keeping choices in memory only")
 
     @contextlib.contextmanager
-    def _locked(self):
-        """An exclusive lock on <file>.lock for a read-merge-replace. The lock file is opened
-        read-only (created 0666 less the umask), so every user who can read it can lock it.
-        Without fcntl, or on a filesystem without flock (some NFS, Lustre, FUSE mounts), the
-        write goes ahead unlocked, with a warning: still atomic, but a concurrent writer's
-        choice may be dropped."""
+    def _locked(self, target):
+        """An exclusive lock on <target>.lock for a read-merge-replace. The lock file is opened
+        read-only (created 0666 less the umask), so every user who can read it can lock it; never
+        through a link (a link to nothing would create its target) and non-blocking (a FIFO there
+        would hang the open). Without fcntl, on a filesystem without flock (some NFS, Lustre,
+        FUSE mounts), or where the lock path is not a plain file, the write goes ahead unlocked,
+        with a warning: still atomic, but a concurrent writer's choice may be dropped."""
         if fcntl is None:
             yield
             return
-        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDONLY | os.O_CREAT, 0o666)
+        lock = target.with_name(target.name + ".lock")
+        flags = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        try:
+            fd = os.open(lock, flags, 0o666)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(f"{lock} is not a regular file")
+        except OSError as e:
+            self._warn(f"cannot lock autotune cache {self.path} ({e}); writing it unlocked")
+            yield
+            return
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
             except OSError as e:
-                warnings.warn(f"cannot lock autotune cache {self.path} ({e}); writing it unlocked")
+                self._warn(f"cannot lock autotune cache {self.path} ({e}); writing it unlocked")
                 yield
                 return
             try:

@@ -65,17 +65,24 @@ def test_choices_are_kept_per_device(path):
     assert tuning.TuneCache(path).get(a_key(device="NVIDIA H100 80GB HBM3")) == "h100 choice"
 
 
-@pytest.mark.parametrize("text", ["{not json", "[1, 2]", json.dumps({"version": tuning.VERSION, "devices": [1]})])
-def test_corrupt_file_is_ignored_with_a_warning_and_rebuilt(path, text):
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", json.dumps({"version": tuning.VERSION, "devices": [1]}),
+                                  "my notes, not a cache", json.dumps({"version": 3, "devices": {}, "mine": 1})])
+def test_a_file_that_is_not_the_caches_own_is_left_untouched(path, text):
+    """A file without the cache's format marker (a user's notes, a corrupt file: which of them
+    the cache once wrote cannot be told) is never renamed or replaced (it was moved to .bak and
+    replaced); choices stay in memory, and the refusal is said once, not at every choice."""
     path.parent.mkdir(parents=True)
     path.write_text(text)
-    with pytest.warns(UserWarning, match="autotune cache"):
+    with pytest.warns(UserWarning, match="untouched"):
         cache = tuning.TuneCache(path)
     assert cache.get(a_key()) is None
-    cache.put(a_key(), 1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert tuning.TuneCache(path).get(a_key()) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for p in ("fprop", "bprop", "accgrad"):
+            cache.put(a_key(p), 1)
+    assert len(caught) == 1 and "not writing" in str(caught[0].message)
+    assert cache.get(a_key("bprop")) == 1                                 # kept in memory
+    assert path.read_text() == text and sorted(os.listdir(path.parent)) == ["autotune.json"]
 
 
 def test_other_version_is_ignored_and_rewritten(path):
@@ -99,8 +106,9 @@ def test_version_1_file_without_the_precision_is_ignored_and_rebuilt(path):
         cache = tuning.TuneCache(path)
     assert cache.get(a_key()) is None
     cache.put(a_key(), "retuned")
-    assert json.loads(path.read_text()) == {"version": tuning.VERSION,
+    assert json.loads(path.read_text()) == {"format": tuning.MARKER, "version": tuning.VERSION,
                                             "devices": {"cpu": {tuning._entry_name(a_key()[1:]): "retuned"}}}
+    assert json.loads(path.with_name(path.name + ".bak").read_text())["version"] == 1     # kept aside
 
 
 def test_failed_write_leaves_the_old_file_and_no_temporary(path, monkeypatch):
@@ -187,33 +195,111 @@ def test_a_writer_does_not_undo_a_newer_choice_it_did_not_make(path):
 
 
 @pytest.mark.parametrize("raw", [b"\xff\xfe not utf-8", b"[" * 100000 + b"]" * 100000])
-def test_undecodable_or_deeply_nested_file_is_ignored_and_kept_aside(path, raw):
+def test_undecodable_or_deeply_nested_file_is_left_untouched(path, raw):
     path.parent.mkdir(parents=True)
     path.write_bytes(raw)
-    with pytest.warns(UserWarning, match="corrupt autotune cache"):
+    with pytest.warns(UserWarning, match="does not parse"):
         cache = tuning.TuneCache(path)
-    cache.put(a_key(), "fresh")
-    assert tuning.TuneCache(path).get(a_key()) == "fresh"
-    assert path.with_name(path.name + ".bak").read_bytes() == raw        # moved aside, not lost
+    with pytest.warns(UserWarning, match="not writing"):
+        cache.put(a_key(), "fresh")
+    assert cache.get(a_key()) == "fresh" and path.read_bytes() == raw
 
 
 def test_unreadable_file_is_never_replaced(path, monkeypatch):
     path.parent.mkdir(parents=True)
     path.write_text("someone else's choices")
-    real = Path.read_bytes
+    real = os.open
 
-    def refuse(self):
-        if self == path:
+    def refuse(name, *args, **kwargs):
+        if Path(name) == path:
             raise PermissionError(13, "Permission denied")
-        return real(self)
+        return real(name, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)
-    with pytest.warns(UserWarning, match="cannot read"):
+    monkeypatch.setattr(tuning.os, "open", refuse)
+    with pytest.warns(UserWarning, match="cannot be opened"):
         cache = tuning.TuneCache(path)
     with pytest.warns(UserWarning, match="not writing"):
         cache.put(a_key(), "mine")
     assert cache.get(a_key()) == "mine"                    # kept in memory
     assert path.read_text() == "someone else's choices"
+
+
+def _within(seconds, fn):
+    """fn() in a thread; fails the test if it has not returned within `seconds` (a blocked open)."""
+    done = []
+    t = threading.Thread(target=lambda: done.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert done, f"blocked for more than {seconds} s"
+    return done[0]
+
+
+def test_a_directory_or_a_fifo_at_the_path_is_left_untouched_and_nothing_blocks(tmp_path):
+    folder = tmp_path / "dir.json"
+    folder.mkdir()
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for path in (folder, fifo):
+        with pytest.warns(UserWarning, match="not a regular file"):
+            cache = _within(10, lambda: tuning.TuneCache(path))
+        with pytest.warns(UserWarning, match="not writing"):
+            _within(10, lambda: cache.put(a_key(), 1))
+        assert cache.get(a_key()) == 1
+    assert folder.is_dir() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["dir.json", "fifo.json"]          # no lock file beside them
+
+
+def test_a_cache_shared_through_a_link_stays_shared(tmp_path):
+    """The link is followed, its target updated in place; it used to be replaced by a private copy."""
+    shared = tmp_path / "team" / "autotune.json"
+    tuning.TuneCache(shared).put(a_key("fprop"), "theirs")
+    link = tmp_path / "mine.json"
+    link.symlink_to(shared)
+    tuning.TuneCache(link).put(a_key("bprop"), "mine")
+    assert link.is_symlink() and os.readlink(link) == str(shared)
+    other = tuning.TuneCache(shared)
+    assert (other.get(a_key("fprop")), other.get(a_key("bprop"))) == ("theirs", "mine")
+
+
+def test_a_link_to_nothing_is_left_alone_and_its_target_never_made(tmp_path):
+    link = tmp_path / "autotune.json"
+    link.symlink_to(tmp_path / "elsewhere" / "target.json")
+    with pytest.warns(UserWarning, match="a symbolic link to nothing"):
+        cache = tuning.TuneCache(link)
+    with pytest.warns(UserWarning, match="not writing"):
+        cache.put(a_key(), 1)
+    assert link.is_symlink() and not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("kind", ["dangling link", "fifo"])
+def test_the_lock_path_is_never_followed_nor_blocks(tmp_path, kind):
+    """A link at <file>.lock is not followed (a link to nothing had its target created), and a
+    FIFO there does not hang the open: the write goes ahead unlocked, with a warning."""
+    path = tmp_path / "autotune.json"
+    lock = tmp_path / "autotune.json.lock"
+    if kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(tmp_path / "made_by_the_lock")
+    cache = tuning.TuneCache(path)
+    with pytest.warns(UserWarning, match="writing it unlocked"):
+        _within(10, lambda: cache.put(a_key(), "ok"))
+    assert tuning.TuneCache(path).get(a_key()) == "ok"
+    assert not (tmp_path / "made_by_the_lock").exists()
+
+
+def test_backups_of_stale_caches_are_numbered_and_never_replaced(path):
+    path.parent.mkdir(parents=True)
+    olds = []
+    for version in (1, 2, 99):
+        text = json.dumps({"version": version, "devices": {"cpu": {"old": version}}})
+        olds.append(text)
+        path.write_text(text)
+        with pytest.warns(UserWarning, match="version"):
+            tuning.TuneCache(path).put(a_key(), version)
+    backups = [path.with_name(path.name + s) for s in (".bak", ".bak.2", ".bak.3")]
+    assert [b.read_text() for b in backups] == olds
+    assert tuning.TuneCache(path).get(a_key()) == 99
 
 
 def test_written_file_is_readable_by_others_under_the_umask(path):
