@@ -12,11 +12,18 @@ the optimiser), then assigns the model and the optimiser together: both are upda
 CheckpointError naming the problem, neither is touched. check_run_state() does the same for the
 run state that train.py keeps in `extra`.
 """
+import contextlib
 import hashlib
 import json
 import math
 import os
+import stat
 import zipfile
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: held() cannot keep a second run off a checkpoint path
+    fcntl = None
 
 import numpy as np
 
@@ -360,3 +367,36 @@ def _check_rng_state(rng, bad):
         getattr(np.random, kind)().state = rng
     except (TypeError, ValueError, KeyError, OverflowError) as e:
         bad("rng", f"is refused by NumPy's {kind}: {e}")
+
+
+@contextlib.contextmanager
+def held(path):
+    """Hold checkpoint `path` for one run: an exclusive lock on <path>.lock, kept while the block
+    runs. A second run on the same path gets a CheckpointError naming it and the holder's pid
+    (two runs on one path would otherwise both write it, and the later would silently win).
+    The lock is fcntl.flock's: the kernel drops it when its process ends, so a run that crashed
+    or was killed leaves the lock file but never a stuck lock. The lock file is made for this
+    (opened non-blocking, never through a link, checked to be a regular file) and kept: removing
+    it while another run opens it would let two runs hold two different files."""
+    lock = os.path.abspath(path) + ".lock"
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(lock, flags, 0o666)
+    except OSError as e:
+        raise CheckpointError(f"cannot make {lock!r}, the lock that keeps other runs off checkpoint "
+                              f"{path!r} ({e})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{lock!r} is not a regular file; it must be the lock of checkpoint {path!r}")
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+                raise CheckpointError(f"checkpoint {path!r} is in use by another run (pid {holder}, holding "
+                                      f"{lock!r}); wait for it to end, or choose another --checkpoint") from None
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)   # releases the lock

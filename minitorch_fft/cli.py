@@ -251,6 +251,14 @@ def run(argv=None, prog="train.py"):
     args = parse_args(argv, prog)
     resumed = restore_run(args, mt.checkpoint.header(args.checkpoint)) if args.resume else None
     check_outputs(args)
+    if not args.checkpoint:
+        return _train(args, resumed, prog)
+    with mt.checkpoint.held(args.checkpoint):   # the path is this run's until it ends
+        return _train(args, resumed, prog)
+
+
+def _train(args, resumed, prog):
+    """run()'s training, once the arguments are checked and the checkpoint path is held."""
     device = mt.normalize_device(args.device)
     if args.cuda_graph and device != "cuda":
         raise ValueError(f"--cuda-graph needs the GPU (--device cuda), got --device {args.device} "

@@ -380,3 +380,51 @@ def test_train_py_refuses_an_edited_run_state_before_training(tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and msg in err[0], err
     assert open(ckpt, "rb").read() == before                  # nothing trained, nothing written
+
+
+def test_a_second_run_on_a_checkpoint_path_in_use_exits_2(tmp_path, capsys):
+    """Two runs on one --checkpoint both exited 0 and the file held only the later run's; now the
+    path is held for a run's lifetime, and a second run stops before any work, naming the holder."""
+    import train
+    ckpt = str(tmp_path / "r.ckpt")
+    with mt.checkpoint.held(ckpt):                      # a run in progress (this process)
+        capsys.readouterr()
+        assert train.main(["--no-progress", "--epochs", "1", "--checkpoint", ckpt]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is in use by another run" in err[0] and f"pid {os.getpid()}" in err[0], err
+        assert not os.path.exists(ckpt)
+    assert train.main(["--no-progress", "--epochs", "1", "--checkpoint", ckpt]) == 0   # free again
+    assert os.path.exists(ckpt)
+
+
+def test_a_killed_run_leaves_no_stuck_lock(tmp_path):
+    """The lock is the kernel's (flock): a holder killed with SIGKILL releases it."""
+    import signal
+    import subprocess
+    import sys
+    ckpt = str(tmp_path / "r.ckpt")
+    code = ("import sys, time, minitorch_fft as mt\n"
+            f"with mt.checkpoint.held({ckpt!r}):\n    print('held', flush=True)\n    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(mt.checkpoint.CheckpointError, match=f"in use by another run \\(pid {holder.pid}"):
+            with mt.checkpoint.held(ckpt):
+                pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        with mt.checkpoint.held(ckpt):                  # the stale lock file holds nothing
+            pass
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+
+
+def test_the_lock_is_never_made_through_a_link(tmp_path):
+    ckpt = tmp_path / "r.ckpt"
+    (tmp_path / "r.ckpt.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(mt.checkpoint.CheckpointError, match="cannot make"):
+        with mt.checkpoint.held(str(ckpt)):
+            pass
+    assert not (tmp_path / "elsewhere").exists()
