@@ -72,7 +72,7 @@ try:
 except ImportError:  # not POSIX: writes stay atomic, but concurrent writers may drop a choice
     fcntl = None
 
-from .utils import atomic_file
+from .utils import atomic_file, open_lock_file
 
 from . import cgemm, config
 
@@ -298,13 +298,8 @@ class TuneCache:
         if fcntl is None:
             yield
             return
-        lock = target.with_name(target.name + ".lock")
-        flags = os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         try:
-            fd = os.open(lock, flags, 0o666)
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.close(fd)
-                raise OSError(f"{lock} is not a regular file")
+            fd = open_lock_file(target.with_name(target.name + ".lock"))
         except OSError as e:
             self._warn(f"cannot lock autotune cache {self.path} ({e}); writing it unlocked")
             yield

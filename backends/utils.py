@@ -1,6 +1,7 @@
 """Small helpers the backends and the core share: argument checks, atomic file writes."""
 import contextlib
 import os
+import stat
 import tempfile
 
 import numpy as np
@@ -74,3 +75,16 @@ def _umask():
 
 
 _UMASK = _umask()
+
+
+def open_lock_file(path, mode=os.O_RDONLY):
+    """A file descriptor of the lock file at `path` (made 0666 less the umask if missing), opened
+    with `mode` (os.O_RDONLY or os.O_RDWR): never through a link (a link to nothing would have its
+    target created), non-blocking (a FIFO there would hang the open), and refused unless it is a
+    regular file. OSError naming the problem otherwise."""
+    flags = mode | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags, 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd

@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 import zipfile
 
 try:
@@ -30,7 +29,7 @@ import numpy as np
 from . import random as _random
 from .device import to_device
 from .tensor import cast_float32, overflow_value
-from .utils import atomic_file, is_int, is_number
+from .utils import atomic_file, is_int, is_number, open_lock_file
 
 # 2: the checksum covers the header too, and sits in its own member (1 hashed the arrays only).
 FORMAT_VERSION = 2
@@ -379,15 +378,12 @@ def held(path):
     (opened non-blocking, never through a link, checked to be a regular file) and kept: removing
     it while another run opens it would let two runs hold two different files."""
     lock = os.path.abspath(path) + ".lock"
-    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(lock, flags, 0o666)
+        fd = open_lock_file(lock, os.O_RDWR)
     except OSError as e:
         raise CheckpointError(f"cannot make {lock!r}, the lock that keeps other runs off checkpoint "
                               f"{path!r} ({e})") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(f"{lock!r} is not a regular file; it must be the lock of checkpoint {path!r}")
         if fcntl is not None:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
