@@ -33,6 +33,11 @@ _REGISTRY = {
 }
 
 
+# Backends that wrap a vendor's library rather than an algorithm of ours. The setting
+# auto_backends=ours leaves them out, so the benchmarks can report "ours alone" beside "with cuDNN".
+VENDOR = ("cudnn",)
+
+
 def names():
     """The registered backends (``"auto"`` is a layer option, not a backend)."""
     return list(_REGISTRY)
@@ -46,22 +51,39 @@ def get(name):
     return _REGISTRY[name]
 
 
+def auto_registry():
+    """The backends auto may choose from: the registry as the auto_backends setting
+    ($MINITORCH_AUTO_BACKENDS) restricts it; ValueError for a name that is not registered."""
+    wanted = config.get("auto_backends")
+    if wanted is None:
+        return _REGISTRY
+    if wanted == ("ours",):
+        return {n: b for n, b in _REGISTRY.items() if n not in VENDOR}
+    unknown = [n for n in wanted if n not in _REGISTRY]
+    if unknown:
+        raise ValueError(f"{config.SETTINGS['auto_backends'].env} names {unknown}, which are not "
+                         f"registered backends; registered: {names()} (or 'ours' for all but {list(VENDOR)})")
+    return {n: _REGISTRY[n] for n in wanted}
+
+
 def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np):
     """The backend that runs `pass_name` of this geometry under the layer's setting `name`
     ("auto" asks the autotuner, which may time the candidates on `xp`'s device once)."""
     if pass_name not in PASSES:
         raise ValueError(f"unknown pass {pass_name!r}; expected one of {PASSES}")
     if name == "auto":
-        picked = auto.remembered(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
+        registry = auto_registry()
+        picked = auto.remembered(registry, pass_name, x_shape, w_shape, stride, padding, xp)
         if picked is not None:                       # every call after a layer's first
-            return _REGISTRY[picked]
+            return registry[picked]
         geometry(x_shape, w_shape, stride, padding)  # an invalid geometry says why first
         with reuse.suspended():  # a timed candidate pays for its own FFTs, every repeat
-            picked = auto.pick(_REGISTRY, pass_name, x_shape, w_shape, stride, padding, xp)
+            picked = auto.pick(registry, pass_name, x_shape, w_shape, stride, padding, xp)
         if picked is None:
             raise ValueError(f"no backend supports input {tuple(x_shape)}, weight {tuple(w_shape)}, "
-                             f"stride {stride}, padding {padding}")
-        return _REGISTRY[picked]
+                             f"stride {stride}, padding {padding}"
+                             f"{'' if registry is _REGISTRY else ' among ' + str(list(registry))}")
+        return registry[picked]
     backend = get(name)
     if not backend.supports(x_shape, w_shape, stride, padding):
         geometry(x_shape, w_shape, stride, padding)  # an invalid geometry says why first
@@ -141,5 +163,5 @@ def _free_gpu_pool():
         cp.get_default_memory_pool().free_all_blocks()
 
 
-__all__ = ["names", "get", "choose", "run_pass", "reuse_spectra", "geometry", "held_on_device", "PASSES",
+__all__ = ["names", "get", "auto_registry", "choose", "run_pass", "reuse_spectra", "geometry", "held_on_device", "PASSES",
            "config"]

@@ -23,7 +23,7 @@ from collections import Counter
 
 import numpy as np
 
-from . import cgemm, config, tuning
+from . import cgemm, config, gemm, tuning
 from .common import PASSES, geometry, plain_args
 
 # Untimed order (CPU default): cheapest-to-set-up first.
@@ -36,6 +36,13 @@ MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fracti
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)
 _memory = {}      # key -> record, this process's choices (choices(), remembered())
 _fast = {}        # (pass, shapes as given, xp, device, precision) -> (key, backend): remembered()
+
+
+def label():
+    """The tuning key's backend field: "auto", or "auto[gemm,fbfft]" under a restricted candidate
+    set (the auto_backends setting), so a restricted choice never stands in for a full one."""
+    wanted = config.get("auto_backends")
+    return "auto" if wanted is None else f"auto[{','.join(wanted)}]"
 
 
 def margin():
@@ -60,7 +67,7 @@ def _fast_key(pass_name, x_shape, w_shape, stride, padding, xp):
     except ValueError:
         return None
     device = None if xp is np else xp.cuda.runtime.getDevice()
-    return (pass_name, x_shape, w_shape, stride, padding, xp, device, mode)
+    return (pass_name, x_shape, w_shape, stride, padding, xp, device, mode, config.get("auto_backends"))
 
 
 def remembered(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):
@@ -93,7 +100,7 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
     """(backend name or None, the tuning key of this choice)."""
     tune = tuning.enabled("auto_tune", xp)  # also rejects a bad MINITORCH_AUTO_TUNE, cached or not
     geom = _geometry_key(x_shape, w_shape, stride, padding)
-    key = tuning.key(xp, np.float32, geom, pass_name, "auto")
+    key = tuning.key(xp, np.float32, geom, pass_name, label())
     known = _memory.get(key)
     if known is not None and known["choice"] in registry:
         return known["choice"], key  # chosen earlier in this process: every later pass of a layer
@@ -120,7 +127,7 @@ def _siblings(xp, geom, pass_name):
     chosen = {}
     for other in PASSES:
         if other != pass_name:
-            k = tuning.key(xp, np.float32, geom, other, "auto")
+            k = tuning.key(xp, np.float32, geom, other, label())
             record = _memory.get(k) or tuning.default_cache().get(k)
             if tuning.is_record(record) and isinstance(record["choice"], str):
                 chosen[other] = record["choice"]
@@ -176,8 +183,8 @@ def _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp
             _free_pool(xp)         # a failed candidate's blocks must not squeeze the next one
             raise
 
-    reference = getattr(registry["gemm"], pass_name)(*args, stride=stride, padding=padding) \
-        if "gemm" in registry else None
+    # gemm checks every candidate, also where the candidate set leaves it out.
+    reference = getattr(registry.get("gemm", gemm), pass_name)(*args, stride=stride, padding=padding)
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     prefer, explain = _tie_rule(siblings)
     try:

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 from collections import namedtuple
 
 
@@ -35,7 +36,8 @@ class ConfigError(ValueError):
 
 Setting = namedtuple("Setting", "name env kind default doc keyed")
 # kind: "bool" (0 or 1), "tune" (auto, on or off), "mib" (a size in MiB, > 0 and finite),
-# "fraction" ([0, 1)), "path", "text". keyed: part of snapshot().
+# "fraction" ([0, 1)), "path", "text", "names" (backend names, comma-separated, kept as a tuple;
+# which names exist is checked where the registry is, backends.auto_registry). keyed: part of snapshot().
 
 SETTINGS = {s.name: s for s in (
     Setting("tf32", "MINITORCH_CGEMM_TF32", "bool", False,
@@ -50,6 +52,9 @@ SETTINGS = {s.name: s for s in (
             "auto times the backends: auto = on the GPU only, on, off (first supported backend)", True),
     Setting("auto_margin", "MINITORCH_AUTO_MARGIN", "fraction", 0.03,
             "auto's tie margin: candidates within it of the fastest are tied", True),
+    Setting("auto_backends", "MINITORCH_AUTO_BACKENDS", "names", None,
+            "the backends auto may choose from: names, comma-separated, or ours (all but cuDNN); "
+            "unset: every registered backend", True),
     Setting("auto_memory_mb", "MINITORCH_AUTO_MEMORY_MB", "mib", None,
             "extra GPU memory a candidate may take while auto times it (unset: no cap)", False),
     Setting("cufft_tune", "MINITORCH_CUFFT_TUNE", "tune", "auto",
@@ -151,7 +156,9 @@ def table():
 # -- parsing and checking ------------------------------------------------------------------------
 
 _ALLOWED = {"bool": "0 or 1", "tune": "auto, on or off", "mib": "MiB > 0",
-            "fraction": "0 <= x < 1", "path": "a file path", "text": "any text"}
+            "fraction": "0 <= x < 1", "path": "a file path", "text": "any text",
+            "names": "backend names, comma-separated, or ours"}
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def _setting(name):
@@ -186,7 +193,24 @@ def _parse(name, raw):
         if not raw.strip():
             raise bad
         return raw
+    if s.kind == "names":
+        names = _names(raw.split(","))
+        if names is None:
+            raise bad
+        return names
     return raw
+
+
+def _items(value):
+    """An override's names: "gemm,fbfft" as the environment gives them, or a sequence."""
+    return value.split(",") if isinstance(value, str) else list(value)
+
+
+def _names(items):
+    """A tuple of distinct backend-name-shaped strings, in order, or None if any is not one."""
+    names = tuple(dict.fromkeys(str(v).strip() for v in items))
+    ok = names and all(isinstance(v, str) for v in items) and all(_NAME.fullmatch(n) for n in names)
+    return names if ok else None
 
 
 def _in_range(kind, value):
@@ -205,9 +229,12 @@ def _check(s, value):
           "fraction": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
           and _in_range("fraction", v),
           "path": lambda v: isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
-          "text": lambda v: isinstance(v, str)}[s.kind]
+          "text": lambda v: isinstance(v, str),
+          "names": lambda v: isinstance(v, (str, tuple, list)) and _names(_items(v)) is not None}[s.kind]
     if not ok(value):
         raise ConfigError(f"setting {s.name} ({s.env}) takes {_ALLOWED[s.kind]}, got {value!r}")
+    if s.kind == "names":
+        return _names(_items(value))
     return float(value) if s.kind in ("mib", "fraction") else value
 
 
@@ -216,6 +243,8 @@ def _show(s, value):
         return "1" if value else "0"
     if s.kind in ("mib", "fraction"):
         return f"{value:g}"
+    if s.kind == "names":
+        return ",".join(value)
     return str(value)
 
 

@@ -88,6 +88,21 @@ def test_choice_is_cached_on_disk_and_not_tuned_again(tuner, monkeypatch):
     assert auto.pick(reg, "accgrad", **GEOM) == first  # ...the disk cache answers
 
 
+def test_the_candidate_set_restricts_auto_and_keys_its_choices_apart(tuner, monkeypatch, settings):
+    # "cudnn" stands in for the vendor backend: the fastest, so it wins wherever it may compete.
+    reg = {"gemm": SlowIn("fprop"), "slow": SlowIn("fprop"), "cudnn": SlowIn("none")}
+    monkeypatch.setattr(backends, "_REGISTRY", reg)
+    assert backends.choose("auto", "fprop", **GEOM) is reg["cudnn"]
+    settings(auto_backends="ours")
+    assert backends.choose("auto", "fprop", **GEOM) in (reg["gemm"], reg["slow"])
+    settings(auto_backends=("slow",))
+    assert backends.choose("auto", "fprop", **GEOM) is reg["slow"]
+    assert {k[5] for k in auto._memory} == {"auto", "auto[ours]", "auto[slow]"}  # none stands for another
+    settings(auto_backends="gemm,nothing")
+    with pytest.raises(ValueError, match=r"MINITORCH_AUTO_BACKENDS names \['nothing'\], which are not registered"):
+        backends.choose("auto", "fprop", **GEOM)
+
+
 def test_cpu_default_is_untimed_and_deterministic(monkeypatch):
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "auto")
     monkeypatch.setattr(auto, "_tune", lambda *a: pytest.fail("timed on the CPU"))

@@ -23,6 +23,7 @@ def test_every_variable_is_declared_once_with_its_doc():
     ("tf32", "1", True), ("tf32", "0", False), ("gemm_workspace_mb", "64", 64.0),
     ("gemm_workspace_mb", "0.5", 0.5), ("auto_margin", "0", 0.0), ("auto_margin", "0.1", 0.1),
     ("cufft_tune", "off", "off"), ("tune_cache", "~/x.json", "~/x.json"),
+    ("auto_backends", "ours", ("ours",)), ("auto_backends", " gemm, fbfft,gemm", ("gemm", "fbfft")),
 ])
 def test_the_environment_sets_a_value(monkeypatch, name, raw, value):
     monkeypatch.setenv(config.SETTINGS[name].env, raw)
@@ -34,7 +35,7 @@ def test_the_environment_sets_a_value(monkeypatch, name, raw, value):
     ("gemm_workspace_mb", "-5"), ("gemm_workspace_mb", "nan"), ("cufft_workspace_mb", "1e400"),
     ("auto_margin", "1"), ("auto_margin", "-0.01"), ("auto_margin", "3%"),
     ("tf32", "yes"), ("tf32", "true"), ("direct_tune", "of"), ("auto_tune", "sometimes"),
-    ("tune_cache", " "),
+    ("tune_cache", " "), ("auto_backends", ""), ("auto_backends", "gemm,,fbfft"), ("auto_backends", "GEMM"),
 ])
 def test_a_bad_value_names_the_variable_and_the_limit(monkeypatch, name, raw):
     s = config.SETTINGS[name]
