@@ -1,7 +1,7 @@
 """Data-parallel training throughput: minitorch-fft over NCCL beside PyTorch DDP (issue #20).
 
-    python benchmarks/bench_ddp.py                              # 1, 2, 4, 8 GPUs (those visible)
-    python benchmarks/bench_ddp.py --gpus 1 --quick --backend gemm --nets alexnet --out $OUT
+    python -m benchmarks.bench_ddp                              # 1, 2, 4, 8 GPUs (those visible)
+    python -m benchmarks.bench_ddp --gpus 1 --quick --backend gemm --nets alexnet --out $OUT
 
 For each GPU count N, network and implementation, N processes (minitorch_fft.distributed.spawn,
 NCCL_NVLS_ENABLE=0 in each) train on synthetic ImageNet-sized batches of --batch images per GPU;
@@ -31,9 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.harness import RESULTS_DIR, provenance, set_tf32, setup_cudnn, write_results  # noqa: E402
+from benchmarks.harness import RESULTS_DIR, provenance, set_tf32, setup_cudnn, write_results
 
 IMPLEMENTATIONS = ("minitorch eager", "minitorch CUDA graph", "PyTorch DDP cuDNN strict")
 BATCH = 128
@@ -158,7 +156,7 @@ def run_one(args, n, net, impl, folder):
     from minitorch_fft import distributed
     result = Path(folder) / "row.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--worker", "--net", net, "--impl", impl, "--batch", str(args.batch),
+    cmd = [sys.executable, "-m", "benchmarks.bench_ddp", "--worker", "--net", net, "--impl", impl, "--batch", str(args.batch),
            "--backend", args.backend, "--warmup", str(args.warmup), "--steps", str(args.steps),
            "--seed", str(args.seed), "--result", str(result)]
     code = distributed.spawn(n, cmd, prog="bench_ddp")
