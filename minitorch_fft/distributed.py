@@ -360,8 +360,10 @@ class NcclCommunicator:
         import cupy as cp
         from cupy.cuda import nccl
         self.cp, self.nccl, self.rank, self.world_size = cp, nccl, rank, world_size
-        uid = tuple(b - 256 if b > 127 else b for b in uid)     # CuPy's id: 128 signed chars
-        self.comm = nccl.NcclCommunicator(world_size, uid, rank)   # waits for every rank
+        try:                                            # waits until every rank has joined
+            self.comm = nccl.NcclCommunicator(world_size, bytes(uid), rank)
+        except TypeError:    # older CuPy takes the id as a tuple of 128 signed chars
+            self.comm = nccl.NcclCommunicator(world_size, tuple(b - 256 if b > 127 else b for b in uid), rank)
         self._dtypes = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
                         np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int32): nccl.NCCL_INT32,
                         np.dtype(np.int64): nccl.NCCL_INT64}
@@ -517,6 +519,9 @@ class GradientSync:
                 start += p.data.size
                 bucket["stop"] = start
         self.stream = self.cp.cuda.Stream(non_blocking=True) if self.cp else None
+        if self.cp:       # made here, not inside a CUDA-graph capture: one per bucket, one to join
+            self._ready = [self.cp.cuda.Event(disable_timing=True) for _ in self.buckets]
+            self._done = self.cp.cuda.Event(disable_timing=True)
         self._pending = self._launched = None
         for p in self.params:
             p.grad_hook = self._on_grad
@@ -553,8 +558,8 @@ class GradientSync:
             if self.group.world_size > 1:
                 seg *= 1.0 / self.group.world_size
             return
-        ready = self.cp.cuda.Event(disable_timing=True)
-        ready.record(self.cp.cuda.get_current_stream())
+        ready = self._ready[i]
+        ready.record(self.cp.cuda.get_current_stream())   # the bucket's gradients are written
         self.stream.wait_event(ready)
         self.group.comm.all_reduce(seg, self.stream)
         if self.group.world_size > 1:
@@ -573,9 +578,8 @@ class GradientSync:
                         self._where[id(p)][0][...] = 0
                 self._launch(i)
         if self.cp is not None:
-            done = self.cp.cuda.Event(disable_timing=True)
-            done.record(self.stream)
-            self.cp.cuda.get_current_stream().wait_event(done)
+            self._done.record(self.stream)
+            self.cp.cuda.get_current_stream().wait_event(self._done)
         self._pending = None
 
     def remove(self):
