@@ -303,14 +303,22 @@ def _gpu_model(seed=0):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphed", [False, True])
-def test_a_step_with_nccl_one_rank_equals_the_single_gpu_step(nccl_group, graphed):
+@pytest.mark.parametrize("halved", [False, True])
+def test_a_step_with_nccl_one_rank_equals_the_single_gpu_step(nccl_group, graphed, halved):
+    """One rank: the averaged gradient is the gradient, and the steps agree. `halved`: the same
+    NCCL communicator in a group that claims two ranks, so the gradients are all-reduced (over
+    the one real rank) and scaled by 1/2 in every step, replays included: SGD without weight decay
+    on g/2 is SGD on g at half the learning rate (a power of two: the same rounding)."""
     import cupy as cp
     train, _ = mt.data.digits()
+    group = distributed.ProcessGroup(0, 2, nccl_group.comm) if halved else nccl_group
+    wd = 0.0 if halved else 5e-4
     params = []
     for sync_on in (False, True):
         model = _gpu_model(seed=2)
-        opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-        sync = distributed.GradientSync(model.parameters(), nccl_group, bucket_mb=0.01) if sync_on else None
+        lr = 0.05 if sync_on or not halved else 0.025
+        opt = mt.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd)
+        sync = distributed.GradientSync(model.parameters(), group, bucket_mb=0.01) if sync_on else None
         step = mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt, sync=sync) if graphed else None
         for x, y in list(mt.data.batches(train, 64, seed=2))[:4]:
             if step is not None:
@@ -321,10 +329,11 @@ def test_a_step_with_nccl_one_rank_equals_the_single_gpu_step(nccl_group, graphe
         if step is not None:
             assert step.captures == 1 and step.calls == 4            # three replays with the all-reduce
         if sync is not None:
+            assert len(sync.buckets) > 1
             sync.remove()
         params.append([cp.asnumpy(p.data) for p in model.parameters()])
     for a, b in zip(*params):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def _train_py(*flags, timeout=200):
