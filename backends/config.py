@@ -36,7 +36,7 @@ class ConfigError(ValueError):
 
 Setting = namedtuple("Setting", "name env kind default doc keyed")
 # kind: "bool" (0 or 1), "tune" (auto, on or off), "mib" (a size in MiB, > 0 and finite),
-# "fraction" ([0, 1)), "path", "text", "names" (backend names, comma-separated, kept as a tuple;
+# "fraction" ([0, 1)), "count" (an int >= 0), "path", "text", "names" (backend names, comma-separated, kept as a tuple;
 # which names exist is checked where the registry is, backends.auto_registry). keyed: part of snapshot().
 
 SETTINGS = {s.name: s for s in (
@@ -71,11 +71,23 @@ SETTINGS = {s.name: s for s in (
             "train.py prints the full traceback of an error instead of one line", False),
     Setting("commit", "MINITORCH_COMMIT", "text", None,
             "the commit benchmark results name where the tree has no .git", False),
+    # Data-parallel training (minitorch_fft.distributed): the variables torchrun sets, and
+    # train.py --gpus sets for the processes it starts. WORLD_SIZE set means "this is one rank".
+    Setting("rank", "RANK", "count", None, "data-parallel: this process's rank, 0 .. WORLD_SIZE-1", False),
+    Setting("world_size", "WORLD_SIZE", "count", None,
+            "data-parallel: the number of processes (one per GPU); unset: not a data-parallel rank", False),
+    Setting("local_rank", "LOCAL_RANK", "count", None,
+            "data-parallel: this process's GPU on its host (unset: RANK)", False),
+    Setting("master_addr", "MASTER_ADDR", "text", None,
+            "data-parallel: rank 0's host, where it hands out the NCCL id", False),
+    Setting("master_port", "MASTER_PORT", "count", None, "data-parallel: rank 0's TCP port there", False),
 )}
 
 _overrides = []   # a stack of {name: value}, innermost last
 _process = {}     # set(): values for the rest of the process, below any override block
 _environment = {}  # name -> the value its variable gave when first read (reload() empties it)
+# torchrun's variables keep torchrun's names (every other setting's variable is MINITORCH_*).
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 ENVIRONMENT = object()   # override(name=ENVIRONMENT): the block follows the environment variable
 
 
@@ -138,6 +150,12 @@ def snapshot():
     return tuple((s.name, get(s.name)) for s in SETTINGS.values() if s.keyed)
 
 
+def environment_with(**variables):
+    """A copy of this process's environment with `variables` (name=str) set: the environment of a
+    process this one starts (train.py --gpus)."""
+    return {**os.environ, **{k: str(v) for k, v in variables.items()}}
+
+
 def check():
     """Read every setting once, so that a bad environment fails before any work (train.py)."""
     for name in SETTINGS:
@@ -156,7 +174,7 @@ def table():
 # -- parsing and checking ------------------------------------------------------------------------
 
 _ALLOWED = {"bool": "0 or 1", "tune": "auto, on or off", "mib": "MiB > 0",
-            "fraction": "0 <= x < 1", "path": "a file path", "text": "any text",
+            "fraction": "0 <= x < 1", "count": "an integer >= 0", "path": "a file path", "text": "any text",
             "names": "backend names, comma-separated, or ours"}
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -189,6 +207,10 @@ def _parse(name, raw):
         if not _in_range(s.kind, value):
             raise bad
         return value
+    if s.kind == "count":
+        if not re.fullmatch(r"[0-9]+", raw.strip()):
+            raise bad
+        return int(raw)
     if s.kind == "path":
         if not raw.strip():
             raise bad
@@ -230,6 +252,7 @@ def _check(s, value):
           and _in_range("fraction", v),
           "path": lambda v: isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
           "text": lambda v: isinstance(v, str),
+          "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
           "names": lambda v: isinstance(v, (str, tuple, list)) and _names(_items(v)) is not None}[s.kind]
     if not ok(value):
         raise ConfigError(f"setting {s.name} ({s.env}) takes {_ALLOWED[s.kind]}, got {value!r}")

@@ -11,10 +11,16 @@ the GPU no longer waits for Python between kernels. A partial last batch runs ea
 data, epochs, batch size, optimiser settings, seed) come from the checkpoint, and giving one
 with another value is an error. The backend may change (the same arithmetic, up to rounding).
 
+--gpus N trains data-parallel on N GPUs, one process each (minitorch_fft.distributed, where
+the logic lives): --batch-size is per GPU. It also runs under an external launcher (torchrun)
+that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Rank 0 alone prints and
+writes the checkpoint; a rank that fails or gets SIGTERM stops every rank without saving (the
+last checkpoint stays, and --resume with the same --gpus continues from it).
+
 Progress bars, one line per epoch and a one-line summary go to stderr; stdout holds one line, a
 JSON object with the results. Exit codes: 0 done, 2 bad input, 3 the loss became NaN or infinite
-(nothing is saved: the last checkpoint is the last good state), 130 / 143 stopped by SIGINT /
-SIGTERM after saving.
+(nothing is saved: the last checkpoint is the last good state), 4 another data-parallel rank
+failed, 130 / 143 stopped by SIGINT / SIGTERM after saving.
 """
 import argparse
 import json
@@ -29,15 +35,17 @@ from tqdm import tqdm
 import backends
 import minitorch_fft as mt
 import models
+from minitorch_fft import distributed
 from minitorch_fft.checkpoint import CheckpointError
 from minitorch_fft.utils import atomic_file
 
 # Defaults: the bundled digits run finishes in well under two minutes on a 2-core CPU.
 DEFAULTS = dict(model="digits", backend="auto", data="digits", epochs=10, batch_size=32, lr=0.05,
-                momentum=0.9, weight_decay=5e-4, device="auto", seed=0, fake_size=1024, num_classes=None)
+                momentum=0.9, weight_decay=5e-4, device="auto", seed=0, fake_size=1024, num_classes=None,
+                gpus=None)
 # The flags that define a run: --resume takes them from the checkpoint.
 RUN_FLAGS = ("model", "data", "epochs", "batch_size", "lr", "momentum", "weight_decay", "seed",
-             "fake_size", "num_classes")
+             "fake_size", "num_classes", "gpus")
 EXIT_DIVERGED = 3
 
 
@@ -121,6 +129,9 @@ def _parser(explicit_only=False, prog=None):
                         "(default: eager steps)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars; the per-epoch lines stay (default: bars on stderr)")
+    p.add_argument("--gpus", type=positive_int, default=default("gpus"),
+                   help="data-parallel training on this many GPUs, one process each; --batch-size is "
+                        "then per GPU (default: one process, no NCCL)")
     p.add_argument("--max-epochs-this-run", type=positive_int,
                    help="stop (with a checkpoint) after this many epochs; --resume continues "
                         "(default: run to --epochs)")
@@ -251,7 +262,12 @@ def run(argv=None, prog="train.py"):
     args = parse_args(argv, prog)
     resumed = restore_run(args, mt.checkpoint.header(args.checkpoint)) if args.resume else None
     check_outputs(args)
-    if not args.checkpoint:
+    if args.gpus is not None and distributed.launched() is None:   # start one process per GPU
+        train, _, _ = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes, args.workers)
+        distributed.check_launch(args.gpus, args.batch_size, len(train), args.device)
+        return distributed.spawn(args.gpus, [sys.executable, "-m", "minitorch_fft"] +
+                                 list(sys.argv[1:] if argv is None else argv), prog)
+    if not args.checkpoint or not distributed.is_rank0():   # rank 0 alone writes it
         return _train(args, resumed, prog)
     with mt.checkpoint.held(args.checkpoint):   # the path is this run's until it ends
         return _train(args, resumed, prog)
@@ -259,7 +275,17 @@ def run(argv=None, prog="train.py"):
 
 def _train(args, resumed, prog):
     """run()'s training, once the arguments are checked and the checkpoint path is held."""
-    device = mt.normalize_device(args.device)
+    group = distributed.join(args, prog)       # None unless a data-parallel rank
+    if group is None:
+        return _train_in(args, resumed, prog, None)
+    with group.failing_together():             # an exception here stops every rank
+        return _train_in(args, resumed, prog, group)
+
+
+def _train_in(args, resumed, prog, group):
+    quiet = group is not None and group.rank != 0     # rank 0 alone prints and saves
+    args.no_progress = args.no_progress or quiet
+    device = "cuda" if group is not None else mt.normalize_device(args.device)
     if args.cuda_graph and device != "cuda":
         raise ValueError(f"--cuda-graph needs the GPU (--device cuda), got --device {args.device} "
                          f"({device})")
@@ -283,14 +309,20 @@ def _train(args, resumed, prog):
         print(f"resumed {args.checkpoint} at epoch {state['epoch']} batch {state['batch']}", file=sys.stderr)
 
     def save():
-        if args.checkpoint:
+        if group is not None:
+            group.barrier()             # every rank has finished the epoch's steps
+        if args.checkpoint and not quiet:
             saved_args = {k: v for k, v in vars(args).items() if k != "explicit"}
             mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"],
                                extra={"progress": state, "rng": mt.random.get_state(), "args": saved_args})
 
-    graphed = (mt.graphs.GraphedStep(model, criterion, opt, reuse_spectra=not args.no_reuse_spectra)
+    sync, rank, world = None, 0, 1
+    if group is not None:
+        group.broadcast_arrays(distributed.model_state_arrays(model))   # rank 0's weights everywhere
+        sync, rank, world = distributed.GradientSync(model.parameters(), group), group.rank, group.world_size
+    graphed = (mt.graphs.GraphedStep(model, criterion, opt, reuse_spectra=not args.no_reuse_spectra, sync=sync)
                if args.cuda_graph else None)
-    n_batches = mt.data.num_batches(len(train), args.batch_size)
+    n_batches = mt.data.num_batches(len(train), args.batch_size, world)
     first_epoch = state["epoch"]
     tuned_report_shown = False
     t_start, imgs_per_s = time.perf_counter(), None
@@ -304,11 +336,13 @@ def _train(args, resumed, prog):
         interrupted.append(signum)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    handler = on_signal if group is None else group.on_signal    # a rank: every rank stops, no save
+    previous_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for epoch in epochs:
             opt.start_epoch(epoch)
-            bar = tqdm(mt.data.batches(train, args.batch_size, seed=args.seed, epoch=epoch, start=state["batch"]),
+            bar = tqdm(mt.data.batches(train, args.batch_size, seed=args.seed, epoch=epoch, start=state["batch"],
+                                       rank=rank, world_size=world),
                        total=n_batches, initial=state["batch"], desc=f"epoch {epoch + 1}", leave=False,
                        disable=args.no_progress)
             mt.synchronize(model.parameters()[0].xp)
@@ -320,7 +354,7 @@ def _train(args, resumed, prog):
                     loss_value, logits_np = float(loss_dev), mt.to_device(logits_dev, "cpu")
                 else:
                     loss, logits = mt.train_step(model, criterion, opt, mt.Tensor(mt.to_device(x, device)),
-                                                 mt.to_device(y, device), not args.no_reuse_spectra)
+                                                 mt.to_device(y, device), not args.no_reuse_spectra, sync)
                     loss_value, logits_np = loss.item(), logits.numpy()
                 if not np.isfinite(loss_value):
                     print(f"{prog}: the loss became {loss_value} at epoch {epoch + 1} batch "
@@ -333,7 +367,7 @@ def _train(args, resumed, prog):
                 state["seen"] += len(y)
                 state["batch"] += 1
                 imgs += len(y)
-                if args.backend == "auto" and not tuned_report_shown:
+                if args.backend == "auto" and not tuned_report_shown and not quiet:
                     tuned_report_shown = True  # the first step tuned every layer and pass
                     tqdm.write("autotuner choices:\n" + backends.auto.format_choices(), file=sys.stderr)
                 bar.set_postfix(loss=f"{state['loss_sum'] / state['seen']:.4f}",
@@ -344,7 +378,11 @@ def _train(args, resumed, prog):
             if interrupted:
                 break
             mt.synchronize(model.parameters()[0].xp)
-            imgs_per_s = imgs / max(time.perf_counter() - t0, 1e-9)
+            imgs_per_s = imgs * world / max(time.perf_counter() - t0, 1e-9)    # all ranks' images
+            if group is not None:      # the epoch's statistics over every rank's images
+                state["loss_sum"], state["correct"], state["seen"] = group.sum_host(
+                    [state["loss_sum"], state["correct"], state["seen"]]).tolist()
+                state["correct"], state["seen"] = int(state["correct"]), int(state["seen"])
             state["history"].append({"epoch": epoch + 1, "loss": state["loss_sum"] / max(state["seen"], 1),
                                      "train_accuracy": state["correct"] / max(state["seen"], 1),
                                      "lr": opt.lr})
@@ -352,8 +390,9 @@ def _train(args, resumed, prog):
             save()
             last = state["history"][-1]
             epochs.set_postfix(loss=f"{last['loss']:.4f}", img_s=f"{imgs_per_s:.0f}")
-            tqdm.write(f"epoch {epoch + 1}/{args.epochs}: loss {last['loss']:.4f}, train accuracy "
-                       f"{last['train_accuracy']:.3f}, lr {opt.lr:.4g}, {imgs_per_s:.0f} images/s", file=sys.stderr)
+            if not quiet:
+                tqdm.write(f"epoch {epoch + 1}/{args.epochs}: loss {last['loss']:.4f}, train accuracy "
+                           f"{last['train_accuracy']:.3f}, lr {opt.lr:.4g}, {imgs_per_s:.0f} images/s", file=sys.stderr)
             if args.max_epochs_this_run and epoch + 1 - first_epoch >= args.max_epochs_this_run:
                 break
     finally:
@@ -366,10 +405,13 @@ def _train(args, resumed, prog):
         print(f"{prog}: {name}: interrupted at epoch {state['epoch']} batch {state['batch']}{where}",
               file=sys.stderr)
         return 128 + interrupted[0]
+    if quiet:
+        return 0
 
     result = {
         "model": args.model, "backend": args.backend, "reuse_spectra": not args.no_reuse_spectra,
-        "cuda_graph": args.cuda_graph,
+        "cuda_graph": args.cuda_graph, "gpus": world if group is not None else None,
+        "batch_size_per_gpu": args.batch_size if group is not None else None,
         "device": backends.tuning.device_name(mt.get_array_module(model.parameters()[0].data)), "data": args.data,
         "epochs": state["epoch"], "test_accuracy": round(evaluate(model, test, args.batch_size, device), 4),
         "train_loss": state["history"][-1]["loss"] if state["history"] else None,
@@ -389,6 +431,9 @@ def summary(result, device):
     (images/s: the last epoch's training throughput)."""
     n = result["epochs"]
     speed = "" if result["images_per_s"] is None else f" ({result['images_per_s']:,.0f} images/s)"
+    if result.get("gpus"):
+        device = (f"{result['gpus']} GPU{'' if result['gpus'] == 1 else 's'}, batch "
+                  f"{result['batch_size_per_gpu']} per GPU ({result['batch_size_per_gpu'] * result['gpus']} a step)")
     return (f"{result['model']} on {device}: test accuracy {result['test_accuracy']:.1%} after {n} "
             f"epoch{'' if n == 1 else 's'} in {result['seconds']:.1f} s{speed}")
 

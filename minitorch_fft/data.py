@@ -223,17 +223,26 @@ def cifar10(path, input_shape, seed=0, workers=None):
     return TorchvisionDataset(train, augment=True, **common), TorchvisionDataset(test, augment=False, **common)
 
 
-def batches(dataset, batch_size, shuffle=True, seed=0, epoch=0, start=0, prefetch=1):
+def batches(dataset, batch_size, shuffle=True, seed=0, epoch=0, start=0, prefetch=1, rank=0, world_size=1):
     """Yield (x, y) NumPy batches. The order depends only on (seed, epoch), so a run
     resumed at batch `start` sees exactly the batches it would have seen.
+
+    rank, world_size: data-parallel sharding (minitorch_fft.distributed). Step b's global batch
+    is order[b*B*W : (b+1)*B*W] (B = batch_size per rank, W = world_size); this rank takes its
+    rank-th slice of B images: the ranks' parts are disjoint and together cover the epoch's
+    order. With several ranks only full global batches are used (num_batches), as PyTorch's
+    DistributedSampler(drop_last=True) does; with one, the last batch may be partial.
 
     prefetch: how many batches a background thread prepares ahead (0: none, each batch is
     made when asked for). A batch that fails to load raises here, in the caller's thread."""
     batch_size = positive_int(batch_size, "batch_size")   # NumPy integers too; not bools
+    if not (is_int(rank) and is_int(world_size) and 0 <= rank < world_size):
+        raise ValueError(f"rank must be an int in 0 .. world_size-1, got rank {rank!r} of world_size {world_size!r}")
     n = len(dataset)
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-    made = (dataset.take(order[b * batch_size:(b + 1) * batch_size], epoch=epoch)
-            for b in range(start, num_batches(n, batch_size)))
+    made = (dataset.take(order[(b * world_size + rank) * batch_size:(b * world_size + rank + 1) * batch_size],
+                         epoch=epoch)
+            for b in range(start, num_batches(n, batch_size, world_size)))
     yield from (_ahead(made, prefetch) if prefetch > 0 else made)
 
 
@@ -270,9 +279,13 @@ def _ahead(items, depth):
             q.get_nowait()
 
 
-def num_batches(n, batch_size):
-    """Batches of `batch_size` (the last one possibly partial) that hold n images."""
+def num_batches(n, batch_size, world_size=1):
+    """Batches of `batch_size` (the last one possibly partial) that hold n images; with
+    world_size > 1 ranks, the full global batches of batch_size * world_size (batches())."""
     batch_size = positive_int(batch_size, "batch_size")
+    world_size = positive_int(world_size, "world_size")
     if not is_int(n) or n < 0:
         raise ValueError(f"the number of images must be an int >= 0, got {n!r}")
+    if world_size > 1:
+        return int(n) // (batch_size * world_size)
     return (int(n) + batch_size - 1) // batch_size

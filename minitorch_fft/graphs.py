@@ -21,6 +21,9 @@ A graph replays fixed addresses with fixed kernel arguments, which decides how t
   refuses cuBLAS calls during capture).
 - Nothing in the captured step may wait for the host: the targets' range check, which would, is
   done by the call before the replay instead.
+- Data-parallel (sync, a distributed.GradientSync): the gradients' all-reduce is captured too,
+  on the sync's stream, forked from the capture stream by an event and joined before the update;
+  its flat gradient buffer lives outside the graph's pool, at a fixed address.
 """
 import contextlib
 
@@ -36,11 +39,11 @@ class GraphedStep:
     """step = GraphedStep(model, criterion, optimizer); loss, logits = step(x, y)
 
     One training step per call (forward, backward, optimiser update, in train.py's order), on the
-    GPU. x: float32 (batch, ...) and y: integer (batch,) class indices, CuPy or NumPy arrays (or a
+    GPU (sync: a distributed.GradientSync, for data-parallel training). x: float32 (batch, ...) and y: integer (batch,) class indices, CuPy or NumPy arrays (or a
     Tensor for x), the same shapes at every call. Returns the loss (0-d) and the logits as CuPy
     arrays of their own (copies: the graph's buffers are overwritten by the next replay)."""
 
-    def __init__(self, model, criterion, optimizer, reuse_spectra=True, warmup=1):
+    def __init__(self, model, criterion, optimizer, reuse_spectra=True, warmup=1, sync=None):
         params = model.parameters()
         if not params or get_array_module(params[0].data) is np:
             raise ValueError("GraphedStep needs the model on the GPU (model.to('cuda')): CUDA graphs "
@@ -50,7 +53,7 @@ class GraphedStep:
                              f"before the capture), got {warmup!r}")
         import cupy as cp
         self.cp, self.model, self.criterion, self.optimizer = cp, model, criterion, optimizer
-        self.reuse_spectra, self.warmup = reuse_spectra, warmup
+        self.reuse_spectra, self.warmup, self.sync = reuse_spectra, warmup, sync
         self._modules = model.modules()
         self.calls = self.captures = 0
         self._eager_left = warmup      # eager steps before the next capture
@@ -62,7 +65,8 @@ class GraphedStep:
 
     # -- the step itself ----------------------------------------------------------------------
     def _step(self, x, y):
-        loss, logits = train_step(self.model, self.criterion, self.optimizer, x, y, self.reuse_spectra)
+        loss, logits = train_step(self.model, self.criterion, self.optimizer, x, y, self.reuse_spectra,
+                                  self.sync)
         return loss.data, logits.data
 
     def _graph_key(self):

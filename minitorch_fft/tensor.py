@@ -95,6 +95,9 @@ class Tensor:
         self.data = _as_float32(data)
         self.requires_grad = requires_grad
         self.grad = None
+        # hook(tensor, grad), called instead of accumulating into .grad once this leaf's gradient
+        # of a backward pass is complete (minitorch_fft.distributed.GradientSync)
+        self.grad_hook = None
         self._ctx = None  # the Function that produced this tensor, if recorded
 
     # -- plain properties ---------------------------------------------------
@@ -157,9 +160,12 @@ class Tensor:
             g = grads.pop(id(t), None)
             if g is None:
                 continue
-            if t._ctx is None:  # a leaf: accumulate
-                if t.requires_grad:
-                    t.grad = g if t.grad is None else t.grad + g
+            if t._ctx is None:  # a leaf: accumulate. Its gradient is complete here: reverse
+                if t.requires_grad:   # topological order visits every consumer of t before t
+                    if t.grad_hook is not None:
+                        t.grad_hook(t, g)
+                    else:
+                        t.grad = g if t.grad is None else t.grad + g
                 continue
             ctx = t._ctx
             in_grads = ctx.backward(g)

@@ -11,8 +11,10 @@ import contextlib
 import backends
 
 
-def train_step(model, criterion, optimizer, x, y, reuse_spectra=True):
+def train_step(model, criterion, optimizer, x, y, reuse_spectra=True, sync=None):
     """Run one step on batch x (a Tensor) with targets y; returns (loss, logits) as Tensors.
+    sync: a distributed.GradientSync (data-parallel): gradients are averaged over the ranks as
+    backward produces them, and the average is complete before the update.
 
     Nothing here waits for the GPU: reading loss.item() or the logits is the caller's sync point."""
     scope = backends.reuse_spectra() if reuse_spectra else contextlib.nullcontext()
@@ -20,6 +22,10 @@ def train_step(model, criterion, optimizer, x, y, reuse_spectra=True):
         logits = model(x)
         loss = criterion(logits, y)
         optimizer.zero_grad()
+        if sync is not None:
+            sync.begin()
         loss.backward()
+    if sync is not None:
+        sync.finish()
     optimizer.step()
     return loss, logits

@@ -16,7 +16,7 @@ def test_every_variable_is_declared_once_with_its_doc():
     envs = [s.env for s in config.SETTINGS.values()]
     assert len(envs) == len(set(envs))
     for s in config.SETTINGS.values():
-        assert s.env.startswith("MINITORCH_") and s.doc and s.kind in config._ALLOWED
+        assert (s.env.startswith("MINITORCH_") or s.env in config.LAUNCHER_ENV) and s.doc and s.kind in config._ALLOWED
 
 
 @pytest.mark.parametrize("name, raw, value", [
@@ -24,6 +24,7 @@ def test_every_variable_is_declared_once_with_its_doc():
     ("gemm_workspace_mb", "0.5", 0.5), ("auto_margin", "0", 0.0), ("auto_margin", "0.1", 0.1),
     ("cufft_tune", "off", "off"), ("tune_cache", "~/x.json", "~/x.json"),
     ("auto_backends", "ours", ("ours",)), ("auto_backends", " gemm, fbfft,gemm", ("gemm", "fbfft")),
+    ("world_size", "4", 4), ("rank", "0", 0), ("master_addr", "127.0.0.1", "127.0.0.1"),
 ])
 def test_the_environment_sets_a_value(monkeypatch, name, raw, value):
     monkeypatch.setenv(config.SETTINGS[name].env, raw)
@@ -35,7 +36,7 @@ def test_the_environment_sets_a_value(monkeypatch, name, raw, value):
     ("gemm_workspace_mb", "-5"), ("gemm_workspace_mb", "nan"), ("cufft_workspace_mb", "1e400"),
     ("auto_margin", "1"), ("auto_margin", "-0.01"), ("auto_margin", "3%"),
     ("tf32", "yes"), ("tf32", "true"), ("direct_tune", "of"), ("auto_tune", "sometimes"),
-    ("tune_cache", " "), ("auto_backends", ""), ("auto_backends", "gemm,,fbfft"), ("auto_backends", "GEMM"),
+    ("tune_cache", " "), ("world_size", "-1"), ("rank", "1.5"), ("master_port", "x"), ("auto_backends", ""), ("auto_backends", "gemm,,fbfft"), ("auto_backends", "GEMM"),
 ])
 def test_a_bad_value_names_the_variable_and_the_limit(monkeypatch, name, raw):
     s = config.SETTINGS[name]

@@ -1,0 +1,357 @@
+"""Data-parallel training (minitorch_fft.distributed): sharding, the flat gradient buffer, the
+launcher's checks, the rendezvous and fault channel between processes (CPU, loopback only), and
+a real NCCL communicator with one rank (gpu)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import minitorch_fft as mt
+import models
+from minitorch_fft import distributed
+from minitorch_fft.cli import main, parse_args
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- sharding ---------------------------------------------------------------------------------
+
+def _index_dataset(n):
+    """A data set whose image i is the number i: a batch says which images it holds."""
+    return mt.data.ArrayDataset(np.arange(n, dtype=np.float32).reshape(n, 1, 1, 1), np.zeros(n))
+
+
+def _seen(n, batch, rank, world, epoch=0, start=0, seed=3):
+    return [x.reshape(-1).astype(int).tolist() for x, _ in
+            mt.data.batches(_index_dataset(n), batch, seed=seed, epoch=epoch, start=start, rank=rank,
+                            world_size=world)]
+
+
+@pytest.mark.parametrize("n, batch, world", [(100, 4, 2), (101, 3, 4), (64, 8, 8), (10, 5, 2)])
+def test_shards_are_disjoint_cover_the_global_batches_and_follow_one_process_order(n, batch, world):
+    shards = [_seen(n, batch, r, world) for r in range(world)]
+    steps = n // (batch * world)
+    assert all(len(s) == steps and all(len(b) == batch for b in s) for s in shards)
+    flat = [i for s in shards for b in s for i in b]
+    assert len(set(flat)) == len(flat) == steps * batch * world          # disjoint
+    # step b of all ranks together is one process's batch b of batch * world images, in rank order
+    one = _seen(n, batch * world, 0, 1)
+    for b in range(steps):
+        assert sum((shards[r][b] for r in range(world)), []) == one[b]
+    assert shards == [_seen(n, batch, r, world) for r in range(world)]   # deterministic
+    assert _seen(n, batch, 1, world, epoch=1) != shards[1]                 # a new order each epoch
+
+
+def test_a_resumed_epoch_sees_the_same_shards_and_one_rank_is_plain_batching():
+    full = _seen(200, 6, 2, 4, epoch=2)
+    assert _seen(200, 6, 2, 4, epoch=2, start=3) == full[3:]
+    plain = [x.reshape(-1).astype(int).tolist() for x, _ in mt.data.batches(_index_dataset(23), 5, seed=3)]
+    assert _seen(23, 5, 0, 1) == plain and len(plain[-1]) == 3   # the partial last batch stays
+    with pytest.raises(ValueError, match="rank must be an int in 0 .. world_size-1"):
+        _seen(10, 2, 2, 2)
+
+
+# -- the flat gradient buffer -------------------------------------------------------------------
+
+class _DoublingComm(distributed.FakeCommunicator):
+    """Two ranks that hold the same gradients: the sum is twice the array."""
+
+    def __init__(self):
+        super().__init__(0, 1)
+        self.calls = []
+
+    def all_reduce(self, array, stream=None):
+        self.calls.append(array.size)
+        array *= 2
+
+
+def _digits_model(seed=0):
+    mt.manual_seed(seed)
+    return models.get("digits", num_classes=10, backend="gemm")
+
+
+def _gradients(model, x, y):
+    model.zero_grad()
+    mt.CrossEntropyCriterion()(model(mt.Tensor(x)), y).backward()
+    return [p.grad.copy() for p in model.parameters()]
+
+
+def test_grads_are_views_of_the_flat_buffer_and_its_all_reduce_updates_every_grad():
+    train, _ = mt.data.digits()
+    x, y = train.take(np.arange(16))
+    reference = _gradients(_digits_model(), x, y)        # plain autograd, no sync
+    model = _digits_model()
+    comm = _DoublingComm()
+    group = distributed.ProcessGroup(0, 2, comm)            # sum of two equal ranks, scaled by 1/2
+    sync = distributed.GradientSync(model.parameters(), group, bucket_mb=0.004)   # ~1k floats a bucket
+    (flat,) = sync.flat.values()
+    assert flat.size == sum(p.data.size for p in model.parameters()) and len(sync.buckets) > 2
+    sync.begin()
+    model.zero_grad()
+    mt.CrossEntropyCriterion()(model(mt.Tensor(x)), y).backward()
+    assert len(comm.calls) == len(sync.buckets)             # each bucket launched during backward
+    sync.finish()
+    assert sum(comm.calls) == flat.size
+    for p, ref in zip(model.parameters(), reference):
+        assert p.grad is sync.view(p) and np.shares_memory(p.grad, flat)
+        np.testing.assert_allclose(p.grad, ref, rtol=1e-6, atol=1e-7)   # (g + g) / 2
+    flat[...] = 7.0                                          # the buffer is the gradients
+    assert all(np.all(p.grad == 7.0) for p in model.parameters())
+    sync.remove()
+    assert all(p.grad_hook is None for p in model.parameters())
+
+
+def test_a_parameter_backward_does_not_reach_keeps_no_gradient():
+    a, b = mt.Parameter(np.ones(3)), mt.Parameter(np.ones(2))
+    sync = distributed.GradientSync([a, b], distributed.ProcessGroup(0, 1, distributed.FakeCommunicator()))
+    sync.begin()
+    (a * mt.Tensor(np.array([1.0, 2.0, 3.0]))).sum().backward()
+    sync.finish()
+    assert b.grad is None and a.grad.tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(RuntimeError, match="without begin"):
+        sync.finish()
+
+
+def test_one_rank_with_the_fake_communicator_trains_exactly_as_one_process():
+    train, _ = mt.data.digits()
+    results = []
+    for data_parallel in (False, True):
+        model = _digits_model(seed=5)
+        opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+        sync = None
+        if data_parallel:
+            group = distributed.ProcessGroup(0, 1, distributed.FakeCommunicator())
+            group.broadcast_arrays(distributed.model_state_arrays(model))
+            sync = distributed.GradientSync(model.parameters(), group, bucket_mb=0.01)
+        for epoch in range(2):
+            for x, y in mt.data.batches(train, 100, seed=5, epoch=epoch, rank=0, world_size=1):
+                mt.train_step(model, mt.CrossEntropyCriterion(), opt, mt.Tensor(x), y, sync=sync)
+        results.append([p.data.copy() for p in model.parameters()])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+# -- the launcher's checks -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(gpus=3, visible=2), "--gpus 3: only 2 GPUs visible"),
+    (dict(gpus=1, visible=0), "--gpus 1: only 0 GPUs visible"),
+    (dict(gpus=2, visible=8, nccl=0), "--gpus needs NCCL"),
+    (dict(gpus=4, batch_size=64, n_train=200), "--batch-size 64 is per GPU: 4 GPUs take 256 images a step"),
+    (dict(gpus=2, device="cpu"), "--device cpu cannot go with it"),
+    (dict(gpus=0), "--gpus takes an integer >= 1"),
+])
+def test_bad_configurations_are_refused_naming_the_limit(kwargs, message):
+    args = dict(gpus=2, batch_size=32, n_train=1000, device="auto", visible=8, nccl=23007) | kwargs
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        distributed.check_launch(**args)
+    distributed.check_launch(**(args | dict(gpus=1, batch_size=1, device="cuda", visible=1, nccl=1,
+                                            n_train=1)))   # the limits themselves pass
+
+
+def test_train_py_refuses_more_gpus_than_visible_before_starting_a_process(monkeypatch, capsys):
+    monkeypatch.setattr(distributed, "visible_gpus", lambda: 1)
+    monkeypatch.setattr(distributed.subprocess, "Popen", lambda *a, **k: pytest.fail("a process started"))
+    assert main(["--gpus", "2", "--epochs", "1", "--no-progress"]) == 2
+    assert "--gpus 2: only 1 GPU visible" in capsys.readouterr().err
+
+
+def test_the_launcher_environment_is_read_and_checked(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    assert distributed.launched() is None and distributed.is_rank0()
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="RANK=4: a rank 0 .. WORLD_SIZE-1 = 3"):
+        distributed.launched()
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(ValueError, match="needs MASTER_ADDR and MASTER_PORT"):
+        distributed.launched()
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert distributed.launched() == distributed.Launch(2, 4, 2, "10.0.0.1", 29500)  # LOCAL_RANK: RANK
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert distributed.launched().local_rank == 0 and not distributed.is_rank0()
+    monkeypatch.setenv("MASTER_PORT", "70000")
+    with pytest.raises(ValueError, match="MASTER_PORT"):
+        distributed.launched()
+
+
+def test_a_rank_refuses_a_gpus_flag_that_is_not_its_world_size(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    args = parse_args(["--gpus", "2"])
+    with pytest.raises(ValueError, match="--gpus 2 but the launcher started WORLD_SIZE=1"):
+        distributed.join(args)
+
+
+# -- processes: the rendezvous, failures and signals (CPU, 127.0.0.1 only) -------------------------
+
+CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    from minitorch_fft import distributed
+    mode, folder = sys.argv[1], sys.argv[2]
+    launch = distributed.launched()
+    group = distributed.init_process_group(launch, "fake", timeout=20)
+    signal.signal(signal.SIGTERM, group.on_signal)          # as train.py does in a rank
+    with open(os.path.join(folder, f"rank{launch.rank}"), "w") as f:
+        f.write(f"{os.getpid()} {group.uid.hex()}")
+    with group.failing_together():
+        if mode == "fail" and launch.rank == 1:
+            time.sleep(0.5)
+            raise RuntimeError("planted failure")
+        if mode in ("fail", "wait"):
+            time.sleep(60)
+""")
+
+
+def _launch(tmp_path, mode):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    launcher = ("import sys; from minitorch_fft import distributed; "
+                f"sys.exit(distributed.spawn(2, [sys.executable, {str(script)!r}, {mode!r}, {str(tmp_path)!r}]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen([sys.executable, "-c", launcher], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_ranks(tmp_path, n=2, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = [tmp_path / f"rank{r}" for r in range(n)]
+        if all(f.exists() and f.read_text() for f in files):
+            return [f.read_text().split() for f in files]
+        time.sleep(0.05)
+    pytest.fail("the ranks did not meet in time")
+
+
+def test_rank_0_hands_its_id_to_the_other_rank_and_both_end_cleanly(tmp_path):
+    proc = _launch(tmp_path, "ok")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    (pid0, uid0), (pid1, uid1) = _wait_for_ranks(tmp_path)
+    assert uid0 == uid1 and len(bytes.fromhex(uid0)) == 128 and pid0 != pid1
+
+
+def test_an_exception_in_one_rank_brings_the_other_down_with_its_reason(tmp_path):
+    t0 = time.monotonic()
+    proc = _launch(tmp_path, "fail")
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30                    # not the 60 s the other rank sleeps
+    assert proc.returncode != 0
+    assert "rank 0: stopping because rank 1: RuntimeError: planted failure" in err, err
+
+
+def test_sigterm_to_one_rank_stops_every_rank_within_seconds(tmp_path):
+    proc = _launch(tmp_path, "wait")
+    (pid0, _), (pid1, _) = _wait_for_ranks(tmp_path)
+    t0 = time.monotonic()
+    os.kill(int(pid1), signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 15
+    assert proc.returncode != 0
+    assert "stopping because rank 1: stopped by SIGTERM" in err, err
+
+
+def test_a_rank_that_dies_without_a_word_is_noticed(tmp_path):
+    proc = _launch(tmp_path, "wait")
+    (pid0, _), (pid1, _) = _wait_for_ranks(tmp_path)
+    t0 = time.monotonic()
+    os.kill(int(pid1), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 15 and proc.returncode != 0
+    assert "rank 1 ended without a word" in err or "rank 1 exited with status -9" in err, err
+
+
+# -- one GPU: a real NCCL communicator with one rank ---------------------------------------------
+
+def _nccl_group():
+    if not distributed.nccl_version():
+        pytest.skip("CuPy has no NCCL here")
+    return distributed.init_process_group(distributed.Launch(0, 1, 0, "127.0.0.1", 0), "nccl", timeout=30)
+
+
+@pytest.fixture(scope="module")
+def nccl_group():
+    return _nccl_group()
+
+
+@pytest.mark.gpu
+def test_nccl_all_reduce_broadcast_and_barrier_with_one_rank(nccl_group, rng):
+    import cupy as cp
+    a = rng.standard_normal(1000).astype(np.float32)
+    d = cp.asarray(a)
+    nccl_group.comm.all_reduce(d)
+    np.testing.assert_array_equal(cp.asnumpy(d), a)          # the sum over one rank
+    d64 = cp.asarray(a.astype(np.float64))
+    nccl_group.comm.broadcast(d64)
+    np.testing.assert_array_equal(cp.asnumpy(d64), a.astype(np.float64))
+    nccl_group.barrier()
+    assert nccl_group.sum_host([1.5, 2]).tolist() == [1.5, 2.0]
+
+
+def _gpu_model(seed=0):
+    mt.manual_seed(seed)
+    return models.get("digits", num_classes=10, backend="gemm").to("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphed", [False, True])
+@pytest.mark.parametrize("halved", [False, True])
+def test_a_step_with_nccl_one_rank_equals_the_single_gpu_step(nccl_group, graphed, halved):
+    """One rank: the averaged gradient is the gradient, and the steps agree. `halved`: the same
+    NCCL communicator in a group that claims two ranks, so the gradients are all-reduced (over
+    the one real rank) and scaled by 1/2 in every step, replays included: SGD without weight decay
+    on g/2 is SGD on g at half the learning rate (a power of two: the same rounding)."""
+    import cupy as cp
+    train, _ = mt.data.digits()
+    group = distributed.ProcessGroup(0, 2, nccl_group.comm) if halved else nccl_group
+    wd = 0.0 if halved else 5e-4
+    params = []
+    for sync_on in (False, True):
+        model = _gpu_model(seed=2)
+        lr = 0.05 if sync_on or not halved else 0.025
+        opt = mt.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd)
+        sync = distributed.GradientSync(model.parameters(), group, bucket_mb=0.01) if sync_on else None
+        step = mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt, sync=sync) if graphed else None
+        for x, y in list(mt.data.batches(train, 64, seed=2))[:4]:
+            if step is not None:
+                step(cp.asarray(x), y)
+            else:
+                mt.train_step(model, mt.CrossEntropyCriterion(), opt, mt.Tensor(cp.asarray(x)), cp.asarray(y),
+                              sync=sync)
+        if step is not None:
+            assert step.captures == 1 and step.calls == 4            # three replays with the all-reduce
+        if sync is not None:
+            assert len(sync.buckets) > 1
+            sync.remove()
+        params.append([cp.asnumpy(p.data) for p in model.parameters()])
+    for a, b in zip(*params):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def _train_py(*flags, timeout=200):
+    res = subprocess.run([sys.executable, "train.py", "--backend", "gemm", "--no-progress", "--device", "cuda",
+                          *flags], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1]), res.stderr
+
+
+@pytest.mark.gpu
+def test_train_py_gpus_1_equals_one_process_and_resumes_exactly(tmp_path):
+    plain, _ = _train_py("--epochs", "2")
+    ddp, err = _train_py("--epochs", "2", "--gpus", "1")
+    assert "1 GPU, batch 32 per GPU (32 a step)" in err
+    assert [h["loss"] for h in ddp["history"]] == [h["loss"] for h in plain["history"]]
+    assert ddp["test_accuracy"] == plain["test_accuracy"]
+    ckpt = str(tmp_path / "run.ckpt")
+    _train_py("--epochs", "2", "--gpus", "1", "--checkpoint", ckpt, "--max-epochs-this-run", "1")
+    resumed, _ = _train_py("--checkpoint", ckpt, "--resume")          # --gpus 1 from the checkpoint
+    assert resumed["history"] == ddp["history"] and resumed["gpus"] == 1
