@@ -38,6 +38,7 @@ torch.compile'd function (Dynamo does not trace it).
 """
 import contextlib
 import logging
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -119,7 +120,7 @@ def _cuda_scope(device):
     stream = torch.cuda.current_stream(device)
     scope = contextlib.ExitStack()
     scope.enter_context(cp.cuda.Device(device.index))
-    scope.enter_context(cp.cuda.ExternalStream(stream.cuda_stream, device.index))
+    scope.enter_context(_external_stream(cp, stream.cuda_stream, device.index))
     scope.enter_context(cp.cuda.using_allocator(alloc.allocator.malloc))
     handle = _graph_handles.get(device.index)
     if torch.cuda.is_current_stream_capturing():
@@ -138,6 +139,20 @@ def _cuda_scope(device):
         handle = cgemm.GraphHandle(stream.cuda_stream, cp.from_dlpack(workspace))
         _graph_handles[device.index] = handle
     return cp, scope
+
+
+_streams = {}   # (stream pointer, device index) -> CuPy's ExternalStream of it
+
+
+def _external_stream(cp, ptr, device_index):
+    """PyTorch's stream as CuPy's, made once per stream (CuPy 14 deprecates ExternalStream for
+    Stream.from_external, which wants the __cuda_stream__ protocol; a pointer is what we have)."""
+    key = (ptr, device_index)
+    if key not in _streams:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _streams[key] = cp.cuda.ExternalStream(ptr, device_index)
+    return _streams[key]
 
 
 def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):

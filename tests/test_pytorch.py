@@ -111,9 +111,11 @@ def test_autocast_runs_in_float32():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_spectra_are_shared_across_the_autograd_boundary(device):
+def test_spectra_are_shared_across_the_autograd_boundary(device, settings):
     """One cufft layer's step in a reuse_spectra() block: fprop's weight spectrum serves bprop,
-    fprop's x and bprop's gy serve accGrad (3 hits), with the same gradients as without."""
+    fprop's x and bprop's gy serve accGrad (3 hits), with the same gradients as without. cufft's
+    own tuning is off: a tuned pass may pick its own basis, and then shares nothing (reuse.py)."""
+    settings(cufft_tune="off")
     x, w, stride, padding = operands(STRIDE1[0], device)
     grads = []
     for share in (False, True):
@@ -225,9 +227,18 @@ def network_check(name, device, tol=1e-4):
     assert n_conv == sum(type(m) is torch.nn.Conv2d for m in stock.modules()) > 0
 
 
+@pytest.fixture
+def strict_fp32():
+    """PyTorch's cuDNN and cuBLAS without TF32 (cuDNN's default is TF32) until the test ends."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(NETS))
-def test_torchvision_network(name, device):
+def test_torchvision_network(name, device, strict_fp32):
     network_check(name, device)
 
 
@@ -239,7 +250,7 @@ def small_net():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_torch_compile_fullgraph(device):
+def test_torch_compile_fullgraph(device, strict_fp32):
     """torch.compile(fullgraph=True) raises on a graph break: the operator traces whole."""
     torch._dynamo.reset()
     model = convert(small_net()).to(device)
@@ -259,7 +270,7 @@ def test_torch_compile_fullgraph(device):
 # -- GPU: CUDA graphs, no copies ---------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_cuda_graph_training_step_replays():
+def test_cuda_graph_training_step_replays(strict_fp32):
     """A converted model's whole step (forward, backward, SGD) captured with torch.cuda.graph;
     replays on new batches match the same steps run eagerly from the same state."""
     model = convert(small_net()).cuda()
@@ -287,7 +298,8 @@ def test_cuda_graph_training_step_replays():
     with torch.cuda.graph(graph):
         static_loss = step(model, opt, static_x, static_y)
     eager.load_state_dict(model.state_dict())
-    opt_eager.load_state_dict(opt.state_dict())
+    # a deep copy: load_state_dict would keep the very momentum buffers the graph updates
+    opt_eager.load_state_dict(copy.deepcopy(opt.state_dict()))
     for i in range(3):
         x, y = torch.randn(4, 3, 12, 12, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
         static_x.copy_(x)
