@@ -1,7 +1,8 @@
 """PyTorch training steps, stock against converted (minitorch_fft.pytorch.convert), on the GPU.
 
   python -m benchmarks.bench_pytorch                       # AlexNet, VGG-16, ResNet-50, batch 64
-  python -m benchmarks.bench_pytorch --quick               # smoke: batch 8, 1 warm-up, 3 repeats
+  python -m benchmarks.bench_pytorch --quick               # smoke: batch 8, 1 warm-up, 3 repeats (*_quick files)
+  python -m benchmarks.bench_pytorch --nets resnet50       # one network (one result file per network)
   python -m benchmarks.bench_pytorch --nets alexnet --batch 128 --compile
 
 One step is torchvision's model at 224x224, 1000 classes: forward, cross-entropy, backward, SGD
@@ -22,7 +23,8 @@ the largest relative error is reported beside the time. Peak memory is
 torch.cuda.max_memory_allocated() over the row's timed steps (the converted rows' CuPy work
 allocates through PyTorch's caching allocator, so it is counted). `auto` tunes at a layer's first
 step (cold tuning cache: minutes for all three networks; the cache is backends.config tune_cache).
-Results go to results/<device>/bench_pytorch.{json,md} with device, date, command and commit.
+Results go to results/<device>/bench_pytorch_<network>.{json,md}, each written when its network is
+done, with device, date, command and commit.
 """
 import argparse
 import contextlib
@@ -35,6 +37,12 @@ from benchmarks.harness import (RESULTS_DIR, TOLERANCE, median_ms, provenance, r
                                 write_results)
 
 NETS = ("alexnet", "vgg16", "resnet50")
+# A converted row's error against float64 must be within TOLERANCE[precision] or STEP_FACTOR times
+# the stock model's in the same precision and run, whichever is larger: at initialisation a deep
+# net's weight gradients are ill-conditioned (a ReLU sign or a max-pooling argmax at a near-tie
+# flips in fp32, and BatchNorm's backward cancels), so PyTorch's own fp32 strict is 1e-3 to 2e-2
+# off on VGG-16 and ResNet-50 (benchmarks/paper.py's STEP_FACTOR, for the same reason).
+STEP_FACTOR = 2
 IMPLS = (  # label, converted, precision ("strict" | "tf32")
     ("PyTorch fp32 strict", False, "strict"),
     ("PyTorch default (cuDNN TF32)", False, "tf32"),
@@ -102,7 +110,7 @@ def run_network(net, args, log):
     ref_model = copy.deepcopy(base).double().cuda()
     reference = gradients(ref_model, x.double(), y)
     del ref_model
-    rows, failures = [], []
+    rows, failures, yardstick = [], [], {}
     for label, converted, precision in IMPLS:
         t0 = time.perf_counter()
         set_tf32(precision)
@@ -126,10 +134,15 @@ def run_network(net, args, log):
             # checked first, on the weights the reference has; auto tunes every layer and pass here
             err, worst = check(model, x, y, reference)
             tuned_s = time.perf_counter() - t0
-            bound = TOLERANCE[precision]
-            if converted and not err <= bound:   # stock's own error is reported, not judged
-                failures.append(f"{net} {label}: {worst} relative error {err:.1e} against float64 (bound {bound:.0e})")
-            common = {"network": net, "implementation": label, "max_err": err, "worst": worst}
+            if not converted:
+                yardstick[precision] = err    # stock's own error is reported, not judged
+            else:
+                bound = max(TOLERANCE[precision], STEP_FACTOR * yardstick[precision])
+                if not err <= bound:
+                    failures.append(f"{net} {label}: {worst} relative error {err:.1e} against float64, bound "
+                                    f"{bound:.1e} ({STEP_FACTOR} x stock PyTorch's in the same precision)")
+            common = {"network": net, "implementation": label, "precision": precision, "converted": converted,
+                      "max_err": err, "worst": worst}
             ms, peak = timed_row(step, args, 0)
             rows.append({**common, "mode": "eager", "step_ms": ms, "images_per_s": args.batch / ms * 1e3,
                          "peak_mib": peak, "spectra_reused": shared.get("hits")})
@@ -142,6 +155,10 @@ def run_network(net, args, log):
             del model, opt, step
             _free(torch)
     set_tf32("strict")
+    for row in rows:   # speed-up over the stock model in the same precision and mode
+        stock = [r for r in rows if not r["converted"] and r["precision"] == row["precision"]
+                 and r["mode"] == row["mode"]]
+        row["vs_stock"] = stock[0]["step_ms"] / row["step_ms"] if stock else None
     return rows, failures
 
 
@@ -227,23 +244,21 @@ def main():
     def log(line):
         print(f"[{time.perf_counter() - start:6.1f} s] {line}", flush=True)
 
-    rows, failures = [], []
-    for net in nets:
-        r, f = run_network(net, args, log)
-        rows += r
-        failures += f
     cols = [("network", "network", ""), ("implementation", "implementation", ""), ("mode", "mode", ""),
-            ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"), ("peak MiB", "peak_mib", ".0f"),
+            ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"),
+            ("speed-up vs stock, same precision and mode", "vs_stock", ".2f"), ("peak MiB", "peak_mib", ".0f"),
             ("max rel err vs fp64", "max_err", ".1e"), ("where", "worst", ""),
             ("spectra reused / step", "spectra_reused", "")]
-    notes = ("Max rel err: the loss and every conv weight gradient against the stock model in float64, "
-             "dropout off, same weights and batch.")
-    if failures:
-        notes += "\n\nFAILED (reported, not hidden):\n" + "\n".join(f"- {f}" for f in failures)
-    paths = write_results("bench_pytorch", meta, rows, cols,
-                          f"PyTorch training step, stock against converted, batch {args.batch}, {meta['device']}",
-                          notes, out_dir=args.out)
-    print(paths[1].read_text())
+    for net in nets:   # one result file per network, written as soon as it is done
+        rows, failures = run_network(net, args, log)
+        notes = ("Max rel err: the loss and every conv weight gradient against the stock model in float64, "
+                 "dropout off, same weights and batch.")
+        if failures:
+            notes += "\n\nFAILED (reported, not hidden):\n" + "\n".join(f"- {f}" for f in failures)
+        paths = write_results(f"bench_pytorch_{net}{'_quick' if args.quick else ''}", meta, rows, cols,
+                              f"PyTorch training step, {net}, stock against converted, batch {args.batch}, "
+                              f"{meta['device']}", notes, out_dir=args.out)
+        print(paths[1].read_text())
     log("done")
 
 
