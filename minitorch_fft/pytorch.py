@@ -15,9 +15,10 @@ made contiguous first, as the backends would). On the GPU the passes run on PyTo
 stream (a CuPy ExternalStream) and allocate from PyTorch's caching allocator, so they order with
 PyTorch's work, count in torch.cuda.max_memory_allocated(), and can be captured by
 torch.cuda.graph (the allocations then come from the graph's private pool; the GEMMs go to a
-cuBLAS handle of the capture stream's own, backends.cgemm.GraphHandle). Capture after one eager
+cuBLAS handle made at the device's first eager pass and bound to the capture stream,
+backends.cgemm.GraphHandle, since CuPy refuses cuBLAS calls in a capture). Capture after one eager
 step: `auto` times the backends and cuFFT plans are made at a layer's first call, which a
-capture cannot hold.
+capture cannot hold. The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
@@ -45,7 +46,7 @@ import numpy as np
 import torch
 
 import backends
-from backends import cgemm, reuse
+from backends import cgemm
 
 log = logging.getLogger(__name__)
 Tensor = torch.Tensor
