@@ -206,9 +206,17 @@ class GraphHandle:
         handle = ctypes.c_void_p()
         _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
         self.ptr, self._lib, self.workspace = handle.value, lib, workspace
-        _check(lib.cublasSetStream_v2(handle, ctypes.c_void_p(stream_ptr)), "cublasSetStream")
-        _check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr),
-                                         ctypes.c_size_t(workspace.nbytes)), "cublasSetWorkspace")
+        self.bind(stream_ptr)
+
+    def bind(self, stream_ptr):
+        """Issue on `stream_ptr` from now on. Makes no allocation, so it may run during a capture
+        (cublasSetStream drops the workspace, which is set again here)."""
+        import ctypes
+        _check(self._lib.cublasSetStream_v2(ctypes.c_void_p(self.ptr), ctypes.c_void_p(stream_ptr)),
+               "cublasSetStream")
+        _check(self._lib.cublasSetWorkspace_v2(ctypes.c_void_p(self.ptr), ctypes.c_void_p(self.workspace.data.ptr),
+                                               ctypes.c_size_t(self.workspace.nbytes)), "cublasSetWorkspace")
+        self.stream_ptr = stream_ptr
 
     def gemm(self, *args):
         _check(self._lib.cublasGemmStridedBatchedEx(*args), "cublasGemmStridedBatchedEx")

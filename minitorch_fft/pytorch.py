@@ -1,0 +1,340 @@
+"""The project's convolutions inside PyTorch: one custom operator, a drop-in Conv2d, convert(model).
+
+    from minitorch_fft.pytorch import convert
+    model = convert(torchvision.models.alexnet())      # every nn.Conv2d it can serve, in place
+
+`torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend)` runs the framework's fprop
+(bias is added outside, as in the backends); its backward runs bprop and accGrad as two more
+operators, each only where its input needs a gradient. Every pass goes through
+backends.run_pass, so `auto` tunes per geometry and pass with the framework's tuning cache, and
+`backends.config` settings apply (`with backends.config.override(tf32=True):` is the TF32 mode).
+
+Tensors cross without copies: CUDA tensors become CuPy arrays through DLPack and the results
+come back the same way; CPU tensors through .numpy() / torch.from_numpy (a non-contiguous one is
+made contiguous first, as the backends would). On the GPU the passes run on PyTorch's current
+stream (a CuPy ExternalStream) and allocate from PyTorch's caching allocator, so they order with
+PyTorch's work, count in torch.cuda.max_memory_allocated(), and can be captured by
+torch.cuda.graph (the allocations then come from the graph's private pool; the GEMMs go to a
+cuBLAS handle made at the device's first eager pass and bound to the capture stream,
+backends.cgemm.GraphHandle, since CuPy refuses cuBLAS calls in a capture). Capture after one eager
+step: `auto` times the backends and cuFFT plans are made at a layer's first call, which a
+capture cannot hold. The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
+
+float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
+inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
+
+Spectra reuse across the autograd boundary (backends/reuse.py) is opt-in: wrap forward and
+backward, not the optimiser step, in `with minitorch_fft.pytorch.reuse_spectra():`. reuse.py keys a
+spectrum by the identity of the array it came from, and each pass here sees a new CuPy/NumPy view
+of its tensor, so the block also keeps one view per tensor, found again by (storage address,
+shape, strides, version counter): that is what lets bprop find fprop's weight spectrum. It is safe
+where reuse.py's hazards hold: inside forward+backward autograd itself refuses saved tensors
+modified in place (the version counter, which the key also carries), and a view held by the
+block keeps its storage from being reused at the same address. It is not safe, and is therefore
+not the default, where a change bypasses the version counter (writes through `.data`, a DLPack or
+NumPy alias, a CUDA graph replay): the key would match a stale spectrum, as autograd's own check
+would miss it. Memory: a tensor used by only one pass (the first layer's gradOutput, whose
+gradInput nobody wants) stays alive until the block ends. Keep the block outside a
+torch.compile'd function (Dynamo does not trace it).
+"""
+import contextlib
+import logging
+import warnings
+from typing import Sequence
+
+import numpy as np
+import torch
+
+import backends
+from backends import cgemm
+
+log = logging.getLogger(__name__)
+Tensor = torch.Tensor
+
+
+# -- crossing to NumPy / CuPy and back -----------------------------------------------------------
+
+_views = None   # inside reuse_spectra(): {(device, address, shape, strides, version): array view}
+
+
+def _key(t):
+    try:
+        return (str(t.device), t.data_ptr(), tuple(t.shape), tuple(t.stride()), t._version)
+    except RuntimeError:   # inference tensors have no version counter: never shared
+        return None
+
+
+def _array(t, cp):
+    """t as a NumPy (cp None) or CuPy array on the same memory: the same view object for the same
+    tensor state inside reuse_spectra(), so that reuse.py's identity key finds its spectrum."""
+    t = t.detach().contiguous()          # a no-op for the contiguous tensors autograd passes here
+    key = None if _views is None else _key(t)
+    if key is not None and key in _views:
+        return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
+    a = t.numpy() if cp is None else cp.from_dlpack(t)
+    if key is not None:
+        _views[key] = a
+    return a
+
+
+@contextlib.contextmanager
+def reuse_spectra():
+    """Forward and backward inside the block share FFT spectra across a layer's passes (module
+    docstring: where that is safe). Yields backends' StepCache (hits, misses)."""
+    global _views
+    outer, _views = _views, {}
+    try:
+        with backends.reuse_spectra() as cache:
+            yield cache
+    finally:
+        _views = outer
+
+
+class _TorchAllocator:
+    """CuPy allocations from PyTorch's caching allocator on PyTorch's current stream (what
+    torch.cuda.graph capture needs: a cudaMalloc inside a capture is an error)."""
+
+    def __init__(self, cp):
+        self.allocator = cp.cuda.memory.PythonFunctionAllocator(self._malloc, self._free)
+
+    @staticmethod
+    def _malloc(size, device_id):
+        return torch.cuda.caching_allocator_alloc(size, device_id, torch.cuda.current_stream(device_id))
+
+    @staticmethod
+    def _free(ptr, device_id):
+        torch.cuda.caching_allocator_delete(ptr)
+
+
+_cupy = None
+_graph_handles = {}   # device index -> cgemm.GraphHandle, made at the device's first eager pass
+
+
+def _cuda_scope(device):
+    """A context: CuPy on `device`, on PyTorch's current stream, allocating through PyTorch; while
+    that stream is being captured, the GEMMs on a cuBLAS handle bound to it (CuPy refuses its own)."""
+    global _cupy
+    if _cupy is None:
+        import cupy
+        _cupy = (cupy, _TorchAllocator(cupy))
+    cp, alloc = _cupy
+    stream = torch.cuda.current_stream(device)
+    scope = contextlib.ExitStack()
+    scope.enter_context(cp.cuda.Device(device.index))
+    scope.enter_context(_external_stream(cp, stream.cuda_stream, device.index))
+    scope.enter_context(cp.cuda.using_allocator(alloc.allocator.malloc))
+    handle = _graph_handles.get(device.index)
+    if torch.cuda.is_current_stream_capturing():
+        if handle is None:
+            scope.close()
+            raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
+                               "run one eager step first (auto tunes, cuFFT plans and the cuBLAS handle are "
+                               "made at a layer's first call, which a capture cannot hold)")
+        if handle.stream_ptr != stream.cuda_stream:
+            handle.bind(stream.cuda_stream)
+        scope.enter_context(cgemm.capturing(handle))
+    elif handle is None:
+        # cublasCreate allocates, so the capture handle is made eagerly; its workspace lives as
+        # long as the process (graphs sharing it must not be replayed concurrently)
+        workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        handle = cgemm.GraphHandle(stream.cuda_stream, cp.from_dlpack(workspace))
+        _graph_handles[device.index] = handle
+    return cp, scope
+
+
+_streams = {}   # (stream pointer, device index) -> CuPy's ExternalStream of it
+
+
+def _external_stream(cp, ptr, device_index):
+    """PyTorch's stream as CuPy's, made once per stream (CuPy 14 deprecates ExternalStream for
+    Stream.from_external, which wants the __cuda_stream__ protocol; a pointer is what we have)."""
+    key = (ptr, device_index)
+    if key not in _streams:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _streams[key] = cp.cuda.ExternalStream(ptr, device_index)
+    return _streams[key]
+
+
+def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):
+    """One pass of backends.run_pass on tensors a, b (same device, float32); a new tensor."""
+    _check_float32(pass_name, a, b)
+    args = dict(x_shape=tuple(x_shape), w_shape=tuple(w_shape), stride=tuple(stride), padding=tuple(padding))
+    if a.device.type == "cpu":
+        out = backends.run_pass(backend, pass_name, _array(a, None), _array(b, None), *_shape_arg(pass_name, args),
+                                **args)
+        return torch.from_numpy(np.ascontiguousarray(out))
+    if a.device.type != "cuda":
+        raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {a.device}")
+    cp, scope = _cuda_scope(a.device)
+    with scope:
+        out = backends.run_pass(backend, pass_name, _array(a, cp), _array(b, cp), *_shape_arg(pass_name, args),
+                                **args)
+        return torch.from_dlpack(cp.ascontiguousarray(out))
+
+
+def _shape_arg(pass_name, args):
+    """The third argument of the pass (backends' contract): none, x_shape or w_shape."""
+    return {"fprop": (), "bprop": (args["x_shape"],), "accgrad": (args["w_shape"],)}[pass_name]
+
+
+def _check_float32(what, *tensors):
+    for t in tensors:
+        if t.dtype != torch.float32:
+            raise TypeError(f"minitorch_fft.conv2d ({what}) takes float32 tensors only, got {t.dtype} "
+                            "(the backends compute in fp32; use nn.Conv2d for other dtypes, or autocast, "
+                            "under which this operator runs in float32)")
+    if tensors[0].device != tensors[1].device:
+        raise ValueError(f"minitorch_fft.conv2d ({what}): tensors on different devices, {tensors[0].device} "
+                         f"and {tensors[1].device}")
+
+
+# -- the operators ------------------------------------------------------------------------------
+
+@torch.library.custom_op("minitorch_fft::conv2d", mutates_args=())
+def _conv2d(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int], backend: str) -> Tensor:
+    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with weight (f', f, kh, kw): fprop."""
+    return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding)
+
+
+@torch.library.custom_op("minitorch_fft::conv2d_bprop", mutates_args=())
+def _conv2d_bprop(gy: Tensor, weight: Tensor, x_shape: Sequence[int], stride: Sequence[int],
+                  padding: Sequence[int], backend: str) -> Tensor:
+    """gx (S, f, h, w) from gy (S, f', oh, ow): bprop."""
+    return _run("bprop", backend, gy, weight, x_shape, weight.shape, stride, padding)
+
+
+@torch.library.custom_op("minitorch_fft::conv2d_accgrad", mutates_args=())
+def _conv2d_accgrad(gy: Tensor, x: Tensor, w_shape: Sequence[int], stride: Sequence[int],
+                    padding: Sequence[int], backend: str) -> Tensor:
+    """gw (f', f, kh, kw) from gy and x, summed over the batch: accGrad."""
+    return _run("accgrad", backend, gy, x, x.shape, w_shape, stride, padding)
+
+
+def _out_size(size, k, s, p):
+    return (size + 2 * p - k) // s + 1   # SymInt arithmetic under dynamic shapes
+
+
+@_conv2d.register_fake
+def _(x, weight, stride, padding, backend):
+    _check_float32("fprop", x, weight)
+    torch._check(x.dim() == 4 and weight.dim() == 4 and x.shape[1] == weight.shape[1],
+                 lambda: f"conv2d: input {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
+    oh = _out_size(x.shape[2], weight.shape[2], stride[0], padding[0])
+    ow = _out_size(x.shape[3], weight.shape[3], stride[1], padding[1])
+    return x.new_empty((x.shape[0], weight.shape[0], oh, ow))
+
+
+@_conv2d_bprop.register_fake
+def _(gy, weight, x_shape, stride, padding, backend):
+    _check_float32("bprop", gy, weight)
+    return gy.new_empty(x_shape)
+
+
+@_conv2d_accgrad.register_fake
+def _(gy, x, w_shape, stride, padding, backend):
+    _check_float32("accgrad", gy, x)
+    return gy.new_empty(w_shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, stride, padding, backend = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.geometry = (list(stride), list(padding), backend)
+
+
+def _backward(ctx, gy):
+    """bprop for x's gradient and accGrad for the weight's, each only where it is wanted."""
+    x, weight = ctx.saved_tensors
+    stride, padding, backend = ctx.geometry
+    gx = gw = None
+    if ctx.needs_input_grad[0]:
+        gx = torch.ops.minitorch_fft.conv2d_bprop(gy, weight, list(x.shape), stride, padding, backend)
+    if ctx.needs_input_grad[1]:
+        gw = torch.ops.minitorch_fft.conv2d_accgrad(gy, x, list(weight.shape), stride, padding, backend)
+    return gx, gw, None, None, None
+
+
+_conv2d.register_autograd(_backward, setup_context=_setup_context)
+for _device in ("cpu", "cuda"):
+    torch.library.register_autocast("minitorch_fft::conv2d", _device, torch.float32)
+
+
+def conv2d(x, weight, stride=1, padding=0, backend="auto"):
+    """torch.ops.minitorch_fft.conv2d with int-or-pair stride and padding (no bias)."""
+    return torch.ops.minitorch_fft.conv2d(x, weight, _pair(stride), _pair(padding), backend)
+
+
+def _pair(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+# -- the module and the conversion --------------------------------------------------------------
+
+def unsupported(conv):
+    """Why this nn.Conv2d cannot run on the backends (a string), or None if it can."""
+    if type(conv) not in (torch.nn.Conv2d, Conv2d):
+        return f"{type(conv).__name__} is a subclass of nn.Conv2d (its forward may differ)"
+    if conv.groups != 1:
+        return f"groups={conv.groups} (the backends take groups=1)"
+    if tuple(conv.dilation) != (1, 1):
+        return f"dilation={tuple(conv.dilation)} (the backends take dilation 1)"
+    if conv.padding_mode != "zeros":
+        return f"padding_mode={conv.padding_mode!r} (the backends zero-pad)"
+    if isinstance(conv.padding, str):
+        return f"padding={conv.padding!r} (numeric padding only)"
+    return None
+
+
+def _check_backend(backend):
+    if backend != "auto":
+        backends.get(backend)   # ValueError naming the registered ones
+
+
+class Conv2d(torch.nn.Conv2d):
+    """nn.Conv2d on the project's backends: same arguments, parameters, init, state_dict keys;
+    `backend` one of backends.names() or "auto". groups 1, dilation 1 and numeric zero padding
+    only (ValueError otherwise)."""
+
+    def __init__(self, *args, backend="auto", **kwargs):
+        super().__init__(*args, **kwargs)
+        _check_backend(backend)
+        reason = unsupported(self)
+        if reason is not None:
+            raise ValueError(f"minitorch_fft.pytorch.Conv2d: {reason}; use torch.nn.Conv2d")
+        self.backend = backend
+
+    def forward(self, x):
+        y = conv2d(x, self.weight, self.stride, self.padding, self.backend)
+        if self.bias is not None:
+            y = y + self.bias.view(1, -1, 1, 1)
+        return y
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, backend={self.backend!r}"
+
+
+def convert(model, backend="auto"):
+    """Every nn.Conv2d of `model` it can serve becomes a Conv2d in place (the same module object,
+    so the same Parameters, hooks and state_dict keys); returns the model. The layers left alone
+    are logged (logger minitorch_fft.pytorch) with the reason; unsupported() says it for one."""
+    _check_backend(backend)
+    converted, left = 0, []
+    for name, m in model.named_modules():
+        if isinstance(m, Conv2d):
+            m.backend = backend
+            converted += 1
+        elif isinstance(m, torch.nn.Conv2d):
+            reason = unsupported(m)
+            if reason is None:
+                m.__class__, m.backend = Conv2d, backend
+                converted += 1
+            else:
+                left.append((name, reason))
+    for name, reason in left:
+        log.warning("convert: left %s as nn.Conv2d: %s", name or "the model", reason)
+    log.info("convert: %d Conv2d layers on backend %r, %d left alone", converted, backend, len(left))
+    return model
+
+
+__all__ = ["Conv2d", "convert", "conv2d", "reuse_spectra", "unsupported"]
