@@ -266,6 +266,9 @@ def _train(args, resumed, prog):
     mt.manual_seed(args.seed)
     train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes,
                                    args.workers)
+    for dataset in (train, test):   # an epoch's order and a batch must fit: refused now, not mid-run
+        mt.data.check_memory(dataset, args.batch_size, models.input_shape(args.model),
+                             np if device == "cpu" else mt.device.cupy_or_none())
     if resumed is not None:   # the progress must fit this data set: found now, not after an epoch
         mt.checkpoint.check_run_state(resumed, n_train=len(train))
     model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)

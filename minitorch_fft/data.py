@@ -11,6 +11,7 @@ at random and half are flipped, from a generator seeded by (seed, epoch, image i
 run sees the same crops, whatever the number of threads, and a resumed run too. Evaluation
 images are cropped at the centre.
 """
+import math
 import os
 import queue
 import threading
@@ -18,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import numpy as np
+
+from backends.common import check_fits
 
 from .utils import is_int, positive_int
 
@@ -231,6 +234,7 @@ def batches(dataset, batch_size, shuffle=True, seed=0, epoch=0, start=0, prefetc
     made when asked for). A batch that fails to load raises here, in the caller's thread."""
     batch_size = positive_int(batch_size, "batch_size")   # NumPy integers too; not bools
     n = len(dataset)
+    check_fits(n * 8, np, f"the order of {n:,} images (8 bytes each)")
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
     made = (dataset.take(order[b * batch_size:(b + 1) * batch_size], epoch=epoch)
             for b in range(start, num_batches(n, batch_size)))
@@ -268,6 +272,18 @@ def _ahead(items, depth):
         stop.set()                       # the consumer stopped early: let the producer end
         while not q.empty():
             q.get_nowait()
+
+
+def check_memory(dataset, batch_size, input_shape, xp=np):
+    """ValueError, before any training, where an epoch's order (8 bytes an image) or one batch of
+    float32 images cannot fit in the host's memory, or the batch in the GPU's (xp = cupy)."""
+    n = len(dataset)
+    check_fits(n * 8, np, f"the order of an epoch of {n:,} images (8 bytes each)")
+    images = min(positive_int(batch_size, "batch_size"), n)
+    what = f"a batch of {images:,} images of {tuple(input_shape)} float32"
+    check_fits(images * math.prod(input_shape) * 4, np, what)
+    if xp is not np:
+        check_fits(images * math.prod(input_shape) * 4, xp, what + " on the GPU")
 
 
 def num_batches(n, batch_size):
