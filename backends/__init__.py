@@ -160,7 +160,9 @@ def held_on_device():
 def _free_gpu_pool():
     from .device import cupy_or_none
     cp = cupy_or_none()
-    if cp is not None:
+    # Not while a CUDA graph is captured (its memory comes from a pool of its own): cudaFree waits
+    # for the device, which a capture forbids.
+    if cp is not None and not cp.cuda.get_current_stream().is_capturing():
         cp.get_default_memory_pool().free_all_blocks()
 
 

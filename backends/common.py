@@ -136,7 +136,10 @@ def available_bytes(xp):
     if cp.cuda.get_current_stream().is_capturing():
         return None, "unknown while a CUDA graph is captured"
     free, _ = cp.cuda.runtime.memGetInfo()
-    pool = getattr(cp.cuda.get_allocator(), "__self__", None)   # the current pool (a graph has its own)
+    allocator = cp.cuda.get_allocator()
+    pool = getattr(allocator, "__self__", None)   # the current pool (a graph's capture has its own)
+    if not isinstance(pool, cp.cuda.MemoryPool) and allocator == cp.get_default_memory_pool().malloc:
+        pool = cp.get_default_memory_pool()
     if not isinstance(pool, cp.cuda.MemoryPool):
         return free, "free on the GPU"
     available = free + pool.free_bytes()          # blocks the pool holds unused are reused first
