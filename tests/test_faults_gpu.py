@@ -91,8 +91,8 @@ def fault(backend, pass_name, persistent):
                 try:
                     with cp.cuda.using_allocator(capped.malloc):
                         return _original(*args, **kwargs)
-                except MemoryError:
-                    hits["oom"] += 1
+                except Exception as e:
+                    hits["oom"] += backends._is_out_of_memory(e)   # CuPy's, or cuFFT's own
                     raise
             mp.setattr(backends.get(name), pass_name, run)
         yield hits
