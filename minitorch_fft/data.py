@@ -225,7 +225,7 @@ def imagefolder(path, input_shape, test_fraction=0.1, seed=0, workers=None, skip
 
 def bad_images(files, max_pixels=None, workers=None):
     """[(file, reason)] for the files that are not images Pillow decodes whole within max_pixels
-    (default: Pillow's MAX_IMAGE_PIXELS), in the order given. Each header is read first, so a
+    (default: Pillow's MAX_IMAGE_PIXELS; Pillow itself refuses twice that), in the order given. Each header is read first, so a
     decompression bomb (a 27 KB PNG of 15000 x 15000 pixels) is refused before it is decoded; the
     rest are decoded once, so a truncated or corrupt file is found here, not mid-epoch."""
     from PIL import Image
@@ -233,21 +233,21 @@ def bad_images(files, max_pixels=None, workers=None):
 
     def check(file):
         try:
-            with warnings.catch_warnings():
-                # Pillow warns above MAX_IMAGE_PIXELS and raises above twice that: the limit is ours
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                with Image.open(file) as im:
-                    w, h = im.size
-                    if w * h > limit:
-                        return f"{w}x{h} pixels, more than the limit of {limit:,}"
-                    im.load()
+            with Image.open(file) as im:
+                w, h = im.size
+                if w * h > limit:
+                    return f"{w}x{h} pixels, more than the limit of {limit:,}"
+                im.load()
         except Image.DecompressionBombError as e:   # twice MAX_IMAGE_PIXELS: Pillow refuses to open it
             return f"over the pixel limit ({e})"
         except (OSError, ValueError, SyntaxError, EOFError) as e:   # what Pillow raises on bad data
             return f"not an image Pillow can decode ({type(e).__name__}: {e})"
         return None
 
-    with ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
+    # Pillow warns above MAX_IMAGE_PIXELS (and refuses above twice that): the limit is ours. The
+    # filter is set here, once: catch_warnings() changes process-wide state, unsafe in the threads.
+    with warnings.catch_warnings(), ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         reasons = list(pool.map(check, files))
     return [(file, reason) for file, reason in zip(files, reasons) if reason is not None]
 
