@@ -15,11 +15,12 @@ added outside the backends. Cross-correlation, as in Torch and PyTorch.
 backends compute each x, w and gy spectrum once and share it across the passes
 (backends/reuse.py); train.py does this by default.
 """
+import math
 import warnings
 
 import numpy as np
 
-from . import auto, config, cufft, direct, fbfft, gemm, polyphase, reuse
+from . import auto, common, config, cufft, direct, fbfft, gemm, polyphase, reuse
 from .common import PASSES, geometry
 from .reuse import reuse_spectra
 from .device import get_array_module
@@ -117,7 +118,9 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
     """Run one pass on the backend chosen for it. If that backend runs out of GPU memory,
     free what it allocated and fall back to `gemm` with a small workspace (the batch then
     goes through in chunks, down to one image), saying so once per layer geometry."""
-    backend = choose(name, pass_name, x_shape, w_shape, stride, padding, get_array_module(*args[:2]))
+    xp = get_array_module(*args[:2])
+    backend = choose(name, pass_name, x_shape, w_shape, stride, padding, xp)
+    _check_output_fits(backend, pass_name, xp, x_shape, w_shape, stride, padding)
     call = lambda b: getattr(b, pass_name)(*args, stride=stride, padding=padding)  # noqa: E731
     try:
         return call(backend)
@@ -127,10 +130,7 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
         # Keep the message, not the exception: its traceback pins the failed attempt's
         # frames and with them every buffer it allocated (seen: 533 MB kept on an H200).
         first_error = f"{type(e).__name__}: {e}"
-    if hasattr(backend, "release_buffers"):  # scratch it kept would otherwise stay allocated
-        backend.release_buffers()
-    reuse.drop()  # so would the step's shared spectra; later passes recompute theirs
-    _free_gpu_pool()
+    _release(backend)
     budget_mb = config.get("gemm_workspace_mb")
     while True:
         budget_mb /= 4
@@ -149,6 +149,29 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
             _free_gpu_pool()
 
 
+def _check_output_fits(backend, pass_name, xp, x_shape, w_shape, stride, padding):
+    """ValueError, before anything is allocated, where the pass's output cannot fit in what the
+    device (or host) has free, even once the backends' scratch and the step's spectra are let go.
+    (A backend's workspace is not counted: each bounds its own, chunking the batch.)"""
+    g = geometry(x_shape, w_shape, stride, padding)
+    shape = common.pass_output_shape(g, pass_name)
+    nbytes = math.prod(shape) * 4
+    what = f"{pass_name}'s output {shape} (input {tuple(x_shape)}, weight {tuple(w_shape)})"
+    try:
+        common.check_fits(nbytes, xp, what)
+    except ValueError:
+        _release(backend)       # what they hold may be what is missing: one more look without it
+        common.check_fits(nbytes, xp, what)
+
+
+def _release(backend):
+    """Let go of what a backend and the step keep on the device (after it ran out of memory)."""
+    if hasattr(backend, "release_buffers"):  # scratch it kept would otherwise stay allocated
+        backend.release_buffers()
+    reuse.drop()  # so would the step's shared spectra; later passes recompute theirs
+    _free_gpu_pool()
+
+
 def held_on_device():
     """Device memory the backends keep across calls (cufft's scratch buffers and plans; the other
     backends allocate per call): what a captured CUDA graph must keep alive (minitorch_fft.graphs).
@@ -159,7 +182,9 @@ def held_on_device():
 def _free_gpu_pool():
     from .device import cupy_or_none
     cp = cupy_or_none()
-    if cp is not None:
+    # Not while a CUDA graph is captured (its memory comes from a pool of its own): cudaFree waits
+    # for the device, which a capture forbids.
+    if cp is not None and not cp.cuda.get_current_stream().is_capturing():
         cp.get_default_memory_pool().free_all_blocks()
 
 

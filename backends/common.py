@@ -5,6 +5,8 @@ Dimension legend used across backends:
   ph x pw zero padding (each side), sh x sw stride, oh x ow output.
 """
 import functools
+import math
+import os
 from collections import namedtuple
 from pathlib import Path
 
@@ -81,7 +83,100 @@ def _geometry(x_shape, w_shape, stride, padding):
         raise ValueError(f"kernel {kh}x{kw} is larger than the padded input "
                          f"{h + 2 * ph}x{w + 2 * pw} (input {h}x{w}, padding {(ph, pw)})")
     oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-    return Geometry(S, f, fo, h, w, kh, kw, sh, sw, ph, pw, oh, ow)
+    g = Geometry(S, f, fo, h, w, kh, kw, sh, sw, ph, pw, oh, ow)
+    # Each pass's output is one of these three and the other two exist already: one larger than all
+    # of the machine's memory can never be made (padding 60000 on a 1x1 input asked for 53.6 GiB).
+    for pass_name in PASSES:
+        shape = pass_output_shape(g, pass_name)
+        nbytes = math.prod(shape) * 4
+        if nbytes > machine_bytes(nbytes):
+            raise ValueError(f"{pass_name}'s output {shape} (input {x_shape}, weight {w_shape}, stride "
+                             f"{(sh, sw)}, padding {(ph, pw)}) would take {format_bytes(nbytes)}, more "
+                             f"than this machine's {format_bytes(machine_bytes(nbytes))} of memory")
+    return g
+
+
+def pass_output_shape(g, pass_name):
+    """The array a pass returns: y for fprop, gx for bprop, gw for accGrad."""
+    return {"fprop": (g.S, g.fo, g.oh, g.ow), "bprop": (g.S, g.f, g.h, g.w),
+            "accgrad": (g.fo, g.f, g.kh, g.kw)}[pass_name]
+
+
+# Memory checked before it is asked for. Sizes up to CHECK_ABOVE_BYTES are not checked: a shortfall
+# there is an ordinary out-of-memory error (which backends.run_pass handles), and the check costs a
+# driver call or a read of /proc/meminfo, too much for every small pass.
+CHECK_ABOVE_BYTES = 64 * 2**20
+
+
+def check_fits(nbytes, xp, what):
+    """Raise ValueError naming `what`, its size and the limit where `nbytes` more cannot be
+    allocated now on xp's device (numpy: the host's available memory; cupy: the GPU's free memory
+    with what the current memory pool holds unused, within the pool's limit if it has one)."""
+    if nbytes <= CHECK_ABOVE_BYTES:
+        return
+    limit, source = available_bytes(xp)
+    if limit is not None and nbytes > limit:
+        raise ValueError(f"{what} needs {format_bytes(nbytes)}, more than the {format_bytes(limit)} {source}")
+
+
+def available_bytes(xp):
+    """(bytes that can be allocated now on xp's device, where that figure comes from), or
+    (None, reason) where it cannot be known (no /proc/meminfo; a CUDA-graph capture under way, in
+    which the warm-up step's eager run has checked the same sizes)."""
+    if xp is np:
+        try:
+            with open("/proc/meminfo") as f:
+                kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+            return kib * 1024, "of memory available on the host (MemAvailable)"
+        except (OSError, StopIteration, ValueError, IndexError):
+            pages = _sysconf("SC_AVPHYS_PAGES")
+            return (None, "unknown") if pages is None else (pages * _sysconf("SC_PAGE_SIZE"),
+                                                            "of free physical memory on the host")
+    cp = xp
+    if cp.cuda.get_current_stream().is_capturing():
+        return None, "unknown while a CUDA graph is captured"
+    free, _ = cp.cuda.runtime.memGetInfo()
+    allocator = cp.cuda.get_allocator()
+    pool = getattr(allocator, "__self__", None)   # the current pool (a graph's capture has its own)
+    if not isinstance(pool, cp.cuda.MemoryPool) and allocator == cp.get_default_memory_pool().malloc:
+        pool = cp.get_default_memory_pool()
+    if not isinstance(pool, cp.cuda.MemoryPool):
+        return free, "free on the GPU"
+    available = free + pool.free_bytes()          # blocks the pool holds unused are reused first
+    if pool.get_limit():
+        capped = max(0, pool.get_limit() - pool.total_bytes())
+        if capped + pool.free_bytes() < available:
+            return capped + pool.free_bytes(), (f"the GPU's memory pool may still take (its limit is "
+                                                f"{format_bytes(pool.get_limit())})")
+    return available, "free on the GPU (with CuPy's pool's unused blocks)"
+
+
+def machine_bytes(nbytes=0):
+    """All the memory of this machine a tensor could live in: the host's physical memory, or the
+    GPU's where larger (asked only when `nbytes` exceeds the host's, so a CPU run never starts CUDA)."""
+    host = (_sysconf("SC_PHYS_PAGES") or 0) * (_sysconf("SC_PAGE_SIZE") or 0) or math.inf
+    if nbytes <= host:
+        return host
+    cp = cupy_or_none()
+    try:
+        return max(host, cp.cuda.runtime.memGetInfo()[1]) if cp is not None else host
+    except Exception:  # noqa: BLE001 - no driver or no device: the host's figure stands
+        return host
+
+
+def _sysconf(name):
+    try:
+        return os.sysconf(name)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def format_bytes(n):
+    """1.5 GiB, 72.8 TiB: sizes in messages."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
 
 
 def valid_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):

@@ -102,6 +102,11 @@ def keeping_retired():
 
 
 def release_buffers():
-    """Drop the scratch buffers and cuFFT plans (rebuilt on the next call), e.g. between benchmarks."""
+    """Drop the scratch buffers and cuFFT plans (rebuilt on the next call), e.g. between benchmarks.
+    Inside keeping_retired() they are kept as retired: a layer that runs out of memory while a CUDA
+    graph is captured releases them, and the graph holds nodes of plans used earlier in the capture
+    (destroying them there crashed cudaStreamEndCapture on an H100)."""
+    for obj in list(_scratch_buffers.values()) + list(_plans.values()):
+        _retire(obj)
     _scratch_buffers.clear()
     _plans.clear()

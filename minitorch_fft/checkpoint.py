@@ -294,6 +294,8 @@ def check_run_state(extra, n_train=None):
     for k in ("lr", "momentum", "weight_decay"):
         if k in args and not _nonneg_number(args[k]):
             bad(f"args.{k}", f"must be a finite number >= 0, got {args[k]!r}")
+    if "skip_bad_images" in args and not isinstance(args["skip_bad_images"], bool):
+        bad("args.skip_bad_images", f"must be true or false, got {args['skip_bad_images']!r}")
     for k in ("model", "data", "backend"):
         if k in args and not (isinstance(args[k], str) and args[k] or k == "backend" and args[k] is None):
             bad(f"args.{k}", f"must be a non-empty string, got {args[k]!r}")

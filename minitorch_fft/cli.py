@@ -42,10 +42,10 @@ from minitorch_fft.utils import atomic_file
 # Defaults: the bundled digits run finishes in well under two minutes on a 2-core CPU.
 DEFAULTS = dict(model="digits", backend="auto", data="digits", epochs=10, batch_size=32, lr=0.05,
                 momentum=0.9, weight_decay=5e-4, device="auto", seed=0, fake_size=1024, num_classes=None,
-                gpus=None)
+                gpus=None, skip_bad_images=False)
 # The flags that define a run: --resume takes them from the checkpoint.
 RUN_FLAGS = ("model", "data", "epochs", "batch_size", "lr", "momentum", "weight_decay", "seed",
-             "fake_size", "num_classes", "gpus")
+             "fake_size", "num_classes", "gpus", "skip_bad_images")
 EXIT_DIVERGED = 3
 
 
@@ -113,6 +113,9 @@ def _parser(explicit_only=False, prog=None):
                    help="training images per epoch with --data fake")
     p.add_argument("--num-classes", type=positive_int, default=default("num_classes"),
                    help="classes for --data fake (default: 10 for digits, 1000 otherwise)")
+    p.add_argument("--skip-bad-images", action="store_true", default=default("skip_bad_images"),
+                   help="imagefolder: leave out files that are not images or exceed Pillow's pixel limit, "
+                        "counted in the summary (default: the first one is an error before training)")
     p.add_argument("--workers", type=positive_int,
                    help="threads decoding images for imagefolder / cifar10 (default: min(8, CPUs)); "
                         "the batches do not depend on it")
@@ -152,9 +155,10 @@ def parse_args(argv=None, prog=None):
 
 
 def check_fake_flags(args):
-    for flag in ("fake_size", "num_classes"):
-        if flag in args.explicit and args.data.partition(":")[0] != "fake":
-            raise ValueError(f"--{flag.replace('_', '-')} applies to --data fake only (got --data {args.data})")
+    """Flags of one data source only are refused with another."""
+    for flag, kind in (("fake_size", "fake"), ("num_classes", "fake"), ("skip_bad_images", "imagefolder")):
+        if flag in args.explicit and args.data.partition(":")[0] != kind:
+            raise ValueError(f"--{flag.replace('_', '-')} applies to --data {kind} only (got --data {args.data})")
 
 
 def check_outputs(args):
@@ -208,7 +212,7 @@ def restore_run(args, meta):
     return extra
 
 
-def load_data(spec, model, seed, fake_size, num_classes, workers=None):
+def load_data(spec, model, seed, fake_size, num_classes, workers=None, skip_bad_images=False):
     """(train, test, num_classes) for a --data spec (workers: image-decoding threads)."""
     shape = models.input_shape(model)
     kind, _, path = spec.partition(":")
@@ -223,7 +227,7 @@ def load_data(spec, model, seed, fake_size, num_classes, workers=None):
         return (mt.data.FakeDataset(fake_size, shape, n_cls, seed),
                 mt.data.FakeDataset(max(1, fake_size // 8), shape, n_cls, seed + 1), n_cls)
     if kind == "imagefolder" and path:
-        train, test = mt.data.imagefolder(path, shape, seed=seed, workers=workers)
+        train, test = mt.data.imagefolder(path, shape, seed=seed, workers=workers, skip_bad=skip_bad_images)
         return train, test, len(train.ds.dataset.classes)
     if kind == "cifar10" and path:
         train, test = mt.data.cifar10(path, shape, seed=seed, workers=workers)
@@ -291,7 +295,13 @@ def _train_in(args, resumed, prog, group):
                          f"({device})")
     mt.manual_seed(args.seed)
     train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes,
-                                   args.workers)
+                                   args.workers, args.skip_bad_images)
+    skipped = getattr(train, "skipped", [])
+    for file, reason in skipped:
+        print(f"{prog}: skipped {file}: {reason}", file=sys.stderr)
+    for dataset in (train, test):   # an epoch's order and a batch must fit: refused now, not mid-run
+        mt.data.check_memory(dataset, args.batch_size, models.input_shape(args.model),
+                             np if device == "cpu" else mt.device.cupy_or_none())
     if resumed is not None:   # the progress must fit this data set: found now, not after an epoch
         mt.checkpoint.check_run_state(resumed, n_train=len(train))
     model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)
@@ -417,6 +427,7 @@ def _train_in(args, resumed, prog, group):
         "train_loss": state["history"][-1]["loss"] if state["history"] else None,
         "images_per_s": None if imgs_per_s is None else round(imgs_per_s, 1),
         "seconds": round(time.perf_counter() - t_start, 2), "history": state["history"],
+        "skipped_images": len(skipped),
     }
     if args.tune_report:
         with atomic_file(args.tune_report) as f:
@@ -434,8 +445,10 @@ def summary(result, device):
     if result.get("gpus"):
         device = (f"{result['gpus']} GPU{'' if result['gpus'] == 1 else 's'}, batch "
                   f"{result['batch_size_per_gpu']} per GPU ({result['batch_size_per_gpu'] * result['gpus']} a step)")
+    skipped = result.get("skipped_images")
+    left_out = f"; {skipped} bad image{'' if skipped == 1 else 's'} skipped" if skipped else ""
     return (f"{result['model']} on {device}: test accuracy {result['test_accuracy']:.1%} after {n} "
-            f"epoch{'' if n == 1 else 's'} in {result['seconds']:.1f} s{speed}")
+            f"epoch{'' if n == 1 else 's'} in {result['seconds']:.1f} s{speed}{left_out}")
 
 
 def _debug():

@@ -11,13 +11,17 @@ at random and half are flipped, from a generator seeded by (seed, epoch, image i
 run sees the same crops, whatever the number of threads, and a resumed run too. Evaluation
 images are cropped at the centre.
 """
+import math
 import os
 import queue
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import numpy as np
+
+from backends.common import check_fits
 
 from .utils import is_int, positive_int
 
@@ -188,21 +192,64 @@ def _resize(T, input_shape):
                       T.ToTensor()])
 
 
-def imagefolder(path, input_shape, test_fraction=0.1, seed=0, workers=None):
+def imagefolder(path, input_shape, test_fraction=0.1, seed=0, workers=None, skip_bad=False, max_pixels=None):
     """An ImageFolder tree (one subfolder per class): (train, test) at the model's input size,
-    normalised by ImageNet's statistics, the training part augmented (module docstring)."""
+    normalised by ImageNet's statistics, the training part augmented (module docstring).
+
+    Every image is checked first (bad_images): the first bad one is a ValueError naming it, or,
+    with skip_bad, the bad ones are left out and listed in both datasets' `skipped`."""
     if not os.path.isdir(path):
         raise ValueError(f"imagefolder path {path!r} is not a directory")
     tv, T = _torchvision()
     full = tv.datasets.ImageFolder(path, transform=_resize(T, input_shape))
+    bad = bad_images([file for file, _ in full.samples], max_pixels, workers)
+    if bad and not skip_bad:
+        file, reason = bad[0]
+        raise ValueError(f"imagefolder {path!r}: {file}: {reason} ({len(bad)} bad image"
+                         f"{'' if len(bad) == 1 else 's'} in all; --skip-bad-images leaves them out)")
+    if bad:
+        left_out = {file for file, _ in bad}
+        full.samples = full.imgs = [s for s in full.samples if s[0] not in left_out]
+        full.targets = [t for _, t in full.samples]
     if len(full) < 2:
         raise ValueError(f"imagefolder {path!r} holds {len(full)} images; need at least 2")
     perm = np.random.default_rng(seed).permutation(len(full))
     n_test = max(1, int(len(full) * test_fraction))
     import torch.utils.data as tud
     common = dict(input_shape=input_shape, stats=IMAGENET_STATS, seed=seed, workers=workers)
-    return (TorchvisionDataset(tud.Subset(full, perm[n_test:].tolist()), augment=True, **common),
-            TorchvisionDataset(tud.Subset(full, perm[:n_test].tolist()), augment=False, **common))
+    train, test = (TorchvisionDataset(tud.Subset(full, perm[n_test:].tolist()), augment=True, **common),
+                   TorchvisionDataset(tud.Subset(full, perm[:n_test].tolist()), augment=False, **common))
+    train.skipped = test.skipped = bad
+    return train, test
+
+
+def bad_images(files, max_pixels=None, workers=None):
+    """[(file, reason)] for the files that are not images Pillow decodes whole within max_pixels
+    (default: Pillow's MAX_IMAGE_PIXELS; Pillow itself refuses twice that), in the order given. Each header is read first, so a
+    decompression bomb (a 27 KB PNG of 15000 x 15000 pixels) is refused before it is decoded; the
+    rest are decoded once, so a truncated or corrupt file is found here, not mid-epoch."""
+    from PIL import Image
+    limit = max_pixels or Image.MAX_IMAGE_PIXELS
+
+    def check(file):
+        try:
+            with Image.open(file) as im:
+                w, h = im.size
+                if w * h > limit:
+                    return f"{w}x{h} pixels, more than the limit of {limit:,}"
+                im.load()
+        except Image.DecompressionBombError as e:   # twice MAX_IMAGE_PIXELS: Pillow refuses to open it
+            return f"over the pixel limit ({e})"
+        except (OSError, ValueError, SyntaxError, EOFError) as e:   # what Pillow raises on bad data
+            return f"not an image Pillow can decode ({type(e).__name__}: {e})"
+        return None
+
+    # Pillow warns above MAX_IMAGE_PIXELS (and refuses above twice that): the limit is ours. The
+    # filter is set here, once: catch_warnings() changes process-wide state, unsafe in the threads.
+    with warnings.catch_warnings(), ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        reasons = list(pool.map(check, files))
+    return [(file, reason) for file, reason in zip(files, reasons) if reason is not None]
 
 
 def cifar10(path, input_shape, seed=0, workers=None):
@@ -239,6 +286,7 @@ def batches(dataset, batch_size, shuffle=True, seed=0, epoch=0, start=0, prefetc
     if not (is_int(rank) and is_int(world_size) and 0 <= rank < world_size):
         raise ValueError(f"rank must be an int in 0 .. world_size-1, got rank {rank!r} of world_size {world_size!r}")
     n = len(dataset)
+    check_fits(n * 8, np, f"the order of {n:,} images (8 bytes each)")
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
     made = (dataset.take(order[(b * world_size + rank) * batch_size:(b * world_size + rank + 1) * batch_size],
                          epoch=epoch)
@@ -277,6 +325,18 @@ def _ahead(items, depth):
         stop.set()                       # the consumer stopped early: let the producer end
         while not q.empty():
             q.get_nowait()
+
+
+def check_memory(dataset, batch_size, input_shape, xp=np):
+    """ValueError, before any training, where an epoch's order (8 bytes an image) or one batch of
+    float32 images cannot fit in the host's memory, or the batch in the GPU's (xp = cupy)."""
+    n = len(dataset)
+    check_fits(n * 8, np, f"the order of an epoch of {n:,} images (8 bytes each)")
+    images = min(positive_int(batch_size, "batch_size"), n)
+    what = f"a batch of {images:,} images of {tuple(input_shape)} float32"
+    check_fits(images * math.prod(input_shape) * 4, np, what)
+    if xp is not np:
+        check_fits(images * math.prod(input_shape) * 4, xp, what + " on the GPU")
 
 
 def num_batches(n, batch_size, world_size=1):

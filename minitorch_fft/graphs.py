@@ -170,8 +170,8 @@ class GraphedStep:
                     with contextlib.suppress(Exception):
                         s.end_capture()               # leave the stream usable
                     opt.velocity = velocity
-                    if not isinstance(e, Exception):
-                        raise                         # Ctrl-C: as it is
+                    if not isinstance(e, Exception) or isinstance(e, MemoryError):
+                        raise                         # Ctrl-C, or out of memory as an eager step says it
                     raise RuntimeError(f"GraphedStep: the training step could not be captured as a "
                                        f"CUDA graph ({type(e).__name__}: {e}); something in it waits "
                                        f"for the host or calls a library CuPy cannot capture. Run the "
