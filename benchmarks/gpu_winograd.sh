@@ -12,5 +12,5 @@ nvidia-smi -L
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
 timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=5 tests/test_winograd.py \
     tests/test_cuda_compile.py -k "winograd or narrow" tests/test_reliability.py 2>&1 | tee "$out/pytest_gpu_winograd.log" | tail -8
-timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rf -x tests/test_auto.py 2>&1 | tee "$out/pytest_gpu_auto.log" | tail -4
-python3 -m benchmarks.bench_winograd --out "$out/results" "$@" 2>&1 | tee "$out/bench_winograd.log" | tail -45
+timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider -rf -x tests/test_auto.py 2>&1 | tee "$out/pytest_gpu_auto.log" | tail -4
+timeout 170 python3 -m benchmarks.bench_winograd --out "$out/results" "$@" 2>&1 | tee "$out/bench_winograd.log" | tail -45
