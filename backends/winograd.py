@@ -130,9 +130,8 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), tile=None):
     xp, gy, w = check_arrays(gy=gy, w=w)
     g = check_geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
-    w_rot = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)               # (f, f', 3, 3)
     pad = (R - 1 - g.ph, R - 1 - g.pw)                                # negative: the plane is cropped
-    run = lambda m: _conv(xp, gy, _weight_transform(xp, w_rot, m), pad, (g.h, g.w), m)   # noqa: E731
+    run = lambda m: _conv(xp, gy, _weight_transform(xp, w, m, rotate=True), pad, (g.h, g.w), m)   # noqa: E731
     return run(_tile(xp, "bprop", g, tile, run))
 
 
@@ -167,13 +166,20 @@ def _tile(xp, pass_name, g, forced, run):
 TUNE_TOL = 1e-4   # F(4x4) against F(2x2) while tuning: both far inside it when correct
 
 
-def _weight_transform(xp, w, m):
-    """U (alpha^2, fo, f) float32 = G w G^T, computed in float64 and rounded once."""
-    _, G, _ = matrices(m, np.float64)
-    G = xp.asarray(G)
+def _weight_transform(xp, w, m, rotate=False):
+    """U (alpha^2, fo, f) float32 = G w G^T of w (fo, f, 3, 3), computed in float64 and rounded
+    once; rotate (bprop): U (alpha^2, f, fo) of the filters rotated by 180 degrees, planes swapped."""
     fo, f = w.shape[:2]
-    u = xp.einsum("ak,oikl,bl->aboi", G, w.astype(np.float64), G)   # (alpha, alpha, fo, f)
-    return xp.ascontiguousarray(u.reshape(-1, fo, f).astype(np.float32))
+    alpha = m + R - 1
+    if xp is not np:
+        u = xp.empty((alpha * alpha, f, fo) if rotate else (alpha * alpha, fo, f), dtype=np.float32)
+        _launch(f"winograd_weight<{m}, {'true' if rotate else 'false'}>", fo * f, (w, u, *_ints(fo, f)))
+        return u
+    if rotate:
+        w = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)                  # (f, fo, 3, 3)
+    _, G, _ = matrices(m, np.float64)
+    u = np.einsum("ak,oikl,bl->aboi", G, w.astype(np.float64), G)     # (alpha, alpha, rows, cols)
+    return np.ascontiguousarray(u.reshape(alpha * alpha, *w.shape[:2]), dtype=np.float32)
 
 
 def _conv(xp, x, u, pad, out_hw, m):
@@ -191,31 +197,70 @@ def _conv(xp, x, u, pad, out_hw, m):
     return y
 
 
+GROUP_TILES = 4096   # accGrad: tiles one GEMM sums at most (or one image's, if more)
+
+
+def accgrad_groups(g, m, images):
+    """(images per group, groups) of accGrad for a chunk of `images`.
+
+    A GEMM over all S*th*tw tiles would sum up to a million products per weight in float32
+    (cuBLAS sums along K in order): its rounding error grows with that length and, on VGG's
+    large planes, passed 1e-5 (benchmarks/NOTES.md). Groups of whole images of at most
+    GROUP_TILES tiles are summed apart, by one strided-batched GEMM over (groups x alpha^2), and
+    the groups' sums added in float64 (winograd_weight_grad). It also gives the GEMM more
+    independent outputs than alpha^2 matrices of f' x f. The partial sums (groups, alpha^2, f', f)
+    stay under a quarter of the workspace."""
+    per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
+    part_bytes = 4 * (m + R - 1) ** 2 * g.fo * g.f
+    most = max(1, config.mib_bytes("winograd_workspace_mb") // 4 // part_bytes)
+    per_group = min(images, max(1, GROUP_TILES // per_image, -(-images // most)))
+    return per_group, -(-images // per_group)
+
+
 def _accgrad(xp, gy, x, g, m):
-    """gw = G^T [sum over tiles of Z V^T] G, the sum of the chunks' GEMMs kept in the GEMM's out."""
+    """gw = G^T [sum over tiles of Z V^T] G: each group's sum by the GEMM (the chunks' added into
+    it), the groups' sums and the transform in float64."""
     alpha = m + R - 1
     th, tw = tiles(g.oh, g.ow, m)
-    acc = xp.zeros((alpha * alpha, g.fo, g.f), dtype=np.float32)
-    for sl in _chunks(g.S, alpha * alpha * th * tw * (g.f + g.fo)):
-        v = _input_transform(xp, x[sl], (g.ph, g.pw), th, tw, m)      # (alpha^2, f, n*th*tw)
-        z = _gradient_transform(xp, gy[sl], th, tw, m)                 # (alpha^2, fo, n*th*tw)
-        cgemm.matmul(xp, z, v, out=acc, op_b="T", accumulate=True)     # acc += (alpha^2, fo, f)
+    chunks = _chunks(g.S, alpha * alpha * th * tw * (g.f + g.fo))
+    per_group, groups = accgrad_groups(g, m, chunks[0].stop - chunks[0].start)
+    part = xp.empty((groups * alpha * alpha, g.fo, g.f), dtype=np.float32)
+    for k, sl in enumerate(chunks):
+        n_groups = -(-(sl.stop - sl.start) // per_group)            # the last chunk may have fewer
+        layout = (n_groups, per_group * th * tw)
+        v = _input_transform(xp, x[sl], (g.ph, g.pw), th, tw, m, layout)   # (n_groups*alpha^2, f, Pg)
+        z = _gradient_transform(xp, gy[sl], th, tw, m, layout)             # (n_groups*alpha^2, fo, Pg)
+        cgemm.matmul(xp, z, v, out=part[:n_groups * alpha * alpha], op_b="T", accumulate=k > 0)
+    return _weight_gradient(xp, part, groups, m)                            # (fo, f, 3, 3)
+
+
+def _weight_gradient(xp, part, groups, m):
+    """gw (fo, f, 3, 3) = G^T [sum over groups of part] G in float64, rounded once; part
+    (groups*alpha^2, fo, f)."""
+    fo, f = part.shape[1:]
+    alpha = m + R - 1
+    if xp is not np:
+        gw = xp.empty((fo, f, R, R), dtype=np.float32)
+        _launch(f"winograd_weight_grad<{m}>", fo * f, (part, gw, *_ints(groups, fo, f)))
+        return gw
     _, G, _ = matrices(m, np.float64)
-    G = xp.asarray(G)
-    gw = xp.einsum("ak,abji,bl->jikl", G, acc.reshape(alpha, alpha, g.fo, g.f).astype(np.float64), G)
-    return gw.astype(np.float32)                                       # (fo, f, 3, 3)
+    acc = part.reshape(groups, alpha, alpha, fo, f).astype(np.float64).sum(axis=0)
+    return np.einsum("ak,abji,bl->jikl", G, acc, G).astype(np.float32)
 
 
 # -- transforms: CUDA kernels on the GPU, the same arithmetic in NumPy on the CPU ------------------
 
-def _input_transform(xp, x, pad, th, tw, m):
-    """x (n, f, h, w) -> V (alpha^2, f, n*th*tw): B^T d B of every alpha x alpha input tile
-    d, tile (i, j) starting at row i*m - ph, column j*m - pw; zeros outside the plane."""
+def _input_transform(xp, x, pad, th, tw, m, layout=None):
+    """x (n, f, h, w) -> V (groups*alpha^2, f, Pg): B^T d B of every alpha x alpha input tile d,
+    tile (i, j) starting at row i*m - ph, column j*m - pw; zeros outside the plane. layout =
+    (groups, Pg), the tiles cut into groups of whole images (accGrad; images past n are zeros);
+    default one group, (alpha^2, f, n*th*tw)."""
     n, f, h, w = x.shape
     alpha = m + R - 1
+    groups, per = layout or (1, n * th * tw)
     if xp is not np:
-        v = xp.empty((alpha * alpha, f, n * th * tw), dtype=np.float32)
-        _launch(f"winograd_input<{m}>", f * n * th * tw, (x, v, *_ints(n, f, h, w, th, tw, *pad)))
+        v = xp.empty((groups * alpha * alpha, f, per), dtype=np.float32)
+        _launch(f"winograd_input<{m}>", f * groups * per, (x, v, *_ints(n, f, h, w, th, tw, *pad, groups, per)))
         return v
     _, _, BT = matrices(m)
     rows, rmask = _window(th, m, alpha, pad[0], h)                    # (th, alpha)
@@ -224,17 +269,19 @@ def _input_transform(xp, x, pad, th, tw, m):
     d = d * (rmask[:, :, None, None] & cmask[None, None, :, :])
     t = np.einsum("ai,nfrisj->nfrasj", BT, d)                         # B^T d: rows first, as the kernel
     t = np.einsum("bj,nfrasj->abfnrs", BT, t)                         # then columns: (alpha, alpha, f, n, th, tw)
-    return np.ascontiguousarray(t, dtype=np.float32).reshape(alpha * alpha, f, n * th * tw)
+    return _grouped(t.reshape(alpha * alpha, f, n * th * tw), groups, per)
 
 
-def _gradient_transform(xp, gy, th, tw, m):
-    """gy (n, fo, oh, ow) -> Z (alpha^2, fo, n*th*tw): A g A^T of every m x m gradient tile g
-    (tile (i, j) at row i*m, column j*m; zeros past the output's last row and column)."""
+def _gradient_transform(xp, gy, th, tw, m, layout):
+    """gy (n, fo, oh, ow) -> Z (groups*alpha^2, fo, Pg): A g A^T of every m x m gradient tile g
+    (tile (i, j) at row i*m, column j*m; zeros past the output's last row and column), in
+    _input_transform's grouped layout."""
     n, fo, oh, ow = gy.shape
     alpha = m + R - 1
+    groups, per = layout
     if xp is not np:
-        z = xp.empty((alpha * alpha, fo, n * th * tw), dtype=np.float32)
-        _launch(f"winograd_gradient<{m}>", fo * n * th * tw, (gy, z, *_ints(n, fo, oh, ow, th, tw)))
+        z = xp.empty((groups * alpha * alpha, fo, per), dtype=np.float32)
+        _launch(f"winograd_gradient<{m}>", fo * groups * per, (gy, z, *_ints(n, fo, oh, ow, th, tw, groups, per)))
         return z
     AT, _, _ = matrices(m)
     rows, rmask = _window(th, m, m, 0, oh)                            # (th, m)
@@ -243,7 +290,15 @@ def _gradient_transform(xp, gy, th, tw, m):
     d = d * (rmask[:, :, None, None] & cmask[None, None, :, :])
     t = np.einsum("ia,nfrisj->nfrasj", AT, d)                         # A g (alpha rows)
     t = np.einsum("jb,nfrasj->abfnrs", AT, t)                         # (A g) A^T: (alpha, alpha, fo, n, th, tw)
-    return np.ascontiguousarray(t, dtype=np.float32).reshape(alpha * alpha, fo, n * th * tw)
+    return _grouped(t.reshape(alpha * alpha, fo, n * th * tw), groups, per)
+
+
+def _grouped(t, groups, per):
+    """(alpha^2, planes, P) -> (groups*alpha^2, planes, per): tiles p of group p // per, zeros past P."""
+    a2, planes, P = t.shape
+    full = np.zeros((a2, planes, groups * per), dtype=np.float32)
+    full[:, :, :P] = t
+    return np.ascontiguousarray(full.reshape(a2, planes, groups, per).transpose(2, 0, 1, 3)).reshape(-1, planes, per)
 
 
 def _output_transform(xp, prod, n, oh, ow, m):
@@ -271,8 +326,9 @@ def _window(count, step, size, pad, limit):
 
 # -- CUDA ------------------------------------------------------------------------------------------
 
-NAME_EXPRESSIONS = tuple(f"{k}<{m}>" for k in ("winograd_input", "winograd_gradient", "winograd_output")
-                         for m in TILES)
+NAME_EXPRESSIONS = tuple(f"{k}<{m}>" for k in ("winograd_input", "winograd_gradient", "winograd_output",
+                                              "winograd_weight_grad") for m in TILES) + \
+    tuple(f"winograd_weight<{m}, {rot}>" for m in TILES for rot in ("false", "true"))
 
 
 def _ints(*values):

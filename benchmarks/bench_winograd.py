@@ -1,7 +1,7 @@
 """Benchmark: the winograd backend, F(2x2,3x3) and F(4x4,3x3), against cuDNN strict fp32 on the
 3x3 stride-1 layers of VGG-16 (batch 64) and ResNet-18/50 (batch 128), in one process.
 
-Per layer, pass and implementation: the relative error against float64 (PyTorch, same operands;
+Per layer, pass and implementation (winograd F2 and F4, the gemm backend, cuDNN): the relative error against float64 (PyTorch, same operands;
 every CuPy allocation NaN-filled before the checked call, harness.poisoned), the median time
 (CUDA events after warm-up) and the effective TFLOP/s (direct-convolution FLOPs 2*S*f*f'*9*oh*ow
 over the time) beside the device's fp32 ceiling, measured in the same run as a strict fp32
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import cgemm, winograd
+from backends import cgemm, gemm, winograd
 from benchmarks.harness import (PASSES, RESULTS_DIR, median_ms, poisoned, provenance, reference64, rel_error,
                                 set_tf32, setup_cudnn, write_results)
 
@@ -49,7 +49,7 @@ LAYERS = {
     "resnet.layer4": (512, 512, 7, 128),
 }
 QUICK = ("vgg16.conv1_2", "vgg16.conv4_2")
-IMPLS = ("winograd_f2", "winograd_f4", "cudnn_strict")
+IMPLS = ("winograd_f2", "winograd_f4", "gemm", "cudnn_strict")
 
 
 def parse_args(argv=None):
@@ -120,6 +120,10 @@ def run_layer(name, args, cp, torch):
             if not err <= args.tol:
                 failed.append(f"{name} {pn} {impl}: relative error {err:.2e} > {args.tol}")
             row[f"ms_{impl}"] = median_ms(calls[pn][m], "cupy", args.warmup, args.repeat)
+        ours = {"fprop": lambda: gemm.fprop(x, w, padding=pad), "bprop": lambda: gemm.bprop(gy, w, xs, padding=pad),
+                "accgrad": lambda: gemm.accgrad(gy, x, ws, padding=pad)}[pn]
+        row["err_gemm"] = rel_error(poisoned(ours), ref[pn])
+        row["ms_gemm"] = median_ms(ours, "cupy", args.warmup, args.repeat)
         row["err_cudnn_strict"] = rel_error(cudnn[pn](), ref[pn])
         row["ms_cudnn_strict"] = median_ms(cudnn[pn], "torch", args.warmup, args.repeat)
         for impl in IMPLS:

@@ -67,12 +67,19 @@ def test_random_geometries_match_the_reference(m, geom):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_chunked_batch_matches_the_reference(device, settings, rng):
-    """A workspace of a few tiles: every image its own chunk, accGrad summing the chunks."""
-    settings(winograd_workspace_mb=0.01)
+@pytest.mark.parametrize("workspace_mb, group_tiles", [(0.01, 4096), (0.026, 1), (64, 1)])
+def test_chunks_and_accgrad_groups_match_the_reference(device, workspace_mb, group_tiles, settings, monkeypatch,
+                                                        rng):
+    """Every image its own chunk; chunks of 2-3 images cut into groups of one (the last chunk
+    shorter: its GEMM fills a prefix of the groups' sums); one chunk of 5 groups."""
+    settings(winograd_workspace_mb=workspace_mb)
+    monkeypatch.setattr(winograd, "GROUP_TILES", group_tiles)
     x = rng.standard_normal((5, 4, 10, 12)).astype(np.float32)
     wt = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
-    assert len(winograd._chunks(5, 4 * 4 * 5 * 6 * 7)) == 5
+    g = backends.geometry(x.shape, wt.shape, 1, 1)
+    chunks = len(winograd._chunks(5, 16 * 5 * 6 * 7))                     # F(2x2): 5 x 6 tiles
+    assert chunks == {0.01: 5, 0.026: 3, 64: 1}[workspace_mb]
+    assert winograd.accgrad_groups(g, 2, -(-5 // chunks))[1] == {0.01: 1, 0.026: 2, 64: 5}[workspace_mb]
     for m in winograd.TILES:
         check_backend(forced(m), x, wt, (1, 1), (1, 1), device=device, tol=TOL, rng=rng)
 
@@ -92,14 +99,14 @@ def test_toom_cook_matrices_compute_the_correlation_exactly():
 
 
 def test_the_cuda_literals_are_toom_cooks_matrices():
-    """kernels/winograd.cu spells AT and BT of each F3<M> out; they must be toom_cook()'s."""
+    """kernels/winograd.cu spells AT, G and BT of each F3<M> out; they must be toom_cook()'s."""
     src = (KERNEL_DIR / "winograd.cu").read_text()
     for m in winograd.TILES:
         block = re.search(rf"struct F3<{m}> \{{(.*?)\n\}};", src, re.S).group(1)
-        for name, want in zip(("AT", "BT"), (winograd.toom_cook(m)[0], winograd.toom_cook(m)[2])):
-            body = re.search(rf"static float {name}\(.*?= \{{(.*?)\}};", block, re.S).group(1)
+        for name, want in zip(("AT", "G", "BT"), winograd.toom_cook(m)):
+            body = re.search(rf"static (?:float|double) {name}\(.*?= \{{(.*?)\}};", block, re.S).group(1)
             numbers = [Fraction(a) / Fraction(b or "1") for a, b in
-                       re.findall(r"(-?\d+)\.f(?:\s*/\s*(\d+)\.f)?", body)]
+                       re.findall(r"(-?\d+)\.f?(?:\s*/\s*(\d+)\.f?)?", body)]
             assert numbers == [v for row in want for v in row], f"F3<{m}>::{name}"
 
 

@@ -15,6 +15,11 @@ template <int M> struct F3;
 
 template <> struct F3<2> {
     static constexpr int ALPHA = 4;
+    __device__ __forceinline__ static double G(int i, int j) {
+        constexpr double g[4][3] = {{-1., 0., 0.}, {1. / 2., 1. / 2., 1. / 2.}, {1. / 2., -1. / 2., 1. / 2.},
+                                    {0., 0., 1.}};
+        return g[i][j];
+    }
     __device__ __forceinline__ static float AT(int i, int j) {
         constexpr float a[2][4] = {{1.f, 1.f, 1.f, 0.f}, {0.f, 1.f, -1.f, 1.f}};
         return a[i][j];
@@ -28,6 +33,12 @@ template <> struct F3<2> {
 
 template <> struct F3<4> {
     static constexpr int ALPHA = 6;
+    __device__ __forceinline__ static double G(int i, int j) {
+        constexpr double g[6][3] = {{1., 0., 0.}, {1. / 3., 1. / 3., 1. / 3.}, {-1. / 3., 1. / 3., -1. / 3.},
+                                    {-16. / 15., -8. / 15., -4. / 15.}, {1. / 15., -2. / 15., 4. / 15.},
+                                    {0., 0., 1.}};
+        return g[i][j];
+    }
     __device__ __forceinline__ static float AT(int i, int j) {
         constexpr float a[4][6] = {{1.f, 1.f, 1.f, 1.f, 1.f, 0.f},
                                    {0.f, 1.f, -1.f, 1.f / 2.f, -2.f, 0.f},
@@ -47,11 +58,12 @@ template <> struct F3<4> {
 };
 
 // acc + c * v, with c a compile-time constant: nothing for 0, no multiply for +-1
-__device__ __forceinline__ float madd(float acc, float c, float v) {
-    if (c == 0.f) return acc;
-    if (c == 1.f) return acc + v;
-    if (c == -1.f) return acc - v;
-    return fmaf(c, v, acc);
+template <class T>
+__device__ __forceinline__ T madd(T acc, T c, T v) {
+    if (c == T(0)) return acc;
+    if (c == T(1)) return acc + v;
+    if (c == T(-1)) return acc - v;
+    return c * v + acc;   // contracted to one FMA
 }
 
 // The thread's tile: k = plane * P + p, p = (image * th + i) * tw + j; false past the last one.
@@ -72,15 +84,25 @@ __device__ __forceinline__ bool which_tile(int planes, int P, int th, int tw, Ti
     return true;
 }
 
-// V (ALPHA^2, f, P) = B^T d B for every ALPHA x ALPHA tile d of x (n, f, h, w); tile (i, j)
-// starts at row i*M - ph, column j*M - pw (ph, pw may be negative: bprop's cropping).
+// Where transformed element e of tile p of a plane goes in the grouped layout
+// (groups, ALPHA^2, planes, Pg): tiles are cut into groups of Pg (whole images), each group a
+// block of ALPHA^2 GEMM operands. fprop and bprop use one group (Pg = P); accGrad several, so that
+// one strided-batched GEMM sums each group apart (backends/winograd.py says why).
+__device__ __forceinline__ float* grouped(float* base, const Tile& t, int planes, int Pg, int A) {
+    const int g = t.p / Pg;
+    return base + ((long long)g * A * A * planes + t.plane) * Pg + (t.p - g * Pg);
+}
+
+// V = B^T d B for every ALPHA x ALPHA tile d of x (n, f, h, w), in the grouped layout with
+// groups * Pg tiles (images past n are zeros); tile (i, j) starts at row i*M - ph, column
+// j*M - pw (ph, pw may be negative: bprop's cropping).
 template <int M>
 __global__ void winograd_input(const float* __restrict__ x, float* __restrict__ v, int n, int f, int h, int w,
-                               int th, int tw, int ph, int pw) {
+                               int th, int tw, int ph, int pw, int groups, int Pg) {
     constexpr int A = F3<M>::ALPHA;
-    const int P = n * th * tw;
     Tile t;
-    if (!which_tile(f, P, th, tw, t)) return;
+    if (!which_tile(f, groups * Pg, th, tw, t)) return;
+    if (t.image >= n) h = w = 0;                  // the last group's missing images: all zeros
     const float* plane = x + ((long long)t.image * f + t.plane) * h * w;
     const int r0 = t.i * M - ph, c0 = t.j * M - pw;
     float d[A][A];
@@ -103,8 +125,8 @@ __global__ void winograd_input(const float* __restrict__ x, float* __restrict__ 
             rows[a][b] = s;
         }
     }
-    const long long stride = (long long)f * P;    // between transformed elements
-    float* out = v + (long long)t.plane * P + t.p;
+    const long long stride = (long long)f * Pg;   // between transformed elements
+    float* out = grouped(v, t, f, Pg, A);
 #pragma unroll
     for (int a = 0; a < A; ++a) {
 #pragma unroll
@@ -117,15 +139,15 @@ __global__ void winograd_input(const float* __restrict__ x, float* __restrict__ 
     }
 }
 
-// Z (ALPHA^2, fo, P) = A g A^T for every M x M tile g of gy (n, fo, oh, ow) at (i*M, j*M);
-// zeros past the last row and column (the clipped tiles of fprop's output).
+// Z = A g A^T for every M x M tile g of gy (n, fo, oh, ow) at (i*M, j*M), in the grouped layout
+// as winograd_input; zeros past the last row and column (fprop's clipped tiles) and image.
 template <int M>
 __global__ void winograd_gradient(const float* __restrict__ gy, float* __restrict__ z, int n, int fo, int oh,
-                                  int ow, int th, int tw) {
+                                  int ow, int th, int tw, int groups, int Pg) {
     constexpr int A = F3<M>::ALPHA;
-    const int P = n * th * tw;
     Tile t;
-    if (!which_tile(fo, P, th, tw, t)) return;
+    if (!which_tile(fo, groups * Pg, th, tw, t)) return;
+    if (t.image >= n) oh = ow = 0;
     const float* plane = gy + ((long long)t.image * fo + t.plane) * oh * ow;
     const int r0 = t.i * M, c0 = t.j * M;
     float g[M][M];
@@ -148,8 +170,8 @@ __global__ void winograd_gradient(const float* __restrict__ gy, float* __restric
             rows[a][b] = s;
         }
     }
-    const long long stride = (long long)fo * P;
-    float* out = z + (long long)t.plane * P + t.p;
+    const long long stride = (long long)fo * Pg;
+    float* out = grouped(z, t, fo, Pg, A);
 #pragma unroll
     for (int a = 0; a < A; ++a) {
 #pragma unroll
@@ -204,11 +226,95 @@ __global__ void winograd_output(const float* __restrict__ prod, float* __restric
     }
 }
 
+// U (ALPHA^2, fo, f) = G w G^T of w (fo, f, 3, 3), in double, rounded once. ROTATE (bprop): U
+// (ALPHA^2, f, fo) of the filters rotated by 180 degrees with in/out planes swapped. One thread
+// per filter, consecutive threads on consecutive filters of U (coalesced stores).
+template <int M, bool ROTATE>
+__global__ void winograd_weight(const float* __restrict__ w, float* __restrict__ u, int fo, int f) {
+    constexpr int A = F3<M>::ALPHA;
+    const int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= fo * f) return;
+    const int o = ROTATE ? k % fo : k / f, i = ROTATE ? k / fo : k % f;
+    const float* g = w + ((long long)o * f + i) * 9;
+    double gg[3][3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+#pragma unroll
+        for (int b = 0; b < 3; ++b) gg[a][b] = ROTATE ? g[(2 - a) * 3 + 2 - b] : g[a * 3 + b];
+    }
+    double rows[A][3];   // G g
+#pragma unroll
+    for (int a = 0; a < A; ++a) {
+#pragma unroll
+        for (int b = 0; b < 3; ++b) {
+            double s = 0.;
+#pragma unroll
+            for (int c = 0; c < 3; ++c) s = madd(s, F3<M>::G(a, c), gg[c][b]);
+            rows[a][b] = s;
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < A; ++a) {
+#pragma unroll
+        for (int b = 0; b < A; ++b) {
+            double s = 0.;
+#pragma unroll
+            for (int c = 0; c < 3; ++c) s = madd(s, F3<M>::G(b, c), rows[a][c]);
+            u[(long long)(a * A + b) * fo * f + k] = (float)s;
+        }
+    }
+}
+
+// gw (fo, f, 3, 3) = G^T [sum over groups of part] G, in double, rounded once: part (groups,
+// ALPHA^2, fo, f) holds accGrad's GEMM, one sum per group of tiles. One thread per filter.
+template <int M>
+__global__ void winograd_weight_grad(const float* __restrict__ part, float* __restrict__ gw, int groups, int fo,
+                                     int f) {
+    constexpr int A = F3<M>::ALPHA;
+    const int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= fo * f) return;
+    const long long plane = (long long)fo * f;
+    double m[A][A];
+#pragma unroll
+    for (int e = 0; e < A * A; ++e) m[e / A][e % A] = 0.;
+    for (int g = 0; g < groups; ++g) {
+#pragma unroll
+        for (int e = 0; e < A * A; ++e) m[e / A][e % A] += __ldg(part + ((long long)g * A * A + e) * plane + k);
+    }
+    double rows[3][A];   // G^T m
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+#pragma unroll
+        for (int b = 0; b < A; ++b) {
+            double s = 0.;
+#pragma unroll
+            for (int c = 0; c < A; ++c) s = madd(s, F3<M>::G(c, a), m[c][b]);
+            rows[a][b] = s;
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+#pragma unroll
+        for (int b = 0; b < 3; ++b) {
+            double s = 0.;
+#pragma unroll
+            for (int c = 0; c < A; ++c) s = madd(s, F3<M>::G(c, b), rows[a][c]);
+            gw[(long long)k * 9 + a * 3 + b] = (float)s;
+        }
+    }
+}
+
 #ifdef MINITORCH_EXPLICIT_INSTANTIATIONS
-template __global__ void winograd_input<2>(const float*, float*, int, int, int, int, int, int, int, int);
-template __global__ void winograd_input<4>(const float*, float*, int, int, int, int, int, int, int, int);
-template __global__ void winograd_gradient<2>(const float*, float*, int, int, int, int, int, int);
-template __global__ void winograd_gradient<4>(const float*, float*, int, int, int, int, int, int);
+template __global__ void winograd_input<2>(const float*, float*, int, int, int, int, int, int, int, int, int, int);
+template __global__ void winograd_input<4>(const float*, float*, int, int, int, int, int, int, int, int, int, int);
+template __global__ void winograd_gradient<2>(const float*, float*, int, int, int, int, int, int, int, int);
+template __global__ void winograd_gradient<4>(const float*, float*, int, int, int, int, int, int, int, int);
+template __global__ void winograd_weight<2, false>(const float*, float*, int, int);
+template __global__ void winograd_weight<2, true>(const float*, float*, int, int);
+template __global__ void winograd_weight<4, false>(const float*, float*, int, int);
+template __global__ void winograd_weight<4, true>(const float*, float*, int, int);
+template __global__ void winograd_weight_grad<2>(const float*, float*, int, int, int);
+template __global__ void winograd_weight_grad<4>(const float*, float*, int, int, int);
 template __global__ void winograd_output<2>(const float*, float*, int, int, int, int, int, int);
 template __global__ void winograd_output<4>(const float*, float*, int, int, int, int, int, int);
 #endif
