@@ -1,13 +1,15 @@
 """Benchmark: the winograd backend, F(2x2,3x3) and F(4x4,3x3), against cuDNN strict fp32 on the
 3x3 stride-1 layers of VGG-16 (batch 64) and ResNet-18/50 (batch 128), in one process.
 
-Per layer, pass and implementation (winograd F2 and F4, the gemm backend, cuDNN): the relative error against float64 (PyTorch, same operands;
-every CuPy allocation NaN-filled before the checked call, harness.poisoned), the median time
-(CUDA events after warm-up) and the effective TFLOP/s (direct-convolution FLOPs 2*S*f*f'*9*oh*ow
-over the time) beside the device's fp32 ceiling, measured in the same run as a strict fp32
-8192^3 cuBLAS SGEMM (and the copy bandwidth, for the memory bound). cuDNN runs in benchmark
-mode over every algorithm with TF32 off (torch.backends.cudnn.allow_tf32 = False). For fprop of
-every layer, the time of each stage (input transform, GEMM, output transform) of each variant.
+Per layer, pass and implementation (winograd F2 and F4, the gemm backend, cuDNN): the relative
+error against float64 (PyTorch, same operands; every CuPy allocation NaN-filled before the checked
+call, harness.poisoned), the median time (CUDA events after warm-up) and the effective TFLOP/s
+(direct-convolution FLOPs 2*S*f*f'*9*oh*ow over the time) beside the device's fp32 ceiling,
+measured in the same run as a strict fp32 8192^3 cuBLAS SGEMM (and the copy bandwidth, for the
+memory bound). cuDNN runs in benchmark mode over every algorithm with TF32 off
+(torch.backends.cudnn.allow_tf32 = False). For fprop of every layer, the time of each stage
+(input transform, GEMM, output transform) of each variant; then the largest error of each
+variant and pass over random 3x3 geometries.
 
   python -m benchmarks.bench_winograd                   # every layer (~2 min on an H100)
   python -m benchmarks.bench_winograd --quick           # VGG conv1_2 and conv4_2, fewer repeats
@@ -49,6 +51,7 @@ LAYERS = {
     "resnet.layer4": (512, 512, 7, 128),
 }
 QUICK = ("vgg16.conv1_2", "vgg16.conv4_2")
+RANDOM_GEOMETRIES = 40   # random 3x3 geometries for the error study (S <= 8, f, f' <= 256, planes <= 64)
 IMPLS = ("winograd_f2", "winograd_f4", "gemm", "cudnn_strict")
 
 
@@ -141,6 +144,30 @@ def run_layer(name, args, cp, torch):
     return rows, stages, failed
 
 
+def random_errors(args, cp, count=RANDOM_GEOMETRIES):
+    """[{tile, pass, max_err, worst geometry}] over `count` random 3x3 geometries against float64."""
+    rng = np.random.default_rng(args.seed + 1)
+    worst = {}
+    for _ in range(count):
+        S, f, fo = int(rng.integers(1, 9)), int(rng.integers(1, 257)), int(rng.integers(1, 257))
+        ph, pw = (int(v) for v in rng.integers(0, 3, 2))
+        h, w = (int(v) for v in rng.integers(3, 65, 2))
+        xs, ws = (S, f, h, w), (fo, f, 3, 3)
+        x = cp.asarray(rng.standard_normal(xs, dtype=np.float32))
+        wt = cp.asarray((rng.standard_normal(ws) / np.sqrt(9 * f)).astype(np.float32))
+        gy = cp.asarray(rng.standard_normal((S, fo, h + 2 * ph - 2, w + 2 * pw - 2), dtype=np.float32))
+        ref = reference64(x, wt, gy, (1, 1), (ph, pw))
+        for m in winograd.TILES:
+            got = {"fprop": winograd.fprop(x, wt, padding=(ph, pw), tile=m),
+                   "bprop": winograd.bprop(gy, wt, xs, padding=(ph, pw), tile=m),
+                   "accgrad": winograd.accgrad(gy, x, ws, padding=(ph, pw), tile=m)}
+            for pn in PASSES:
+                err = rel_error(got[pn], ref[pn])
+                if (m, pn) not in worst or not err <= worst[m, pn]["max_err"]:
+                    worst[m, pn] = {"tile": m, "pass": pn, "max_err": err, "geometry": f"x {xs} pad {(ph, pw)} f' {fo}"}
+    return list(worst.values())
+
+
 def fprop_stages(x, w, pad, args):
     """[{tile, ms_input, ms_gemm, ms_output, workspace MiB}] of fprop, one chunk (the whole batch
     where it fits): the transform kernels and the batched GEMM timed apart."""
@@ -187,6 +214,9 @@ def main(argv=None):
         failed += fl
         cp.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
+    randoms = random_errors(args, cp, 10 if args.quick else RANDOM_GEOMETRIES)
+    failed += [f"random {r['geometry']} {r['pass']} F{r['tile']}: relative error {r['max_err']:.2e} > {args.tol}"
+               for r in randoms if not r["max_err"] <= args.tol]
     meta = provenance(device, cupy=cp.__version__, torch=torch.__version__, **cudnn_meta,
                       sgemm_fp32_tflops=round(peak, 2), copy_gb_per_s=round(copy_gbs, 1),
                       warmup=args.warmup, repeat=args.repeat, tol=args.tol)
@@ -204,11 +234,16 @@ def main(argv=None):
              f"in this run. Errors: ||out - ref|| / ||ref|| against PyTorch float64 on the same operands.")
     paths = write_results("bench_winograd", meta, rows, columns, "Winograd F(2x2,3x3) and F(4x4,3x3) "
                           "against cuDNN strict fp32", notes=notes, out_dir=args.out,
-                          sections=[("fprop stages (one chunk)", stages, stage_columns)],
-                          extra={"stages": stages, "failed": failed})
+                          sections=[("fprop stages (one chunk)", stages, stage_columns),
+                                    ("Largest error over random geometries", randoms,
+                                     [("tile", "tile", ""), ("pass", "pass", ""), ("max error", "max_err", ".1e"),
+                                      ("at", "geometry", "")])],
+                          extra={"stages": stages, "random": randoms, "failed": failed})
     log("\n" + "\n".join(f"{r['layer']:15s} {r['pass']:8s} F2 {r['speedup_f2']:.2f}x F4 {r['speedup_f4']:.2f}x "
                          f"cudnn {r['tflops_cudnn_strict']:.1f} TF/s  err F2 {r['err_winograd_f2']:.1e} "
                          f"F4 {r['err_winograd_f4']:.1e}" for r in rows))
+    log("\n".join(f"random geometries F{r['tile']} {r['pass']:8s} max error {r['max_err']:.1e} at {r['geometry']}"
+                   for r in randoms))
     log(f"wrote {', '.join(str(p) for p in paths)}")
     if failed:
         log("FAILED:\n" + "\n".join(failed))
