@@ -19,15 +19,17 @@ and writes only the tile elements inside the output (the last tiles are clipped)
 transform is done in float64 (xp.einsum; weights are small) and rounded once to float32.
 
 Interpolation points (module POINTS): F(2,3) 0, 1, -1, inf (Lavin's); F(4,3) 0, 1, -1, 1/2,
--1/2, inf, which keep the transforms' entries small (Lavin's 0, +-1, +-2 has entries up to 8
-in A; benchmarks/NOTES.md has the error measured with each). The CUDA file holds the same
+-2, inf. Measured in float32 on the CPU (benchmarks/NOTES.md), Lavin's 0, +-1, +-2 and the
+symmetric 0, +-1, +-1/2 gave the same error; mixing 1/2 and -2 gave a third less. The CUDA file holds the same
 matrices as literals (so the compiler folds the zeros and ones); test_winograd checks they equal
 toom_cook()'s.
 
-Variants: F(2x2) is within 1e-5 of float64 on every measured layer and is the default;
-F(4x4) is used only where the winograd_f4 setting allows it (benchmarks/NOTES.md has the
-errors). With it on, the tuner (tuning.remembered, winograd_tune) times both per geometry and pass.
-A batch whose transformed tiles exceed winograd_workspace_mb runs in chunks.
+Variants: both are within 1e-5 of float64 on every 3x3 stride-1 layer of VGG-16 and ResNet-18/50
+and on random geometries (H100: F(2x2) at most 3.4e-6, F(4x4) 7.8e-6, its accGrad the largest;
+results/nvidia-h100-80gb-hbm3/bench_winograd.md), so both are eligible for auto in fp32 mode:
+the tuner (tuning.remembered, winograd_tune) times them per geometry and pass. Setting
+winograd_f4=0 keeps F(2x2) alone (its error is about 4x smaller). A batch whose transformed
+tiles exceed winograd_workspace_mb runs in chunks.
 
 On the CPU the same algorithm runs in NumPy: same matrices, tiling, index arithmetic and layout.
 """

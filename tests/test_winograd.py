@@ -140,6 +140,7 @@ def test_bad_input_is_refused_before_any_work(rng):
 
 
 def test_f4_is_a_setting(settings):
+    assert winograd.variants() == (2, 4)          # the default: both eligible
     settings(winograd_f4=False)
     assert winograd.variants() == (2,)
     settings(winograd_f4=True)
