@@ -147,6 +147,21 @@ def test_f4_is_a_setting(settings):
     assert winograd.variants() == (2, 4)
 
 
+def test_tuned_tile_on_the_cpu_and_on_nan_data(settings, tmp_path, rng):
+    """winograd_tune=on: the tile is tuned by tuning.remembered (cached); data holding NaN cannot
+    check the candidates, so that call runs untuned (F(2x2)) and caches nothing."""
+    cache = tmp_path / "cache.json"
+    settings(winograd_f4=True, winograd_tune="on", tune_cache=str(cache))
+    x = rng.standard_normal((1, 2, 9, 9)).astype(np.float32)
+    wt = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    x[0, 0, 4, 4] = np.nan
+    assert np.isnan(winograd.fprop(x, wt, padding=(1, 1))).any()
+    assert not cache.exists()
+    x[0, 0, 4, 4] = 0.5
+    check_backend(winograd, x, wt, (1, 1), (1, 1), tol=TOL, rng=rng)
+    assert cache.exists() and "winograd" in cache.read_text()
+
+
 def test_tiles_cover_the_output():
     assert winograd.tiles(224, 224, 4) == (56, 56)
     assert winograd.tiles(7, 13, 4) == (2, 4)
