@@ -9,20 +9,23 @@ Each of the alpha^2 transformed elements is one GEMM: (f' x f) @ (f x S*tiles) f
 bprop, (f' x S*tiles) @ (S*tiles x f) for accGrad (the F(3x3, m x m) correlation of input tiles
 with gradient tiles, written with the transposes of fprop's matrices: the weight gradient of
 y = A^T[(G g) . (B^T d)] is G^T[(A gy) . (B^T d)]). All alpha^2 GEMMs are one strided-batched
-cuBLAS call (cgemm.matmul: strict fp32, or TF32 when the tf32 setting is on).
+cuBLAS call (cgemm.matmul: strict fp32, or TF32 when the tf32 setting is on); accGrad's sums
+over tiles run in groups of images, (groups x alpha^2) GEMMs in that one call, and the groups
+are added in float64 (accgrad_groups says why).
 
 The input and gradient transforms are CUDA kernels (kernels/winograd.cu, templated on m) that
 read their tiles with the zero padding implied (reads outside the plane are zeros, also for a
 negative padding: bprop of a layer padded by more than 2) and write the GEMM-ready layout
 (alpha^2, planes, S*tiles) directly; the output transform reads the GEMM's (alpha^2, f', S*tiles)
 and writes only the tile elements inside the output (the last tiles are clipped). The weight
-transform is done in float64 (xp.einsum; weights are small) and rounded once to float32.
+transforms (G w G^T, and accGrad's G^T M G) are kernels too, computed in float64 and rounded
+once to float32: weights are small, and their rounding is then the only one they add.
 
 Interpolation points (module POINTS): F(2,3) 0, 1, -1, inf (Lavin's); F(4,3) 0, 1, -1, 1/2,
--2, inf. Measured in float32 on the CPU (benchmarks/NOTES.md), Lavin's 0, +-1, +-2 and the
-symmetric 0, +-1, +-1/2 gave the same error; mixing 1/2 and -2 gave a third less. The CUDA file holds the same
-matrices as literals (so the compiler folds the zeros and ones); test_winograd checks they equal
-toom_cook()'s.
+-2, inf. Measured in float32 (benchmarks/experiments/exp_winograd_points.py), Lavin's 0, +-1,
++-2 and the symmetric 0, +-1, +-1/2 gave the same error; mixing 1/2 and -2 gave a third less.
+The CUDA file holds the same matrices as literals (so the compiler folds the zeros and ones);
+test_winograd checks they equal toom_cook()'s.
 
 Variants: both are within 1e-5 of float64 on every 3x3 stride-1 layer of VGG-16 and ResNet-18/50
 and on random geometries (H100: F(2x2) at most 3.4e-6, F(4x4) 7.8e-6, its accGrad the largest;
@@ -98,7 +101,7 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 
 def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
-    """None, or ValueError saying why winograd cannot take this geometry (layers quote it)."""
+    """The Geometry, or ValueError saying why winograd cannot take it (layers quote it)."""
     g = geometry(x_shape, w_shape, stride, padding)
     if (g.kh, g.kw, g.sh, g.sw) != (R, R, 1, 1):
         raise ValueError(f"winograd supports 3x3 kernels at stride 1 only, got {g.kh}x{g.kw} "
