@@ -27,10 +27,10 @@ from . import cgemm, config, gemm, tuning
 from .common import PASSES, geometry, plain_args
 
 # Untimed order (CPU default): cheapest-to-set-up first.
-PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase")
+PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase", "winograd")
 # Order among candidates tied within the margin: the FFT backends first (their timings leave out
 # the spectra a step shares across passes), then the rest; backends not listed come last.
-TIE_ORDER = ("fbfft", "cufft", "polyphase", "gemm", "direct")
+TIE_ORDER = ("fbfft", "cufft", "polyphase", "winograd", "gemm", "direct")
 ROUNDS, REPEAT = tuning.ROUNDS, tuning.REPEAT   # the recipe's timing (backends/tuning.py)
 MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)

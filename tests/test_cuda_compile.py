@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import minitorch_fft
-from backends import fbfft_kernels
+from backends import fbfft_kernels, winograd
 from backends.common import KERNEL_DIR
 from conftest import host_library
 from minitorch_fft import functional
@@ -36,9 +36,10 @@ CORE_SOURCES = ("pool.cu", "dropout.cu", "sgd.cu")   # what functional, random a
 SOURCES = sorted(KERNEL_DIR.glob("*.cu")) + sorted(CORE_KERNEL_DIR.glob("*.cu"))
 MACRO = "MINITORCH_EXPLICIT_INSTANTIATIONS"
 # NVRTC name expressions a backend or the core asks for (checked to resolve under NVRTC).
-NAME_EXPRESSIONS = {"fbfft.cu": fbfft_kernels.NAME_EXPRESSIONS, "pool.cu": functional.POOL_NAME_EXPRESSIONS}
+NAME_EXPRESSIONS = {"fbfft.cu": fbfft_kernels.NAME_EXPRESSIONS, "pool.cu": functional.POOL_NAME_EXPRESSIONS,
+                    "winograd.cu": winograd.NAME_EXPRESSIONS}
 # Kernels that must not even have a stack frame (register arrays indexed by constants).
-NO_STACK = re.compile(r"fbfft")
+NO_STACK = re.compile(r"fbfft|winograd")
 
 
 def find_nvcc():

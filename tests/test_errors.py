@@ -41,8 +41,9 @@ BACKEND_ROWS = [pytest.param(name, call, err, pat, id=f"{name}-{entry}-{i}")
                 for name in backends.names() for i, (entry, call, err, pat) in enumerate(BAD_INPUTS)]
 
 OTHER_ROWS = [
-    ("backends.get", lambda: backends.get("winograd"), ValueError, "unknown convolution backend 'winograd'"),
-    ("layer", lambda: mt.SpatialConvolution(3, 4, 3, backend="winograd"), ValueError, "unknown convolution backend"),
+    ("backends.get", lambda: backends.get("no_such_backend"), ValueError,
+     "unknown convolution backend 'no_such_backend'"),
+    ("layer", lambda: mt.SpatialConvolution(3, 4, 3, backend="no_such_backend"), ValueError, "unknown convolution backend"),
     ("layer", lambda: mt.SpatialConvolution(0, 4, 3), ValueError, "in_planes must be a positive int"),
     ("layer", lambda: mt.SpatialConvolution(3, 4, 0), ValueError, "kernel_size must be >= 1"),
     ("layer", lambda: mt.SpatialConvolution(3, 4, 3, stride=0), ValueError, "stride must be >= 1"),

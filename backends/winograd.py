@@ -1,0 +1,349 @@
+"""winograd: Lavin and Gray's minimal filtering F(m x m, 3 x 3) ("Fast Algorithms for
+Convolutional Neural Networks", CVPR 2016), m = 2 or 4, alpha = m + 2 the transformed tile.
+
+  fprop   Y  = A^T [ U . V ] A        U = G w G^T (f', f), V = B^T d B (f, tiles), per element
+  bprop   the same with the weights rotated 180 degrees, in/out planes swapped, padding 2 - p
+  accGrad gW = G^T [ Z . V^T ] G      Z = A gy A^T (f', tiles), V as in fprop, summed over tiles
+
+Each of the alpha^2 transformed elements is one GEMM: (f' x f) @ (f x S*tiles) for fprop and
+bprop, (f' x S*tiles) @ (S*tiles x f) for accGrad (the F(3x3, m x m) correlation of input tiles
+with gradient tiles, written with the transposes of fprop's matrices: the weight gradient of
+y = A^T[(G g) . (B^T d)] is G^T[(A gy) . (B^T d)]). All alpha^2 GEMMs are one strided-batched
+cuBLAS call (cgemm.matmul: strict fp32, or TF32 when the tf32 setting is on); accGrad's sums
+over tiles run in groups of images, (groups x alpha^2) GEMMs in that one call, and the groups
+are added in float64 (accgrad_groups says why).
+
+The input and gradient transforms are CUDA kernels (kernels/winograd.cu, templated on m) that
+read their tiles with the zero padding implied (reads outside the plane are zeros, also for a
+negative padding: bprop of a layer padded by more than 2) and write the GEMM-ready layout
+(alpha^2, planes, S*tiles) directly; the output transform reads the GEMM's (alpha^2, f', S*tiles)
+and writes only the tile elements inside the output (the last tiles are clipped). The weight
+transforms (G w G^T, and accGrad's G^T M G) are kernels too, computed in float64 and rounded
+once to float32: weights are small, and their rounding is then the only one they add.
+
+Interpolation points (module POINTS): F(2,3) 0, 1, -1, inf (Lavin's); F(4,3) 0, 1, -1, 1/2,
+-2, inf. Measured in float32 (benchmarks/experiments/exp_winograd_points.py), Lavin's 0, +-1,
++-2 and the symmetric 0, +-1, +-1/2 gave the same error; mixing 1/2 and -2 gave a third less.
+The CUDA file holds the same matrices as literals (so the compiler folds the zeros and ones);
+test_winograd checks they equal toom_cook()'s.
+
+Variants: both are within 1e-5 of float64 on every 3x3 stride-1 layer of VGG-16 and ResNet-18/50
+and on random geometries (H100: F(2x2) at most 3.4e-6, F(4x4) 7.8e-6, its accGrad the largest;
+results/nvidia-h100-80gb-hbm3/bench_winograd.md), so both are eligible for auto in fp32 mode:
+the tuner (tuning.remembered, winograd_tune) times them per geometry and pass. Setting
+winograd_f4=0 keeps F(2x2) alone (its error is about 4x smaller). A batch whose transformed
+tiles exceed winograd_workspace_mb runs in chunks.
+
+On the CPU the same algorithm runs in NumPy: same matrices, tiling, index arithmetic and layout.
+"""
+import functools
+from fractions import Fraction
+
+import numpy as np
+
+from . import cgemm, config, tuning
+from .common import check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
+
+# S batch, f in-planes, f' out-planes (fo), h x w input, oh x ow output, ph x pw padding,
+# m x m output tile, alpha = m + 2 transformed tile, th x tw tiles per plane, P = S*th*tw
+
+R = 3                                   # the kernel size this backend computes
+POINTS = {2: (0, 1, -1), 4: (0, 1, -1, Fraction(1, 2), -2)}   # and infinity
+TILES = (2, 4)
+BLOCK = 128
+
+
+def toom_cook(m, r=R, points=None):
+    """(AT (m, alpha), G (alpha, r), BT (alpha, alpha)) as exact Fractions for F(m, r) on the finite
+    `points` plus infinity: y = AT [(G g) * (BT d)] is the correlation y_i = sum_k d_(i+k) g_k.
+
+    A evaluates at the points (infinity: the leading coefficient), BT^T interpolates (the
+    Lagrange basis without its denominators, and the monic product at infinity), G evaluates
+    the filter with the Lagrange denominators moved into it."""
+    pts = [Fraction(p) for p in (POINTS[m] if points is None else points)]
+    alpha = m + r - 1
+    assert len(pts) == alpha - 1, f"F({m},{r}) needs {alpha - 1} finite points"
+
+    def poly(roots):        # coefficients, lowest power first, of prod (x - root)
+        c = [Fraction(1)]
+        for root in roots:
+            c = [Fraction(0)] + c
+            for i in range(len(c) - 1):
+                c[i] -= root * c[i + 1]
+        return c + [Fraction(0)] * (alpha - len(c))
+
+    AT = [[p ** i for p in pts] + [Fraction(int(i == m - 1))] for i in range(m)]
+    G = [[p ** k / _prod(p - q for q in pts if q != p) for k in range(r)] for p in pts]
+    G.append([Fraction(int(k == r - 1)) for k in range(r)])
+    BT = [poly([q for q in pts if q != p]) for p in pts] + [poly(pts)]
+    return AT, G, BT
+
+
+def _prod(values):
+    out = Fraction(1)
+    for v in values:
+        out *= v
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def matrices(m, dtype=np.float32):
+    """(AT, G, BT) of F(m, 3) as arrays of `dtype`."""
+    return tuple(np.array([[float(v) for v in row] for row in mat], dtype=dtype) for mat in toom_cook(m))
+
+
+# -- what the backend takes ----------------------------------------------------------------------
+
+def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """3x3 kernels, stride 1, any zero padding and plane shape."""
+    g = valid_geometry(x_shape, w_shape, stride, padding)
+    return g is not None and (g.kh, g.kw, g.sh, g.sw) == (R, R, 1, 1)
+
+
+def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """The Geometry, or ValueError saying why winograd cannot take it (layers quote it)."""
+    g = geometry(x_shape, w_shape, stride, padding)
+    if (g.kh, g.kw, g.sh, g.sw) != (R, R, 1, 1):
+        raise ValueError(f"winograd supports 3x3 kernels at stride 1 only, got {g.kh}x{g.kw} "
+                         f"at stride {(g.sh, g.sw)}; use gemm, direct or an FFT backend")
+    return g
+
+
+def tiles(oh, ow, m):
+    """(th, tw): m x m output tiles covering an oh x ow output (the last ones clipped)."""
+    return -(-oh // m), -(-ow // m)
+
+
+def _chunks(S, per_image_floats):
+    """Slices of the batch whose transformed tiles fit winograd_workspace_mb (one image at least)."""
+    step = max(1, config.mib_bytes("winograd_workspace_mb") // (4 * per_image_floats))
+    return [slice(s, min(s + step, S)) for s in range(0, S, step)]
+
+
+# -- the three passes ----------------------------------------------------------------------------
+
+def fprop(x, w, stride=(1, 1), padding=(0, 0), tile=None):
+    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, 3, 3)."""
+    xp, x, w = check_arrays(x=x, w=w)
+    g = check_geometry(x.shape, w.shape, stride, padding)
+    run = lambda m: _conv(xp, x, _weight_transform(xp, w, m), (g.ph, g.pw), (g.oh, g.ow), m)   # noqa: E731
+    return run(_tile(xp, "fprop", g, tile, run))
+
+
+def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), tile=None):
+    """gx (S, f, h, w): gy correlated with w rotated by 180 degrees, in/out planes swapped."""
+    xp, gy, w = check_arrays(gy=gy, w=w)
+    g = check_geometry(x_shape, w.shape, stride, padding)
+    check_output_shape("gy", gy, g, (g.oh, g.ow))
+    pad = (R - 1 - g.ph, R - 1 - g.pw)                                # negative: the plane is cropped
+    run = lambda m: _conv(xp, gy, _weight_transform(xp, w, m, rotate=True), pad, (g.h, g.w), m)   # noqa: E731
+    return run(_tile(xp, "bprop", g, tile, run))
+
+
+def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), tile=None):
+    """gw (f', f, 3, 3): the weight gradient, summed over the batch."""
+    xp, gy, x = check_arrays(gy=gy, x=x)
+    g = check_geometry(x.shape, w_shape, stride, padding)
+    check_output_shape("gy", gy, g, (g.oh, g.ow))
+    run = lambda m: _accgrad(xp, gy, x, g, m)   # noqa: E731
+    return run(_tile(xp, "accgrad", g, tile, run))
+
+
+def variants():
+    """The tile sizes auto may use: F(2x2); F(4x4) too where the winograd_f4 setting is on."""
+    return TILES if config.get("winograd_f4") else (2,)
+
+
+def _tile(xp, pass_name, g, forced, run):
+    """m for this pass: `forced` if given, the only variant, or the tuned one (tuning.remembered)."""
+    if forced is not None:
+        if forced not in TILES:
+            raise ValueError(f"winograd tile must be one of {TILES}, got {forced!r}")
+        return forced
+    options = variants()
+    if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
+        return options[0]
+    key = tuning.key(xp, np.float32, tuple(g), pass_name, "winograd")
+    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=options[0], tol=TUNE_TOL),
+                             valid=lambda m: m in options, untuned=lambda: options[0])["choice"]
+
+
+TUNE_TOL = 1e-4   # F(4x4) against F(2x2) while tuning: both far inside it when correct
+
+
+def _weight_transform(xp, w, m, rotate=False):
+    """U (alpha^2, fo, f) float32 = G w G^T of w (fo, f, 3, 3), computed in float64 and rounded
+    once; rotate (bprop): U (alpha^2, f, fo) of the filters rotated by 180 degrees, planes swapped."""
+    fo, f = w.shape[:2]
+    alpha = m + R - 1
+    if xp is not np:
+        u = xp.empty((alpha * alpha, f, fo) if rotate else (alpha * alpha, fo, f), dtype=np.float32)
+        _launch(f"winograd_weight<{m}, {'true' if rotate else 'false'}>", fo * f, (w, u, *_ints(fo, f)))
+        return u
+    if rotate:
+        w = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)                  # (f, fo, 3, 3)
+    _, G, _ = matrices(m, np.float64)
+    u = np.einsum("ak,oikl,bl->aboi", G, w.astype(np.float64), G)     # (alpha, alpha, rows, cols)
+    return np.ascontiguousarray(u.reshape(alpha * alpha, *w.shape[:2]), dtype=np.float32)
+
+
+def _conv(xp, x, u, pad, out_hw, m):
+    """y (S, fo, oh, ow): x (S, f, h, w) correlated with the filters whose transform is u
+    (alpha^2, fo, f), x read at offset -pad (zeros outside it), every output tile clipped."""
+    S, f, h, w = x.shape
+    fo, (oh, ow), alpha = u.shape[1], out_hw, m + R - 1
+    th, tw = tiles(oh, ow, m)
+    y = xp.empty((S, fo, oh, ow), dtype=np.float32)
+    for sl in _chunks(S, alpha * alpha * th * tw * (f + fo)):
+        n = sl.stop - sl.start
+        v = _input_transform(xp, x[sl], pad, th, tw, m)             # (alpha^2, f, n*th*tw)
+        prod = cgemm.matmul(xp, u, v)                               # (alpha^2, fo, n*th*tw)
+        y[sl] = _output_transform(xp, prod, n, oh, ow, m)
+    return y
+
+
+GROUP_TILES = 4096   # accGrad: tiles one GEMM sums at most (or one image's, if more)
+
+
+def accgrad_groups(g, m, images):
+    """(images per group, groups) of accGrad for a chunk of `images`.
+
+    A GEMM over all S*th*tw tiles would sum up to a million products per weight in float32
+    (cuBLAS sums along K in order): its rounding error grows with that length and, on VGG's
+    large planes, passed 1e-5 (benchmarks/NOTES.md). Groups of whole images of at most
+    GROUP_TILES tiles are summed apart, by one strided-batched GEMM over (groups x alpha^2), and
+    the groups' sums added in float64 (winograd_weight_grad). It also gives the GEMM more
+    independent outputs than alpha^2 matrices of f' x f. The partial sums (groups, alpha^2, f', f)
+    stay under a quarter of the workspace."""
+    per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
+    part_bytes = 4 * (m + R - 1) ** 2 * g.fo * g.f
+    most = max(1, config.mib_bytes("winograd_workspace_mb") // 4 // part_bytes)
+    per_group = min(images, max(1, GROUP_TILES // per_image, -(-images // most)))
+    return per_group, -(-images // per_group)
+
+
+def _accgrad(xp, gy, x, g, m):
+    """gw = G^T [sum over tiles of Z V^T] G: each group's sum by the GEMM (the chunks' added into
+    it), the groups' sums and the transform in float64."""
+    alpha = m + R - 1
+    th, tw = tiles(g.oh, g.ow, m)
+    chunks = _chunks(g.S, alpha * alpha * th * tw * (g.f + g.fo))
+    per_group, groups = accgrad_groups(g, m, chunks[0].stop - chunks[0].start)
+    part = xp.empty((groups * alpha * alpha, g.fo, g.f), dtype=np.float32)
+    for k, sl in enumerate(chunks):
+        n_groups = -(-(sl.stop - sl.start) // per_group)            # the last chunk may have fewer
+        layout = (n_groups, per_group * th * tw)
+        v = _input_transform(xp, x[sl], (g.ph, g.pw), th, tw, m, layout)   # (n_groups*alpha^2, f, Pg)
+        z = _gradient_transform(xp, gy[sl], th, tw, m, layout)             # (n_groups*alpha^2, fo, Pg)
+        cgemm.matmul(xp, z, v, out=part[:n_groups * alpha * alpha], op_b="T", accumulate=k > 0)
+    return _weight_gradient(xp, part, groups, m)                            # (fo, f, 3, 3)
+
+
+def _weight_gradient(xp, part, groups, m):
+    """gw (fo, f, 3, 3) = G^T [sum over groups of part] G in float64, rounded once; part
+    (groups*alpha^2, fo, f)."""
+    fo, f = part.shape[1:]
+    alpha = m + R - 1
+    if xp is not np:
+        gw = xp.empty((fo, f, R, R), dtype=np.float32)
+        _launch(f"winograd_weight_grad<{m}>", fo * f, (part, gw, *_ints(groups, fo, f)))
+        return gw
+    _, G, _ = matrices(m, np.float64)
+    acc = part.reshape(groups, alpha, alpha, fo, f).astype(np.float64).sum(axis=0)
+    return np.einsum("ak,abji,bl->jikl", G, acc, G).astype(np.float32)
+
+
+# -- transforms: CUDA kernels on the GPU, the same arithmetic in NumPy on the CPU ------------------
+
+def _input_transform(xp, x, pad, th, tw, m, layout=None):
+    """x (n, f, h, w) -> V (groups*alpha^2, f, Pg): B^T d B of every alpha x alpha input tile d,
+    tile (i, j) starting at row i*m - ph, column j*m - pw; zeros outside the plane. layout =
+    (groups, Pg), the tiles cut into groups of whole images (accGrad; images past n are zeros);
+    default one group, (alpha^2, f, n*th*tw)."""
+    n, f, h, w = x.shape
+    alpha = m + R - 1
+    groups, per = layout or (1, n * th * tw)
+    if xp is not np:
+        v = xp.empty((groups * alpha * alpha, f, per), dtype=np.float32)
+        _launch(f"winograd_input<{m}>", f * groups * per, (x, v, *_ints(n, f, h, w, th, tw, *pad, groups, per)))
+        return v
+    _, _, BT = matrices(m)
+    rows, rmask = _window(th, m, alpha, pad[0], h)                    # (th, alpha)
+    cols, cmask = _window(tw, m, alpha, pad[1], w)                    # (tw, alpha)
+    d = x[:, :, rows[:, :, None, None], cols[None, None, :, :]]       # (n, f, th, alpha, tw, alpha)
+    d = d * (rmask[:, :, None, None] & cmask[None, None, :, :])
+    t = np.einsum("ai,nfrisj->nfrasj", BT, d)                         # B^T d: rows first, as the kernel
+    t = np.einsum("bj,nfrasj->abfnrs", BT, t)                         # then columns: (alpha, alpha, f, n, th, tw)
+    return _grouped(t.reshape(alpha * alpha, f, n * th * tw), groups, per)
+
+
+def _gradient_transform(xp, gy, th, tw, m, layout):
+    """gy (n, fo, oh, ow) -> Z (groups*alpha^2, fo, Pg): A g A^T of every m x m gradient tile g
+    (tile (i, j) at row i*m, column j*m; zeros past the output's last row and column), in
+    _input_transform's grouped layout."""
+    n, fo, oh, ow = gy.shape
+    alpha = m + R - 1
+    groups, per = layout
+    if xp is not np:
+        z = xp.empty((groups * alpha * alpha, fo, per), dtype=np.float32)
+        _launch(f"winograd_gradient<{m}>", fo * groups * per, (gy, z, *_ints(n, fo, oh, ow, th, tw, groups, per)))
+        return z
+    AT, _, _ = matrices(m)
+    rows, rmask = _window(th, m, m, 0, oh)                            # (th, m)
+    cols, cmask = _window(tw, m, m, 0, ow)                            # (tw, m)
+    d = gy[:, :, rows[:, :, None, None], cols[None, None, :, :]]      # (n, fo, th, m, tw, m)
+    d = d * (rmask[:, :, None, None] & cmask[None, None, :, :])
+    t = np.einsum("ia,nfrisj->nfrasj", AT, d)                         # A g (alpha rows)
+    t = np.einsum("jb,nfrasj->abfnrs", AT, t)                         # (A g) A^T: (alpha, alpha, fo, n, th, tw)
+    return _grouped(t.reshape(alpha * alpha, fo, n * th * tw), groups, per)
+
+
+def _grouped(t, groups, per):
+    """(alpha^2, planes, P) -> (groups*alpha^2, planes, per): tiles p of group p // per, zeros past P."""
+    a2, planes, P = t.shape
+    full = np.zeros((a2, planes, groups * per), dtype=np.float32)
+    full[:, :, :P] = t
+    return np.ascontiguousarray(full.reshape(a2, planes, groups, per).transpose(2, 0, 1, 3)).reshape(-1, planes, per)
+
+
+def _output_transform(xp, prod, n, oh, ow, m):
+    """prod (alpha^2, fo, n*th*tw) -> y (n, fo, oh, ow): A^T M A of every tile, clipped to oh x ow."""
+    fo, alpha = prod.shape[1], m + R - 1
+    th, tw = tiles(oh, ow, m)
+    if xp is not np:
+        y = xp.empty((n, fo, oh, ow), dtype=np.float32)
+        _launch(f"winograd_output<{m}>", fo * n * th * tw, (prod, y, *_ints(n, fo, oh, ow, th, tw)))
+        return y
+    AT, _, _ = matrices(m)
+    t = prod.reshape(alpha, alpha, fo, n, th, tw)
+    t = np.einsum("ia,abfnrs->ibfnrs", AT, t)                         # A^T M: rows first, as the kernel
+    t = np.einsum("jb,ibfnrs->nfrisj", AT, t)                         # (n, fo, th, m, tw, m)
+    return np.ascontiguousarray(t.reshape(n, fo, th * m, tw * m)[:, :, :oh, :ow], dtype=np.float32)
+
+
+def _window(count, step, size, pad, limit):
+    """(index (count, size), inside (count, size)): element k of tile i sits at i*step - pad + k;
+    indices outside [0, limit) are clamped and masked (the kernels' bounds check)."""
+    idx = np.arange(count)[:, None] * step - pad + np.arange(size)[None, :]
+    inside = (idx >= 0) & (idx < limit)
+    return np.clip(idx, 0, limit - 1), inside
+
+
+# -- CUDA ------------------------------------------------------------------------------------------
+
+NAME_EXPRESSIONS = tuple(f"{k}<{m}>" for k in ("winograd_input", "winograd_gradient", "winograd_output",
+                                              "winograd_weight_grad") for m in TILES) + \
+    tuple(f"winograd_weight<{m}, {rot}>" for m in TILES for rot in ("false", "true"))
+
+
+def _ints(*values):
+    return tuple(np.int32(v) for v in values)
+
+
+def _launch(name, threads, args):
+    """One thread per (plane, tile): consecutive threads take consecutive tiles (coalesced writes)."""
+    if threads >= 2**31:
+        raise ValueError(f"winograd: {threads} tiles in one chunk exceed the kernels' 32-bit index; "
+                         "lower winograd_workspace_mb")
+    kernel = cuda_module("winograd.cu", name_expressions=NAME_EXPRESSIONS).get_function(name)
+    kernel(((threads + BLOCK - 1) // BLOCK,), (BLOCK,), args)

@@ -1,0 +1,205 @@
+"""The winograd backend against PyTorch float64: the NumPy path on the CPU (the kernels' tiling,
+index arithmetic and layout), the CUDA kernels on the GPU; its matrices against exact arithmetic."""
+import re
+from fractions import Fraction
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import strategies as st
+
+import backends
+from backends import winograd
+from backends.common import KERNEL_DIR
+from conftest import DEVICES
+from reference import check_backend
+
+TOL = 1e-5   # the auto-eligibility bound every variant must meet
+
+
+def forced(m):
+    """The backend with its tile size forced to m (check_backend calls the plain contract)."""
+    return SimpleNamespace(
+        fprop=lambda x, w, stride, padding: winograd.fprop(x, w, stride, padding, tile=m),
+        bprop=lambda gy, w, xs, stride, padding: winograd.bprop(gy, w, xs, stride, padding, tile=m),
+        accgrad=lambda gy, x, ws, stride, padding: winograd.accgrad(gy, x, ws, stride, padding, tile=m))
+
+
+CASES = [  # (S, f, f', h, w, padding)
+    (2, 3, 4, 8, 8, (1, 1)),         # planes a multiple of both tiles
+    (2, 5, 3, 9, 13, (1, 1)),        # odd, rectangular: clipped last tiles
+    (1, 2, 3, 3, 3, (0, 0)),         # one output element
+    (3, 2, 2, 4, 7, (0, 2)),         # asymmetric padding
+    (2, 3, 2, 6, 5, (3, 4)),         # padding beyond 2: bprop reads its gradient cropped
+    (1, 1, 1, 1, 1, (1, 1)),         # a plane smaller than the kernel, padded
+    (2, 4, 6, 17, 10, (2, 0)),       # tails in both directions, f' > f
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", winograd.TILES)
+@pytest.mark.parametrize("case", CASES)
+def test_three_passes_match_the_reference(device, m, case, rng):
+    S, f, fo, h, w, pad = case
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = rng.standard_normal((fo, f, 3, 3)).astype(np.float32)
+    check_backend(forced(m), x, wt, (1, 1), pad, device=device, tol=TOL, rng=rng)
+
+
+@st.composite
+def geometries_3x3(draw):
+    ph, pw = draw(st.integers(0, 4)), draw(st.integers(0, 4))
+    h, w = draw(st.integers(max(1, 3 - 2 * ph), 23)), draw(st.integers(max(1, 3 - 2 * pw), 23))
+    return (draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6)), h, w, (ph, pw))
+
+
+@pytest.mark.parametrize("m", winograd.TILES)
+@hsettings(max_examples=40, deadline=None, derandomize=True, database=None,
+           suppress_health_check=list(HealthCheck))
+@given(geometries_3x3())
+def test_random_geometries_match_the_reference(m, geom):
+    S, f, fo, h, w, pad = geom
+    rng = np.random.default_rng(hash(geom) % 2**32)
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = rng.standard_normal((fo, f, 3, 3)).astype(np.float32)
+    check_backend(forced(m), x, wt, (1, 1), pad, tol=TOL, rng=rng)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("workspace_mb, group_tiles", [(0.01, 4096), (0.026, 1), (64, 1)])
+def test_chunks_and_accgrad_groups_match_the_reference(device, workspace_mb, group_tiles, settings, monkeypatch,
+                                                        rng):
+    """Every image its own chunk; chunks of 2-3 images cut into groups of one (the last chunk
+    shorter: its GEMM fills a prefix of the groups' sums); one chunk of 5 groups."""
+    settings(winograd_workspace_mb=workspace_mb)
+    monkeypatch.setattr(winograd, "GROUP_TILES", group_tiles)
+    x = rng.standard_normal((5, 4, 10, 12)).astype(np.float32)
+    wt = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
+    g = backends.geometry(x.shape, wt.shape, 1, 1)
+    chunks = len(winograd._chunks(5, 16 * 5 * 6 * 7))                     # F(2x2): 5 x 6 tiles
+    assert chunks == {0.01: 5, 0.026: 3, 64: 1}[workspace_mb]
+    assert winograd.accgrad_groups(g, 2, -(-5 // chunks))[1] == {0.01: 1, 0.026: 2, 64: 5}[workspace_mb]
+    for m in winograd.TILES:
+        check_backend(forced(m), x, wt, (1, 1), (1, 1), device=device, tol=TOL, rng=rng)
+
+
+def test_toom_cook_matrices_compute_the_correlation_exactly():
+    """y = AT [(G g) * (BT d)] equals y_i = sum_k d_(i+k) g_k in exact rational arithmetic."""
+    rng = np.random.default_rng(7)
+    for m in winograd.TILES:
+        AT, G, BT = winograd.toom_cook(m)
+        for _ in range(5):
+            d = [Fraction(int(v)) for v in rng.integers(-9, 10, m + 2)]
+            g = [Fraction(int(v)) for v in rng.integers(-9, 10, 3)]
+            u = [sum(G[a][k] * g[k] for k in range(3)) for a in range(m + 2)]
+            v = [sum(BT[a][k] * d[k] for k in range(m + 2)) for a in range(m + 2)]
+            y = [sum(AT[i][a] * u[a] * v[a] for a in range(m + 2)) for i in range(m)]
+            assert y == [sum(d[i + k] * g[k] for k in range(3)) for i in range(m)]
+
+
+def test_the_cuda_literals_are_toom_cooks_matrices():
+    """kernels/winograd.cu spells AT, G and BT of each F3<M> out; they must be toom_cook()'s."""
+    src = (KERNEL_DIR / "winograd.cu").read_text()
+    for m in winograd.TILES:
+        block = re.search(rf"struct F3<{m}> \{{(.*?)\n\}};", src, re.S).group(1)
+        for name, want in zip(("AT", "G", "BT"), winograd.toom_cook(m)):
+            body = re.search(rf"static (?:float|double) {name}\(.*?= \{{(.*?)\}};", block, re.S).group(1)
+            numbers = [Fraction(a) / Fraction(b or "1") for a, b in
+                       re.findall(r"(-?\d+)\.f?(?:\s*/\s*(\d+)\.f?)?", body)]
+            assert numbers == [v for row in want for v in row], f"F3<{m}>::{name}"
+
+
+def test_supports_is_3x3_stride_1():
+    assert winograd.supports((1, 1, 13, 13), (1, 1, 3, 3), (1, 1), (1, 1))
+    assert winograd.supports((2, 3, 1, 1), (4, 3, 3, 3), (1, 1), (1, 1))
+    assert not winograd.supports((1, 1, 13, 13), (1, 1, 3, 3), (2, 2), (1, 1))
+    assert not winograd.supports((1, 1, 13, 13), (1, 1, 5, 5), (1, 1), (2, 2))
+    assert not winograd.supports((1, 1, 13, 13), (1, 1, 3, 1), (1, 1), (1, 0))
+    assert not winograd.supports((1, 1, 2, 2), (1, 1, 3, 3), (1, 1), (0, 0))     # kernel > input
+    assert "winograd" in backends.names()
+
+
+def test_bad_input_is_refused_before_any_work(rng):
+    x = rng.standard_normal((1, 2, 8, 8)).astype(np.float32)
+    w3 = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    with pytest.raises(ValueError, match="3x3 kernels at stride 1 only, got 5x5"):
+        winograd.fprop(x, rng.standard_normal((3, 2, 5, 5)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"stride \(2, 2\)"):
+        winograd.fprop(x, w3, stride=(2, 2))
+    with pytest.raises(ValueError, match=r"tile must be one of \(2, 4\), got 3"):
+        winograd.fprop(x, w3, tile=3)
+    with pytest.raises(TypeError, match="must be float32"):
+        winograd.fprop(x.astype(np.float64), w3)
+    with pytest.raises(ValueError, match="channel mismatch"):
+        winograd.fprop(x, rng.standard_normal((3, 4, 3, 3)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"gy must have shape \(1, 3, 8, 8\)"):
+        winograd.bprop(np.ones((1, 3, 7, 8), np.float32), w3, x.shape, padding=(1, 1))
+    with pytest.raises(ValueError, match="does not support"):
+        backends.choose("winograd", "fprop", (1, 2, 8, 8), (3, 2, 5, 5))
+
+
+def test_f4_is_a_setting(settings):
+    assert winograd.variants() == (2, 4)          # the default: both eligible
+    settings(winograd_f4=False)
+    assert winograd.variants() == (2,)
+    settings(winograd_f4=True)
+    assert winograd.variants() == (2, 4)
+
+
+def test_tuned_tile_on_the_cpu_and_on_nan_data(settings, tmp_path, rng):
+    """winograd_tune=on: the tile is tuned by tuning.remembered (cached); data holding NaN cannot
+    check the candidates, so that call runs untuned (F(2x2)) and caches nothing."""
+    cache = tmp_path / "cache.json"
+    settings(winograd_f4=True, winograd_tune="on", tune_cache=str(cache))
+    x = rng.standard_normal((1, 2, 9, 9)).astype(np.float32)
+    wt = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    x[0, 0, 4, 4] = np.nan
+    assert np.isnan(winograd.fprop(x, wt, padding=(1, 1))).any()
+    assert not cache.exists()
+    x[0, 0, 4, 4] = 0.5
+    check_backend(winograd, x, wt, (1, 1), (1, 1), tol=TOL, rng=rng)
+    assert cache.exists() and "winograd" in cache.read_text()
+
+
+def test_tiles_cover_the_output():
+    assert winograd.tiles(224, 224, 4) == (56, 56)
+    assert winograd.tiles(7, 13, 4) == (2, 4)
+    assert winograd.tiles(1, 1, 2) == (1, 1)
+
+
+# -- GPU: the CUDA kernels ------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", winograd.TILES)
+def test_cuda_outputs_every_element_against_float64(m, fresh_rng):
+    """Network-sized and odd layers, every CuPy allocation NaN-filled first (harness.poisoned):
+    an element the kernels forget to write fails the check."""
+    from benchmarks.harness import poisoned
+    for S, f, fo, h, w, pad in [(8, 64, 64, 56, 56, (1, 1)), (16, 256, 128, 14, 14, (1, 1)),
+                                (4, 32, 48, 7, 7, (1, 1)), (3, 5, 7, 29, 31, (2, 0)), (2, 3, 4, 6, 5, (3, 4))]:
+        x = fresh_rng.standard_normal((S, f, h, w)).astype(np.float32)
+        wt = (fresh_rng.standard_normal((fo, f, 3, 3)) / np.sqrt(9 * f)).astype(np.float32)
+        poisoned(lambda: check_backend(forced(m), x, wt, (1, 1), pad, device="cuda", tol=TOL, rng=fresh_rng))
+
+
+@pytest.mark.gpu
+def test_cuda_random_geometries_against_float64(fresh_rng):
+    for _ in range(30):
+        S, f, fo = (int(v) for v in fresh_rng.integers(1, 9, 3))
+        ph, pw = (int(v) for v in fresh_rng.integers(0, 4, 2))
+        h, w = (int(v) for v in fresh_rng.integers(max(1, 3 - 2 * min(ph, pw)), 40, 2))
+        x = fresh_rng.standard_normal((S, f, h, w)).astype(np.float32)
+        wt = fresh_rng.standard_normal((fo, f, 3, 3)).astype(np.float32)
+        for m in winograd.TILES:
+            check_backend(forced(m), x, wt, (1, 1), (ph, pw), device="cuda", tol=TOL, rng=fresh_rng)
+
+
+@pytest.mark.gpu
+def test_cuda_tuned_tile_is_one_of_the_variants(settings, tmp_path, rng):
+    """With F(4x4) allowed, the tile is tuned per pass (tuning.remembered) and still correct."""
+    settings(winograd_f4=True, winograd_tune="on", tune_cache=str(tmp_path / "cache.json"))
+    x = rng.standard_normal((8, 32, 28, 28)).astype(np.float32)
+    wt = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
+    check_backend(winograd, x, wt, (1, 1), (1, 1), device="cuda", tol=TOL, rng=rng)
+    assert (tmp_path / "cache.json").exists()
