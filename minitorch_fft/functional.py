@@ -272,7 +272,7 @@ def _pool_args(x, kernel_size, stride, padding, op):
     if min(p) < 0 or p[0] > k[0] // 2 or p[1] > k[1] // 2:
         raise ValueError(f"{op}: padding {p} must be >= 0 and at most half the kernel {k}")
     if x.shape[2] + 2 * p[0] < k[0] or x.shape[3] + 2 * p[1] < k[1]:
-        raise ValueError(f"{op}: kernel {k} larger than the (padded) input's {tuple(x.shape[2:])}")
+        raise ValueError(f"{op}: kernel {k} larger than the input's {tuple(x.shape[2:])} with padding {p}")
     return k, s, p
 
 

@@ -87,6 +87,26 @@ def test_fake_data_smoke():
     assert result["epochs"] == 1 and 0.0 <= result["test_accuracy"] <= 1.0
 
 
+def test_resnet_trains_and_its_checkpoint_keeps_the_running_statistics(tmp_path, capsys):
+    """--model resnet18 on fake 224x224 images: one step, then the checkpoint holds the batch
+    norms' running statistics and batch counts beside the weights, and loads into a fresh model
+    exactly (buffers included)."""
+    ckpt = str(tmp_path / "r18.npz")
+    assert cli.main(["--no-progress", "--model", "resnet18", "--backend", "gemm", "--data", "fake",
+                     "--fake-size", "2", "--batch-size", "2", "--num-classes", "5", "--epochs", "1",
+                     "--device", "cpu", "--checkpoint", ckpt]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["model"] == "resnet18"
+    fresh = models.get("resnet18", num_classes=5)
+    before = fresh.state_dict()
+    mt.checkpoint.load(ckpt, fresh)
+    state = fresh.state_dict()
+    assert list(state) == list(before)
+    assert int(state["layer4.1.bn2.num_batches_tracked"]) == 1 and state["bn1.num_batches_tracked"].dtype == np.int64
+    assert not np.array_equal(state["layer1.0.bn1.running_mean"], before["layer1.0.bn1.running_mean"])
+    with np.load(ckpt) as f:
+        assert all(np.array_equal(f[f"model/{k}"], v) for k, v in state.items())
+
+
 def test_resume_continues_the_same_run(tmp_path):
     """Two epochs, then two more from the checkpoint == four epochs straight (bit for bit)."""
     straight = train_history(4)
