@@ -161,7 +161,7 @@ def table3(args, bar):
                 row[f"x TF32 {impl}"] = row["ms cudnn_tf32"] / row[f"ms {impl}"]
             if not row["x strict auto"] >= TARGET_LAYER:
                 shortfalls.append(f"{net} {name} ({row['geometry']}) {pn}: auto {row['ms auto']:.3f} ms is "
-                                  f"{row['x strict auto']:.2f}x cuDNN strict's {row['ms cudnn_strict']:.3f} ms "
+                                  f"{row['x strict auto']:.3f}x cuDNN strict's {row['ms cudnn_strict']:.3f} ms "
                                   f"(target >= {TARGET_LAYER}x)")
             layer_rows.append(row)
         bar.update(1)
@@ -172,7 +172,7 @@ def table3(args, bar):
             if r["network"] == net:
                 r["x_strict"], r["x_tf32"] = strict / r["total_ms"], tf32 / r["total_ms"]
                 if r["implementation"] == "auto" and not r["x_strict"] >= TARGET_TOTAL:
-                    shortfalls.append(f"{net} conv total: auto {r['total_ms']:.2f} ms is {r['x_strict']:.2f}x "
+                    shortfalls.append(f"{net} conv total: auto {r['total_ms']:.2f} ms is {r['x_strict']:.3f}x "
                                       f"cuDNN strict's {strict:.2f} ms (target >= {TARGET_TOTAL}x)")
     quoted = [{"network": net, "implementation": f"{impl} (paper, K40, quoted)",
                **dict(zip(["fprop_ms", "bprop_ms", "accgrad_ms", "total_ms"], v))}
@@ -380,7 +380,7 @@ def step(args, bar):
                 r["x_strict"] = strict["step_ms"] / r["step_ms"]
                 if not r["x_strict"] >= TARGET_TOTAL:
                     shortfalls.append(f"{net} {r['implementation']} step {r['step_ms']:.2f} ms is "
-                                      f"{r['x_strict']:.2f}x PyTorch strict's {strict['step_ms']:.2f} ms "
+                                      f"{r['x_strict']:.3f}x PyTorch strict's {strict['step_ms']:.2f} ms "
                                       f"(target >= {TARGET_TOTAL}x)")
                 if not r["peak_gib"] <= strict["peak_gib"]:
                     shortfalls.append(f"{net} {r['implementation']} peak memory {r['peak_gib']:.2f} GiB "

@@ -450,7 +450,7 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     rows, cols, failures, shortfalls, sections = paper.table3(args, bar)
     assert {impl for _, _, impl in calls} == {"auto", "auto[ours]", "cudnn"}
     assert len(shortfalls) == 1 and "resnet18 conv8" in shortfalls[0] and "fprop" in shortfalls[0]
-    assert "0.50x cuDNN strict" in shortfalls[0]
+    assert "0.500x cuDNN strict" in shortfalls[0]
 
 
 def test_poisoned_fills_every_allocation_and_restores_the_allocator(monkeypatch):
