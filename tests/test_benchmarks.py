@@ -538,6 +538,34 @@ def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
+def test_step_check_carries_the_running_statistics_over():
+    """paper.step checks a ResNet after a training step has moved its batch norms' running
+    statistics: the check (evaluation mode) copies them into torchvision's model with the
+    weights, so the two agree; and they matter (reset, the loss changes)."""
+    import numpy as np
+    import torch
+
+    import minitorch_fft as mt
+    import models
+    from benchmarks import harness, paper
+    mt.manual_seed(0)
+    net = models.get("resnet18", num_classes=10, backend="gemm")
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), dtype=np.float32)
+    y = np.array([3, 7])
+    opt = mt.optim.SGD(net.parameters(), lr=0.0)         # the statistics move, the weights stay
+    mt.train_step(net, mt.CrossEntropyCriterion(), opt, mt.Tensor(3 * x + 1), y)
+    assert int(net.layer1[0].bn1.num_batches_tracked.data) == 1
+    theirs = harness.torch_model("resnet18", 10)           # copied by each call, never changed
+    moved = harness.torch_gradients(net, theirs, x, y, torch.float64)
+    errors = harness.step_check(net, None, x, y, reference=moved)
+    assert max(errors.values()) <= paper.STEP_TOL, errors
+    for name, b in net.named_buffers():
+        if "running" in name:
+            b.data[...] = 1.0 if name.endswith("var") else 0.0
+    reset = harness.torch_gradients(net, theirs, x, y, torch.float64)
+    assert abs(reset[0] - moved[0]) > 1e-3 * abs(moved[0])
+
+
 def test_step_verdict_bounds_a_network_by_pytorch_float32():
     from benchmarks import paper
     tol, factor, cap = paper.STEP_TOL, paper.STEP_FACTOR, paper.STEP_CAP

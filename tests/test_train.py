@@ -167,6 +167,20 @@ def test_imagefolder_and_cifar10_read_local_files(tmp_path, capsys):
     assert p.returncode == 2 and "no CIFAR-10 found" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_a_resnet_trains_on_an_imagefolder(tmp_path, capsys):
+    """--model resnet18 --data imagefolder:PATH: small RGB images resized to 224x224, one epoch."""
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for cls in ("cats", "dogs"):
+        (tmp_path / cls).mkdir()
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
+    assert cli.main(["--no-progress", "--model", "resnet18", "--backend", "gemm", "--device", "cpu",
+                     "--data", f"imagefolder:{tmp_path}", "--epochs", "1", "--batch-size", "8"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["model"] == "resnet18" and 0.0 <= result["test_accuracy"] <= 1.0
+
+
 @pytest.mark.parametrize("backend", ["cufft", "fbfft"])
 def test_steps_share_spectra_by_default_and_it_changes_nothing(backend, monkeypatch, capsys):
     """Every step runs in its own reuse_spectra() block, where the digits net's two conv layers
