@@ -25,7 +25,7 @@ def test_conv_layers_trace_the_zoo_through_its_blocks():
     """VGG-16's 13 convolutions (9 distinct), ResNet-18's 20 (stem, 16 in blocks, 3 shortcuts:
     11 distinct) and ResNet-50's 53 with the v1.5 stride on the bottleneck's 3x3."""
     vgg = conv_layers("vgg16", 64)
-    assert len(vgg) == 13 and len(distinct_conv_layers("vgg16", 64)) == 9
+    assert len(vgg) == 13 and len({tuple(l[1:]) for l in vgg}) == 9
     assert vgg[-1][1:] == ((64, 512, 14, 14), (512, 512, 3, 3), (1, 1), (1, 1))
     r18 = distinct_conv_layers("resnet18", 128)
     assert len(conv_layers("resnet18", 128)) == 20 and len(r18) == 11 and sum(l[-1] for l in r18) == 20
