@@ -58,23 +58,41 @@ NETWORK_LAYERS = {
 
 
 def conv_layers(model_name, batch):
-    """[(name, x_shape, w_shape, stride, padding)] of a zoo model's convolutions, by shape tracing."""
+    """[(name, x_shape, w_shape, stride, padding)] of a zoo model's convolutions in the order the
+    forward pass runs them, traced by one forward pass on the CPU (batch 1) in which each
+    convolution returns zeros of its output's shape instead of computing."""
+    import numpy as np
+
     import minitorch_fft as mt
     import models
+    from minitorch_fft import functional as F
 
-    c, h, w = models.input_shape(model_name)
-    net = models.get(model_name, num_classes=10)
-    layers = []
-    for m in net.features.layers:
-        if isinstance(m, mt.SpatialConvolution):
-            (kh, kw), (sh, sw), (ph, pw) = m.kernel_size, m.stride, m.padding
-            layers.append((f"conv{len(layers) + 1}", (batch, c, h, w), (m.out_planes, c, kh, kw),
-                           m.stride, m.padding))
-            c, h, w = m.out_planes, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
-        elif isinstance(m, mt.SpatialMaxPooling):
-            (kh, kw), (sh, sw) = m.kernel_size, m.stride
-            h, w = (h - kh) // sh + 1, (w - kw) // sw + 1
-    return layers
+    found = []
+
+    def traced(x, weight, bias=None, stride=1, padding=0, backend="auto"):
+        stride, padding = F._pair(stride, "stride"), F._pair(padding, "padding")
+        g = backends.geometry(x.shape, weight.shape, stride, padding)
+        found.append(((batch,) + tuple(x.shape[1:]), tuple(weight.shape), stride, padding))
+        return mt.Tensor(np.zeros((x.shape[0], g.fo, g.oh, g.ow), np.float32))
+
+    net = models.get(model_name, num_classes=10, backend="gemm").eval()
+    real, F.conv2d = F.conv2d, traced
+    try:
+        with mt.no_grad():
+            net(mt.Tensor(np.zeros((1,) + models.input_shape(model_name), np.float32)))
+    finally:
+        F.conv2d = real
+    return [(f"conv{i + 1}",) + geom for i, geom in enumerate(found)]
+
+
+def distinct_conv_layers(model_name, batch):
+    """[(name, x_shape, w_shape, stride, padding, count)]: conv_layers' geometries once each, in
+    first-use order, named by the first layer with it, `count` how many layers share it."""
+    out = {}
+    for name, *geom in conv_layers(model_name, batch):
+        key = tuple(geom)
+        out[key] = out[key][:-1] + (out[key][-1] + 1,) if key in out else (name, *geom, 1)
+    return list(out.values())
 
 
 # -- the float64 reference and relative error ----------------------------------------------------
@@ -189,11 +207,12 @@ class Layer:
 # -- a training step against PyTorch float64 ------------------------------------------------------
 
 def torch_model(name, num_classes):
-    """The same architecture in PyTorch (torchvision's AlexNet; OverFeat-fast written out)."""
+    """The same architecture in PyTorch (torchvision's AlexNet, VGG-16 and ResNets; OverFeat-fast
+    written out)."""
     import torch.nn as nn
     import torchvision
-    if name == "alexnet":
-        return torchvision.models.alexnet(num_classes=num_classes)
+    if name in ("alexnet", "vgg16", "resnet18", "resnet34", "resnet50"):
+        return getattr(torchvision.models, name)(num_classes=num_classes)
     return nn.Sequential(
         nn.Conv2d(3, 96, 11, 4), nn.ReLU(), nn.MaxPool2d(2, 2), nn.Conv2d(96, 256, 5), nn.ReLU(),
         nn.MaxPool2d(2, 2), nn.Conv2d(256, 512, 3, padding=1), nn.ReLU(), nn.Conv2d(512, 1024, 3, padding=1),
@@ -204,20 +223,21 @@ def torch_model(name, num_classes):
 
 def torch_gradients(model, torch_net, x_np, y_np, dtype, torch_device="cpu"):
     """(loss, [weight gradients]) of a copy of `torch_net` in `dtype` that carries our model's
-    weights (copied in parameter order, shapes checked), in eval mode (dropout is random in each
-    framework), on x_np and y_np; the gradients as float64 CPU tensors."""
+    weights and buffers (batch norms' running statistics; copied in order, shapes checked), in
+    eval mode (dropout is random in each framework), on x_np and y_np; the gradients as float64
+    CPU tensors."""
     import copy
 
     import torch
 
     import minitorch_fft as mt
-    ours = model.parameters()
-    if [tuple(p.shape) for p in ours] != [tuple(q.shape) for q in torch_net.parameters()]:
-        raise ValueError("step check: the two models' parameters differ in order or shape")
+    ours = model.parameters() + model.buffers()
+    if [tuple(p.shape) for p in ours] != [tuple(q.shape) for q in [*torch_net.parameters(), *torch_net.buffers()]]:
+        raise ValueError("step check: the two models' parameters or buffers differ in order or shape")
     net = copy.deepcopy(torch_net).to(dtype).to(torch_device).eval()
     with torch.no_grad():
-        for p, q in zip(ours, net.parameters()):
-            q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu"), dtype=dtype))
+        for p, q in zip(ours, [*net.parameters(), *net.buffers()]):
+            q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu")))
     x = torch.as_tensor(x_np, dtype=dtype, device=torch_device)
     loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device=torch_device))
     loss.backward()
@@ -380,6 +400,33 @@ def peak_extra_bytes(fn, lib):
         fn()
         cupy.cuda.Device().synchronize()
         return pool.total_bytes() - before
+    raise ValueError(f"lib must be 'cupy' or 'torch', got {lib!r}")
+
+
+def peak_step_bytes(fn, lib, pools=()):
+    """Peak device memory of a training step, everything it holds included (weights, gradients,
+    momentum, activations, workspaces): {"peak": bytes, "reserved": bytes}.
+
+    cupy: the default pool's size (plus that of `pools`, e.g. a CUDA graph's own) after one call
+    from an emptied pool: the pool keeps what it frees, so its size is its high-water mark (to
+    its rounding); peak and reserved are the same number. torch: the caching allocator's
+    max_memory_allocated and max_memory_reserved over one call."""
+    if lib == "torch":
+        import torch
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return {"peak": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
+    if lib == "cupy":
+        import cupy
+        cupy.cuda.Device().synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
+        fn()
+        cupy.cuda.Device().synchronize()
+        total = sum(p.total_bytes() for p in (cupy.get_default_memory_pool(), *pools))
+        return {"peak": total, "reserved": total}
     raise ValueError(f"lib must be 'cupy' or 'torch', got {lib!r}")
 
 

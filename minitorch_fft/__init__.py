@@ -1,8 +1,9 @@
 """minitorch-fft: a small Torch-style CNN framework with pluggable convolution backends."""
 from . import checkpoint, data, functional, graphs, nn, optim, random
 from .device import get_array_module, gpu_available, normalize_device, synchronize, to_device
-from .nn import (ClassNLLCriterion, CrossEntropyCriterion, Dropout, Flatten, Linear, LogSoftMax,
-                 Module, ReLU, Sequential, SpatialConvolution, SpatialMaxPooling, View)
+from .nn import (Buffer, ClassNLLCriterion, CrossEntropyCriterion, Dropout, Flatten, Linear, LogSoftMax,
+                 Module, ReLU, Sequential, SpatialAdaptiveAveragePooling, SpatialAveragePooling,
+                 SpatialBatchNormalization, SpatialConvolution, SpatialMaxPooling, View)
 from .random import manual_seed
 from .tensor import Function, Parameter, Tensor, is_grad_enabled, no_grad
 from .training import train_step

@@ -1,10 +1,11 @@
 """Checkpoints: model + optimiser + progress in one file, written atomically, loaded all or nothing.
 
-The file is an uncompressed .npz (no pickle): `model/<name>` for each parameter, `optim/<i>` for
-each momentum buffer, `__meta__` a JSON header (format version, epoch, optimiser settings,
-`extra`), and `__sha256__` a SHA-256 over the header's bytes and every array's name, dtype, shape
-and bytes. It is written to a temporary file in the same folder, flushed to disk and renamed over
-the target, so a crash mid-write never leaves a half-written checkpoint where the last good one was.
+The file is an uncompressed .npz (no pickle): `model/<name>` for each parameter and buffer
+(BatchNorm's running statistics), `optim/<i>` for each momentum buffer, `__meta__` a JSON header
+(format version, epoch, optimiser settings, `extra`), and `__sha256__` a SHA-256 over the header's
+bytes and every array's name, dtype, shape and bytes. It is written to a temporary file in the same
+folder, flushed to disk and renamed over the target, so a crash mid-write never leaves a
+half-written checkpoint where the last good one was.
 
 load() parses and checks everything first (the zip, each array's size against its header, the
 version, the checksum, every header field's type and range, every array against the model and
@@ -63,6 +64,26 @@ def state_array(value, shape, what):
         raise CheckpointError(f"{what} holds {v!r}, beyond float32's range (largest "
                               f"{float(np.finfo(np.float32).max)!r}): it would become inf")
     return np.array(out, order="C", copy=True)
+
+
+def buffer_array(value, shape, dtype, what):
+    """`value` for a module's buffer of `shape` and `dtype`, as a new C-contiguous NumPy array: a
+    float buffer as state_array() takes a parameter; an integer buffer (num_batches_tracked)
+    takes integer values only, each within `dtype`'s range. CheckpointError, naming `what`."""
+    if np.dtype(dtype).kind == "f":
+        return state_array(value, shape, what)
+    try:
+        a = np.asarray(to_device(value, "cpu"))
+    except Exception as e:  # noqa: BLE001 - whatever it is, it is not an array
+        raise CheckpointError(f"{what} is not an array ({type(e).__name__}: {e})") from None
+    if a.dtype.kind not in "iu":
+        raise CheckpointError(f"{what} has dtype {a.dtype}; this buffer holds integers ({dtype})")
+    if tuple(a.shape) != tuple(shape):
+        raise CheckpointError(f"{what} has shape {tuple(a.shape)}, expected {tuple(shape)}")
+    info = np.iinfo(dtype)
+    if a.size and (int(a.min()) < info.min or int(a.max()) > info.max):
+        raise CheckpointError(f"{what} holds values outside {dtype}'s range [{info.min}, {info.max}]")
+    return np.array(a, dtype=dtype, order="C", copy=True)
 
 
 def _hash_array(h, name, a):

@@ -156,20 +156,23 @@ def linear(x, weight, bias=None):
 
 
 class MaxPool2dFn(Function):
-    """Max pooling without padding, floor mode (Torch's default). The argmax of each window
-    (its offset i * kw + j, the last NaN if there is one, so NaN propagates as in Torch) is
-    kept for backward, which routes each output's gradient to that element only.
+    """Max pooling in floor mode (Torch's default). Padding is an explicit -inf border (one copy
+    of the input; the kernels stay padding-free), so a padded element never wins. The argmax of
+    each window (its offset i * kw + j, the last NaN if there is one, so NaN propagates as in
+    Torch) is kept for backward, which routes each output's gradient to that element only.
 
     On the GPU each pass is one kernel of kernels/pool.cu (no synchronisation with the host: a
     boolean-mask assignment would wait for the GPU at every window offset); on the CPU the
     same arithmetic runs over the k*k strided views."""
 
-    def forward(self, x, kernel_size, stride):
+    def forward(self, x, kernel_size, stride, padding=(0, 0)):
         xp = get_array_module(x)
         (kh, kw), (sh, sw) = kernel_size, stride
+        self.x_shape, self.padding = x.shape, padding
+        x = _padded(x, padding, -np.inf)
         n, c, h, w = x.shape
         oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
-        self.x_shape, self.geom = x.shape, (kh, kw, sh, sw, oh, ow)
+        self.geom = (kh, kw, sh, sw, oh, ow)
         if xp is not np:
             x = xp.ascontiguousarray(x)
             out = xp.empty((n, c, oh, ow), dtype=x.dtype)
@@ -194,17 +197,37 @@ class MaxPool2dFn(Function):
     def backward(self, g):
         xp = get_array_module(g)
         kh, kw, sh, sw, oh, ow = self.geom
+        (ph, pw), (n, c, h, w) = self.padding, self.x_shape
+        shape = (n, c, h + 2 * ph, w + 2 * pw)   # the padded input's
         if xp is not np:
-            _, _, h, w = self.x_shape
-            gx = xp.empty(self.x_shape, dtype=g.dtype)
-            _pool("bwd", gx.size, xp.ascontiguousarray(g), self.arg, h, w, kh, kw, sh, sw, oh, ow, gx)
-            return gx
-        gx = np.zeros(self.x_shape, dtype=g.dtype)
-        for i in range(kh):
-            for j in range(kw):
-                gx[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
-                    np.where(self.arg == i * kw + j, g, 0)
-        return gx
+            gx = xp.empty(shape, dtype=g.dtype)
+            _pool("bwd", gx.size, xp.ascontiguousarray(g), self.arg, *shape[2:], kh, kw, sh, sw, oh, ow, gx)
+        else:
+            gx = np.zeros(shape, dtype=g.dtype)
+            for i in range(kh):
+                for j in range(kw):
+                    gx[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
+                        np.where(self.arg == i * kw + j, g, 0)
+        return _unpadded(gx, self.padding)
+
+
+def _padded(x, padding, value):
+    """NCHW `x` inside a border of `value`, `padding` (ph, pw) wide; x itself when it is 0."""
+    ph, pw = padding
+    if not ph and not pw:
+        return x
+    n, c, h, w = x.shape
+    out = get_array_module(x).full((n, c, h + 2 * ph, w + 2 * pw), value, dtype=x.dtype)
+    out[:, :, ph:ph + h, pw:pw + w] = x
+    return out
+
+
+def _unpadded(g, padding):
+    """The inverse of _padded for a gradient: the inner region, contiguous."""
+    ph, pw = padding
+    if not ph and not pw:
+        return g
+    return get_array_module(g).ascontiguousarray(g[:, :, ph:g.shape[2] - ph, pw:g.shape[3] - pw])
 
 
 _KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -236,23 +259,207 @@ def _pool(kind, size, *args):
     return outs
 
 
-def max_pool2d(x, kernel_size, stride=None):
+def _pool_args(x, kernel_size, stride, padding, op):
+    """The checked (kernel, stride, padding) pairs of a pooling of NCHW `x`; ValueError naming
+    `op` and the limit otherwise. Padding is at most half the kernel, as torch requires."""
     k = _pair(kernel_size, "kernel_size")
     s = k if stride is None else _pair(stride, "stride")
+    p = _pair(padding, "padding")
     if x.ndim != 4:
-        raise ValueError(f"max_pool2d expects NCHW input (4 dims), got shape {tuple(x.shape)}")
+        raise ValueError(f"{op} expects NCHW input (4 dims), got shape {tuple(x.shape)}")
     if min(k) < 1 or min(s) < 1:
-        raise ValueError(f"max_pool2d: kernel_size {k} and stride {s} must be >= 1")
-    if x.shape[2] < k[0] or x.shape[3] < k[1]:
-        raise ValueError(f"max_pool2d: kernel {k} larger than the input's {tuple(x.shape[2:])}")
+        raise ValueError(f"{op}: kernel_size {k} and stride {s} must be >= 1")
+    if min(p) < 0 or p[0] > k[0] // 2 or p[1] > k[1] // 2:
+        raise ValueError(f"{op}: padding {p} must be >= 0 and at most half the kernel {k}")
+    if x.shape[2] + 2 * p[0] < k[0] or x.shape[3] + 2 * p[1] < k[1]:
+        raise ValueError(f"{op}: kernel {k} larger than the input's {tuple(x.shape[2:])} with padding {p}")
+    return k, s, p
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0):
+    k, s, p = _pool_args(x, kernel_size, stride, padding, "max_pool2d")
     if k[0] * k[1] > MAX_POOL_WINDOW:
         raise ValueError(f"max_pool2d: a {k[0]}x{k[1]} window has {k[0] * k[1]} elements; the "
                          f"argmax is kept in one byte, so windows hold at most {MAX_POOL_WINDOW}")
-    return MaxPool2dFn.apply(x, kernel_size=k, stride=s)
+    return MaxPool2dFn.apply(x, kernel_size=k, stride=s, padding=p)
 
 
 # The backward pass routes each gradient to its window's argmax, stored as a uint8 offset.
 MAX_POOL_WINDOW = 256
+
+
+class AvgPool2dFn(Function):
+    """Average pooling in floor mode over the k*k strided views of the zero-padded input. The
+    divisor is the window's size (count_include_pad, torch's default) or the number of input
+    elements it covers, counted by pooling ones on the input's device (no host copy, so a CUDA
+    graph can capture it)."""
+
+    def forward(self, x, kernel_size, stride, padding, count_include_pad):
+        xp = get_array_module(x)
+        self.x_shape, self.args = x.shape, (kernel_size, stride, padding)
+        self.div = float(kernel_size[0] * kernel_size[1])
+        if not count_include_pad and any(padding):
+            ones = xp.ones((1, 1) + x.shape[2:], dtype=x.dtype)
+            self.div = _window_sums(_padded(ones, padding, 0), kernel_size, stride)   # (1, 1, oh, ow)
+        return _window_sums(_padded(x, padding, 0), kernel_size, stride) / self.div
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        (kh, kw), (sh, sw), (ph, pw) = self.args
+        n, c, h, w = self.x_shape
+        oh, ow = g.shape[2:]
+        g = g / self.div
+        gx = xp.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=g.dtype)
+        for i in range(kh):
+            for j in range(kw):
+                gx[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += g
+        return _unpadded(gx, (ph, pw))
+
+
+def _window_sums(x, kernel_size, stride):
+    """The sum of each (kh, kw) window of NCHW `x` at `stride`: k*k strided views, no im2col."""
+    (kh, kw), (sh, sw) = kernel_size, stride
+    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
+    out = None
+    for i in range(kh):
+        for j in range(kw):
+            v = x[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw]
+            out = v.copy() if out is None else out + v
+    return out
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, count_include_pad=True):
+    k, s, p = _pool_args(x, kernel_size, stride, padding, "avg_pool2d")
+    return AvgPool2dFn.apply(x, kernel_size=k, stride=s, padding=p, count_include_pad=bool(count_include_pad))
+
+
+class GlobalAvgPoolFn(Function):
+    """The mean of each plane: NCHW -> (N, C, 1, 1), one reduction."""
+
+    def forward(self, x):
+        self.x_shape = x.shape
+        return x.mean(axis=(2, 3), keepdims=True)
+
+    def backward(self, g):
+        xp = get_array_module(g)
+        return xp.broadcast_to(g / (self.x_shape[2] * self.x_shape[3]), self.x_shape).copy()
+
+
+class AdaptiveAvgPool2dFn(Function):
+    """torch's adaptive average pooling where the input does not divide into equal windows:
+    output cell (i, j) averages rows floor(i*h/oh) .. ceil((i+1)*h/oh) and the columns alike
+    (windows may overlap); one reduction per output cell."""
+
+    def forward(self, x, output_size):
+        xp = get_array_module(x)
+        self.x_shape, self.cells = x.shape, _adaptive_cells(x.shape[2:], output_size)
+        out = xp.empty(x.shape[:2] + tuple(output_size), dtype=x.dtype)
+        for i, j, rows, cols in self.cells:
+            out[:, :, i, j] = x[:, :, rows, cols].mean(axis=(2, 3))
+        return out
+
+    def backward(self, g):
+        gx = get_array_module(g).zeros(self.x_shape, dtype=g.dtype)
+        for i, j, rows, cols in self.cells:
+            count = (rows.stop - rows.start) * (cols.stop - cols.start)
+            gx[:, :, rows, cols] += (g[:, :, i, j] / count)[:, :, None, None]
+        return gx
+
+
+def _adaptive_cells(in_size, out_size):
+    """[(i, j, row slice, column slice)] of each output cell, torch's adaptive windows."""
+    def windows(n, m):
+        return [slice(i * n // m, -(-(i + 1) * n // m)) for i in range(m)]
+    rows, cols = windows(in_size[0], out_size[0]), windows(in_size[1], out_size[1])
+    return [(i, j, r, c) for i, r in enumerate(rows) for j, c in enumerate(cols)]
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """Average pooling to an (oh, ow) output whatever the input's size (torchvision's avgpool):
+    the input itself when it already has that size, one mean per plane for 1x1, equal windows
+    (avg_pool2d) where the sizes divide, else torch's overlapping windows."""
+    o = _pair(output_size, "output_size")
+    if x.ndim != 4:
+        raise ValueError(f"adaptive_avg_pool2d expects NCHW input (4 dims), got shape {tuple(x.shape)}")
+    if min(o) < 1:
+        raise ValueError(f"adaptive_avg_pool2d: output_size {o} must be >= 1")
+    (h, w) = x.shape[2:]
+    if (h, w) == o:
+        return x
+    if o == (1, 1):
+        return GlobalAvgPoolFn.apply(x)
+    if h % o[0] == 0 and w % o[1] == 0:
+        k = (h // o[0], w // o[1])
+        return AvgPool2dFn.apply(x, kernel_size=k, stride=k, padding=(0, 0), count_include_pad=True)
+    return AdaptiveAvgPool2dFn.apply(x, output_size=o)
+
+
+class BatchNormFn(Function):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias, per plane of NCHW x. In training, mean and
+    var are the batch's (var biased), and the running statistics are updated in place (PyTorch's
+    rule, the unbiased variance); in evaluation, the running statistics are used as they are.
+    Saved for backward: the normalised input and 1/sqrt(var + eps) per plane."""
+
+    def forward(self, x, weight=None, bias=None, *, running_mean, running_var, training, momentum, eps):
+        xp = get_array_module(x)
+        c = (1, -1, 1, 1)                                  # a (C,) vector against NCHW
+        self.training = training
+        if training:
+            m = x.size // x.shape[1]                        # values per plane
+            mean = x.mean(axis=(0, 2, 3))
+            xc = x - mean.reshape(c)
+            var = (xc * xc).mean(axis=(0, 2, 3))
+            if running_mean is not None:                    # in place: a CUDA graph replays here
+                running_mean *= 1 - momentum
+                running_mean += momentum * mean
+                running_var *= 1 - momentum
+                running_var += momentum * (m / (m - 1)) * var
+        else:
+            xc = x - running_mean.reshape(c)
+            var = running_var
+        self.invstd = 1 / xp.sqrt(var + x.dtype.type(eps))
+        self.xhat = xc * self.invstd.reshape(c)
+        if weight is None:
+            return self.xhat
+        self.weight = weight
+        return self.xhat * weight.reshape(c) + bias.reshape(c)
+
+    def backward(self, g):
+        c = (1, -1, 1, 1)
+        gb = g.sum(axis=(0, 2, 3))
+        gw = (g * self.xhat).sum(axis=(0, 2, 3))
+        scale = self.invstd if len(self.parents) == 1 else self.invstd * self.weight
+        if self.training:     # the batch's mean and var depend on x too
+            m = g.size // g.shape[1]
+            gx = (g - (gb / m).reshape(c) - self.xhat * (gw / m).reshape(c)) * scale.reshape(c)
+        else:
+            gx = g * scale.reshape(c)
+        return (gx, gw, gb)[:len(self.parents)]
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+               eps=1e-5):
+    """PyTorch's F.batch_norm on NCHW `x`: running_mean and running_var are raw arrays (or None
+    in training, for batch statistics only), updated in place in training with
+    new = (1 - momentum) * old + momentum * batch; `momentum` may be a 0-d array (the cumulative
+    average's 1/n, computed on the device). weight and bias: Tensors of shape (C,), or None."""
+    if x.ndim != 4:
+        raise ValueError(f"batch_norm expects NCHW input (4 dims), got shape {tuple(x.shape)}")
+    planes = x.shape[1]
+    for name, v in (("running_mean", running_mean), ("running_var", running_var),
+                    ("weight", weight), ("bias", bias)):
+        if v is not None and tuple(v.shape) != (planes,):
+            raise ValueError(f"batch_norm: {name} must have shape ({planes},), got {tuple(v.shape)}")
+    if (weight is None) != (bias is None):
+        raise ValueError("batch_norm: weight and bias come together (affine) or not at all")
+    if not training and running_mean is None:
+        raise ValueError("batch_norm: evaluation needs the running statistics")
+    if training and x.shape[0] * x.shape[2] * x.shape[3] < 2:
+        raise ValueError(f"batch_norm: training needs more than 1 value per plane, got input of "
+                         f"shape {tuple(x.shape)}")
+    args = (x,) if weight is None else (x, weight, bias)
+    return BatchNormFn.apply(*args, running_mean=running_mean, running_var=running_var,
+                             training=training, momentum=momentum, eps=eps)
 
 
 class DropoutFn(Function):

@@ -13,8 +13,10 @@ A graph replays fixed addresses with fixed kernel arguments, which decides how t
   used for anything else, so no array allocated outside can land where the graph writes. Memory a
   backend keeps across calls (cufft's scratch buffers and plans) is held by the graph as well, so
   a buffer that grows later or a plan evicted from its cache is not freed under it.
-- The parameters, the optimiser's momentum buffers, the learning rate and the modes (training,
-  TF32, spectra reuse) are baked in. They make the graph's key: when one changes (an lr schedule,
+- The parameters, the module buffers (BatchNorm's running statistics), the optimiser's momentum
+  buffers, the learning rate and the modes (training, TF32, spectra reuse) are baked in. Layers
+  update buffers in place, so each replay moves the running statistics in the memory the graph
+  holds. They make the graph's key: when one changes (an lr schedule,
   load_state_dict, model.to()), the next call captures again.
 - Dropout masks come from a Philox counter on the device (minitorch_fft.random), so every replay
   draws new ones; cuBLAS runs on a handle and workspace of the graph's own (backends.cgemm: CuPy
@@ -71,15 +73,16 @@ class GraphedStep:
 
     def _graph_key(self):
         """What the captured graph has baked in; a change means capturing again: the optimiser's
-        settings, the addresses of parameters and momentum buffers, which parameters train, every
-        module's scalar settings (training mode, Dropout's p, a layer's backend, ...), every
-        setting that changes what a pass computes or launches (backends.config.snapshot(): the
+        settings, the addresses of parameters, module buffers and momentum buffers, which
+        parameters train, every module's scalar settings (training mode, Dropout's p, a layer's
+        backend, ...), every setting that changes what a pass computes or launches (backends.config.snapshot(): the
         GEMM precision, the workspace sizes, the tuning modes) and spectrum reuse."""
         from backends import config
         opt = self.optimizer
         return (opt.lr, opt.momentum, opt.weight_decay,
                 tuple(p.data.data.ptr for p in opt.params), tuple(p.requires_grad for p in opt.params),
                 tuple(None if v is None else v.data.ptr for v in opt.velocity),
+                tuple(b.data.data.ptr for b in self.model.buffers()),
                 tuple(_settings(m) for m in self._modules), config.snapshot(), self.reuse_spectra)
 
     # -- a call -------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Layers with Torch's names and PyTorch's keywords.
 
-Modules are thin classes with plain attributes. Parameters and submodules are
+Modules are thin classes with plain attributes. Parameters, buffers and submodules are
 found by walking attributes in assignment order, which gives PyTorch's
-state_dict key layout (``features.0.weight``) for free.
+state_dict key layout (``features.0.weight``, ``bn1.running_mean``) for free.
 """
 import math
 from collections.abc import Mapping
@@ -11,10 +11,27 @@ import numpy as np
 
 from . import functional as F
 from . import random as _random
-from .checkpoint import CheckpointError, state_array
-from .device import to_device
+from .checkpoint import CheckpointError, buffer_array, state_array
+from .device import device_of, to_device
 from .tensor import Parameter, Tensor, check_sizes
 from .utils import pair, positive_int
+
+
+class Buffer:
+    """A module's state that is not trained (BatchNorm's running statistics): in state_dict() and
+    checkpoints, moved by Module.to(), never in parameters(). `data` is a raw array of any dtype
+    (num_batches_tracked is int64, as PyTorch's). A layer updates it in place (`*=`, `+=`), never
+    by rebinding `data`: a captured CUDA graph replays into the memory it saw at capture."""
+
+    def __init__(self, data):
+        self.data = data
+
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    device = property(lambda self: device_of(self.data))
+
+    def __repr__(self):
+        return f"Buffer(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
 
 
 class Module:
@@ -46,6 +63,25 @@ class Module:
                 out.append(p)
         return out
 
+    def named_buffers(self, prefix=""):
+        out = [(prefix + k, v) for k, v in vars(self).items() if isinstance(v, Buffer)]
+        for name, child in self.children():
+            out += child.named_buffers(prefix + name + ".")
+        return out
+
+    def buffers(self):
+        return [b for _, b in self.named_buffers()]
+
+    def named_state(self, prefix=""):
+        """(name, Parameter or Buffer) in PyTorch's state_dict order: a module's own parameters,
+        then its own buffers, then each submodule's, depth first."""
+        own = vars(self).items()
+        out = [(prefix + k, v) for k, v in own if isinstance(v, Parameter)]
+        out += [(prefix + k, v) for k, v in own if isinstance(v, Buffer)]
+        for name, child in self.children():
+            out += child.named_state(prefix + name + ".")
+        return out
+
     def modules(self):
         out = [self]
         for _, child in self.children():
@@ -66,17 +102,20 @@ class Module:
             p.grad = None
 
     def to(self, device):
-        """Move every parameter (and its gradient) to `device`, in place."""
+        """Move every parameter (and its gradient) and every buffer to `device`, in place."""
         for p in self.parameters():
             p.data = to_device(p.data, device)
             if p.grad is not None:
                 p.grad = to_device(p.grad, device)
+        for b in self.buffers():
+            b.data = to_device(b.data, device)
         return self
 
     # -- state ----------------------------------------------------------------
     def state_dict(self):
-        """name -> NumPy array copy, with PyTorch's keys and shapes."""
-        return {k: to_device(p.data, "cpu").copy() for k, p in self.named_parameters()}
+        """name -> NumPy array copy of every parameter and buffer, with PyTorch's keys, order,
+        shapes and dtypes."""
+        return {k: to_device(p.data, "cpu").copy() for k, p in self.named_state()}
 
     def load_state_dict(self, state):
         """Copy `state` (name -> array) into the parameters, all or nothing: every key, shape and
@@ -85,21 +124,25 @@ class Module:
         parameters: float16 and float32 exactly, a float64 that fits rounded to the nearest
         float32 (bit for bit what torch's copy_ gives), NaN and inf copied as they are. Refused,
         where PyTorch would cast: a finite float64 beyond float32's range (it would become inf),
-        complex (the imaginary part would be lost), integer, bool and non-numeric arrays."""
+        complex (the imaginary part would be lost), integer, bool and non-numeric arrays. Buffers
+        take their own dtype: an integer buffer (num_batches_tracked) takes integers only.
+        PyTorch tensors on the CPU are taken as they are (torchvision's state_dict())."""
         self.assign_state(self.checked_state(state))
         return self
 
     def checked_state(self, state):
-        """load_state_dict's checks: [(parameter, its new data on its device)], or CheckpointError.
-        Nothing changes here; assign_state() then only rebinds attributes, which cannot fail."""
+        """load_state_dict's checks: [(parameter or buffer, its new data on its device)], or
+        CheckpointError. Nothing changes here; assign_state() then only rebinds attributes, which
+        cannot fail (a captured CUDA graph sees the new addresses and captures again)."""
         if not isinstance(state, Mapping):
             raise CheckpointError(f"a state_dict is a mapping of names to arrays, got {type(state).__name__}")
-        params = dict(self.named_parameters())
+        params = dict(self.named_state())
         missing = sorted(set(params) - set(state))
         unexpected = sorted(map(str, set(state) - set(params)))
         if missing or unexpected:
             raise CheckpointError(f"state_dict keys do not match: missing {missing}, unexpected {unexpected}")
-        values = [(p, state_array(state[k], p.shape, f"state_dict[{k!r}]")) for k, p in params.items()]
+        values = [(p, buffer_array(state[k], p.shape, p.dtype, f"state_dict[{k!r}]") if isinstance(p, Buffer)
+                   else state_array(state[k], p.shape, f"state_dict[{k!r}]")) for k, p in params.items()]
         return [(p, to_device(v, p.device)) for p, v in values]
 
     @staticmethod
@@ -184,18 +227,102 @@ class SpatialConvolution(Module):
 
 
 class SpatialMaxPooling(Module):
-    def __init__(self, kernel_size, stride=None):
+    def __init__(self, kernel_size, stride=None, padding=0):
         self.kernel_size = pair(kernel_size, "kernel_size")
         self.stride = self.kernel_size if stride is None else pair(stride, "stride")
-        if min(self.kernel_size) < 1 or min(self.stride) < 1:
-            raise ValueError(f"SpatialMaxPooling: kernel_size {self.kernel_size} and stride "
-                             f"{self.stride} must be >= 1")
+        self.padding = pair(padding, "padding")
+        _check_pool("SpatialMaxPooling", self.kernel_size, self.stride, self.padding)
 
     def forward(self, x):
-        return F.max_pool2d(x, self.kernel_size, self.stride)
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding)
 
     def __repr__(self):
-        return f"SpatialMaxPooling({self.kernel_size[0]}x{self.kernel_size[1]}, stride {self.stride[0]})"
+        return _pool_repr("SpatialMaxPooling", self.kernel_size, self.stride, self.padding)
+
+
+class SpatialAveragePooling(Module):
+    """Average pooling; count_include_pad=True (torch's default) divides by the window's size."""
+
+    def __init__(self, kernel_size, stride=None, padding=0, count_include_pad=True):
+        self.kernel_size = pair(kernel_size, "kernel_size")
+        self.stride = self.kernel_size if stride is None else pair(stride, "stride")
+        self.padding = pair(padding, "padding")
+        self.count_include_pad = bool(count_include_pad)
+        _check_pool("SpatialAveragePooling", self.kernel_size, self.stride, self.padding)
+
+    def forward(self, x):
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.count_include_pad)
+
+    def __repr__(self):
+        return _pool_repr("SpatialAveragePooling", self.kernel_size, self.stride, self.padding)
+
+
+class SpatialAdaptiveAveragePooling(Module):
+    """Average pooling to a fixed (oh, ow) output whatever the input size (torchvision's avgpool)."""
+
+    def __init__(self, output_size):
+        self.output_size = pair(output_size, "output_size")
+        if min(self.output_size) < 1:
+            raise ValueError(f"SpatialAdaptiveAveragePooling: output_size {self.output_size} must be >= 1")
+
+    def forward(self, x):
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+    def __repr__(self):
+        return f"SpatialAdaptiveAveragePooling({self.output_size[0]}x{self.output_size[1]})"
+
+
+def _check_pool(name, k, s, p):
+    if min(k) < 1 or min(s) < 1:
+        raise ValueError(f"{name}: kernel_size {k} and stride {s} must be >= 1")
+    if min(p) < 0 or p[0] > k[0] // 2 or p[1] > k[1] // 2:
+        raise ValueError(f"{name}: padding {p} must be >= 0 and at most half the kernel {k}")
+
+
+def _pool_repr(name, k, s, p):
+    out = f"{name}({k[0]}x{k[1]}, stride {s[0] if s[0] == s[1] else s}"
+    if p != (0, 0):
+        out += f", pad {p[0] if p[0] == p[1] else p}"
+    return out + ")"
+
+
+class SpatialBatchNormalization(Module):
+    """Batch normalisation of NCHW input per plane, PyTorch's BatchNorm2d: in training the batch's
+    mean and (biased) variance normalise, and the running statistics move towards the batch's
+    (unbiased variance) by `momentum`, or, with momentum=None, to the cumulative average over
+    the num_batches_tracked batches; in evaluation the running statistics normalise."""
+
+    def __init__(self, planes, eps=1e-5, momentum=0.1, affine=True):
+        self.planes = positive_int(planes, "planes")
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"SpatialBatchNormalization: eps must be a finite number > 0, got {eps!r}")
+        if momentum is not None and not (isinstance(momentum, (int, float)) and 0 <= momentum <= 1):
+            raise ValueError(f"SpatialBatchNormalization: momentum must be in [0, 1] or None (the "
+                             f"cumulative average), got {momentum!r}")
+        self.eps, self.momentum, self.affine = float(eps), momentum, bool(affine)
+        if affine:
+            self.weight = Parameter(np.ones(planes, np.float32))
+            self.bias = Parameter(np.zeros(planes, np.float32))
+        else:
+            self.weight = self.bias = None
+        self.running_mean = Buffer(np.zeros(planes, np.float32))
+        self.running_var = Buffer(np.ones(planes, np.float32))
+        self.num_batches_tracked = Buffer(np.zeros((), np.int64))
+
+    def forward(self, x):
+        if x.ndim != 4 or x.shape[1] != self.planes:
+            raise ValueError(f"{self!r} expects NCHW input with {self.planes} planes, got shape "
+                             f"{tuple(x.shape)}")
+        momentum = self.momentum
+        if self.training:
+            self.num_batches_tracked.data += 1             # in place, on the device
+            if momentum is None:                           # 1/n, on the device: no host sync
+                momentum = 1.0 / self.num_batches_tracked.data
+        return F.batch_norm(x, self.running_mean.data, self.running_var.data, self.weight, self.bias,
+                            self.training, momentum, self.eps)
+
+    def __repr__(self):
+        return f"SpatialBatchNormalization({self.planes}, eps={self.eps}, momentum={self.momentum})"
 
 
 class ReLU(Module):
@@ -267,6 +394,7 @@ class CrossEntropyCriterion(Module):
         return F.cross_entropy(x, target)
 
 
-__all__ = ["Module", "Sequential", "SpatialConvolution", "SpatialMaxPooling", "ReLU", "Linear",
+__all__ = ["Module", "Buffer", "Sequential", "SpatialConvolution", "SpatialMaxPooling",
+           "SpatialAveragePooling", "SpatialAdaptiveAveragePooling", "SpatialBatchNormalization", "ReLU", "Linear",
            "Dropout", "View", "Flatten", "LogSoftMax", "ClassNLLCriterion", "CrossEntropyCriterion",
            "Tensor", "Parameter"]

@@ -1,12 +1,16 @@
 """The model zoo. Each file holds one architecture; the backend comes from configuration."""
-from . import alexnet, digits_net, overfeat
+from . import alexnet, digits_net, overfeat, resnet, vgg
 from minitorch_fft.utils import positive_int
 
-# name -> (class, input shape (C, H, W))
+# name -> (class or constructor, input shape (C, H, W))
 _ZOO = {
     "digits": (digits_net.DigitsNet, digits_net.INPUT_SHAPE),
     "alexnet": (alexnet.AlexNet, alexnet.INPUT_SHAPE),
     "overfeat_fast": (overfeat.OverFeatFast, overfeat.INPUT_SHAPE),
+    "vgg16": (vgg.VGG16, vgg.INPUT_SHAPE),
+    "resnet18": (resnet.resnet18, resnet.INPUT_SHAPE),
+    "resnet34": (resnet.resnet34, resnet.INPUT_SHAPE),
+    "resnet50": (resnet.resnet50, resnet.INPUT_SHAPE),
 }
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness import conv_layers
+from benchmarks.harness import conv_layers, distinct_conv_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,6 +19,21 @@ def test_conv_layers_trace_the_papers_networks():
     over = conv_layers("overfeat_fast", 128)
     assert [l[1][2] for l in over] == [231, 28, 12, 12, 12]
     assert over[4][2] == (1024, 1024, 3, 3)
+
+
+def test_conv_layers_trace_the_zoo_through_its_blocks():
+    """VGG-16's 13 convolutions (9 distinct), ResNet-18's 20 (stem, 16 in blocks, 3 shortcuts:
+    11 distinct) and ResNet-50's 53 with the v1.5 stride on the bottleneck's 3x3."""
+    vgg = conv_layers("vgg16", 64)
+    assert len(vgg) == 13 and len({tuple(l[1:]) for l in vgg}) == 9
+    assert vgg[-1][1:] == ((64, 512, 14, 14), (512, 512, 3, 3), (1, 1), (1, 1))
+    r18 = distinct_conv_layers("resnet18", 128)
+    assert len(conv_layers("resnet18", 128)) == 20 and len(r18) == 11 and sum(l[-1] for l in r18) == 20
+    assert r18[0][1:] == ((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3), 1)
+    assert ((128, 64, 56, 56), (128, 64, 1, 1), (2, 2), (0, 0), 1) in [l[1:] for l in r18]   # a shortcut
+    r50 = conv_layers("resnet50", 128)
+    assert len(r50) == 53
+    assert ((128, 128, 56, 56), (128, 128, 3, 3), (2, 2), (1, 1)) in [l[1:] for l in r50]    # stride on the 3x3
 
 
 # Every entry point, run as the package's module from the repository root (python -m ...).
@@ -389,12 +404,17 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     monkeypatch.setattr(paper, "Layer", StandIn)
     monkeypatch.setattr(paper, "run_ours", run_ours)
     monkeypatch.setattr(paper, "set_tf32", lambda mode: None)
-    args = types.SimpleNamespace(batch=4, seed=0, cgemm_tf32=True, warmup=0, repeat=1)
+    args = types.SimpleNamespace(batch=4, seed=0, cgemm_tf32=True, warmup=0, repeat=1,
+                                 networks=["alexnet", "overfeat_fast"], impls=None)
     bar = types.SimpleNamespace(set_postfix_str=lambda s: None, update=lambda n: None)
-    rows, cols, failures = paper.table3(args, bar)
+    rows, cols, failures, shortfalls, sections = paper.table3(args, bar)
+    assert shortfalls == []                                    # 0.5 ms against cuDNN's 1.0 everywhere
     n_layers = {net: len(conv_layers(net, 4)) for net in ("alexnet", "overfeat_fast")}
     ours = [r for r in rows if "quoted" not in r["implementation"]]
-    impls = paper.implementations() + ["auto TF32", "cudnn_strict", "cudnn_tf32"]
+    impls = paper.implementations("all") + ["auto TF32", "cudnn_strict", "cudnn_tf32"]
+    assert {"auto", "auto[ours]"} <= set(impls)
+    (_, layer_rows, _), = sections
+    assert len(layer_rows) == 3 * sum(n_layers.values())       # per distinct layer and pass
     assert len(ours) == 2 * len(impls)
     for r in ours:
         n = n_layers[r["network"]]
@@ -411,12 +431,26 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     times = iter([0.5, 0.6, 0.4] * 1000)                  # our calls, run after run
     monkeypatch.setattr(paper, "run_ours", lambda layer, impl, pn, args, tf32=False: (next(times), 1e-7, "fbfft"))
     args.runs, args.cgemm_tf32 = 3, False
-    rows, cols, failures = paper.table3(args, bar)
+    rows, cols, failures, _, _ = paper.table3(args, bar)
     assert ("total ms per run", "runs_ms", "") in cols
     assert sum("(cuDNN itself)" in f for f in failures) == 2 * sum(n_layers.values())   # not once per run
     cudnn = next(r for r in rows if r["network"] == "alexnet" and r["implementation"] == "cudnn_strict")
     assert cudnn["total_ms"] == pytest.approx(3 * n_layers["alexnet"]) and cudnn["spread"] == 0
     assert len(calls) == 3 * 3 * sum(n_layers.values()) * 2                             # cuDNN: 2 modes
+
+    # a zoo network: the two autos only, by default; a layer where auto loses is a shortfall
+    calls.clear()
+    slow = distinct_conv_layers("resnet18", 4)[4][1:5]                                  # a 1x1 shortcut
+
+    def run_ours(layer, impl, pn, args, tf32=False):
+        calls.append((layer.geom, pn, impl))
+        return (2.0 if layer.geom == slow and pn == "fprop" and impl == "auto" else 0.5), 1e-7, "gemm"
+    monkeypatch.setattr(paper, "run_ours", run_ours)
+    args.runs, args.networks = 1, ["resnet18"]
+    rows, cols, failures, shortfalls, sections = paper.table3(args, bar)
+    assert {impl for _, _, impl in calls} == {"auto", "auto[ours]", "cudnn"}
+    assert len(shortfalls) == 1 and "resnet18 conv8" in shortfalls[0] and "fprop" in shortfalls[0]
+    assert "0.500x cuDNN strict" in shortfalls[0]
 
 
 def test_poisoned_fills_every_allocation_and_restores_the_allocator(monkeypatch):
@@ -502,6 +536,34 @@ def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch
         assert (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) == (True, True)  # ...and restores
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
+
+
+def test_step_check_carries_the_running_statistics_over():
+    """paper.step checks a ResNet after a training step has moved its batch norms' running
+    statistics: the check (evaluation mode) copies them into torchvision's model with the
+    weights, so the two agree; and they matter (reset, the loss changes)."""
+    import numpy as np
+    import torch
+
+    import minitorch_fft as mt
+    import models
+    from benchmarks import harness, paper
+    mt.manual_seed(0)
+    net = models.get("resnet18", num_classes=10, backend="gemm")
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32), dtype=np.float32)
+    y = np.array([3, 7])
+    opt = mt.optim.SGD(net.parameters(), lr=0.0)         # the statistics move, the weights stay
+    mt.train_step(net, mt.CrossEntropyCriterion(), opt, mt.Tensor(3 * x + 1), y)
+    assert int(net.layer1[0].bn1.num_batches_tracked.data) == 1
+    theirs = harness.torch_model("resnet18", 10)           # copied by each call, never changed
+    moved = harness.torch_gradients(net, theirs, x, y, torch.float64)
+    errors = harness.step_check(net, None, x, y, reference=moved)
+    assert max(errors.values()) <= paper.STEP_TOL, errors
+    for name, b in net.named_buffers():
+        if "running" in name:
+            b.data[...] = 1.0 if name.endswith("var") else 0.0
+    reset = harness.torch_gradients(net, theirs, x, y, torch.float64)
+    assert abs(reset[0] - moved[0]) > 1e-3 * abs(moved[0])
 
 
 def test_step_verdict_bounds_a_network_by_pytorch_float32():

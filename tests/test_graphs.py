@@ -335,3 +335,50 @@ def test_memory_the_graph_uses_is_not_handed_out_after_cufft_lets_it_go():
     step(cp.asarray(x), y)
     cp.cuda.Device().synchronize()
     assert all(bool((j == 7.0).all()) for j in junk)
+
+
+class _Residual(mt.Module):
+    """conv-bn-relu and a shortcut: batch norm's buffers inside a captured step."""
+
+    def __init__(self):
+        self.conv = mt.SpatialConvolution(3, 3, 3, padding=1, bias=False, backend="gemm")
+        self.bn = mt.SpatialBatchNormalization(3)
+        self.relu = mt.ReLU()
+        self.pool = mt.SpatialAdaptiveAveragePooling(1)
+        self.flatten = mt.View(3)
+        self.fc = mt.Linear(3, 10)
+
+    def forward(self, x):
+        return self.fc(self.flatten(self.pool(self.relu(self.bn(self.conv(x)) + x))))
+
+
+def _train_bn(batches, graphed, reload_at=None):
+    import cupy as cp
+    mt.manual_seed(0)
+    model = _Residual().to("cuda")
+    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    crit = mt.CrossEntropyCriterion()
+    step = mt.graphs.GraphedStep(model, crit, opt) if graphed else None
+    for i, (x, y) in enumerate(batches):
+        if i == reload_at:    # new parameter and buffer arrays: the graph must be captured again
+            model.load_state_dict(model.state_dict())
+        if step is not None:
+            step(cp.asarray(x), y)
+        else:
+            mt.train_step(model, crit, opt, mt.Tensor(cp.asarray(x)), cp.asarray(y))
+    return model.state_dict(), step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("reload_at", [None, 3])
+def test_graphed_batch_norm_updates_its_running_statistics_at_every_replay(reload_at):
+    """Six graphed steps leave the weights, running statistics and batch count of six eager steps:
+    the replays update the buffers in place, and a load_state_dict (new buffer arrays) captures
+    again rather than replaying into the old ones."""
+    batches = _batches(6)
+    eager, _ = _train_bn(batches, graphed=False, reload_at=reload_at)
+    graphed, step = _train_bn(batches, graphed=True, reload_at=reload_at)
+    assert step.captures == (1 if reload_at is None else 2)
+    assert int(graphed["bn.num_batches_tracked"]) == 6
+    for k, v in eager.items():
+        np.testing.assert_allclose(graphed[k], v, rtol=1e-5, atol=1e-6, err_msg=k)

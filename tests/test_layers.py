@@ -87,6 +87,148 @@ def test_max_pooling_nan_and_gradient_routing(device, rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,s,p,hw", [(3, 2, 1, (12, 12)), (3, 2, 1, (7, 8)), ((3, 2), (2, 1), (1, 1), (6, 5))])
+def test_max_pooling_with_padding(device, k, s, p, hw, rng):
+    """ResNet's stem pooling (3x3, stride 2, pad 1): the padding never wins, even where every
+    input in the window is negative."""
+    x = rng.standard_normal((2, 3) + hw).astype(np.float32) - 3
+    compare(mt.SpatialMaxPooling(k, s, padding=p), lambda t: TF.max_pool2d(t, k, s, p), [x], device, rng)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,s,p,include", [(2, 2, 0, True), (3, 2, 1, True), (3, 2, 1, False),
+                                           ((3, 2), (1, 2), (1, 0), False), (3, 1, 0, True)])
+def test_average_pooling(device, k, s, p, include, rng):
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    compare(mt.SpatialAveragePooling(k, s, padding=p, count_include_pad=include),
+            lambda t: TF.avg_pool2d(t, k, s, p, count_include_pad=include), [x], device, rng)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hw,out", [((7, 7), 7), ((7, 5), 1), ((8, 12), (4, 3)), ((5, 7), (3, 4)),
+                                    ((1, 1), 7), ((2, 3), (7, 7))])
+def test_adaptive_average_pooling(device, hw, out, rng):
+    """Every path: the identity, the global mean, equal windows, torch's overlapping windows."""
+    x = rng.standard_normal((2, 3) + hw).astype(np.float32)
+    compare(mt.SpatialAdaptiveAveragePooling(out), lambda t: TF.adaptive_avg_pool2d(t, out), [x], device, rng)
+
+
+def test_pooling_errors():
+    x = mt.Tensor(np.zeros((1, 1, 4, 4), np.float32))
+    with pytest.raises(ValueError, match="at most half the kernel"):
+        mt.SpatialMaxPooling(3, 2, padding=2)
+    with pytest.raises(ValueError, match="at most half the kernel"):
+        mt.functional.avg_pool2d(x, 2, 2, padding=(0, 2))
+    with pytest.raises(ValueError, match="larger than the"):
+        mt.SpatialAveragePooling(5)(x)
+    with pytest.raises(ValueError, match="output_size"):
+        mt.SpatialAdaptiveAveragePooling(0)
+    assert repr(mt.SpatialMaxPooling(3, 2, padding=1)) == "SpatialMaxPooling(3x3, stride 2, pad 1)"
+
+
+def _torch_bn(planes, affine, momentum, layer):
+    """torch's BatchNorm2d in float64 with `layer`'s weight and bias (random, so the affine part
+    is exercised) and running statistics."""
+    ref = torch.nn.BatchNorm2d(planes, affine=affine, momentum=momentum).double()
+    with torch.no_grad():
+        for k, v in layer.state_dict().items():
+            getattr(ref, k).copy_(torch.tensor(v))
+    return ref
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("affine,momentum", [(True, 0.1), (False, 0.3), (True, None)])
+def test_batch_normalization_against_torch(device, affine, momentum, rng):
+    """Three training steps then evaluation: outputs, the input's and parameters' gradients, the
+    running statistics (unbiased variance, momentum or cumulative average) and the batch count,
+    all as torch.nn.BatchNorm2d's in float64."""
+    planes = 4
+    layer = mt.SpatialBatchNormalization(planes, momentum=momentum, affine=affine)
+    if affine:
+        layer.weight.data = rng.uniform(0.5, 1.5, planes).astype(np.float32)
+        layer.bias.data = rng.standard_normal(planes).astype(np.float32)
+    layer.running_var.data = rng.uniform(0.5, 2, planes).astype(np.float32)
+    ref = _torch_bn(planes, affine, momentum, layer)
+    layer.to(device)
+    for training in (True, True, True, False):
+        layer.train(training), ref.train(training)
+        x = (rng.standard_normal((3, planes, 5, 6)) * 2 + 1).astype(np.float32)
+        g = rng.standard_normal(x.shape).astype(np.float32)
+        xt = mt.Tensor(mt.to_device(x, device), requires_grad=True)
+        layer.zero_grad()
+        out = layer(xt)
+        (out * mt.Tensor(mt.to_device(g, device))).sum().backward()
+        xr = torch.tensor(x.astype(np.float64), requires_grad=True)
+        ref.zero_grad()
+        out_ref = ref(xr)
+        out_ref.backward(torch.tensor(g.astype(np.float64)))
+        assert rel_error(out.data, out_ref.detach().numpy()) <= 1e-5
+        assert rel_error(xt.grad, xr.grad.numpy()) <= 1e-4
+        if affine:
+            assert rel_error(layer.weight.grad, ref.weight.grad.numpy()) <= 1e-5
+            assert rel_error(layer.bias.grad, ref.bias.grad.numpy()) <= 1e-5
+        state = layer.state_dict()
+        for k, v in ref.state_dict().items():
+            assert state[k].dtype == (np.int64 if k == "num_batches_tracked" else np.float32)
+            if k == "num_batches_tracked":
+                assert int(state[k]) == int(v)
+            else:
+                assert rel_error(state[k], v.numpy()) <= 1e-6, k
+    assert int(layer.num_batches_tracked.data) == 3       # evaluation counts nothing
+
+
+def test_batch_normalization_state_and_errors():
+    """Buffers are in state_dict (PyTorch's keys, order and dtypes), not in parameters(); they load
+    all or nothing with the parameters, from torch's own state_dict as it is."""
+    net = mt.Sequential(mt.SpatialConvolution(2, 3, 1, bias=False), mt.SpatialBatchNormalization(3))
+    assert [n for n, _ in net.named_parameters()] == ["0.weight", "1.weight", "1.bias"]
+    assert list(net.state_dict()) == list(torch.nn.Sequential(
+        torch.nn.Conv2d(2, 3, 1, bias=False), torch.nn.BatchNorm2d(3)).state_dict())
+    assert [n for n, _ in net.named_buffers()] == ["1.running_mean", "1.running_var", "1.num_batches_tracked"]
+    ref = torch.nn.BatchNorm2d(3)
+    ref.train()(torch.randn(4, 3, 2, 2))
+    bn = mt.SpatialBatchNormalization(3).load_state_dict(ref.state_dict())
+    assert int(bn.num_batches_tracked.data) == 1 and bn.num_batches_tracked.data.dtype == np.int64
+    np.testing.assert_array_equal(bn.running_var.data, ref.running_var.numpy())
+    before = bn.state_dict()
+    for bad, match in [({"num_batches_tracked": np.float32(2.0)}, "holds integers"),
+                       ({"running_mean": np.zeros(4, np.float32)}, "shape"),
+                       ({"num_batches_tracked": np.uint64(2**64 - 1)}, "range")]:
+        with pytest.raises(mt.checkpoint.CheckpointError, match=match):
+            bn.load_state_dict(dict(ref.state_dict(), **bad))
+        assert all(np.array_equal(v, bn.state_dict()[k]) for k, v in before.items())   # untouched
+    with pytest.raises(ValueError, match="more than 1 value per plane"):
+        bn.train()(mt.Tensor(np.zeros((1, 3, 1, 1), np.float32)))
+    with pytest.raises(ValueError, match="3 planes"):
+        bn(mt.Tensor(np.zeros((2, 4, 2, 2), np.float32)))
+    with pytest.raises(ValueError, match="momentum"):
+        mt.SpatialBatchNormalization(3, momentum=1.5)
+    with pytest.raises(ValueError, match="eps"):
+        mt.SpatialBatchNormalization(3, eps=0)
+
+
+def test_residual_addition(rng):
+    """A block's shortcut: y = f(x) + x, the gradient reaching x through both paths."""
+    conv = mt.SpatialConvolution(2, 2, 3, padding=1)
+    w, b = (torch.tensor(p.numpy().astype(np.float64)) for p in (conv.weight, conv.bias))
+    compare(lambda t: conv(t) + t, lambda t: TF.conv2d(t, w, b, padding=1) + t,
+            [rng.standard_normal((2, 2, 5, 5)).astype(np.float32)], "cpu", rng)
+
+
+@pytest.mark.gpu
+def test_buffers_move_with_the_module_and_update_in_place():
+    """to('cuda') moves the buffers; a training step updates them in the same memory (what a
+    captured CUDA graph relies on)."""
+    import cupy as cp
+    bn = mt.SpatialBatchNormalization(3).to("cuda")
+    assert all(isinstance(b.data, cp.ndarray) for b in bn.buffers())
+    ptrs = [b.data.data.ptr for b in bn.buffers()]
+    bn(mt.Tensor(cp.ones((2, 3, 2, 2), np.float32)))
+    assert [b.data.data.ptr for b in bn.buffers()] == ptrs and int(bn.num_batches_tracked.data) == 1
+    assert isinstance(bn.to("cpu").running_mean.data, np.ndarray)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_linear(device, rng):
     layer = mt.Linear(7, 5).to(device)
     wt, b = layer.weight.numpy(), layer.bias.numpy()

@@ -1,4 +1,5 @@
-"""The model zoo: shapes, parameter layout, and AlexNet against torchvision's."""
+"""The model zoo: shapes, parameter layout, and every torchvision architecture against
+torchvision's own on copied weights (evaluation and training mode)."""
 import numpy as np
 import pytest
 import torch
@@ -11,7 +12,9 @@ from reference import rel_error
 
 
 def test_zoo_names_and_errors():
-    assert set(models.names()) == {"digits", "alexnet", "overfeat_fast"}
+    assert set(models.names()) == {"digits", "alexnet", "overfeat_fast", "vgg16", "resnet18", "resnet34",
+                                   "resnet50"}
+    assert all(models.input_shape(n) == (3, 224, 224) for n in ("vgg16", "resnet18", "resnet34", "resnet50"))
     with pytest.raises(ValueError, match="unknown model 'resnet'"):
         models.get("resnet")
     with pytest.raises(ValueError, match="num_classes"):
@@ -54,3 +57,71 @@ def test_alexnet_matches_torchvision(device):
     with mt.no_grad():
         got = ours(mt.Tensor(mt.to_device(x, device))).data
     assert rel_error(got, ref) <= 1e-4
+
+
+# Small inputs keep the CPU time down: 32x32 leaves VGG-16 a 1x1 map (its avgpool spreads it to
+# 7x7, torchvision's general case); 64x64 leaves ResNet's last stage 2x2, so its batch norms see
+# 8 values per plane (at 1x1 and batch 2 they normalise pairs, where fp32 rounding decides signs).
+ZOO_CASES = [("vgg16", 32), ("resnet18", 64), ("resnet34", 64), ("resnet50", 64)]
+
+
+def _copied(name, device, seed=0):
+    """(torchvision's model in float64, ours with its weights and buffers), both in eval mode."""
+    torch.manual_seed(seed)
+    tv = getattr(torchvision.models, name)(num_classes=10)
+    with torch.no_grad():   # non-trivial running statistics, so evaluation mode tests them
+        for m in tv.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5), m.running_var.uniform_(0.5, 2)
+                m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-0.5, 0.5)
+    # gemm on the CPU: auto would time every backend on every geometry first, for nothing here
+    ours = models.get(name, num_classes=10, backend="gemm" if device == "cpu" else "auto")
+    ours.load_state_dict(tv.state_dict())       # torch's tensors, as they are
+    return tv.double().eval(), ours.to(device).eval()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,hw", ZOO_CASES)
+def test_zoo_matches_torchvision(name, hw, device):
+    """Same state_dict keys, order, shapes and dtypes as torchvision's; with copied weights the same
+    output in evaluation mode and, for ResNet-18 and -50, in training mode (batch statistics), with
+    the same running statistics after the step; and ours loads back into torchvision. (ResNet-34
+    is ResNet-18's blocks, more of them: evaluation only. VGG-16 has no batch norm: in training
+    only its dropout differs.)"""
+    tv, ours = _copied(name, device)
+    theirs = tv.state_dict()
+    mine = ours.state_dict()
+    assert list(mine) == list(theirs)
+    assert all(mine[k].shape == tuple(v.shape) for k, v in theirs.items())
+    assert all(mine[k].dtype == (np.int64 if v.dtype == torch.int64 else np.float32) for k, v in theirs.items())
+    x = np.random.default_rng(1).standard_normal((2, 3, hw, hw)).astype(np.float32)
+    modes = [False, True] if name in ("resnet18", "resnet50") else [False]
+    for training in modes:
+        tv.train(training), ours.train(training)
+        ref = tv(torch.tensor(x, dtype=torch.float64)).detach().numpy()
+        with mt.no_grad():
+            got = ours(mt.Tensor(mt.to_device(x, device))).data
+        assert rel_error(got, ref) <= (1e-3 if training else 1e-4), f"training={training}"
+    mine = ours.state_dict()
+    theirs = tv.state_dict()
+    for k, v in theirs.items():
+        if "running" in k:
+            assert rel_error(mine[k], v.numpy()) <= 1e-4, k
+        elif "num_batches" in k:
+            assert int(mine[k]) == int(v) == len(modes) - 1
+    tv.float().load_state_dict({k: torch.from_numpy(v) for k, v in mine.items()})
+    assert all(np.array_equal(v.numpy(), mine[k]) for k, v in tv.state_dict().items())
+
+
+def test_resnet_gradients_match_torchvision(rng):
+    """One training-mode backward through batch norm, residual additions, padded max pooling and
+    global average pooling: the parameters' gradients as torchvision's in float64."""
+    tv, ours = _copied("resnet18", "cpu")
+    tv.train(), ours.train()
+    x = rng.standard_normal((2, 3, 64, 64)).astype(np.float32)
+    y = np.array([3, 7])
+    torch.nn.functional.cross_entropy(tv(torch.tensor(x, dtype=torch.float64)), torch.tensor(y)).backward()
+    mt.CrossEntropyCriterion()(ours(mt.Tensor(x)), y).backward()
+    grads = dict(tv.named_parameters())
+    for k, p in ours.named_parameters():
+        assert rel_error(p.grad, grads[k].grad.numpy()) <= 1e-3, k

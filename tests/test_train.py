@@ -87,6 +87,26 @@ def test_fake_data_smoke():
     assert result["epochs"] == 1 and 0.0 <= result["test_accuracy"] <= 1.0
 
 
+def test_resnet_trains_and_its_checkpoint_keeps_the_running_statistics(tmp_path, capsys):
+    """--model resnet18 on fake 224x224 images: one step, then the checkpoint holds the batch
+    norms' running statistics and batch counts beside the weights, and loads into a fresh model
+    exactly (buffers included)."""
+    ckpt = str(tmp_path / "r18.npz")
+    assert cli.main(["--no-progress", "--model", "resnet18", "--backend", "gemm", "--data", "fake",
+                     "--fake-size", "2", "--batch-size", "2", "--num-classes", "5", "--epochs", "1",
+                     "--device", "cpu", "--checkpoint", ckpt]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["model"] == "resnet18"
+    fresh = models.get("resnet18", num_classes=5)
+    before = fresh.state_dict()
+    mt.checkpoint.load(ckpt, fresh)
+    state = fresh.state_dict()
+    assert list(state) == list(before)
+    assert int(state["layer4.1.bn2.num_batches_tracked"]) == 1 and state["bn1.num_batches_tracked"].dtype == np.int64
+    assert not np.array_equal(state["layer1.0.bn1.running_mean"], before["layer1.0.bn1.running_mean"])
+    with np.load(ckpt) as f:
+        assert all(np.array_equal(f[f"model/{k}"], v) for k, v in state.items())
+
+
 def test_resume_continues_the_same_run(tmp_path):
     """Two epochs, then two more from the checkpoint == four epochs straight (bit for bit)."""
     straight = train_history(4)
@@ -145,6 +165,20 @@ def test_imagefolder_and_cifar10_read_local_files(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     p = run_train("--data", f"cifar10:{tmp_path / 'empty'}", "--model", "alexnet", check=False)
     assert p.returncode == 2 and "no CIFAR-10 found" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_resnet_trains_on_an_imagefolder(tmp_path, capsys):
+    """--model resnet18 --data imagefolder:PATH: small RGB images resized to 224x224, one epoch."""
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for cls in ("cats", "dogs"):
+        (tmp_path / cls).mkdir()
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
+    assert cli.main(["--no-progress", "--model", "resnet18", "--backend", "gemm", "--device", "cpu",
+                     "--data", f"imagefolder:{tmp_path}", "--epochs", "1", "--batch-size", "8"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["model"] == "resnet18" and 0.0 <= result["test_accuracy"] <= 1.0
 
 
 @pytest.mark.parametrize("backend", ["cufft", "fbfft"])
