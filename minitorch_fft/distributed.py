@@ -468,14 +468,13 @@ def init_process_group(launch, communicator="nccl", prog="train.py", timeout=REN
 
 def model_state_arrays(model):
     """The arrays every rank must hold alike, in a fixed order: each parameter's data once
-    (named_parameters(), tied weights once). Module buffers (BatchNorm's running statistics) are
-    to be appended here once nn.Module has them (a named_buffers() walk): the broadcast at the
-    start then covers them with no other change."""
+    (named_parameters(), tied weights once), then each buffer's (BatchNorm's running statistics
+    and count), so the broadcast at the start leaves every rank with rank 0's whole state."""
     seen, out = set(), []
-    for _, p in model.named_parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            out.append(p.data)
+    for _, t in model.named_parameters() + model.named_buffers():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t.data)
     return out
 
 

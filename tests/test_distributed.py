@@ -355,3 +355,11 @@ def test_train_py_gpus_1_equals_one_process_and_resumes_exactly(tmp_path):
     _train_py("--epochs", "2", "--gpus", "1", "--checkpoint", ckpt, "--max-epochs-this-run", "1")
     resumed, _ = _train_py("--checkpoint", ckpt, "--resume")          # --gpus 1 from the checkpoint
     assert resumed["history"] == ddp["history"] and resumed["gpus"] == 1
+
+
+def test_the_start_broadcast_covers_parameters_and_buffers():
+    model = mt.Sequential(mt.SpatialConvolution(3, 4, 3), mt.SpatialBatchNormalization(4))
+    arrays = distributed.model_state_arrays(model)
+    state = model.named_parameters() + model.named_buffers()
+    assert [id(a) for a in arrays] == [id(t.data) for _, t in state]
+    assert {n for n, _ in model.named_buffers()} == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
