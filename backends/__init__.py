@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from . import auto, config, cufft, direct, fbfft, gemm, polyphase, reuse
+from . import auto, config, cudnn, cufft, direct, fbfft, gemm, polyphase, reuse
 from .common import PASSES, geometry
 from .reuse import reuse_spectra
 from .device import get_array_module
@@ -30,6 +30,7 @@ _REGISTRY = {
     "fbfft": fbfft,
     "direct": direct,
     "polyphase": polyphase,  # strided layers, as fbfft (or cufft) on their polyphase components
+    "cudnn": cudnn,          # NVIDIA's library (a vendor backend, below); GPU only, optional extra
 }
 
 

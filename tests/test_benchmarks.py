@@ -23,7 +23,7 @@ def test_conv_layers_trace_the_papers_networks():
 
 # Every entry point, run as the package's module from the repository root (python -m ...).
 ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_fbfft_vs_cufft",
-                "benchmarks.bench_cgemm", "benchmarks.profile_layers", "benchmarks.bench_direct",
+                "benchmarks.bench_cgemm", "benchmarks.profile_layers", "benchmarks.bench_direct", "benchmarks.bench_cudnn",
                 "benchmarks.bench_fft", "benchmarks.bench_correlate1d", "benchmarks.sweep",
                 "benchmarks.gpu_check_fbfft", "benchmarks.gpu_check_direct",
                 "benchmarks.experiments.exp_host", "benchmarks.experiments.exp_layout",
