@@ -178,15 +178,20 @@ def _graph(cp, pass_name, g, math, limit):
                           handle=_handle(cp, cudnn))
     x_dims, w_dims, y_dims = [g.S, g.f, g.h, g.w], [g.fo, g.f, g.kh, g.kw], [g.S, g.fo, g.oh, g.ow]
     conv = dict(padding=[g.ph, g.pw], stride=[g.sh, g.sw], dilation=[1, 1], compute_data_type=F)
+    # Every stride given: a tensor without one is laid out by cuDNN's own inference (channels-last,
+    # seen on an H100), which reads NCHW memory as something else.
+    def tensor(name, dims):
+        return graph.tensor(name=name, dim=dims, stride=_dense(dims), data_type=F)
     if pass_name == "fprop":
-        a, b = graph.tensor(name="x", dim=x_dims), graph.tensor(name="w", dim=w_dims)
-        out = graph.conv_fprop(a, b, out_dims=y_dims, **conv)
+        a, b = tensor("x", x_dims), tensor("w", w_dims)
+        out, out_dims = graph.conv_fprop(a, b, **conv), y_dims
     elif pass_name == "bprop":
-        a, b = graph.tensor(name="dy", dim=y_dims), graph.tensor(name="w", dim=w_dims)
-        out = graph.conv_dgrad(a, b, out_dims=x_dims, **conv)
+        a, b = tensor("dy", y_dims), tensor("w", w_dims)
+        out, out_dims = graph.conv_dgrad(a, b, **conv), x_dims
     else:
-        a, b = graph.tensor(name="x", dim=x_dims), graph.tensor(name="dy", dim=y_dims)
-        out = graph.conv_wgrad(a, b, out_dims=w_dims, **conv)
+        a, b = tensor("x", x_dims), tensor("dy", y_dims)
+        out, out_dims = graph.conv_wgrad(a, b, **conv), w_dims
+    out.set_dim(out_dims).set_stride(_dense(out_dims))
     out.set_output(True).set_data_type(F)
     graph.validate()
     graph.build_operation_graph()
@@ -198,6 +203,15 @@ def _graph(cp, pass_name, g, math, limit):
     graph.deselect_workspace_greater_than(limit)
     graph.check_support()
     return graph, (a.uid, b.uid, out.uid)
+
+
+def _dense(dims):
+    """C-contiguous strides (in elements) of `dims`: NCHW as CuPy holds it."""
+    strides, step = [], 1
+    for d in reversed(dims):
+        strides.append(step)
+        step *= d
+    return strides[::-1]
 
 
 def _prepare(cp, pass_name, g, math, limit, search, a, b, out_shape):

@@ -98,12 +98,18 @@ def _strided(g):
     return g.sh > 1 or g.sw > 1
 
 
+def _batch_of(out):
+    """out (n, p, q) as cgemm.matmul's out for a matrix broadcast over n: (p, q) where n is 1
+    (matmul gives a batch of one as a plain matrix)."""
+    return out[0] if out.shape[0] == 1 else out
+
+
 def _fprop_1x1(xp, x, w, g):
     y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
     w2 = w.reshape(g.fo, g.f)                                      # (f', f)
     y3 = y.reshape(g.S, g.fo, g.oh * g.ow)                         # (S, f', P), a view of y
     for sl in _image_chunks(g, g.f * g.oh * g.ow * 4 if _strided(g) else 0):
-        cgemm.matmul(xp, w2, _columns(xp, x[sl], g), out=y3[sl], strict=True)   # (n, f', P)
+        cgemm.matmul(xp, w2, _columns(xp, x[sl], g), out=_batch_of(y3[sl]), strict=True)   # (n, f', P)
     return y
 
 
@@ -112,11 +118,11 @@ def _bprop_1x1(xp, gy, w, g):
     gy3 = gy.reshape(g.S, g.fo, g.oh * g.ow)                       # (S, f', P)
     if not _strided(g):
         gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
-        cgemm.matmul(xp, w2, gy3, out=gx.reshape(g.S, g.f, g.h * g.w), op_a="T", strict=True)
+        cgemm.matmul(xp, w2, gy3, out=_batch_of(gx.reshape(g.S, g.f, g.h * g.w)), op_a="T", strict=True)
         return gx
     gx = xp.zeros((g.S, g.f, g.h, g.w), dtype=np.float32)
     for sl in _image_chunks(g, g.f * g.oh * g.ow * 4):
-        cols = cgemm.matmul(xp, w2, gy3[sl], op_a="T", strict=True)   # (n, f, P)
+        cols = cgemm.matmul(xp, w2, gy3[sl], op_a="T", strict=True)   # (n, f, P), or (f, P) for n = 1
         gx[sl, :, ::g.sh, ::g.sw] = cols.reshape(-1, g.f, g.oh, g.ow)  # the taps; the rest stay 0
     return gx
 
@@ -130,7 +136,7 @@ def _accgrad_1x1(xp, gy, x, g):
         per_image = (g.fo * g.f + (g.f * P if _strided(g) else 0)) * 4
         for sl in _image_chunks(g, per_image):
             parts = cgemm.matmul(xp, gy3[sl], _columns(xp, x[sl], g), op_b="T", strict=True)  # (n, f', f)
-            gw += parts.sum(axis=0)
+            gw += parts.reshape(-1, g.fo, g.f).sum(axis=0)
     else:
         for sl in _image_chunks(g, (g.fo + g.f) * P * 4):
             n = sl.stop - sl.start

@@ -49,7 +49,7 @@ LAYERS = {
     "resnet50.1x1.1024-256": (128, 1024, 256, 14, 1, 1, 0),
 }
 IMPLS = ("cudnn_strict", "cudnn_tf32", "torch_strict", "torch_tf32", "gemm")
-TOLERANCE = {"cudnn_strict": 1e-5, "cudnn_tf32": 1e-2, "torch_strict": 1e-5, "torch_tf32": 1e-2, "gemm": 1e-5}
+TOLERANCE = {"cudnn_strict": 1e-4, "cudnn_tf32": 1e-2, "torch_strict": 1e-4, "torch_tf32": 1e-2, "gemm": 1e-4}   # harness.TOLERANCE
 
 
 def log(*a):
