@@ -186,8 +186,9 @@ def main(argv=None):
     rows = []
     for name in args.layers:
         rows += bench_layer(name, args)
-    write_results("bench_cudnn", meta, rows, COLUMNS, "The cudnn backend against PyTorch's cuDNN", notes=NOTES,
-                  out_dir=args.out)
+        # after every layer: a run cut short keeps what it measured
+        write_results("bench_cudnn", meta, rows, COLUMNS, "The cudnn backend against PyTorch's cuDNN", notes=NOTES,
+                      out_dir=args.out)
     failed = [(r["layer"], r["pass"], i) for r in rows for i in IMPLS if r.get(f"ok_{i}") is False]
     if failed:
         log(f"FAILED checks: {failed}")
