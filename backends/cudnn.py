@@ -127,7 +127,7 @@ def _require(xp):
 # -- graphs, plans and their execution ----------------------------------------------------------
 
 _handles = {}   # CUDA device id -> cudnn.Handle
-_built = {}     # (device, pass, geometry, precision, workspace bytes) -> _Plan
+_built = {}     # (device, pass, geometry, precision, workspace bytes, searched) -> _Plan
 
 
 class _Plan:
@@ -219,7 +219,7 @@ def _prepare(cp, pass_name, g, math, limit, search, a, b, out_shape):
     with search off (cudnn_tune), the first of cuDNN's heuristic order that builds and fits."""
     graph, uids = _graph(cp, pass_name, g, math, limit)
     names = [graph.get_plan_name_at_index(i) for i in range(graph.get_execution_plan_count())]
-    built = {}   # plan name -> (index, workspace bytes), filled by _build
+    built = {}   # plan name -> (index, workspace bytes), filled by build()
 
     def build(name):
         if name not in built:

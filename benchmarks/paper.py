@@ -47,11 +47,12 @@ PAPER_TABLE3_K40 = {
 
 
 def implementations():
-    """Our backends, then auto; cuDNN is added by the callers. polyphase serves only the strided
-    conv1 (as fbfft on its phase images), so it has no row of its own: auto, and the rows of
-    the backends that cannot take conv1, pick it there when it is the fastest."""
+    """Our backends, then auto; cuDNN is added by the callers (PyTorch's, so the vendor backends,
+    backends.VENDOR, have no row of their own). polyphase serves only the strided conv1 (as fbfft
+    on its phase images), so it has no row of its own: auto, and the rows of the backends that
+    cannot take conv1, pick it there when it is the fastest."""
     import backends
-    return [n for n in backends.names() if n != "polyphase"] + ["auto"]
+    return [n for n in backends.names() if n != "polyphase" and n not in backends.VENDOR] + ["auto"]
 
 
 def run_ours(layer, impl, pass_name, args, tf32=False):
