@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 
-from . import auto, common, config, cufft, direct, fbfft, gemm, polyphase, reuse, winograd
+from . import auto, common, config, cudnn, cufft, direct, fbfft, gemm, polyphase, reuse, winograd
 from .common import PASSES, geometry
 from .reuse import reuse_spectra
 from .device import get_array_module
@@ -32,6 +32,7 @@ _REGISTRY = {
     "direct": direct,
     "polyphase": polyphase,  # strided layers, as fbfft (or cufft) on their polyphase components
     "winograd": winograd,    # 3x3 stride-1 layers, F(2x2,3x3) / F(4x4,3x3)
+    "cudnn": cudnn,          # NVIDIA's library (a vendor backend, below); GPU only, optional extra
 }
 
 

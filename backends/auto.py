@@ -26,11 +26,12 @@ import numpy as np
 from . import cgemm, config, gemm, tuning
 from .common import PASSES, geometry, plain_args
 
-# Untimed order (CPU default): cheapest-to-set-up first.
-PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase", "winograd")
+# Untimed order (CPU default): cheapest-to-set-up first; cudnn last (GPU arrays only).
+PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase", "winograd", "cudnn")
 # Order among candidates tied within the margin: the FFT backends first (their timings leave out
-# the spectra a step shares across passes), then the rest; backends not listed come last.
-TIE_ORDER = ("fbfft", "cufft", "polyphase", "winograd", "gemm", "direct")
+# the spectra a step shares across passes), then the rest, the vendor's cudnn last (a tie is
+# the framework's own algorithm's to win); backends not listed come last.
+TIE_ORDER = ("fbfft", "cufft", "polyphase", "winograd", "gemm", "direct", "cudnn")
 ROUNDS, REPEAT = tuning.ROUNDS, tuning.REPEAT   # the recipe's timing (backends/tuning.py)
 MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)
@@ -104,8 +105,8 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
     known = _memory.get(key)
     if known is not None and known["choice"] in registry:
         return known["choice"], key  # chosen earlier in this process: every later pass of a layer
-    candidates = [n for n in PREFERENCE if n in registry and registry[n].supports(x_shape, w_shape, stride, padding)]
-    candidates += [n for n in registry if n not in candidates and registry[n].supports(x_shape, w_shape, stride, padding)]
+    usable = [n for n in registry if runs_on(registry[n], xp) and registry[n].supports(x_shape, w_shape, stride, padding)]
+    candidates = [n for n in PREFERENCE if n in usable] + [n for n in usable if n not in PREFERENCE]
     if not candidates:
         return None, key
     if len(candidates) == 1 or not tune:
@@ -120,6 +121,13 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
         tuning.default_cache().put(key, record)
     _memory[key] = record
     return record["choice"], key
+
+
+def runs_on(backend, xp):
+    """Whether `backend` takes arrays of `xp`: its DEVICES tuple ("cpu", "cuda"), both where it
+    declares none (cudnn runs on CuPy arrays only; a test's stand-in may answer any attribute)."""
+    devices = getattr(backend, "DEVICES", None)
+    return not isinstance(devices, tuple) or ("cpu" if xp is np else "cuda") in devices
 
 
 def _siblings(xp, geom, pass_name):

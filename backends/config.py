@@ -41,7 +41,7 @@ Setting = namedtuple("Setting", "name env kind default doc keyed")
 
 SETTINGS = {s.name: s for s in (
     Setting("tf32", "MINITORCH_CGEMM_TF32", "bool", False,
-            "the FFT backends' complex GEMM in TF32 (1) or strict fp32 (0)", True),
+            "TF32 (1) or strict fp32 (0): the FFT backends' complex GEMM and cudnn's convolutions", True),
     Setting("gemm_workspace_mb", "MINITORCH_GEMM_WORKSPACE_MB", "mib", 1024.0,
             "gemm's im2col workspace; larger batches run in chunks", True),
     Setting("cufft_workspace_mb", "MINITORCH_CUFFT_WORKSPACE_MB", "mib", 2048.0,
@@ -53,6 +53,8 @@ SETTINGS = {s.name: s for s in (
     Setting("winograd_f4", "MINITORCH_WINOGRAD_F4", "bool", True,
             "winograd may use F(4x4,3x3) (1; within 8e-6 of float64 on the zoo's layers), or F(2x2,3x3) only (0)",
             True),
+    Setting("cudnn_workspace_mb", "MINITORCH_CUDNN_WORKSPACE_MB", "mib", 1024.0,
+            "cudnn's workspace: cuDNN plans needing more are not used", True),
     Setting("auto_tune", "MINITORCH_AUTO_TUNE", "tune", "auto",
             "auto times the backends: auto = on the GPU only, on, off (first supported backend)", True),
     Setting("auto_margin", "MINITORCH_AUTO_MARGIN", "fraction", 0.03,
@@ -68,6 +70,8 @@ SETTINGS = {s.name: s for s in (
             "direct tunes its kernel configuration: auto = on the GPU only, on, off", True),
     Setting("winograd_tune", "MINITORCH_WINOGRAD_TUNE", "tune", "auto",
             "winograd tunes its tile size where winograd_f4 allows two: auto = on the GPU only, on, off", True),
+    Setting("cudnn_tune", "MINITORCH_CUDNN_TUNE", "tune", "auto",
+            "cudnn times cuDNN's plans: auto = on the GPU only, on, off (cuDNN's first plan)", True),
     Setting("tune_cache", "MINITORCH_TUNE_CACHE", "path", None,
             "the tuning cache file (unset: ~/.cache/minitorch_fft/autotune.json)", False),
     Setting("direct_poison", "MINITORCH_DIRECT_POISON", "bool", False,

@@ -8,6 +8,15 @@ cuBLAS (through CuPy) on the GPU, BLAS (through NumPy) on the CPU. im2col/col2im
 are CUDA kernels (kernels/im2col.cu) on the GPU and strided NumPy views on the
 CPU. The column matrix is the workspace: above MINITORCH_GEMM_WORKSPACE_MB the batch is
 processed in chunks, so memory stays bounded for any batch size.
+
+1x1 kernels without padding need no im2col: each image's (f, h*w) plane is already its column
+matrix. With stride (sh, sw) the columns are x[:, :, ::sh, ::sw], one gather; then
+
+  fprop   y_s  = W @ x_s                   one strided-batched GEMM, W broadcast over the batch,
+  bprop   gx_s = W^T @ gy_s                writing NCHW directly; a stride scatters gx into zeros
+  accGrad gW   = sum_s gy_s @ x_s^T        either per-image products (S, f', f) summed, or gy and
+                                           x transposed to (f', S*P), (f, S*P) and one GEMM:
+                                           whichever moves fewer bytes
 """
 import numpy as np
 
@@ -67,10 +76,82 @@ def _gy_matrix(gy):
     return gy.transpose(1, 0, 2, 3).reshape(fo, n * oh * ow)
 
 
+def _pointwise(g):
+    """A 1x1 kernel without padding: the GEMM-only path."""
+    return g.kh == g.kw == 1 and g.ph == g.pw == 0
+
+
+def _columns(xp, x, g):
+    """x (n, f, h, w) -> (n, f, oh*ow): the 1x1 kernel's columns (a gather where strided)."""
+    if g.sh > 1 or g.sw > 1:
+        x = xp.ascontiguousarray(x[:, :, ::g.sh, ::g.sw])   # (n, f, oh, ow): oh = ceil(h / sh)
+    return x.reshape(x.shape[0], g.f, g.oh * g.ow)
+
+
+def _image_chunks(g, per_image):
+    """Slices of the batch of at most gemm_workspace_mb, `per_image` bytes an image."""
+    step = max(1, config.mib_bytes("gemm_workspace_mb") // max(1, per_image))
+    return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
+
+
+def _strided(g):
+    return g.sh > 1 or g.sw > 1
+
+
+def _batch_of(out):
+    """out (n, p, q) as cgemm.matmul's out for a matrix broadcast over n: (p, q) where n is 1
+    (matmul gives a batch of one as a plain matrix)."""
+    return out[0] if out.shape[0] == 1 else out
+
+
+def _fprop_1x1(xp, x, w, g):
+    y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
+    w2 = w.reshape(g.fo, g.f)                                      # (f', f)
+    y3 = y.reshape(g.S, g.fo, g.oh * g.ow)                         # (S, f', P), a view of y
+    for sl in _image_chunks(g, g.f * g.oh * g.ow * 4 if _strided(g) else 0):
+        cgemm.matmul(xp, w2, _columns(xp, x[sl], g), out=_batch_of(y3[sl]), strict=True)   # (n, f', P)
+    return y
+
+
+def _bprop_1x1(xp, gy, w, g):
+    w2 = w.reshape(g.fo, g.f)                                      # (f', f)
+    gy3 = gy.reshape(g.S, g.fo, g.oh * g.ow)                       # (S, f', P)
+    if not _strided(g):
+        gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
+        cgemm.matmul(xp, w2, gy3, out=_batch_of(gx.reshape(g.S, g.f, g.h * g.w)), op_a="T", strict=True)
+        return gx
+    gx = xp.zeros((g.S, g.f, g.h, g.w), dtype=np.float32)
+    for sl in _image_chunks(g, g.f * g.oh * g.ow * 4):
+        cols = cgemm.matmul(xp, w2, gy3[sl], op_a="T", strict=True)   # (n, f, P), or (f, P) for n = 1
+        gx[sl, :, ::g.sh, ::g.sw] = cols.reshape(-1, g.f, g.oh, g.ow)  # the taps; the rest stay 0
+    return gx
+
+
+def _accgrad_1x1(xp, gy, x, g):
+    P = g.oh * g.ow
+    gw = xp.zeros((g.fo, g.f), dtype=np.float32)
+    gy3 = gy.reshape(g.S, g.fo, P)                                 # (S, f', P)
+    if g.fo * g.f <= P * (g.fo + g.f):
+        # per-image products, summed: (S, f', f) partials, fewer bytes than transposing gy and x
+        per_image = (g.fo * g.f + (g.f * P if _strided(g) else 0)) * 4
+        for sl in _image_chunks(g, per_image):
+            parts = cgemm.matmul(xp, gy3[sl], _columns(xp, x[sl], g), op_b="T", strict=True)  # (n, f', f)
+            gw += parts.reshape(-1, g.fo, g.f).sum(axis=0)
+    else:
+        for sl in _image_chunks(g, (g.fo + g.f) * P * 4):
+            n = sl.stop - sl.start
+            a = gy3[sl].transpose(1, 0, 2).reshape(g.fo, n * P)    # (f', n*P), a copy
+            b = _columns(xp, x[sl], g).transpose(1, 0, 2).reshape(g.f, n * P)   # (f, n*P), a copy
+            cgemm.matmul(xp, a, b, out=gw, op_b="T", accumulate=True, strict=True)
+    return gw.reshape(g.fo, g.f, 1, 1)
+
+
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw)."""
     xp, x, w = check_arrays(x=x, w=w)
     g = geometry(x.shape, w.shape, stride, padding)
+    if _pointwise(g):
+        return _fprop_1x1(xp, x, w, g)
     y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
     w2 = w.reshape(g.fo, -1)                                       # (f', f*kh*kw)
     for sl in _batch_chunks(g):

@@ -1,5 +1,5 @@
 """Autotuning shared by the backends: one recipe that times candidates, checks them against a
-reference, selects a winner and remembers it per device (auto, cufft and direct all use it).
+reference, selects a winner and remembers it per device (auto, cufft, direct and cudnn use it).
 
 The recipe, tune(candidates, run, ...):
   1. Every candidate runs once untimed (compilation, plans, buffers); that run is also the checked
@@ -19,7 +19,7 @@ The result is one record format, stored as is in the cache below:
 remembered(key, tune) is the lookup every tuner uses: an in-process memo (valid while the
 cache's version is unchanged: a lookup through the file's JSON entry names costs ~20 us, more
 than a small pass's kernels take to start), else the cache, else tune() and store. enabled(name,
-xp) reads the three tune settings (auto_tune, cufft_tune, direct_tune): "auto" = on the GPU only,
+xp) reads the tune settings (auto_tune, cufft_tune, direct_tune, cudnn_tune): "auto" = on the GPU only,
 "on", "off".
 
 A record is keyed by (device name, dtype, GEMM precision, geometry, pass, backend) (TuneCache
@@ -360,7 +360,7 @@ def timeit(fn, xp=np, warmup=1, repeat=5):
 
 
 def enabled(setting, xp):
-    """Whether the tune setting `setting` ("auto_tune", "cufft_tune" or "direct_tune") has tuning
+    """Whether the tune setting `setting` ("auto_tune", "cufft_tune", "direct_tune" or "cudnn_tune") has tuning
     on for arrays of `xp`: "on", or "auto" on the GPU."""
     mode = config.get(setting)
     return mode == "on" or (mode == "auto" and xp is not np)

@@ -38,7 +38,7 @@ def test_conv_layers_trace_the_zoo_through_its_blocks():
 
 # Every entry point, run as the package's module from the repository root (python -m ...).
 ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_fbfft_vs_cufft",
-                "benchmarks.bench_cgemm", "benchmarks.profile_layers", "benchmarks.bench_direct",
+                "benchmarks.bench_cgemm", "benchmarks.profile_layers", "benchmarks.bench_direct", "benchmarks.bench_cudnn",
                 "benchmarks.bench_fft", "benchmarks.bench_correlate1d", "benchmarks.sweep", "benchmarks.bench_pytorch",
                 "benchmarks.gpu_check_fbfft", "benchmarks.gpu_check_direct", "benchmarks.bench_ddp",
                 "benchmarks.experiments.exp_host", "benchmarks.experiments.exp_layout",

@@ -116,9 +116,10 @@ def test_nan_and_inf_propagate(device):
     net = models.get("digits", 10).to(device).eval()
     y = net(mt.Tensor(mt.to_device(x, device))).numpy()
     assert np.isnan(y).any()  # no crash, and the NaN is visible in the output
+    xp = np if device == "cpu" else mt.device.cupy_or_none()
     for name in backends.names():
         b = backends.get(name)
-        if b.supports(x.shape, (2, 1, 3, 3), (1, 1), (1, 1)):
+        if b.supports(x.shape, (2, 1, 3, 3), (1, 1), (1, 1)) and backends.auto.runs_on(b, xp):
             out = mt.to_device(b.fprop(mt.to_device(x, device), mt.to_device(np.ones((2, 1, 3, 3), f32), device),
                                        padding=(1, 1)), "cpu")
             assert np.isnan(out).any(), name

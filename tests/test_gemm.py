@@ -87,3 +87,38 @@ def test_dtype_and_gradient_shape_errors():
     # non-contiguous inputs work
     xt = np.ascontiguousarray(x.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
     assert np.allclose(gemm.fprop(xt, w), gemm.fprop(x, w))
+
+
+# -- 1x1 kernels: GEMMs on the (f, h*w) planes, no im2col ---------------------------------------
+
+POINTWISE = [((3, 5, 7, 9), (4, 5, 1, 1), (1, 1)),    # odd planes, stride 1
+             ((3, 5, 7, 9), (4, 5, 1, 1), (2, 2)),    # stride 2 on odd planes: the last row/col taken
+             ((2, 6, 8, 5), (3, 6, 1, 1), (2, 3)),    # unequal strides
+             ((2, 40, 3, 3), (40, 40, 1, 1), (1, 1)),  # f' f > P (f' + f): accGrad through one GEMM
+             ((2, 40, 5, 5), (40, 40, 1, 1), (2, 2)),
+             ((1, 1, 1, 1), (1, 1, 1, 1), (1, 1))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("xs,ws,stride", POINTWISE)
+def test_pointwise_kernels_match_float64(device, xs, ws, stride):
+    rng = np.random.default_rng(11)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    assert gemm._pointwise(backends.geometry(xs, ws, stride, (0, 0)))
+    check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
+def test_pointwise_chunked_gives_the_same_answer(device, stride, settings):
+    """A workspace of one image at a time for the stride's gather and accGrad's partials."""
+    rng = np.random.default_rng(12)
+    x, w = rng.standard_normal((4, 6, 9, 9)).astype(np.float32), rng.standard_normal((5, 6, 1, 1)).astype(np.float32)
+    settings(gemm_workspace_mb=2**-20)
+    assert len(gemm._image_chunks(backends.geometry(x.shape, w.shape, stride, (0, 0)), 4)) == 4
+    check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
+
+
+def test_pointwise_path_is_taken_only_without_padding():
+    assert not gemm._pointwise(backends.geometry((1, 2, 5, 5), (3, 2, 1, 1), (1, 1), (1, 1)))
+    assert not gemm._pointwise(backends.geometry((1, 2, 5, 5), (3, 2, 1, 3), (1, 1), (0, 0)))

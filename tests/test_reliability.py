@@ -43,7 +43,9 @@ NARROW = {"winograd": "3x3 kernels, stride 1"}
 def agreement_run(device, n_examples, compare=True):
     """Draw n geometries; every backend that supports one must match the reference on all passes.
     Returns {backend: geometries it supported}. compare=False only counts (same geometries)."""
-    tried = {name: 0 for name in backends.names()}
+    xp = np if device == "cpu" else mt.device.cupy_or_none()
+    names = [n for n in backends.names() if backends.auto.runs_on(backends.get(n), xp)]   # cudnn: GPU only
+    tried = {name: 0 for name in names}
     rng = np.random.default_rng(0)
 
     @settings(max_examples=n_examples, deadline=None, derandomize=True, database=None,
@@ -53,7 +55,7 @@ def agreement_run(device, n_examples, compare=True):
         xs, ws, stride, pad = geom
         x = rng.standard_normal(xs).astype(np.float32)
         w = rng.standard_normal(ws).astype(np.float32)
-        for name in backends.names():
+        for name in names:
             b = backends.get(name)
             if name not in NARROW and b.supports(xs, ws, stride, pad):
                 if compare:
@@ -101,8 +103,13 @@ def test_every_backend_agrees_on_random_geometries():
 
 
 @pytest.mark.gpu
-def test_every_backend_agrees_on_random_geometries_gpu():
-    check_coverage(agreement_run("cuda", GPU_EXAMPLES), GPU_EXAMPLES)
+def test_every_backend_agrees_on_random_geometries_gpu(settings):
+    # cudnn among them where cuDNN is installed, on cuDNN's first plan: searching every plan of
+    # 300 geometries is the tuner's work, tested in test_cudnn.py
+    settings(cudnn_tune="off")
+    tried = agreement_run("cuda", GPU_EXAMPLES)
+    check_coverage(tried, GPU_EXAMPLES)
+    assert tried["cudnn"] == (GPU_EXAMPLES if backends.cudnn.available() else 0), tried
 
 
 def test_whole_model_gradient_matches_finite_differences():
