@@ -92,7 +92,7 @@ def test_bad_input_says_why():
     with pytest.raises(TypeError, match="float32"):
         conv2d(x.half(), w, stride, padding)
     with pytest.raises(ValueError, match="unknown convolution backend"):
-        conv2d(x, w, stride, padding, "winograd")
+        conv2d(x, w, stride, padding, "no_such_backend")
     with pytest.raises(ValueError, match="channel mismatch"):
         conv2d(x, w[:, :2], stride, padding)
     with pytest.raises(ValueError, match="unknown convolution backend"):
