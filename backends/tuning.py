@@ -76,7 +76,9 @@ from .utils import atomic_file, open_lock_file
 
 from . import cgemm, config
 
-VERSION = 3  # 2: the GEMM precision joined the key; 3: one record format for every tuner
+VERSION = 4  # 2: the GEMM precision joined the key; 3: one record format for every tuner;
+# 4: winograd and cudnn joined auto's candidates and gemm runs 1x1 kernels as plain GEMMs, so a
+# choice made before never timed them (an older cache goes to a numbered backup; tuning runs again)
 MARKER = "minitorch_fft tuning cache"   # the "format" field of every file this module writes
 ROUNDS, REPEAT = 3, 5   # timing rounds per candidate, timed runs per round (module docstring)
 

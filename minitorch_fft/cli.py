@@ -264,11 +264,13 @@ def run(argv=None, prog="train.py"):
     """main() without its error handling: bad input raises ValueError, TypeError, OSError or
     CheckpointError (argparse's own usage errors exit 2 as SystemExit)."""
     backends.config.check()   # a bad MINITORCH_* value: one line and exit 2, before any work
+    backends.auto_registry()  # and an auto_backends name that is not registered
     args = parse_args(argv, prog)
     resumed = restore_run(args, mt.checkpoint.header(args.checkpoint)) if args.resume else None
     check_outputs(args)
     if args.gpus is not None and distributed.launched() is None:   # start one process per GPU
-        train, _, _ = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes, args.workers)
+        train, _, _ = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes, args.workers,
+                                args.skip_bad_images)
         distributed.check_launch(args.gpus, args.batch_size, len(train), args.device)
         return distributed.spawn(args.gpus, [sys.executable, "-m", "minitorch_fft"] +
                                  list(sys.argv[1:] if argv is None else argv), prog)

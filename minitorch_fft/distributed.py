@@ -5,8 +5,10 @@
 
 Every rank holds the whole model and trains on its own part of each batch; after backward the
 gradients are averaged over the ranks (an NCCL all-reduce, sum then 1/N), so every rank applies
-the same update and the replicas stay equal. --batch-size is per GPU: a step trains on
-batch_size * world_size images.
+the same update and the parameters stay equal. Buffers do not: each rank's batch norms track
+running statistics of its own shard (as PyTorch's DistributedDataParallel without SyncBatchNorm
+does, apart from its per-step broadcast); rank 0's are the ones evaluated and saved. --batch-size
+is per GPU: a step trains on batch_size * world_size images.
 
 - Launch. A rank learns who it is from the environment, as torchrun sets it (RANK, WORLD_SIZE,
   LOCAL_RANK, MASTER_ADDR, MASTER_PORT; read through backends.config). `spawn` is train.py
@@ -567,14 +569,20 @@ class GradientSync:
 
     def finish(self):
         """After backward: launch the buckets not yet complete (a parameter backward did not
-        reach adds zeros), and make the compute stream wait for every all-reduce."""
+        reach adds zeros), and make the compute stream wait for every all-reduce. With several
+        ranks such a parameter's .grad becomes the all-reduced view: another rank may have reached
+        it, and every rank must then update it alike. With one, it keeps no gradient, as in plain
+        training."""
         if self._pending is None:
             raise RuntimeError("GradientSync.finish() without begin()")
         for i, b in enumerate(self.buckets):
             if not self._launched[i]:
                 for p in b["params"]:
-                    if p.grad is not self._where[id(p)][0]:
-                        self._where[id(p)][0][...] = 0
+                    view = self._where[id(p)][0]
+                    if p.grad is not view:
+                        view[...] = 0
+                        if self.group.world_size > 1:
+                            p.grad = view
                 self._launch(i)
         if self.cp is not None:
             self._done.record(self.stream)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import backends
+
 from backends import config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,6 +154,16 @@ def test_train_exits_2_with_one_line_on_a_bad_setting():
     assert res.stderr.strip().splitlines() == [
         "train.py: error: MINITORCH_FBFFT_WORKSPACE_MB='-1' is not allowed: it takes MiB > 0 "
         "(fbfft's frequency-domain buffers; larger batches run in chunks)"]
+
+
+def test_train_exits_2_before_any_work_on_an_unregistered_auto_backend():
+    env = {"MINITORCH_AUTO_BACKENDS": "gemm,nope", "PATH": "/usr/bin:/bin"}
+    res = subprocess.run([sys.executable, "train.py", "--epochs", "1"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "train.py: error: MINITORCH_AUTO_BACKENDS names ['nope'], which are not registered backends; "
+        f"registered: {backends.names()} (or 'ours' for all but ['cudnn'])"]
 
 
 def test_the_environment_is_read_once_until_reload(monkeypatch):

@@ -134,7 +134,6 @@ def test_workspace_bound_is_honoured(settings, tmp_path):
     g = backends.geometry(xs, ws, (1, 1), (2, 2))
     mine = {k: v for k, v in cudnn.built().items() if k[2] == g}
     assert len(mine) == 3 and all(k[4] == 1 and workspace <= 1 for k, (_, workspace) in mine.items()), mine
-    assert cp is not None
 
 
 @pytest.mark.gpu

@@ -119,6 +119,18 @@ def test_a_parameter_backward_does_not_reach_keeps_no_gradient():
         sync.finish()
 
 
+def test_a_parameter_this_rank_does_not_reach_takes_the_others_gradient():
+    # Rank 0 of two never reaches b; the other rank does (the doubling communicator stands for
+    # it, adding what it holds): b.grad must be the all-reduced view, or the replicas diverge.
+    a, b = mt.Parameter(np.ones(3)), mt.Parameter(np.ones(2))
+    sync = distributed.GradientSync([a, b], distributed.ProcessGroup(0, 2, _DoublingComm()))
+    sync.begin()
+    (a * mt.Tensor(np.array([1.0, 2.0, 3.0]))).sum().backward()
+    sync.finish()
+    assert b.grad is sync.view(b) and b.grad.tolist() == [0.0, 0.0]
+    assert a.grad.tolist() == [1.0, 2.0, 3.0]
+
+
 def test_one_rank_with_the_fake_communicator_trains_exactly_as_one_process():
     train, _ = mt.data.digits()
     results = []

@@ -436,7 +436,7 @@ def test_a_record_is_written_once_and_read_back_through_the_memo(tmp_path, monke
     key = a_key()
     assert tuning.remembered(key, tune) == rec and calls == [1]
     data = json.loads((tmp_path / "t.json").read_text())
-    assert data["version"] == tuning.VERSION == 3 and list(data["devices"]["cpu"].values()) == [rec]
+    assert data["version"] == tuning.VERSION == 4 and list(data["devices"]["cpu"].values()) == [rec]
     gets = []
     real_get = tuning.TuneCache.get
     monkeypatch.setattr(tuning.TuneCache, "get", lambda self, k: gets.append(k) or real_get(self, k))
