@@ -49,10 +49,7 @@ class Module:
         return [(k, v) for k, v in vars(self).items() if isinstance(v, Module)]
 
     def named_parameters(self, prefix=""):
-        out = [(prefix + k, v) for k, v in vars(self).items() if isinstance(v, Parameter)]
-        for name, child in self.children():
-            out += child.named_parameters(prefix + name + ".")
-        return out
+        return [(k, v) for k, v in self.named_state(prefix) if isinstance(v, Parameter)]
 
     def parameters(self):
         """Each Parameter once, in definition order (a tied weight is listed, and updated, once)."""
@@ -64,10 +61,7 @@ class Module:
         return out
 
     def named_buffers(self, prefix=""):
-        out = [(prefix + k, v) for k, v in vars(self).items() if isinstance(v, Buffer)]
-        for name, child in self.children():
-            out += child.named_buffers(prefix + name + ".")
-        return out
+        return [(k, v) for k, v in self.named_state(prefix) if isinstance(v, Buffer)]
 
     def buffers(self):
         return [b for _, b in self.named_buffers()]
