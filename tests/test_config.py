@@ -146,24 +146,18 @@ def test_only_the_settings_module_reads_the_environment():
     assert readers == []
 
 
-def test_train_exits_2_with_one_line_on_a_bad_setting():
-    env = {"MINITORCH_FBFFT_WORKSPACE_MB": "-1", "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([sys.executable, "train.py", "--epochs", "1"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("variable, value, message", [
+    ("MINITORCH_FBFFT_WORKSPACE_MB", "-1", "MINITORCH_FBFFT_WORKSPACE_MB='-1' is not allowed: it takes MiB > 0 "
+     "(fbfft's frequency-domain buffers; larger batches run in chunks)"),
+    ("MINITORCH_AUTO_BACKENDS", "gemm,nope", "MINITORCH_AUTO_BACKENDS names ['nope'], which are not registered "
+     f"backends; registered: {backends.names()} (or 'ours' for all but ['cudnn'])"),
+])
+def test_train_exits_2_with_one_line_on_a_bad_setting(variable, value, message):
+    res = subprocess.run([sys.executable, "train.py", "--epochs", "1"], cwd=ROOT,
+                         env={variable: value, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [
-        "train.py: error: MINITORCH_FBFFT_WORKSPACE_MB='-1' is not allowed: it takes MiB > 0 "
-        "(fbfft's frequency-domain buffers; larger batches run in chunks)"]
-
-
-def test_train_exits_2_before_any_work_on_an_unregistered_auto_backend():
-    env = {"MINITORCH_AUTO_BACKENDS": "gemm,nope", "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([sys.executable, "train.py", "--epochs", "1"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == [
-        "train.py: error: MINITORCH_AUTO_BACKENDS names ['nope'], which are not registered backends; "
-        f"registered: {backends.names()} (or 'ours' for all but ['cudnn'])"]
+    assert res.stderr.strip().splitlines() == [f"train.py: error: {message}"]
 
 
 def test_the_environment_is_read_once_until_reload(monkeypatch):
