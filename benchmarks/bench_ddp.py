@@ -35,6 +35,7 @@ from benchmarks.harness import RESULTS_DIR, provenance, set_tf32, setup_cudnn, w
 
 IMPLEMENTATIONS = ("minitorch eager", "minitorch CUDA graph", "PyTorch DDP cuDNN strict")
 BATCH = 128
+NETS = "alexnet,resnet50"
 
 
 # -- one rank ------------------------------------------------------------------------------------
@@ -169,7 +170,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n", 2)[2])
     p.add_argument("--gpus", default="1,2,4,8", help="GPU counts, comma-separated (those above the visible skipped)")
-    p.add_argument("--nets", default="alexnet,resnet50")
+    p.add_argument("--nets", default=NETS, help=f"networks, comma-separated (default {NETS}); others than the "
+                   "default write bench_ddp_<nets>.md")
     p.add_argument("--batch", type=int, default=BATCH, help="images per GPU")
     p.add_argument("--backend", default="auto", help="minitorch's convolution backend")
     p.add_argument("--warmup", type=int, default=3)
@@ -224,7 +226,8 @@ def main():
             ("batch/GPU", "batch_per_gpu", "d"), ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"),
             ("scaling", "scaling", ".1%"), ("vs DDP strict", "vs_ddp", ".2f"), ("all-reduce ms", "allreduce_ms", ".2f"),
             ("exposed ms", "exposed_ms", ".2f"), ("hidden", "hidden", ".0%"), ("error", "error", "")]
-    paths = write_results("bench_ddp", meta, rows, cols, f"Data-parallel training, {meta['device']}",
+    name = "bench_ddp" if args.nets == NETS else "bench_ddp_" + "_".join(nets)   # one file per call's networks
+    paths = write_results(name, meta, rows, cols, f"Data-parallel training, {meta['device']}",
                           notes="\n".join(["Images/s over all GPUs; module docstring of benchmarks/bench_ddp.py "
                                            "says what each column is."] + notes), out_dir=args.out)
     print(Path(paths[1]).read_text())

@@ -375,3 +375,128 @@ def test_the_start_broadcast_covers_parameters_and_buffers():
     state = model.named_parameters() + model.named_buffers()
     assert [id(a) for a in arrays] == [id(t.data) for _, t in state]
     assert {n for n, _ in model.named_buffers()} == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+
+
+# -- several GPUs (a multi-GPU machine kind) -----------------------------------------------------
+
+def _gpus():
+    try:
+        return distributed.visible_gpus()
+    except Exception:
+        return 0
+
+
+needs_2_gpus = pytest.mark.skipif("_gpus() < 2", reason="needs 2 GPUs")
+
+STEP_CHILD = textwrap.dedent("""
+    import sys
+    import cupy as cp, numpy as np
+    import minitorch_fft as mt
+    from minitorch_fft import distributed
+    graphed, out, steps, per_rank = sys.argv[1] == "graph", sys.argv[2], 3, 64
+    group = distributed.init_process_group(distributed.launched(), "nccl", timeout=60)
+    n = group.world_size
+    train, _ = mt.data.digits()
+    batches = [(cp.asarray(x), y) for x, y in list(mt.data.batches(train, per_rank * n, seed=4))[:steps]]
+
+    def net():      # no batch norm or dropout: per-rank statistics would differ from the whole batch's
+        mt.manual_seed(group.rank + 7)                 # different on every rank: the broadcast fixes it
+        return mt.Sequential(mt.SpatialConvolution(1, 8, 3, padding=1, backend="gemm"), mt.ReLU(),
+                             mt.SpatialConvolution(8, 16, 3, padding=1, backend="gemm"), mt.ReLU(),
+                             mt.SpatialMaxPooling(2, 2), mt.View(16 * 4 * 4), mt.Linear(256, 10)).to("cuda")
+
+    def train_steps(model, parts, sync=None):
+        opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+        crit = mt.CrossEntropyCriterion()
+        step = mt.graphs.GraphedStep(model, crit, opt, sync=sync) if graphed else None
+        for x, y in parts:
+            if step is not None:
+                step(x, y)
+            else:
+                mt.train_step(model, crit, opt, mt.Tensor(x), cp.asarray(y), sync=sync)
+        return [cp.asnumpy(p.data) for p in model.parameters()]
+
+    with group.failing_together():
+        model = net()
+        group.broadcast_arrays(distributed.model_state_arrays(model))
+        start = [cp.asnumpy(p.data) for p in model.parameters()]
+        sync = distributed.GradientSync(model.parameters(), group, bucket_mb=0.01)
+        mine = [(x[group.rank * per_rank:(group.rank + 1) * per_rank], y[group.rank * per_rank:(group.rank + 1) * per_rank])
+                for x, y in batches]
+        ddp = train_steps(model, mine, sync)
+        gathered = [cp.asarray(p) for p in ddp]
+        for a in gathered:                              # rank 0's parameters summed with the others'
+            group.comm.all_reduce(a)
+        if group.rank == 0:
+            single = net()                              # one GPU, the whole batch, rank 0's start
+            for p, s in zip(single.parameters(), start):
+                p.data[...] = cp.asarray(s)
+            whole = train_steps(single, batches)
+            np.savez(out, n=n, buckets=len(sync.buckets), **{f"ddp{i}": a for i, a in enumerate(ddp)},
+                     **{f"sum{i}": cp.asnumpy(a) for i, a in enumerate(gathered)},
+                     **{f"one{i}": a for i, a in enumerate(whole)}, **{f"start{i}": a for i, a in enumerate(start)})
+        group.barrier()
+""")
+
+
+@pytest.mark.gpu
+@needs_2_gpus
+@pytest.mark.parametrize("graphed", [False, True])
+def test_n_gpus_train_as_one_gpu_with_n_times_the_batch(tmp_path, graphed):
+    """The issue's check: after three steps on every visible GPU (batch 64 each, buckets of 10 KB
+    all-reduced during backward), every rank holds the parameters of one GPU that trained on the
+    whole 64 N-image batches, within fp32 tolerance (the sums run in another order)."""
+    n = _gpus()
+    script, out = tmp_path / "child.py", tmp_path / "params.npz"
+    script.write_text(STEP_CHILD)
+    launcher = ("import sys; from minitorch_fft import distributed; "
+                f"sys.exit(distributed.spawn({n}, [sys.executable, {str(script)!r}, "
+                f"{'graph' if graphed else 'eager'!r}, {str(out)!r}]))")
+    res = subprocess.run([sys.executable, "-c", launcher], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = np.load(out)
+    assert int(got["n"]) == n and int(got["buckets"]) > 1
+    k = len([f for f in got.files if f.startswith("ddp")])
+    for i in range(k):
+        ddp, one, start = got[f"ddp{i}"], got[f"one{i}"], got[f"start{i}"]
+        assert not np.allclose(ddp, start)                                   # the steps moved it
+        np.testing.assert_allclose(got[f"sum{i}"], n * ddp, rtol=1e-6, atol=0)  # every rank holds the same
+        np.testing.assert_allclose(ddp, one, rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.gpu
+@needs_2_gpus
+def test_train_py_on_2_gpus_resumes_exactly_and_sigterm_to_one_rank_stops_both(tmp_path):
+    whole, err = _train_py("--epochs", "2", "--gpus", "2", timeout=300)
+    assert "2 GPUs, batch 32 per GPU (64 a step)" in err and whole["gpus"] == 2
+    ckpt = str(tmp_path / "run.ckpt")
+    _train_py("--epochs", "2", "--gpus", "2", "--checkpoint", ckpt, "--max-epochs-this-run", "1", timeout=300)
+    resumed, _ = _train_py("--checkpoint", ckpt, "--resume", timeout=300)
+    assert resumed["history"] == whole["history"] and resumed["gpus"] == 2
+    # SIGTERM to rank 1 of a long run, once its first checkpoint exists: both ranks end within
+    # seconds, and the checkpoint loads
+    long_ckpt = tmp_path / "long.ckpt"
+    proc = subprocess.Popen([sys.executable, "train.py", "--backend", "gemm", "--no-progress", "--device", "cuda",
+                             "--epochs", "200", "--gpus", "2", "--checkpoint", str(long_ckpt)], cwd=ROOT,
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 120
+    while not long_ckpt.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert long_ckpt.exists(), "no checkpoint within 120 s"
+    ranks = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                env = (stat.parent / "environ").read_bytes().split(b"\0")
+                ranks[int(next(e for e in env if e.startswith(b"RANK=")).split(b"=")[1])] = int(stat.parent.name)
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+    assert set(ranks) == {0, 1}, ranks
+    t0 = time.monotonic()
+    os.kill(ranks[1], signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 20 and proc.returncode != 0
+    assert "rank 1: SIGTERM: stopping every rank" in err, err[-2000:]
+    assert mt.checkpoint.header(str(long_ckpt))          # intact: it loads
