@@ -318,7 +318,10 @@ def _train_in(args, resumed, prog, group):
     if resumed is not None:
         mt.checkpoint.load(args.checkpoint, model, opt)
         state.update(resumed["progress"])
-        mt.random.set_state(resumed["rng"])
+        rng = resumed["rng"]
+        if group is not None:     # rank 0's snapshot, its GPU's mask count moved to this rank's GPU
+            rng = mt.random.on_device(rng, mt.device.cupy_or_none().cuda.Device().id)
+        mt.random.set_state(rng)
         print(f"resumed {args.checkpoint} at epoch {state['epoch']} batch {state['batch']}", file=sys.stderr)
 
     def save():

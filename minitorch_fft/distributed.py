@@ -519,7 +519,7 @@ class GradientSync:
                 bucket["params"].append(p)
                 start += p.data.size
                 bucket["stop"] = start
-        self.stream = self.cp.cuda.Stream(non_blocking=True) if self.cp else None
+        self.stream = _high_priority_stream(self.cp) if self.cp else None
         if self.cp:       # made here, not inside a CUDA-graph capture: one per bucket, one to join
             self._ready = [self.cp.cuda.Event(disable_timing=True) for _ in self.buckets]
             self._done = self.cp.cuda.Event(disable_timing=True)
@@ -593,6 +593,16 @@ class GradientSync:
         """Detach from the parameters (their grad_hook back to None)."""
         for p in self.params:
             p.grad_hook = None
+
+
+def _high_priority_stream(cp):
+    """A non-blocking stream at the device's highest priority, for the all-reduce (PyTorch's NCCL
+    streams are too): at the default priority its kernels queue behind backward's for SMs and start
+    when backward ends (3 % of AlexNet's all-reduce hidden on two H200s); at the highest, the block
+    scheduler gives them the next free SMs. Inside a CUDA graph the node keeps the priority, which
+    the graph uses only where it was instantiated to."""
+    _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+    return cp.cuda.Stream(non_blocking=True, priority=greatest)
 
 
 # -- train.py's side -------------------------------------------------------------------------

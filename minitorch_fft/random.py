@@ -124,6 +124,17 @@ def get_state():
             "gpu_masks_drawn": {str(d): int(s[1]) for d, s in _gpu_states.items()}}
 
 
+def on_device(state, device):
+    """get_state()'s snapshot with its one GPU's mask count moved to GPU `device`. A
+    data-parallel rank resumes rank 0's snapshot this way: every rank draws as many masks as rank
+    0, but on its own GPU (a count kept under rank 0's device id would be lost on rank 1)."""
+    drawn = state.get("gpu_masks_drawn", {})
+    if len(drawn) > 1:
+        raise ValueError(f"the snapshot has mask counts for {len(drawn)} GPUs ({', '.join(drawn)}); "
+                         "a data-parallel rank's has one")
+    return {**state, "gpu_masks_drawn": {str(device): n for n in drawn.values()}}
+
+
 def set_state(state):
     """Restore get_state()'s snapshot (or, from checkpoints before the GPU stream had state, the
     bare NumPy generator state)."""

@@ -342,6 +342,7 @@ def test_a_step_with_nccl_one_rank_equals_the_single_gpu_step(nccl_group, graphe
             assert step.captures == 1 and step.calls == 4            # three replays with the all-reduce
         if sync is not None:
             assert len(sync.buckets) > 1
+            assert sync.stream.priority == cp.cuda.runtime.deviceGetStreamPriorityRange()[1]   # the highest
             sync.remove()
         params.append([cp.asnumpy(p.data) for p in model.parameters()])
     for a, b in zip(*params):

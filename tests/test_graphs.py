@@ -122,6 +122,17 @@ def test_a_gpu_checkpoint_resumes_where_no_gpu_was_used_yet():
         mrandom._gpu_states.update(saved)
 
 
+def test_a_data_parallel_rank_takes_rank_0s_mask_count_on_its_own_gpu():
+    """Rank 0 saves its GPU's count; rank 1, on GPU 1, must continue from it (found on two H200s:
+    a --gpus 2 run resumed with rank 1's masks restarted from 0)."""
+    state = {"numpy": {}, "seed": 3, "gpu_masks_drawn": {"0": 17}}
+    moved = mt.random.on_device(state, 1)
+    assert moved["gpu_masks_drawn"] == {"1": 17} and state["gpu_masks_drawn"] == {"0": 17}
+    assert mt.random.on_device({**state, "gpu_masks_drawn": {}}, 1)["gpu_masks_drawn"] == {}
+    with pytest.raises(ValueError, match="mask counts for 2 GPUs"):
+        mt.random.on_device({**state, "gpu_masks_drawn": {"0": 1, "1": 1}}, 1)
+
+
 def test_the_graph_key_sees_module_settings():
     """Dropout's p is a kernel argument in the graph: changing it must change the key (as must a
     layer's backend, training mode, ...); the weights themselves are not part of it."""
