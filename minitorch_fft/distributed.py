@@ -59,6 +59,8 @@ EXIT_PEER_FAILED = 4          # this rank stopped because another one failed
 RENDEZVOUS_TIMEOUT_S = 120    # how long ranks wait for each other at the start
 TERMINATE_GRACE_S = 10        # spawn: how long children get to exit after SIGTERM, before SIGKILL
 BUCKET_MB = 25                # gradient bucket size (PyTorch DDP's default)
+HIGHEST_PRIORITY = -(2**20)   # a stream priority CUDA clamps to the device's highest (CuPy has no
+                              # cudaDeviceGetStreamPriorityRange; lower numbers are higher)
 
 Launch = namedtuple("Launch", "rank world_size local_rank master_addr master_port")
 
@@ -601,8 +603,7 @@ def _high_priority_stream(cp):
     when backward ends (3 % of AlexNet's all-reduce hidden on two H200s); at the highest, the block
     scheduler gives them the next free SMs. Inside a CUDA graph the node keeps the priority, which
     the graph uses only where it was instantiated to."""
-    _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
-    return cp.cuda.Stream(non_blocking=True, priority=greatest)
+    return cp.cuda.Stream(non_blocking=True, priority=HIGHEST_PRIORITY)
 
 
 # -- train.py's side -------------------------------------------------------------------------
