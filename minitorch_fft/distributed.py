@@ -59,8 +59,6 @@ EXIT_PEER_FAILED = 4          # this rank stopped because another one failed
 RENDEZVOUS_TIMEOUT_S = 120    # how long ranks wait for each other at the start
 TERMINATE_GRACE_S = 10        # spawn: how long children get to exit after SIGTERM, before SIGKILL
 BUCKET_MB = 25                # gradient bucket size (PyTorch DDP's default)
-HIGHEST_PRIORITY = -(2**20)   # a stream priority CUDA clamps to the device's highest (CuPy has no
-                              # cudaDeviceGetStreamPriorityRange; lower numbers are higher)
 
 Launch = namedtuple("Launch", "rank world_size local_rank master_addr master_port")
 
@@ -521,7 +519,7 @@ class GradientSync:
                 bucket["params"].append(p)
                 start += p.data.size
                 bucket["stop"] = start
-        self.stream = _high_priority_stream(self.cp) if self.cp else None
+        self.stream = self.cp.cuda.Stream(non_blocking=True) if self.cp else None
         if self.cp:       # made here, not inside a CUDA-graph capture: one per bucket, one to join
             self._ready = [self.cp.cuda.Event(disable_timing=True) for _ in self.buckets]
             self._done = self.cp.cuda.Event(disable_timing=True)
@@ -595,15 +593,6 @@ class GradientSync:
         """Detach from the parameters (their grad_hook back to None)."""
         for p in self.params:
             p.grad_hook = None
-
-
-def _high_priority_stream(cp):
-    """A non-blocking stream at the device's highest priority, for the all-reduce (PyTorch's NCCL
-    streams are too): at the default priority its kernels queue behind backward's for SMs and start
-    when backward ends (3 % of AlexNet's all-reduce hidden on two H200s); at the highest, the block
-    scheduler gives them the next free SMs. Inside a CUDA graph the node keeps the priority, which
-    the graph uses only where it was instantiated to."""
-    return cp.cuda.Stream(non_blocking=True, priority=HIGHEST_PRIORITY)
 
 
 # -- train.py's side -------------------------------------------------------------------------

@@ -308,15 +308,6 @@ def test_nccl_all_reduce_broadcast_and_barrier_with_one_rank(nccl_group, rng):
     assert nccl_group.sum_host([1.5, 2]).tolist() == [1.5, 2.0]
 
 
-def _assert_highest_priority(stream):
-    """The stream's priority as CUDA reports it (through PyTorch, where CuPy has no getter) is
-    the device's highest, and higher than the default's 0."""
-    import cupy as cp
-    torch = pytest.importorskip("torch")
-    highest = torch.cuda.ExternalStream(cp.cuda.Stream(non_blocking=True, priority=-(2**20)).ptr).priority
-    assert torch.cuda.ExternalStream(stream.ptr).priority == highest < 0
-
-
 def _gpu_model(seed=0):
     mt.manual_seed(seed)
     return models.get("digits", num_classes=10, backend="gemm").to("cuda")
@@ -351,7 +342,6 @@ def test_a_step_with_nccl_one_rank_equals_the_single_gpu_step(nccl_group, graphe
             assert step.captures == 1 and step.calls == 4            # three replays with the all-reduce
         if sync is not None:
             assert len(sync.buckets) > 1
-            _assert_highest_priority(sync.stream)
             sync.remove()
         params.append([cp.asnumpy(p.data) for p in model.parameters()])
     for a, b in zip(*params):
