@@ -216,6 +216,11 @@ class Parameter(Tensor):
 
 
 def _topological_order(root):
+    """Every node under root, each after all of its parents (a DFS post-order). A node's parents
+    are explored last-to-first, so that in the reversed order backward walks, a layer's leaves
+    (its weight and bias) come right after the layer's output, not after the whole network
+    below it: their gradients are complete, and data-parallel buckets start, as early as
+    PyTorch's (the other way, every all-reduce waited for the end of backward)."""
     order, seen = [], set()
     stack = [(root, False)]
     while stack:  # iterative DFS: deep nets must not hit Python's recursion limit
@@ -228,7 +233,7 @@ def _topological_order(root):
         seen.add(id(t))
         stack.append((t, True))
         if t._ctx is not None:
-            stack.extend((p, False) for p in t._ctx.parents if id(p) not in seen)
+            stack.extend((p, False) for p in reversed(t._ctx.parents) if id(p) not in seen)
     return order
 
 

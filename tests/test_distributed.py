@@ -108,6 +108,37 @@ def test_grads_are_views_of_the_flat_buffer_and_its_all_reduce_updates_every_gra
     assert all(p.grad_hook is None for p in model.parameters())
 
 
+class _Probe(mt.tensor.Function):
+    """The identity, noting when backward passes through it."""
+    def forward(self, x, events, name):
+        self.events, self.name = events, name
+        return x
+
+    def backward(self, g):
+        self.events.append(self.name)
+        return g
+
+
+def test_a_layers_gradients_are_handed_over_before_the_layers_below_run_backward():
+    """The buckets can start during backward only if a layer's weight and bias gradients reach
+    their hooks as soon as that layer's backward has run, not once the whole network's has (as
+    before: on two H200s every AlexNet all-reduce started after backward's last kernel)."""
+    mt.manual_seed(0)
+    conv1 = mt.SpatialConvolution(1, 4, 3, padding=1, backend="gemm")
+    conv2 = mt.SpatialConvolution(4, 4, 3, padding=1, backend="gemm")
+    fc = mt.Linear(4 * 8 * 8, 10)
+    events = []
+    for layer, name in ((conv1, "conv1"), (conv2, "conv2"), (fc, "fc")):
+        for pname, p in layer.named_parameters():
+            p.grad_hook = lambda p, g, n=f"{name}.{pname}": events.append(n)
+    x = mt.Tensor(np.random.default_rng(0).standard_normal((2, 1, 8, 8)).astype(np.float32))
+    h = _Probe.apply(conv1(x), events=events, name="backward reaches conv1's output")
+    h = _Probe.apply(conv2(h), events=events, name="backward reaches conv2's output")
+    mt.CrossEntropyCriterion()(fc(mt.View(4 * 8 * 8)(h)), np.array([1, 2])).backward()
+    assert events == ["fc.bias", "fc.weight", "backward reaches conv2's output", "conv2.bias", "conv2.weight",
+                      "backward reaches conv1's output", "conv1.bias", "conv1.weight"]
+
+
 def test_a_parameter_backward_does_not_reach_keeps_no_gradient():
     a, b = mt.Parameter(np.ones(3)), mt.Parameter(np.ones(2))
     sync = distributed.GradientSync([a, b], distributed.ProcessGroup(0, 1, distributed.FakeCommunicator()))
