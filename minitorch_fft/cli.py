@@ -370,7 +370,7 @@ def _train_in(args, resumed, prog, group):
                     loss_value, logits_np = float(loss_dev), mt.to_device(logits_dev, "cpu")
                 else:
                     loss, logits = mt.train_step(model, criterion, opt, mt.Tensor(mt.to_device(x, device)),
-                                                 mt.to_device(y, device), not args.no_reuse_spectra, sync)
+                                                 y, not args.no_reuse_spectra, sync)   # y checked on the host
                     loss_value, logits_np = loss.item(), logits.numpy()
                 if not np.isfinite(loss_value):
                     print(f"{prog}: the loss became {loss_value} at epoch {epoch + 1} batch "

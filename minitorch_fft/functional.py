@@ -515,14 +515,15 @@ def _check_targets(x, target):
         raise TypeError("targets must be an integer array of class indices, not a Tensor "
                         "(Tensors hold float32 data)")
     xp = get_array_module(x.data)
-    t = xp.asarray(target)
+    on_host = get_array_module(target) is np     # host targets (a NumPy array, a list) are checked
+    t = np.asarray(target) if on_host else target  # there, before the copy: no device sync
     if t.ndim != 1 or t.shape[0] != x.shape[0]:
         raise ValueError(f"targets must have shape ({x.shape[0]},), got {tuple(t.shape)}")
     if t.dtype.kind not in "iu":
         raise TypeError(f"targets must be integer class indices, got dtype {t.dtype}")
     if not _targets_prechecked:   # inside a CUDA graph capture the caller checks each batch first
         check_target_range(t, x.shape[1])
-    return t.astype(np.int64)
+    return xp.asarray(t.astype(np.int64))
 
 
 def check_target_range(t, n_classes):

@@ -313,6 +313,19 @@ def test_a_new_dropout_rate_runs_one_eager_step_then_captures_again():
 
 
 @pytest.mark.gpu
+def test_host_targets_with_gpu_logits_are_checked_on_the_host_and_give_the_same_loss():
+    """train.py's eager step hands the loader's NumPy targets over as they are: their range is
+    checked on the host (no device sync), then they are copied; the loss is the device targets'."""
+    import cupy as cp
+    x = mt.Tensor(cp.asarray(np.random.default_rng(0).standard_normal((4, 10)).astype(np.float32)))
+    y = np.array([1, 2, 3, 9])
+    crit = mt.CrossEntropyCriterion()
+    assert crit(x, y).item() == crit(x, cp.asarray(y)).item() == crit(x, y.tolist()).item()
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, 10\), got values in \[1, 10\]"):
+        crit(x, np.array([1, 2, 3, 10]))
+
+
+@pytest.mark.gpu
 def test_bad_batches_are_refused_before_the_replay():
     import cupy as cp
     batches = _batches(2)
