@@ -125,18 +125,10 @@ def bias_grad(g):
 
 
 # -- batch normalisation ----------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _constant(device_id, value):
-    """A 0-d float64 device array holding `value` (a number momentum), made once per device,
-    before any capture (the warm-up steps run eagerly), so a graph only reads it."""
-    import cupy as cp
-    with cp.cuda.Device(device_id):
-        return cp.asarray(value, dtype=np.float64)
-
-
 def batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps):
     """BatchNormFn's forward on the GPU: (y, mean, invstd), mean and invstd (C,) float32 for
-    backward. weight and bias (C,) arrays or None; momentum a number or a 0-d device array.
+    backward. weight and bias (C,) arrays or None; momentum a number or a 0-d device array
+    (read by the kernel: the cumulative average's 1/n, computed on the device).
     Training: one statistics pass, a per-channel kernel (which also moves the running statistics,
     in place, when they are given) and one normalising pass; evaluation: the last two."""
     import cupy as cp
@@ -144,18 +136,18 @@ def batch_norm_forward(x, weight, bias, running_mean, running_var, training, mom
     x = cp.ascontiguousarray(x)
     if weight is None:                      # no affine part: weight 1, bias 0
         weight, bias = cp.ones(c, dtype=np.float32), cp.zeros(c, dtype=np.float32)
-    mean, invstd, scale, offset = cp.empty((4, c), dtype=np.float32)
+    mean, invstd, scale, offset = (cp.empty(c, dtype=np.float32) for _ in range(4))
     if training:
         if running_mean is None:            # batch statistics only: the update goes to scratch
-            running_mean, running_var = cp.empty((2, c), dtype=np.float32)
-        if not isinstance(momentum, cp.ndarray):
-            momentum = _constant(cp.cuda.Device().id, float(momentum))
-        momentum = momentum.astype(np.float64, copy=False)
+            running_mean, running_var = cp.empty(c, dtype=np.float32), cp.empty(c, dtype=np.float32)
+        if isinstance(momentum, cp.ndarray):    # read by the kernel, on the device
+            kernel, momentum = "minitorch_bn_train_coefs_at", cp.ascontiguousarray(momentum, dtype=np.float64)
+        else:
+            kernel, momentum = "minitorch_bn_train_coefs", np.float64(momentum)
         partial, blocks = _channel_sums("minitorch_channel_sums_stats", (x,), x.shape)
-        count = x.size // c
-        _per_channel("minitorch_bn_train_coefs", c, (
-            partial, np.int32(blocks), x, np.int32(x.shape[2] * x.shape[3]), np.int64(count), momentum,
-            running_mean, running_var, weight, bias, np.float32(eps), mean, invstd, scale, offset))
+        _per_channel(kernel, c, (partial, np.int32(blocks), x, np.int32(x.shape[2] * x.shape[3]),
+                                 np.int64(x.size // c), momentum, running_mean, running_var, weight, bias,
+                                 np.float32(eps), mean, invstd, scale, offset))
     else:
         _per_channel("minitorch_bn_eval_coefs", c, (running_mean, running_var, weight, bias,
                                                     np.float32(eps), mean, invstd, scale, offset))
@@ -173,7 +165,7 @@ def batch_norm_backward(g, x, mean, invstd, weight, training):
     if weight is None:
         weight = cp.ones(c, dtype=np.float32)
     partial, blocks = _channel_sums("minitorch_channel_sums_backward", (g, x, mean), g.shape)
-    a, b, d, gweight, gbias = cp.empty((5, c), dtype=np.float32)
+    a, b, d, gweight, gbias = (cp.empty(c, dtype=np.float32) for _ in range(5))
     _per_channel("minitorch_bn_backward_coefs", c, (
         partial, np.int32(blocks), np.int64(g.size // c), np.int32(bool(training)), invstd, weight,
         a, b, d, gweight, gbias))

@@ -143,7 +143,7 @@ def test_batch_norm_with_batch_statistics_only(rng):
     """F.batch_norm in training without running statistics (torch's running_mean=None)."""
     x = (rng.standard_normal((4, 3, 5, 5)) - 7).astype(np.float32)
     w, b = rng.uniform(0.5, 1.5, 3), rng.standard_normal(3)
-    wt, bt = mt.Parameter(mt.to_device(w.astype(np.float32), "cuda")), mt.Parameter(mt.to_device(b.astype(np.float32), "cuda"))
+    wt, bt = (mt.Parameter(mt.to_device(v.astype(np.float32), "cuda")) for v in (w, b))
     wr, br = torch.tensor(w, requires_grad=True), torch.tensor(b, requires_grad=True)
     out, ref, [(gx, gx_ref)] = _grads(lambda t: F.batch_norm(t, None, None, wt, bt, training=True),
                                       lambda t: TF.batch_norm(t, None, None, wr, br, training=True),

@@ -229,31 +229,50 @@ extern "C" __global__ void minitorch_bias_grad(const double* __restrict__ partia
 // Training: the batch's mean and biased variance (minitorch_channel_sums_stats's partials over
 // `count` values per channel), what forward applies (scale = weight / sqrt(var + eps),
 // offset = bias) and backward keeps (mean, invstd); the running statistics move in place,
-// running = (1 - m) running + m batch with the unbiased variance (PyTorch's rule). m is read on
-// the device: the cumulative average's 1/n changes at every replay of a CUDA graph.
-extern "C" __global__ void minitorch_bn_train_coefs(const double* __restrict__ partial, int blocks,
-                                                    const float* __restrict__ x, int hw, long long count,
-                                                    const double* __restrict__ momentum,
-                                                    float* __restrict__ running_mean, float* __restrict__ running_var,
-                                                    const float* __restrict__ weight, const float* __restrict__ bias,
-                                                    float eps, float* __restrict__ mean, float* __restrict__ invstd,
-                                                    float* __restrict__ scale, float* __restrict__ offset, int channels)
+// running = (1 - m) running + m batch with the unbiased variance (PyTorch's rule).
+__device__ __forceinline__ void train_coefs(const double* __restrict__ partial, int blocks,
+                                            const float* __restrict__ x, int hw, long long count, double m,
+                                            float* __restrict__ running_mean, float* __restrict__ running_var,
+                                            const float* __restrict__ weight, const float* __restrict__ bias,
+                                            float eps, float* __restrict__ mean, float* __restrict__ invstd,
+                                            float* __restrict__ scale, float* __restrict__ offset, int c)
 {
-    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x) {
-        double s1, s2;
-        total(partial, c, blocks, s1, s2);
-        const double d = s1 / count;                   // mean - shift
-        const double mu = (double)x[(long long)c * hw] + d;
-        const double var = fmax(s2 / count - d * d, 0.);
-        const double inv = 1. / sqrt(var + (double)eps);
-        mean[c] = (float)mu;
-        invstd[c] = (float)inv;
-        scale[c] = (float)(weight[c] * inv);
-        offset[c] = bias[c];
-        const double m = *momentum;
-        running_mean[c] = (float)((1. - m) * running_mean[c] + m * mu);
-        running_var[c] = (float)((1. - m) * running_var[c] + m * var * count / (count - 1));
-    }
+    double s1, s2;
+    total(partial, c, blocks, s1, s2);
+    const double d = s1 / count;                   // mean - shift
+    const double mu = (double)x[(long long)c * hw] + d;
+    const double var = fmax(s2 / count - d * d, 0.);
+    const double inv = 1. / sqrt(var + (double)eps);
+    mean[c] = (float)mu;
+    invstd[c] = (float)inv;
+    scale[c] = (float)(weight[c] * inv);
+    offset[c] = bias[c];
+    running_mean[c] = (float)((1. - m) * running_mean[c] + m * mu);
+    running_var[c] = (float)((1. - m) * running_var[c] + m * var * count / (count - 1));
+}
+
+#define BN_TRAIN_PARAMS                                                                              \
+    const double* __restrict__ partial, int blocks, const float* __restrict__ x, int hw, long long count
+#define BN_TRAIN_OUTS                                                                                \
+    float* __restrict__ running_mean, float* __restrict__ running_var, const float* __restrict__ weight, \
+    const float* __restrict__ bias, float eps, float* __restrict__ mean, float* __restrict__ invstd,     \
+    float* __restrict__ scale, float* __restrict__ offset, int channels
+
+// momentum a number (fixed for a module, so a CUDA graph may keep it as an argument) ...
+extern "C" __global__ void minitorch_bn_train_coefs(BN_TRAIN_PARAMS, double momentum, BN_TRAIN_OUTS)
+{
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x)
+        train_coefs(partial, blocks, x, hw, count, momentum, running_mean, running_var, weight, bias, eps,
+                    mean, invstd, scale, offset, c);
+}
+
+// ... or read on the device: the cumulative average's 1/n changes at every replay of a graph.
+extern "C" __global__ void minitorch_bn_train_coefs_at(BN_TRAIN_PARAMS, const double* __restrict__ momentum,
+                                                       BN_TRAIN_OUTS)
+{
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x)
+        train_coefs(partial, blocks, x, hw, count, *momentum, running_mean, running_var, weight, bias, eps,
+                    mean, invstd, scale, offset, c);
 }
 
 // Evaluation: the same coefficients from the running statistics as they are.
