@@ -12,7 +12,7 @@ out=${OUT:-/tmp}
 nvidia-smi -L | tee "$out/device.txt"
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
 (timeout 90 python3 -m pytest -q -s -p no:cacheprovider tests/test_cuda_compile.py -k fused > "$out/nvcc.log" 2>&1) &
-timeout 45 python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=5 tests/test_fused.py 2>&1 \
+timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=5 tests/test_fused.py 2>&1 \
     | tee "$out/pytest_gpu_fused.log" | tail -8
 for tree in "${BEFORE_TREE:-}" "$here"; do
     [ -n "$tree" ] || continue
