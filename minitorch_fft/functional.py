@@ -11,7 +11,7 @@ import backends
 from backends import cgemm
 from backends.common import cuda_module, launch_1d
 
-from . import random as _random
+from . import fused, random as _random
 from .device import get_array_module
 from .utils import is_number, pair as _pair
 from .tensor import Function, Tensor, check_sizes
@@ -115,16 +115,47 @@ def reshape(x, shape):
 
 # -- layers' maths -----------------------------------------------------------
 class ReLUFn(Function):
+    """max(x, 0), NaN propagated as in Torch. On the GPU one kernel (fused.relu), its mask kept as
+    1 bit per value; backward is one kernel too."""
+
     def forward(self, x):
+        self.fused = fused.applies(x)
+        if self.fused:
+            y, self.mask = fused.relu(x)
+            return y
         self.mask = x > 0
         return get_array_module(x).maximum(x, 0)  # maximum propagates NaN, as Torch does
 
     def backward(self, g):
-        return g * self.mask
+        return fused.relu_backward(g, self.mask) if self.fused else g * self.mask
 
 
 def relu(x):
     return ReLUFn.apply(x)
+
+
+class AddReLUFn(ReLUFn):
+    """max(a + b, 0): a residual block's end (the shortcut's sum, then ReLU) in one GPU kernel,
+    with no sum kept; the gradient reaches both inputs unchanged."""
+
+    def forward(self, a, b):
+        self.fused = fused.applies(a, b)
+        if self.fused:
+            y, self.mask = fused.add_relu(a, b)
+            return y
+        return super().forward(a + b)
+
+    def backward(self, g):
+        gx = super().backward(g)
+        return gx, gx
+
+
+def add_relu(a, b):
+    """relu(a + b) for Tensors of one shape (no broadcasting)."""
+    if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+        raise TypeError(f"add_relu takes two Tensors, got {type(a).__name__} and {type(b).__name__}")
+    _check_same_shape(a, b, "add_relu")
+    return AddReLUFn.apply(a, b)
 
 
 class LinearFn(Function):
@@ -398,12 +429,19 @@ class BatchNormFn(Function):
     """y = (x - mean) / sqrt(var + eps) * weight + bias, per plane of NCHW x. In training, mean and
     var are the batch's (var biased), and the running statistics are updated in place (PyTorch's
     rule, the unbiased variance); in evaluation, the running statistics are used as they are.
-    Saved for backward: the normalised input and 1/sqrt(var + eps) per plane."""
+    Saved for backward: the normalised input and 1/sqrt(var + eps) per plane. On the GPU
+    (fused.batch_norm_forward/_backward) each pass is one or two passes over the activations."""
 
     def forward(self, x, weight=None, bias=None, *, running_mean, running_var, training, momentum, eps):
         xp = get_array_module(x)
         c = (1, -1, 1, 1)                                  # a (C,) vector against NCHW
-        self.training = training
+        self.training, self.weight = training, weight
+        self.fused = fused.applies(x, *(v for v in (weight, bias, running_mean, running_var) if v is not None))
+        if self.fused:   # saved: x itself, the mean and 1/sqrt(var + eps) per plane
+            self.x = xp.ascontiguousarray(x)
+            y, self.mean, self.invstd = fused.batch_norm_forward(self.x, weight, bias, running_mean,
+                                                                 running_var, training, momentum, eps)
+            return y
         if training:
             m = x.size // x.shape[1]                        # values per plane
             mean = x.mean(axis=(0, 2, 3))
@@ -421,10 +459,13 @@ class BatchNormFn(Function):
         self.xhat = xc * self.invstd.reshape(c)
         if weight is None:
             return self.xhat
-        self.weight = weight
         return self.xhat * weight.reshape(c) + bias.reshape(c)
 
     def backward(self, g):
+        if self.fused:
+            gx, gw, gb = fused.batch_norm_backward(g, self.x, self.mean, self.invstd, self.weight,
+                                                   self.training)
+            return (gx, gw, gb)[:len(self.parents)]
         c = (1, -1, 1, 1)
         gb = g.sum(axis=(0, 2, 3))
         gw = (g * self.xhat).sum(axis=(0, 2, 3))
@@ -585,7 +626,9 @@ class Conv2dFn(Function):
         self.x, self.w = x, w
         self.stride, self.padding, self.backend = stride, padding, backend
         y = self._run("fprop", x, w)
-        if b is not None:
+        if b is not None and fused.applies(y, b) and y.flags.c_contiguous:
+            fused.bias_add(y, b)                   # one pass, in place
+        elif b is not None:
             y += b.reshape(1, -1, 1, 1)
         return y
 
@@ -602,7 +645,8 @@ class Conv2dFn(Function):
         if self.needs_input_grad[1]:
             gw = self._run("accgrad", g, x, w.shape)
         if len(self.parents) > 2 and self.needs_input_grad[2]:
-            gb = g.sum(axis=(0, 2, 3))
+            n, c = g.shape[:2]   # summed over the contiguous h*w first: one pass, not a strided one
+            gb = fused.bias_grad(g) if fused.applies(g) else g.reshape(n, c, -1).sum(axis=2).sum(axis=0)
         return (gx, gw, gb)[:len(self.parents)]
 
 

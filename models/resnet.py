@@ -5,6 +5,7 @@ Parameter and buffer names, order and shapes match torchvision's, so weights and
 statistics can be exchanged. Spatial sizes below are for a 224x224 input.
 """
 import minitorch_fft as mt
+from minitorch_fft import functional as F
 
 INPUT_SHAPE = (3, 224, 224)
 
@@ -29,7 +30,7 @@ class BasicBlock(mt.Module):
     def forward(self, x):
         y = self.relu(self.bn1(self.conv1(x)))
         y = self.bn2(self.conv2(y))
-        return self.relu(y + (x if self.downsample is None else self.downsample(x)))
+        return F.add_relu(y, x if self.downsample is None else self.downsample(x))   # one pass on the GPU
 
 
 class Bottleneck(mt.Module):
@@ -50,7 +51,7 @@ class Bottleneck(mt.Module):
         y = self.relu(self.bn1(self.conv1(x)))
         y = self.relu(self.bn2(self.conv2(y)))
         y = self.bn3(self.conv3(y))
-        return self.relu(y + (x if self.downsample is None else self.downsample(x)))
+        return F.add_relu(y, x if self.downsample is None else self.downsample(x))   # one pass on the GPU
 
 
 def downsample(planes_in, planes_out, stride, backend):
