@@ -6,8 +6,10 @@
 
 cuBLAS (through CuPy) on the GPU, BLAS (through NumPy) on the CPU. im2col/col2im
 are CUDA kernels (kernels/im2col.cu) on the GPU and strided NumPy views on the
-CPU. The column matrix is the workspace: above MINITORCH_GEMM_WORKSPACE_MB the batch is
-processed in chunks, so memory stays bounded for any batch size.
+CPU. The column matrix and the (f', S*oh*ow) matrix beside it are the workspace: above
+MINITORCH_GEMM_WORKSPACE_MB the batch is processed in chunks, so memory stays bounded for any
+batch size (512 MiB by default: in a training step it sits on top of the activations, weights,
+gradients and momentum, and a chunk of it is already a GEMM that fills the GPU).
 
 1x1 kernels without padding need no im2col: each image's (f, h*w) plane is already its column
 matrix. With stride (sh, sw) the columns are x[:, :, ::sh, ::sw], one gather; then
@@ -32,8 +34,10 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 
 def _batch_chunks(g):
-    """Slices of the batch whose column matrix fits the workspace (at least one image)."""
-    per_image = g.f * g.kh * g.kw * g.oh * g.ow * 4
+    """Slices of the batch whose workspace fits gemm_workspace_mb (at least one image): the column
+    matrix, and beside it the (f', n*oh*ow) matrix each pass also holds (fprop's product before
+    its transpose into y, bprop's and accGrad's gy matrix)."""
+    per_image = (g.f * g.kh * g.kw + g.fo) * g.oh * g.ow * 4
     step = max(1, config.mib_bytes("gemm_workspace_mb") // per_image)
     return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
 
@@ -158,6 +162,7 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
         n = sl.stop - sl.start
         yc = cgemm.matmul(xp, w2, _im2col(xp, x[sl], g), strict=True)   # (f', n*oh*ow)
         y[sl] = yc.reshape(g.fo, n, g.oh, g.ow).transpose(1, 0, 2, 3)
+        del yc   # now, not when the next chunk's product replaces it: within the workspace
     return y
 
 
@@ -171,6 +176,7 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     for sl in _batch_chunks(g):
         cols = cgemm.matmul(xp, w2, _gy_matrix(gy[sl]), op_a="T", strict=True)  # (f*kh*kw, n*oh*ow)
         gx[sl] = _col2im(xp, cols, g, sl.stop - sl.start)
+        del cols   # as in fprop
     return gx
 
 

@@ -53,6 +53,33 @@ def test_batch_chunking_gives_the_same_answer(device, monkeypatch, settings):
     check_backend(gemm, x, w, (1, 1), (1, 1), device=device, rng=rng)
 
 
+def test_each_pass_stays_within_its_workspace_on_the_cpu(settings):
+    """The workspace bound counts everything a chunk holds beside the pass's output: the column
+    matrix and the (f', n*oh*ow) matrix (fprop's product before its transpose, the gy matrix of
+    bprop and accGrad). Measured by tracemalloc (NumPy's allocations), each pass's peak beyond
+    its output stays within gemm_workspace_mb; a column-matrix-only count went over by the gy
+    matrix. The answers are checked against float64 too."""
+    import tracemalloc
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((12, 6, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((32, 6, 3, 3)).astype(np.float32)
+    gy = rng.standard_normal((12, 32, 18, 18)).astype(np.float32)
+    per_image = (6 * 9 + 32) * 18 * 18 * 4                  # columns and the f' matrix, one image
+    settings(gemm_workspace_mb=3.5 * per_image / 2**20)     # 3 images a chunk: 4 chunks
+    g = backends.geometry(x.shape, w.shape, (1, 1), (0, 0))
+    assert [sl.stop - sl.start for sl in gemm._batch_chunks(g)] == [3, 3, 3, 3]
+    for name, call in (("fprop", lambda: gemm.fprop(x, w)), ("bprop", lambda: gemm.bprop(gy, w, x.shape)),
+                       ("accgrad", lambda: gemm.accgrad(gy, x, w.shape))):
+        tracemalloc.start()
+        try:
+            out = call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak - out.nbytes <= 3.5 * per_image, name
+    check_backend(gemm, x, w, (1, 1), (0, 0), device="cpu", rng=rng)
+
+
 def test_registry():
     assert "gemm" in backends.names()
     assert backends.get("gemm") is gemm
