@@ -13,9 +13,9 @@ out=${OUT:-/tmp}
 exp=$here/benchmarks/experiments/exp_step_memory.py
 nvidia-smi -L
 echo "commit: ${MINITORCH_COMMIT:-not named}; base: $BASE at ${BASE_COMMIT:-not named}" | tee "$out/commit.txt"
-PYTHONPATH=. timeout 45 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_autograd.py \
+PYTHONPATH=. timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider -rf tests/test_autograd.py tests/test_graphs.py \
     tests/test_harness.py tests/test_gemm.py 2>&1 | tee "$out/pytest_gpu_mem.log" | tail -6
-for spec in "alexnet 128 30 22" "resnet50 64 40 25"; do
+for spec in "alexnet 128 28 20" "resnet50 64 38 22"; do
     set -- $spec
     (cd "$BASE" && PYTHONPATH=. MINITORCH_COMMIT=$BASE_COMMIT timeout "$3" python3 "$exp" --net "$1" --batch "$2" \
         --label "base $BASE_COMMIT" --torch --json "$out/step_memory.jsonl") 2>&1 | tee -a "$out/step_memory.log"
