@@ -80,6 +80,21 @@ def test_each_pass_stays_within_its_workspace_on_the_cpu(settings):
     check_backend(gemm, x, w, (1, 1), (0, 0), device="cpu", rng=rng)
 
 
+def test_chunks_are_as_few_as_the_workspace_allows_and_even(settings):
+    """The batch is split into the fewest chunks the workspace allows, of sizes within one image
+    of each other: the largest chunk, which sets the step's peak, is as small as that count
+    allows (AlexNet b128's conv1 accGrad: 103 images a chunk fit, so 64 + 64, not 103 + 25)."""
+    for S, fit in [(128, 103), (13, 3), (12, 3), (5, 1), (7, 7), (7, 100), (1, 1)]:
+        g = backends.geometry((S, 3, 12, 12), (4, 3, 3, 3), (1, 1), (0, 0))
+        per_image = (3 * 9 + 4) * 10 * 10 * 4
+        settings(gemm_workspace_mb=(fit + 0.5) * per_image / 2**20)
+        chunks = gemm._batch_chunks(g)
+        sizes = [sl.stop - sl.start for sl in chunks]
+        assert chunks[0].start == 0 and chunks[-1].stop == S and all(
+            a.stop == b.start for a, b in zip(chunks, chunks[1:]))            # the batch, once, in order
+        assert len(sizes) == -(-S // min(fit, S)) and max(sizes) - min(sizes) <= 1 and max(sizes) <= fit
+
+
 def test_registry():
     assert "gemm" in backends.names()
     assert backends.get("gemm") is gemm
