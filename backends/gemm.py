@@ -6,8 +6,10 @@
 
 cuBLAS (through CuPy) on the GPU, BLAS (through NumPy) on the CPU. im2col/col2im
 are CUDA kernels (kernels/im2col.cu) on the GPU and strided NumPy views on the
-CPU. The column matrix is the workspace: above MINITORCH_GEMM_WORKSPACE_MB the batch is
-processed in chunks, so memory stays bounded for any batch size.
+CPU. The column matrix and the (f', S*oh*ow) matrix beside it are the workspace: above
+MINITORCH_GEMM_WORKSPACE_MB the batch is processed in chunks, so memory stays bounded for any
+batch size (512 MiB by default: in a training step it sits on top of the activations, weights,
+gradients and momentum, and a chunk of it is already a GEMM that fills the GPU).
 
 1x1 kernels without padding need no im2col: each image's (f, h*w) plane is already its column
 matrix. With stride (sh, sw) the columns are x[:, :, ::sh, ::sw], one gather; then
@@ -32,10 +34,10 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 
 def _batch_chunks(g):
-    """Slices of the batch whose column matrix fits the workspace (at least one image)."""
-    per_image = g.f * g.kh * g.kw * g.oh * g.ow * 4
-    step = max(1, config.mib_bytes("gemm_workspace_mb") // per_image)
-    return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
+    """Slices of the batch whose workspace fits gemm_workspace_mb (at least one image): the column
+    matrix, and beside it the (f', n*oh*ow) matrix each pass also holds (fprop's product before
+    its transpose into y, bprop's and accGrad's gy matrix)."""
+    return _image_chunks(g, (g.f * g.kh * g.kw + g.fo) * g.oh * g.ow * 4)
 
 
 def _int32_args(g, n):
@@ -89,9 +91,14 @@ def _columns(xp, x, g):
 
 
 def _image_chunks(g, per_image):
-    """Slices of the batch of at most gemm_workspace_mb, `per_image` bytes an image."""
-    step = max(1, config.mib_bytes("gemm_workspace_mb") // max(1, per_image))
-    return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
+    """Slices of the batch of at most gemm_workspace_mb, `per_image` bytes an image: as few as
+    that allows, of sizes that differ by one at most (128 images, 103 a chunk: 64 + 64, not
+    103 + 25; the same GEMMs, half the workspace)."""
+    most = max(1, config.mib_bytes("gemm_workspace_mb") // max(1, per_image))
+    n = -(-g.S // most)
+    size, extra = divmod(g.S, n)                 # the first `extra` chunks take one image more
+    starts = [i * size + min(i, extra) for i in range(n + 1)]
+    return [slice(a, b) for a, b in zip(starts, starts[1:])]
 
 
 def _strided(g):
@@ -158,6 +165,7 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0)):
         n = sl.stop - sl.start
         yc = cgemm.matmul(xp, w2, _im2col(xp, x[sl], g), strict=True)   # (f', n*oh*ow)
         y[sl] = yc.reshape(g.fo, n, g.oh, g.ow).transpose(1, 0, 2, 3)
+        del yc   # now, not when the next chunk's product replaces it: within the workspace
     return y
 
 
@@ -171,6 +179,7 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     for sl in _batch_chunks(g):
         cols = cgemm.matmul(xp, w2, _gy_matrix(gy[sl]), op_a="T", strict=True)  # (f*kh*kw, n*oh*ow)
         gx[sl] = _col2im(xp, cols, g, sl.stop - sl.start)
+        del cols   # as in fprop
     return gx
 
 

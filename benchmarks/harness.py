@@ -9,7 +9,8 @@ timing, provenance and result files.
               step against PyTorch float64 on the same weights
   error       rel_error(got, ref) = ||got - ref|| / ||ref||, in float64
   timing      median_ms(fn, lib): median of CUDA events (lib "cupy" or "torch") or of the host
-              clock (lib "cpu"), after warm-up; peak_extra_bytes; poisoned (NaN-filled allocations)
+              clock (lib "cpu"), after warm-up; peak_extra_bytes; peak_step_bytes (allocated and
+              reserved, measured alike for CuPy and PyTorch); poisoned (NaN-filled allocations)
   cuDNN       setup_cudnn (benchmark mode over every algorithm) and set_tf32("strict" | "tf32")
   provenance  provenance(device, ...): device, UTC date, command line, commit, versions;
               device_identity(cp) says which GPU of the host a process ran on
@@ -405,12 +406,16 @@ def peak_extra_bytes(fn, lib):
 
 def peak_step_bytes(fn, lib, pools=()):
     """Peak device memory of a training step, everything it holds included (weights, gradients,
-    momentum, activations, workspaces): {"peak": bytes, "reserved": bytes}.
+    momentum, activations, workspaces): {"peak": bytes, "reserved": bytes}, each measured alike on
+    both sides, so that allocated compares with allocated and reserved with reserved.
 
+    peak: the high-water mark of the bytes live tensors hold during one call. torch: the caching
+    allocator's max_memory_allocated. cupy: the bytes the pools have handed out and not yet taken
+    back, followed allocation by allocation through a MemoryHook (pool_peak), to the pools' 512-byte
+    rounding. reserved: what the allocator holds from the device. torch: max_memory_reserved.
     cupy: the default pool's size (plus that of `pools`, e.g. a CUDA graph's own) after one call
-    from an emptied pool: the pool keeps what it frees, so its size is its high-water mark (to
-    its rounding); peak and reserved are the same number. torch: the caching allocator's
-    max_memory_allocated and max_memory_reserved over one call."""
+    from an emptied pool: the pool keeps what it frees, so its size is its high-water mark, with
+    its rounding and fragmentation (what "peak" meant for cupy before session 10)."""
     if lib == "torch":
         import torch
         torch.cuda.synchronize()
@@ -421,13 +426,39 @@ def peak_step_bytes(fn, lib, pools=()):
         return {"peak": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
     if lib == "cupy":
         import cupy
+        all_pools = (cupy.get_default_memory_pool(), *pools)
         cupy.cuda.Device().synchronize()
-        cupy.get_default_memory_pool().free_all_blocks()
-        fn()
+        all_pools[0].free_all_blocks()
+        with pool_peak(all_pools) as hook:
+            fn()
         cupy.cuda.Device().synchronize()
-        total = sum(p.total_bytes() for p in (cupy.get_default_memory_pool(), *pools))
-        return {"peak": total, "reserved": total}
+        return {"peak": hook.peak, "reserved": sum(p.total_bytes() for p in all_pools)}
     raise ValueError(f"lib must be 'cupy' or 'torch', got {lib!r}")
+
+
+def pool_peak(pools):
+    """`with pool_peak(pools) as hook:` a cupy MemoryHook following the bytes CuPy's pools hand out
+    and take back inside the block: hook.live now, hook.peak its high-water mark, starting from the
+    bytes `pools` have in use. Hooks are per thread: allocations made by other threads are missed."""
+    import cupy
+
+    class PoolPeak(cupy.cuda.MemoryHook):
+        name = "minitorch_pool_peak"
+
+        def __init__(self, live):
+            self.live = self.peak = live
+            self.handed_out = {}   # pointer -> bytes, so a free is taken back at its malloc's size
+
+        def malloc_postprocess(self, mem_ptr, mem_size, **_):
+            if mem_ptr:            # 0: the allocation failed
+                self.handed_out[mem_ptr] = mem_size
+                self.live += mem_size
+                self.peak = max(self.peak, self.live)
+
+        def free_postprocess(self, mem_ptr, mem_size, **_):
+            self.live -= self.handed_out.pop(mem_ptr, mem_size)
+
+    return PoolPeak(sum(p.used_bytes() for p in pools))
 
 
 def poisoned(fn):

@@ -20,7 +20,9 @@ memory at most PyTorch strict's) are listed as shortfalls above the tables. cuDN
 PyTorch with torch.backends.cudnn.benchmark on (every algorithm tried: benchmark_limit 0), in fp32
 strict (allow_tf32 off for cuDNN and cuBLAS) and in PyTorch's default (TF32 convolutions). The
 training step runs torchvision's models on the PyTorch side; each step's peak GPU memory is given
-(ours: the CuPy pools' high-water mark; PyTorch: max_memory_allocated, and reserved beside it).
+measured alike on both sides (harness.peak_step_bytes): "peak" the live bytes' high-water mark
+(ours: followed through a CuPy MemoryHook; PyTorch: max_memory_allocated), "reserved" what the
+allocator holds (ours: the CuPy pools' size; PyTorch: max_memory_reserved).
 
 --cgemm-tf32 adds `auto TF32` to table3 (a row) and table4 (columns): auto with the frequency-
 domain GEMM of cufft and fbfft on TF32 tensor cores (backends.cgemm; tuned separately, since
@@ -326,9 +328,10 @@ def step(args, bar):
                             f"against PyTorch float64, bound {bound:.1e} (PyTorch float32's largest error: "
                             f"{max(yardstick.values()):.1e})")
         ms = median_ms(our_step, "cupy", 1, n_steps)
+        mem = peak_step_bytes(our_step, "cupy")
         row = {"network": net, "batch": batch, "implementation": "minitorch auto", "step_ms": ms,
                "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(our_step),
-               "peak_gib": peak_step_bytes(our_step, "cupy")["peak"] / gib,
+               "peak_gib": mem["peak"] / gib, "reserved_gib": mem["reserved"] / gib,
                "max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
                "torch_fp32_max_err": max(yardstick.values())}
         rows.append(row)
@@ -347,9 +350,10 @@ def step(args, bar):
             failures.append(f"{net} minitorch auto, CUDA graph: one replayed step differs from the same "
                             f"step run eagerly by {graph_err:.1e} (relative; bound {GRAPH_TOL:.0e})")
         ms = median_ms(graph_step, "cupy", 1, n_steps)
+        mem = peak_step_bytes(graph_step, "cupy", [graphed.pool])
         rows.append({"network": net, "batch": batch, "implementation": "minitorch auto, CUDA graph", "step_ms": ms,
                      "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(graph_step),
-                     "peak_gib": peak_step_bytes(graph_step, "cupy", [graphed.pool])["peak"] / gib,
+                     "peak_gib": mem["peak"] / gib, "reserved_gib": mem["reserved"] / gib,
                      "graph_captures": graphed.captures, "graph_vs_eager": graph_err})
         del model, opt, graphed
         cp.get_default_memory_pool().free_all_blocks()
@@ -389,7 +393,7 @@ def step(args, bar):
         bar.update(1)
     cols = [("network", "network", ""), ("batch", "batch", ""), ("implementation", "implementation", ""),
             ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"), ("x PyTorch strict", "x_strict", ".2f"),
-            ("peak GiB", "peak_gib", ".2f"), ("PyTorch reserved GiB", "reserved_gib", ".2f"),
+            ("peak GiB (allocated)", "peak_gib", ".2f"), ("reserved GiB", "reserved_gib", ".2f"),
             ("time in GPU kernels", "kernel_fraction", ".1%"), ("graph vs eager", "graph_vs_eager", ".1e"),
             ("worst tensor", "worst_tensor", ""), ("its rel err vs fp64", "max_err", ".1e"),
             ("PyTorch fp32's largest", "torch_fp32_max_err", ".1e"), ("bound", "bound", ".1e")]

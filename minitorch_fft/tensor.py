@@ -6,6 +6,11 @@ backward skip work nobody asked for, e.g. the first convolution's gradInput.
 Gradients are raw arrays stored in ``Tensor.grad`` and accumulate. As in PyTorch, backward()
 frees what the graph's operations saved, so a second backward through the same graph is an
 error unless the first was called with ``retain_graph=True``.
+
+Memory, as in PyTorch: the graph is made of the Functions, not of the Tensors between them, so an
+intermediate output that no Function saved is freed as soon as the caller drops it (a
+convolution's output, once the ReLU after it has kept its mask); and backward() frees each
+Function's saved arrays right after that Function's own backward, not at the end.
 """
 import contextlib
 
@@ -147,42 +152,41 @@ class Tensor:
                 raise ValueError(f"backward(): gradient of shape {tuple(grad.shape)} for a tensor of "
                                  f"shape {tuple(self.shape)}")
             grad = grad.astype(self.data.dtype, copy=False)
-        topo = _topological_order(self)
-        freed = next((t._ctx for t in topo if t._ctx is not None and t._ctx.freed), None)
+        root = self._ctx if self._ctx is not None else self
+        topo = _topological_order(root)
+        freed = next((n for n in topo if isinstance(n, Function) and n.freed), None)
         if freed is not None:     # checked first: a refused backward accumulates nothing
             raise RuntimeError(
                 f"backward(): trying to backward through the graph a second time: the first "
                 f"backward() freed the values {type(freed).__name__} saved. Call backward("
                 "retain_graph=True) the first time to backward through the graph again, or run "
                 "the forward pass again")
-        grads = {id(self): grad}
-        for t in reversed(topo):
-            g = grads.pop(id(t), None)
+        grads = {id(root): grad}
+        for node in reversed(topo):
+            g = grads.pop(id(node), None)
             if g is None:
                 continue
-            if t._ctx is None:  # a leaf: accumulate. Its gradient is complete here: reverse
-                if t.requires_grad:   # topological order visits every consumer of t before t
-                    if t.grad_hook is not None:
-                        t.grad_hook(t, g)
+            if not isinstance(node, Function):  # a leaf: accumulate. Its gradient is complete here:
+                if node.requires_grad:   # reverse topological order visits every consumer first
+                    if node.grad_hook is not None:
+                        node.grad_hook(node, g)
                     else:
-                        t.grad = g if t.grad is None else t.grad + g
+                        node.grad = g if node.grad is None else node.grad + g
                 continue
-            ctx = t._ctx
-            in_grads = ctx.backward(g)
+            in_grads = node.backward(g)
+            if not retain_graph:  # its one backward has run: what it saved is garbage from here on
+                node.free()
             if not isinstance(in_grads, tuple):
                 in_grads = (in_grads,)
-            for parent, pg, needed in zip(ctx.parents, in_grads, ctx.needs_input_grad):
+            for parent, shape, pg, needed in zip(node.parents, node.input_shapes, in_grads,
+                                                 node.needs_input_grad):
                 if not needed or pg is None:
                     continue
-                if pg.shape != parent.shape:   # not an assert: it must hold under python -O too
-                    raise RuntimeError(f"{type(ctx).__name__}.backward gave shape {pg.shape} for an "
-                                       f"input of shape {parent.shape}")
+                if pg.shape != shape:   # not an assert: it must hold under python -O too
+                    raise RuntimeError(f"{type(node).__name__}.backward gave shape {pg.shape} for an "
+                                       f"input of shape {shape}")
                 k = id(parent)
                 grads[k] = pg if k not in grads else grads[k] + pg
-        if not retain_graph:
-            for t in topo:
-                if t._ctx is not None:
-                    t._ctx.free()
 
     # -- a few operators, enough for models and tests ----------------------
     def reshape(self, *shape):
@@ -216,24 +220,25 @@ class Parameter(Tensor):
 
 
 def _topological_order(root):
-    """Every node under root, each after all of its parents (a DFS post-order). A node's parents
-    are explored last-to-first, so that in the reversed order backward walks, a layer's leaves
-    (its weight and bias) come right after the layer's output, not after the whole network
-    below it: their gradients are complete, and data-parallel buckets start, as early as
-    PyTorch's (the other way, every all-reduce waited for the end of backward)."""
+    """Every graph node under root (Functions, and the leaf or constant Tensors that no Function
+    made), each after all of its parents (a DFS post-order). A node's parents are explored
+    last-to-first, so that in the reversed order backward walks, a layer's leaves (its weight and
+    bias) come right after the layer's output, not after the whole network below it: their
+    gradients are complete, and data-parallel buckets start, as early as PyTorch's (the other
+    way, every all-reduce waited for the end of backward)."""
     order, seen = [], set()
     stack = [(root, False)]
     while stack:  # iterative DFS: deep nets must not hit Python's recursion limit
-        t, done = stack.pop()
+        node, done = stack.pop()
         if done:
-            order.append(t)
+            order.append(node)
             continue
-        if id(t) in seen:
+        if id(node) in seen:
             continue
-        seen.add(id(t))
-        stack.append((t, True))
-        if t._ctx is not None:
-            stack.extend((p, False) for p in reversed(t._ctx.parents) if id(p) not in seen)
+        seen.add(id(node))
+        stack.append((node, True))
+        if isinstance(node, Function):
+            stack.extend((p, False) for p in reversed(node.parents) if id(p) not in seen)
     return order
 
 
@@ -242,14 +247,19 @@ class Function:
     keep what backward needs as attributes of self; free() drops them after a backward pass."""
 
     freed = False
+    _GRAPH = ("parents", "input_shapes", "needs_input_grad")   # what free() keeps
 
-    def __init__(self, *parents):
-        self.parents = parents
-        self.needs_input_grad = tuple(p.requires_grad for p in parents)
+    def __init__(self, *inputs):
+        # The graph's links: the Function that made each input, or the input itself where none
+        # did (a leaf, or a constant). Not the input Tensors: each holds its array, and the graph
+        # would keep every intermediate output alive until it is dropped, saved or not.
+        self.parents = tuple(t if t._ctx is None else t._ctx for t in inputs)
+        self.input_shapes = tuple(tuple(t.shape) for t in inputs)
+        self.needs_input_grad = tuple(t.requires_grad for t in inputs)
 
     def free(self):
         """Drop the arrays (and anything else) forward saved; the graph's links stay."""
-        for k in [k for k in vars(self) if k not in ("parents", "needs_input_grad")]:
+        for k in [k for k in vars(self) if k not in self._GRAPH]:
             delattr(self, k)
         self.freed = True
 

@@ -166,7 +166,86 @@ def test_backward_frees_the_saved_arrays():
     """The freed graph holds no saved arrays (memory back before the next forward)."""
     conv = mt.SpatialConvolution(1, 2, 3)
     y = conv(mt.Tensor(np.ones((1, 1, 5, 5)), requires_grad=True)).sum()
-    ctx = y._ctx.parents[0]._ctx
+    ctx = y._ctx.parents[0]           # the graph links Functions: the conv that made Sum's input
     assert hasattr(ctx, "x")
     y.backward()
     assert ctx.freed and not hasattr(ctx, "x") and not hasattr(ctx, "w")
+
+
+def test_an_output_no_function_saved_is_freed_once_dropped_as_in_pytorch():
+    """The graph links Functions, not the Tensors between them: a convolution's output, which
+    the ReLU after it did not save, is freed as soon as the caller drops it, as PyTorch frees it
+    (before, the ReLU's graph link held it, and every such output, until the graph was dropped)."""
+    import gc
+    import weakref
+
+    import torch
+    rng = np.random.default_rng(0)
+    x_np, w_np = rng.standard_normal((2, 1, 6, 6)), rng.standard_normal((3, 1, 3, 3))
+    tx, tw = torch.tensor(x_np, requires_grad=True), torch.tensor(w_np, requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw)
+    t_alive = weakref.ref(ty)
+    tz = torch.relu(ty).sum()
+    del ty
+    x, w = mt.Tensor(x_np, requires_grad=True), mt.Parameter(w_np)
+    y = F.conv2d(x, w, backend="gemm")
+    alive = weakref.ref(y.data)
+    z = F.relu(y).sum()
+    del y
+    gc.collect()
+    assert t_alive() is None and alive() is None
+    tz.backward()
+    z.backward()                                 # the gradients do not need it either
+    np.testing.assert_allclose(x.grad, tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.grad, tw.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+class _Watch(mt.tensor.Function):
+    """The identity; its backward records which of `later` (Functions backward runs before this
+    one) have freed what they saved by then."""
+
+    def forward(self, x, later, seen):
+        self.later, self.seen = later, seen
+        return x
+
+    def backward(self, g):
+        self.seen.extend(f.freed for f in self.later)
+        return g
+
+
+@pytest.mark.parametrize("retain_graph", [False, True])
+def test_each_function_frees_what_it_saved_right_after_its_own_backward(retain_graph):
+    """Saved arrays go as backward passes each Function, as PyTorch frees each node's saved
+    tensors after that node's backward: while backward reaches the first layer, the later
+    layers' saved arrays are gone already (not all at the end of backward). retain_graph=True
+    keeps them all."""
+    later, seen = [], []
+    x = mt.Tensor(np.random.default_rng(1).standard_normal((2, 1, 6, 6)), requires_grad=True)
+    conv = mt.SpatialConvolution(1, 3, 3, backend="gemm")
+    h = _Watch.apply(conv(x), later=later, seen=seen)
+    r = F.relu(h)
+    s = F.relu(r * 2.0)
+    later += [r._ctx, s._ctx]                          # ReLUFn, ReLUFn: saved masks
+    first = h._ctx.parents[0]                          # the convolution, still to run backward
+    s.sum().backward(retain_graph=retain_graph)
+    assert seen == [not retain_graph] * 2
+    assert first.freed is not retain_graph and hasattr(first, "x") is retain_graph
+
+
+@pytest.mark.gpu
+def test_the_pool_takes_an_unsaved_output_back_on_the_gpu():
+    """On the GPU the convolution's output goes back to CuPy's pool when the caller drops it:
+    the pool's used bytes fall by its size (rounded to the pool's 512-byte unit)."""
+    import cupy as cp
+    pool = cp.get_default_memory_pool()
+    x = mt.Tensor(cp.random.standard_normal((4, 2, 16, 16), dtype=np.float32), requires_grad=True)
+    w = mt.Parameter(cp.random.standard_normal((8, 2, 3, 3), dtype=np.float32))
+    y = F.conv2d(x, w, backend="gemm")
+    z = F.relu(y).sum()
+    nbytes = -(-y.data.nbytes // 512) * 512
+    cp.cuda.Device().synchronize()
+    before = pool.used_bytes()
+    del y
+    assert before - pool.used_bytes() == nbytes
+    z.backward()
+    assert x.grad.shape == x.shape and w.grad.shape == w.shape

@@ -53,6 +53,48 @@ def test_batch_chunking_gives_the_same_answer(device, monkeypatch, settings):
     check_backend(gemm, x, w, (1, 1), (1, 1), device=device, rng=rng)
 
 
+def test_each_pass_stays_within_its_workspace_on_the_cpu(settings):
+    """The workspace bound counts everything a chunk holds beside the pass's output: the column
+    matrix and the (f', n*oh*ow) matrix (fprop's product before its transpose, the gy matrix of
+    bprop and accGrad). Measured by tracemalloc (NumPy's allocations), each pass's peak beyond
+    its output stays within gemm_workspace_mb; a column-matrix-only count went over by the gy
+    matrix. The answers are checked against float64 too."""
+    import tracemalloc
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((12, 6, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((32, 6, 3, 3)).astype(np.float32)
+    gy = rng.standard_normal((12, 32, 18, 18)).astype(np.float32)
+    per_image = (6 * 9 + 32) * 18 * 18 * 4                  # columns and the f' matrix, one image
+    settings(gemm_workspace_mb=3.5 * per_image / 2**20)     # 3 images a chunk: 4 chunks
+    g = backends.geometry(x.shape, w.shape, (1, 1), (0, 0))
+    assert [sl.stop - sl.start for sl in gemm._batch_chunks(g)] == [3, 3, 3, 3]
+    for name, call in (("fprop", lambda: gemm.fprop(x, w)), ("bprop", lambda: gemm.bprop(gy, w, x.shape)),
+                       ("accgrad", lambda: gemm.accgrad(gy, x, w.shape))):
+        tracemalloc.start()
+        try:
+            out = call()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak - out.nbytes <= 3.5 * per_image, name
+    check_backend(gemm, x, w, (1, 1), (0, 0), device="cpu", rng=rng)
+
+
+def test_chunks_are_as_few_as_the_workspace_allows_and_even(settings):
+    """The batch is split into the fewest chunks the workspace allows, of sizes within one image
+    of each other: the largest chunk, which sets the step's peak, is as small as that count
+    allows (AlexNet b128's conv1 accGrad: 103 images a chunk fit, so 64 + 64, not 103 + 25)."""
+    for S, fit in [(128, 103), (13, 3), (12, 3), (5, 1), (7, 7), (7, 100), (1, 1)]:
+        g = backends.geometry((S, 3, 12, 12), (4, 3, 3, 3), (1, 1), (0, 0))
+        per_image = (3 * 9 + 4) * 10 * 10 * 4
+        settings(gemm_workspace_mb=(fit + 0.5) * per_image / 2**20)
+        chunks = gemm._batch_chunks(g)
+        sizes = [sl.stop - sl.start for sl in chunks]
+        assert chunks[0].start == 0 and chunks[-1].stop == S and all(
+            a.stop == b.start for a, b in zip(chunks, chunks[1:]))            # the batch, once, in order
+        assert len(sizes) == -(-S // min(fit, S)) and max(sizes) - min(sizes) <= 1 and max(sizes) <= fit
+
+
 def test_registry():
     assert "gemm" in backends.names()
     assert backends.get("gemm") is gemm

@@ -167,3 +167,32 @@ def test_results_index_links_resolve():
         for target in re.findall(r"\]\(([^)#]+)\)", index.read_text()):
             if "://" not in target:
                 assert (index.parent / target).exists(), f"{index}: {target}"
+
+
+@pytest.mark.gpu
+def test_peak_step_bytes_measures_cupy_as_pytorch_measures_itself():
+    """The same allocations through CuPy and through PyTorch give the same peak: live bytes'
+    high-water mark (PyTorch's max_memory_allocated, exact to its 512-byte rounding, which CuPy's
+    pool shares), not the pool's size; reserved is at least that."""
+    import cupy as cp
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch without CUDA")
+
+    def pattern(empty):
+        keep = empty(3 << 20)          # 3 MiB, live to the end
+        a = empty(1000)                # 1000 bytes: 1024 counted
+        b = empty(1 << 20)
+        del a, b                       # peak so far: 4 MiB + 1024
+        c = empty(2 << 20)             # peak: 5 MiB
+        return keep, c
+
+    keep = cp.empty(1 << 20, dtype=np.uint8)    # live before the call: counted, as PyTorch counts it
+    before = cp.get_default_memory_pool().used_bytes()
+    ours = harness.peak_step_bytes(lambda: pattern(lambda n: cp.empty(n, dtype=np.uint8)), "cupy")
+    t_keep = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    t_before = torch.cuda.memory_allocated()
+    theirs = harness.peak_step_bytes(lambda: pattern(lambda n: torch.empty(n, dtype=torch.uint8, device="cuda")),
+                                     "torch")
+    assert ours["peak"] - before == theirs["peak"] - t_before == 5 << 20
+    assert ours["reserved"] >= ours["peak"] and keep.nbytes == t_keep.numel()
