@@ -1,7 +1,7 @@
 """The cudnn backend: absent cuDNN handled on the CPU; on a GPU with cuDNN's frontend, its three
 passes against PyTorch float64, strict fp32 and TF32 (ResNet-50's stride-2 layers among the
 geometries), the search no slower than cuDNN's first plan, the choice cached and replayed without
-heuristics, the pointer-form call, the workspace bound, and auto choosing among candidates that
+a search, the pointer-form call, the workspace bound, and auto choosing among candidates that
 include it."""
 import warnings
 
@@ -129,12 +129,12 @@ def test_engine_choice_is_cached_and_replayed(settings, tmp_path, monkeypatch):
     assert tuning.is_record(record) and cudnn._is_choice(record["choice"]), record
     assert record["ms"] or record["why"] == "only candidate", record
     # A new process: no built graph, no memo; the choice comes from the file and is rebuilt from its
-    # engine and knobs, with no heuristics query and no search.
+    # engine and knobs, with no plan list of ours and no search.
     cudnn._built.clear()
     tuning._memo.clear()
     tuning._caches.clear()
     monkeypatch.setattr(tuning, "tune", lambda *a, **k: pytest.fail("cudnn searched a cached geometry again"))
-    monkeypatch.setattr(cudnn, "_planned_graph", lambda *a, **k: pytest.fail("a cached choice queried heuristics"))
+    monkeypatch.setattr(cudnn, "_planned_graph", lambda *a, **k: pytest.fail("a cached choice listed plans"))
     y2 = cp.asnumpy(cudnn.fprop(cp.asarray(x), cp.asarray(w), padding=(1, 1)))
     (plan,) = [p for k, p in cudnn._built.items() if k[2] == g and k[1] == "fprop"]
     assert plan.choice["engine"] == record["choice"]["engine"] and plan.choice["knobs"] == record["choice"]["knobs"]
