@@ -2,6 +2,7 @@
 ReLU and the residual add + ReLU, a convolution's bias and its gradient, batch normalisation in
 training and evaluation (forward, gradients, running statistics) on odd shapes, and a batch-norm
 training step captured as a CUDA graph. The add + ReLU layer runs on the CPU too."""
+import copy
 import numpy as np
 import pytest
 import torch
@@ -13,14 +14,15 @@ from minitorch_fft import functional as F
 from reference import rel_error
 
 
-def _grads(fn, ref_fn, inputs, device, rng):
+def _grads(fn, ref_fn, inputs, device, rng, upstream=None):
     """fn on float32 Tensors against ref_fn on float64 torch tensors, under one random upstream
-    gradient: (output, reference output, [(gradient, reference gradient)] per input)."""
+    gradient (or `upstream`): (output, reference output, [(gradient, reference gradient)] per
+    input)."""
     ts = [mt.Tensor(mt.to_device(a, device), requires_grad=True) for a in inputs]
     out = fn(*ts)
     tt = [torch.tensor(a.astype(np.float64), requires_grad=True) for a in inputs]
     ref = ref_fn(*tt)
-    g = rng.standard_normal(ref.shape).astype(np.float32)
+    g = rng.standard_normal(ref.shape).astype(np.float32) if upstream is None else upstream
     (out * mt.Tensor(mt.to_device(g, device))).sum().backward()
     ref.backward(torch.tensor(g.astype(np.float64)))
     return out.numpy(), ref.detach().numpy(), [(t.grad, r.grad.numpy()) for t, r in zip(ts, tt)]
@@ -124,11 +126,17 @@ def test_batch_norm_kernels_against_torch(shape, affine, momentum, rng):
     for training in (True, True, True, False, False):
         layer.train(training), ref.train(training)
         x = (rng.standard_normal(shape) * 2 + 30).astype(np.float32)
+        g = rng.standard_normal(shape).astype(np.float32)
         layer.zero_grad()
         ref.zero_grad()
-        out, out_ref, [(gx, gx_ref)] = _grads(layer, ref, [x], "cuda", rng)
+        torch32 = copy.deepcopy(ref).float()     # PyTorch's own fp32 layer in the same state
+        out, out_ref, [(gx, gx_ref)] = _grads(layer, ref, [x], "cuda", rng, upstream=g)
+        x32 = torch.tensor(x, requires_grad=True)
+        torch32(x32).backward(torch.tensor(g))
         assert rel_error(out, out_ref) <= 1e-5
-        assert rel_error(gx, gx_ref) <= 1e-4
+        # dx cancels (with two values a plane it is all rounding, found on an H100: 4.3e-3), so
+        # the bound is PyTorch fp32's own error on the same data, or 1e-4 where that is smaller
+        assert rel_error(gx, gx_ref) <= max(1e-4, 4 * rel_error(x32.grad.numpy(), gx_ref))
         if affine:
             assert rel_error(layer.weight.grad, ref.weight.grad.numpy()) <= 1e-5
             assert rel_error(layer.bias.grad, ref.bias.grad.numpy()) <= 1e-5
