@@ -132,8 +132,9 @@ def test_batch_norm_kernels_against_torch(shape, affine, momentum, rng):
         torch32 = copy.deepcopy(ref).float()     # PyTorch's own fp32 layer in the same state
         out, out_ref, [(gx, gx_ref)] = _grads(layer, ref, [x], "cuda", rng, upstream=g)
         x32 = torch.tensor(x, requires_grad=True)
-        torch32(x32).backward(torch.tensor(g))
-        assert rel_error(out, out_ref) <= 1e-5
+        y32 = torch32(x32)
+        y32.backward(torch.tensor(g))
+        assert rel_error(out, out_ref) <= max(1e-5, 4 * rel_error(y32.detach().numpy(), out_ref))
         # dx cancels (with two values a plane it is all rounding, found on an H100: 4.3e-3), so
         # the bound is PyTorch fp32's own error on the same data, or 1e-4 where that is smaller
         assert rel_error(gx, gx_ref) <= max(1e-4, 4 * rel_error(x32.grad.numpy(), gx_ref))
