@@ -52,37 +52,45 @@ def _timed(step, steps, barrier, sync_device):
     return time.perf_counter() - t0
 
 
-def worker_minitorch(net, graphed, batch, backend, warmup, steps, seed):
+def setup_rank(net, batch, backend, seed, prog):
+    """This rank's group and a model on its GPU with rank 0's weights, SGD, the criterion, one
+    random batch (x on the GPU, y on the host; different on every rank) and its GradientSync."""
     import cupy as cp
 
     import minitorch_fft as mt
     import models
     from backends import cgemm
     from minitorch_fft import distributed
-    group = distributed.init_process_group(distributed.launched(), "nccl", prog="bench_ddp")
+    group = distributed.init_process_group(distributed.launched(), "nccl", prog=prog)
     cgemm.set_tf32(False)                 # strict fp32, as the PyTorch rows
     mt.manual_seed(seed)
     model = models.get(net, num_classes=1000, backend=backend).to("cuda")
     group.broadcast_arrays(distributed.model_state_arrays(model))
     opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    crit = mt.CrossEntropyCriterion()
     rng = np.random.default_rng(seed + group.rank)
     x = cp.asarray(rng.standard_normal((batch,) + models.input_shape(net), dtype=np.float32))
     y = rng.integers(0, 1000, batch)
-    sync = distributed.GradientSync(model.parameters(), group)
+    return group, model, opt, mt.CrossEntropyCriterion(), x, y, distributed.GradientSync(model.parameters(), group)
+
+
+def make_step(model, crit, opt, x, y, sync, graphed):
+    """One training step as a function of nothing: a GraphedStep's replay, or eager."""
+    import cupy as cp
+
+    import minitorch_fft as mt
+    if graphed:
+        g = mt.graphs.GraphedStep(model, crit, opt, sync=sync)
+        return lambda: g(x, y)
+    xt, yt = mt.Tensor(x), cp.asarray(y)
+    return lambda: mt.train_step(model, crit, opt, xt, yt, sync=sync)
+
+
+def worker_minitorch(net, graphed, batch, backend, warmup, steps, seed):
+    import cupy as cp
+    group, model, opt, crit, x, y, sync = setup_rank(net, batch, backend, seed, "bench_ddp")
     results = {}
     for with_sync in (False, True):       # without: the local step, to see what the sync adds
-        s = sync if with_sync else None
-        if graphed:
-            g = mt.graphs.GraphedStep(model, crit, opt, sync=s)
-
-            def step():
-                g(x, y)
-        else:
-            xt, yt = mt.Tensor(x), cp.asarray(y)
-
-            def step():
-                mt.train_step(model, crit, opt, xt, yt, sync=s)
+        step = make_step(model, crit, opt, x, y, sync if with_sync else None, graphed)
         for _ in range(warmup):
             step()
         results[with_sync] = _timed(step, steps, group.barrier, cp.cuda.Device().synchronize)

@@ -14,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 
 
 def busy_union(intervals):
@@ -58,32 +57,10 @@ def worker(args):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import minitorch_fft as mt
-    import models
-    from backends import cgemm
-    from minitorch_fft import distributed
-    group = distributed.init_process_group(distributed.launched(), "nccl", prog="exp_ddp_overlap")
+    from benchmarks.bench_ddp import make_step, setup_rank
+    group, model, opt, crit, x, y, sync = setup_rank(args.net, args.batch, args.backend, 0, "exp_ddp_overlap")
     torch.cuda.set_device(group.rank)
-    cgemm.set_tf32(False)
-    mt.manual_seed(0)
-    model = models.get(args.net, num_classes=1000, backend=args.backend).to("cuda")
-    group.broadcast_arrays(distributed.model_state_arrays(model))
-    opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    crit = mt.CrossEntropyCriterion()
-    rng = np.random.default_rng(group.rank)
-    x = cp.asarray(rng.standard_normal((args.batch,) + models.input_shape(args.net), dtype=np.float32))
-    y = rng.integers(0, 1000, args.batch)
-    sync = distributed.GradientSync(model.parameters(), group)
-    if args.graphed:
-        g = mt.graphs.GraphedStep(model, crit, opt, sync=sync)
-
-        def step():
-            g(x, y)
-    else:
-        xt, yt = mt.Tensor(x), cp.asarray(y)
-
-        def step():
-            mt.train_step(model, crit, opt, xt, yt, sync=sync)
+    step = make_step(model, crit, opt, x, y, sync, args.graphed)
     for _ in range(5):
         step()
     cp.cuda.Device().synchronize()
