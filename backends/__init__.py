@@ -20,7 +20,7 @@ import warnings
 
 import numpy as np
 
-from . import auto, common, config, cudnn, cufft, direct, fbfft, gemm, polyphase, reuse, winograd
+from . import auto, common, config, cudnn, cufft, direct, fbfft, gemm, polyphase, reuse, tiledfft, winograd
 from .common import PASSES, geometry
 from .reuse import reuse_spectra
 from .device import get_array_module
@@ -32,6 +32,7 @@ _REGISTRY = {
     "direct": direct,
     "polyphase": polyphase,  # strided layers, as fbfft (or cufft) on their polyphase components
     "winograd": winograd,    # 3x3 stride-1 layers, F(2x2,3x3) / F(4x4,3x3)
+    "tiledfft": tiledfft,    # stride-1 layers as overlap-save FFTs on 8/16/32 tiles; NumPy only so far
     "cudnn": cudnn,          # NVIDIA's library (a vendor backend, below); GPU only, optional extra
 }
 
@@ -41,9 +42,12 @@ _REGISTRY = {
 VENDOR = ("cudnn",)
 
 
-def names():
-    """The registered backends (``"auto"`` is a layer option, not a backend)."""
-    return list(_REGISTRY)
+def names(device=None):
+    """The registered backends (``"auto"`` is a layer option, not a backend); with `device` ("cpu" or
+    "cuda"), those that run there (a backend's DEVICES tuple, both where it declares none)."""
+    if device is None:
+        return list(_REGISTRY)
+    return [n for n, b in _REGISTRY.items() if device in getattr(b, "DEVICES", ("cpu", "cuda"))]
 
 
 def get(name):
@@ -56,7 +60,8 @@ def get(name):
 
 def auto_registry():
     """The backends auto may choose from: the registry as the auto_backends setting
-    ($MINITORCH_AUTO_BACKENDS) restricts it; ValueError for a name that is not registered."""
+    ($MINITORCH_AUTO_BACKENDS) restricts it (auto.OPT_IN's only where it names them); ValueError
+    for a name that is not registered."""
     wanted = config.get("auto_backends")
     if wanted is None:
         return _REGISTRY

@@ -16,6 +16,10 @@ A candidate that raises or runs out of memory is skipped, with the reason kept i
 ``MINITORCH_AUTO_MEMORY_MB`` caps the extra GPU memory a candidate may take (CuPy's pool limit
 is lowered while it runs, so a big-buffer candidate fails and is skipped).
 
+Backends in OPT_IN are candidates only where the auto_backends setting names them: tiledfft, whose
+NumPy path exists alone so far (its CUDA kernels are the next step), is selectable by name but
+never timed or chosen by default.
+
 On the CPU nothing is timed unless ``MINITORCH_AUTO_TUNE=on``: the first backend in
 PREFERENCE that supports the geometry is used, which keeps CPU runs deterministic and fast.
 """
@@ -28,6 +32,7 @@ from .common import PASSES, geometry, plain_args
 
 # Untimed order (CPU default): cheapest-to-set-up first; cudnn last (GPU arrays only).
 PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase", "winograd", "cudnn")
+OPT_IN = ("tiledfft",)   # candidates only where auto_backends names them (the docstring says why)
 # Order among candidates tied within the margin: the FFT backends first (their timings leave out
 # the spectra a step shares across passes), then the rest, the vendor's cudnn last (a tie is
 # the framework's own algorithm's to win); backends not listed come last.
@@ -105,7 +110,9 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
     known = _memory.get(key)
     if known is not None and known["choice"] in registry:
         return known["choice"], key  # chosen earlier in this process: every later pass of a layer
-    usable = [n for n in registry if runs_on(registry[n], xp) and registry[n].supports(x_shape, w_shape, stride, padding)]
+    named = config.get("auto_backends") or ()
+    usable = [n for n in registry if (n not in OPT_IN or n in named) and runs_on(registry[n], xp)
+              and registry[n].supports(x_shape, w_shape, stride, padding)]
     candidates = [n for n in PREFERENCE if n in usable] + [n for n in usable if n not in PREFERENCE]
     if not candidates:
         return None, key

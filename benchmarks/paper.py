@@ -70,8 +70,9 @@ TARGET_TOTAL, TARGET_LAYER = 1.0, 0.97
 
 
 def implementations(which):
-    """`which` = "all": our backends, then auto (our algorithms only), then auto over the default
-    candidates (with the `cudnn` backend where it is registered); "auto": the two autos alone.
+    """`which` = "all": our backends that run on the GPU, then auto (our algorithms only), then auto
+    over the default candidates (with the `cudnn` backend where it is registered); "auto": the two
+    autos alone.
     cuDNN through PyTorch is added by the callers, so the vendor backends (backends.VENDOR) have
     no row of their own. polyphase serves only the strided conv1 (as fbfft on its phase images),
     so it has no row of its own: the autos, and the rows of the backends that cannot take conv1,
@@ -80,7 +81,7 @@ def implementations(which):
     autos = ["auto[ours]", "auto"]
     if which == "auto":
         return autos
-    return [n for n in backends.names() if n != "polyphase" and n not in backends.VENDOR] + autos
+    return [n for n in backends.names("cuda") if n != "polyphase" and n not in backends.VENDOR] + autos
 
 
 def run_ours(layer, impl, pass_name, args, tf32=False):

@@ -115,7 +115,7 @@ def untuned(settings, monkeypatch):
 
 @pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("pass_name", backends.PASSES)
-@pytest.mark.parametrize("backend", backends.names())
+@pytest.mark.parametrize("backend", backends.names("cuda"))
 def test_out_of_memory_once_falls_back_and_loses_nothing(backend, pass_name, graphed):
     """Step 2 of 3 runs out of memory in one pass (while the graph is captured, when graphed): the
     layer warns, reruns the pass on gemm, and every step's weights are the undisturbed run's."""
@@ -137,7 +137,7 @@ def test_out_of_memory_once_falls_back_and_loses_nothing(backend, pass_name, gra
 
 @pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("pass_name", backends.PASSES)
-@pytest.mark.parametrize("backend", backends.names())
+@pytest.mark.parametrize("backend", backends.names("cuda"))
 def test_out_of_memory_for_good_raises_and_changes_nothing(backend, pass_name, graphed):
     """Step 2 runs out of memory in one pass and in every fallback: MemoryError, the weights and
     momentum bit for bit as before the step; the step run again without the fault, and the next,

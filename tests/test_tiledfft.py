@@ -1,0 +1,196 @@
+"""The tiledfft backend's NumPy path against PyTorch float64 (its tiling, index arithmetic and
+layout, which the CUDA kernels will follow), its tiling arithmetic, and what it refuses."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import strategies as st
+
+import backends
+from backends import tiledfft
+from reference import check_backend
+
+TOL = 1e-5   # as every backend in fp32
+
+
+def forced(n):
+    """The backend with its basis forced to n (check_backend calls the plain contract)."""
+    return SimpleNamespace(
+        fprop=lambda x, w, stride, padding: tiledfft.fprop(x, w, stride, padding, basis=n),
+        bprop=lambda gy, w, xs, stride, padding: tiledfft.bprop(gy, w, xs, stride, padding, basis=n),
+        accgrad=lambda gy, x, ws, stride, padding: tiledfft.accgrad(gy, x, ws, stride, padding, basis=n))
+
+
+CASES = [  # (S, f, f', h, w, kh, kw, padding)
+    (2, 3, 4, 20, 13, 3, 3, (1, 1)),     # larger than the 8 basis, rectangular: clipped last tiles
+    (1, 2, 3, 5, 5, 3, 5, (0, 2)),       # smaller than every basis: one tile
+    (2, 2, 2, 40, 9, 7, 2, (3, 4)),      # a tall plane, a rectangular kernel
+    (1, 1, 1, 1, 1, 1, 1, (0, 0)),       # one element
+    (1, 2, 2, 3, 3, 3, 3, (5, 1)),       # padding beyond k - 1: bprop reads its gradient cropped
+    (2, 3, 2, 16, 16, 5, 5, (2, 2)),     # a plane of the 16 basis's size
+    (1, 2, 3, 32, 8, 1, 1, (0, 0)),      # 1x1 kernel: every window element is valid
+    (1, 2, 2, 34, 30, 7, 7, (0, 3)),     # larger than the 32 basis
+]
+
+
+@pytest.mark.parametrize("n", tiledfft.BASES)
+@pytest.mark.parametrize("case", CASES)
+def test_three_passes_match_the_reference(n, case, rng):
+    S, f, fo, h, w, kh, kw, pad = case
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = rng.standard_normal((fo, f, kh, kw)).astype(np.float32)
+    check_backend(forced(n), x, wt, (1, 1), pad, tol=TOL, rng=rng)
+
+
+@pytest.mark.parametrize("n", tiledfft.BASES)
+def test_kernels_up_to_the_basis_limit(n, rng):
+    """Kernels of n - 1 per side: two valid outputs a tile, planes larger than the basis."""
+    k = n - 1
+    x = rng.standard_normal((1, 2, n + 7, n + 3)).astype(np.float32)
+    wt = rng.standard_normal((2, 2, k, k)).astype(np.float32)
+    check_backend(forced(n), x, wt, (1, 1), (1, k - 1), tol=TOL, rng=rng)
+
+
+@st.composite
+def geometries(draw):
+    """Stride 1, a basis, a kernel that fits it, padding 0 .. k - 1 and beyond, planes smaller than,
+    equal to and larger than the basis."""
+    n = draw(st.sampled_from(tiledfft.BASES))
+    kh, kw = draw(st.integers(1, n - 1)), draw(st.integers(1, n - 1))
+    ph, pw = draw(st.integers(0, kh + 1)), draw(st.integers(0, kw + 1))
+    most = 3 * n
+    h = draw(st.integers(max(1, kh - 2 * ph), max(most, kh)))
+    w = draw(st.integers(max(1, kw - 2 * pw), max(most, kw)))
+    return n, (draw(st.integers(1, 3)), draw(st.integers(1, 4)), h, w), (draw(st.integers(1, 4)), kh, kw), (ph, pw)
+
+
+@hsettings(max_examples=60, deadline=None, derandomize=True, database=None,
+           suppress_health_check=list(HealthCheck))
+@given(geometries())
+def test_random_geometries_match_the_reference(geom):
+    n, (S, f, h, w), (fo, kh, kw), pad = geom
+    rng = np.random.default_rng(h * 1000 + w)
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = rng.standard_normal((fo, f, kh, kw)).astype(np.float32)
+    check_backend(forced(n), x, wt, (1, 1), pad, tol=TOL, rng=rng)
+
+
+def test_default_basis_matches_the_reference(rng):
+    """The plain contract (the default basis), as a layer calls it."""
+    x = rng.standard_normal((2, 3, 23, 17)).astype(np.float32)
+    wt = rng.standard_normal((4, 3, 5, 3)).astype(np.float32)
+    check_backend(tiledfft, x, wt, (1, 1), (2, 1), tol=TOL, rng=rng)
+
+
+# -- the tiling arithmetic ----------------------------------------------------------------------
+
+def test_tiling_counts_and_window_origins():
+    t = tiledfft.tiling((224, 224), (3, 3), 32)                 # 30 valid outputs a tile, 8 tiles cover 224
+    assert t == tiledfft.Tiling(n=32, mh=30, mw=30, th=8, tw=8)
+    rows, cols = tiledfft.window_origins(t, (1, 1))
+    assert rows.tolist() == cols.tolist() == [-1, 29, 59, 89, 119, 149, 179, 209]
+    t = tiledfft.tiling((13, 20), (5, 2), 8)                    # rectangular kernel: 4 x 7 outputs a tile
+    assert t == tiledfft.Tiling(n=8, mh=4, mw=7, th=4, tw=3)
+    rows, cols = tiledfft.window_origins(t, (2, 0))
+    assert rows.tolist() == [-2, 2, 6, 10] and cols.tolist() == [0, 7, 14]
+    assert tiledfft.tiling((1, 1), (1, 1), 8) == tiledfft.Tiling(8, 8, 8, 1, 1)
+    assert tiledfft.tiling((6, 6), (7, 7), 8) == tiledfft.Tiling(8, 2, 2, 3, 3)   # the largest kernel
+    # bprop: padding k - 1 - p is negative where p > k - 1: its windows start inside the plane
+    rows, _ = tiledfft.window_origins(tiledfft.tiling((3, 3), (3, 3), 8), (2 - 5, 0))
+    assert rows.tolist() == [3]
+
+
+def test_every_output_is_covered_once():
+    """The tiles' valid parts cover the output exactly: each element once."""
+    for out_hw, k_hw, n in [((224, 224), (3, 3), 32), ((13, 20), (5, 2), 8), ((57, 9), (15, 1), 16)]:
+        t = tiledfft.tiling(out_hw, k_hw, n)
+        hits = np.zeros((t.th * t.mh, t.tw * t.mw), dtype=int)
+        for i in range(t.th):
+            for j in range(t.tw):
+                hits[i * t.mh:(i + 1) * t.mh, j * t.mw:(j + 1) * t.mw] += 1
+        assert (hits == 1).all()
+        assert (t.th - 1) * t.mh < out_hw[0] <= t.th * t.mh and (t.tw - 1) * t.mw < out_hw[1] <= t.tw * t.mw
+
+
+def test_windows_read_zeros_outside_the_plane():
+    """The gathered windows against a padded copy (the test's, not the backend's)."""
+    a = np.arange(2 * 3 * 7 * 5, dtype=np.float32).reshape(2, 3, 7, 5) + 1
+    t = tiledfft.tiling((7, 5), (3, 3), 8)
+    got = tiledfft._windows(a, (1, 2), t)
+    padded = np.zeros((2, 3, 1 + t.th * t.mh + 8, 2 + t.tw * t.mw + 8), dtype=np.float32)
+    padded[:, :, 1:8, 2:7] = a
+    for i in range(t.th):
+        for j in range(t.tw):
+            np.testing.assert_array_equal(got[:, :, i, j], padded[:, :, i * t.mh:i * t.mh + 8, j * t.mw:j * t.mw + 8])
+
+
+def test_default_basis():
+    assert tiledfft.basis((224, 224), (3, 3)) == 32
+    assert tiledfft.basis((5, 5), (3, 3)) == 8              # one tile of the smallest basis
+    assert tiledfft.basis((4, 4), (9, 9)) == 16             # 9x9 does not fit 8
+    assert tiledfft.basis((30, 30), (16, 16)) == 32
+
+
+def test_a_batch_larger_than_the_workspace_runs_in_chunks(settings, rng):
+    """fbfft_workspace_mb bounds the spectra: a tiny budget, one image a chunk, the same result."""
+    x = rng.standard_normal((3, 2, 19, 11)).astype(np.float32)
+    wt = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    settings(fbfft_workspace_mb=1e-4)
+    assert len(tiledfft._chunks(3, tiledfft._spectrum_bytes(tiledfft.tiling((19, 11), (3, 3), 8), 5))) == 3
+    check_backend(forced(8), x, wt, (1, 1), (1, 1), tol=TOL, rng=rng)
+
+
+# -- what it takes and what it refuses ----------------------------------------------------------
+
+def test_registered_but_not_an_auto_candidate_by_default(settings, tmp_path, monkeypatch):
+    """Selectable by name; auto times it only where auto_backends names it (auto.OPT_IN)."""
+    assert "tiledfft" in backends.names() and "tiledfft" in backends.names("cpu")
+    assert "tiledfft" not in backends.names("cuda")
+    geom = dict(x_shape=(1, 2, 6, 6), w_shape=(2, 2, 3, 3), stride=(1, 1), padding=(1, 1))
+    assert backends.choose("tiledfft", "fprop", **geom) is tiledfft
+    monkeypatch.setattr(backends.auto, "_memory", {})
+    settings(auto_tune="on", tune_cache=str(tmp_path / "tune.json"))
+    assert backends.choose("auto", "fprop", **geom) is not tiledfft
+    timed, = backends.auto.choices()
+    assert "gemm" in timed["ms"] and "tiledfft" not in timed["ms"]
+    settings(auto_backends="gemm,tiledfft")
+    backends.choose("auto", "fprop", **geom)
+    assert any("tiledfft" in r["ms"] for r in backends.auto.choices())
+
+
+def test_supports():
+    assert tiledfft.supports((2, 3, 224, 224), (8, 3, 3, 3), (1, 1), (1, 1))
+    assert tiledfft.supports((2, 3, 224, 224), (8, 3, 5, 5), (1, 1), (2, 2))
+    assert tiledfft.supports((1, 1, 40, 40), (1, 1, 31, 31))
+    assert not tiledfft.supports((1, 1, 40, 40), (1, 1, 32, 3))         # past the 32 basis
+    assert not tiledfft.supports((1, 1, 40, 40), (1, 1, 3, 3), (2, 2))  # strided
+    assert not tiledfft.supports((1, 1, 4, 4), (1, 2, 3, 3))            # invalid
+
+
+@pytest.mark.parametrize("call,err,pattern", [
+    (lambda x, w: tiledfft.fprop(x, w, stride=(2, 2)), ValueError, "stride 1 only"),
+    (lambda x, w: tiledfft.fprop(x, np.ones((2, 3, 33, 3), np.float32)), ValueError, "up to 31 per side"),
+    (lambda x, w: tiledfft.fprop(x, w, basis=12), ValueError, r"basis must be one of \(8, 16, 32\)"),
+    (lambda x, w: tiledfft.fprop(x, np.ones((2, 3, 9, 9), np.float32), basis=8), ValueError,
+     "basis 8 takes kernels up to 7 per side, got 9x9"),
+    (lambda x, w: tiledfft.bprop(np.ones((1, 2, 5, 5), np.float32), w, x.shape), ValueError, "gy must have shape"),
+    (lambda x, w: tiledfft.accgrad(np.ones((1, 2, 38, 38), np.float32), x.astype(np.float64), w.shape),
+     TypeError, "float32"),
+])
+def test_bad_input_is_refused_clearly(call, err, pattern):
+    x, w = np.ones((1, 3, 40, 40), np.float32), np.ones((2, 3, 3, 3), np.float32)
+    with pytest.raises(err, match=pattern):
+        call(x, w)
+
+
+def test_a_named_layer_says_why_it_cannot_take_a_geometry():
+    with pytest.raises(ValueError, match="'tiledfft' does not support fprop.*stride 1 only"):
+        backends.choose("tiledfft", "fprop", (1, 1, 8, 8), (1, 1, 3, 3), (2, 2), (0, 0))
+
+
+@pytest.mark.gpu
+def test_cupy_arrays_are_refused_until_the_kernels_exist():
+    import cupy as cp
+    with pytest.raises(TypeError, match="NumPy .* only for now"):
+        tiledfft.fprop(cp.ones((1, 1, 8, 8), np.float32), cp.ones((1, 1, 3, 3), np.float32))
