@@ -7,10 +7,11 @@ neighbouring windows overlap by kh - 1 rows, kw - 1 columns). The circular corre
 window with the kernel (zero-padded to n x n) equals the linear one at rows < mh and columns < mw,
 the tile's valid outputs; the rest wraps and is dropped.
 
-  fprop   Y  = [ conj(W) . X ]               X (nf, f, P)  the windows' spectra, W (nf, f', f)
+  fprop   Y (nf, f', P) = conj(W) @ X     X (nf, f, P) the windows' spectra, W (nf, f', f) the
+                                          kernels'; each tile's inverse keeps its valid corner
   bprop   the same with the weights rotated 180 degrees, planes swapped, padding k - 1 - p
-  accGrad gW = irfft2 conj( GY @ X^H )        GY (nf, f', P): each tile's mh x mw gradient block at
-                                              the origin of an n x n basis, zeros after it
+  accGrad gW = irfft2 conj(GY @ X^H)      GY (nf, f', P): each tile's mh x mw gradient block at
+                                          the origin of an n x n basis, zeros after it
 
 nf = n (n/2 + 1) frequencies, P = S * th * tw tiles. Each product is a batched complex GEMM over
 planes, one per frequency (cgemm.matmul), on the GEMM-ready layout (frequencies, planes, S*tiles)
@@ -38,8 +39,10 @@ A batch whose spectra exceed the fbfft_workspace_mb setting runs in chunks (this
 fbfft's transform on tiles, and shares its frequency-domain budget).
 
 DEVICES is ("cpu",): this is the NumPy reference of the algorithm; the CUDA kernels (fbfft's
-8/16/32-point transforms reading tiles) are the next step (issue 18), so auto never considers it
-on the GPU, and CuPy arrays are refused with that said.
+8/16/32-point transforms reading tiles) are the next step (issue 18). supports() answers for the
+shapes alone, as every backend's; on the GPU the backend is unsupported through DEVICES: auto
+never considers it there, backends.names("cuda") leaves it out, and CuPy arrays are refused with
+that said. On the CPU, auto considers it only where auto_backends names it (auto.OPT_IN).
 """
 from collections import namedtuple
 
