@@ -293,6 +293,10 @@ def _train_in(args, resumed, prog, group):
     quiet = group is not None and group.rank != 0     # rank 0 alone prints and saves
     args.no_progress = args.no_progress or quiet
     device = "cuda" if group is not None else mt.normalize_device(args.device)
+    if args.backend != "auto" and args.backend not in backends.names(device):
+        runs_on = getattr(backends.get(args.backend), "DEVICES", ())
+        raise ValueError(f"--backend {args.backend} does not run on the {'GPU' if device == 'cuda' else 'CPU'} "
+                         f"(it runs on: {', '.join(runs_on)}); choose another --backend or --device")
     if args.cuda_graph and device != "cuda":
         raise ValueError(f"--cuda-graph needs the GPU (--device cuda), got --device {args.device} "
                          f"({device})")

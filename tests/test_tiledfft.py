@@ -147,6 +147,7 @@ def test_registered_but_not_an_auto_candidate_by_default(settings, tmp_path, mon
     """Selectable by name; auto times it only where auto_backends names it (auto.OPT_IN)."""
     assert "tiledfft" in backends.names() and "tiledfft" in backends.names("cpu")
     assert "tiledfft" not in backends.names("cuda")
+    assert backends.names("cuda") == [n for n in backends.names() if n != "tiledfft"]   # the GPU set is unchanged
     geom = dict(x_shape=(1, 2, 6, 6), w_shape=(2, 2, 3, 3), stride=(1, 1), padding=(1, 1))
     assert backends.choose("tiledfft", "fprop", **geom) is tiledfft
     monkeypatch.setattr(backends.auto, "_memory", {})

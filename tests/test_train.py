@@ -270,3 +270,12 @@ def test_sigterm_saves_like_ctrl_c(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM: interrupted at epoch" in err and "Traceback" not in err
     assert 1 <= mt.checkpoint.load(ckpt, models.get("digits", 10))["epoch"] < 50
+
+
+def test_a_backend_that_does_not_run_on_the_device_is_refused_before_training(monkeypatch, capsys):
+    """tiledfft has a NumPy path only: with --device cuda it is one line and exit 2, before the
+    data or the model (the GPU is pretended here: the check comes before anything touches it)."""
+    monkeypatch.setattr(mt, "normalize_device", lambda device: "cuda")
+    monkeypatch.setattr(cli, "load_data", lambda *a, **k: pytest.fail("the data was loaded"))
+    assert cli.main(["--backend", "tiledfft", "--device", "cuda", "--epochs", "1", "--no-progress"]) == 2
+    assert "--backend tiledfft does not run on the GPU (it runs on: cpu)" in capsys.readouterr().err
