@@ -1,0 +1,119 @@
+"""Experiment: every cuDNN plan of one layer-pass, timed, checked and sized, beside PyTorch strict.
+
+For a layer-pass where the cudnn backend loses to PyTorch's strict cuDNN (bench_cudnn), this lists
+every plan the backend's search considers (heuristics A, B, the fallback list, every other engine
+at its default knobs; strict fp32 notes filter) with no workspace bound: its workspace, its
+relative difference from gemm, its median time over a few runs on fresh random data, and whether
+the search would take it (within CHECK_TOL and within cudnn_workspace_mb). Then the backend's own
+choice and PyTorch strict's time on the same memory (benchmark mode, TF32 off). The question it
+answers: is PyTorch's speed a plan we refuse (workspace, check), one we never list, or host time?
+
+  PYTHONPATH=. python3 benchmarks/experiments/exp_cudnn_plans.py --layer vgg16.conv1_2 --pass accgrad
+  PYTHONPATH=. python3 benchmarks/experiments/exp_cudnn_plans.py --layer resnet18.1x1.64-128.s2 --pass bprop
+"""
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from benchmarks.bench_cudnn import LAYERS
+from benchmarks.harness import median_ms
+
+UNBOUNDED = 1 << 40
+SLOW = 5   # a plan whose first run is over 5x the best median so far is not timed again
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layer", required=True, choices=list(LAYERS))
+    ap.add_argument("--pass", dest="pass_name", required=True, choices=["fprop", "bprop", "accgrad"])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", help="append the result as one JSON line to this file")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+    import torch
+
+    from backends import config, cudnn, tuning
+    from backends.common import geometry
+
+    S, f, fo, hw, k, s, p = LAYERS[args.layer]
+    stride, pad = (s, s), (p, p)
+    g = geometry((S, f, hw, hw), (fo, f, k, k), stride, pad)
+    rng = cp.random.default_rng(7)
+    x, w = rng.standard_normal((S, f, hw, hw), dtype=cp.float32), rng.standard_normal((fo, f, k, k), dtype=cp.float32)
+    gy = rng.standard_normal((S, fo, g.oh, g.ow), dtype=cp.float32)
+    a, b, out_shape = {"fprop": (x, w, (S, fo, g.oh, g.ow)), "bprop": (gy, w, (S, f, hw, hw)),
+                       "accgrad": (x, gy, (fo, f, k, k))}[args.pass_name]
+    front, why = cudnn._frontend()
+    if front is None:
+        sys.exit(f"cuDNN frontend not usable: {why}")
+    handle = cudnn._handle(cp, front)
+    reference = cudnn._reference(args.pass_name, g, a, b)
+    limit = config.mib_bytes("cudnn_workspace_mb")
+    graph, uids = cudnn._planned_graph(front, handle, args.pass_name, g, "fp32", UNBOUNDED, cudnn.HEURISTICS,
+                                       every_engine=True)
+    rows, best = [], [float("inf")]
+    for name, index in cudnn._plan_indices(graph).items():
+        row = {"plan": name}
+        try:
+            plan = cudnn._build(front, handle, graph, uids, index, UNBOUNDED)
+        except Exception as e:  # noqa: BLE001 - deselected or unbuildable: say which
+            row["build"] = f"{type(e).__name__}: {e}"[:80]
+            rows.append(row)
+            continue
+        out = cp.empty(out_shape, dtype=np.float32)
+        row["workspace_mib"] = round(plan.workspace / 2**20, 1)
+        try:
+            first = median_ms(lambda: plan.run(cp, a, b, out), "cupy", 0, 1)   # module load included
+            row["err"] = float(tuning.rel_error(cp, out, reference))
+            if first > SLOW * best[0]:   # cannot win: one run is its figure, not `repeat`
+                row["ms"], row["build"] = first, "one run only (slow)"
+            else:
+                row["ms"] = median_ms(lambda: plan.run(cp, a, b, out), "cupy", 1, args.repeat)
+                best[0] = min(best[0], row["ms"])
+        except Exception as e:  # noqa: BLE001
+            row["build"] = f"run failed: {type(e).__name__}: {e}"[:80]
+        row["searchable"] = (plan.workspace <= limit and row.get("err", 1.0) <= cudnn.CHECK_TOL)
+        rows.append(row)
+        del out
+
+    fn = {"fprop": cudnn.fprop, "bprop": cudnn.bprop, "accgrad": cudnn.accgrad}[args.pass_name]
+    call = {"fprop": lambda: fn(x, w, stride, pad), "bprop": lambda: fn(gy, w, x.shape, stride, pad),
+            "accgrad": lambda: fn(gy, x, w.shape, stride, pad)}[args.pass_name]
+    call()
+    chosen = {key[1]: plan for key, plan in cudnn.built().items()}.get(args.pass_name)
+    ours_ms = median_ms(call, "cupy", 2, args.repeat * 2)
+
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    xt, wt, gyt = (torch.from_dlpack(t) for t in (x, w, gy))
+
+    def torch_call():
+        if args.pass_name == "fprop":
+            return torch.nn.functional.conv2d(xt, wt, stride=stride, padding=pad)
+        mask = (True, False, False) if args.pass_name == "bprop" else (False, True, False)
+        return torch.ops.aten.convolution_backward(gyt, xt, wt, None, stride, pad, (1, 1), False, (0, 0), 1, mask)
+    torch_call()
+    torch_ms = median_ms(torch_call, "torch", 2, args.repeat * 2)
+
+    rows.sort(key=lambda r: r.get("ms", float("inf")))
+    print(f"# {args.layer} {args.pass_name}: ours (cudnn backend, chosen {chosen}) {ours_ms:.3f} ms, "
+          f"PyTorch strict {torch_ms:.3f} ms, ratio {torch_ms / ours_ms:.3f}; workspace bound {limit / 2**20:.0f} MiB")
+    print("| plan | ms | rel err vs gemm | workspace MiB | our search may take it | note |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        ms = f"{r['ms']:.3f}" if "ms" in r else ""
+        err = f"{r['err']:.1e}" if "err" in r else ""
+        print(f"| {r['plan']} | {ms} | {err} | {r.get('workspace_mib', '')} | {r.get('searchable', '')} | "
+              f"{r.get('build', '')} |")
+    if args.json:
+        with open(args.json, "a") as fh:
+            fh.write(json.dumps({"layer": args.layer, "pass": args.pass_name, "ours_ms": ours_ms,
+                                 "torch_ms": torch_ms, "chosen": chosen, "plans": rows}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
