@@ -53,7 +53,7 @@ SETTINGS = {s.name: s for s in (
     Setting("winograd_f4", "MINITORCH_WINOGRAD_F4", "bool", True,
             "winograd may use F(4x4,3x3) (1; within 8e-6 of float64 on the zoo's layers), or F(2x2,3x3) only (0)",
             True),
-    Setting("cudnn_workspace_mb", "MINITORCH_CUDNN_WORKSPACE_MB", "mib", 1024.0,
+    Setting("cudnn_workspace_mb", "MINITORCH_CUDNN_WORKSPACE_MB", "mib", 4096.0,
             "cudnn's workspace: cuDNN plans needing more are not used", True),
     Setting("auto_tune", "MINITORCH_AUTO_TUNE", "tune", "auto",
             "auto times the backends: auto = on the GPU only, on, off (first supported backend)", True),

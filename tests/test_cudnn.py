@@ -127,7 +127,8 @@ def test_engine_choice_is_cached_and_replayed(settings, tmp_path, monkeypatch):
     x, w = rng.standard_normal(xs).astype(f32), rng.standard_normal(ws).astype(f32)
     y1 = cp.asnumpy(cudnn.fprop(cp.asarray(x), cp.asarray(w), padding=(1, 1)))
     g = backends.geometry(xs, ws, (1, 1), (1, 1))
-    record = tuning.default_cache().get(tuning.key(cp, f32, g, "fprop", "cudnn", math="fp32"))
+    record = tuning.default_cache().get(cudnn.tuning_key(cp, g, "fprop", "fp32",
+                                                              config.mib_bytes("cudnn_workspace_mb")))
     assert tuning.is_record(record) and cudnn._is_choice(record["choice"]), record
     assert record["ms"] or record["why"] == "only candidate", record
     # A new process: no built graph, no memo; the choice comes from the file and is rebuilt from its
@@ -179,7 +180,8 @@ def test_search_is_no_slower_than_cudnns_first_plan(settings, tmp_path):
     cudnn.fprop(x, w, padding=(1, 1))
     g = backends.geometry(xs, ws, (1, 1), (1, 1))
     (chosen,) = [p for k, p in cudnn._built.items() if k[2] == g and k[1] == "fprop" and k[5]]
-    record = tuning.default_cache().get(tuning.key(cp, f32, g, "fprop", "cudnn", math="fp32"))
+    record = tuning.default_cache().get(cudnn.tuning_key(cp, g, "fprop", "fp32",
+                                                              config.mib_bytes("cudnn_workspace_mb")))
     lib = cudnn._frontend()[0]
     first = cudnn._first(lib, cudnn._handle(cp, lib), "fprop", g, "fp32", config.mib_bytes("cudnn_workspace_mb"))
     assert first.name in record["ms"] or first.name in record["skipped"], (first.name, record)   # a candidate
