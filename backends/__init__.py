@@ -121,16 +121,22 @@ def _is_out_of_memory(exc):
 _warned = set()
 
 
-def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
+def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=None):
     """Run one pass on the backend chosen for it. If that backend runs out of GPU memory,
     free what it allocated and fall back to `gemm` with a small workspace (the batch then
-    goes through in chunks, down to one image), saying so once per layer geometry."""
+    goes through in chunks, down to one image), saying so once per layer geometry.
+
+    later: the passes the layer will still run on these arrays in this step (default: every pass
+    after this one), so that inside reuse_spectra() a pass keeps only spectra one of them takes."""
     xp = get_array_module(*args[:2])
     backend = choose(name, pass_name, x_shape, w_shape, stride, padding, xp)
     _check_output_fits(backend, pass_name, xp, x_shape, w_shape, stride, padding)
     call = lambda b: getattr(b, pass_name)(*args, stride=stride, padding=padding)  # noqa: E731
     try:
-        return call(backend)
+        if reuse.active() is None:
+            return call(backend)
+        with reuse.keeping(_kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding)):
+            return call(backend)
     except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
         if not _is_out_of_memory(e):
             raise
@@ -154,6 +160,28 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding):
             if not _is_out_of_memory(e) or budget_mb < 2**-20:   # one byte: a single image already
                 raise
             _free_gpu_pool()
+
+
+# Which later pass takes each spectrum a pass computes (backends/reuse.py's table).
+_CONSUMER = {"fprop": {"x": "accgrad", "w": "bprop"}, "bprop": {"gy": "accgrad"}, "accgrad": {}}
+
+
+def _kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding):
+    """The spectra roles `pass_name` on `backend` may keep for a later pass of the layer: those
+    whose consumer runs later, on the same backend. Under auto a consumer not tuned yet counts as
+    the same (the first step keeps what it may need, as before)."""
+    later = PASSES[PASSES.index(pass_name) + 1:] if later is None else later
+    roles = set()
+    for role, consumer in _CONSUMER[pass_name].items():
+        if consumer not in later:
+            continue
+        if name == "auto":
+            registry = auto_registry()
+            picked = auto.remembered(registry, consumer, x_shape, w_shape, stride, padding, xp)
+            if picked is not None and registry[picked] is not backend:
+                continue
+        roles.add(role)
+    return roles
 
 
 def _check_output_fits(backend, pass_name, xp, x_shape, w_shape, stride, padding):

@@ -32,7 +32,11 @@ rows stay strict fp32 whatever MINITORCH_CGEMM_TF32 says.
 Every timed result is first checked against a float64 reference (PyTorch on the GPU): ours and
 strict cuDNN to 1e-4 relative, TF32 (cuDNN's, and our TF32 GEMM) to 1e-2. The error is reported
 beside the time (table3: the largest over the network's layers and passes), never only checked.
-Times are medians of CUDA events after warm-up, on fresh random data. Results go to
+Times are medians of CUDA events after warm-up, on fresh random data; table3 and table4 time
+--inner (5) calls back to back per span and give the time per call, both sides alike, as a
+training step issues them: a call's host time shows where it exceeds its GPU time. Up to session
+10 each span held one call, which charged every call's host dispatch in full before its first
+kernel (our Python dispatch ~40-60 us, PyTorch's ~15: 0.8x on a 0.1 ms layer with equal kernels). Results go to
 results/<device>/paper_<table>.{json,md} with device, date and command.
 """
 import argparse
@@ -487,6 +491,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="warm-up 1, repeat 3")
+    parser.add_argument("--inner", type=int, default=5,
+                        help="table3/table4: calls back to back in each timed span, time given per call "
+                             "(launches queue as in a training step; 1 = one call a span, as up to session 10)")
     parser.add_argument("--runs", type=int, default=1,
                         help="table3: time each whole network this many times in one process and "
                              "report the median run, with every run's total and the spread")
@@ -495,9 +502,10 @@ def main():
     parser.add_argument("--cgemm-tf32", action="store_true",
                         help="table3/table4: add auto with the FFT backends' GEMM on TF32 (backends.cgemm)")
     args = parser.parse_args()
-    if args.batch is not None and args.batch < 1 or args.warmup < 0 or args.repeat < 1 or args.runs < 1:
-        parser.error(f"need --batch >= 1, --warmup >= 0, --repeat >= 1, --runs >= 1, got {args.batch}, "
-                     f"{args.warmup}, {args.repeat}, {args.runs}")
+    if (args.batch is not None and args.batch < 1 or args.warmup < 0 or args.repeat < 1 or args.runs < 1
+            or args.inner < 1):
+        parser.error(f"need --batch >= 1, --warmup >= 0, --repeat >= 1, --runs >= 1, --inner >= 1, got "
+                     f"{args.batch}, {args.warmup}, {args.repeat}, {args.runs}, {args.inner}")
     if args.quick:
         args.warmup, args.repeat = 1, 3
 
@@ -513,6 +521,7 @@ def main():
     set_tf32("strict")
     meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                       cupy=cp.__version__, batch=args.batch or "per network", warmup=args.warmup, repeat=args.repeat,
+                      inner=args.inner,
                       networks=",".join(args.networks), command_line=" ".join(sys.argv[1:]),
                       cgemm_tf32=args.cgemm_tf32, cgemm_default_mode=cgemm.mode(cp), **cudnn_setup)
     for name in (COMMANDS if args.command == "all" else [args.command]):

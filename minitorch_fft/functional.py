@@ -14,7 +14,7 @@ from backends.common import cuda_module, launch_1d
 from . import fused, random as _random
 from .device import get_array_module
 from .utils import is_number, pair as _pair
-from .tensor import Function, Tensor, check_sizes
+from .tensor import Function, Tensor, check_sizes, is_grad_enabled
 
 
 # -- elementwise and shape ---------------------------------------------------
@@ -625,6 +625,9 @@ class Conv2dFn(Function):
     def forward(self, x, w, b=None, *, stride, padding, backend):
         self.x, self.w = x, w
         self.stride, self.padding, self.backend = stride, padding, backend
+        # The passes backward will run (spectra kept for no other: backends/reuse.py)
+        needs = self.needs_input_grad if is_grad_enabled() else (False, False)
+        self.later = tuple(p for p, need in zip(("bprop", "accgrad"), needs) if need)
         y = self._run("fprop", x, w)
         if b is not None and fused.applies(y, b) and y.flags.c_contiguous:
             fused.bias_add(y, b)                   # one pass, in place
@@ -633,8 +636,9 @@ class Conv2dFn(Function):
         return y
 
     def _run(self, pass_name, *arrays):
-        return backends.run_pass(self.backend, pass_name, *arrays, x_shape=self.x.shape,
-                                 w_shape=self.w.shape, stride=self.stride, padding=self.padding)
+        later = self.later[self.later.index(pass_name) + 1:] if pass_name in self.later else self.later
+        return backends.run_pass(self.backend, pass_name, *arrays, x_shape=self.x.shape, w_shape=self.w.shape,
+                                 stride=self.stride, padding=self.padding, later=later)
 
     def backward(self, g):
         x, w = self.x, self.w

@@ -76,7 +76,7 @@ def test_a_layer_step_with_reuse_equals_one_without(name, device):
 def test_a_two_layer_net_reuses_per_layer(name):
     """conv -> ReLU -> conv on an image that wants no gradient: the second layer saves all 3
     FFTs; the first skips bprop, so only its x spectrum is asked for again (its accGrad computes
-    gy's, and its weight's stays unasked until the block ends)."""
+    gy's and keeps it not, and its weight's is not kept: no bprop will ask)."""
     mt.manual_seed(0)
     net = mt.Sequential(mt.SpatialConvolution(2, 3, 3, padding=1, backend=name), mt.ReLU(),
                         mt.SpatialConvolution(3, 4, 3, padding=1, backend=name))
@@ -91,6 +91,7 @@ def test_a_two_layer_net_reuses_per_layer(name):
     plain = step()
     with backends.reuse_spectra() as cache:
         shared = step()
+        assert len(cache) == 0                   # nothing waits for a pass that will not come
     assert roles(cache) == [(name, "gy"), (name, "w"), (name, "x"), (name, "x")]
     assert cache.misses == 6 and len(cache) == 0
     for a, c in zip(plain, shared, strict=True):
@@ -128,6 +129,34 @@ def test_no_sharing_across_backends(monkeypatch):
         np.testing.assert_array_equal(a, c)
     for a, ref in zip(got[:3], conv_reference(x, w, gy, (1, 1), (0, 0)), strict=True):
         assert rel_error(a, ref) < 1e-5
+
+
+def kept_roles(cache):
+    return sorted(key.role for key, _ in cache._entries)
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_a_pass_keeps_only_spectra_a_later_pass_takes(monkeypatch, requires_grad):
+    """auto runs a layer's fprop and accGrad on fbfft and its bprop on gemm: fprop keeps x's
+    spectrum (accGrad takes it) and not w's (bprop runs elsewhere); bprop and accGrad keep none.
+    With an input that wants no gradient there is no bprop at all. Results as without the block."""
+    picks = {"fprop": "fbfft", "bprop": "gemm", "accgrad": "fbfft"}
+    monkeypatch.setattr(auto, "pick", lambda registry, pass_name, *args, **kwargs: picks[pass_name])
+    monkeypatch.setattr(auto, "remembered", lambda registry, pass_name, *args, **kwargs: picks[pass_name])
+    padding = (1, 2)
+    x, w, gy = operands(padding=padding)
+    layer = mt.SpatialConvolution(w.shape[1], w.shape[0], w.shape[2:], padding=padding, backend="auto")
+    layer.weight.data, layer.bias.data = w, np.zeros(w.shape[0], np.float32)
+    xt = mt.Tensor(x, requires_grad=requires_grad)
+    with backends.reuse_spectra() as cache:
+        y = layer(xt)
+        assert kept_roles(cache) == ["x"]
+        (y * mt.Tensor(gy)).sum().backward()
+        assert len(cache) == 0
+    assert roles(cache) == [("fbfft", "x")]
+    y_ref, gx_ref, gw_ref = conv_reference(x, w, gy, (1, 1), padding)
+    assert rel_error(y.data, y_ref) < 1e-5 and rel_error(layer.weight.grad, gw_ref) < 1e-5
+    assert (xt.grad is None) if not requires_grad else rel_error(xt.grad, gx_ref) < 1e-5
 
 
 def test_no_sharing_across_bases(monkeypatch):
