@@ -169,11 +169,15 @@ _CONSUMER = {"fprop": {"x": "accgrad", "w": "bprop"}, "bprop": {"gy": "accgrad"}
 def _kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding):
     """The spectra roles `pass_name` on `backend` may keep for a later pass of the layer: those
     whose consumer runs later, on the same backend. Under auto a consumer not tuned yet counts as
-    the same (the first step keeps what it may need, as before)."""
+    the same (the first step keeps what it may need, as before). A weight's spectrum only where
+    the reuse_weight_spectra setting asks: it is 10-40x the weight (a 3x3 kernel's 16x16 basis:
+    1152 bytes for 36), and kept from fprop to bprop every layer's is alive at the end of
+    forward, the step's peak (AlexNet b128 under auto: 1.54 -> 1.33 GiB without them, PyTorch
+    strict 1.46; its step 9.1 -> 10.3 ms, one run on an H100, exp_step_memory at ce7656c)."""
     later = PASSES[PASSES.index(pass_name) + 1:] if later is None else later
     roles = set()
     for role, consumer in _CONSUMER[pass_name].items():
-        if consumer not in later:
+        if consumer not in later or role == "w" and not config.get("reuse_weight_spectra"):
             continue
         if name == "auto":
             registry = auto_registry()

@@ -48,6 +48,8 @@ SETTINGS = {s.name: s for s in (
             "cufft's frequency-domain buffers; larger batches run in chunks", True),
     Setting("fbfft_workspace_mb", "MINITORCH_FBFFT_WORKSPACE_MB", "mib", 2048.0,
             "fbfft's frequency-domain buffers; larger batches run in chunks", True),
+    Setting("reuse_weight_spectra", "MINITORCH_REUSE_WEIGHT_SPECTRA", "bool", False,
+            "inside reuse_spectra(), fprop keeps each weight's spectrum for bprop (1: faster, more memory)", True),
     Setting("winograd_workspace_mb", "MINITORCH_WINOGRAD_WORKSPACE_MB", "mib", 2048.0,
             "winograd's transformed tiles; larger batches run in chunks", True),
     Setting("winograd_f4", "MINITORCH_WINOGRAD_F4", "bool", True,

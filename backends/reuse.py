@@ -7,7 +7,7 @@ Within one step a layer's three passes transform the same arrays:
   accGrad  FFT(gy)  FFT(x)      <- bprop's, fprop's
 
 Inside `with backends.reuse_spectra():` each is computed once, so 6 forward FFTs per layer and
-step become 3. Layers need no change; the training loop wraps one step, forward and backward
+step become 3 (4 by default in layers: the weight's is not kept, below). Layers need no change; the training loop wraps one step, forward and backward
 (train.py does by default; --no-reuse-spectra turns it off):
 
     with backends.reuse_spectra():
@@ -33,8 +33,10 @@ Hazards:
 - A spectrum nobody will ask for is not kept at all. backends.run_pass says, through keeping(),
   which roles a pass may keep: fprop x and w, bprop gy, each only where the layer's later pass
   that would take it runs (its input wants a gradient) and runs on the same backend (under auto
-  it may run elsewhere); accGrad nothing. Kept anyway, a weight spectrum auto's bprop never took
-  stayed alive from forward to the step's end: 1.0 GiB of ResNet-50's peak (b128, an H100).
+  it may run elsewhere); accGrad nothing. A layer's weight spectrum is kept only where the
+  reuse_weight_spectra setting asks (off by default: memory, see backends._kept_roles); then
+  bprop computes its own, and a step saves 2 forward FFTs per layer instead of 3. Backend
+  functions called directly (not through run_pass) keep every spectrum, as before.
 - Memory: between a layer's forward and its backward, its x and w spectra stay alive. A weight
   spectrum is the large one: n*(m//2+1) complex64 values per kh x kw float32 kernel.
 - Tuners time candidates with sharing suspended(), so each candidate pays for its own FFTs.

@@ -114,8 +114,9 @@ def test_autocast_runs_in_float32():
 def test_spectra_are_shared_across_the_autograd_boundary(device, settings):
     """One cufft layer's step in a reuse_spectra() block: fprop's weight spectrum serves bprop,
     fprop's x and bprop's gy serve accGrad (3 hits), with the same gradients as without. cufft's
-    own tuning is off: a tuned pass may pick its own basis, and then shares nothing (reuse.py)."""
-    settings(cufft_tune="off")
+    own tuning is off: a tuned pass may pick its own basis, and then shares nothing (reuse.py).
+    Weight spectra kept (reuse_weight_spectra; off by default, saving memory)."""
+    settings(cufft_tune="off", reuse_weight_spectra=True)
     x, w, stride, padding = operands(STRIDE1[0], device)
     grads = []
     for share in (False, True):

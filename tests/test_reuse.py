@@ -19,9 +19,10 @@ FFT_BACKENDS = ["cufft", "fbfft"]
 
 @pytest.fixture(autouse=True)
 def untuned(tmp_path, monkeypatch, settings):
-    """cufft untuned (its smallest basis), each test with its own tuning-cache file."""
+    """cufft untuned (its smallest basis), each test with its own tuning-cache file; layers keep
+    weight spectra too (reuse_weight_spectra), so that every sharing path is exercised."""
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "autotune.json"))
-    settings(cufft_tune="off")
+    settings(cufft_tune="off", reuse_weight_spectra=True)
 
 
 def operands(shape_x=(3, 4, 9, 10), shape_w=(5, 4, 3, 3), padding=(1, 2), seed=0):
@@ -157,6 +158,23 @@ def test_a_pass_keeps_only_spectra_a_later_pass_takes(monkeypatch, requires_grad
     y_ref, gx_ref, gw_ref = conv_reference(x, w, gy, (1, 1), padding)
     assert rel_error(y.data, y_ref) < 1e-5 and rel_error(layer.weight.grad, gw_ref) < 1e-5
     assert (xt.grad is None) if not requires_grad else rel_error(xt.grad, gx_ref) < 1e-5
+
+
+@pytest.mark.parametrize("name", FFT_BACKENDS)
+def test_layers_keep_no_weight_spectrum_by_default(name, settings):
+    """reuse_weight_spectra off (the default): a layer's fprop keeps x's spectrum only, bprop
+    computes the weight's again; the results equal those without the block, bit for bit."""
+    settings(reuse_weight_spectra=False)
+    padding = (1, 2)
+    x, w, gy = operands(padding=padding)
+    b = np.zeros(w.shape[0], np.float32)
+    plain = layer_step(name, x, w, b, gy, padding, "cpu")
+    with backends.reuse_spectra() as cache:
+        shared = layer_step(name, x, w, b, gy, padding, "cpu")
+        assert len(cache) == 0
+    assert roles(cache) == [(name, "gy"), (name, "x")] and cache.misses == 4
+    for a, c in zip(plain, shared, strict=True):
+        np.testing.assert_array_equal(a, c)
 
 
 def test_no_sharing_across_bases(monkeypatch):

@@ -184,8 +184,8 @@ def test_a_resnet_trains_on_an_imagefolder(tmp_path, capsys):
 @pytest.mark.parametrize("backend", ["cufft", "fbfft"])
 def test_steps_share_spectra_by_default_and_it_changes_nothing(backend, monkeypatch, capsys):
     """Every step runs in its own reuse_spectra() block, where the digits net's two conv layers
-    save 4 FFTs (conv2: w, x, gy; conv1, whose image wants no gradient: x), and the run equals
-    one with --no-reuse-spectra bit for bit."""
+    save 3 FFTs (conv2: x, gy; conv1, whose image wants no gradient: x; weight spectra are not
+    kept by default), and the run equals one with --no-reuse-spectra bit for bit."""
     caches, real = [], backends.reuse_spectra
 
     @contextlib.contextmanager
@@ -202,7 +202,7 @@ def test_steps_share_spectra_by_default_and_it_changes_nothing(backend, monkeypa
     monkeypatch.setattr(backends, "reuse_spectra", recording)
     shared = run()
     assert shared["reuse_spectra"] and len(caches) == 2 * 3                       # 2 epochs x 3 batches
-    assert [c.hits for c in caches] == [4] * 6
+    assert [c.hits for c in caches] == [3] * 6
     plain = run("--no-reuse-spectra")
     assert not plain["reuse_spectra"] and len(caches) == 6                        # no block this time
     assert shared["history"] == plain["history"]

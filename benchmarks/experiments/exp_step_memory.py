@@ -261,14 +261,14 @@ def main():
     ap.add_argument("--label", default="this tree", help="what to call the tree in the output")
     ap.add_argument("--torch", action="store_true", help="PyTorch strict's step too")
     ap.add_argument("--json", help="append the result as one JSON line to this file")
-    ap.add_argument("--no-weight-spectra", action="store_true",
-                    help="fprop keeps no weight spectrum for bprop (which recomputes it): what keeping costs")
+    ap.add_argument("--weight-spectra", action="store_true",
+                    help="fprop keeps each weight spectrum for bprop (reuse_weight_spectra on; off by default)")
     args = ap.parse_args()
     if args.table:
         return table(args.table)
-    if args.no_weight_spectra:
-        backends._CONSUMER["fprop"] = {"x": "accgrad"}
-        args.label += " (no weight spectra kept)"
+    if args.weight_spectra:
+        backends.config.set("reuse_weight_spectra", True)
+        args.label += " (weight spectra kept)"
     ours = our_step(args.net, args.batch, args.backend)
     print(f"== {args.net} b{args.batch}, backend {args.backend}, {args.label}: peak {ours['peak'] / GIB:.3f} GiB "
           f"allocated, {ours['reserved'] / GIB:.3f} GiB reserved; {ours['before_step'] / GIB:.3f} GiB live "
