@@ -32,7 +32,7 @@ _REGISTRY = {
     "direct": direct,
     "polyphase": polyphase,  # strided layers, as fbfft (or cufft) on their polyphase components
     "winograd": winograd,    # 3x3 stride-1 layers, F(2x2,3x3) / F(4x4,3x3)
-    "tiledfft": tiledfft,    # stride-1 layers as overlap-save FFTs on 8/16/32 tiles; NumPy only so far
+    "tiledfft": tiledfft,    # stride-1 layers as overlap-save FFTs on 8/16/32-point tiles
     "cudnn": cudnn,          # NVIDIA's library (a vendor backend, below); GPU only, optional extra
 }
 

@@ -16,9 +16,8 @@ A candidate that raises or runs out of memory is skipped, with the reason kept i
 ``MINITORCH_AUTO_MEMORY_MB`` caps the extra GPU memory a candidate may take (CuPy's pool limit
 is lowered while it runs, so a big-buffer candidate fails and is skipped).
 
-Backends in OPT_IN are candidates only where the auto_backends setting names them: tiledfft, whose
-NumPy path exists alone so far (its CUDA kernels are the next step), is selectable by name but
-never timed or chosen by default.
+Backends in OPT_IN are candidates only where the auto_backends setting names them: the place for
+a backend whose GPU path is not measured yet, or not within auto's error bound. None is, now.
 
 On the CPU nothing is timed unless ``MINITORCH_AUTO_TUNE=on``: the first backend in
 PREFERENCE that supports the geometry is used, which keeps CPU runs deterministic and fast.
@@ -31,12 +30,12 @@ from . import cgemm, config, gemm, tuning
 from .common import PASSES, geometry, plain_args
 
 # Untimed order (CPU default): cheapest-to-set-up first; cudnn last (GPU arrays only).
-PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase", "winograd", "cudnn")
-OPT_IN = ("tiledfft",)   # candidates only where auto_backends names them (the docstring says why)
+PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase", "winograd", "tiledfft", "cudnn")
+OPT_IN = ()   # candidates only where auto_backends names them (the docstring says which belong here)
 # Order among candidates tied within the margin: the FFT backends first (their timings leave out
 # the spectra a step shares across passes), then the rest, the vendor's cudnn last (a tie is
 # the framework's own algorithm's to win); backends not listed come last.
-TIE_ORDER = ("fbfft", "cufft", "polyphase", "winograd", "gemm", "direct", "cudnn")
+TIE_ORDER = ("fbfft", "cufft", "polyphase", "winograd", "tiledfft", "gemm", "direct", "cudnn")
 ROUNDS, REPEAT = tuning.ROUNDS, tuning.REPEAT   # the recipe's timing (backends/tuning.py)
 MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)

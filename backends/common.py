@@ -7,6 +7,7 @@ Dimension legend used across backends:
 import functools
 import math
 import os
+import re
 from collections import namedtuple
 from pathlib import Path
 
@@ -220,8 +221,19 @@ def cuda_module(filename, options=("--std=c++17",), name_expressions=None, direc
     """Compile <directory>/<filename> once per process through CuPy (NVRTC): the backends'
     kernels (backends/kernels/, the default) and the core's (minitorch_fft/kernels/)."""
     import cupy as cp
-    src = (Path(directory) / filename).read_text()
+    src = kernel_source(Path(directory) / filename)
     return cp.RawModule(code=src, options=options, name_expressions=name_expressions)
+
+
+_LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.MULTILINE)
+
+
+def kernel_source(path):
+    """The text of a CUDA source with its `#include "file"` of sibling sources inlined (tiledfft.cu
+    includes fbfft.cu). Inlined, not found through -I: CuPy's kernel cache keys on the source text
+    alone, so an edit to an included file must change the text that is compiled."""
+    path = Path(path)
+    return _LOCAL_INCLUDE.sub(lambda m: kernel_source(path.parent / m.group(1)), path.read_text())
 
 
 def launch_1d(kernel, total, args, block=256):

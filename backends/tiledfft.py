@@ -7,56 +7,65 @@ neighbouring windows overlap by kh - 1 rows, kw - 1 columns). The circular corre
 window with the kernel (zero-padded to n x n) equals the linear one at rows < mh and columns < mw,
 the tile's valid outputs; the rest wraps and is dropped.
 
-  fprop   Y (nf, f', P) = conj(W) @ X     X (nf, f, P) the windows' spectra, W (nf, f', f) the
-                                          kernels'; each tile's inverse keeps its valid corner
-  bprop   the same with the weights rotated 180 degrees, planes swapped, padding k - 1 - p
-  accGrad gW = irfft2 conj(GY @ X^H)      GY (nf, f', P): each tile's mh x mw gradient block at
-                                          the origin of an n x n basis, zeros after it
+  fprop   Y (nf, P, f') = X @ W^H          X (nf, P, f) the windows' spectra, W (nf, f', f) the
+                                           kernels'; each tile's inverse keeps its mh x mw corner
+  bprop   GX (nf, P, f) = GY @ W           GY the spectra of gy's windows at padding k - 1 - p: a
+                                           convolution with w, i.e. the correlation with w rotated
+                                           by 180 degrees and its planes swapped; the valid block
+                                           of a tile's inverse is then at (kh - 1, kw - 1)
+  accGrad GW (nf, f', f) = G^H @ X         G (nf, P, f') each tile's mh x mw gradient block at
+                                           the origin of an n x n basis, zeros after it
 
-nf = n (n/2 + 1) frequencies, P = S * th * tw tiles. Each product is a batched complex GEMM over
-planes, one per frequency (cgemm.matmul), on the GEMM-ready layout (frequencies, planes, S*tiles)
-as fbfft's spectra. accGrad sums all tiles of all images in the GEMM (its K dimension), in the
-frequency domain: one inverse transform per weight, not one per tile. For accGrad a tile's
-gradient block g (mh x mw) and window d (n x n) give sum_ij g[i, j] d[i + u, j + v], u < kh,
-v < kw, without wrapping (i + u <= mh - 1 + kh - 1 = n - 1), and its spectrum is D conj(G).
+P = S * th * tw tiles, nf = n^2/2 + 2 stored frequencies (fbfft's half-spectrum without its
+conjugate duplicates). Each product is a batched complex GEMM over planes, one per frequency
+(cgemm.matmul, the conjugate transposes as the GEMM's operand flags), on fbfft's frequency-major
+layout with (tiles, planes) as its batch: the same forms as fbfft's passes, with tiles for images.
+fprop and bprop take the same weight spectrum. accGrad sums all tiles of all images in the GEMM
+(its K dimension), in the frequency domain: one inverse transform per weight, not one per tile.
+For accGrad a tile's gradient block g (mh x mw) and window d (n x n) give sum_ij g[i, j] d[i + u,
+j + v], u < kh, v < kw, without wrapping (i + u <= mh - 1 + kh - 1 = n - 1): the spectrum D conj(G).
 
 Zero padding is implicit: a window element outside the plane is zero, and no padded copy of the
-plane is made. On the CPU each window is gathered with its out-of-plane elements masked to zero
-(_windows); the GPU transform kernel will read the same way: lane (r, c) of window (i, j) loads
-x[i*mh - ph + r, j*mw - pw + c] when that is inside the plane and 0 otherwise, as fbfft's rfft2
-kernel reads a plane placed at an offset of its basis (here the offset differs per tile, and is
-negative at the top and left border), and the inverse kernel writes only the window's valid
-mh x mw corner, clipped at the output's last row and column. bprop's padding k - 1 - p is
-negative where p > k - 1: its windows then start inside the plane, the same reads.
+plane is made. On the GPU the transforms are fbfft's 2-D FFT passes (kernels/fbfft.cu) run on
+tiles (kernels/tiledfft.cu): thread (r, c) of window (i, j) loads x[i*mh - ph + r, j*mw - pw + c]
+where that is inside the plane (and, for gradient blocks, inside the block) and 0 otherwise, and
+the inverse writes only the window's valid mh x mw block, clipped at the output's last row and
+column, straight into the output. bprop's padding k - 1 - p is negative where p > k - 1: its
+windows then start inside the plane, the same reads. The weights' spectrum and accGrad's inverse
+are fbfft's own rfft2 / irfft2 (fbfft_kernels). On the CPU the same passes run in NumPy: same
+tiling, layouts, GEMM forms and offsets, the windows gathered with their outside masked to zero
+(_windows) and transformed by numpy.fft, the weights' spectrum in float64 rounded once.
 
-Arithmetic is fp32 throughout, as the other FFT backends: numpy.fft's float32 transforms
-(complex64 spectra) and a complex64 GEMM. The weights' spectra are computed in float64 and
-rounded once (weights are small, as winograd's weight transform).
+Arithmetic is fp32 throughout, as the other FFT backends (complex64 spectra and GEMM; TF32 where
+cgemm's tf32 setting is on).
 
-The basis is a parameter (basis=8, 16 or 32); by default each pass takes the basis with the
-fewest frequency-domain products for its output (basis()), kernels up to n - 1 per side.
-A batch whose spectra exceed the fbfft_workspace_mb setting runs in chunks (this backend is
-fbfft's transform on tiles, and shares its frequency-domain budget).
+The basis: kernels up to n - 1 per side. Forced with basis=8, 16 or 32; else tuned per geometry
+and pass where the auto_tune setting tunes (the GPU by default: backends.tuning's recipe over the
+bases that take the kernel, each checked against the heuristic's basis), otherwise the heuristic
+basis(): the fewest frequency-domain products (tiles x stored frequencies). A batch whose spectra
+exceed the fbfft_workspace_mb setting runs in chunks (this backend is fbfft's transform on tiles,
+and shares its frequency-domain budget).
 
-DEVICES is ("cpu",): this is the NumPy reference of the algorithm; the CUDA kernels (fbfft's
-8/16/32-point transforms reading tiles) are the next step (issue 18). supports() answers for the
-shapes alone, as every backend's; on the GPU the backend is unsupported through DEVICES: auto
-never considers it there, backends.names("cuda") leaves it out, and CuPy arrays are refused with
-that said. On the CPU, auto considers it only where auto_backends names it (auto.OPT_IN).
+auto takes it among its candidates (it is not in auto.OPT_IN): on the large-plane 3x3 layers of
+VGG-16 and ResNet it was the fastest of ours and cuDNN strict in every pass measured, 1.02x to 3.0x
+cuDNN strict and 1.07x to 1.8x the faster winograd tile, every basis within 5.5e-6 of float64
+(H100, results/nvidia-h100-80gb-hbm3/bench_tiledfft.md; benchmarks/NOTES.md, "Tiled FFT on the GPU").
 """
+import functools
 from collections import namedtuple
 
 import numpy as np
 
-from . import cgemm, config
-from .common import check_arrays, check_output_shape, geometry, valid_geometry
+from . import cgemm, config, fbfft_plan, tuning
+from .common import check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, oh x ow output,
 # ph x pw padding, n x n Fourier basis (a tile), mh x mw valid outputs of a tile,
-# th x tw tiles per plane, P = S*th*tw tiles, nf = n*(n//2 + 1) stored frequencies
+# th x tw tiles per plane, P = S*th*tw tiles, nf = n^2/2 + 2 stored frequencies
 
 BASES = (8, 16, 32)
-DEVICES = ("cpu",)   # the NumPy path only, for now: no CUDA kernels yet (see the docstring)
+DEVICES = ("cpu", "cuda")
+TUNE_TOL = 1e-4   # one basis against another while tuning: both far inside it when correct
 
 Tiling = namedtuple("Tiling", "n mh mw th tw")
 
@@ -98,27 +107,18 @@ def window_origins(t, pad):
     return np.arange(t.th) * t.mh - pad[0], np.arange(t.tw) * t.mw - pad[1]
 
 
+def bases(k_hw):
+    """The bases that take a kh x kw kernel."""
+    return tuple(n for n in BASES if max(k_hw) <= n - 1)
+
+
 def basis(out_hw, k_hw):
-    """The default basis: the one of BASES, taking the kernel, with the fewest frequency-domain
-    products (tiles x stored frequencies); the smaller on a tie. A stand-in for timing, until the
-    GPU kernels can be tuned (224^2 with 3x3: 32; planes of 6^2 or less with 3x3: 8)."""
+    """The heuristic basis: the one of bases(k_hw) with the fewest frequency-domain products
+    (tiles x stored frequencies); the smaller on a tie (224^2 with 3x3: 32; 6^2 or less: 8)."""
     def cost(n):
         t = tiling(out_hw, k_hw, n)
-        return t.th * t.tw * n * (n // 2 + 1)
-    fits = [n for n in BASES if max(k_hw) <= n - 1]
-    return min(fits, key=cost)
-
-
-def _tiling(out_hw, k_hw, forced):
-    return tiling(out_hw, k_hw, basis(out_hw, k_hw) if forced is None else forced)
-
-
-def _require_cpu(xp):
-    """Refuse, after the arguments' own checks, CuPy arrays: the CUDA kernels do not exist yet."""
-    if xp is not np:
-        raise TypeError("the tiledfft backend runs on NumPy (CPU) arrays only for now, got CuPy arrays: "
-                        "its CUDA kernels are not written yet; use fbfft, cufft or winograd on the GPU "
-                        "(or backend='auto')")
+        return t.th * t.tw * fbfft_plan.stored_frequencies(n)
+    return min(bases(k_hw), key=cost)
 
 
 def _chunks(S, per_image_bytes):
@@ -129,7 +129,7 @@ def _chunks(S, per_image_bytes):
 
 def _spectrum_bytes(t, planes):
     """Bytes of one image's spectra over `planes` planes (complex64, every tile)."""
-    return 8 * t.n * (t.n // 2 + 1) * t.th * t.tw * planes
+    return 8 * fbfft_plan.stored_frequencies(t.n) * t.th * t.tw * planes
 
 
 # -- the three passes ----------------------------------------------------------------------------
@@ -138,22 +138,25 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0), basis=None):
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw)."""
     xp, x, w = check_arrays(x=x, w=w)
     g = check_geometry(x.shape, w.shape, stride, padding)
-    _require_cpu(xp)
-    t = _tiling((g.oh, g.ow), (g.kh, g.kw), basis)
-    return _correlate(x, _weight_spectrum(w, t.n), (g.ph, g.pw), (g.oh, g.ow), t)
+
+    def run(n):
+        t = tiling((g.oh, g.ow), (g.kh, g.kw), n)
+        return _correlate(xp, x, _weight_spectrum(xp, w, n), "C", (g.ph, g.pw), (0, 0), (g.oh, g.ow), t)
+    return run(_basis(xp, "fprop", g, (g.oh, g.ow), basis, run))
 
 
 def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), basis=None):
-    """gx (S, f, h, w): gy correlated with w rotated by 180 degrees, in/out planes swapped, at
-    padding (kh - 1 - ph, kw - 1 - pw)."""
+    """gx (S, f, h, w): gy convolved with w (the correlation with w rotated by 180 degrees, in/out
+    planes swapped), at padding (kh - 1 - ph, kw - 1 - pw)."""
     xp, gy, w = check_arrays(gy=gy, w=w)
     g = check_geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
-    _require_cpu(xp)
-    t = _tiling((g.h, g.w), (g.kh, g.kw), basis)
-    rotated = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)                 # (f, f', kh, kw)
     pad = (g.kh - 1 - g.ph, g.kw - 1 - g.pw)                           # negative: gy's plane is cropped
-    return _correlate(gy, _weight_spectrum(rotated, t.n), pad, (g.h, g.w), t)
+
+    def run(n):
+        t = tiling((g.h, g.w), (g.kh, g.kw), n)
+        return _correlate(xp, gy, _weight_spectrum(xp, w, n), "N", pad, (g.kh - 1, g.kw - 1), (g.h, g.w), t)
+    return run(_basis(xp, "bprop", g, (g.h, g.w), basis, run))
 
 
 def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), basis=None):
@@ -161,80 +164,138 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), basis=None):
     xp, gy, x = check_arrays(gy=gy, x=x)
     g = check_geometry(x.shape, w_shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
-    _require_cpu(xp)
-    t = _tiling((g.oh, g.ow), (g.kh, g.kw), basis)
-    m = np.zeros((t.n * (t.n // 2 + 1), g.fo, g.f), dtype=np.complex64)          # (nf, f', f)
-    for sl in _chunks(g.S, _spectrum_bytes(t, g.f + g.fo)):
-        xf = _spectra(_windows(x[sl], (g.ph, g.pw), t), t)                        # (nf, f, P')
-        gyf = _spectra(_gradient_blocks(gy[sl], t), t)                            # (nf, f', P')
-        cgemm.matmul(np, gyf, xf, out=m, op_b="C", accumulate=True)               # m += GY X^H
-    # sum_p X conj(GY) is conj(m): one inverse per weight
-    gw = np.fft.irfft2(np.conj(m).reshape(t.n, t.n // 2 + 1, g.fo * g.f), s=(t.n, t.n), axes=(0, 1))
-    return np.ascontiguousarray(gw[:g.kh, :g.kw].reshape(g.kh, g.kw, g.fo, g.f).transpose(2, 3, 0, 1))
+
+    def run(n):
+        t = tiling((g.oh, g.ow), (g.kh, g.kw), n)
+        gw = xp.empty((fbfft_plan.stored_frequencies(n), g.fo, g.f), dtype=np.complex64)   # (nf, f', f)
+        for k, sl in enumerate(_chunks(g.S, _spectrum_bytes(t, g.f + g.fo))):
+            xf = _spectra(xp, x[sl], (g.ph, g.pw), t, (n, n))                   # (nf, P', f)
+            gyf = _spectra(xp, gy[sl], (0, 0), t, (t.mh, t.mw))                 # (nf, P', f'): the blocks
+            cgemm.matmul(xp, gyf, xf, out=gw, op_a="C", accumulate=k > 0)       # gw (+)= G^H X
+        return _weight_gradient(xp, gw, n, (g.kh, g.kw))
+    return run(_basis(xp, "accgrad", g, (g.oh, g.ow), basis, run))
 
 
-# -- the pieces: gather, transforms, product, inverse -------------------------------------------
+def _basis(xp, pass_name, g, out_hw, forced, run):
+    """n for this pass: `forced` (checked), the tuned basis where auto_tune tunes, else basis()."""
+    k_hw = (g.kh, g.kw)
+    if forced is not None:
+        tiling(out_hw, k_hw, forced)                                    # ValueError where it cannot
+        return forced
+    default, options = basis(out_hw, k_hw), bases(k_hw)
+    if len(options) == 1 or not tuning.enabled("auto_tune", xp):
+        return default
+    key = tuning.key(xp, np.float32, tuple(g), pass_name, "tiledfft")
+    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default, tol=TUNE_TOL),
+                             valid=lambda n: n in options, untuned=lambda: default)["choice"]
 
-def _correlate(a, wf, pad, out_hw, t):
-    """out (S, fo, oh, ow): a (S, c, h, w) read at offset -pad (zeros outside it), correlated with
-    the kernels whose conjugate spectrum is wf (nf, fo, c); each tile's valid part written in place."""
-    S, fo = a.shape[0], wf.shape[1]
-    out = np.empty((S, fo) + tuple(out_hw), dtype=np.float32)
-    for sl in _chunks(S, _spectrum_bytes(t, a.shape[1] + fo)):
-        af = _spectra(_windows(a[sl], pad, t), t)                                # (nf, c, P')
-        yf = cgemm.matmul(np, wf, af)                                            # (nf, fo, P')
-        _write_valid(yf, t, out[sl])
+
+def _correlate(xp, a, wf, op, pad, offset, out_hw, t):
+    """out (S, fo, oh, ow): the spectra of a (S, c, h, w)'s windows at offset -pad (zeros outside
+    it) times op(wf) (wf (nf, fo, c); op "C": W^H, fprop; "N": W, bprop), each tile's block at
+    `offset` of its inverse written in place."""
+    S, c = a.shape[:2]
+    fo = wf.shape[1] if op == "C" else wf.shape[2]
+    out = xp.empty((S, fo) + tuple(out_hw), dtype=np.float32)
+    for sl in _chunks(S, _spectrum_bytes(t, c + fo)):
+        af = _spectra(xp, a[sl], pad, t, (t.n, t.n))                   # (nf, P', c)
+        yf = cgemm.matmul(xp, af, wf, op_b=op)                          # (nf, P', fo)
+        _write_valid(xp, yf, t, offset, out[sl])
     return out
 
 
-def _windows(a, pad, t):
-    """a (S, c, h, w) -> (S, c, th, tw, n, n): every tile's n x n input window, zeros outside the plane
-    (indices clamped, then masked: the GPU kernel's bounds check)."""
+# -- the transforms: CUDA kernels on the GPU, the same arithmetic in NumPy on the CPU ------------
+
+def _spectra(xp, a, pad, t, limit):
+    """a (S, c, h, w) -> (nf, S*th*tw, c) complex64: the spectrum of every tile's n x n window (at
+    row i*mh - pad[0], column j*mw - pad[1]), reading only its first limit = (rows, cols) and
+    zeros outside the plane; frequency-major with the planes fastest (the GEMM's batch)."""
+    S, c, h, w = a.shape
+    P, nf = S * t.th * t.tw, fbfft_plan.stored_frequencies(t.n)
+    if xp is not np:
+        F = xp.empty((nf, P, c), dtype=np.complex64)
+        _launch("rfft2", t.n, P * c, a, F, (P * c, c, h, w, t.th, t.tw, t.mh, t.mw, *pad, *limit))
+        return F
+    tiles = np.fft.rfft2(_windows(a, pad, t, limit))                   # (S, c, th, tw, n, n//2+1)
+    tiles = tiles.transpose(4, 5, 0, 2, 3, 1).reshape(t.n, t.n // 2 + 1, P * c)   # (n, n//2+1, S*th*tw*c)
+    return np.ascontiguousarray(fbfft_plan.compact(tiles, t.n), dtype=np.complex64).reshape(nf, P, c)
+
+
+def _windows(a, pad, t, limit=None):
+    """a (S, c, h, w) -> (S, c, th, tw, n, n): every tile's n x n window, zeros outside the plane and
+    past the window's first limit = (rows, cols) (indices clamped, then masked: the kernel's bounds
+    check)."""
     h, w = a.shape[2:]
+    lh, lw = limit or (t.n, t.n)
     r0, c0 = window_origins(t, pad)
     rows, cols = r0[:, None] + np.arange(t.n), c0[:, None] + np.arange(t.n)   # (th, n), (tw, n)
-    rin, cin = (rows >= 0) & (rows < h), (cols >= 0) & (cols < w)
+    rin = (rows >= 0) & (rows < h) & (np.arange(t.n) < lh)
+    cin = (cols >= 0) & (cols < w) & (np.arange(t.n) < lw)
     d = a[:, :, np.clip(rows, 0, h - 1)[:, None, :, None], np.clip(cols, 0, w - 1)[None, :, None, :]]
     return d * (rin[:, None, :, None] & cin[None, :, None, :])                  # (S, c, th, tw, n, n)
 
 
-def _gradient_blocks(gy, t):
-    """gy (S, fo, oh, ow) -> (S, fo, th, tw, n, n): tile (i, j)'s mh x mw block of gy at the basis's
-    origin, zeros after it and past the output's last row and column."""
-    S, fo, oh, ow = gy.shape
-    full = np.zeros((S, fo, t.th * t.mh, t.tw * t.mw), dtype=np.float32)
-    full[:, :, :oh, :ow] = gy
-    blocks = full.reshape(S, fo, t.th, t.mh, t.tw, t.mw).transpose(0, 1, 2, 4, 3, 5)   # (S, fo, th, tw, mh, mw)
-    out = np.zeros((S, fo, t.th, t.tw, t.n, t.n), dtype=np.float32)
-    out[..., :t.mh, :t.mw] = blocks
-    return out
-
-
-def _spectra(tiles, t):
-    """tiles (S, c, th, tw, n, n) float32 -> (nf, c, S*th*tw) complex64, frequency-major: the GEMM's
-    batch of nf matrices of c planes by S*th*tw tiles."""
-    S, c = tiles.shape[:2]
-    F = np.fft.rfft2(tiles.astype(np.float32, copy=False))                 # (S, c, th, tw, n, n//2+1) complex64
-    F = F.transpose(4, 5, 1, 0, 2, 3)                                       # (n, n//2+1, c, S, th, tw)
-    return np.ascontiguousarray(F).reshape(t.n * (t.n // 2 + 1), c, S * t.th * t.tw)
-
-
-def _weight_spectrum(w, n):
-    """w (fo, c, kh, kw) -> conj of its spectrum on the n x n basis, (nf, fo, c) complex64: computed in
-    float64 and rounded once."""
-    fo, c = w.shape[:2]
-    W = np.fft.rfft2(w.astype(np.float64), s=(n, n))                       # (fo, c, n, n//2+1), zero-padded
-    W = np.conj(W).transpose(2, 3, 0, 1)                                    # (n, n//2+1, fo, c)
-    return np.ascontiguousarray(W, dtype=np.complex64).reshape(n * (n // 2 + 1), fo, c)
-
-
-def _write_valid(yf, t, out):
-    """yf (nf, fo, S'*th*tw) -> out (S', fo, oh, ow): each tile's inverse, its valid mh x mw corner
-    written at (i*mh, j*mw), the last tiles clipped."""
+def _write_valid(xp, yf, t, offset, out):
+    """yf (nf, S'*th*tw, fo) -> out (S', fo, oh, ow): each tile's inverse, its mh x mw block at
+    `offset` of the basis written at (i*mh, j*mw), the last tiles clipped."""
     S, fo, oh, ow = out.shape
-    F = yf.reshape(t.n, t.n // 2 + 1, fo, S, t.th, t.tw).transpose(3, 2, 4, 5, 0, 1)  # (S', fo, th, tw, n, n//2+1)
-    tiles = np.fft.irfft2(F, s=(t.n, t.n))[..., :t.mh, :t.mw]              # (S', fo, th, tw, mh, mw)
-    plane = tiles.transpose(0, 1, 2, 4, 3, 5).reshape(S, fo, t.th * t.mh, t.tw * t.mw)
-    out[...] = plane[:, :, :oh, :ow]
+    if xp is not np:
+        _launch("irfft2", t.n, yf.shape[1] * fo, yf, out, (yf.shape[1] * fo, fo, oh, ow, t.th, t.tw, t.mh, t.mw,
+                                                          *offset), np.float32(1.0 / (t.n * t.n)))
+        return out
+    full = fbfft_plan.expand(yf.reshape(yf.shape[0], -1), t.n)               # (n, n//2+1, S'*th*tw*fo)
+    tiles = np.fft.irfft2(full, s=(t.n, t.n), axes=(0, 1))                  # (n, n, S'*th*tw*fo)
+    block = tiles[offset[0]:offset[0] + t.mh, offset[1]:offset[1] + t.mw]
+    block = block.reshape(t.mh, t.mw, S, t.th, t.tw, fo).transpose(2, 5, 3, 0, 4, 1)   # (S', fo, th, mh, tw, mw)
+    out[...] = block.reshape(S, fo, t.th * t.mh, t.tw * t.mw)[:, :, :oh, :ow]
     return out
 
+
+def _weight_spectrum(xp, w, n):
+    """w (fo, c, kh, kw) -> its spectrum on the n x n basis, (nf, fo, c) complex64: fbfft's rfft2 on
+    the GPU; in float64, rounded once, on the CPU."""
+    fo, c, kh, kw = w.shape
+    if xp is not np:
+        from . import fbfft_kernels
+        W = xp.empty((fbfft_plan.stored_frequencies(n), fo, c), dtype=np.complex64)
+        fbfft_kernels.rfft2_launcher(n, fo * c, kh, kw)(w, W)
+        return W
+    W = np.fft.rfft2(w.astype(np.float64), s=(n, n)).transpose(2, 3, 0, 1)   # (n, n//2+1, fo, c)
+    W = fbfft_plan.compact(W.reshape(n, n // 2 + 1, fo * c), n)              # (nf, fo*c)
+    return np.ascontiguousarray(W, dtype=np.complex64).reshape(-1, fo, c)
+
+
+def _weight_gradient(xp, gw, n, k_hw):
+    """gw (nf, fo, f) -> (fo, f, kh, kw): one inverse per weight, its kh x kw corner."""
+    fo, f = gw.shape[1:]
+    if xp is not np:
+        from . import fbfft_kernels
+        out = xp.empty((fo, f) + tuple(k_hw), dtype=np.float32)
+        fbfft_kernels.irfft2_launcher(n, fo * f, tuple(k_hw))(gw, out)
+        return out
+    full = fbfft_plan.expand(gw.reshape(gw.shape[0], fo * f), n)             # (n, n//2+1, fo*f)
+    g = np.fft.irfft2(full, s=(n, n), axes=(0, 1))[:k_hw[0], :k_hw[1]]      # (kh, kw, fo*f)
+    return np.ascontiguousarray(g.reshape(*k_hw, fo, f).transpose(2, 3, 0, 1), dtype=np.float32)
+
+
+# -- CUDA ----------------------------------------------------------------------------------------
+
+NAME_EXPRESSIONS = tuple(f"tiledfft_{k}<{n}>" for k in ("rfft2", "irfft2") for n in BASES)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name, n):
+    """The compiled tiledfft_<name><n> and its launch (planes a block, threads, shared bytes)."""
+    p = fbfft_plan.plan(n)
+    kernel = cuda_module("tiledfft.cu", ("--std=c++17",), NAME_EXPRESSIONS).get_function(f"tiledfft_{name}<{n}>")
+    return kernel, p.planes, p.threads, p.smem_bytes
+
+
+def _launch(name, n, B, src, dst, ints, *rest):
+    """One launch over B (tile, plane) entries, fbfft's 2-D plan: a block takes `planes` of them."""
+    if B >= 2**31:
+        raise ValueError(f"tiledfft: {B} tile-planes in one chunk exceed the kernels' 32-bit index; "
+                         "lower fbfft_workspace_mb")
+    kernel, planes, threads, smem = _kernel(name, n)
+    kernel(((B + planes - 1) // planes,), (threads,), (src, dst, *(np.int32(v) for v in ints), *rest),
+           shared_mem=smem)

@@ -40,7 +40,7 @@ def test_conv_layers_trace_the_zoo_through_its_blocks():
 ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_fbfft_vs_cufft",
                 "benchmarks.bench_cgemm", "benchmarks.profile_layers", "benchmarks.bench_direct", "benchmarks.bench_cudnn",
                 "benchmarks.bench_fft", "benchmarks.bench_correlate1d", "benchmarks.sweep", "benchmarks.bench_pytorch",
-                "benchmarks.gpu_check_fbfft", "benchmarks.gpu_check_direct", "benchmarks.bench_ddp",
+                "benchmarks.gpu_check_fbfft", "benchmarks.gpu_check_direct", "benchmarks.bench_ddp", "benchmarks.bench_tiledfft",
                 "benchmarks.experiments.exp_host", "benchmarks.experiments.exp_layout",
                 "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error")
 

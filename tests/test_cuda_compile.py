@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 import minitorch_fft
-from backends import fbfft_kernels, winograd
-from backends.common import KERNEL_DIR
+from backends import fbfft_kernels, tiledfft, winograd
+from backends.common import KERNEL_DIR, kernel_source
 from conftest import host_library
 from minitorch_fft import functional
 
@@ -40,9 +40,9 @@ SOURCES = sorted(KERNEL_DIR.glob("*.cu")) + sorted(CORE_KERNEL_DIR.glob("*.cu"))
 MACRO = "MINITORCH_EXPLICIT_INSTANTIATIONS"
 # NVRTC name expressions a backend or the core asks for (checked to resolve under NVRTC).
 NAME_EXPRESSIONS = {"fbfft.cu": fbfft_kernels.NAME_EXPRESSIONS, "pool.cu": functional.POOL_NAME_EXPRESSIONS,
-                    "winograd.cu": winograd.NAME_EXPRESSIONS}
+                    "winograd.cu": winograd.NAME_EXPRESSIONS, "tiledfft.cu": tiledfft.NAME_EXPRESSIONS}
 # Kernels that must not even have a stack frame (register arrays indexed by constants).
-NO_STACK = re.compile(r"fbfft|winograd")
+NO_STACK = re.compile(r"fbfft|winograd|tiledfft")
 
 
 def find_nvcc():
@@ -119,9 +119,10 @@ def nvrtc_or_skip():
 @pytest.mark.gpu   # needs CuPy's NVRTC: runs with `pytest -m gpu` on the device, skips in CI
 @pytest.mark.parametrize("src", SOURCES, ids=[s.name for s in SOURCES])
 def test_compiles_under_nvrtc(src):
-    """What CuPy's RawModule does at run time: no host headers, template name expressions."""
+    """What CuPy's RawModule does at run time: no host headers, template name expressions, sibling
+    sources inlined (common.cuda_module)."""
     nvrtc = nvrtc_or_skip()
-    prog = nvrtc.createProgram(src.read_text(), src.name, [], [])
+    prog = nvrtc.createProgram(kernel_source(src), src.name, [], [])
     try:
         names = NAME_EXPRESSIONS.get(src.name, ())
         for name in names:

@@ -1,5 +1,7 @@
-"""The tiledfft backend's NumPy path against PyTorch float64 (its tiling, index arithmetic and
-layout, which the CUDA kernels will follow), its tiling arithmetic, and what it refuses."""
+"""The tiledfft backend against PyTorch float64: its NumPy path (the tiling, index arithmetic,
+layouts and GEMM forms the GPU runs too), the CUDA kernels compiled for the host (CPU) against the
+NumPy transforms, and the GPU path (gpu marker); its tiling arithmetic, and what it refuses."""
+import ctypes
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,7 +10,10 @@ from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 
 import backends
+import test_fbfft_kernels
 from backends import tiledfft
+from backends.common import KERNEL_DIR
+from conftest import host_library
 from reference import check_backend
 
 TOL = 1e-5   # as every backend in fp32
@@ -143,21 +148,19 @@ def test_a_batch_larger_than_the_workspace_runs_in_chunks(settings, rng):
 
 # -- what it takes and what it refuses ----------------------------------------------------------
 
-def test_registered_but_not_an_auto_candidate_by_default(settings, tmp_path, monkeypatch):
-    """Selectable by name; auto times it only where auto_backends names it (auto.OPT_IN)."""
-    assert "tiledfft" in backends.names() and "tiledfft" in backends.names("cpu")
-    assert "tiledfft" not in backends.names("cuda")
-    assert backends.names("cuda") == [n for n in backends.names() if n != "tiledfft"]   # the GPU set is unchanged
+def test_registered_and_an_auto_candidate(settings, tmp_path, monkeypatch):
+    """Selectable by name on both devices, and timed by auto by default (not in auto.OPT_IN)."""
+    assert "tiledfft" in backends.names("cpu") and "tiledfft" in backends.names("cuda")
+    # tiledfft's CUDA kernels joined the GPU set: every registered backend runs there now
+    assert backends.names("cuda") == backends.names()
+    assert "tiledfft" not in backends.auto.OPT_IN
     geom = dict(x_shape=(1, 2, 6, 6), w_shape=(2, 2, 3, 3), stride=(1, 1), padding=(1, 1))
     assert backends.choose("tiledfft", "fprop", **geom) is tiledfft
     monkeypatch.setattr(backends.auto, "_memory", {})
     settings(auto_tune="on", tune_cache=str(tmp_path / "tune.json"))
-    assert backends.choose("auto", "fprop", **geom) is not tiledfft
-    timed, = backends.auto.choices()
-    assert "gemm" in timed["ms"] and "tiledfft" not in timed["ms"]
-    settings(auto_backends="gemm,tiledfft")
     backends.choose("auto", "fprop", **geom)
-    assert any("tiledfft" in r["ms"] for r in backends.auto.choices())
+    timed, = backends.auto.choices()
+    assert {"gemm", "tiledfft"} <= set(timed["ms"])
 
 
 def test_supports():
@@ -190,8 +193,174 @@ def test_a_named_layer_says_why_it_cannot_take_a_geometry():
         backends.choose("tiledfft", "fprop", (1, 1, 8, 8), (1, 1, 3, 3), (2, 2), (0, 0))
 
 
+# -- the CUDA kernels compiled for the host (CPU), against the NumPy transforms --------------------
+# fbfft's host shim (test_fbfft_kernels.EMULATION: one std::thread per CUDA thread, a std::barrier
+# for __syncthreads) runs kernels/tiledfft.cu unmodified, so the CPU checks the kernels' own window
+# reads, batch order and clipped writes, which the NumPy path mirrors.
+
+EMULATION = test_fbfft_kernels.EMULATION.replace('#include "KERNEL_PATH"', '''#include <algorithm>
+using std::min;
+template <class T> static inline T __ldg(const T* p) { return *p; }
+#include "KERNEL_PATH"''') + r"""
+template <int N> static void tiled_fwd(const float* in, float* out, const int* a) {
+    using P = fbfft::Plan<N>;
+    launch((a[0] + P::kPlanes - 1) / P::kPlanes, P::kThreads, [=] {
+        tiledfft_rfft2<N>(in, (float2*)out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10],
+                          a[11]); });
+}
+template <int N> static void tiled_inv(const float* in, float* out, const int* a, float scale) {
+    using P = fbfft::Plan<N>;
+    launch((a[0] + P::kPlanes - 1) / P::kPlanes, P::kThreads, [=] {
+        tiledfft_irfft2<N>((const float2*)in, out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9],
+                           scale); });
+}
+extern "C" int emu_tiled_rfft2(int n, const float* in, float* out, const int* a) {
+    switch (n) { case 8: tiled_fwd<8>(in, out, a); break; case 16: tiled_fwd<16>(in, out, a); break;
+                 case 32: tiled_fwd<32>(in, out, a); break; default: return 1; }
+    return 0;
+}
+extern "C" int emu_tiled_irfft2(int n, const float* in, float* out, const int* a, float scale) {
+    switch (n) { case 8: tiled_inv<8>(in, out, a, scale); break; case 16: tiled_inv<16>(in, out, a, scale); break;
+                 case 32: tiled_inv<32>(in, out, a, scale); break; default: return 1; }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """tiledfft.cu (with fbfft.cu) compiled for the host as a shared library (skips without g++)."""
+    return host_library(tmp_path_factory, "tiledfft_emu",
+                        EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "tiledfft.cu")),
+                        ("-std=c++20", "-pthread", "-Wno-unknown-pragmas"))
+
+
+def _ptr(a):
+    assert a.flags.c_contiguous
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+def _ints(*values):
+    return (ctypes.c_int * len(values))(*values)
+
+
+KERNEL_CASES = [  # (n, S, c, h, w, kh, kw, pad): the windows of fprop / bprop
+    (8, 2, 3, 13, 9, 3, 3, (1, 1)),      # clipped last tiles, windows before the plane
+    (16, 1, 2, 40, 23, 5, 3, (2, 1)),
+    (32, 1, 2, 45, 33, 3, 3, (1, 1)),
+    (8, 1, 2, 5, 6, 3, 3, (-3, 0)),      # bprop's negative padding: windows start inside the plane
+    (8, 1, 1, 3, 3, 3, 3, (9, 9)),       # windows wholly in the padding
+]
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES)
+def test_emulated_forward_kernel_matches_numpy(emulated, rng, case):
+    n, S, c, h, w, kh, kw, pad = case
+    a = rng.standard_normal((S, c, h, w)).astype(np.float32)
+    t = tiledfft.tiling((h, w), (kh, kw), n)          # any tiling: the kernel and NumPy take the same
+    for origin, limit in ((pad, (n, n)), ((0, 0), (t.mh, t.mw))):   # input windows; gradient blocks
+        ref = tiledfft._spectra(np, a, origin, t, limit)                  # (nf, P, c)
+        got = np.full(ref.shape, np.nan, dtype=np.complex64)              # poisoned
+        P = S * t.th * t.tw
+        assert emulated.emu_tiled_rfft2(n, _ptr(a), _ptr(got), _ints(P * c, c, h, w, t.th, t.tw, t.mh, t.mw,
+                                                                      *origin, *limit)) == 0
+        assert np.linalg.norm(got - ref) <= 1e-5 * np.linalg.norm(ref) + 1e-6
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES)
+def test_emulated_inverse_kernel_matches_numpy(emulated, rng, case):
+    n, S, c, h, w, kh, kw, _ = case
+    oh, ow = h, w
+    t = tiledfft.tiling((oh, ow), (kh, kw), n)
+    # Hermitian-consistent spectra: those of real windows (what the GEMM's products are too)
+    yf = tiledfft._spectra(np, rng.standard_normal((S, c, oh + n, ow + n)).astype(np.float32), (0, 0), t, (n, n))
+    for offset in ((0, 0), (kh - 1, kw - 1)):                              # fprop's block; bprop's
+        ref = tiledfft._write_valid(np, yf, t, offset, np.empty((S, c, oh, ow), np.float32))
+        got = np.full((S, c, oh, ow), np.nan, dtype=np.float32)          # poisoned: every element written
+        assert emulated.emu_tiled_irfft2(n, _ptr(yf), _ptr(got), _ints(yf.shape[1] * c, c, oh, ow, t.th, t.tw,
+                                                                        t.mh, t.mw, *offset),
+                                         ctypes.c_float(1.0 / (n * n))) == 0
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+
+
+# -- the GPU path against float64 ------------------------------------------------------------------
+
+def zoo_layers():
+    """Each distinct stride-1 3x3 and 5x5 geometry of the zoo once, at batch 1: (x shape, w shape, padding)."""
+    from benchmarks.harness import distinct_conv_layers
+    found = {}
+    for net in ("alexnet", "overfeat_fast", "vgg16", "resnet18", "resnet50"):
+        for _, xs, ws, stride, pad, _ in distinct_conv_layers(net, 1):
+            if stride == (1, 1) and ws[2] == ws[3] and ws[2] in (3, 5):
+                found.setdefault((xs, ws, pad), None)
+    return list(found)
+
+
 @pytest.mark.gpu
-def test_cupy_arrays_are_refused_until_the_kernels_exist():
+@pytest.mark.parametrize("n", tiledfft.BASES)
+def test_cuda_zoo_layers_against_float64(n, fresh_rng):
+    """The zoo's 3x3 and 5x5 stride-1 layers, all three passes, every CuPy allocation NaN-filled
+    first (harness.poisoned): an element the kernels forget to write fails the check."""
+    from benchmarks.harness import poisoned
+    layers = zoo_layers()
+    assert len(layers) >= 10
+    for xs, ws, pad in layers:
+        x = fresh_rng.standard_normal(xs).astype(np.float32)
+        wt = (fresh_rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+        poisoned(lambda: check_backend(forced(n), x, wt, (1, 1), pad, device="cuda", tol=TOL, rng=fresh_rng))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES)
+def test_cuda_odd_geometries_against_float64(case, fresh_rng):
+    """CASES on the GPU, every basis: clipped tiles, one-tile planes, negative bprop padding, 1x1."""
+    S, f, fo, h, w, kh, kw, pad = case
+    x = fresh_rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = fresh_rng.standard_normal((fo, f, kh, kw)).astype(np.float32)
+    for n in tiledfft.bases((kh, kw)):
+        check_backend(forced(n), x, wt, (1, 1), pad, device="cuda", tol=TOL, rng=fresh_rng)
+
+
+@pytest.mark.gpu
+def test_cuda_random_geometries_against_float64(fresh_rng):
+    for _ in range(25):
+        kh, kw = (int(v) for v in fresh_rng.integers(1, 12, 2))
+        ph, pw = int(fresh_rng.integers(0, kh + 2)), int(fresh_rng.integers(0, kw + 2))
+        h, w = int(fresh_rng.integers(max(1, kh - 2 * ph), 70)), int(fresh_rng.integers(max(1, kw - 2 * pw), 70))
+        S, f, fo = (int(v) for v in fresh_rng.integers(1, 9, 3))
+        x = fresh_rng.standard_normal((S, f, h, w)).astype(np.float32)
+        wt = fresh_rng.standard_normal((fo, f, kh, kw)).astype(np.float32)
+        for n in tiledfft.bases((kh, kw)):
+            check_backend(forced(n), x, wt, (1, 1), (ph, pw), device="cuda", tol=TOL, rng=fresh_rng)
+
+
+@pytest.mark.gpu
+def test_cuda_batch_in_chunks_and_tuned_basis(settings, tmp_path, rng):
+    """A workspace of one image a chunk gives the same result; with tuning on, the basis is tuned
+    per pass (tuning.remembered, cached on disk) and still correct."""
+    x = rng.standard_normal((3, 8, 40, 36)).astype(np.float32)
+    wt = (rng.standard_normal((6, 8, 3, 3)) / 9).astype(np.float32)
+    settings(fbfft_workspace_mb=0.2)
+    check_backend(forced(16), x, wt, (1, 1), (1, 1), device="cuda", tol=TOL, rng=rng)
+    settings(fbfft_workspace_mb=2048.0, auto_tune="on", tune_cache=str(tmp_path / "cache.json"))
+    check_backend(tiledfft, x, wt, (1, 1), (1, 1), device="cuda", tol=TOL, rng=rng)
+    assert (tmp_path / "cache.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["float64", "mixed", "gy shape", "basis", "stride"])
+def test_cuda_bad_input_is_refused_clearly(case):
     import cupy as cp
-    with pytest.raises(TypeError, match="NumPy .* only for now"):
-        tiledfft.fprop(cp.ones((1, 1, 8, 8), np.float32), cp.ones((1, 1, 3, 3), np.float32))
+    x, w = cp.ones((1, 3, 40, 40), np.float32), cp.ones((2, 3, 3, 3), np.float32)
+    call, err, pattern = {
+        "float64": (lambda: tiledfft.fprop(x.astype(cp.float64), w), TypeError, "float32"),
+        "mixed": (lambda: tiledfft.fprop(x, cp.asnumpy(w)), TypeError, "all NumPy or all CuPy"),
+        "gy shape": (lambda: tiledfft.bprop(cp.ones((1, 2, 5, 5), np.float32), w, x.shape), ValueError,
+                     "gy must have shape"),
+        "basis": (lambda: tiledfft.accgrad(cp.ones((1, 2, 32, 32), np.float32), x, (2, 3, 9, 9), basis=8),
+                  ValueError, "basis 8 takes kernels up to 7 per side"),
+        "stride": (lambda: tiledfft.fprop(x, w, stride=(2, 2)), ValueError, "stride 1 only"),
+    }[case]
+    with pytest.raises(err, match=pattern):
+        call()

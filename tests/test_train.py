@@ -273,9 +273,8 @@ def test_sigterm_saves_like_ctrl_c(tmp_path):
 
 
 def test_a_backend_that_does_not_run_on_the_device_is_refused_before_training(monkeypatch, capsys):
-    """tiledfft has a NumPy path only: with --device cuda it is one line and exit 2, before the
-    data or the model (the GPU is pretended here: the check comes before anything touches it)."""
-    monkeypatch.setattr(mt, "normalize_device", lambda device: "cuda")
+    """cudnn runs on the GPU only: with --device cpu it is one line and exit 2, before the data or
+    the model."""
     monkeypatch.setattr(cli, "load_data", lambda *a, **k: pytest.fail("the data was loaded"))
-    assert cli.main(["--backend", "tiledfft", "--device", "cuda", "--epochs", "1", "--no-progress"]) == 2
-    assert "--backend tiledfft does not run on the GPU (it runs on: cpu)" in capsys.readouterr().err
+    assert cli.main(["--backend", "cudnn", "--device", "cpu", "--epochs", "1", "--no-progress"]) == 2
+    assert "--backend cudnn does not run on the CPU (it runs on: cuda)" in capsys.readouterr().err

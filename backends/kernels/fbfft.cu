@@ -292,27 +292,14 @@ __device__ __forceinline__ void load_split(float2 (&v)[Plan<N>::kM], const Load&
 
 // ---- forward ------------------------------------------------------------------------
 
-// Pass 1, thread (xp, p) of class C: columns xp and xp + n/2 of plane b, padded on the
-// fly, as one complex FFT along y; writes rows 0..n/2-1 of S[.][xp] and S[.][xp + n/2].
-template <int N, int C>
-__device__ __forceinline__ void rfft2_columns(const float* __restrict__ in, float2* smem,
-                                              long long b, int B, int h, int w,
-                                              int pad_top, int pad_left, int xp, int p)
+// Pass 1, thread (xp, p) of class C: the complex signal z[y] = load(y), y < n (columns xp and
+// xp + n/2 of plane p, as real and imaginary parts) FFTed along y; writes rows 0..n/2-1 of S[.][xp]
+// and S[.][xp + n/2]. Split from its loads so that the tiled FFT (tiledfft.cu) reads tile windows
+// through the same pass.
+template <int N, int C, class Load>
+__device__ __forceinline__ void rfft2_columns_of(float2* smem, int xp, int p, const Load& load)
 {
     using P = Plan<N>;
-    const int ix1 = xp - pad_left, ix2 = xp + N / 2 - pad_left;  // input columns
-    const bool plane_ok = b < B;
-    const bool ok1 = plane_ok && (unsigned)ix1 < (unsigned)w;
-    const bool ok2 = plane_ok && (unsigned)ix2 < (unsigned)w;
-    const float* plane = in + (plane_ok ? b : 0) * (long long)h * w;
-    // z[y] = P[y][xp] + i P[y][xp + n/2]; outside the input it reads 0 (implicit padding)
-    auto load = [&](int y) {
-        const int iy = y - pad_top;
-        const bool row_ok = (unsigned)iy < (unsigned)h;
-        const float re = (row_ok && ok1) ? plane[iy * w + ix1] : 0.f;
-        const float im = (row_ok && ok2) ? plane[iy * w + ix2] : 0.f;
-        return make_float2(re, im);
-    };
     float2 v[P::kM];
     load_split<N, C, false>(v, load);
     dif_fft<P::kM, false>(v);
@@ -331,6 +318,28 @@ __device__ __forceinline__ void rfft2_columns(const float* __restrict__ in, floa
             s2[r * P::kRowStride] = cscale(mul_minus_i(csub(zk, zm)), 0.5f);
         }
     }
+}
+
+// Pass 1 of plane b of the input, padded on the fly.
+template <int N, int C>
+__device__ __forceinline__ void rfft2_columns(const float* __restrict__ in, float2* smem,
+                                              long long b, int B, int h, int w,
+                                              int pad_top, int pad_left, int xp, int p)
+{
+    const int ix1 = xp - pad_left, ix2 = xp + N / 2 - pad_left;  // input columns
+    const bool plane_ok = b < B;
+    const bool ok1 = plane_ok && (unsigned)ix1 < (unsigned)w;
+    const bool ok2 = plane_ok && (unsigned)ix2 < (unsigned)w;
+    const float* plane = in + (plane_ok ? b : 0) * (long long)h * w;
+    // z[y] = P[y][xp] + i P[y][xp + n/2]; outside the input it reads 0 (implicit padding)
+    auto load = [&](int y) {
+        const int iy = y - pad_top;
+        const bool row_ok = (unsigned)iy < (unsigned)h;
+        const float re = (row_ok && ok1) ? plane[iy * w + ix1] : 0.f;
+        const float im = (row_ok && ok2) ? plane[iy * w + ix2] : 0.f;
+        return make_float2(re, im);
+    };
+    rfft2_columns_of<N, C>(smem, xp, p, load);
 }
 
 // Pass 2, thread (p, r) of class C: row r of S along x, then the stores of F[r][kx]

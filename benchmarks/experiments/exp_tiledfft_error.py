@@ -1,6 +1,6 @@
 """Experiment (not a benchmark of record): the tiledfft backend's error against float64, per basis.
 
-tiledfft's NumPy path (float32 transforms, complex64 GEMM: the arithmetic its CUDA kernels will
+tiledfft's NumPy path (float32 transforms, complex64 GEMM: the arithmetic its CUDA kernels
 do) runs its three passes with each basis (8, 16, 32) on every distinct 3x3 and 5x5 stride-1
 convolution of the zoo (AlexNet, OverFeat-fast, VGG-16, ResNet-18/50) at a small batch, and on
 random stride-1 geometries, against PyTorch float64. Weights are scaled by 1/sqrt(f kh kw) as a
