@@ -66,12 +66,38 @@ def unit_costs(torch, cp, pt, sync):
     with pt._on_current_stream(device):   # as a pass crosses: CuPy on PyTorch's stream
         costs["cp.from_dlpack(tensor)"] = host_us(lambda: cp.from_dlpack(t), sync)
         costs["torch.from_dlpack(cupy array)"] = host_us(lambda: torch.from_dlpack(a), sync)
+        # what cheaper crossings would cost (not used: measured to see whether they are worth it)
+        alternatives = {
+            "  alt: cp.from_dlpack, producer told stream -1": lambda: cp.from_dlpack(_SameStream(t)),
+            "  alt: cp.ndarray on the tensor's pointer": lambda: cp.ndarray(
+                t.shape, cp.float32, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(
+                    t.data_ptr(), t.nbytes, t, device.index), 0)),
+            "  alt: torch.from_dlpack(capsule, stream -1)": lambda: torch.from_dlpack(a.__dlpack__(stream=-1)),
+        }
+        for piece, fn in alternatives.items():
+            try:
+                costs[piece] = host_us(fn, sync)
+            except Exception as e:  # noqa: BLE001 - an alternative this CuPy or PyTorch refuses
+                print(f"  {piece.strip()}: refused ({type(e).__name__}: {e})")
 
     def enter_scope():
         with pt._on_current_stream(device):
             pass
     costs["enter+exit the adapter's scope"] = host_us(enter_scope, sync)
     return costs
+
+
+class _SameStream:
+    """A tensor as a DLPack producer told the consumer's stream is its own (-1: no stream lookups)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self.t.__dlpack__(stream=-1, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
 
 
 class CountingAllocator:
