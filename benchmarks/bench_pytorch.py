@@ -16,7 +16,9 @@ with momentum. Rows per network:
                         (backends.config override tf32=True); the rest as PyTorch's default
 each eager and captured as one CUDA graph (torch.cuda.graph, replayed on the same static batch),
 and with --compile also under torch.compile (inductor). The converted rows share spectra across a
-layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward).
+layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward); --no-reuse
+leaves that out (it keeps the forward's spectra alive until the backward: on AlexNet b128 that put
+the converted peak above stock's, benchmarks/NOTES.md session 11; result files *_no_reuse).
 
 Before timing, each row's loss and conv weight gradients (dropout off, BatchNorm on the batch's
 statistics) are checked against the stock model in float64 on the same weights and batch;
@@ -132,7 +134,7 @@ def run_network(net, args, log):
             if converted:
                 convert(model)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            scope = reuse_spectra if converted else contextlib.nullcontext
+            scope = reuse_spectra if converted and not args.no_reuse else contextlib.nullcontext
             shared = {}
 
             def step():
@@ -279,6 +281,8 @@ def main():
                         help=f"comma-separated rows, of {', '.join(IMPLS)} (a converted row needs its stock one: "
                              f"{', '.join(f'{c} needs {s}' for c, s in STOCK_OF.items())})")
     parser.add_argument("--no-graphs", action="store_true", help="eager rows only")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="converted rows without spectra reuse (less memory; result files *_no_reuse)")
     parser.add_argument("--compile", action="store_true", help="add torch.compile (inductor) rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
@@ -320,7 +324,8 @@ def main():
             ("spectra reused / step", "spectra_reused", "")]
     folder = args.out / slug(meta["device"])
     log(f"tuning cache {meta['tune_cache']}; batches {batches}")
-    name = {net: f"bench_pytorch_{net}{'_quick' if args.quick else ''}" for net in nets}
+    suffix = ("_quick" if args.quick else "") + ("_no_reuse" if args.no_reuse else "")
+    name = {net: f"bench_pytorch_{net}{suffix}" for net in nets}
     for net in nets:
         seconds, path = earlier_estimate(name[net], batches[net], folder)
         log(f"{net:9s} estimate: " + (f"{seconds:.0f} s, from {path.name} scaled to batch {batches[net]}"
