@@ -99,9 +99,9 @@ class _Stream:
     """What a pass on one PyTorch stream needs from CuPy, made once per stream: CuPy's device,
     the stream as CuPy's ExternalStream, and an allocator that takes memory from PyTorch's
     caching allocator on that stream (so it counts in torch.cuda.max_memory_allocated, and a
-    capture gets it from the graph's pool: a cudaMalloc inside a capture is an error). Binding the
-    stream here, not looking it up per allocation, saves torch.cuda.current_stream() and its
-    Python Stream object on every CuPy allocation of a pass (benchmarks/NOTES.md, session 11)."""
+    capture gets it from the graph's pool: a cudaMalloc inside a capture is an error). The stream
+    is bound here rather than looked up per allocation; that saved little (4.3 against 4.5 us an
+    allocation on an H100: the adapter's host time is elsewhere, benchmarks/NOTES.md session 11)."""
 
     def __init__(self, cp, device_index, ptr):
         self.device = cp.cuda.Device(device_index)
