@@ -1,9 +1,10 @@
 """PyTorch training steps, stock against converted (minitorch_fft.pytorch.convert), on the GPU.
 
-  python -m benchmarks.bench_pytorch                       # AlexNet, VGG-16, ResNet-50, batch 64
+  python -m benchmarks.bench_pytorch                       # AlexNet b128, VGG-16 b64, ResNet-50 b128
   python -m benchmarks.bench_pytorch --quick               # smoke: batch 8, 1 warm-up, 3 repeats (*_quick files)
   python -m benchmarks.bench_pytorch --nets resnet50       # one network (one result file per network)
-  python -m benchmarks.bench_pytorch --nets alexnet --batch 128 --compile
+  python -m benchmarks.bench_pytorch --nets alexnet --batch 32 --compile
+  MINITORCH_TUNE_CACHE=/path/autotune.json python -m benchmarks.bench_pytorch   # a kept tuning cache
 
 One step is torchvision's model at 224x224, 1000 classes: forward, cross-entropy, backward, SGD
 with momentum. Rows per network:
@@ -15,7 +16,9 @@ with momentum. Rows per network:
                         (backends.config override tf32=True); the rest as PyTorch's default
 each eager and captured as one CUDA graph (torch.cuda.graph, replayed on the same static batch),
 and with --compile also under torch.compile (inductor). The converted rows share spectra across a
-layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward).
+layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward); --no-reuse
+leaves that out (it keeps the forward's spectra alive until the backward: on AlexNet b128 that put
+the converted peak above stock's, benchmarks/NOTES.md session 11; result files *_no_reuse).
 
 Before timing, each row's loss and conv weight gradients (dropout off, BatchNorm on the batch's
 statistics) are checked against the stock model in float64 on the same weights and batch;
@@ -23,8 +26,14 @@ the largest relative error is reported beside the time. Peak memory is
 torch.cuda.max_memory_allocated() over the row's timed steps (the converted rows' CuPy work
 allocates through PyTorch's caching allocator, so it is counted). `auto` tunes at a layer's first
 step (cold tuning cache: minutes for all three networks; the cache is backends.config tune_cache).
+Batch per network as benchmarks/paper.py runs them (BATCH; --batch sets one for all). Before each
+network the log gives a wall-clock estimate from this device's last result file for it (its rows'
+seconds, scaled by the batch), and after its first row one from that row; a cold tuning cache
+adds auto's tuning to the converted rows' first step. Targets (TARGETS: converted fp32 against
+strict, converted TF32 against PyTorch's default, peak memory against stock, same mode) are checked
+per network: each missed one is a SHORTFALL line in the log and in the result's notes.
 Results go to results/<device>/bench_pytorch_<network>.{json,md}, each written when its network is
-done, with device, date, command and commit.
+done, with device, date, command, commit and the tuning cache used.
 """
 import argparse
 import contextlib
@@ -34,21 +43,26 @@ import time
 from pathlib import Path
 
 from benchmarks.harness import (RESULTS_DIR, TOLERANCE, median_ms, provenance, rel_error, set_tf32, setup_cudnn,
-                                write_results)
+                                slug, write_results)
 
 NETS = ("alexnet", "vgg16", "resnet50")
+BATCH = {"alexnet": 128, "vgg16": 64, "resnet50": 128}   # as benchmarks/paper.py runs them
+# The issue's targets: (converted row's precision, stock row's precision, least speed-up or None
+# for the networks it does not name); peak memory at most the stock row's everywhere.
+TARGETS = {"alexnet": {"strict": 1.3, "tf32": 1.0}, "vgg16": {"strict": 1.0}, "resnet50": {"strict": 1.0}}
 # A converted row's error against float64 must be within TOLERANCE[precision] or STEP_FACTOR times
 # the stock model's in the same precision and run, whichever is larger: at initialisation a deep
 # net's weight gradients are ill-conditioned (a ReLU sign or a max-pooling argmax at a near-tie
 # flips in fp32, and BatchNorm's backward cancels), so PyTorch's own fp32 strict is 1e-3 to 2e-2
 # off on VGG-16 and ResNet-50 (benchmarks/paper.py's STEP_FACTOR, for the same reason).
 STEP_FACTOR = 2
-IMPLS = (  # label, converted, precision ("strict" | "tf32")
-    ("PyTorch fp32 strict", False, "strict"),
-    ("PyTorch default (cuDNN TF32)", False, "tf32"),
-    ("converted fp32", True, "strict"),
-    ("converted TF32", True, "tf32"),
-)
+IMPLS = {  # --impls name: (label, converted, precision "strict" | "tf32"); each converted row after its stock one
+    "strict": ("PyTorch fp32 strict", False, "strict"),
+    "default": ("PyTorch default (cuDNN TF32)", False, "tf32"),
+    "fp32": ("converted fp32", True, "strict"),
+    "tf32": ("converted TF32", True, "tf32"),
+}
+STOCK_OF = {"fp32": "strict", "tf32": "default"}   # the stock row a converted one is judged against
 
 
 def conv_weights(model):
@@ -111,15 +125,16 @@ def run_network(net, args, log):
     reference = gradients(ref_model, x.double(), y)
     del ref_model
     rows, failures, yardstick = [], [], {}
-    for label, converted, precision in IMPLS:
+    for label, converted, precision in (IMPLS[name] for name in args.impls):
         t0 = time.perf_counter()
+        first = len(rows)
         set_tf32(precision)
         with backends.config.override(tf32=converted and precision == "tf32"):
             model = copy.deepcopy(base).cuda()
             if converted:
                 convert(model)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            scope = reuse_spectra if converted else contextlib.nullcontext
+            scope = reuse_spectra if converted and not args.no_reuse else contextlib.nullcontext
             shared = {}
 
             def step():
@@ -154,12 +169,58 @@ def run_network(net, args, log):
                 rows.append({**common, **_compiled_row(model, opt, scope, x, y, args, net, label, log)})
             del model, opt, step
             _free(torch)
+        row_s = (time.perf_counter() - t0) / (len(rows) - first)
+        for row in rows[first:]:
+            row["row_s"] = row_s      # wall seconds per row, check and tuning included (the estimates)
+        if first == 0:
+            log(f"{net:9s} estimate: {row_s * len(rows) * (len(args.impls) - 1):.0f} s more for this network "
+                "from its first rows, with a warm tuning cache (a cold one adds auto's tuning)")
     set_tf32("strict")
     for row in rows:   # speed-up over the stock model in the same precision and mode
         stock = [r for r in rows if not r["converted"] and r["precision"] == row["precision"]
                  and r["mode"] == row["mode"]]
         row["vs_stock"] = stock[0]["step_ms"] / row["step_ms"] if stock else None
     return rows, failures
+
+
+def shortfalls(net, rows):
+    """(lines, missed): every target checked on this network's rows (TARGETS: speed-up over the
+    stock row of the same mode, converted fp32 against strict and converted TF32 against PyTorch's
+    default; peak memory at most that stock row's), and those missed."""
+    lines, missed = [], []
+    for row in rows:
+        stock = [r for r in rows if not r["converted"] and r["precision"] == row["precision"]
+                 and r["mode"] == row["mode"]]
+        if not row["converted"] or not stock:
+            continue
+        stock = stock[0]
+        what = f"{net} {row['implementation']}, {row['mode']}"
+        least = TARGETS.get(net, {}).get(row["precision"])
+        if least is not None:
+            ok = row["vs_stock"] >= least
+            lines.append(f"{what}: {row['vs_stock']:.2f}x {stock['implementation']} (target >= {least}x)"
+                         f"{'' if ok else ': SHORTFALL'}")
+            if not ok:
+                missed.append(lines[-1])
+        ok = row["peak_mib"] <= stock["peak_mib"]
+        lines.append(f"{what}: peak {row['peak_mib']:.0f} MiB against stock's {stock['peak_mib']:.0f} MiB "
+                     f"(target: at most stock's){'' if ok else ': SHORTFALL'}")
+        if not ok:
+            missed.append(lines[-1])
+    return lines, missed
+
+
+def earlier_estimate(name, batch, folder):
+    """(seconds, path): what the last result file `name` in `folder` took (its rows' row_s), scaled
+    by the batch; seconds None where there is none (or it predates row_s)."""
+    import json
+    path = folder / f"{name}.json"
+    try:
+        old = json.loads(path.read_text())
+        seconds = sum(r["row_s"] for r in old["rows"])
+        return seconds * batch / old["meta"]["batch"], path
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None, path
 
 
 def _graph_row(step, args, net, label, log):
@@ -211,11 +272,17 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("--nets", default=",".join(NETS), help=f"comma-separated, of {', '.join(NETS)}")
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=None, help="one batch for every network "
+                        f"(default: {', '.join(f'{n} {b}' for n, b in BATCH.items())})")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="batch 8, warm-up 1, repeat 3 (a smoke run)")
+    parser.add_argument("--impls", default=",".join(IMPLS),
+                        help=f"comma-separated rows, of {', '.join(IMPLS)} (a converted row needs its stock one: "
+                             f"{', '.join(f'{c} needs {s}' for c, s in STOCK_OF.items())})")
     parser.add_argument("--no-graphs", action="store_true", help="eager rows only")
+    parser.add_argument("--no-reuse", action="store_true",
+                        help="converted rows without spectra reuse (less memory; result files *_no_reuse)")
     parser.add_argument("--compile", action="store_true", help="add torch.compile (inductor) rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
@@ -223,9 +290,14 @@ def main():
     nets = args.nets.split(",")
     if any(n not in NETS for n in nets):
         parser.error(f"--nets takes some of {', '.join(NETS)}, got {args.nets!r}")
+    impls = args.impls.split(",")
+    if any(i not in IMPLS for i in impls) or any(STOCK_OF[i] not in impls for i in impls if i in STOCK_OF):
+        parser.error(f"--impls takes some of {', '.join(IMPLS)}, each converted row with its stock one "
+                     f"({', '.join(f'{c} needs {s}' for c, s in STOCK_OF.items())}), got {args.impls!r}")
+    args.impls = [i for i in IMPLS if i in impls]   # stock rows first: the converted ones are judged by them
     if args.quick:
         args.batch, args.warmup, args.repeat = 8, 1, 3
-    if args.batch < 1 or args.warmup < 0 or args.repeat < 1:
+    if (args.batch is not None and args.batch < 1) or args.warmup < 0 or args.repeat < 1:
         parser.error(f"need --batch >= 1, --warmup >= 0, --repeat >= 1, got {args.batch}, {args.warmup}, "
                      f"{args.repeat}")
 
@@ -237,8 +309,9 @@ def main():
     from backends import tuning
     cudnn_setup = setup_cudnn(torch)
     meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                      cupy=cp.__version__, batch=args.batch, warmup=args.warmup, repeat=args.repeat,
-                      image=224, **cudnn_setup)
+                      cupy=cp.__version__, warmup=args.warmup, repeat=args.repeat, image=224,
+                      tune_cache=str(tuning.cache_path()), **cudnn_setup)
+    batches = {net: args.batch or BATCH[net] for net in nets}
     start = time.perf_counter()
 
     def log(line):
@@ -249,17 +322,33 @@ def main():
             ("speed-up vs stock, same precision and mode", "vs_stock", ".2f"), ("peak MiB", "peak_mib", ".0f"),
             ("max rel err vs fp64", "max_err", ".1e"), ("where", "worst", ""),
             ("spectra reused / step", "spectra_reused", "")]
+    folder = args.out / slug(meta["device"])
+    log(f"tuning cache {meta['tune_cache']}; batches {batches}")
+    suffix = ("_quick" if args.quick else "") + ("_no_reuse" if args.no_reuse else "")
+    name = {net: f"bench_pytorch_{net}{suffix}" for net in nets}
+    for net in nets:
+        seconds, path = earlier_estimate(name[net], batches[net], folder)
+        log(f"{net:9s} estimate: " + (f"{seconds:.0f} s, from {path.name} scaled to batch {batches[net]}"
+                                       if seconds is not None else f"none yet ({path.name} has no row_s)"))
+    missed_all = []
     for net in nets:   # one result file per network, written as soon as it is done
-        rows, failures = run_network(net, args, log)
+        net_args = argparse.Namespace(**{**vars(args), "batch": batches[net]})
+        rows, failures = run_network(net, net_args, log)
+        targets, missed = shortfalls(net, rows)
+        for line in missed:
+            log(f"SHORTFALL {line}")
+        missed_all += missed
         notes = ("Max rel err: the loss and every conv weight gradient against the stock model in float64, "
-                 "dropout off, same weights and batch.")
+                 "dropout off, same weights and batch.\n\nTargets (issue 19; speed-up over the stock row of "
+                 "the same mode):\n" + "\n".join(f"- {t}" for t in targets))
         if failures:
             notes += "\n\nFAILED (reported, not hidden):\n" + "\n".join(f"- {f}" for f in failures)
-        paths = write_results(f"bench_pytorch_{net}{'_quick' if args.quick else ''}", meta, rows, cols,
-                              f"PyTorch training step, {net}, stock against converted, batch {args.batch}, "
+        paths = write_results(name[net],
+                              {**meta, "batch": batches[net]}, rows, cols,
+                              f"PyTorch training step, {net}, stock against converted, batch {batches[net]}, "
                               f"{meta['device']}", notes, out_dir=args.out)
         print(paths[1].read_text())
-    log("done")
+    log(f"done; {len(missed_all)} target(s) missed" + "".join(f"\n  SHORTFALL {m}" for m in missed_all))
 
 
 if __name__ == "__main__":

@@ -90,70 +90,68 @@ def reuse_spectra():
         _views = outer
 
 
-class _TorchAllocator:
-    """CuPy allocations from PyTorch's caching allocator on PyTorch's current stream (what
-    torch.cuda.graph capture needs: a cudaMalloc inside a capture is an error)."""
-
-    def __init__(self, cp):
-        self.allocator = cp.cuda.memory.PythonFunctionAllocator(self._malloc, self._free)
-
-    @staticmethod
-    def _malloc(size, device_id):
-        return torch.cuda.caching_allocator_alloc(size, device_id, torch.cuda.current_stream(device_id))
-
-    @staticmethod
-    def _free(ptr, device_id):
-        torch.cuda.caching_allocator_delete(ptr)
-
-
 _cupy = None
 _graph_handles = {}   # device index -> cgemm.GraphHandle, made at the device's first eager pass
+_streams = {}         # (device index, stream pointer) -> _Stream: made once per PyTorch stream
 
 
-def _cuda_scope(device):
-    """A context: CuPy on `device`, on PyTorch's current stream, allocating through PyTorch; while
-    that stream is being captured, the GEMMs on a cuBLAS handle bound to it (CuPy refuses its own)."""
+class _Stream:
+    """What a pass on one PyTorch stream needs from CuPy, made once per stream: CuPy's device,
+    the stream as CuPy's ExternalStream, and an allocator that takes memory from PyTorch's
+    caching allocator on that stream (so it counts in torch.cuda.max_memory_allocated, and a
+    capture gets it from the graph's pool: a cudaMalloc inside a capture is an error). The stream
+    is bound here rather than looked up per allocation; that saved little (4.3 against 4.5 us an
+    allocation on an H100: the adapter's host time is elsewhere, benchmarks/NOTES.md session 11)."""
+
+    def __init__(self, cp, device_index, ptr):
+        self.device = cp.cuda.Device(device_index)
+        with warnings.catch_warnings():
+            # CuPy 14 deprecates ExternalStream for Stream.from_external, which wants the
+            # __cuda_stream__ protocol; a pointer is what we have
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.stream = cp.cuda.ExternalStream(ptr, device_index)
+
+        def malloc(size, device_id):
+            return torch.cuda.caching_allocator_alloc(size, device_id, ptr)
+        self.malloc = cp.cuda.memory.PythonFunctionAllocator(malloc, _torch_free).malloc
+
+
+def _torch_free(ptr, device_id):
+    torch.cuda.caching_allocator_delete(ptr)
+
+
+@contextlib.contextmanager
+def _on_current_stream(device):
+    """CuPy on `device`, on PyTorch's current stream, allocating through PyTorch; while that stream
+    is being captured, the GEMMs on a cuBLAS handle bound to it (CuPy refuses its own)."""
     global _cupy
     if _cupy is None:
         import cupy
-        _cupy = (cupy, _TorchAllocator(cupy))
-    cp, alloc = _cupy
-    stream = torch.cuda.current_stream(device)
-    scope = contextlib.ExitStack()
-    scope.enter_context(cp.cuda.Device(device.index))
-    scope.enter_context(_external_stream(cp, stream.cuda_stream, device.index))
-    scope.enter_context(cp.cuda.using_allocator(alloc.allocator.malloc))
-    handle = _graph_handles.get(device.index)
-    if torch.cuda.is_current_stream_capturing():
+        _cupy = cupy
+    cp, index = _cupy, device.index
+    ptr = torch.cuda.current_stream(device).cuda_stream
+    on = _streams.get((index, ptr))
+    if on is None:
+        on = _streams[index, ptr] = _Stream(cp, index, ptr)
+    handle = _graph_handles.get(index)
+    capturing = torch.cuda.is_current_stream_capturing()
+    if capturing and handle is None:
+        raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
+                           "run one eager step first (auto tunes, cuFFT plans and the cuBLAS handle are "
+                           "made at a layer's first call, which a capture cannot hold)")
+    with on.device, on.stream, cp.cuda.using_allocator(on.malloc):
         if handle is None:
-            scope.close()
-            raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
-                               "run one eager step first (auto tunes, cuFFT plans and the cuBLAS handle are "
-                               "made at a layer's first call, which a capture cannot hold)")
-        if handle.stream_ptr != stream.cuda_stream:
-            handle.bind(stream.cuda_stream)
-        scope.enter_context(cgemm.capturing(handle))
-    elif handle is None:
-        # cublasCreate allocates, so the capture handle is made eagerly; its workspace lives as
-        # long as the process (graphs sharing it must not be replayed concurrently)
-        workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        handle = cgemm.GraphHandle(stream.cuda_stream, cp.from_dlpack(workspace))
-        _graph_handles[device.index] = handle
-    return cp, scope
-
-
-_streams = {}   # (stream pointer, device index) -> CuPy's ExternalStream of it
-
-
-def _external_stream(cp, ptr, device_index):
-    """PyTorch's stream as CuPy's, made once per stream (CuPy 14 deprecates ExternalStream for
-    Stream.from_external, which wants the __cuda_stream__ protocol; a pointer is what we have)."""
-    key = (ptr, device_index)
-    if key not in _streams:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            _streams[key] = cp.cuda.ExternalStream(ptr, device_index)
-    return _streams[key]
+            # cublasCreate allocates, so the capture handle is made eagerly; its workspace lives as
+            # long as the process (graphs sharing it must not be replayed concurrently)
+            workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+            _graph_handles[index] = cgemm.GraphHandle(ptr, cp.from_dlpack(workspace))
+        if not capturing:
+            yield cp
+            return
+        if handle.stream_ptr != ptr:
+            handle.bind(ptr)
+        with cgemm.capturing(handle):
+            yield cp
 
 
 def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):
@@ -166,8 +164,7 @@ def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):
         return torch.from_numpy(np.ascontiguousarray(out))
     if a.device.type != "cuda":
         raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {a.device}")
-    cp, scope = _cuda_scope(a.device)
-    with scope:
+    with _on_current_stream(a.device) as cp:
         out = backends.run_pass(backend, pass_name, _array(a, cp), _array(b, cp), *_shape_arg(pass_name, args),
                                 **args)
         return torch.from_dlpack(cp.ascontiguousarray(out))

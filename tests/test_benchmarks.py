@@ -42,7 +42,8 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.bench_fft", "benchmarks.bench_correlate1d", "benchmarks.sweep", "benchmarks.bench_pytorch",
                 "benchmarks.gpu_check_fbfft", "benchmarks.gpu_check_direct", "benchmarks.bench_ddp", "benchmarks.bench_tiledfft",
                 "benchmarks.experiments.exp_host", "benchmarks.experiments.exp_layout",
-                "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error")
+                "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error",
+                "benchmarks.experiments.exp_pytorch_host")
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
@@ -635,3 +636,37 @@ def test_profile_categories_keep_the_cufft_backends_own_kernels_out_of_fft():
                                   "sm90_xmma_gemm_f32f32", "cutlass_80_tensorop", "cufft_transpose",
                                   "cufft_place", "cufft_crop", "minitorch_sgd_momentum")] == \
         ["fft", "fft", "fft", "gemm", "gemm", "other", "other", "other", "other"]
+
+
+def _step_row(impl, converted, precision, mode, ms, peak):
+    return {"implementation": impl, "converted": converted, "precision": precision, "mode": mode,
+            "step_ms": ms, "peak_mib": peak}
+
+
+def test_bench_pytorch_names_each_missed_target():
+    """shortfalls(): speed-up over the stock row of the same precision and mode against TARGETS,
+    peak memory against that row's; a met target is listed, a missed one also returned."""
+    from benchmarks.bench_pytorch import TARGETS, shortfalls
+    rows = [_step_row("PyTorch fp32 strict", False, "strict", "eager", 10.0, 1000),
+            _step_row("PyTorch default (cuDNN TF32)", False, "tf32", "eager", 8.0, 1000),
+            _step_row("converted fp32", True, "strict", "eager", 8.0, 900),    # 1.25x: under AlexNet's 1.3
+            _step_row("converted TF32", True, "tf32", "eager", 7.0, 1100)]     # fast enough, too much memory
+    for r in rows:
+        stock = next(s for s in rows if not s["converted"] and s["precision"] == r["precision"])
+        r["vs_stock"] = stock["step_ms"] / r["step_ms"]
+    lines, missed = shortfalls("alexnet", rows)
+    assert TARGETS["alexnet"]["strict"] == 1.3 and len(lines) == 4
+    assert missed == [lines[0], lines[3]]
+    assert "1.25x PyTorch fp32 strict (target >= 1.3x): SHORTFALL" in missed[0]
+    assert "peak 1100 MiB against stock's 1000 MiB" in missed[1]
+    lines, missed = shortfalls("vgg16", rows)      # 1.0x for fp32 only; no TF32 speed target there
+    assert missed == [lines[2]] and len(lines) == 3
+
+
+def test_bench_pytorch_estimates_from_its_last_result(tmp_path):
+    from benchmarks.bench_pytorch import earlier_estimate
+    assert earlier_estimate("bench_pytorch_alexnet", 128, tmp_path)[0] is None
+    (tmp_path / "bench_pytorch_alexnet.json").write_text(json.dumps(
+        {"meta": {"batch": 8}, "rows": [{"row_s": 3.0}, {"row_s": 5.0}]}))
+    seconds, path = earlier_estimate("bench_pytorch_alexnet", 128, tmp_path)
+    assert seconds == 128 and path.name == "bench_pytorch_alexnet.json"

@@ -329,3 +329,28 @@ def test_no_device_copies_at_the_boundary():
     assert any("minitorch_fft::conv2d" in n for n in names)
     copies = [n for n in names if n.startswith("Memcpy") or n in ("aten::copy_", "aten::contiguous", "aten::clone")]
     assert copies == []
+
+
+@pytest.mark.gpu
+def test_runs_on_pytorchs_current_stream():
+    """On a side stream (non-blocking, as PyTorch makes them) the three passes queue behind the
+    stream's earlier work: the input is made there after a long sleep kernel, so a pass issued on
+    any other stream would read it unwritten."""
+    conv = Conv2d(8, 8, 3, padding=1, bias=False).cuda()
+    base = torch.randn(2, 8, 16, 16, device="cuda")
+    gy = torch.randn(2, 8, 16, 16, device="cuda")
+    conv(base.requires_grad_()).sum().backward()      # tunes first, on the default stream
+    conv.weight.grad = None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)                  # tens of ms on the GPU
+        x = (base.detach() * 2).requires_grad_()
+        y = conv(x)
+        y.backward(gy)
+    side.synchronize()
+    x64, w64 = (t.detach().double().cpu().requires_grad_() for t in (x, conv.weight))
+    y64 = TF.conv2d(x64, w64, padding=1)
+    y64.backward(gy.double().cpu())
+    for got, ref in ((y, y64), (x.grad, x64.grad), (conv.weight.grad, w64.grad)):
+        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
