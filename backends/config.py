@@ -72,6 +72,8 @@ SETTINGS = {s.name: s for s in (
             "direct tunes its kernel configuration: auto = on the GPU only, on, off", True),
     Setting("winograd_tune", "MINITORCH_WINOGRAD_TUNE", "tune", "auto",
             "winograd tunes its tile size where winograd_f4 allows two: auto = on the GPU only, on, off", True),
+    Setting("tiledfft_tune", "MINITORCH_TILEDFFT_TUNE", "tune", "auto",
+            "tiledfft tunes its tile size (8, 16 or 32): auto = on the GPU only, on, off", True),
     Setting("cudnn_tune", "MINITORCH_CUDNN_TUNE", "tune", "auto",
             "cudnn times cuDNN's plans: auto = on the GPU only, on, off (cuDNN's first plan)", True),
     Setting("tune_cache", "MINITORCH_TUNE_CACHE", "path", None,

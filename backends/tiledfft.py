@@ -40,7 +40,7 @@ Arithmetic is fp32 throughout, as the other FFT backends (complex64 spectra and 
 cgemm's tf32 setting is on).
 
 The basis: kernels up to n - 1 per side. Forced with basis=8, 16 or 32; else tuned per geometry
-and pass where the auto_tune setting tunes (the GPU by default: backends.tuning's recipe over the
+and pass where the tiledfft_tune setting tunes (the GPU by default: backends.tuning's recipe over the
 bases that take the kernel, each checked against the heuristic's basis), otherwise the heuristic
 basis(): the fewest frequency-domain products (tiles x stored frequencies). A batch whose spectra
 exceed the fbfft_workspace_mb setting runs in chunks (this backend is fbfft's transform on tiles,
@@ -177,13 +177,13 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), basis=None):
 
 
 def _basis(xp, pass_name, g, out_hw, forced, run):
-    """n for this pass: `forced` (checked), the tuned basis where auto_tune tunes, else basis()."""
+    """n for this pass: `forced` (checked), the tuned basis where tiledfft_tune tunes, else basis()."""
     k_hw = (g.kh, g.kw)
     if forced is not None:
         tiling(out_hw, k_hw, forced)                                    # ValueError where it cannot
         return forced
     default, options = basis(out_hw, k_hw), bases(k_hw)
-    if len(options) == 1 or not tuning.enabled("auto_tune", xp):
+    if len(options) == 1 or not tuning.enabled("tiledfft_tune", xp):
         return default
     key = tuning.key(xp, np.float32, tuple(g), pass_name, "tiledfft")
     return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default, tol=TUNE_TOL),

@@ -221,7 +221,11 @@ def network_check(name, device, tol=1e-4):
     assert rel_error(outs[1].detach().cpu().numpy(), outs[0].detach().cpu().numpy()) <= tol
     assert rel_error(outs[1].detach().cpu().double().numpy(), outs[2].detach().cpu().numpy()) <= tol
     for (pname, p), q, r in zip(ours.named_parameters(), stock.parameters(), ref64.parameters()):
-        assert rel_error(p.grad.cpu().numpy(), q.grad.cpu().numpy()) <= tol, pname
+        # The original's own fp32 error counts too: cuDNN's benchmark mode may pick, per run, a
+        # weight-gradient algorithm 1e-4 or more from float64 (3.6e-3 on AlexNet at b128), which
+        # failed resnet18-cuda once in a parallel run on an H100 (alone it passed).
+        stock_err = rel_error(q.grad.cpu().double().numpy(), r.grad.cpu().numpy())
+        assert rel_error(p.grad.cpu().numpy(), q.grad.cpu().numpy()) <= tol + stock_err, (pname, stock_err)
         if pname.endswith("weight") and p.dim() == 4:
             assert rel_error(p.grad.cpu().double().numpy(), r.grad.cpu().numpy()) <= tol, pname
     n_conv = sum(type(m) is Conv2d for m in ours.modules())

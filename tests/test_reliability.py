@@ -105,8 +105,9 @@ def test_every_backend_agrees_on_random_geometries():
 @pytest.mark.gpu
 def test_every_backend_agrees_on_random_geometries_gpu(settings):
     # cudnn among them where cuDNN is installed, on cuDNN's first plan: searching every plan of
-    # 300 geometries is the tuner's work, tested in test_cudnn.py
-    settings(cudnn_tune="off")
+    # 300 geometries is the tuner's work, tested in test_cudnn.py; tiledfft on its heuristic
+    # basis likewise (its tuning, tested in test_tiledfft.py, took the whole suite past 400 s)
+    settings(cudnn_tune="off", tiledfft_tune="off")
     tried = agreement_run("cuda", GPU_EXAMPLES)
     check_coverage(tried, GPU_EXAMPLES)
     assert tried["cudnn"] == (GPU_EXAMPLES if backends.cudnn.available() else 0), tried

@@ -343,7 +343,7 @@ def test_cuda_batch_in_chunks_and_tuned_basis(settings, tmp_path, rng):
     wt = (rng.standard_normal((6, 8, 3, 3)) / 9).astype(np.float32)
     settings(fbfft_workspace_mb=0.2)
     check_backend(forced(16), x, wt, (1, 1), (1, 1), device="cuda", tol=TOL, rng=rng)
-    settings(fbfft_workspace_mb=2048.0, auto_tune="on", tune_cache=str(tmp_path / "cache.json"))
+    settings(fbfft_workspace_mb=2048.0, tiledfft_tune="on", tune_cache=str(tmp_path / "cache.json"))
     check_backend(tiledfft, x, wt, (1, 1), (1, 1), device="cuda", tol=TOL, rng=rng)
     assert (tmp_path / "cache.json").exists()
 
@@ -355,7 +355,7 @@ def test_cuda_bad_input_is_refused_clearly(case):
     x, w = cp.ones((1, 3, 40, 40), np.float32), cp.ones((2, 3, 3, 3), np.float32)
     call, err, pattern = {
         "float64": (lambda: tiledfft.fprop(x.astype(cp.float64), w), TypeError, "float32"),
-        "mixed": (lambda: tiledfft.fprop(x, cp.asnumpy(w)), TypeError, "all NumPy or all CuPy"),
+        "mixed": (lambda: tiledfft.fprop(x, cp.asnumpy(w)), TypeError, "must all be NumPy or all CuPy"),
         "gy shape": (lambda: tiledfft.bprop(cp.ones((1, 2, 5, 5), np.float32), w, x.shape), ValueError,
                      "gy must have shape"),
         "basis": (lambda: tiledfft.accgrad(cp.ones((1, 2, 32, 32), np.float32), x, (2, 3, 9, 9), basis=8),
