@@ -11,5 +11,8 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}
 nvidia-smi -L
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
-python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=5 tests/ 2>&1 | tee "$out/pytest_gpu.log" | tail -25
+# four workers, a file each (the lent H100s have pytest-xdist): about 6 minutes at 28f4a0d, where one
+# worker takes far longer than a call's 10 minutes
+python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n 4 --dist loadfile tests/ 2>&1 \
+    | tee "$out/pytest_gpu.log" | tail -25
 python3 -m benchmarks.gpu_check_fbfft --no-timing --out "$out" 2>&1 | tee "$out/gpu_check_fbfft.log" | tail -40

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 17's tables for the zoo's networks on a lent GPU, one network per invocation so that each
+# fits one call's 10 minutes: table3 (auto over our algorithms, auto with cudnn, cuDNN strict and
+# TF32 through PyTorch), then the training step (eager and CUDA graph, PyTorch strict and TF32,
+# peak memory). Tuning every candidate afresh is most of the time (session 11: VGG-16's table3 with
+# the TF32 row ran past 285 s, ResNet-50's past 260 s), so the tuning cache is read from $TUNE and
+# written back into $OUT: carry it from call to call. --tf32 adds the `auto TF32` row (its own
+# tuning). Each step has a time limit; what it finished is in $OUT/results.tgz (tables) and its log.
+#   MINITORCH_COMMIT=<sha sent> TUNE=.dev/tune/autotune.json bash benchmarks/gpu_tables.sh vgg16 [--tf32] [--no-step]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+out=${OUT:-/tmp}
+net=${1:?name a network: alexnet, overfeat_fast, vgg16, resnet18 or resnet50}
+shift
+tf32=() step=1
+for arg in "$@"; do
+    case $arg in
+        --tf32) tf32=(--cgemm-tf32) ;;
+        --no-step) step=0 ;;
+        *) echo "unknown option $arg" >&2; exit 2 ;;
+    esac
+done
+nvidia-smi -L | tee "$out/device.txt"
+echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
+export MINITORCH_TUNE_CACHE=/tmp/minitorch_tune.json
+[ -n "${TUNE:-}" ] && [ -f "$TUNE" ] && cp "$TUNE" "$MINITORCH_TUNE_CACHE"
+results=/tmp/minitorch_results
+mkdir -p "$results"
+save() {   # the tables and the cache so far, whatever the next step does
+    cp "$MINITORCH_TUNE_CACHE" "$out/autotune.json" 2>/dev/null
+    tar czf "$out/results.tgz" -C "$results" .
+}
+timeout "${TABLE3_S:-330}" python3 -m benchmarks.paper table3 --networks "$net" --impls auto "${tf32[@]}" --quick \
+    --out "$results" > "$out/table3_$net.log" 2>&1
+echo "table3 $net: exit $?"
+save
+if [ "$step" = 1 ]; then
+    timeout "${STEP_S:-230}" python3 -m benchmarks.paper step --networks "$net" --quick --out "$results" \
+        > "$out/step_$net.log" 2>&1
+    echo "step $net: exit $?"
+    save
+fi
+for f in "$out/table3_$net.log" "$out/step_$net.log"; do
+    [ -f "$f" ] && grep -E "^\| $net \||SHORTFALL|^- " "$f" | grep -v "^- [a-z_]*: " | head -20
+done
