@@ -12,6 +12,9 @@ winner is the backend already chosen for most of the layer's other passes (so a 
 one FFT backend and shares spectra, backends.reuse, which the tuner cannot see: it times each
 pass alone), then the first in TIE_ORDER, then the faster.
 
+A cached choice stands while its record timed (or skipped) every candidate of today: one made
+before a backend joined (tiledfft in session 11; cuDNN installed since) is tuned again.
+
 A candidate that raises or runs out of memory is skipped, with the reason kept in the record.
 ``MINITORCH_AUTO_MEMORY_MB`` caps the extra GPU memory a candidate may take (CuPy's pool limit
 is lowered while it runs, so a big-buffer candidate fails and is skipped).
@@ -122,11 +125,18 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
     record = tuning.remembered(
         key, lambda: _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp, siblings),
         valid=lambda choice: choice in candidates)
-    if record["choice"] not in candidates:   # remembered in this process for another registry
+    if record["choice"] not in candidates or not _compared(record, candidates):
+        # remembered in this process for another registry, or made before a candidate it never
+        # timed joined (a new backend, cuDNN installed since): tuned again over today's candidates
         record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp, siblings)
         tuning.default_cache().put(key, record)
     _memory[key] = record
     return record["choice"], key
+
+
+def _compared(record, candidates):
+    """Whether a tuned record timed or skipped every one of `candidates`."""
+    return set(candidates) <= set(record.get("ms") or ()) | set(record.get("skipped") or ())
 
 
 def runs_on(backend, xp):

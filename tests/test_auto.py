@@ -88,6 +88,22 @@ def test_choice_is_cached_on_disk_and_not_tuned_again(tuner, monkeypatch):
     assert auto.pick(reg, "accgrad", **GEOM) == first  # ...the disk cache answers
 
 
+def test_a_cached_choice_is_tuned_again_when_a_new_candidate_joins(tuner, monkeypatch):
+    """A choice on disk made among gemm and `a` does not stand once `b` is registered (a new
+    backend, or cuDNN installed since): the new process times all three and caches that."""
+    reg = {"gemm": SlowIn("accgrad"), "a": SlowIn("accgrad")}
+    auto.pick(reg, "accgrad", **GEOM)
+    monkeypatch.setattr(auto, "_memory", {})        # a new process, one more backend
+    tuning._caches.clear()
+    reg["b"] = SlowIn("none")
+    assert auto.pick(reg, "accgrad", **GEOM) == "b"
+    monkeypatch.setattr(auto, "_memory", {})        # and the record on disk now covers all three
+    tuning._caches.clear()
+    monkeypatch.setattr(auto, "_tune", lambda *a: pytest.fail("tuned again despite a complete record"))
+    assert auto.pick(reg, "accgrad", **GEOM) == "b"
+    assert set(auto.choices()[0]["ms"]) == {"gemm", "a", "b"}
+
+
 def test_the_candidate_set_restricts_auto_and_keys_its_choices_apart(tuner, monkeypatch, settings):
     # "cudnn" stands in for the vendor backend: the fastest, so it wins wherever it may compete.
     reg = {"gemm": SlowIn("fprop"), "slow": SlowIn("fprop"), "cudnn": SlowIn("none")}
