@@ -109,6 +109,18 @@ def pass_output_shape(g, pass_name):
 CHECK_ABOVE_BYTES = 64 * 2**20
 
 
+def batch_slices(S, most):
+    """Slices of a batch of S images, each of at most `most` images (one at least): as few as
+    that allows, of sizes that differ by one at most (128 images at most 103 a slice: 64 + 64,
+    not 103 + 25; as many pieces, the same work, the smaller workspace). Every backend that
+    bounds its workspace cuts its batch so."""
+    most = max(1, int(most))
+    n = -(-S // most)
+    size, extra = divmod(S, n)                   # the first `extra` slices take one image more
+    starts = [i * size + min(i, extra) for i in range(n + 1)]
+    return [slice(a, b) for a, b in zip(starts, starts[1:])]
+
+
 def check_fits(nbytes, xp, what):
     """Raise ValueError naming `what`, its size and the limit where `nbytes` more cannot be
     allocated now on xp's device (numpy: the host's available memory; cupy: the GPU's free memory

@@ -27,7 +27,8 @@ import functools
 import numpy as np
 
 from . import cgemm, config, tuning
-from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
+from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry, launch_1d,
+                     valid_geometry)
 from . import cufft_buffers as buffers
 from .cufft_buffers import INT_MAX, held_on_device, keeping_retired, release_buffers  # noqa: F401 - API
 from .reuse import Key, reuse_spectra, shared, suspended  # noqa: F401 - reuse_spectra: an alias
@@ -327,8 +328,7 @@ def _chunks(g, basis, workspace_bytes):
     n, m = basis
     F = n * (m // 2 + 1)
     per_image = (g.f + g.fo) * (4 * n * m + 24 * F)
-    step = max(1, min(workspace_bytes // per_image, _INT_MAX // (max(g.f, g.fo) * n * m)))
-    return tuple(slice(s, min(s + step, g.S)) for s in range(0, g.S, step))
+    return tuple(batch_slices(g.S, min(workspace_bytes // per_image, _INT_MAX // (max(g.f, g.fo) * n * m))))
 
 
 # -- spectra shared across passes (backends/reuse.py) ---------------------------------------

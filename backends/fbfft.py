@@ -32,7 +32,7 @@ import functools
 import numpy as np
 
 from . import cgemm, config, fbfft_emulator, fbfft_plan
-from .common import check_arrays, check_output_shape, geometry, plain_args, valid_geometry
+from .common import batch_slices, check_arrays, check_output_shape, geometry, plain_args, valid_geometry
 from .reuse import Key, shared
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, ph x pw zero padding,
@@ -145,8 +145,7 @@ def _make_kernels(xp):
 def _batch_chunks(g, n, planes_per_image, workspace_bytes):
     """Slices of the batch whose spectra fit workspace_bytes (at least one image each)."""
     per_image = planes_per_image * fbfft_plan.stored_frequencies(n) * 8 * 2  # spectra in, GEMM out
-    step = max(1, workspace_bytes // per_image)
-    return [slice(s, min(s + step, g.S)) for s in range(0, g.S, step)]
+    return batch_slices(g.S, workspace_bytes // per_image)
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,8 @@ matrix. With stride (sh, sw) the columns are x[:, :, ::sh, ::sw], one gather; th
 import numpy as np
 
 from . import cgemm, config
-from .common import check_arrays, check_output_shape, cuda_module, geometry, launch_1d, valid_geometry
+from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry, launch_1d,
+                     valid_geometry)
 
 # S batch, f in-planes, f' out-planes (fo), kh x kw kernel, oh x ow output
 
@@ -91,14 +92,9 @@ def _columns(xp, x, g):
 
 
 def _image_chunks(g, per_image):
-    """Slices of the batch of at most gemm_workspace_mb, `per_image` bytes an image: as few as
-    that allows, of sizes that differ by one at most (128 images, 103 a chunk: 64 + 64, not
-    103 + 25; the same GEMMs, half the workspace)."""
-    most = max(1, config.mib_bytes("gemm_workspace_mb") // max(1, per_image))
-    n = -(-g.S // most)
-    size, extra = divmod(g.S, n)                 # the first `extra` chunks take one image more
-    starts = [i * size + min(i, extra) for i in range(n + 1)]
-    return [slice(a, b) for a, b in zip(starts, starts[1:])]
+    """Slices of the batch of at most gemm_workspace_mb, `per_image` bytes an image, even
+    (common.batch_slices)."""
+    return batch_slices(g.S, config.mib_bytes("gemm_workspace_mb") // max(1, per_image))
 
 
 def _strided(g):

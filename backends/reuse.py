@@ -7,8 +7,9 @@ Within one step a layer's three passes transform the same arrays:
   accGrad  FFT(gy)  FFT(x)      <- bprop's, fprop's
 
 Inside `with backends.reuse_spectra():` each is computed once, so 6 forward FFTs per layer and
-step become 3 (4 by default in layers: the weight's is not kept, below). Layers need no change; the training loop wraps one step, forward and backward
-(train.py does by default; --no-reuse-spectra turns it off):
+step become 3 (4 by default in layers: the weight's is not kept, below). Layers need no change;
+the training loop wraps one step, forward and backward (train.py does by default;
+--no-reuse-spectra turns it off):
 
     with backends.reuse_spectra():
         loss = criterion(model(x), y)

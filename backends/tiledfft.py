@@ -57,7 +57,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import cgemm, config, fbfft_plan, tuning
-from .common import check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
+from .common import batch_slices, check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, oh x ow output,
 # ph x pw padding, n x n Fourier basis (a tile), mh x mw valid outputs of a tile,
@@ -123,8 +123,7 @@ def basis(out_hw, k_hw):
 
 def _chunks(S, per_image_bytes):
     """Slices of the batch whose spectra fit fbfft_workspace_mb (one image at least)."""
-    step = max(1, config.mib_bytes("fbfft_workspace_mb") // max(1, per_image_bytes))
-    return [slice(s, min(s + step, S)) for s in range(0, S, step)]
+    return batch_slices(S, config.mib_bytes("fbfft_workspace_mb") // max(1, per_image_bytes))
 
 
 def _spectrum_bytes(t, planes):

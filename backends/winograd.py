@@ -42,7 +42,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import cgemm, config, tuning
-from .common import check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
+from .common import batch_slices, check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, oh x ow output, ph x pw padding,
 # m x m output tile, alpha = m + 2 transformed tile, th x tw tiles per plane, P = S*th*tw
@@ -116,8 +116,7 @@ def tiles(oh, ow, m):
 
 def _chunks(S, per_image_floats):
     """Slices of the batch whose transformed tiles fit winograd_workspace_mb (one image at least)."""
-    step = max(1, config.mib_bytes("winograd_workspace_mb") // (4 * per_image_floats))
-    return [slice(s, min(s + step, S)) for s in range(0, S, step)]
+    return batch_slices(S, config.mib_bytes("winograd_workspace_mb") // (4 * per_image_floats))
 
 
 # -- the three passes ----------------------------------------------------------------------------

@@ -82,3 +82,14 @@ def test_train_py_refuses_a_data_set_or_batch_that_cannot_fit(args, pattern):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in p.stderr
     assert re.search(pattern + r".* of memory available on the host", lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("S,most", [(128, 103), (128, 128), (128, 200), (7, 1), (7, 3), (1, 5), (64, 63), (5, 0)])
+def test_batch_slices_are_few_and_even(S, most):
+    """A batch cut to fit a workspace: every image once, in order, no slice over `most` (one image
+    at least), as few slices as that allows, sizes within one of each other (64 + 64, not 103 + 25)."""
+    slices = common.batch_slices(S, most)
+    sizes = [sl.stop - sl.start for sl in slices]
+    assert [i for sl in slices for i in range(sl.start, sl.stop)] == list(range(S))
+    assert max(sizes) <= max(most, 1) and len(slices) == -(-S // max(most, 1))
+    assert max(sizes) - min(sizes) <= 1
