@@ -38,8 +38,9 @@ Hazards:
   reuse_weight_spectra setting asks (off by default: memory, see backends._kept_roles); then
   bprop computes its own, and a step saves 2 forward FFTs per layer instead of 3. Backend
   functions called directly (not through run_pass) keep every spectrum, as before.
-- Memory: between a layer's forward and its backward, its x and w spectra stay alive. A weight
-  spectrum is the large one: n*(m//2+1) complex64 values per kh x kw float32 kernel.
+- Memory: between a layer's forward and its backward, its x spectrum stays alive, and its w
+  spectrum where kept. A weight spectrum is the large one: n*(m//2+1) complex64 values per
+  kh x kw float32 kernel.
 - Tuners time candidates with sharing suspended(), so each candidate pays for its own FFTs.
 """
 import contextlib

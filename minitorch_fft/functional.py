@@ -636,9 +636,9 @@ class Conv2dFn(Function):
         return y
 
     def _run(self, pass_name, *arrays):
-        later = self.later[self.later.index(pass_name) + 1:] if pass_name in self.later else self.later
+        # every spectrum's consumer comes after the pass that made it, so backward's passes will do
         return backends.run_pass(self.backend, pass_name, *arrays, x_shape=self.x.shape, w_shape=self.w.shape,
-                                 stride=self.stride, padding=self.padding, later=later)
+                                 stride=self.stride, padding=self.padding, later=self.later)
 
     def backward(self, g):
         x, w = self.x, self.w
