@@ -27,7 +27,7 @@ timeout 65 python3 -m benchmarks.bench_pytorch --nets alexnet --impls strict,fp3
     | tee "$out/bench_alexnet.log" | grep -v "^|"
 echo; echo "== summary (commit ${MINITORCH_COMMIT:-?}; base ${BASE_COMMIT:-none}) =="
 grep -E "passed|failed|error" "$out/pytest_gpu.log" | tail -2
-grep -E "^  (alloc|torch|cp\.|enter|  alt)|sum \(ms\)|median extra|refused" "$out/host_b128.log"
+grep -E "^  (alloc|torch|cp\.|adapter|_cuda|enter)|sum \(ms\)|median extra|refused" "$out/host_b128.log"
 echo "this tree:"; grep -E "^  (stock|converted)" "$out/host_b128.log"
 [ -n "${BASE:-}" ] && { echo "base:"; grep -E "^  (stock|converted)" "$out/host_base_b128.log"; }
 grep -E "^\| alexnet" "$out/results"/*/bench_pytorch_alexnet.md
