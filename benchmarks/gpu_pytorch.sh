@@ -18,7 +18,7 @@ ${MINITORCH_TUNE_CACHE:-default}" | tee "$out/commit.txt"
 timeout 55 python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=5 tests/test_pytorch.py \
     > "$out/pytest_gpu.log" 2>&1
 echo "pytest rc $?"; tail -12 "$out/pytest_gpu.log"
-timeout 40 python3 "$exp" --batch 128 --profile-out "$out/profile_b128.txt" 2>&1 | tee "$out/host_b128.log"
+timeout 50 python3 "$exp" --batch 128 --profile-out "$out/profile_b128.txt" 2>&1 | tee "$out/host_b128.log"
 if [ -n "${BASE:-}" ]; then
     (cd "$BASE" && MINITORCH_COMMIT=$BASE_COMMIT timeout 22 python3 "$exp" --batch 128 \
         --step-only) 2>&1 | tee "$out/host_base_b128.log"
@@ -27,7 +27,7 @@ timeout 65 python3 -m benchmarks.bench_pytorch --nets alexnet --impls strict,fp3
     | tee "$out/bench_alexnet.log" | grep -v "^|"
 echo; echo "== summary (commit ${MINITORCH_COMMIT:-?}; base ${BASE_COMMIT:-none}) =="
 grep -E "passed|failed|error" "$out/pytest_gpu.log" | tail -2
-grep -E "^  (alloc|torch|cp\.|enter|  alt)|sum \(ms\)|median extra|refused" "$out/host_b128.log"
+grep -E "^  (alloc|torch|cp\.|adapter|_cuda|enter)|sum \(ms\)|median extra|refused" "$out/host_b128.log"
 echo "this tree:"; grep -E "^  (stock|converted)" "$out/host_b128.log"
 [ -n "${BASE:-}" ] && { echo "base:"; grep -E "^  (stock|converted)" "$out/host_base_b128.log"; }
 grep -E "^\| alexnet" "$out/results"/*/bench_pytorch_alexnet.md

@@ -8,12 +8,16 @@
 operators, each only where its input needs a gradient. Every pass goes through
 backends.run_pass, so `auto` tunes per geometry and pass with the framework's tuning cache, and
 `backends.config` settings apply (`with backends.config.override(tf32=True):` is the TF32 mode).
+conv2d() and Conv2d call the operator where something traces them (torch.compile, make_fx,
+FakeTensor, vmap) and, eagerly, the same passes as an autograd.Function (EagerConv2d), which
+skips the dispatcher's Python (~95 us a call on an H100).
 
-Tensors cross without copies: CUDA tensors become CuPy arrays through DLPack and the results
-come back the same way; CPU tensors through .numpy() / torch.from_numpy (a non-contiguous one is
-made contiguous first, as the backends would). On the GPU the passes run on PyTorch's current
-stream (a CuPy ExternalStream) and allocate from PyTorch's caching allocator, so they order with
-PyTorch's work, count in torch.cuda.max_memory_allocated(), and can be captured by
+Tensors cross without copies: a CUDA tensor becomes a CuPy array over its own memory (which the
+array keeps alive) and a result comes back through a DLPack capsule; CPU tensors through
+.numpy() / torch.from_numpy (a non-contiguous one is made contiguous first, as the backends
+would). Neither direction orders streams: a pass runs on PyTorch's current stream, as PyTorch's
+own operators do (a CuPy ExternalStream), and allocates from PyTorch's caching allocator, so it
+orders with PyTorch's work, counts in torch.cuda.max_memory_allocated(), and can be captured by
 torch.cuda.graph (the allocations then come from the graph's private pool; the GEMMs go to a
 cuBLAS handle made at the device's first eager pass and bound to the capture stream,
 backends.cgemm.GraphHandle, since CuPy refuses cuBLAS calls in a capture). Capture after one eager
@@ -71,10 +75,27 @@ def _array(t, cp):
     key = None if _views is None else _key(t)
     if key is not None and key in _views:
         return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
-    a = t.numpy() if cp is None else cp.from_dlpack(t)
+    a = t.numpy() if cp is None else _cupy_view(t, cp)
     if key is not None:
         _views[key] = a
     return a
+
+
+def _cupy_view(t, cp):
+    """A contiguous float32 CUDA tensor as a CuPy array on its memory, keeping t alive (the
+    UnownedMemory's owner). What cp.from_dlpack(t) gives without DLPack's Python: PyTorch's
+    __dlpack__ looks up the current device and stream to order the two, and the pass already runs
+    on PyTorch's current stream (_cuda_scope). 3 us against 31 on an H100 (benchmarks/NOTES.md,
+    session 11)."""
+    memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * 4, t, t.device.index)
+    return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0))
+
+
+def _from_cupy(a):
+    """A CuPy array as a tensor on its memory, through a DLPack capsule made with stream -1: the
+    consumer, PyTorch, is on the producer's stream, so neither side orders anything (3 us against
+    12 for torch.from_dlpack(a), which asks CuPy for a capsule on its current stream)."""
+    return torch.from_dlpack(a.__dlpack__(stream=-1))
 
 
 @contextlib.contextmanager
@@ -93,15 +114,19 @@ def reuse_spectra():
 _cupy = None
 _graph_handles = {}   # device index -> cgemm.GraphHandle, made at the device's first eager pass
 _streams = {}         # (device index, stream pointer) -> _Stream: made once per PyTorch stream
+_NOT_CAPTURING = contextlib.nullcontext()
 
 
 class _Stream:
     """What a pass on one PyTorch stream needs from CuPy, made once per stream: CuPy's device,
     the stream as CuPy's ExternalStream, and an allocator that takes memory from PyTorch's
     caching allocator on that stream (so it counts in torch.cuda.max_memory_allocated, and a
-    capture gets it from the graph's pool: a cudaMalloc inside a capture is an error). The stream
-    is bound here rather than looked up per allocation; that saved little (4.3 against 4.5 us an
-    allocation on an H100: the adapter's host time is elsewhere, benchmarks/NOTES.md session 11)."""
+    capture gets it from the graph's pool: a cudaMalloc inside a capture is an error).
+
+    The allocator calls the caching allocator's raw functions, not torch.cuda.caching_allocator_alloc:
+    that wrapper enters a device guard (Python) on every allocation, and a pass makes 4-6 of them.
+    The raw call allocates on the CUDA runtime's current device, which CuPy's device context (entered
+    around every pass, _run) has set to this one."""
 
     def __init__(self, cp, device_index, ptr):
         self.device = cp.cuda.Device(device_index)
@@ -110,48 +135,43 @@ class _Stream:
             # __cuda_stream__ protocol; a pointer is what we have
             warnings.simplefilter("ignore", DeprecationWarning)
             self.stream = cp.cuda.ExternalStream(ptr, device_index)
-
-        def malloc(size, device_id):
-            return torch.cuda.caching_allocator_alloc(size, device_id, ptr)
-        self.malloc = cp.cuda.memory.PythonFunctionAllocator(malloc, _torch_free).malloc
-
-
-def _torch_free(ptr, device_id):
-    torch.cuda.caching_allocator_delete(ptr)
+        alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc      # (size, stream): on the current device
+        delete = torch._C._cuda_cudaCachingAllocator_raw_delete    # (pointer): device and stream recorded
+        self.malloc = cp.cuda.memory.PythonFunctionAllocator(
+            lambda size, device_id: alloc(size, ptr), lambda p, device_id: delete(p)).malloc
 
 
-@contextlib.contextmanager
-def _on_current_stream(device):
-    """CuPy on `device`, on PyTorch's current stream, allocating through PyTorch; while that stream
-    is being captured, the GEMMs on a cuBLAS handle bound to it (CuPy refuses its own)."""
+def _cuda_scope(index):
+    """(cupy, _Stream, capture context) for a pass on GPU `index`, on PyTorch's current stream there:
+    the caller enters `with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:`.
+    Per call this is two dict look-ups and two C calls: the stream's raw pointer (a Stream object,
+    torch.cuda.current_stream(), costs 5.5 us) and whether it is being captured. While it is, the
+    GEMMs go to a cuBLAS handle bound to it (capture: cgemm.capturing; CuPy refuses its own)."""
     global _cupy
     if _cupy is None:
         import cupy
         _cupy = cupy
-    cp, index = _cupy, device.index
-    ptr = torch.cuda.current_stream(device).cuda_stream
+    cp = _cupy
+    ptr = torch._C._cuda_getCurrentRawStream(index)
     on = _streams.get((index, ptr))
     if on is None:
         on = _streams[index, ptr] = _Stream(cp, index, ptr)
     handle = _graph_handles.get(index)
-    capturing = torch.cuda.is_current_stream_capturing()
-    if capturing and handle is None:
-        raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
-                           "run one eager step first (auto tunes, cuFFT plans and the cuBLAS handle are "
-                           "made at a layer's first call, which a capture cannot hold)")
-    with on.device, on.stream, cp.cuda.using_allocator(on.malloc):
+    if not torch.cuda.is_current_stream_capturing():
         if handle is None:
             # cublasCreate allocates, so the capture handle is made eagerly; its workspace lives as
             # long as the process (graphs sharing it must not be replayed concurrently)
-            workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-            _graph_handles[index] = cgemm.GraphHandle(ptr, cp.from_dlpack(workspace))
-        if not capturing:
-            yield cp
-            return
-        if handle.stream_ptr != ptr:
-            handle.bind(ptr)
-        with cgemm.capturing(handle):
-            yield cp
+            with on.device, on.stream:
+                workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
+                _graph_handles[index] = cgemm.GraphHandle(ptr, cp.from_dlpack(workspace))
+        return cp, on, _NOT_CAPTURING
+    if handle is None:
+        raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
+                           "run one eager step first (auto tunes, cuFFT plans and the cuBLAS handle are "
+                           "made at a layer's first call, which a capture cannot hold)")
+    if handle.stream_ptr != ptr:
+        handle.bind(ptr)
+    return cp, on, cgemm.capturing(handle)
 
 
 def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):
@@ -164,10 +184,11 @@ def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):
         return torch.from_numpy(np.ascontiguousarray(out))
     if a.device.type != "cuda":
         raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {a.device}")
-    with _on_current_stream(a.device) as cp:
+    cp, on, capture = _cuda_scope(a.device.index)
+    with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
         out = backends.run_pass(backend, pass_name, _array(a, cp), _array(b, cp), *_shape_arg(pass_name, args),
                                 **args)
-        return torch.from_dlpack(cp.ascontiguousarray(out))
+        return _from_cupy(cp.ascontiguousarray(out))
 
 
 def _shape_arg(pass_name, args):
@@ -257,9 +278,74 @@ for _device in ("cpu", "cuda"):
     torch.library.register_autocast("minitorch_fft::conv2d", _device, torch.float32)
 
 
+# -- the eager path: the same passes without the dispatcher ---------------------------------------
+# torch.ops' Python (custom_op's dispatch and autograd wrapper) costs ~95 us a call on an H100
+# (benchmarks/NOTES.md, session 11), more than some passes take on the GPU. An eager call has no
+# use for it, so conv2d() runs EagerConv2d there; whatever must see the operator (Dynamo, make_fx,
+# FakeTensorMode and other dispatch modes, functorch's transforms) gets torch.ops, as do direct
+# callers of torch.ops.minitorch_fft.conv2d. Both end in _run, so they compute the same thing.
+
+class EagerConv2d(torch.autograd.Function):
+    """The operator's forward and backward as an autograd.Function: fprop, then bprop and accGrad
+    each only where its input needs a gradient (the profiler lists it by this name)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, stride, padding, backend):
+        ctx.save_for_backward(x, weight)
+        ctx.geometry = (stride, padding, backend)   # lists, as _setup_context keeps them
+        return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding)
+
+    @staticmethod
+    def backward(ctx, gy):
+        if torch.is_grad_enabled():
+            # backward(create_graph=True): the operators' backward, whose passes have no derivative
+            # registered, so that autograd says so if a second backward reaches them, as it does
+            # for the operator (geometry and saved tensors are kept alike for this)
+            return _backward(ctx, gy)
+        x, weight = ctx.saved_tensors
+        stride, padding, backend = ctx.geometry
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding)
+        if ctx.needs_input_grad[1]:
+            gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding)
+        return gx, gw, None, None, None
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager(x, weight):
+    """Whether a call may run EagerConv2d: plain CPU or CUDA tensors, and nothing that must see
+    the operator (Dynamo first: it then folds the rest away; a dispatch mode such as FakeTensorMode
+    or make_fx's; a torch function mode; functorch's vmap/grad; the JIT tracer)."""
+    return (not torch.compiler.is_compiling()
+            and type(x) in _PLAIN and type(weight) in _PLAIN and (x.is_cuda or x.is_cpu)
+            and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._functorch.peek_interpreter_stack() is None
+            and not torch._C._get_tracing_state())
+
+
+def _autocast(x, weight):
+    """(x, weight) as the operator's autocast rule hands them on (torch.library.register_autocast
+    to float32, below): under autocast for their device type, floating-point tensors other than
+    float64 cast to float32, differentiably."""
+    kind = x.device.type
+    if not torch.is_autocast_enabled(kind):
+        return x, weight
+    return tuple(t.float() if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == kind else t
+                 for t in (x, weight))
+
+
 def conv2d(x, weight, stride=1, padding=0, backend="auto"):
-    """torch.ops.minitorch_fft.conv2d with int-or-pair stride and padding (no bias)."""
-    return torch.ops.minitorch_fft.conv2d(x, weight, _pair(stride), _pair(padding), backend)
+    """torch.ops.minitorch_fft.conv2d with int-or-pair stride and padding (no bias); an eager call
+    runs EagerConv2d instead, the same passes without the dispatcher."""
+    stride, padding = _pair(stride), _pair(padding)
+    if _eager(x, weight):
+        x, weight = _autocast(x, weight)
+        return EagerConv2d.apply(x, weight, stride, padding, backend)
+    return torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend)
 
 
 def _pair(v):
@@ -334,4 +420,4 @@ def convert(model, backend="auto"):
     return model
 
 
-__all__ = ["Conv2d", "convert", "conv2d", "reuse_spectra", "unsupported"]
+__all__ = ["Conv2d", "EagerConv2d", "convert", "conv2d", "reuse_spectra", "unsupported"]

@@ -1,6 +1,7 @@
 """minitorch_fft.pytorch: the custom operator, Conv2d and convert() against PyTorch's own
 convolution in float64 (the independent reference), through opcheck, torch.compile and, on the
-GPU, CUDA graphs and the profiler."""
+GPU, CUDA graphs and the profiler. Both ways in: the eager path (conv2d's EagerConv2d) and the
+operator (torch.ops.minitorch_fft.conv2d, what tracing and torch.compile see)."""
 import copy
 import logging
 
@@ -11,8 +12,11 @@ import torch.nn.functional as TF
 
 import backends
 from conftest import DEVICES
+from minitorch_fft import pytorch as pt
 from minitorch_fft.pytorch import Conv2d, conv2d, convert, reuse_spectra, unsupported
 from reference import rel_error
+
+PATHS = ["eager", "operator"]
 
 CASES = [  # (S, f, f', h, w, kh, kw, stride, padding)
     (2, 3, 4, 9, 9, 3, 3, (1, 1), (1, 1)),
@@ -31,11 +35,19 @@ def operands(case, device, seed=0):
     return x.to(device), wt.to(device), stride, padding
 
 
-def check_against_float64(case, backend, device, tol=1e-5):
-    """The operator's forward and both gradients against F.conv2d in float64."""
+def call(path, x, w, stride, padding, backend="auto"):
+    """conv2d's eager path, or the registered operator called directly."""
+    if path == "eager":
+        return conv2d(x, w, stride, padding, backend)
+    return torch.ops.minitorch_fft.conv2d(x, w, list(stride), list(padding), backend)
+
+
+def check_against_float64(case, backend, device, path="eager", tol=1e-5):
+    """The forward and both gradients against F.conv2d in float64, through `path`."""
     x, w, stride, padding = operands(case, device)
     x.requires_grad_(), w.requires_grad_()
-    y = conv2d(x, w, stride, padding, backend)
+    y = call(path, x, w, stride, padding, backend)
+    assert (y.grad_fn.name() == "EagerConv2dBackward") == (path == "eager")
     x64, w64 = (t.detach().double().cpu().requires_grad_() for t in (x, w))
     y64 = TF.conv2d(x64, w64, stride=stride, padding=padding)
     gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
@@ -46,11 +58,12 @@ def check_against_float64(case, backend, device, tol=1e-5):
         assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= tol
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES)
-def test_operator_matches_float64(case, device):
-    check_against_float64(case, "auto", device)
-    check_against_float64(case, "gemm", device)
+def test_operator_matches_float64(case, device, path):
+    check_against_float64(case, "auto", device, path)
+    check_against_float64(case, "gemm", device, path)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -73,41 +86,164 @@ def test_opcheck(case, device):
                           (gy, x.detach(), list(w.shape), list(stride), list(padding), "auto"))
 
 
-def test_only_the_wanted_gradients_are_computed(monkeypatch):
+@pytest.mark.parametrize("path", PATHS)
+def test_only_the_wanted_gradients_are_computed(monkeypatch, path):
     calls = []
     real = backends.run_pass
     monkeypatch.setattr(backends, "run_pass", lambda name, p, *a, **k: calls.append(p) or real(name, p, *a, **k))
     x, w, stride, padding = operands(CASES[0], "cpu")
-    conv2d(x, w.requires_grad_(), stride, padding).sum().backward()     # the first layer: no gradInput
+    call(path, x, w.requires_grad_(), stride, padding).sum().backward()     # the first layer: no gradInput
     assert calls == ["fprop", "accgrad"]
     calls.clear()
-    conv2d(x.requires_grad_(), w.detach(), stride, padding).sum().backward()   # a frozen layer
+    call(path, x.requires_grad_(), w.detach(), stride, padding).sum().backward()   # a frozen layer
     assert calls == ["fprop", "bprop"]
 
 
-def test_bad_input_says_why():
+@pytest.mark.parametrize("path", PATHS)
+def test_bad_input_says_why(path):
     x, w, stride, padding = operands(CASES[0], "cpu")
     with pytest.raises(TypeError, match="float32"):
-        conv2d(x.double(), w.double(), stride, padding)
+        call(path, x.double(), w.double(), stride, padding)
     with pytest.raises(TypeError, match="float32"):
-        conv2d(x.half(), w, stride, padding)
+        call(path, x.half(), w, stride, padding)
     with pytest.raises(ValueError, match="unknown convolution backend"):
-        conv2d(x, w, stride, padding, "no_such_backend")
+        call(path, x, w, stride, padding, "no_such_backend")
     with pytest.raises(ValueError, match="channel mismatch"):
-        conv2d(x, w[:, :2], stride, padding)
+        call(path, x, w[:, :2], stride, padding)
     with pytest.raises(ValueError, match="unknown convolution backend"):
         Conv2d(3, 4, 3, backend="nope")
     with pytest.raises(ValueError, match="groups=3"):
         Conv2d(3, 3, 3, groups=3)
 
 
-def test_autocast_runs_in_float32():
+@pytest.mark.parametrize("path", PATHS)
+def test_autocast_runs_in_float32(path):
+    """Under autocast the inputs are cast to float32 (differentiably: x's gradient comes back in
+    its own bfloat16) and the result is float32; float64 is left alone, and refused."""
     x, w, stride, padding = operands(CASES[0], "cpu")
+    xb = x.bfloat16().requires_grad_()
+    w.requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = conv2d(x.bfloat16(), w, stride, padding)
+        y = call(path, xb, w, stride, padding)
+        with pytest.raises(TypeError, match="float32"):
+            call(path, x.double(), w.double(), stride, padding)
     assert y.dtype == torch.float32
-    ref = TF.conv2d(x.bfloat16().double(), w.double(), stride=stride, padding=padding)
-    assert rel_error(y.numpy(), ref.numpy()) <= 1e-5
+    x64, w64 = xb.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = TF.conv2d(x64, w64, stride=stride, padding=padding)
+    assert rel_error(y.detach().numpy(), ref.detach().numpy()) <= 1e-5
+    gy = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y.backward(gy.float())
+    ref.backward(gy)
+    assert xb.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
+    assert rel_error(w.grad.numpy(), w64.grad.numpy()) <= 1e-5
+    assert rel_error(xb.grad.double().numpy(), x64.grad.numpy()) <= 1e-2     # bfloat16's rounding
+
+
+# -- which path a call takes, and what crosses ------------------------------------------------------
+
+def profiled_names(fn):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
+def test_eager_calls_skip_the_dispatcher():
+    """conv2d and Conv2d, eager, with and without gradients: EagerConv2d runs, torch.ops never
+    (the profiler lists every operator call, so it sees one if it is made: the direct call shows)."""
+    x, w, stride, padding = operands(CASES[0], "cpu")
+    x.requires_grad_(), w.requires_grad_()
+
+    def step():
+        y = conv2d(x, w, stride, padding)
+        y.backward(torch.ones_like(y))
+        with torch.no_grad():
+            conv2d(x, w, stride, padding)
+        module = Conv2d(3, 4, 3, padding=1)
+        module(x).sum().backward()
+    names = profiled_names(step)
+    assert "EagerConv2d" in names and any("EagerConv2dBackward" in n for n in names)
+    assert not any(n.startswith("minitorch_fft::") for n in names), sorted(names)
+    names = profiled_names(lambda: call("operator", x, w, stride, padding).sum().backward())
+    assert {"minitorch_fft::conv2d", "minitorch_fft::conv2d_bprop", "minitorch_fft::conv2d_accgrad"} <= names
+
+
+def test_traced_calls_take_the_operator():
+    """Whatever must see the operator sees it: a dispatch mode on real tensors, make_fx, FakeTensor
+    (the eager path would run the backends on tensors with no data), functorch's vmap (which loops
+    the operator over the batch)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x, w, stride, padding = operands(CASES[1], "cpu")
+    with Seen() as seen:
+        conv2d(x, w, stride, padding)
+    assert torch.ops.minitorch_fft.conv2d.default in seen.ops
+    xs = torch.stack([x, 2 * x])                              # a batch of two calls
+    ys = torch.func.vmap(lambda a: conv2d(a, w, stride, padding))(xs)
+    for a, y in zip(xs, ys):
+        ref = TF.conv2d(a.double(), w.double(), stride=stride, padding=padding)
+        assert rel_error(y.numpy(), ref.numpy()) <= 1e-5
+    graph = make_fx(lambda a, b: conv2d(a, b, stride, padding))(x, w).graph
+    assert [n.target for n in graph.nodes if n.op == "call_function"] == [torch.ops.minitorch_fft.conv2d.default]
+    mode = FakeTensorMode()
+    fx, fw = mode.from_tensor(x), mode.from_tensor(w)
+    with mode:
+        y = conv2d(fx, fw, stride, padding)
+    z = conv2d(fx, fw, stride, padding)                      # a tensor subclass, no mode active
+    for out in (y, z):
+        assert isinstance(out, FakeTensor)
+        assert out.shape == TF.conv2d(x, w, stride=stride, padding=padding).shape
+
+
+def address(a):
+    """Where a NumPy or CuPy array's data starts."""
+    return a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_copies_at_the_boundary(device, path, monkeypatch):
+    """Every array a pass gets is the tensor's own memory, and every tensor a pass returns is
+    the array's: fprop, bprop and accGrad, on both paths."""
+    seen = []
+    real = backends.run_pass
+
+    def run_pass(name, pass_name, a, b, *rest, **kwargs):
+        out = real(name, pass_name, a, b, *rest, **kwargs)
+        seen.append((pass_name, address(a), address(b), address(out)))
+        return out
+    monkeypatch.setattr(backends, "run_pass", run_pass)
+    x, w, stride, padding = operands(CASES[0], device)
+    x.requires_grad_(), w.requires_grad_()
+    y = call(path, x, w, stride, padding)
+    gy = torch.randn_like(y)                                  # contiguous: nothing to copy
+    gx, gw = torch.autograd.grad(y, (x, w), gy)
+    got = {p: (a, b, out) for p, a, b, out in seen}
+    assert got == {"fprop": (x.data_ptr(), w.data_ptr(), y.data_ptr()),
+                   "bprop": (gy.data_ptr(), w.data_ptr(), gx.data_ptr()),
+                   "accgrad": (gy.data_ptr(), x.data_ptr(), gw.data_ptr())}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_second_derivative_on_either_path(path):
+    """backward(create_graph=True) works; a second backward through the passes says why it cannot."""
+    x, w, stride, padding = operands(CASES[0], "cpu")
+    x.requires_grad_(), w.requires_grad_()
+    gx, = torch.autograd.grad(call(path, x, w, stride, padding).sum(), x, create_graph=True)
+    assert gx.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        gx.sum().backward()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -256,10 +392,23 @@ def small_net():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_torch_compile_fullgraph(device, strict_fp32):
-    """torch.compile(fullgraph=True) raises on a graph break: the operator traces whole."""
+    """torch.compile(fullgraph=True) raises on a graph break: the operator traces whole, and the
+    compiled forward and backward call the operators, not the eager path (on the CPU aot_eager's
+    graphs are kept and read)."""
     torch._dynamo.reset()
     model = convert(small_net()).to(device)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager" if device == "cpu" else "inductor")
+    graphs = []
+    if device == "cpu":
+        from functorch.compile import make_boxed_func
+        from torch._dynamo.backends.common import aot_autograd
+
+        def keep(gm, example_inputs):
+            graphs.append({n.target for n in gm.graph.nodes if n.op == "call_function"})
+            return make_boxed_func(gm.forward)
+        backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    else:
+        backend = "inductor"
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     x = torch.randn(2, 3, 12, 12, device=device)
     out = compiled(x)
     out.square().sum().backward()
@@ -270,14 +419,27 @@ def test_torch_compile_fullgraph(device, strict_fp32):
     assert rel_error(out.detach().cpu().numpy(), ref.detach().cpu().numpy()) <= 1e-5
     for a, p in zip(got, model.parameters()):
         assert rel_error(a.cpu().numpy(), p.grad.cpu().numpy()) <= 1e-5
+    if device == "cpu":
+        ops = torch.ops.minitorch_fft
+        forward, backward = graphs
+        assert ops.conv2d.default in forward
+        assert {ops.conv2d_bprop.default, ops.conv2d_accgrad.default} <= backward
 
 
-# -- GPU: CUDA graphs, no copies ---------------------------------------------------------------
+# -- GPU: CUDA graphs, no copies, streams ---------------------------------------------------------
+
+def use_path(monkeypatch, path):
+    """Conv2d's calls on the eager path, or (for "operator") through torch.ops as if traced."""
+    if path == "operator":
+        monkeypatch.setattr(pt, "_eager", lambda x, weight: False)
+
 
 @pytest.mark.gpu
-def test_cuda_graph_training_step_replays(strict_fp32):
+@pytest.mark.parametrize("path", PATHS)
+def test_cuda_graph_training_step_replays(strict_fp32, path, monkeypatch):
     """A converted model's whole step (forward, backward, SGD) captured with torch.cuda.graph;
     replays on new batches match the same steps run eagerly from the same state."""
+    use_path(monkeypatch, path)
     model = convert(small_net()).cuda()
     eager = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -318,9 +480,11 @@ def test_cuda_graph_training_step_replays(strict_fp32):
 
 
 @pytest.mark.gpu
-def test_no_device_copies_at_the_boundary():
+@pytest.mark.parametrize("path", PATHS)
+def test_no_device_copies_at_the_boundary(path, monkeypatch):
     """The profiler sees no copy between PyTorch and CuPy: no Memcpy, no aten::copy_."""
     from torch.profiler import ProfilerActivity, profile
+    use_path(monkeypatch, path)
     conv = Conv2d(16, 32, 3, padding=1, bias=False).cuda()
     x = torch.randn(4, 16, 20, 20, device="cuda", requires_grad=True)
     conv(x).sum().backward()              # tunes first
@@ -330,16 +494,18 @@ def test_no_device_copies_at_the_boundary():
         y.backward(torch.ones_like(y))
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    assert any("minitorch_fft::conv2d" in n for n in names)
+    assert any(n == ("EagerConv2d" if path == "eager" else "minitorch_fft::conv2d") for n in names)
     copies = [n for n in names if n.startswith("Memcpy") or n in ("aten::copy_", "aten::contiguous", "aten::clone")]
     assert copies == []
 
 
 @pytest.mark.gpu
-def test_runs_on_pytorchs_current_stream():
+@pytest.mark.parametrize("path", PATHS)
+def test_runs_on_pytorchs_current_stream(path, monkeypatch):
     """On a side stream (non-blocking, as PyTorch makes them) the three passes queue behind the
     stream's earlier work: the input is made there after a long sleep kernel, so a pass issued on
     any other stream would read it unwritten."""
+    use_path(monkeypatch, path)
     conv = Conv2d(8, 8, 3, padding=1, bias=False).cuda()
     base = torch.randn(2, 8, 16, 16, device="cuda")
     gy = torch.randn(2, 8, 16, 16, device="cuda")
@@ -358,3 +524,46 @@ def test_runs_on_pytorchs_current_stream():
     y64.backward(gy.double().cpu())
     for got, ref in ((y, y64), (x.grad, x64.grad), (conv.weight.grad, w64.grad)):
         assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_crossings_share_memory_and_keep_it_alive():
+    """_cupy_view is the tensor's memory and keeps it alive after the tensor is dropped (its
+    storage is not handed out again meanwhile); _from_cupy is the array's memory."""
+    import gc
+
+    import cupy as cp
+    t = torch.arange(24, dtype=torch.float32, device="cuda").reshape(2, 3, 4)
+    ptr = t.data_ptr()
+    a = pt._cupy_view(t, cp)
+    assert a.data.ptr == ptr and a.shape == (2, 3, 4) and a.dtype == cp.float32
+    del t
+    gc.collect()
+    other = torch.full((24,), 7.0, device="cuda")        # would take the freed block
+    assert other.data_ptr() != ptr
+    assert cp.asnumpy(a).ravel().tolist() == list(range(24))
+    b = cp.arange(6, dtype=cp.float32).reshape(2, 3)
+    u = pt._from_cupy(b)
+    assert u.data_ptr() == b.data.ptr and u.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.gpu
+def test_stream_scope_is_made_once_per_stream():
+    """_cuda_scope finds PyTorch's current stream by its raw pointer, reuses what it made for it,
+    and its allocator takes memory from PyTorch's caching allocator (counted there)."""
+    import cupy as cp
+    index = torch.cuda.current_device()
+    _, on, _ = pt._cuda_scope(index)
+    assert on.stream.ptr == torch.cuda.current_stream().cuda_stream
+    assert pt._cuda_scope(index)[1] is on
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        _, on_side, _ = pt._cuda_scope(index)
+    assert on_side is not on and on_side.stream.ptr == side.cuda_stream
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with on.device, on.stream, cp.cuda.using_allocator(on.malloc):
+        a = cp.empty(1 << 20, dtype=cp.float32)               # 4 MiB
+        assert torch.cuda.memory_allocated() - before >= a.nbytes
+    del a
+    assert torch.cuda.memory_allocated() == before

@@ -3,27 +3,35 @@
 bench_pytorch's smoke run put converted AlexNet's eager step at 12.1 ms against PyTorch strict's
 3.7 (batch 8, H100) with the CUDA-graph rows on par: host time, ~0.5 ms per conv call. This
 times, for each conv of torchvision AlexNet and each pass, one call's host time (perf_counter,
-the queue drained before, nothing synchronised inside) at four depths:
+the queue drained before, nothing synchronised inside) at five depths:
 
   framework  backends.run_pass on CuPy arrays, CuPy's own pool and stream (a framework layer)
   scoped     the same inside the adapter's stream scope (PyTorch's stream and caching allocator)
-  adapter    minitorch_fft.pytorch._run on torch tensors (DLPack both ways)
-  operator   torch.ops.minitorch_fft.conv2d / _bprop / _accgrad (dispatcher, custom_op's wrapper)
+  adapter    minitorch_fft.pytorch._run on torch tensors (the crossings both ways)
+  eager      what an eager call runs: conv2d's EagerConv2d for fprop (no grad); bprop and accGrad
+             are _run itself, called from EagerConv2d.backward, so the adapter column again
+  operator   torch.ops.minitorch_fft.conv2d / _bprop / _accgrad (dispatcher, custom_op's wrapper:
+             what a compiled or traced call runs)
 
-with the CuPy allocations one call makes, and the unit cost of the pieces: an allocation and
-free through CuPy's pool, through the adapter's allocator, and through session 9's (which asked
-torch.cuda.current_stream() on every allocation); one DLPack crossing each way; entering the
-scope. Then the whole training step (forward, cross-entropy, backward, SGD), converted and stock:
-host time per step (perf_counter around the step, queue drained before), a cProfile of the
-converted step (top functions by own time, to --profile-out), and memory: peak allocated per step
-with and without spectra reuse against stock, the spectra held at the end of the forward, and
-what the backends keep across steps (cufft's scratch buffers and plans).
+with the CuPy allocations one call makes, and the unit costs of the pieces: an allocation and
+free through CuPy's pool, through the adapter's allocator (the caching allocator's raw call, the
+stream bound), through torch.cuda.caching_allocator_alloc (the stream bound: the adapter before
+s11-pt-host) and with the stream looked up per allocation (session 9's); each crossing, the
+adapter's and DLPack's; the stream look-up; entering the scope. Then the whole training step
+(forward, cross-entropy, backward, SGD), converted (eager path; and forced through torch.ops, as
+the adapter ran before s11-pt-host) and stock: host time per step (perf_counter around the step,
+queue drained before), a cProfile of the converted step (top functions by own time, to
+--profile-out), and memory: peak allocated per step with and without spectra reuse against stock,
+the spectra held at the end of the forward, and what the backends keep across steps (cufft's
+scratch buffers and plans).
 
   python -m benchmarks.experiments.exp_pytorch_host --batch 8
+  python -m benchmarks.experiments.exp_pytorch_host --cpu      # eager path against torch.ops, no GPU
   python -m benchmarks.experiments.exp_pytorch_host --batch 128 --profile-out /tmp/prof.txt
   cd <older tree> && PYTHONPATH=. python <this file> --batch 128 --step-only   # before/after
 """
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -38,8 +46,16 @@ def host_us(fn, sync, repeat=30):
     return median_ms(fn, "cpu", 3, repeat, before=sync) * 1e3
 
 
+@contextlib.contextmanager
+def scope(pt, device):
+    """The adapter's stream scope around a block, as _run enters it."""
+    cp, on, capture = pt._cuda_scope(device.index)
+    with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+        yield cp
+
+
 def unit_costs(torch, cp, pt, sync):
-    """{piece: microseconds} for one allocation (+ free), one DLPack crossing, one scope entry."""
+    """{piece: microseconds} for one allocation (+ free), one crossing, one scope entry."""
     device = torch.device("cuda", torch.cuda.current_device())
     size = 1 << 20
 
@@ -49,40 +65,46 @@ def unit_costs(torch, cp, pt, sync):
                 malloc(size)      # freed at once: nothing holds the pointer
         return run
 
-    def old_malloc(size, device_id):   # session 9's: the current stream looked up per allocation
+    def free(ptr, device_id):
+        torch.cuda.caching_allocator_delete(ptr)
+
+    def stream_per_alloc(size, device_id):   # session 9's: the current stream looked up per allocation
         return torch.cuda.caching_allocator_alloc(size, device_id, torch.cuda.current_stream(device_id))
 
-    old = cp.cuda.memory.PythonFunctionAllocator(old_malloc, pt._torch_free).malloc
-    with pt._on_current_stream(device):
-        new = cp.cuda.get_allocator()
+    ptr = torch.cuda.current_stream(device).cuda_stream
+
+    def stream_bound(size, device_id):       # before s11-pt-host: the public wrapper, a device guard each
+        return torch.cuda.caching_allocator_alloc(size, device_id, ptr)
+
+    session9 = cp.cuda.memory.PythonFunctionAllocator(stream_per_alloc, free).malloc
+    wrapper = cp.cuda.memory.PythonFunctionAllocator(stream_bound, free).malloc
+    with scope(pt, device):
+        adapter = cp.cuda.get_allocator()
     t = torch.empty(size // 4, device=device)
     a = cp.empty(size // 4, dtype=cp.float32)
     costs = {
         "alloc+free, CuPy's pool": host_us(alloc_free(cp.get_default_memory_pool().malloc), sync) / 100,
-        "alloc+free, adapter (stream bound)": host_us(alloc_free(new), sync) / 100,
-        "alloc+free, session 9 (stream per alloc)": host_us(alloc_free(old), sync) / 100,
+        "alloc+free, adapter (raw call, stream bound)": host_us(alloc_free(adapter), sync) / 100,
+        "alloc+free, caching_allocator_alloc (bound)": host_us(alloc_free(wrapper), sync) / 100,
+        "alloc+free, session 9 (stream per alloc)": host_us(alloc_free(session9), sync) / 100,
         "torch.cuda.current_stream()": host_us(lambda: torch.cuda.current_stream(device), sync),
+        "torch._C._cuda_getCurrentRawStream": host_us(lambda: torch._C._cuda_getCurrentRawStream(device.index),
+                                                      sync),
     }
-    with pt._on_current_stream(device):   # as a pass crosses: CuPy on PyTorch's stream
+    with scope(pt, device):   # as a pass crosses: CuPy on PyTorch's stream
+        costs["adapter in: _cupy_view(tensor)"] = host_us(lambda: pt._cupy_view(t, cp), sync)
+        costs["adapter out: _from_cupy(array)"] = host_us(lambda: pt._from_cupy(a), sync)
         costs["cp.from_dlpack(tensor)"] = host_us(lambda: cp.from_dlpack(t), sync)
         costs["torch.from_dlpack(cupy array)"] = host_us(lambda: torch.from_dlpack(a), sync)
-        # what cheaper crossings would cost (not used: measured to see whether they are worth it)
-        alternatives = {
-            "  alt: cp.from_dlpack, producer told stream -1": lambda: cp.from_dlpack(_SameStream(t)),
-            "  alt: cp.ndarray on the tensor's pointer": lambda: cp.ndarray(
-                t.shape, cp.float32, cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(
-                    t.data_ptr(), t.nbytes, t, device.index), 0)),
-            "  alt: torch.from_dlpack(capsule, stream -1)": lambda: torch.from_dlpack(a.__dlpack__(stream=-1)),
-        }
-        for piece, fn in alternatives.items():
-            try:
-                costs[piece] = host_us(fn, sync)
-            except Exception as e:  # noqa: BLE001 - an alternative this CuPy or PyTorch refuses
-                print(f"  {piece.strip()}: refused ({type(e).__name__}: {e})")
+        try:
+            costs["cp.from_dlpack, producer told stream -1"] = host_us(lambda: cp.from_dlpack(_SameStream(t)), sync)
+        except Exception as e:  # noqa: BLE001 - an alternative this CuPy or PyTorch refuses
+            print(f"  cp.from_dlpack, producer told stream -1: refused ({type(e).__name__}: {e})")
 
     def enter_scope():
-        with pt._on_current_stream(device):
+        with scope(pt, device):
             pass
+    costs["_cuda_scope look-up"] = host_us(lambda: pt._cuda_scope(device.index), sync)
     costs["enter+exit the adapter's scope"] = host_us(enter_scope, sync)
     return costs
 
@@ -137,17 +159,22 @@ def per_pass(torch, cp, pt, backends, layers, sync):
                 backends.run_pass("auto", p, *arrays, **geom)
 
             def scoped():
-                with pt._on_current_stream(device):
+                with scope(pt, device):
                     backends.run_pass("auto", p, *arrays, **geom)
 
             def adapter():
                 pt._run(p, "auto", *tensors, x_shape, w_shape, stride, padding)
 
+            def eager():
+                with torch.no_grad():
+                    pt.conv2d(x, w, stride, padding, "auto")
+
             op()                  # tunes (auto) and compiles outside the timing
             sync()
             us = {"framework": host_us(framework, sync), "scoped": host_us(scoped, sync),
                   "adapter": host_us(adapter, sync), "operator": host_us(op, sync)}
-            with pt._on_current_stream(device):
+            us["eager"] = host_us(eager, sync) if p == "fprop" else us["adapter"]
+            with scope(pt, device):
                 counter = CountingAllocator(cp.cuda.get_allocator())
                 with cp.cuda.using_allocator(counter.malloc):
                     backends.run_pass("auto", p, *arrays, **geom)
@@ -186,16 +213,18 @@ def held_bytes(objs):
 
 def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out):
     """Host ms per step and peak MiB: stock, converted with and without spectra reuse; cProfile."""
-    import contextlib
     import copy
+    import unittest.mock
     device = torch.device("cuda", torch.cuda.current_device())
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, 224, 224, generator=g).to(device)
     y = torch.randint(0, 1000, (batch,), generator=g).to(device)
     base = model_fn()
     out, spectra = {}, {}
-    for label, converted, reuse in (("stock", False, False), ("converted, spectra reused", True, True),
-                                    ("converted, no reuse", True, False)):
+    rows = [("stock", False, False), ("converted, spectra reused", True, True), ("converted, no reuse", True, False)]
+    if hasattr(pt, "_eager"):   # this tree has the eager path: the step through torch.ops as well
+        rows.append(("converted, via torch.ops", True, True))
+    for label, converted, reuse in rows:
         model = copy.deepcopy(base).to(device)
         if converted:
             pt.convert(model)
@@ -210,6 +239,9 @@ def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out):
                     spectra[label] = held_bytes(s for _, s in cache._entries.values())
                 torch.nn.functional.cross_entropy(logits, y).backward()
             opt.step()
+        via_ops = contextlib.ExitStack()
+        if label.endswith("via torch.ops"):   # every call as a traced one would make it
+            via_ops.enter_context(unittest.mock.patch.object(pt, "_eager", lambda x, weight: False))
         for _ in range(3):
             step()
         sync()
@@ -241,11 +273,36 @@ def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out):
             pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
             with open(profile_out, "a") as f:
                 f.write(f"\nby cumulative time\n{text.getvalue()}")
+        via_ops.close()
         del model, opt
         backends.cufft.release_buffers()
         sync()
         torch.cuda.empty_cache()
     return out, spectra
+
+
+def cpu_calls(torch, pt, repeat):
+    """{path: host us} for one small layer's fprop+bprop+accGrad on the CPU (NumPy, gemm), through
+    _run alone (the three passes), the eager path (conv2d: EagerConv2d) and torch.ops (conv2d with
+    the eager path turned off, as a traced call runs): what the dispatcher costs without a GPU."""
+    import unittest.mock
+    x = torch.randn(1, 2, 6, 6, requires_grad=True)
+    w = torch.randn(3, 2, 3, 3, requires_grad=True)
+    gy = torch.randn(1, 3, 6, 6)
+    geometry = (x.shape, w.shape, [1, 1], [1, 1])
+
+    def passes():
+        pt._run("fprop", "gemm", x, w, *geometry)
+        pt._run("bprop", "gemm", gy, w, *geometry)
+        pt._run("accgrad", "gemm", gy, x, *geometry)
+
+    def step():
+        pt.conv2d(x, w, 1, 1, "gemm").backward(gy)
+    us = {"_run, three passes": host_us(passes, None, repeat),
+          "eager: conv2d + backward": host_us(step, None, repeat)}
+    with unittest.mock.patch.object(pt, "_eager", lambda x, weight: False):
+        us["torch.ops: conv2d + backward"] = host_us(step, None, repeat)
+    return us
 
 
 def main():
@@ -255,7 +312,17 @@ def main():
     ap.add_argument("--step-only", action="store_true",
                     help="the whole step only (public API alone: runs against an older tree's adapter too)")
     ap.add_argument("--profile-out", default=None, help="file for the converted step's cProfile")
+    ap.add_argument("--cpu", action="store_true",
+                    help="only the eager path against torch.ops on the CPU, one small layer (no GPU needed)")
     args = ap.parse_args()
+    if args.cpu:
+        import torch
+
+        from minitorch_fft import pytorch as pt
+        print(f"CPU, torch {torch.__version__}: host us per layer (fprop, bprop, accGrad), median of 200")
+        for path, us in cpu_calls(torch, pt, 200).items():
+            print(f"  {path:32s} {us:7.1f}")
+        return
 
     import cupy as cp
     import torch
@@ -275,17 +342,20 @@ def main():
             print(f"  {piece:42s} {us:7.1f}")
         layers = conv_geometries(torch, torchvision.models.alexnet(), args.batch)
         rows = per_pass(torch, cp, pt, backends, layers, sync)
-        depths = ("framework", "scoped", "adapter", "operator")
+        depths = ("framework", "scoped", "adapter", "eager", "operator")
         print(f"\nhost us per call, AlexNet (torchvision) batch {args.batch}, auto:")
         print(f"  {'layer':12s} {'pass':8s} " + " ".join(f"{d:>9s}" for d in depths) + "  allocations")
         for name, p, us, n in rows:
             print(f"  {name:12s} {p:8s} " + " ".join(f"{us[d]:9.1f}" for d in depths) + f"  {n:5d}")
         sums = {d: sum(us[d] for _, _, us, _ in rows) for d in depths}
         print(f"  {'sum (ms)':21s} " + " ".join(f"{sums[d] / 1e3:9.3f}" for d in depths))
-        print("  median extra per call over the framework: scope "
-              f"{statistics.median(r[2]['scoped'] - r[2]['framework'] for r in rows):.1f} us, DLPack "
+        fprops = [r for r in rows if r[1] == "fprop"]
+        print("  median extra per call, each depth over the one before: scope "
+              f"{statistics.median(r[2]['scoped'] - r[2]['framework'] for r in rows):.1f} us, crossings "
               f"{statistics.median(r[2]['adapter'] - r[2]['scoped'] for r in rows):.1f} us, operator "
-              f"{statistics.median(r[2]['operator'] - r[2]['adapter'] for r in rows):.1f} us")
+              f"{statistics.median(r[2]['operator'] - r[2]['adapter'] for r in rows):.1f} us; eager fprop "
+              f"{statistics.median(r[2]['eager'] - r[2]['adapter'] for r in fprops):.1f} us against the "
+              f"operator's {statistics.median(r[2]['operator'] - r[2]['adapter'] for r in fprops):.1f}")
     steps, spectra = step_study(torch, pt, backends, lambda: torchvision.models.alexnet(num_classes=1000),
                                 args.batch, sync, args.steps, args.profile_out)
     print(f"\ntraining step, AlexNet batch {args.batch} (host: issuing one step; wall: {args.steps} steps "
