@@ -7,7 +7,7 @@
 # provenance (benchmarks/harness.py) records it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=. PYTHONUNBUFFERED=1
+export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1   # keeps a carried wheel's site (cuDNN)
 out=${OUT:-/tmp}
 nvidia-smi -L
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
