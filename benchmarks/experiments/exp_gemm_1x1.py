@@ -43,10 +43,10 @@ def _forms(cp, gemm, cgemm, g):
         b = x.reshape(g.S, g.f, P).transpose(1, 0, 2).reshape(g.f, g.S * P)
         return cgemm.matmul(cp, a, b, op_b="T", strict=True).reshape(g.fo, g.f, 1, 1)
 
-    forms = {("fprop", "now"): lambda x, w, gy: gemm.fprop(x, w, g.stride, g.padding),
-             ("bprop", "now"): lambda x, w, gy: gemm.bprop(gy, w, x.shape, g.stride, g.padding),
-             ("accgrad", "now"): lambda x, w, gy: gemm.accgrad(gy, x, w.shape, g.stride, g.padding)}
-    if g.stride == (1, 1):
+    forms = {("fprop", "now"): lambda x, w, gy: gemm.fprop(x, w, (g.sh, g.sw), (g.ph, g.pw)),
+             ("bprop", "now"): lambda x, w, gy: gemm.bprop(gy, w, x.shape, (g.sh, g.sw), (g.ph, g.pw)),
+             ("accgrad", "now"): lambda x, w, gy: gemm.accgrad(gy, x, w.shape, (g.sh, g.sw), (g.ph, g.pw))}
+    if (g.sh, g.sw) == (1, 1):
         forms.update({("bprop", "wT"): bprop_wt, ("accgrad", "xg"): accgrad_xg,
                       ("accgrad", "cat"): accgrad_cat})
     return forms
@@ -56,9 +56,9 @@ def _cudnn(torch, pass_name, x, w, gy, g):
     """PyTorch's strict cuDNN for the pass (benchmark mode, every algorithm, TF32 off)."""
     xt, wt, gyt = (torch.from_dlpack(a) for a in (x, w, gy))
     if pass_name == "fprop":
-        return lambda: torch.nn.functional.conv2d(xt, wt, stride=g.stride, padding=g.padding)
+        return lambda: torch.nn.functional.conv2d(xt, wt, stride=(g.sh, g.sw), padding=(g.ph, g.pw))
     mask = [pass_name == "bprop", pass_name == "accgrad", False]
-    return lambda: torch.ops.aten.convolution_backward(gyt, xt, wt, None, list(g.stride), list(g.padding),
+    return lambda: torch.ops.aten.convolution_backward(gyt, xt, wt, None, [g.sh, g.sw], [g.ph, g.pw],
                                                        [1, 1], False, [0, 0], 1, mask)
 
 
