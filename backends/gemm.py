@@ -177,6 +177,8 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     xp, gy, w = check_arrays(gy=gy, w=w)
     g = geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
+    if _pointwise(g):
+        return _bprop_1x1(xp, gy, w, g)
     gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
     w2 = w.reshape(g.fo, -1)                                       # (f', f*kh*kw)
     for sl in _batch_chunks(g):
@@ -191,6 +193,8 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     xp, gy, x = check_arrays(gy=gy, x=x)
     g = geometry(x.shape, w_shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
+    if _pointwise(g):
+        return _accgrad_1x1(xp, gy, x, g)
     gw = xp.zeros((g.fo, g.f * g.kh * g.kw), dtype=np.float32)
     for sl in _batch_chunks(g):
         cgemm.matmul(xp, _gy_matrix(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
