@@ -12,8 +12,10 @@ winner is the backend already chosen for most of the layer's other passes (so a 
 one FFT backend and shares spectra, backends.reuse, which the tuner cannot see: it times each
 pass alone), then the first in TIE_ORDER, then the faster.
 
-A cached choice stands while its record timed (or skipped) every candidate of today: one made
-before a backend joined (tiledfft in session 11; cuDNN installed since) is tuned again.
+A cached choice stands while its record timed (or skipped) every candidate of today, each at
+today's revision: one made before a backend joined (tiledfft in session 11; cuDNN installed
+since), or before a backend's code for that geometry changed speed (a backend module's optional
+revision(x_shape, w_shape, stride, padding), an int, 0 where absent), is tuned again.
 
 A candidate that raises or runs out of memory is skipped, with the reason kept in the record.
 ``MINITORCH_AUTO_MEMORY_MB`` caps the extra GPU memory a candidate may take (CuPy's pool limit
@@ -122,21 +124,42 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
         _memory[key] = {"choice": candidates[0], "ms": {}, "skipped": {}, "why": "untimed"}
         return candidates[0], key
     siblings = _siblings(xp, geom, pass_name)
-    record = tuning.remembered(
-        key, lambda: _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp, siblings),
-        valid=lambda choice: choice in candidates)
-    if record["choice"] not in candidates or not _compared(record, candidates):
-        # remembered in this process for another registry, or made before a candidate it never
-        # timed joined (a new backend, cuDNN installed since): tuned again over today's candidates
+    revisions = _revisions(registry, candidates, x_shape, w_shape, stride, padding)
+
+    def tuned():
         record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp, siblings)
+        if revisions:
+            record["revisions"] = revisions
+        return record
+
+    record = tuning.remembered(key, tuned, valid=lambda choice: choice in candidates)
+    if record["choice"] not in candidates or not _compared(record, candidates, revisions):
+        # remembered in this process for another registry, or made before a candidate it never
+        # timed joined (a new backend, cuDNN installed since) or before a candidate's code changed:
+        # tuned again over today's candidates
+        record = tuned()
         tuning.default_cache().put(key, record)
     _memory[key] = record
     return record["choice"], key
 
 
-def _compared(record, candidates):
-    """Whether a tuned record timed or skipped every one of `candidates`."""
-    return set(candidates) <= set(record.get("ms") or ()) | set(record.get("skipped") or ())
+def _revisions(registry, candidates, x_shape, w_shape, stride, padding):
+    """{name: revision} of the candidates whose revision() on this geometry is not 0."""
+    out = {}
+    for name in candidates:
+        revision = getattr(registry[name], "__dict__", {}).get("revision")   # its own, if any (a
+        # test's stand-in answers every attribute through __getattr__)
+        r = revision(x_shape, w_shape, stride, padding) if callable(revision) else 0
+        if r:
+            out[name] = r
+    return out
+
+
+def _compared(record, candidates, revisions):
+    """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`."""
+    seen = {n: r for n, r in (record.get("revisions") or {}).items() if n in candidates}
+    return (set(candidates) <= set(record.get("ms") or ()) | set(record.get("skipped") or ())
+            and seen == revisions)
 
 
 def runs_on(backend, xp):

@@ -104,6 +104,33 @@ def test_a_cached_choice_is_tuned_again_when_a_new_candidate_joins(tuner, monkey
     assert set(auto.choices()[0]["ms"]) == {"gemm", "a", "b"}
 
 
+def test_a_cached_choice_is_tuned_again_when_a_candidates_revision_changes(tuner, monkeypatch):
+    """A choice on disk made while gemm was at revision 0 for this geometry does not stand once
+    gemm says 1 (its code for the geometry changed speed): tuned again, the revision recorded, and
+    that record then stands."""
+    reg = {"gemm": SlowIn("accgrad"), "a": SlowIn("none")}
+    assert auto.pick(reg, "accgrad", **GEOM) == "a"
+    assert "revisions" not in next(iter(auto._memory.values()))
+    monkeypatch.setattr(auto, "_memory", {})        # a new process, gemm revised: now the fastest
+    tuning._caches.clear()
+    reg["gemm"] = SlowIn("none")
+    reg["gemm"].revision = lambda x_shape, w_shape, stride, padding: 1
+    reg["a"] = SlowIn("accgrad")
+    assert auto.pick(reg, "accgrad", **GEOM) == "gemm"
+    assert next(iter(auto._memory.values()))["revisions"] == {"gemm": 1}
+    monkeypatch.setattr(auto, "_memory", {})
+    tuning._caches.clear()
+    monkeypatch.setattr(auto, "_tune", lambda *a: pytest.fail("tuned again despite a current record"))
+    assert auto.pick(reg, "accgrad", **GEOM) == "gemm"
+
+
+def test_gemm_revision_marks_the_1x1_path_only():
+    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (0, 0)) == 1
+    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (2, 2), (0, 0)) == 1
+    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (1, 1)) == 0    # padded: im2col
+    assert gemm.revision((2, 8, 5, 5), (4, 8, 3, 3), (1, 1), (1, 1)) == 0
+
+
 def test_the_candidate_set_restricts_auto_and_keys_its_choices_apart(tuner, monkeypatch, settings):
     # "cudnn" stands in for the vendor backend: the fastest, so it wins wherever it may compete.
     reg = {"gemm": SlowIn("fprop"), "slow": SlowIn("fprop"), "cudnn": SlowIn("none")}
