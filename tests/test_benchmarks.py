@@ -43,7 +43,20 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.gpu_check_fbfft", "benchmarks.gpu_check_direct", "benchmarks.bench_ddp", "benchmarks.bench_tiledfft",
                 "benchmarks.experiments.exp_host", "benchmarks.experiments.exp_layout",
                 "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error",
-                "benchmarks.experiments.exp_pytorch_host")
+                "benchmarks.experiments.exp_pytorch_host", "benchmarks.experiments.exp_gemm_1x1")
+
+
+def test_exp_gemm_1x1_forms_match_float64_on_the_cpu(tmp_path):
+    """Every GEMM form the experiment times computes the pass: ResNet-50's 1x1 layers, stride 1
+    and 2, batch 1, NumPy, against PyTorch float64."""
+    from benchmarks.experiments import exp_gemm_1x1
+    out = tmp_path / "forms.json"
+    exp_gemm_1x1.main(["--cpu", "--batch", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["pass_name"], r["form"]) for r in rows} == {(p, f) for p in ("fprop", "bprop", "accgrad")
+                                                           for f in ("now", "flat")}
+    assert {r["geometry"][-2:] for r in rows} == {"s1", "s2"}
+    assert all(r["err"] < 1e-5 for r in rows), max(rows, key=lambda r: r["err"])
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)
