@@ -93,7 +93,7 @@ def _pointwise(g):
 
 def _columns(xp, x, g):
     """x (n, f, h, w) -> (n, f, oh*ow): the 1x1 kernel's columns (a gather where strided)."""
-    if g.sh > 1 or g.sw > 1:
+    if _strided(g):
         x = xp.ascontiguousarray(x[:, :, ::g.sh, ::g.sw])   # (n, f, oh, ow): oh = ceil(h / sh)
     return x.reshape(x.shape[0], g.f, g.oh * g.ow)
 

@@ -23,6 +23,12 @@ def pytest_collection_modifyitems(config, items):
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
+def backend_usable(name):
+    """Whether backend `name` can run on this machine (cudnn: only where cuDNN is installed)."""
+    import backends
+    return getattr(backends.get(name), "available", lambda: True)()
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

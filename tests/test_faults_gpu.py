@@ -25,6 +25,7 @@ import pytest
 import backends
 import minitorch_fft as mt
 import models
+from conftest import backend_usable
 from minitorch_fft import cli
 
 pytestmark = pytest.mark.gpu
@@ -53,7 +54,7 @@ def _state(model, opt):
 
 
 def _setup(backend, graphed):
-    if not getattr(backends.get(backend), "available", lambda: True)():
+    if not backend_usable(backend):
         pytest.skip(f"{backend} is not usable here (cudnn: the cuDNN frontend or libcudnn missing)")
     mt.manual_seed(0)
     model = _net(backend).to("cuda")

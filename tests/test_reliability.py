@@ -16,6 +16,7 @@ import backends
 import minitorch_fft as mt
 import models
 import train
+from conftest import backend_usable
 from reference import check_backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,12 +72,7 @@ def check_coverage(tried, n):
     backends (stride 1, bounded basis) at least a fifth of them. A backend this machine cannot
     run (cudnn without cuDNN installed) takes none, and its callers check that."""
     assert tried["gemm"] == n and tried.get("direct", n) == n, tried
-    assert all(v >= n // 5 for name, v in tried.items() if name not in NARROW and _usable(name)), tried
-
-
-def _usable(name):
-    b = backends.get(name)
-    return getattr(b, "available", lambda: True)()
+    assert all(v >= n // 5 for name, v in tried.items() if name not in NARROW and backend_usable(name)), tried
 
 
 @st.composite
