@@ -125,8 +125,8 @@ def test_a_cached_choice_is_tuned_again_when_a_candidates_revision_changes(tuner
 
 
 def test_gemm_revision_marks_the_1x1_path_only():
-    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (0, 0)) == 1
-    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (2, 2), (0, 0)) == 1
+    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (0, 0)) == 2
+    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (2, 2), (0, 0)) == 2
     assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (1, 1)) == 0    # padded: im2col
     assert gemm.revision((2, 8, 5, 5), (4, 8, 3, 3), (1, 1), (1, 1)) == 0
 

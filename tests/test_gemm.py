@@ -158,6 +158,34 @@ def test_pointwise_kernels_match_float64(device, xs, ws, stride, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", gemm.FORMS)
+@pytest.mark.parametrize("xs,ws,stride", POINTWISE)
+def test_pointwise_forms_match_float64(device, form, xs, ws, stride, monkeypatch, settings):
+    """Each 1x1 form, forced on every pass, whole batch and one image a chunk."""
+    rng = np.random.default_rng(13)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run: form)
+    check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
+    settings(gemm_workspace_mb=2**-20)
+    check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
+
+
+def test_pointwise_form_is_tuned_where_gemm_tune_tunes(settings, tmp_path):
+    """gemm_tune on (the CPU here): both forms timed, the choice cached under the gemm1x1 label;
+    off: the rule's default, nothing cached."""
+    from backends import tuning
+    settings(gemm_tune="on", tune_cache=str(tmp_path / "t.json"))
+    rng = np.random.default_rng(14)
+    x, w = rng.standard_normal((2, 6, 7, 7)).astype(np.float32), rng.standard_normal((5, 6, 1, 1)).astype(np.float32)
+    gemm.fprop(x, w)
+    g = backends.geometry(x.shape, w.shape, (1, 1), (0, 0))
+    record = tuning.default_cache().get(tuning.key(np, np.float32, tuple(g), "fprop", "gemm1x1"))
+    assert record["choice"] in gemm.FORMS and set(record["ms"]) == set(gemm.FORMS)
+    settings(gemm_tune="off", tune_cache=str(tmp_path / "u.json"))
+    assert gemm._form(np, "fprop", g, lambda form: pytest.fail("ran a form while untuned")) == "per_image"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
 def test_pointwise_chunked_gives_the_same_answer(device, stride, settings):
     """A workspace of one image at a time for the stride's gather and accGrad's partials."""
