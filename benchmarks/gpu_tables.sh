@@ -5,19 +5,22 @@
 # peak memory). Tuning every candidate afresh is most of the time (session 11: VGG-16's table3 with
 # the TF32 row ran past 285 s, ResNet-50's past 260 s), so the tuning cache is read from $TUNE and
 # written back into $OUT: carry it from call to call. --tf32 adds the `auto TF32` row (its own
-# tuning). Each step has a time limit; what it finished is in $OUT/results.tgz (tables) and its log.
-#   MINITORCH_COMMIT=<sha sent> TUNE=.dev/tune/autotune.json bash benchmarks/gpu_tables.sh vgg16 [--tf32] [--no-step]
+# tuning). --ours adds the step over our own algorithms alone (MINITORCH_AUTO_BACKENDS=ours, issue 18's
+# headline; its own result file). Each step has a time limit; what it finished is in $OUT/results.tgz
+# (tables) and its log.
+#   MINITORCH_COMMIT=<sha sent> TUNE=.dev/tune/autotune.json bash benchmarks/gpu_tables.sh vgg16 [--tf32] [--no-step] [--ours]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 out=${OUT:-/tmp}
 net=${1:?name a network: alexnet, overfeat_fast, vgg16, resnet18 or resnet50}
 shift
-tf32=() step=1
+tf32=() step=1 ours=0
 for arg in "$@"; do
     case $arg in
         --tf32) tf32=(--cgemm-tf32) ;;
         --no-step) step=0 ;;
+        --ours) ours=1 ;;
         *) echo "unknown option $arg" >&2; exit 2 ;;
     esac
 done
@@ -41,6 +44,12 @@ if [ "$step" = 1 ]; then
     echo "step $net: exit $?"
     save
 fi
-for f in "$out/table3_$net.log" "$out/step_$net.log"; do
+if [ "$ours" = 1 ]; then
+    MINITORCH_AUTO_BACKENDS=ours timeout "${STEP_S:-230}" python3 -m benchmarks.paper step --networks "$net" --quick \
+        --out "$results" > "$out/step_ours_$net.log" 2>&1
+    echo "step (ours alone) $net: exit $?"
+    save
+fi
+for f in "$out/table3_$net.log" "$out/step_$net.log" "$out/step_ours_$net.log"; do
     [ -f "$f" ] && grep -E "^\| $net \||SHORTFALL|^- " "$f" | grep -v "^- [a-z_]*: " | head -20
 done

@@ -41,11 +41,13 @@ results/<device>/paper_<table>.{json,md} with device, date and command.
 """
 import argparse
 import itertools
+import re
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from backends import auto
 from benchmarks.harness import (BATCH, PASSES, RESULTS_DIR, TABLE4, TOLERANCE, Layer, conv_layers,  # noqa: F401
                                 distinct_conv_layers, peak_step_bytes,
                                 median_ms, provenance, set_tf32, setup_cudnn, step_check, torch_fp32_errors,
@@ -310,8 +312,10 @@ def step(args, bar):
         shape = (batch,) + models.input_shape(net)
         x_np = np.random.default_rng(args.seed).standard_normal(shape, dtype=np.float32)
         y_np = np.random.default_rng(args.seed + 1).integers(0, 1000, batch)
-        # ours, backend auto
-        bar.set_postfix_str(f"{net} minitorch auto")
+        # ours, backend auto (over the candidate set MINITORCH_AUTO_BACKENDS gives: "auto[ours]"
+        # under =ours, the "ours alone" step)
+        impl = f"minitorch {auto.label()}"
+        bar.set_postfix_str(f"{net} {impl}")
         mt.manual_seed(args.seed)
         model = models.get(net, num_classes=1000, backend="auto").to("cuda")
         opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -329,12 +333,12 @@ def step(args, bar):
         yardstick = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda", reference)
         worst, bound, passed = step_verdict(errors, yardstick)
         if not passed:
-            failures.append(f"{net} minitorch auto step: {worst} relative error {errors.get(worst, float('nan')):.1e} "
+            failures.append(f"{net} {impl} step: {worst} relative error {errors.get(worst, float('nan')):.1e} "
                             f"against PyTorch float64, bound {bound:.1e} (PyTorch float32's largest error: "
                             f"{max(yardstick.values()):.1e})")
         ms = median_ms(our_step, "cupy", 1, n_steps)
         mem = peak_step_bytes(our_step, "cupy")
-        row = {"network": net, "batch": batch, "implementation": "minitorch auto", "step_ms": ms,
+        row = {"network": net, "batch": batch, "implementation": impl, "step_ms": ms,
                "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(our_step),
                "peak_gib": mem["peak"] / gib, "reserved_gib": mem["reserved"] / gib,
                "max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
@@ -352,11 +356,11 @@ def step(args, bar):
         graph_step()
         graph_err = graph_check(model, opt, crit, graphed, x, y, y_np)
         if not graph_err <= GRAPH_TOL:
-            failures.append(f"{net} minitorch auto, CUDA graph: one replayed step differs from the same "
+            failures.append(f"{net} {impl}, CUDA graph: one replayed step differs from the same "
                             f"step run eagerly by {graph_err:.1e} (relative; bound {GRAPH_TOL:.0e})")
         ms = median_ms(graph_step, "cupy", 1, n_steps)
         mem = peak_step_bytes(graph_step, "cupy", [graphed.pool])
-        rows.append({"network": net, "batch": batch, "implementation": "minitorch auto, CUDA graph", "step_ms": ms,
+        rows.append({"network": net, "batch": batch, "implementation": f"{impl}, CUDA graph", "step_ms": ms,
                      "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(graph_step),
                      "peak_gib": mem["peak"] / gib, "reserved_gib": mem["reserved"] / gib,
                      "graph_captures": graphed.captures, "graph_vs_eager": graph_err})
@@ -462,6 +466,16 @@ def kernel_fraction(fn, steps=3):
     return kernel_us / wall_us
 
 
+def result_stem(name, nets):
+    """results/<device>/<stem>.{json,md}: one file per table and network set, so that separate
+    invocations (one network each) do not overwrite each other; for the step, also one per auto
+    candidate set (MINITORCH_AUTO_BACKENDS=ours: the "ours alone" step, kept beside the full one)."""
+    stem = f"paper_{name}" if name == "table4" or nets == list(NETWORKS) else f"paper_{name}_{'_'.join(nets)}"
+    if name == "step" and auto.label() != "auto":
+        stem += "_" + re.sub(r"\W+", "_", auto.label()).strip("_")
+    return stem
+
+
 COMMANDS = {"table3": (table3, "Whole networks, distinct conv layers only (paper Table 3)"),
             "table4": (table4, "Representative layers under auto (paper Table 4)"),
             "step": (step, "Full training step (forward + backward + SGD)")}
@@ -533,9 +547,7 @@ def main():
             notes = "FAILED (reported, not hidden):\n" + "\n".join(f"- {f}" for f in failures) + "\n\n"
         if shortfalls:
             notes += ("SHORTFALLS against issue 17's targets:\n" + "\n".join(f"- {f}" for f in shortfalls))
-        # one file per network set, so separate invocations (one network each) do not overwrite
-        stem = f"paper_{name}" if name == "table4" or args.networks == list(NETWORKS) else \
-            f"paper_{name}_{'_'.join(args.networks)}"
+        stem = result_stem(name, args.networks)
         batch = f"batch {args.batch}" if args.batch else "batch 128 (VGG-16 64)"
         paths = write_results(stem, meta, rows, cols, f"{title}, {batch}, {meta['device']}",
                               notes, out_dir=args.out, sections=sections)

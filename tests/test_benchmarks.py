@@ -46,6 +46,16 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_pytorch_host", "benchmarks.experiments.exp_gemm_1x1")
 
 
+def test_paper_result_files_are_one_per_network_set_and_step_candidate_set(settings):
+    from benchmarks import paper
+    assert paper.result_stem("table3", list(paper.NETWORKS)) == "paper_table3"
+    assert paper.result_stem("table3", ["vgg16"]) == "paper_table3_vgg16"
+    assert paper.result_stem("step", ["vgg16"]) == "paper_step_vgg16"
+    settings(auto_backends="ours")               # the "ours alone" step beside the full one
+    assert paper.result_stem("step", ["vgg16"]) == "paper_step_vgg16_auto_ours"
+    assert paper.result_stem("table3", ["vgg16"]) == "paper_table3_vgg16"   # table3 has both rows
+
+
 def test_exp_gemm_1x1_forms_match_float64_on_the_cpu(tmp_path):
     """Every GEMM form the experiment times computes the pass: ResNet-50's 1x1 layers, stride 1
     and 2, batch 1, NumPy, against PyTorch float64."""
