@@ -20,10 +20,16 @@ matrix. With stride (sh, sw) the columns are x[:, :, ::sh, ::sw], one gather; th
 
 or "flat": x (or gy) transposed to (f, S*P) (a copy, the stride's gather folded in), one GEMM
 over the whole batch, its product transposed back into NCHW. Per-image GEMMs have N = P columns:
-at 7x7 planes (P = 49) they leave the GPU half idle, where the flat GEMM's N = S*P does not. Which
-form runs is tuned per geometry and pass where the gemm_tune setting tunes (the GPU by default,
-backends.tuning's recipe); untuned, per-image for fprop and bprop, and for accGrad whichever of
-its partials and the flat form's copies moves fewer bytes (x 1.5: exp_gemm_1x1, session 12).
+at 7x7 planes (P = 49) they leave the GPU half idle, where the flat GEMM's N = S*P does not.
+
+Other kernels' accGrad has the same two forms: "flat" as above, and "per_image", products
+gy_s (f', P) @ cols_s^T (P, f*kh*kw) summed over the batch (im2col image by image), for the small
+gradients of few-plane layers, whose flat GEMM is one long K on a few output tiles.
+
+Which form runs is tuned per geometry and pass where the gemm_tune setting tunes (the GPU by
+default, backends.tuning's recipe). Untuned: 1x1 fprop and bprop per-image; 1x1 accGrad whichever
+of its partials and the flat form's copies moves fewer bytes (x 1.5: exp_gemm_1x1, session 12);
+other accGrads per-image up to SMALL_GRADIENT weights.
 """
 import numpy as np
 
@@ -39,11 +45,14 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     return valid_geometry(x_shape, w_shape, stride, padding) is not None
 
 
-def revision(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
-    """auto's cue to time gemm again where its speed changed (backends.auto): for 1x1 kernels
-    without padding, 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
-    ResNet-50's layers), 2 since their form is tuned (per-image or flat); 0 elsewhere."""
-    return 2 if _pointwise(geometry(x_shape, w_shape, stride, padding)) else 0
+def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """auto's cue to time gemm again where its speed changed (backends.auto). 1x1 kernels without
+    padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
+    ResNet-50's layers), 2 since each pass's form is tuned. Other kernels' accGrad: 1 since its
+    form is tuned (per-image products: VGG-16's and ResNet's 3-plane first layers). Else 0."""
+    if _pointwise(geometry(x_shape, w_shape, stride, padding)):
+        return 2
+    return 1 if pass_name == "accgrad" else 0
 
 
 def _batch_chunks(g):
@@ -57,16 +66,19 @@ def _int32_args(g, n):
     return tuple(np.int32(v) for v in (n, g.f, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow))
 
 
-def _im2col(xp, x, g):
-    """x (n, f, h, w) -> cols (f*kh*kw, n*oh*ow)."""
-    n = x.shape[0]
+def _im2col(xp, x, g, per_image=False):
+    """x (n, f, h, w) -> cols (f*kh*kw, n*oh*ow); per_image: (n, f*kh*kw, oh*ow), image by image."""
+    n, K, P = x.shape[0], g.f * g.kh * g.kw, g.oh * g.ow
     if xp is np:
         xpad = np.pad(x, ((0, 0), (0, 0), (g.ph, g.ph), (g.pw, g.pw))) if g.ph or g.pw else x
         win = np.lib.stride_tricks.sliding_window_view(xpad, (g.kh, g.kw), axis=(2, 3))
         win = win[:, :, ::g.sh, ::g.sw][:, :, :g.oh, :g.ow]      # (n, f, oh, ow, kh, kw) view
-        return win.transpose(1, 4, 5, 0, 2, 3).reshape(g.f * g.kh * g.kw, n * g.oh * g.ow)
-    cols = xp.empty((g.f * g.kh * g.kw, n * g.oh * g.ow), dtype=np.float32)
-    launch_1d(cuda_module("im2col.cu").get_function("im2col"), cols.size, (x, cols) + _int32_args(g, n))
+        if per_image:
+            return win.transpose(0, 1, 4, 5, 2, 3).reshape(n, K, P)
+        return win.transpose(1, 4, 5, 0, 2, 3).reshape(K, n * P)
+    cols = xp.empty((n, K, P) if per_image else (K, n * P), dtype=np.float32)
+    kernel = cuda_module("im2col.cu").get_function("im2col_images" if per_image else "im2col")
+    launch_1d(kernel, cols.size, (x, cols) + _int32_args(g, n))
     return cols
 
 
@@ -121,14 +133,20 @@ FORMS = ("per_image", "flat")
 TUNE_TOL = 1e-4   # one form against another while tuning: the same products, summed in another order
 
 
+SMALL_GRADIENT = 16384   # f' * f*kh*kw at most: accGrad's flat GEMM has a few output tiles and a K of
+                         # S*oh*ow (VGG-16 conv1_1: 64 x 27, K = 3.2M), and per-image products split that K
+
+
 def _form(xp, pass_name, g, run):
-    """The 1x1 form of this pass: tuned where gemm_tune tunes, else the rule in the module doc."""
-    default = "per_image"
-    if pass_name == "accgrad" and g.fo * g.f > 1.5 * g.oh * g.ow * (g.fo + g.f):
-        default = "flat"
+    """The form of this pass (FORMS): tuned where gemm_tune tunes, else the rule in the module doc."""
+    if _pointwise(g):
+        flat = pass_name == "accgrad" and g.fo * g.f > 1.5 * g.oh * g.ow * (g.fo + g.f)
+    else:
+        flat = g.fo * g.f * g.kh * g.kw > SMALL_GRADIENT       # only accGrad asks here
+    default = "flat" if flat else "per_image"
     if not tuning.enabled("gemm_tune", xp):
         return default
-    key = tuning.key(xp, np.float32, tuple(g), pass_name, "gemm1x1")
+    key = tuning.key(xp, np.float32, tuple(g), pass_name, "gemm_form")
     return tuning.remembered(key, lambda: tuning.tune(FORMS, run, xp, against=default, tol=TUNE_TOL),
                              valid=lambda form: form in FORMS, untuned=lambda: default)["choice"]
 
@@ -244,8 +262,20 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     if _pointwise(g):
         return _accgrad_1x1(xp, gy, x, g)
-    gw = xp.zeros((g.fo, g.f * g.kh * g.kw), dtype=np.float32)
-    for sl in _batch_chunks(g):
-        cgemm.matmul(xp, _gy_matrix(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
-                     accumulate=True, strict=True)                 # gw += (f', f*kh*kw)
-    return gw.reshape(tuple(w_shape))
+    K, P = g.f * g.kh * g.kw, g.oh * g.ow
+
+    def run(form):
+        gw = xp.zeros((g.fo, K), dtype=np.float32)
+        if form == "flat":
+            for sl in _batch_chunks(g):
+                cgemm.matmul(xp, _gy_matrix(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
+                             accumulate=True, strict=True)         # gw += (f', f*kh*kw)
+            return gw.reshape(tuple(w_shape))
+        # per-image products (n, f', K), summed: the batch splits the GEMM's K, and gy's
+        # (f', oh*ow) plane blocks are already operands (no transposed copy of gy)
+        for sl in _image_chunks(g, (K * P + g.fo * K) * 4):
+            parts = cgemm.matmul(xp, gy[sl].reshape(-1, g.fo, P), _im2col(xp, x[sl], g, per_image=True),
+                                 op_b="T", strict=True)           # (n, f', K), or (f', K) for n = 1
+            gw += parts.reshape(-1, g.fo, K).sum(axis=0)
+        return gw.reshape(tuple(w_shape))
+    return run(_form(xp, "accgrad", g, run))

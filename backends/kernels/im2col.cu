@@ -8,6 +8,16 @@
 // Both kernels use a grid-stride loop with 64-bit indices: a column matrix can
 // hold more than 2^31 elements before the backend's chunking caps it.
 
+// x at kernel tap (i, j) of output position (oy, ox), image s, plane c: zero outside the plane
+// (implicit zero padding: no padded copy of x is made).
+__device__ __forceinline__ float tap(const float* __restrict__ x, int s, int c, int i, int j, int oy, int ox,
+                                     int f, int h, int w, int sh, int sw, int ph, int pw)
+{
+    const int iy = oy * sh - ph + i;
+    const int ix = ox * sw - pw + j;
+    return (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[(((long long)s * f + c) * h + iy) * w + ix] : 0.f;
+}
+
 extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict__ cols,
                                   int S, int f, int h, int w, int kh, int kw,
                                   int sh, int sw, int ph, int pw, int oh, int ow)
@@ -22,12 +32,28 @@ extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict
         const int j  = t % kw; t /= kw;
         const int i  = t % kh;
         const int c  = (int)(t / kh);
-        const int iy = oy * sh - ph + i;
-        const int ix = ox * sw - pw + j;
-        float v = 0.f;  // implicit zero padding: no padded copy of x is made
-        if (iy >= 0 && iy < h && ix >= 0 && ix < w)
-            v = x[(((long long)s * f + c) * h + iy) * w + ix];
-        cols[idx] = v;
+        cols[idx] = tap(x, s, c, i, j, oy, ox, f, h, w, sh, sw, ph, pw);
+    }
+}
+
+// The same columns image by image: cols[S][f][kh][kw][oh][ow], a stack of S (f*kh*kw) x (oh*ow)
+// matrices, for accGrad's per-image products (gemm.py: each image's gy plane block is already
+// its other operand, so gy needs no transposed copy).
+extern "C" __global__ void im2col_images(const float* __restrict__ x, float* __restrict__ cols,
+                                         int S, int f, int h, int w, int kh, int kw,
+                                         int sh, int sw, int ph, int pw, int oh, int ow)
+{
+    const long long total = (long long)S * f * kh * kw * oh * ow;
+    for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        long long t = idx;
+        const int ox = t % ow; t /= ow;
+        const int oy = t % oh; t /= oh;
+        const int j  = t % kw; t /= kw;
+        const int i  = t % kh; t /= kh;
+        const int c  = t % f;
+        const int s  = (int)(t / f);
+        cols[idx] = tap(x, s, c, i, j, oy, ox, f, h, w, sh, sw, ph, pw);
     }
 }
 
