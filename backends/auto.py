@@ -14,8 +14,9 @@ pass alone), then the first in TIE_ORDER, then the faster.
 
 A cached choice stands while its record timed (or skipped) every candidate of today, each at
 today's revision: one made before a backend joined (tiledfft in session 11; cuDNN installed
-since), or before a backend's code for that geometry changed speed (a backend module's optional
-revision(x_shape, w_shape, stride, padding), an int, 0 where absent), is tuned again.
+since), or before a backend's code for that geometry and pass changed speed (a backend module's
+optional revision(pass_name, x_shape, w_shape, stride, padding), an int, 0 where absent), is tuned
+again.
 
 A candidate that raises or runs out of memory is skipped, with the reason kept in the record.
 ``MINITORCH_AUTO_MEMORY_MB`` caps the extra GPU memory a candidate may take (CuPy's pool limit
@@ -124,7 +125,7 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
         _memory[key] = {"choice": candidates[0], "ms": {}, "skipped": {}, "why": "untimed"}
         return candidates[0], key
     siblings = _siblings(xp, geom, pass_name)
-    revisions = _revisions(registry, candidates, x_shape, w_shape, stride, padding)
+    revisions = _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, padding)
 
     def tuned():
         record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp, siblings)
@@ -143,13 +144,13 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
     return record["choice"], key
 
 
-def _revisions(registry, candidates, x_shape, w_shape, stride, padding):
-    """{name: revision} of the candidates whose revision() on this geometry is not 0."""
+def _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, padding):
+    """{name: revision} of the candidates whose revision() for this pass and geometry is not 0."""
     out = {}
     for name in candidates:
         revision = getattr(registry[name], "__dict__", {}).get("revision")   # its own, if any (a
         # test's stand-in answers every attribute through __getattr__)
-        r = revision(x_shape, w_shape, stride, padding) if callable(revision) else 0
+        r = revision(pass_name, x_shape, w_shape, stride, padding) if callable(revision) else 0
         if r:
             out[name] = r
     return out

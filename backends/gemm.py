@@ -16,13 +16,24 @@ matrix. With stride (sh, sw) the columns are x[:, :, ::sh, ::sw], one gather; th
 
   fprop   y_s  = W @ x_s                   one strided-batched GEMM, W broadcast over the batch,
   bprop   gx_s = W^T @ gy_s                writing NCHW directly; a stride scatters gx into zeros
-  accGrad gW   = sum_s gy_s @ x_s^T        either per-image products (x_s @ gy_s^T, (S, f, f'))
-                                           summed, or gy and x transposed to (f', S*P), (f, S*P)
-                                           and one GEMM: about whichever moves fewer bytes
+  accGrad gW   = sum_s gy_s @ x_s^T        per-image products (x_s @ gy_s^T, (S, f, f')) summed
+
+or "flat": x (or gy) transposed to (f, S*P) (a copy, the stride's gather folded in), one GEMM
+over the whole batch, its product transposed back into NCHW. Per-image GEMMs have N = P columns:
+at 7x7 planes (P = 49) they leave the GPU half idle, where the flat GEMM's N = S*P does not.
+
+Other kernels' accGrad has the same two forms: "flat" as above, and "per_image", products
+gy_s (f', P) @ cols_s^T (P, f*kh*kw) summed over the batch (im2col image by image), for the small
+gradients of few-plane layers, whose flat GEMM is one long K on a few output tiles.
+
+Which form runs is tuned per geometry and pass where the gemm_tune setting tunes (the GPU by
+default, backends.tuning's recipe). Untuned: 1x1 fprop and bprop per-image; 1x1 accGrad whichever
+of its partials and the flat form's copies moves fewer bytes (x 1.5: exp_gemm_1x1, session 12);
+other accGrads per-image up to SMALL_GRADIENT weights.
 """
 import numpy as np
 
-from . import cgemm, config
+from . import cgemm, config, tuning
 from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry, launch_1d,
                      valid_geometry)
 
@@ -34,11 +45,14 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     return valid_geometry(x_shape, w_shape, stride, padding) is not None
 
 
-def revision(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
-    """auto's cue to time gemm again where its speed changed (backends.auto): 1 for 1x1 kernels
-    without padding, whose bprop and accGrad became plain GEMMs in 4197e11 (2-3x faster on
-    ResNet-50's layers); 0 elsewhere."""
-    return 1 if _pointwise(geometry(x_shape, w_shape, stride, padding)) else 0
+def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """auto's cue to time gemm again where its speed changed (backends.auto). 1x1 kernels without
+    padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
+    ResNet-50's layers), 2 since each pass's form is tuned. Other kernels' accGrad: 1 since its
+    form is tuned (per-image products: VGG-16's and ResNet's 3-plane first layers). Else 0."""
+    if _pointwise(geometry(x_shape, w_shape, stride, padding)):
+        return 2
+    return 1 if pass_name == "accgrad" else 0
 
 
 def _batch_chunks(g):
@@ -52,16 +66,19 @@ def _int32_args(g, n):
     return tuple(np.int32(v) for v in (n, g.f, g.h, g.w, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.oh, g.ow))
 
 
-def _im2col(xp, x, g):
-    """x (n, f, h, w) -> cols (f*kh*kw, n*oh*ow)."""
-    n = x.shape[0]
+def _im2col(xp, x, g, per_image=False):
+    """x (n, f, h, w) -> cols (f*kh*kw, n*oh*ow); per_image: (n, f*kh*kw, oh*ow), image by image."""
+    n, K, P = x.shape[0], g.f * g.kh * g.kw, g.oh * g.ow
     if xp is np:
         xpad = np.pad(x, ((0, 0), (0, 0), (g.ph, g.ph), (g.pw, g.pw))) if g.ph or g.pw else x
         win = np.lib.stride_tricks.sliding_window_view(xpad, (g.kh, g.kw), axis=(2, 3))
         win = win[:, :, ::g.sh, ::g.sw][:, :, :g.oh, :g.ow]      # (n, f, oh, ow, kh, kw) view
-        return win.transpose(1, 4, 5, 0, 2, 3).reshape(g.f * g.kh * g.kw, n * g.oh * g.ow)
-    cols = xp.empty((g.f * g.kh * g.kw, n * g.oh * g.ow), dtype=np.float32)
-    launch_1d(cuda_module("im2col.cu").get_function("im2col"), cols.size, (x, cols) + _int32_args(g, n))
+        if per_image:
+            return win.transpose(0, 1, 4, 5, 2, 3).reshape(n, K, P)
+        return win.transpose(1, 4, 5, 0, 2, 3).reshape(K, n * P)
+    cols = xp.empty((n, K, P) if per_image else (K, n * P), dtype=np.float32)
+    kernel = cuda_module("im2col.cu").get_function("im2col_images" if per_image else "im2col")
+    launch_1d(kernel, cols.size, (x, cols) + _int32_args(g, n))
     return cols
 
 
@@ -93,9 +110,7 @@ def _pointwise(g):
 
 def _columns(xp, x, g):
     """x (n, f, h, w) -> (n, f, oh*ow): the 1x1 kernel's columns (a gather where strided)."""
-    if _strided(g):
-        x = xp.ascontiguousarray(x[:, :, ::g.sh, ::g.sw])   # (n, f, oh, ow): oh = ceil(h / sh)
-    return x.reshape(x.shape[0], g.f, g.oh * g.ow)
+    return xp.ascontiguousarray(_taps(x, g)).reshape(x.shape[0], g.f, g.oh * g.ow)
 
 
 def _image_chunks(g, per_image):
@@ -114,13 +129,53 @@ def _batch_of(out):
     return out[0] if out.shape[0] == 1 else out
 
 
+FORMS = ("per_image", "flat")
+TUNE_TOL = 1e-4   # one form against another while tuning: the same products, summed in another order
+
+
+SMALL_GRADIENT = 16384   # f' * f*kh*kw at most: accGrad's flat GEMM has a few output tiles and a K of
+                         # S*oh*ow (VGG-16 conv1_1: 64 x 27, K = 3.2M), and per-image products split that K
+
+
+def _form(xp, pass_name, g, run):
+    """The form of this pass (FORMS): tuned where gemm_tune tunes, else the rule in the module doc."""
+    if _pointwise(g):
+        flat = pass_name == "accgrad" and g.fo * g.f > 1.5 * g.oh * g.ow * (g.fo + g.f)
+    else:
+        flat = g.fo * g.f * g.kh * g.kw > SMALL_GRADIENT       # only accGrad asks here
+    default = "flat" if flat else "per_image"
+    if not tuning.enabled("gemm_tune", xp):
+        return default
+    key = tuning.key(xp, np.float32, tuple(g), pass_name, "gemm_form")
+    return tuning.remembered(key, lambda: tuning.tune(FORMS, run, xp, against=default, tol=TUNE_TOL),
+                             valid=lambda form: form in FORMS, untuned=lambda: default)["choice"]
+
+
+def _flat(xp, a, g, planes):
+    """a (n, planes, oh, ow), or a strided view of that shape -> (planes, n*oh*ow), a copy."""
+    return xp.ascontiguousarray(a.transpose(1, 0, 2, 3)).reshape(planes, -1)
+
+
+def _taps(x, g):
+    """x (n, f, h, w) -> the 1x1 kernel's taps (n, f, oh, ow), a view (strided where the stride is)."""
+    return x[:, :, ::g.sh, ::g.sw]
+
+
 def _fprop_1x1(xp, x, w, g):
-    y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
     w2 = w.reshape(g.fo, g.f)                                      # (f', f)
-    y3 = y.reshape(g.S, g.fo, g.oh * g.ow)                         # (S, f', P), a view of y
-    for sl in _image_chunks(g, g.f * g.oh * g.ow * 4 if _strided(g) else 0):
-        cgemm.matmul(xp, w2, _columns(xp, x[sl], g), out=_batch_of(y3[sl]), strict=True)   # (n, f', P)
-    return y
+
+    def run(form):
+        y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
+        y3 = y.reshape(g.S, g.fo, g.oh * g.ow)                     # (S, f', P), a view of y
+        if form == "per_image":
+            for sl in _image_chunks(g, g.f * g.oh * g.ow * 4 if _strided(g) else 0):
+                cgemm.matmul(xp, w2, _columns(xp, x[sl], g), out=_batch_of(y3[sl]), strict=True)   # (n, f', P)
+            return y
+        for sl in _image_chunks(g, (g.f + g.fo) * g.oh * g.ow * 4):
+            yf = cgemm.matmul(xp, w2, _flat(xp, _taps(x[sl], g), g, g.f), strict=True)   # (f', n*P)
+            y[sl] = yf.reshape(g.fo, -1, g.oh, g.ow).transpose(1, 0, 2, 3)
+        return y
+    return run(_form(xp, "fprop", g, run))
 
 
 def _bprop_1x1(xp, gy, w, g):
@@ -129,38 +184,43 @@ def _bprop_1x1(xp, gy, w, g):
     # (29.7 against 14.3 ms summed over the network; exp_gemm_1x1, H100, session 12)
     w2t = xp.ascontiguousarray(w.reshape(g.fo, g.f).T)            # (f, f')
     gy3 = gy.reshape(g.S, g.fo, g.oh * g.ow)                       # (S, f', P)
-    if not _strided(g):
-        gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
-        cgemm.matmul(xp, w2t, gy3, out=_batch_of(gx.reshape(g.S, g.f, g.h * g.w)), strict=True)
+
+    def run(form):
+        gx = (xp.zeros if _strided(g) else xp.empty)((g.S, g.f, g.h, g.w), dtype=np.float32)
+        if form == "per_image" and not _strided(g):
+            cgemm.matmul(xp, w2t, gy3, out=_batch_of(gx.reshape(g.S, g.f, g.h * g.w)), strict=True)
+            return gx
+        per_image = (g.f + (g.fo if form == "flat" else 0)) * g.oh * g.ow * 4
+        for sl in _image_chunks(g, per_image):
+            if form == "per_image":
+                cols = cgemm.matmul(xp, w2t, gy3[sl], strict=True).reshape(-1, g.f, g.oh, g.ow)   # (n, f, oh, ow)
+            else:
+                cols = cgemm.matmul(xp, w2t, _flat(xp, gy[sl], g, g.fo), strict=True)            # (f, n*P)
+                cols = cols.reshape(g.f, -1, g.oh, g.ow).transpose(1, 0, 2, 3)                  # (n, f, oh, ow)
+            _taps(gx[sl], g)[...] = cols                           # the taps; with a stride the rest stay 0
         return gx
-    gx = xp.zeros((g.S, g.f, g.h, g.w), dtype=np.float32)
-    for sl in _image_chunks(g, g.f * g.oh * g.ow * 4):
-        cols = cgemm.matmul(xp, w2t, gy3[sl], strict=True)            # (n, f, P), or (f, P) for n = 1
-        gx[sl, :, ::g.sh, ::g.sw] = cols.reshape(-1, g.f, g.oh, g.ow)  # the taps; the rest stay 0
-    return gx
+    return run(_form(xp, "bprop", g, run))
 
 
 def _accgrad_1x1(xp, gy, x, g):
     P = g.oh * g.ow
     gy3 = gy.reshape(g.S, g.fo, P)                                 # (S, f', P)
-    if g.fo * g.f <= 1.5 * P * (g.fo + g.f):
-        # per-image products, summed: (S, f, f') partials, about as many bytes as transposing gy
-        # and x or fewer. x_s @ gy_s^T rather than gy_s @ x_s^T: cuBLAS ran that order 1.2-3.8x
-        # faster on ResNet-50's 1x1 layers; the 1.5 is where the copies won there (7x7 planes of
-        # 512 and 2048 planes: exp_gemm_1x1, H100, session 12)
-        gwt = xp.zeros((g.f, g.fo), dtype=np.float32)
-        per_image = (g.fo * g.f + (g.f * P if _strided(g) else 0)) * 4
-        for sl in _image_chunks(g, per_image):
-            parts = cgemm.matmul(xp, _columns(xp, x[sl], g), gy3[sl], op_b="T", strict=True)  # (n, f, f')
-            gwt += parts.reshape(-1, g.f, g.fo).sum(axis=0)
-        return xp.ascontiguousarray(gwt.T).reshape(g.fo, g.f, 1, 1)
-    gw = xp.zeros((g.fo, g.f), dtype=np.float32)
-    for sl in _image_chunks(g, (g.fo + g.f) * P * 4):
-        n = sl.stop - sl.start
-        a = gy3[sl].transpose(1, 0, 2).reshape(g.fo, n * P)        # (f', n*P), a copy
-        b = _columns(xp, x[sl], g).transpose(1, 0, 2).reshape(g.f, n * P)   # (f, n*P), a copy
-        cgemm.matmul(xp, a, b, out=gw, op_b="T", accumulate=True, strict=True)
-    return gw.reshape(g.fo, g.f, 1, 1)
+
+    def run(form):
+        if form == "per_image":
+            # (S, f, f') partials, summed. x_s @ gy_s^T rather than gy_s @ x_s^T: cuBLAS ran that
+            # order 1.2-3.8x faster on ResNet-50's 1x1 layers (exp_gemm_1x1, H100, session 12)
+            gwt = xp.zeros((g.f, g.fo), dtype=np.float32)
+            for sl in _image_chunks(g, (g.fo * g.f + (g.f * P if _strided(g) else 0)) * 4):
+                parts = cgemm.matmul(xp, _columns(xp, x[sl], g), gy3[sl], op_b="T", strict=True)   # (n, f, f')
+                gwt += parts.reshape(-1, g.f, g.fo).sum(axis=0)
+            return xp.ascontiguousarray(gwt.T).reshape(g.fo, g.f, 1, 1)
+        gw = xp.zeros((g.fo, g.f), dtype=np.float32)
+        for sl in _image_chunks(g, (g.fo + g.f) * P * 4):
+            cgemm.matmul(xp, _flat(xp, gy[sl], g, g.fo), _flat(xp, _taps(x[sl], g), g, g.f), out=gw, op_b="T",
+                         accumulate=True, strict=True)             # gw += (f', n*P) @ (n*P, f)
+        return gw.reshape(g.fo, g.f, 1, 1)
+    return run(_form(xp, "accgrad", g, run))
 
 
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):
@@ -202,8 +262,20 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     if _pointwise(g):
         return _accgrad_1x1(xp, gy, x, g)
-    gw = xp.zeros((g.fo, g.f * g.kh * g.kw), dtype=np.float32)
-    for sl in _batch_chunks(g):
-        cgemm.matmul(xp, _gy_matrix(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
-                     accumulate=True, strict=True)                 # gw += (f', f*kh*kw)
-    return gw.reshape(tuple(w_shape))
+    K, P = g.f * g.kh * g.kw, g.oh * g.ow
+
+    def run(form):
+        gw = xp.zeros((g.fo, K), dtype=np.float32)
+        if form == "flat":
+            for sl in _batch_chunks(g):
+                cgemm.matmul(xp, _gy_matrix(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
+                             accumulate=True, strict=True)         # gw += (f', f*kh*kw)
+            return gw.reshape(tuple(w_shape))
+        # per-image products (n, f', K), summed: the batch splits the GEMM's K, and gy's
+        # (f', oh*ow) plane blocks are already operands (no transposed copy of gy)
+        for sl in _image_chunks(g, (K * P + g.fo * K) * 4):
+            parts = cgemm.matmul(xp, gy[sl].reshape(-1, g.fo, P), _im2col(xp, x[sl], g, per_image=True),
+                                 op_b="T", strict=True)           # (n, f', K), or (f', K) for n = 1
+            gw += parts.reshape(-1, g.fo, K).sum(axis=0)
+        return gw.reshape(tuple(w_shape))
+    return run(_form(xp, "accgrad", g, run))

@@ -114,7 +114,7 @@ def test_a_cached_choice_is_tuned_again_when_a_candidates_revision_changes(tuner
     monkeypatch.setattr(auto, "_memory", {})        # a new process, gemm revised: now the fastest
     tuning._caches.clear()
     reg["gemm"] = SlowIn("none")
-    reg["gemm"].revision = lambda x_shape, w_shape, stride, padding: 1
+    reg["gemm"].revision = lambda pass_name, x_shape, w_shape, stride, padding: 1
     reg["a"] = SlowIn("accgrad")
     assert auto.pick(reg, "accgrad", **GEOM) == "gemm"
     assert next(iter(auto._memory.values()))["revisions"] == {"gemm": 1}
@@ -124,11 +124,13 @@ def test_a_cached_choice_is_tuned_again_when_a_candidates_revision_changes(tuner
     assert auto.pick(reg, "accgrad", **GEOM) == "gemm"
 
 
-def test_gemm_revision_marks_the_1x1_path_only():
-    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (0, 0)) == 1
-    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (2, 2), (0, 0)) == 1
-    assert gemm.revision((2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (1, 1)) == 0    # padded: im2col
-    assert gemm.revision((2, 8, 5, 5), (4, 8, 3, 3), (1, 1), (1, 1)) == 0
+def test_gemm_revision_marks_what_changed():
+    for p in ("fprop", "bprop", "accgrad"):
+        assert gemm.revision(p, (2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (0, 0)) == 2
+        assert gemm.revision(p, (2, 8, 5, 5), (4, 8, 1, 1), (2, 2), (0, 0)) == 2
+    assert gemm.revision("accgrad", (2, 8, 5, 5), (4, 8, 3, 3), (1, 1), (1, 1)) == 1
+    assert gemm.revision("fprop", (2, 8, 5, 5), (4, 8, 3, 3), (1, 1), (1, 1)) == 0
+    assert gemm.revision("bprop", (2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (1, 1)) == 0   # padded 1x1: im2col
 
 
 def test_the_candidate_set_restricts_auto_and_keys_its_choices_apart(tuner, monkeypatch, settings):

@@ -113,7 +113,7 @@ def _close(got, want):
 def untuned(settings, monkeypatch):
     """The backends' own configurations untuned (the same kernels in the reference and under fault),
     and every out-of-memory warning shown."""
-    settings(cufft_tune="off", direct_tune="off", cudnn_tune="off", tiledfft_tune="off")
+    settings(cufft_tune="off", direct_tune="off", cudnn_tune="off", tiledfft_tune="off", gemm_tune="off")
     monkeypatch.setattr(backends, "_warned", set())
 
 

@@ -158,6 +158,73 @@ def test_pointwise_kernels_match_float64(device, xs, ws, stride, monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", gemm.FORMS)
+@pytest.mark.parametrize("xs,ws,stride", POINTWISE)
+def test_pointwise_forms_match_float64(device, form, xs, ws, stride, monkeypatch, settings):
+    """Each 1x1 form, forced on every pass, whole batch and one image a chunk."""
+    rng = np.random.default_rng(13)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run: form)
+    check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
+    settings(gemm_workspace_mb=2**-20)
+    check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
+
+
+ACCGRAD_FORM_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),   # few planes: a VGG/ResNet first layer
+                      ((3, 4, 10, 12), (6, 4, 5, 3), (2, 1), (2, 0)),   # strided, rectangular, padded
+                      ((1, 2, 7, 7), (3, 2, 7, 7), (1, 1), (0, 0))]     # batch 1, kernel = plane
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", gemm.FORMS)
+@pytest.mark.parametrize("xs,ws,stride,padding", ACCGRAD_FORM_CASES)
+def test_accgrad_forms_match_float64(device, form, xs, ws, stride, padding, monkeypatch, settings):
+    """accGrad's flat GEMM and its per-image products (im2col image by image), whole batch and
+    one image a chunk; fprop and bprop are unchanged by the form."""
+    rng = np.random.default_rng(15)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run: form)
+    check_backend(gemm, x, w, stride, padding, device=device, rng=rng)
+    settings(gemm_workspace_mb=2**-20)
+    check_backend(gemm, x, w, stride, padding, device=device, rng=rng)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_im2col_image_by_image_is_the_columns_regrouped(device):
+    xp = np if device == "cpu" else pytest.importorskip("cupy")
+    g = backends.geometry((3, 2, 6, 5), (4, 2, 3, 2), (2, 1), (1, 1))
+    x = xp.asarray(np.random.default_rng(16).standard_normal((3, 2, 6, 5)).astype(np.float32))
+    host = (lambda a: a) if xp is np else xp.asnumpy
+    flat = host(gemm._im2col(xp, x, g))                             # (K, S*P)
+    stacked = host(gemm._im2col(xp, x, g, per_image=True))          # (S, K, P)
+    K, P = 2 * 3 * 2, g.oh * g.ow
+    assert stacked.shape == (3, K, P)
+    np.testing.assert_array_equal(stacked, flat.reshape(K, 3, P).transpose(1, 0, 2))
+
+
+def test_the_untuned_form_rule():
+    form = lambda xs, ws, s, p, pass_name: gemm._form(np, pass_name, backends.geometry(xs, ws, s, p), None)
+    assert form((64, 3, 224, 224), (64, 3, 3, 3), (1, 1), (1, 1), "accgrad") == "per_image"    # 64 x 27
+    assert form((8, 256, 14, 14), (256, 256, 3, 3), (1, 1), (1, 1), "accgrad") == "flat"       # 256 x 2304
+    assert form((8, 64, 56, 56), (256, 64, 1, 1), (1, 1), (0, 0), "bprop") == "per_image"
+
+
+def test_pointwise_form_is_tuned_where_gemm_tune_tunes(settings, tmp_path):
+    """gemm_tune on (the CPU here): both forms timed, the choice cached under the gemm_form label;
+    off: the rule's default, nothing cached."""
+    from backends import tuning
+    settings(gemm_tune="on", tune_cache=str(tmp_path / "t.json"))
+    rng = np.random.default_rng(14)
+    x, w = rng.standard_normal((2, 6, 7, 7)).astype(np.float32), rng.standard_normal((5, 6, 1, 1)).astype(np.float32)
+    gemm.fprop(x, w)
+    g = backends.geometry(x.shape, w.shape, (1, 1), (0, 0))
+    record = tuning.default_cache().get(tuning.key(np, np.float32, tuple(g), "fprop", "gemm_form"))
+    assert record["choice"] in gemm.FORMS and set(record["ms"]) == set(gemm.FORMS)
+    settings(gemm_tune="off", tune_cache=str(tmp_path / "u.json"))
+    assert gemm._form(np, "fprop", g, lambda form: pytest.fail("ran a form while untuned")) == "per_image"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("stride", [(1, 1), (2, 2)])
 def test_pointwise_chunked_gives_the_same_answer(device, stride, settings):
     """A workspace of one image at a time for the stride's gather and accGrad's partials."""

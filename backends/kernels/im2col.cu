@@ -8,9 +8,24 @@
 // Both kernels use a grid-stride loop with 64-bit indices: a column matrix can
 // hold more than 2^31 elements before the backend's chunking caps it.
 
-extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict__ cols,
-                                  int S, int f, int h, int w, int kh, int kw,
-                                  int sh, int sw, int ph, int pw, int oh, int ow)
+// x at kernel tap (i, j) of output position (oy, ox), image s, plane c: zero outside the plane
+// (implicit zero padding: no padded copy of x is made).
+__device__ __forceinline__ float tap(const float* __restrict__ x, int s, int c, int i, int j, int oy, int ox,
+                                     int f, int h, int w, int sh, int sw, int ph, int pw)
+{
+    const int iy = oy * sh - ph + i;
+    const int ix = ox * sw - pw + j;
+    return (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[(((long long)s * f + c) * h + iy) * w + ix] : 0.f;
+}
+
+// One column-matrix element per loop step. PER_IMAGE false: cols[f][kh][kw][S][oh][ow], the
+// (f*kh*kw) x (S*oh*ow) matrix above. PER_IMAGE true: cols[S][f][kh][kw][oh][ow], a stack of S
+// (f*kh*kw) x (oh*ow) matrices, for accGrad's per-image products (gemm.py: each image's gy plane
+// block is then already its other operand, so gy needs no transposed copy).
+template <bool PER_IMAGE>
+__device__ __forceinline__ void unroll(const float* __restrict__ x, float* __restrict__ cols,
+                                       int S, int f, int h, int w, int kh, int kw,
+                                       int sh, int sw, int ph, int pw, int oh, int ow)
 {
     const long long total = (long long)f * kh * kw * S * oh * ow;
     for (long long idx = blockIdx.x * (long long)blockDim.x + threadIdx.x; idx < total;
@@ -18,17 +33,28 @@ extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict
         long long t = idx;
         const int ox = t % ow; t /= ow;
         const int oy = t % oh; t /= oh;
-        const int s  = t % S;  t /= S;
-        const int j  = t % kw; t /= kw;
-        const int i  = t % kh;
-        const int c  = (int)(t / kh);
-        const int iy = oy * sh - ph + i;
-        const int ix = ox * sw - pw + j;
-        float v = 0.f;  // implicit zero padding: no padded copy of x is made
-        if (iy >= 0 && iy < h && ix >= 0 && ix < w)
-            v = x[(((long long)s * f + c) * h + iy) * w + ix];
-        cols[idx] = v;
+        int s = 0;
+        if (!PER_IMAGE) { s = t % S; t /= S; }
+        const int j = t % kw; t /= kw;
+        const int i = t % kh; t /= kh;
+        const int c = t % f;
+        if (PER_IMAGE) s = (int)(t / f);
+        cols[idx] = tap(x, s, c, i, j, oy, ox, f, h, w, sh, sw, ph, pw);
     }
+}
+
+extern "C" __global__ void im2col(const float* __restrict__ x, float* __restrict__ cols,
+                                  int S, int f, int h, int w, int kh, int kw,
+                                  int sh, int sw, int ph, int pw, int oh, int ow)
+{
+    unroll<false>(x, cols, S, f, h, w, kh, kw, sh, sw, ph, pw, oh, ow);
+}
+
+extern "C" __global__ void im2col_images(const float* __restrict__ x, float* __restrict__ cols,
+                                         int S, int f, int h, int w, int kh, int kw,
+                                         int sh, int sw, int ph, int pw, int oh, int ow)
+{
+    unroll<true>(x, cols, S, f, h, w, kh, kw, sh, sw, ph, pw, oh, ow);
 }
 
 // Gather formulation: one thread per input pixel sums the column entries of every
