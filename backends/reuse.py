@@ -38,8 +38,8 @@ Hazards:
   reuse_weight_spectra setting asks (off by default: memory, see backends._kept_roles); then
   bprop computes its own, and a step saves 2 forward FFTs per layer instead of 3. Backend
   functions called directly (not through run_pass) keep every spectrum, as before.
-- Memory: between a layer's forward and its backward, its x spectrum stays alive, and its w
-  spectrum where kept. A weight spectrum is the large one: n*(m//2+1) complex64 values per
+- Memory: between a layer's forward and its backward, its x spectrum stays alive (unless the
+  block was opened with inputs=False), and its w spectrum where kept. A weight spectrum is the large one: n*(m//2+1) complex64 values per
   kh x kw float32 kernel.
 - Tuners time candidates with sharing suspended(), so each candidate pays for its own FFTs.
 """
@@ -51,9 +51,11 @@ Key = namedtuple("Key", "backend role basis offset")
 
 
 class StepCache:
-    """The spectra of one reuse_spectra() block, keyed by (Key, id(array)), with hit counts."""
+    """The spectra of one reuse_spectra() block, keyed by (Key, id(array)), with hit counts.
+    inputs False: fprop keeps no input (x) spectrum (reuse_spectra's docstring)."""
 
-    def __init__(self):
+    def __init__(self, inputs=True):
+        self.inputs = inputs
         self._entries = {}
         self.hits = self.misses = 0
         self.hit_keys = []            # the Key of every hit, in order (what was reused, and where)
@@ -84,11 +86,16 @@ _keep = None     # the roles a miss may keep (keeping()); None: every role
 
 
 @contextlib.contextmanager
-def reuse_spectra():
+def reuse_spectra(inputs=True):
     """Within the block, FFT passes share the spectra of the same x, w and gy objects (module
-    docstring). Yields the block's StepCache (hits, misses); its spectra are dropped on exit."""
+    docstring). Yields the block's StepCache (hits, misses); its spectra are dropped on exit.
+
+    inputs=False: no spectrum lives from forward to backward, where a step's memory peaks (every
+    layer's activations are alive then): fprop keeps no x spectrum, and accGrad transforms x again;
+    bprop's gy spectrum still serves accGrad, inside the backward pass. (A step saves 1 forward
+    FFT per layer instead of 2, for the memory of one layer's gy spectrum at a time.)"""
     global _active
-    outer, _active = _active, StepCache()
+    outer, _active = _active, StepCache(inputs)
     try:
         yield _active
     finally:

@@ -18,7 +18,9 @@ each eager and captured as one CUDA graph (torch.cuda.graph, replayed on the sam
 and with --compile also under torch.compile (inductor). The converted rows share spectra across a
 layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward); --no-reuse
 leaves that out (it keeps the forward's spectra alive until the backward: on AlexNet b128 that put
-the converted peak above stock's, benchmarks/NOTES.md session 11; result files *_no_reuse).
+the converted peak above stock's, benchmarks/NOTES.md session 11; result files *_no_reuse);
+--backward-reuse keeps only the spectra the backward pass makes and takes (reuse_spectra(inputs=
+False): nothing held from forward to backward; result files *_backward_reuse).
 
 Before timing, each row's loss and conv weight gradients (dropout off, BatchNorm on the batch's
 statistics) are checked against the stock model in float64 on the same weights and batch;
@@ -38,6 +40,7 @@ done, with device, date, command, commit and the tuning cache used.
 import argparse
 import contextlib
 import copy
+import functools
 import sys
 import time
 from pathlib import Path
@@ -134,7 +137,8 @@ def run_network(net, args, log):
             if converted:
                 convert(model)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            scope = reuse_spectra if converted and not args.no_reuse else contextlib.nullcontext
+            scope = (contextlib.nullcontext if not converted or args.no_reuse else
+                     functools.partial(reuse_spectra, inputs=not args.backward_reuse))
             shared = {}
 
             def step():
@@ -283,10 +287,15 @@ def main():
     parser.add_argument("--no-graphs", action="store_true", help="eager rows only")
     parser.add_argument("--no-reuse", action="store_true",
                         help="converted rows without spectra reuse (less memory; result files *_no_reuse)")
+    parser.add_argument("--backward-reuse", action="store_true",
+                        help="converted rows keep no spectrum from forward to backward, only the backward's own "
+                             "(reuse_spectra(inputs=False); result files *_backward_reuse)")
     parser.add_argument("--compile", action="store_true", help="add torch.compile (inductor) rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
+    if args.no_reuse and args.backward_reuse:
+        parser.error("--no-reuse and --backward-reuse exclude each other")
     nets = args.nets.split(",")
     if any(n not in NETS for n in nets):
         parser.error(f"--nets takes some of {', '.join(NETS)}, got {args.nets!r}")
@@ -324,7 +333,8 @@ def main():
             ("spectra reused / step", "spectra_reused", "")]
     folder = args.out / slug(meta["device"])
     log(f"tuning cache {meta['tune_cache']}; batches {batches}")
-    suffix = ("_quick" if args.quick else "") + ("_no_reuse" if args.no_reuse else "")
+    suffix = (("_quick" if args.quick else "") + ("_no_reuse" if args.no_reuse else "")
+              + ("_backward_reuse" if args.backward_reuse else ""))
     name = {net: f"bench_pytorch_{net}{suffix}" for net in nets}
     for net in nets:
         seconds, path = earlier_estimate(name[net], batches[net], folder)

@@ -249,23 +249,25 @@ def test_no_second_derivative_on_either_path(path):
 @pytest.mark.parametrize("device", DEVICES)
 def test_spectra_are_shared_across_the_autograd_boundary(device, settings):
     """One cufft layer's step in a reuse_spectra() block: fprop's weight spectrum serves bprop,
-    fprop's x and bprop's gy serve accGrad (3 hits), with the same gradients as without. cufft's
+    fprop's x and bprop's gy serve accGrad (3 hits; inputs=False: not x's), with the same
+    gradients as without. cufft's
     own tuning is off: a tuned pass may pick its own basis, and then shares nothing (reuse.py).
     Weight spectra kept (reuse_weight_spectra; off by default, saving memory)."""
     settings(cufft_tune="off", reuse_weight_spectra=True)
     x, w, stride, padding = operands(STRIDE1[0], device)
     grads = []
-    for share in (False, True):
+    for share in (None, True, False):     # no block; a block; a block keeping no input spectrum
         xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
-        if share:
-            with reuse_spectra() as cache:
-                conv2d(xs, ws, stride, padding, "cufft").square().sum().backward()
-            assert cache.hits == 3
-        else:
+        if share is None:
             conv2d(xs, ws, stride, padding, "cufft").square().sum().backward()
+        else:
+            with reuse_spectra(inputs=share) as cache:
+                conv2d(xs, ws, stride, padding, "cufft").square().sum().backward()
+            assert sorted(k.role for k in cache.hit_keys) == (["gy", "w", "x"] if share else ["gy", "w"])
         grads.append((xs.grad, ws.grad))
-    for a, b in zip(*grads):
-        assert torch.equal(a, b)
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other):
+            assert torch.equal(a, b)
 
 
 # -- the module and convert() -------------------------------------------------------------------

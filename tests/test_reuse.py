@@ -177,6 +177,30 @@ def test_layers_keep_no_weight_spectrum_by_default(name, settings):
         np.testing.assert_array_equal(a, c)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", FFT_BACKENDS)
+def test_a_block_without_input_spectra_keeps_nothing_across_forward(name, device, settings):
+    """reuse_spectra(inputs=False): after the forward pass nothing is held (where a step's memory
+    peaks); the backward's gy spectrum still serves accGrad; results bit for bit as without."""
+    settings(reuse_weight_spectra=True)          # even so: the weight's is kept for bprop, x's not
+    padding = (1, 2)
+    x, w, gy = operands(padding=padding)
+    b = np.zeros(w.shape[0], np.float32)
+    plain = layer_step(name, x, w, b, gy, padding, device)
+    layer = mt.SpatialConvolution(w.shape[1], w.shape[0], w.shape[2:], padding=padding, backend=name)
+    layer.weight.data, layer.bias.data = to_device(w, device), to_device(b, device)
+    with backends.reuse_spectra(inputs=False) as cache:
+        xt = mt.Tensor(to_device(x, device), requires_grad=True)
+        y = layer(xt)
+        assert [k.role for (k, _) in cache._entries] == ["w"]   # x's spectrum not kept
+        (y * mt.Tensor(to_device(gy, device))).sum().backward()
+        assert len(cache) == 0
+    assert roles(cache) == [(name, "gy"), (name, "w")]
+    shared = tuple(to_device(a, "cpu") for a in (y.data, xt.grad, layer.weight.grad, layer.bias.grad))
+    for a, c in zip(plain, shared, strict=True):
+        np.testing.assert_array_equal(a, c)
+
+
 def test_no_sharing_across_bases(monkeypatch):
     """A cufft accGrad tuned to a larger basis than fprop and bprop computes its own spectra of x
     and gy; fprop's weight spectrum still serves bprop (same basis)."""
