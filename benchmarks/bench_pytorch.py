@@ -16,17 +16,19 @@ with momentum. Rows per network:
                         (backends.config override tf32=True); the rest as PyTorch's default
 each eager and captured as one CUDA graph (torch.cuda.graph, replayed on the same static batch),
 and with --compile also under torch.compile (inductor). The converted rows share spectra across a
-layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward); --no-reuse
-leaves that out (it keeps the forward's spectra alive until the backward: on AlexNet b128 that put
-the converted peak above stock's, benchmarks/NOTES.md session 11; result files *_no_reuse);
---backward-reuse keeps only the spectra the backward pass makes and takes (reuse_spectra(inputs=
-False): nothing held from forward to backward; result files *_backward_reuse).
+layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward, its default:
+no spectrum held from forward to backward, bprop's gradOutput spectrum serving accGrad); --no-reuse
+leaves that out (result files *_no_reuse); --input-reuse also keeps each layer's input spectrum
+from forward for accGrad (reuse_spectra(inputs=True): faster, and on AlexNet b128 310 MiB more at
+the step's peak, above stock's; benchmarks/NOTES.md sessions 11-13; result files *_input_reuse).
 
 Before timing, each row's loss and conv weight gradients (dropout off, BatchNorm on the batch's
 statistics) are checked against the stock model in float64 on the same weights and batch;
 the largest relative error is reported beside the time. Peak memory is
 torch.cuda.max_memory_allocated() over the row's timed steps (the converted rows' CuPy work
-allocates through PyTorch's caching allocator, so it is counted). `auto` tunes at a layer's first
+allocates through PyTorch's caching allocator, so it is counted), less what earlier rows left
+allocated when the row began (130 MiB on AlexNet after the stock rows' CUDA graph, session 13);
+that leftover is logged and kept in the row ("leftover_mib"). `auto` tunes at a layer's first
 step (cold tuning cache: minutes for all three networks; the cache is backends.config tune_cache).
 Batch per network as benchmarks/paper.py runs them (BATCH; --batch sets one for all). Before each
 network the log gives a wall-clock estimate from this device's last result file for it (its rows'
@@ -102,15 +104,16 @@ def check(model, x, y, reference):
     return errors[worst], worst
 
 
-def timed_row(step, args, peak_from):
-    """(median ms, peak MiB) of step() after warm-up."""
+def timed_row(step, args, peak_from, leftover):
+    """(median ms, peak MiB) of step() after warm-up; the peak less `leftover` bytes (what earlier
+    rows left allocated)."""
     import torch
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     ms = median_ms(step, "torch", 0, args.repeat)
-    return ms, max(torch.cuda.max_memory_allocated(), peak_from) / 2**20
+    return ms, (max(torch.cuda.max_memory_allocated(), peak_from) - leftover) / 2**20
 
 
 def run_network(net, args, log):
@@ -127,10 +130,13 @@ def run_network(net, args, log):
     ref_model = copy.deepcopy(base).double().cuda()
     reference = gradients(ref_model, x.double(), y)
     del ref_model
+    _free(torch)
+    floor = torch.cuda.memory_allocated()   # the batch: every row's
     rows, failures, yardstick = [], [], {}
     for label, converted, precision in (IMPLS[name] for name in args.impls):
         t0 = time.perf_counter()
         first = len(rows)
+        leftover = torch.cuda.memory_allocated() - floor   # earlier rows' (after _free): not this row's
         set_tf32(precision)
         with backends.config.override(tf32=converted and precision == "tf32"):
             model = copy.deepcopy(base).cuda()
@@ -138,7 +144,7 @@ def run_network(net, args, log):
                 convert(model)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             scope = (contextlib.nullcontext if not converted or args.no_reuse else
-                     functools.partial(reuse_spectra, inputs=not args.backward_reuse))
+                     functools.partial(reuse_spectra, inputs=args.input_reuse))
             shared = {}
 
             def step():
@@ -161,16 +167,17 @@ def run_network(net, args, log):
                     failures.append(f"{net} {label}: {worst} relative error {err:.1e} against float64, bound "
                                     f"{bound:.1e} ({STEP_FACTOR} x stock PyTorch's in the same precision)")
             common = {"network": net, "implementation": label, "precision": precision, "converted": converted,
-                      "max_err": err, "worst": worst}
-            ms, peak = timed_row(step, args, 0)
+                      "max_err": err, "worst": worst, "leftover_mib": leftover / 2**20}
+            ms, peak = timed_row(step, args, 0, leftover)
             rows.append({**common, "mode": "eager", "step_ms": ms, "images_per_s": args.batch / ms * 1e3,
                          "peak_mib": peak, "spectra_reused": shared.get("hits")})
             log(f"{net:9s} {label:30s} eager {ms:8.2f} ms  peak {peak:8.0f} MiB  err {err:.1e} ({worst})  "
-                f"check+tuning {tuned_s:.1f} s  spectra reused {shared.get('hits')}")
+                f"check+tuning {tuned_s:.1f} s  spectra reused {shared.get('hits')}  "
+                f"(earlier rows' leftover {leftover / 2**20:.0f} MiB, not counted)")
             if not args.no_graphs:
-                rows.append({**common, **_graph_row(step, args, net, label, log)})
+                rows.append({**common, **_graph_row(step, args, net, label, log, leftover)})
             if args.compile:
-                rows.append({**common, **_compiled_row(model, opt, scope, x, y, args, net, label, log)})
+                rows.append({**common, **_compiled_row(model, opt, scope, x, y, args, net, label, log, leftover)})
             del model, opt, step
             _free(torch)
         row_s = (time.perf_counter() - t0) / (len(rows) - first)
@@ -227,7 +234,7 @@ def earlier_estimate(name, batch, folder):
         return None, path
 
 
-def _graph_row(step, args, net, label, log):
+def _graph_row(step, args, net, label, log, leftover):
     import torch
     torch.cuda.reset_peak_memory_stats()
     side = torch.cuda.Stream()
@@ -239,13 +246,13 @@ def _graph_row(step, args, net, label, log):
     with torch.cuda.graph(graph):
         step()
     peak_capture = torch.cuda.max_memory_allocated()
-    ms, peak = timed_row(graph.replay, args, peak_capture)
+    ms, peak = timed_row(graph.replay, args, peak_capture, leftover)
     log(f"{net:9s} {label:30s} graph {ms:8.2f} ms  peak {peak:8.0f} MiB")
     del graph
     return {"mode": "CUDA graph", "step_ms": ms, "images_per_s": args.batch / ms * 1e3, "peak_mib": peak}
 
 
-def _compiled_row(model, opt, scope, x, y, args, net, label, log):
+def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
     import torch
     compiled = torch.compile(model)
 
@@ -258,7 +265,7 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log):
     t0 = time.perf_counter()
     step()
     compile_s = time.perf_counter() - t0
-    ms, peak = timed_row(step, args, 0)
+    ms, peak = timed_row(step, args, 0, leftover)
     log(f"{net:9s} {label:30s} compiled {ms:8.2f} ms  peak {peak:8.0f} MiB  (compile {compile_s:.0f} s)")
     return {"mode": "torch.compile", "step_ms": ms, "images_per_s": args.batch / ms * 1e3, "peak_mib": peak}
 
@@ -287,15 +294,15 @@ def main():
     parser.add_argument("--no-graphs", action="store_true", help="eager rows only")
     parser.add_argument("--no-reuse", action="store_true",
                         help="converted rows without spectra reuse (less memory; result files *_no_reuse)")
-    parser.add_argument("--backward-reuse", action="store_true",
-                        help="converted rows keep no spectrum from forward to backward, only the backward's own "
-                             "(reuse_spectra(inputs=False); result files *_backward_reuse)")
+    parser.add_argument("--input-reuse", action="store_true",
+                        help="converted rows also keep each layer's input spectrum from forward for accGrad "
+                             "(reuse_spectra(inputs=True): faster, more memory; result files *_input_reuse)")
     parser.add_argument("--compile", action="store_true", help="add torch.compile (inductor) rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
-    if args.no_reuse and args.backward_reuse:
-        parser.error("--no-reuse and --backward-reuse exclude each other")
+    if args.no_reuse and args.input_reuse:
+        parser.error("--no-reuse and --input-reuse exclude each other")
     nets = args.nets.split(",")
     if any(n not in NETS for n in nets):
         parser.error(f"--nets takes some of {', '.join(NETS)}, got {args.nets!r}")
@@ -334,7 +341,7 @@ def main():
     folder = args.out / slug(meta["device"])
     log(f"tuning cache {meta['tune_cache']}; batches {batches}")
     suffix = (("_quick" if args.quick else "") + ("_no_reuse" if args.no_reuse else "")
-              + ("_backward_reuse" if args.backward_reuse else ""))
+              + ("_input_reuse" if args.input_reuse else ""))
     name = {net: f"bench_pytorch_{net}{suffix}" for net in nets}
     for net in nets:
         seconds, path = earlier_estimate(name[net], batches[net], folder)

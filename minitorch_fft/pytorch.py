@@ -37,9 +37,13 @@ modified in place (the version counter, which the key also carries), and a view 
 block keeps its storage from being reused at the same address. It is not safe, and is therefore
 not the default, where a change bypasses the version counter (writes through `.data`, a DLPack or
 NumPy alias, a CUDA graph replay): the key would match a stale spectrum, as autograd's own check
-would miss it. Memory: a tensor used by only one pass (the first layer's gradOutput, whose
-gradInput nobody wants) stays alive until the block ends. Keep the block outside a
-torch.compile'd function (Dynamo does not trace it).
+would miss it. Memory: by default (inputs=False) no spectrum lives from forward to backward, where
+a step's memory peaks: bprop's gradOutput spectrum serves accGrad and nothing else is kept.
+reuse_spectra(inputs=True) also keeps each layer's input spectrum for its accGrad, a little faster
+and more memory (converted AlexNet b128 on an H100, session 13: 9.0 against 9.6 ms a step, peak
+1706 against 1417 MiB; the stock model's 12.5 ms and 1499 MiB). A view is held only until its
+last pass (accGrad takes gy and x last). Keep the block outside a torch.compile'd function
+(Dynamo does not trace it).
 """
 import contextlib
 import logging
@@ -68,15 +72,18 @@ def _key(t):
         return None
 
 
-def _array(t, cp):
+def _array(t, cp, keep=True):
     """t as a NumPy (cp None) or CuPy array on the same memory: the same view object for the same
-    tensor state inside reuse_spectra(), so that reuse.py's identity key finds its spectrum."""
+    tensor state inside reuse_spectra(), so that reuse.py's identity key finds its spectrum. keep
+    False: no later pass takes t (accGrad is the last of a layer's passes), so a new view is not
+    held (it would keep t alive until the block ends: the first layer's gradOutput, 95 MiB on
+    AlexNet b128)."""
     t = t.detach().contiguous()          # a no-op for the contiguous tensors autograd passes here
     key = None if _views is None else _key(t)
     if key is not None and key in _views:
         return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
     a = t.numpy() if cp is None else _cupy_view(t, cp)
-    if key is not None:
+    if key is not None and keep:
         _views[key] = a
     return a
 
@@ -99,11 +106,12 @@ def _from_cupy(a):
 
 
 @contextlib.contextmanager
-def reuse_spectra(inputs=True):
+def reuse_spectra(inputs=False):
     """Forward and backward inside the block share FFT spectra across a layer's passes (module
-    docstring: where that is safe). Yields backends' StepCache (hits, misses). inputs=False keeps
-    no spectrum from forward to backward, where the step's memory peaks (backends.reuse_spectra):
-    converted AlexNet held 310 MiB of them there, its peak above the stock model's."""
+    docstring: where that is safe). Yields backends' StepCache (hits, misses). inputs=False (the
+    default here, unlike backends.reuse_spectra) keeps no spectrum from forward to backward, where
+    the step's memory peaks: with inputs=True converted AlexNet held 310 MiB of them there, its
+    peak above the stock model's (module docstring: the figures)."""
     global _views
     outer, _views = _views, {}
     try:
@@ -180,16 +188,17 @@ def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):
     """One pass of backends.run_pass on tensors a, b (same device, float32); a new tensor."""
     _check_float32(pass_name, a, b)
     args = dict(x_shape=tuple(x_shape), w_shape=tuple(w_shape), stride=tuple(stride), padding=tuple(padding))
+    keep = pass_name != "accgrad"
     if a.device.type == "cpu":
-        out = backends.run_pass(backend, pass_name, _array(a, None), _array(b, None), *_shape_arg(pass_name, args),
-                                **args)
+        out = backends.run_pass(backend, pass_name, _array(a, None, keep), _array(b, None, keep),
+                                *_shape_arg(pass_name, args), **args)
         return torch.from_numpy(np.ascontiguousarray(out))
     if a.device.type != "cuda":
         raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {a.device}")
     cp, on, capture = _cuda_scope(a.device.index)
     with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
-        out = backends.run_pass(backend, pass_name, _array(a, cp), _array(b, cp), *_shape_arg(pass_name, args),
-                                **args)
+        out = backends.run_pass(backend, pass_name, _array(a, cp, keep), _array(b, cp, keep),
+                                *_shape_arg(pass_name, args), **args)
         return _from_cupy(cp.ascontiguousarray(out))
 
 

@@ -270,6 +270,23 @@ def test_spectra_are_shared_across_the_autograd_boundary(device, settings):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_block_holds_no_view_after_a_layers_last_pass(device, settings):
+    """A first layer (no input gradient) runs fprop and accGrad only: its gradOutput feeds one pass.
+    The block must not keep a view of it (that kept the tensor alive until the block ended: 95 MiB
+    on AlexNet b128). What is left after backward is fprop's view of w, which no bprop took (a
+    tensor the model holds anyway): accGrad took x's, and nothing of gy is kept."""
+    settings(cufft_tune="off")
+    x, w, stride, padding = operands(STRIDE1[0], device)
+    ws = w.clone().requires_grad_()
+    with reuse_spectra():
+        y = conv2d(x, ws, stride, padding, "cufft")
+        y.square().sum().backward()
+        held = list(pt._views.values())
+    assert [tuple(a.shape) for a in held] == [tuple(w.shape)]
+    assert pt.reuse_spectra.__wrapped__.__defaults__ == (False,)   # the adapter's default: no input spectra
+
+
 # -- the module and convert() -------------------------------------------------------------------
 
 class Odd(torch.nn.Conv2d):
