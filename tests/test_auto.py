@@ -352,3 +352,26 @@ def test_the_memory_cap_skips_a_candidate_that_needs_more_and_restores_the_limit
     record = next(r for r in auto.choices() if r["pass"] == "fprop")
     assert "OutOfMemory" in record["skipped"]["hungry"], record
     assert pool.get_limit() == before
+
+
+def test_tuning_leaves_no_cufft_buffers(tmp_path, monkeypatch, settings):
+    """Timing cufft grows its persistent scratch buffers and plan cache to the tuned layer's size;
+    auto drops them once the choice is made, whichever backend won (a converted ResNet-50's step
+    held them at its peak: benchmarks/NOTES.md, session 13)."""
+    from backends import cufft, cufft_buffers
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
+    monkeypatch.setattr(auto, "_memory", {})
+    settings(auto_tune="on")
+    cufft_buffers.release_buffers()
+    grown = []
+    real = cufft.fprop
+
+    def watched(*args, **kwargs):
+        out = real(*args, **kwargs)
+        grown.append(len(cufft_buffers._scratch_buffers))
+        return out
+    monkeypatch.setattr(cufft, "fprop", watched)
+    picked = auto.pick({"gemm": gemm, "cufft": cufft}, "fprop", (2, 3, 16, 16), (4, 3, 5, 5), (1, 1), (2, 2), np)
+    assert picked in ("gemm", "cufft")
+    assert grown and max(grown) > 0            # cufft ran and kept buffers while it was timed
+    assert cufft_buffers._scratch_buffers == {} and cufft_buffers._plans == {}
