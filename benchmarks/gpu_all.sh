@@ -11,8 +11,9 @@ export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1   # keeps a carried wheel
 out=${OUT:-/tmp}
 nvidia-smi -L
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
-# four workers, a file each (the lent H100s have pytest-xdist): about 6 minutes at 28f4a0d, where one
-# worker takes far longer than a call's 10 minutes
-python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n 4 --dist loadfile tests/ 2>&1 \
+# six workers, a file each (the lent H100s have pytest-xdist). Session 13: 209 s with five on a machine
+# whose kernel caches were warm; on a fresh machine the CUDA compiles come first and five workers ran
+# past 330 s, six past 420 s with two tests left (test_reliability's, 113 s alone): give it a whole call
+python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n 6 --dist loadfile tests/ 2>&1 \
     | tee "$out/pytest_gpu.log" | tail -25
 python3 -m benchmarks.gpu_check_fbfft --no-timing --out "$out" 2>&1 | tee "$out/gpu_check_fbfft.log" | tail -40
