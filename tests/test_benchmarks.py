@@ -43,7 +43,8 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.gpu_check_fbfft", "benchmarks.gpu_check_direct", "benchmarks.bench_ddp", "benchmarks.bench_tiledfft",
                 "benchmarks.experiments.exp_host", "benchmarks.experiments.exp_layout",
                 "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error",
-                "benchmarks.experiments.exp_pytorch_host", "benchmarks.experiments.exp_gemm_1x1")
+                "benchmarks.experiments.exp_pytorch_host", "benchmarks.experiments.exp_gemm_1x1",
+                "benchmarks.experiments.exp_adapter_peak")
 
 
 def test_paper_result_files_are_one_per_network_set_and_step_candidate_set(settings):
