@@ -97,12 +97,6 @@ def _col2im(xp, cols, g, n):
     return gx
 
 
-def _gy_matrix(gy):
-    """gy (n, f', oh, ow) -> (f', n*oh*ow), the column order of im2col (a copy)."""
-    n, fo, oh, ow = gy.shape
-    return gy.transpose(1, 0, 2, 3).reshape(fo, n * oh * ow)
-
-
 def _pointwise(g):
     """A 1x1 kernel without padding: the GEMM-only path."""
     return g.kh == g.kw == 1 and g.ph == g.pw == 0
@@ -151,9 +145,10 @@ def _form(xp, pass_name, g, run):
                              valid=lambda form: form in FORMS, untuned=lambda: default)["choice"]
 
 
-def _flat(xp, a, g, planes):
-    """a (n, planes, oh, ow), or a strided view of that shape -> (planes, n*oh*ow), a copy."""
-    return xp.ascontiguousarray(a.transpose(1, 0, 2, 3)).reshape(planes, -1)
+def _flat(a):
+    """a (n, planes, oh, ow), or a strided view of that shape -> (planes, n*oh*ow), the column order
+    of im2col (a copy, C-contiguous: the reshape of the transposed view copies)."""
+    return a.transpose(1, 0, 2, 3).reshape(a.shape[1], -1)
 
 
 def _taps(x, g):
@@ -172,7 +167,7 @@ def _fprop_1x1(xp, x, w, g):
                 cgemm.matmul(xp, w2, _columns(xp, x[sl], g), out=_batch_of(y3[sl]), strict=True)   # (n, f', P)
             return y
         for sl in _image_chunks(g, (g.f + g.fo) * g.oh * g.ow * 4):
-            yf = cgemm.matmul(xp, w2, _flat(xp, _taps(x[sl], g), g, g.f), strict=True)   # (f', n*P)
+            yf = cgemm.matmul(xp, w2, _flat(_taps(x[sl], g)), strict=True)   # (f', n*P)
             y[sl] = yf.reshape(g.fo, -1, g.oh, g.ow).transpose(1, 0, 2, 3)
         return y
     return run(_form(xp, "fprop", g, run))
@@ -195,7 +190,7 @@ def _bprop_1x1(xp, gy, w, g):
             if form == "per_image":
                 cols = cgemm.matmul(xp, w2t, gy3[sl], strict=True).reshape(-1, g.f, g.oh, g.ow)   # (n, f, oh, ow)
             else:
-                cols = cgemm.matmul(xp, w2t, _flat(xp, gy[sl], g, g.fo), strict=True)            # (f, n*P)
+                cols = cgemm.matmul(xp, w2t, _flat(gy[sl]), strict=True)            # (f, n*P)
                 cols = cols.reshape(g.f, -1, g.oh, g.ow).transpose(1, 0, 2, 3)                  # (n, f, oh, ow)
             _taps(gx[sl], g)[...] = cols                           # the taps; with a stride the rest stay 0
         return gx
@@ -217,7 +212,7 @@ def _accgrad_1x1(xp, gy, x, g):
             return xp.ascontiguousarray(gwt.T).reshape(g.fo, g.f, 1, 1)
         gw = xp.zeros((g.fo, g.f), dtype=np.float32)
         for sl in _image_chunks(g, (g.fo + g.f) * P * 4):
-            cgemm.matmul(xp, _flat(xp, gy[sl], g, g.fo), _flat(xp, _taps(x[sl], g), g, g.f), out=gw, op_b="T",
+            cgemm.matmul(xp, _flat(gy[sl]), _flat(_taps(x[sl], g)), out=gw, op_b="T",
                          accumulate=True, strict=True)             # gw += (f', n*P) @ (n*P, f)
         return gw.reshape(g.fo, g.f, 1, 1)
     return run(_form(xp, "accgrad", g, run))
@@ -249,7 +244,7 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     gx = xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32)
     w2 = w.reshape(g.fo, -1)                                       # (f', f*kh*kw)
     for sl in _batch_chunks(g):
-        cols = cgemm.matmul(xp, w2, _gy_matrix(gy[sl]), op_a="T", strict=True)  # (f*kh*kw, n*oh*ow)
+        cols = cgemm.matmul(xp, w2, _flat(gy[sl]), op_a="T", strict=True)  # (f*kh*kw, n*oh*ow)
         gx[sl] = _col2im(xp, cols, g, sl.stop - sl.start)
         del cols   # as in fprop
     return gx
@@ -268,7 +263,7 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
         gw = xp.zeros((g.fo, K), dtype=np.float32)
         if form == "flat":
             for sl in _batch_chunks(g):
-                cgemm.matmul(xp, _gy_matrix(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
+                cgemm.matmul(xp, _flat(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
                              accumulate=True, strict=True)         # gw += (f', f*kh*kw)
             return gw.reshape(tuple(w_shape))
         # per-image products (n, f', K), summed: the batch splits the GEMM's K, and gy's

@@ -39,8 +39,8 @@ Hazards:
   bprop computes its own, and a step saves 2 forward FFTs per layer instead of 3. Backend
   functions called directly (not through run_pass) keep every spectrum, as before.
 - Memory: between a layer's forward and its backward, its x spectrum stays alive (unless the
-  block was opened with inputs=False), and its w spectrum where kept. A weight spectrum is the large one: n*(m//2+1) complex64 values per
-  kh x kw float32 kernel.
+  block was opened with inputs=False), and its w spectrum where kept. A weight spectrum is the
+  large one: n*(m//2+1) complex64 values per kh x kw float32 kernel.
 - Tuners time candidates with sharing suspended(), so each candidate pays for its own FFTs.
 """
 import contextlib

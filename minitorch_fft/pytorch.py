@@ -39,9 +39,10 @@ not the default, where a change bypasses the version counter (writes through `.d
 NumPy alias, a CUDA graph replay): the key would match a stale spectrum, as autograd's own check
 would miss it. Memory: by default (inputs=False) no spectrum lives from forward to backward, where
 a step's memory peaks: bprop's gradOutput spectrum serves accGrad and nothing else is kept.
-reuse_spectra(inputs=True) also keeps each layer's input spectrum for its accGrad, a little faster
-and more memory (converted AlexNet b128 on an H100, session 13: 9.0 against 9.6 ms a step, peak
-1706 against 1417 MiB; the stock model's 12.5 ms and 1499 MiB). A view is held only until its
+reuse_spectra(inputs=True) also keeps each layer's input spectrum for its accGrad: more memory, and
+not reliably faster (converted AlexNet b128 on an H100, session 13: peak 1706 against 1417 MiB,
+the stock model's 1499; a step 9.0 against 9.6 ms measured alone, 9.82 against 9.76 in
+bench_pytorch's run). A view is held only until its
 last pass (accGrad takes gy and x last). Keep the block outside a torch.compile'd function
 (Dynamo does not trace it).
 """
