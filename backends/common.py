@@ -254,12 +254,13 @@ def launch_1d(kernel, total, args, block=256):
     if total <= 0:
         raise ValueError(f"{kernel.__name__ if hasattr(kernel, '__name__') else 'kernel'}: "
                          f"nothing to launch (total={total})")
-    grid = int(min((total + block - 1) // block, _sm_count(cp.cuda.Device().id) * 32))
+    grid = int(min((total + block - 1) // block, sm_count(cp.cuda.Device().id) * 32))
     kernel((grid,), (block,), args)
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device_id):
-    # Device().attributes queries every attribute: asked once per device, not per launch.
+def sm_count(device_id):
+    """The CUDA device's SM count. Device().attributes queries every attribute: asked once per
+    device, not per launch."""
     import cupy as cp
     return cp.cuda.Device(device_id).attributes["MultiProcessorCount"]

@@ -24,7 +24,11 @@ at 7x7 planes (P = 49) they leave the GPU half idle, where the flat GEMM's N = S
 
 Other kernels' accGrad has the same two forms: "flat" as above, and "per_image", products
 gy_s (f', P) @ cols_s^T (P, f*kh*kw) summed over the batch (im2col image by image), for the small
-gradients of few-plane layers, whose flat GEMM is one long K on a few output tiles.
+gradients of few-plane layers, whose flat GEMM is one long K on a few output tiles. A third,
+"implicit", makes no column matrix: kernels/im2col.cu's accgrad_small sums gy x taps over chunks of
+output positions, each block one partial gradient in registers, and the partials are summed after
+(per_image ran VGG-16's conv1_1 accGrad at 2.2 ms against cuDNN strict's 0.8: 64 GEMMs of one tile
+each, K = 50176; benchmarks/NOTES.md, session 13). It is a candidate where its block fits.
 
 Which form runs is tuned per geometry and pass where the gemm_tune setting tunes (the GPU by
 default, backends.tuning's recipe). Untuned: 1x1 fprop and bprop per-image; 1x1 accGrad whichever
@@ -35,7 +39,7 @@ import numpy as np
 
 from . import cgemm, config, tuning
 from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry, launch_1d,
-                     valid_geometry)
+                     sm_count, valid_geometry)
 
 # S batch, f in-planes, f' out-planes (fo), kh x kw kernel, oh x ow output
 
@@ -49,10 +53,11 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """auto's cue to time gemm again where its speed changed (backends.auto). 1x1 kernels without
     padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
     ResNet-50's layers), 2 since each pass's form is tuned. Other kernels' accGrad: 1 since its
-    form is tuned (per-image products: VGG-16's and ResNet's 3-plane first layers). Else 0."""
+    form is tuned (per-image products: VGG-16's and ResNet's 3-plane first layers), 2 since the
+    implicit form (accgrad_small) joined them. Else 0."""
     if _pointwise(geometry(x_shape, w_shape, stride, padding)):
         return 2
-    return 1 if pass_name == "accgrad" else 0
+    return 2 if pass_name == "accgrad" else 0
 
 
 def _batch_chunks(g):
@@ -131,8 +136,8 @@ SMALL_GRADIENT = 16384   # f' * f*kh*kw at most: accGrad's flat GEMM has a few o
                          # S*oh*ow (VGG-16 conv1_1: 64 x 27, K = 3.2M), and per-image products split that K
 
 
-def _form(xp, pass_name, g, run):
-    """The form of this pass (FORMS): tuned where gemm_tune tunes, else the rule in the module doc."""
+def _form(xp, pass_name, g, run, forms=FORMS):
+    """The form of this pass (of `forms`): tuned where gemm_tune tunes, else the rule in the module doc."""
     if _pointwise(g):
         flat = pass_name == "accgrad" and g.fo * g.f > 1.5 * g.oh * g.ow * (g.fo + g.f)
     else:
@@ -141,8 +146,8 @@ def _form(xp, pass_name, g, run):
     if not tuning.enabled("gemm_tune", xp):
         return default
     key = tuning.key(xp, np.float32, tuple(g), pass_name, "gemm_form")
-    return tuning.remembered(key, lambda: tuning.tune(FORMS, run, xp, against=default, tol=TUNE_TOL),
-                             valid=lambda form: form in FORMS, untuned=lambda: default)["choice"]
+    return tuning.remembered(key, lambda: tuning.tune(forms, run, xp, against=default, tol=TUNE_TOL),
+                             valid=lambda form: form in forms, untuned=lambda: default)["choice"]
 
 
 def _flat(a):
@@ -268,9 +273,68 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
             return gw.reshape(tuple(w_shape))
         # per-image products (n, f', K), summed: the batch splits the GEMM's K, and gy's
         # (f', oh*ow) plane blocks are already operands (no transposed copy of gy)
+        if form == "implicit":
+            return _accgrad_implicit(xp, gy, x, g).reshape(tuple(w_shape))
         for sl in _image_chunks(g, (K * P + g.fo * K) * 4):
             parts = cgemm.matmul(xp, gy[sl].reshape(-1, g.fo, P), _im2col(xp, x[sl], g, per_image=True),
                                  op_b="T", strict=True)           # (n, f', K), or (f', K) for n = 1
             gw += parts.reshape(-1, g.fo, K).sum(axis=0)
         return gw.reshape(tuple(w_shape))
-    return run(_form(xp, "accgrad", g, run))
+    return run(_form(xp, "accgrad", g, run, FORMS + ("implicit",) if _implicit_fits(g) else FORMS))
+
+
+# accgrad_small's register block and tile (kernels/im2col.cu: AG_TO, AG_TK, AG_TP): a thread holds
+# AG_TO x AG_TK gradient elements, and a block sums AG_TP output positions per shared-memory tile
+AG_TO, AG_TK, AG_TP = 4, 4, 32
+AG_BLOCKS_PER_SM = 4    # blocks (each one partial gradient) per SM
+AG_CPU_BLOCKS = 7       # the NumPy path's blocks: chunks that start and end inside images
+
+
+def _implicit_block(g):
+    """accgrad_small's thread block (x over the taps f*kh*kw, y over f') and shared bytes."""
+    bx, by = -(-g.f * g.kh * g.kw // AG_TK), -(-g.fo // AG_TO)
+    return bx, by, (bx * AG_TK + by * AG_TO) * (AG_TP + 1) * 4
+
+
+def _implicit_fits(g):
+    """Whether accgrad_small takes this geometry: its block within 1024 threads and 48 KiB of tiles."""
+    bx, by, smem = _implicit_block(g)
+    return bx * by <= 1024 and smem <= 48 * 1024
+
+
+def _accgrad_implicit(xp, gy, x, g):
+    """gw (f', f*kh*kw) without a column matrix (the "implicit" accGrad form): partial gradients over
+    chunks of the S*oh*ow output positions, each from gy's chunk and the taps gathered from x,
+    summed over the chunks. kernels/im2col.cu's accgrad_small on the GPU; on the CPU the same chunks
+    in NumPy, so that CI checks the chunking across image boundaries."""
+    K, P, total = g.f * g.kh * g.kw, g.oh * g.ow, g.S * g.oh * g.ow
+    blocks = AG_CPU_BLOCKS if xp is np else AG_BLOCKS_PER_SM * sm_count(xp.cuda.Device().id)
+    chunk = -(-total // min(blocks, -(-total // AG_TP)))
+    chunk = -(-chunk // AG_TP) * AG_TP                             # whole tiles
+    nblocks = -(-total // chunk)
+    if xp is np:
+        partials = np.empty((nblocks, g.fo, K), dtype=np.float32)
+        gy3 = gy.reshape(g.S, g.fo, P)
+        for b in range(nblocks):
+            p = np.arange(b * chunk, min(total, (b + 1) * chunk))
+            s, r = p // P, p % P
+            partials[b] = gy3[s, :, r].T @ _taps_at(x, g, s, r // g.ow, r % g.ow)   # (f', n) @ (n, K)
+        return partials.sum(axis=0)
+    bx, by, smem = _implicit_block(g)
+    partials = xp.empty((nblocks, g.fo, K), dtype=np.float32)
+    cuda_module("im2col.cu").get_function("accgrad_small")(
+        (nblocks,), (bx, by), (x, gy, partials) + _int32_args(g, g.S) + (np.int32(g.fo), np.int64(chunk)),
+        shared_mem=smem)
+    return partials.sum(axis=0)
+
+
+def _taps_at(x, g, s, oy, ox):
+    """The column entries of output positions (s, oy, ox) (arrays of n): (n, f*kh*kw), in the column
+    matrix's row order (f, kh, kw), zero where a tap falls in the padding."""
+    i, j = np.meshgrid(np.arange(g.kh), np.arange(g.kw), indexing="ij")
+    iy = oy[:, None] * g.sh - g.ph + i.ravel()                     # (n, kh*kw)
+    ix = ox[:, None] * g.sw - g.pw + j.ravel()
+    inside = (iy >= 0) & (iy < g.h) & (ix >= 0) & (ix < g.w)
+    v = x[s[:, None, None], np.arange(g.f)[None, :, None], np.clip(iy, 0, g.h - 1)[:, None, :],
+          np.clip(ix, 0, g.w - 1)[:, None, :]]                      # (n, f, kh*kw)
+    return np.where(inside[:, None, :], v, 0).reshape(len(s), -1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.common import _sm_count, cuda_module, launch_1d
+from backends.common import sm_count, cuda_module, launch_1d
 from backends.device import is_cupy
 
 _KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -99,7 +99,7 @@ def _channel_sums(kernel, arrays, shape):
     import cupy as cp
     n, c, h, w = shape
     hw = h * w
-    blocks = max(1, min(-(-n * hw // (BLOCK * 8)), -(-_sm_count(cp.cuda.Device().id) * 8 // c)))
+    blocks = max(1, min(-(-n * hw // (BLOCK * 8)), -(-sm_count(cp.cuda.Device().id) * 8 // c)))
     if c * blocks > MAX_GRID:
         raise ValueError(f"a per-channel sum over {c} channels needs {c * blocks} blocks, more than "
                          f"CUDA's {MAX_GRID}")

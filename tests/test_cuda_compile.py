@@ -264,7 +264,7 @@ def core_gpu_branch(lib, module):
             id=0, attributes={"MultiProcessorCount": 1})))                          # <= 32 blocks
     fake_module = types.SimpleNamespace(get_function=lambda name: HostKernel(lib, name, log))
     # the kernel getters (lru-cached) and launch_1d's SM count must not keep the fakes
-    caches = [common._sm_count] + [f for f in vars(module).values()
+    caches = [common.sm_count] + [f for f in vars(module).values()
                                    if hasattr(f, "cache_clear") and getattr(f, "__module__", "") == module.__name__]
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "cupy", cp)

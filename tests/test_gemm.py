@@ -176,14 +176,15 @@ ACCGRAD_FORM_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),   # few pla
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", gemm.FORMS)
+@pytest.mark.parametrize("form", gemm.FORMS + ("implicit",))
 @pytest.mark.parametrize("xs,ws,stride,padding", ACCGRAD_FORM_CASES)
 def test_accgrad_forms_match_float64(device, form, xs, ws, stride, padding, monkeypatch, settings):
-    """accGrad's flat GEMM and its per-image products (im2col image by image), whole batch and
-    one image a chunk; fprop and bprop are unchanged by the form."""
+    """accGrad's flat GEMM, its per-image products (im2col image by image) and its implicit form
+    (partial gradients over chunks of output positions that cross images, no column matrix),
+    whole batch and one image a chunk; fprop and bprop are unchanged by the form."""
     rng = np.random.default_rng(15)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run: form)
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run, forms=None: form)
     check_backend(gemm, x, w, stride, padding, device=device, rng=rng)
     settings(gemm_workspace_mb=2**-20)
     check_backend(gemm, x, w, stride, padding, device=device, rng=rng)
@@ -200,6 +201,23 @@ def test_im2col_image_by_image_is_the_columns_regrouped(device):
     K, P = 2 * 3 * 2, g.oh * g.ow
     assert stacked.shape == (3, K, P)
     np.testing.assert_array_equal(stacked, flat.reshape(K, 3, P).transpose(1, 0, 2))
+
+
+def test_accgrad_tunes_the_implicit_form_where_its_block_fits(settings, tmp_path):
+    """The implicit form is a candidate only where accgrad_small's block fits (1024 threads, 48 KiB
+    of tiles): VGG-16's conv1_1 and ResNet's conv1, not a 512 x 4608 gradient."""
+    from backends import tuning
+    fits = lambda xs, ws, s, p: gemm._implicit_fits(backends.geometry(xs, ws, s, p))
+    assert fits((64, 3, 224, 224), (64, 3, 3, 3), (1, 1), (1, 1)) and fits((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3))
+    assert not fits((8, 512, 14, 14), (512, 512, 3, 3), (1, 1), (1, 1))
+    settings(gemm_tune="on", tune_cache=str(tmp_path / "t.json"))
+    rng = np.random.default_rng(17)
+    x, w = rng.standard_normal((2, 3, 9, 9)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    gy = rng.standard_normal((2, 4, 9, 9)).astype(np.float32)
+    gemm.accgrad(gy, x, w.shape, (1, 1), (1, 1))
+    g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
+    record = tuning.default_cache().get(tuning.key(np, np.float32, tuple(g), "accgrad", "gemm_form"))
+    assert set(record["ms"]) == {"per_image", "flat", "implicit"}
 
 
 def test_the_untuned_form_rule():
