@@ -694,3 +694,21 @@ def test_bench_pytorch_estimates_from_its_last_result(tmp_path):
         {"meta": {"batch": 8}, "rows": [{"row_s": 3.0}, {"row_s": 5.0}]}))
     seconds, path = earlier_estimate("bench_pytorch_alexnet", 128, tmp_path)
     assert seconds == 128 and path.name == "bench_pytorch_alexnet.json"
+
+
+def test_bench_pytorch_overfeat_fast_runs_at_its_image_size():
+    """OverFeat-fast is not a torchvision model: bench_pytorch takes harness.torch_model's at 231x231
+    (its classifier takes 1024 x 6 x 6), every conv convertible, with the TF32 target the issue
+    names for it."""
+    import torch
+
+    from benchmarks.bench_pytorch import BATCH, IMAGE, NETS, TARGETS
+    from benchmarks.harness import torch_model
+    from minitorch_fft.pytorch import Conv2d, convert
+    assert "overfeat_fast" in NETS and BATCH["overfeat_fast"] == 128 and TARGETS["overfeat_fast"]["tf32"] == 1.0
+    model = convert(torch_model("overfeat_fast", 1000), backend="gemm")
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 5 and all(isinstance(m, Conv2d) for m in convs)
+    side = IMAGE["overfeat_fast"]
+    with torch.no_grad():
+        assert model.eval()(torch.randn(1, 3, side, side)).shape == (1, 1000)
