@@ -38,7 +38,7 @@ other accGrads per-image up to SMALL_GRADIENT weights.
 import numpy as np
 
 from . import cgemm, config, tuning
-from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry, launch_1d,
+from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry, launch_rows,
                      sm_count, valid_geometry)
 
 # S batch, f in-planes, f' out-planes (fo), kh x kw kernel, oh x ow output
@@ -54,10 +54,11 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
     ResNet-50's layers), 2 since each pass's form is tuned. Other kernels' accGrad: 1 since its
     form is tuned (per-image products: VGG-16's and ResNet's 3-plane first layers), 2 since the
-    implicit form (accgrad_small) joined them. Else 0."""
+    implicit form (accgrad_small) joined them, 3 since im2col and col2im go row by row (one block a
+    row, no 64-bit division per element); their fprop and bprop 1 since then."""
     if _pointwise(geometry(x_shape, w_shape, stride, padding)):
         return 2
-    return 2 if pass_name == "accgrad" else 0
+    return 3 if pass_name == "accgrad" else 1
 
 
 def _batch_chunks(g):
@@ -83,7 +84,7 @@ def _im2col(xp, x, g, per_image=False):
         return win.transpose(1, 4, 5, 0, 2, 3).reshape(K, n * P)
     cols = xp.empty((n, K, P) if per_image else (K, n * P), dtype=np.float32)
     kernel = cuda_module("im2col.cu").get_function("im2col_images" if per_image else "im2col")
-    launch_1d(kernel, cols.size, (x, cols) + _int32_args(g, n))
+    launch_rows(kernel, n * K, P, (x, cols) + _int32_args(g, n))
     return cols
 
 
@@ -98,7 +99,8 @@ def _col2im(xp, cols, g, n):
                 gpad[:, :, i:i + ys:g.sh, j:j + xs:g.sw] += c6[:, i, j].transpose(1, 0, 2, 3)
         return gpad[:, :, g.ph:g.ph + g.h, g.pw:g.pw + g.w]
     gx = xp.empty((n, g.f, g.h, g.w), dtype=np.float32)
-    launch_1d(cuda_module("im2col.cu").get_function("col2im"), gx.size, (cols, gx) + _int32_args(g, n))
+    kernel = cuda_module("im2col.cu").get_function("col2im")
+    launch_rows(kernel, n * g.f, g.h * g.w, (cols, gx) + _int32_args(g, n))
     return gx
 
 
