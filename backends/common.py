@@ -258,19 +258,6 @@ def launch_1d(kernel, total, args, block=256):
     kernel((grid,), (block,), args)
 
 
-def launch_rows(kernel, rows, row_len, args):
-    """Launch a kernel that loops over `rows` rows of `row_len` elements, one row per block and loop
-    step (kernels/im2col.cu): the block is a whole number of warps, sized so that its passes over a
-    row waste at most a warp's worth of threads; blocks capped at 32 per SM."""
-    import cupy as cp
-    if rows <= 0 or row_len <= 0:
-        raise ValueError(f"launch_rows: nothing to launch (rows={rows}, row_len={row_len})")
-    passes = -(-row_len // 256)
-    block = 32 * -(-row_len // (32 * passes))                   # ceil(row_len / passes), in warps
-    grid = int(min(rows, sm_count(cp.cuda.Device().id) * 32))
-    kernel((grid,), (block,), args)
-
-
 @functools.lru_cache(maxsize=None)
 def sm_count(device_id):
     """The CUDA device's SM count. Device().attributes queries every attribute: asked once per

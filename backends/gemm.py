@@ -38,7 +38,7 @@ other accGrads per-image up to SMALL_GRADIENT weights.
 import numpy as np
 
 from . import cgemm, config, tuning
-from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry, launch_rows,
+from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry,
                      sm_count, valid_geometry)
 
 # S batch, f in-planes, f' out-planes (fo), kh x kw kernel, oh x ow output
@@ -84,8 +84,19 @@ def _im2col(xp, x, g, per_image=False):
         return win.transpose(1, 4, 5, 0, 2, 3).reshape(K, n * P)
     cols = xp.empty((n, K, P) if per_image else (K, n * P), dtype=np.float32)
     kernel = cuda_module("im2col.cu").get_function("im2col_images" if per_image else "im2col")
-    launch_rows(kernel, n * K, P, (x, cols) + _int32_args(g, n))
+    _launch_planes(kernel, P, K, n, (x, cols) + _int32_args(g, n))
     return cols
+
+
+IM_IMAGES = 8   # kernels/im2col.cu: the images a thread of im2col or col2im takes
+
+
+def _launch_planes(kernel, positions, planes, n, args):
+    """im2col's or col2im's grid: x over the plane's positions (im2col's output positions, col2im's
+    pixels), y over the taps or planes (the kernel loops past 65535), z over groups of images."""
+    bx = min(256, 32 * -(-positions // 32))                      # whole warps
+    by = min(n, max(1, 256 // bx))
+    kernel((-(-positions // bx), min(planes, 65535), -(-n // (by * IM_IMAGES))), (bx, by), args)
 
 
 def _col2im(xp, cols, g, n):
@@ -100,7 +111,7 @@ def _col2im(xp, cols, g, n):
         return gpad[:, :, g.ph:g.ph + g.h, g.pw:g.pw + g.w]
     gx = xp.empty((n, g.f, g.h, g.w), dtype=np.float32)
     kernel = cuda_module("im2col.cu").get_function("col2im")
-    launch_rows(kernel, n * g.f, g.h * g.w, (cols, gx) + _int32_args(g, n))
+    _launch_planes(kernel, g.h * g.w, g.f, n, (cols, gx) + _int32_args(g, n))
     return gx
 
 

@@ -5,8 +5,8 @@
 // one GEMM W(f', f*kh*kw) @ cols. Output position index is fastest, so the writes
 // of im2col and the reads of col2im are coalesced across a warp.
 //
-// Both kernels loop over rows (or planes) with a grid stride and 64-bit row offsets: a column matrix
-// can hold more than 2^31 elements before the backend's chunking caps it. Within a row, 32 bits.
+// Offsets into the column matrix are 64-bit: it can hold more than 2^31 elements before the backend's
+// chunking caps it. Within a plane, 32 bits.
 
 // x at kernel tap (i, j) of output position (oy, ox), image s, plane c: zero outside the plane
 // (implicit zero padding: no padded copy of x is made).
@@ -18,36 +18,38 @@ __device__ __forceinline__ float tap(const float* __restrict__ x, int s, int c, 
     return (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[(((long long)s * f + c) * h + iy) * w + ix] : 0.f;
 }
 
-// One column-matrix row per block and loop step: a row is one (plane c, tap (i, j), image s) and
-// holds the oh*ow output positions, so its decomposition is uniform across the block and costs once
-// per row, and each thread does one 32-bit division per element (its position's oy). The element-
-// per-thread form before it spent six 64-bit divisions on each element: on ResNet-50's conv13
-// (128->128 56x56 3x3 s2, b128, 115M elements) that was most of im2col's time.
-// PER_IMAGE false: cols[f][kh][kw][S][oh][ow], the (f*kh*kw) x (S*oh*ow) matrix above; row
-// r = ((c*kh + i)*kw + j)*S + s. PER_IMAGE true: cols[S][f][kh][kw][oh][ow], a stack of S
-// (f*kh*kw) x (oh*ow) matrices, for accGrad's per-image products (gemm.py: each image's gy plane
-// block is then already its other operand, so gy needs no transposed copy); r = ((s*f + c)*kh + i)*kw + j.
+// The grid covers (positions, taps, images): blockIdx.y is the tap k = (c*kh + i)*kw + j (looping
+// by gridDim.y past 65535), blockIdx.x with threadIdx.x the output position p = oy*ow + ox, and
+// blockIdx.z with threadIdx.y a group of IM_IMAGES images, taken blockDim.y apart. A thread works out
+// its position's source offset once and copies it for each of its images, so an element costs a
+// load and a store, not the six 64-bit divisions of the element-per-thread form this replaced
+// (ResNet-50's conv13, 128->128 56x56 3x3 s2 at b128, 115M elements: those divisions were most of
+// im2col's 1.0 ms; session 14, .dev/diag14). Stores are coalesced along p in both layouts:
+// PER_IMAGE false: cols[f][kh][kw][S][oh][ow], the (f*kh*kw) x (S*oh*ow) matrix above.
+// PER_IMAGE true: cols[S][f][kh][kw][oh][ow], a stack of S (f*kh*kw) x (oh*ow) matrices, for
+// accGrad's per-image products (gemm.py: each image's gy plane block is then already its other
+// operand, so gy needs no transposed copy).
+#define IM_IMAGES 8
+
 template <bool PER_IMAGE>
 __device__ __forceinline__ void unroll(const float* __restrict__ x, float* __restrict__ cols,
                                        int S, int f, int h, int w, int kh, int kw,
                                        int sh, int sw, int ph, int pw, int oh, int ow)
 {
-    const int P = oh * ow;
-    const long long rows = (long long)f * kh * kw * S;
-    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        long long t = r;
-        int s = 0;
-        if (!PER_IMAGE) { s = (int)(t % S); t /= S; }
-        const int j = (int)(t % kw); t /= kw;
-        const int i = (int)(t % kh); t /= kh;
-        const int c = (int)(t % f);
-        if (PER_IMAGE) s = (int)(t / f);
-        const float* __restrict__ plane = x + ((long long)s * f + c) * h * w;
-        float* __restrict__ row = cols + r * P;
-        for (int p = threadIdx.x; p < P; p += blockDim.x) {
-            const int oy = p / ow, ox = p - oy * ow;
-            const int iy = oy * sh - ph + i, ix = ox * sw - pw + j;
-            row[p] = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? plane[iy * w + ix] : 0.f;
+    const int P = oh * ow, K = f * kh * kw;
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= P) return;
+    const int oy = p / ow, ox = p - oy * ow;
+    const int s0 = blockIdx.z * blockDim.y * IM_IMAGES + threadIdx.y;
+    const long long plane = (long long)h * w;
+    for (int k = blockIdx.y; k < K; k += gridDim.y) {
+        const int c = k / (kh * kw), t = k - c * (kh * kw), i = t / kw, j = t - i * kw;
+        const int iy = oy * sh - ph + i, ix = ox * sw - pw + j;
+        const bool inside = iy >= 0 && iy < h && ix >= 0 && ix < w;
+        const float* __restrict__ src = x + c * plane + (inside ? iy * w + ix : 0);
+        for (int m = 0, s = s0; m < IM_IMAGES && s < S; ++m, s += blockDim.y) {
+            const long long at = PER_IMAGE ? ((long long)s * K + k) * P + p : ((long long)k * S + s) * P + p;
+            cols[at] = inside ? src[s * f * plane] : 0.f;
         }
     }
 }
@@ -67,35 +69,32 @@ extern "C" __global__ void im2col_images(const float* __restrict__ x, float* __r
 }
 
 // Gather formulation: one thread per input pixel sums the column entries of every kernel tap that
-// covers it. No atomics, so the result is deterministic. One (image, plane) per block and loop step,
-// as im2col's rows: the pixel's decomposition is one 32-bit division.
+// covers it. No atomics, so the result is deterministic. The grid as im2col's, over (pixels, planes,
+// images): a thread finds its pixel's first covering tap and output row once (the taps that land
+// on an output row step by the stride, their rows by one), then sums for each of its images.
 extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restrict__ gx,
                                   int S, int f, int h, int w, int kh, int kw,
                                   int sh, int sw, int ph, int pw, int oh, int ow)
 {
     const int HW = h * w;
-    const long long P = (long long)oh * ow, planes = (long long)S * f;
-    for (long long q = blockIdx.x; q < planes; q += gridDim.x) {
-        const int c = (int)(q % f), s = (int)(q / f);
-        float* __restrict__ out = gx + q * HW;
-        for (int pix = threadIdx.x; pix < HW; pix += blockDim.x) {
-            const int iy = pix / w, ix = pix - iy * w;
+    const long long P = (long long)oh * ow;
+    const int pix = blockIdx.x * blockDim.x + threadIdx.x;
+    if (pix >= HW) return;
+    const int iy = pix / w, ix = pix - iy * w;
+    const int i0 = (iy + ph) % sh, oy0 = (iy + ph - i0) / sh;   // tap i0 + m*sh lands on row oy0 - m
+    const int j0 = (ix + pw) % sw, ox0 = (ix + pw - j0) / sw;
+    const int s0 = blockIdx.z * blockDim.y * IM_IMAGES + threadIdx.y;
+    for (int c = blockIdx.y; c < f; c += gridDim.y) {
+        for (int m = 0, s = s0; m < IM_IMAGES && s < S; ++m, s += blockDim.y) {
             float acc = 0.f;
-            // Only taps i with (iy + ph - i) divisible by sh land on an output row.
-            for (int i = (iy + ph) % sh; i < kh; i += sh) {
-                const int yy = iy + ph - i;
-                if (yy < 0) break;  // i only grows, so yy only shrinks
-                const int oy = yy / sh;
+            for (int i = i0, oy = oy0; i < kh && oy >= 0; i += sh, --oy) {
                 if (oy >= oh) continue;
-                for (int j = (ix + pw) % sw; j < kw; j += sw) {
-                    const int xx = ix + pw - j;
-                    if (xx < 0) break;
-                    const int ox = xx / sw;
+                for (int j = j0, ox = ox0; j < kw && ox >= 0; j += sw, --ox) {
                     if (ox >= ow) continue;
-                    acc += cols[(((long long)c * kh + i) * kw + j) * S * P + s * P + (long long)oy * ow + ox];
+                    acc += cols[(((long long)c * kh + i) * kw + j) * S * P + s * P + oy * ow + ox];
                 }
             }
-            out[pix] = acc;
+            gx[((long long)s * f + c) * HW + pix] = acc;
         }
     }
 }
