@@ -380,7 +380,11 @@ def network_check(name, device, tol=1e-4):
         # weight-gradient algorithm 1e-4 or more from float64 (3.6e-3 on AlexNet at b128), which
         # failed resnet18-cuda once in a parallel run on an H100 (alone it passed).
         stock_err = rel_error(q.grad.cpu().double().numpy(), r.grad.cpu().numpy())
-        assert rel_error(p.grad.cpu().numpy(), q.grad.cpu().numpy()) <= tol + stock_err, (pname, stock_err)
+        # auto's choices in the message: this check failed once in a parallel GPU run (session 14,
+        # conv1.weight 8.1e-3 from stock's, stock 6.6e-7 from float64) and passed in every run since,
+        # where each backend on each of the test's convs, with its data, was within 1e-6 of float64
+        assert rel_error(p.grad.cpu().numpy(), q.grad.cpu().numpy()) <= tol + stock_err, \
+            (pname, stock_err, backends.auto.format_choices())
         if pname.endswith("weight") and p.dim() == 4:
             assert rel_error(p.grad.cpu().double().numpy(), r.grad.cpu().numpy()) <= tol, pname
     n_conv = sum(type(m) is Conv2d for m in ours.modules())

@@ -1,6 +1,7 @@
 """session 13 diagnosis: gemm's 1x1 'now' ran 40-60% slower in exp_gemm_1x1 at 1292016 than at
 4197e11 while cuDNN ran 7% slower. Per layer and pass: forced per_image, forced flat, untuned rule,
-tuned (with the record), cuDNN strict; plus the per-image accGrad form on 3-plane first layers.
+tuned (with the record), cuDNN strict; plus the accGrad forms (per-image, flat, and since session 14
+the implicit one, kernels/im2col.cu accgrad_small) on 3-plane first layers.
 
   PYTHONPATH=. MINITORCH_TUNE_CACHE=<a tuned cache> python3 benchmarks/experiments/exp_gemm_forms.py out.json"""
 import json
@@ -14,7 +15,7 @@ a = cp.zeros((4, 8, 6, 6), cp.float32)
 print("x[:,:,::1,::1] c_contiguous:", a[:, :, ::1, ::1].flags.c_contiguous)
 orig = gemm._form
 def forced(form):
-    return lambda xp, pass_name, g, run: form
+    return lambda xp, pass_name, g, run, forms=None: form
 def call(p, x, w, gy, s, pd):
     if p == "fprop": return gemm.fprop(x, w, s, pd)
     if p == "bprop": return gemm.bprop(gy, w, x.shape, s, pd)
@@ -35,8 +36,9 @@ for net, (name, xs, ws, s, pd, count) in layers:
     passes = ("fprop", "bprop", "accgrad") if ws[2:] == (1, 1) else ("accgrad",)
     for p in passes:
         r = dict(net=net, layer=name, geom=f"{g.f}->{g.fo} {g.h}x{g.w} k{g.kh} s{g.sh}", p=p)
-        for label, fn in (("per_image", forced("per_image")), ("flat", forced("flat"))):
-            gemm._form = fn
+        forms = ["per_image", "flat"] + (["implicit"] if p == "accgrad" and ws[2:] != (1, 1) and gemm._implicit_fits(g) else [])
+        for label in forms:
+            gemm._form = forced(label)
             r[label] = median_ms(lambda: call(p, x, w, gy, s, pd), "cupy")
         gemm._form = orig
         with config.override(gemm_tune="off"):
@@ -48,7 +50,8 @@ for net, (name, xs, ws, s, pd, count) in layers:
         r["choice"] = rec and rec["choice"]; r["rec_ms"] = rec and rec["ms"]
         r["cudnn"] = median_ms(cud(p, x, w, gy, s, pd), "torch")
         rows.append(r)
-        print(f"{net:8} {name:7} {r['geom']:22} {p:8} per_image {r['per_image']:.3f} flat {r['flat']:.3f} rule {r['rule']:.3f} "
+        implicit = f" implicit {r['implicit']:.3f}" if "implicit" in r else ""
+        print(f"{net:8} {name:7} {r['geom']:22} {p:8} per_image {r['per_image']:.3f} flat {r['flat']:.3f}{implicit} rule {r['rule']:.3f} "
               f"tuned {r['tuned']:.3f} ({r['choice']}; {r['rec_ms']}) cudnn {r['cudnn']:.3f}", flush=True)
     del x, w, gy; cp.get_default_memory_pool().free_all_blocks()
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
