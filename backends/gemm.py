@@ -299,14 +299,22 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
 # accgrad_small's register block and tile (kernels/im2col.cu: AG_TO, AG_TK, AG_TP): a thread holds
 # AG_TO x AG_TK gradient elements, and a block sums AG_TP output positions per shared-memory tile
 AG_TO, AG_TK, AG_TP = 4, 4, 32
-AG_BLOCKS_PER_SM = 4    # blocks (each one partial gradient) per SM
 AG_CPU_BLOCKS = 7       # the NumPy path's blocks: chunks that start and end inside images
 
 
 def _implicit_block(g):
-    """accgrad_small's thread block (x over the taps f*kh*kw, y over f') and shared bytes."""
+    """accgrad_small's thread block (x over the taps f*kh*kw, y over f') and shared bytes: the two
+    tiles, the tap table (3 ints a tap row, plus one to align) and the position table."""
     bx, by = -(-g.f * g.kh * g.kw // AG_TK), -(-g.fo // AG_TO)
-    return bx, by, (bx * AG_TK + by * AG_TO) * (AG_TP + 1) * 4
+    rows_k, rows_o = bx * AG_TK, by * AG_TO
+    return bx, by, (rows_k + rows_o) * (AG_TP + 1) * 4 + (3 * rows_k + 1) * 4 + AG_TP * 24
+
+
+def _resident_blocks(kernel, threads, smem):
+    """Blocks of `threads` threads and `smem` shared bytes that one SM holds at once (sm_90: 2048
+    threads, 64K registers, 227 KiB of shared memory, 32 blocks), from the kernel's register count."""
+    warps = -(-threads // 32)
+    return max(1, min(32, 64 // warps, 65536 // (kernel.num_regs * 32 * warps), (227 << 10) // (smem + 1024)))
 
 
 def _implicit_fits(g):
@@ -321,7 +329,12 @@ def _accgrad_implicit(xp, gy, x, g):
     summed over the chunks. kernels/im2col.cu's accgrad_small on the GPU; on the CPU the same chunks
     in NumPy, so that CI checks the chunking across image boundaries."""
     K, P, total = g.f * g.kh * g.kw, g.oh * g.ow, g.S * g.oh * g.ow
-    blocks = AG_CPU_BLOCKS if xp is np else AG_BLOCKS_PER_SM * sm_count(xp.cuda.Device().id)
+    if xp is np:
+        blocks = AG_CPU_BLOCKS
+    else:
+        bx, by, smem = _implicit_block(g)
+        kernel = cuda_module("im2col.cu").get_function("accgrad_small")
+        blocks = _resident_blocks(kernel, bx * by, smem) * sm_count(xp.cuda.Device().id)
     chunk = -(-total // min(blocks, -(-total // AG_TP)))
     chunk = -(-chunk // AG_TP) * AG_TP                             # whole tiles
     nblocks = -(-total // chunk)
@@ -333,11 +346,9 @@ def _accgrad_implicit(xp, gy, x, g):
             s, r = p // P, p % P
             partials[b] = gy3[s, :, r].T @ _taps_at(x, g, s, r // g.ow, r % g.ow)   # (f', n) @ (n, K)
         return partials.sum(axis=0)
-    bx, by, smem = _implicit_block(g)
     partials = xp.empty((nblocks, g.fo, K), dtype=np.float32)
-    cuda_module("im2col.cu").get_function("accgrad_small")(
-        (nblocks,), (bx, by), (x, gy, partials) + _int32_args(g, g.S) + (np.int32(g.fo), np.int64(chunk)),
-        shared_mem=smem)
+    args = (x, gy, partials) + _int32_args(g, g.S) + (np.int32(g.fo), np.int64(chunk))
+    kernel((nblocks,), (bx, by), args, shared_mem=smem)
     return partials.sum(axis=0)
 
 

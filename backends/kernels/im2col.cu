@@ -108,6 +108,11 @@ extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restr
 // partial gradient to partials[b][f'][f*kh*kw]; the caller sums them over b (a fixed order: the
 // result is deterministic). Thread (tx, ty) owns outputs ty*AG_TO.. and taps tx*AG_TK..; blockDim is
 // (ceil(K / AG_TK), ceil(f' / AG_TO)), and the shared tiles have blockDim's rows, zero past f' and K.
+// No division per element: each tap's (plane offset, i, j) is tabled once per block, each tile
+// position's (image, first row and column) once per tile (the first form divided per element, in
+// 64 bits, and ran 4-7x slower than its prediction: session 14, exp_gemm_forms).
+// Shared memory: the two tiles, then the tap table (3 ints a row of the taps' tile), then the
+// position table (AG_TP long longs, AG_TP ints twice).
 #define AG_TO 4
 #define AG_TK 4
 #define AG_TP 32
@@ -120,11 +125,26 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
                                          int fo, long long chunk)
 {
     extern __shared__ float smem[];
-    const int K = f * kh * kw, P = oh * ow, taps = kh * kw;
+    const int K = f * kh * kw, P = oh * ow, HW = h * w;
     const int rows_o = blockDim.y * AG_TO, rows_k = blockDim.x * AG_TK;
-    float* sg = smem;                      // [rows_o][AG_LD]: gy
-    float* sc = smem + rows_o * AG_LD;     // [rows_k][AG_LD]: the taps
+    float* sg = smem;                                  // [rows_o][AG_LD]: gy
+    float* sc = sg + rows_o * AG_LD;                   // [rows_k][AG_LD]: the taps
+    int* k_off = (int*)(sc + rows_k * AG_LD);          // [rows_k]: the tap's plane offset c*h*w
+    int* k_i = k_off + rows_k;                         // [rows_k]: its row i, or a huge value past K
+    int* k_j = k_i + rows_k;                           // [rows_k]: its column j
+    int* k_end = k_j + rows_k;
+    long long* q_img = (long long*)(k_end + ((k_end - (int*)smem) & 1));   // [AG_TP], 8-byte aligned:
+                                                                          // s*f*h*w, or -1 past the chunk
+    long long* q_gy = q_img + AG_TP;                   // [AG_TP]: s*f'*P + r, gy's offset of plane 0
+    int* q_y = (int*)(q_gy + AG_TP);                   // [AG_TP]: oy*sh - ph
+    int* q_x = q_y + AG_TP;                            // [AG_TP]: ox*sw - pw
     const int nt = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    for (int k = tid; k < rows_k; k += nt) {
+        const int c = k / (kh * kw), t = k - c * (kh * kw), i = t / kw;
+        k_off[k] = c * HW;
+        k_i[k] = k < K ? i : (1 << 29);                // past K: every row tap falls outside
+        k_j[k] = t - i * kw;
+    }
     const long long total = (long long)S * P;
     const long long begin = blockIdx.x * chunk;
     const long long end = min(total, begin + chunk);
@@ -134,26 +154,24 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
 #pragma unroll
         for (int v = 0; v < AG_TK; ++v) acc[u][v] = 0.f;
     for (long long p0 = begin; p0 < end; p0 += AG_TP) {
-        for (int i = tid; i < rows_o * AG_TP; i += nt) {
-            const int o = i / AG_TP, q = i % AG_TP;
-            const long long p = p0 + q;
-            float v = 0.f;
-            if (o < fo && p < end) {
-                const long long s = p / P;
-                v = gy[(s * fo + o) * P + (p - s * P)];
-            }
-            sg[o * AG_LD + q] = v;
+        if (tid < AG_TP) {
+            const long long p = p0 + tid;
+            const int s = (int)(p / P), r = (int)(p - (long long)s * P), oy = r / ow;
+            q_img[tid] = p < end ? (long long)s * f * HW : -1;
+            q_gy[tid] = (long long)s * fo * P + r;
+            q_y[tid] = oy * sh - ph;
+            q_x[tid] = (r - oy * ow) * sw - pw;
         }
-        for (int i = tid; i < rows_k * AG_TP; i += nt) {
-            const int k = i / AG_TP, q = i % AG_TP;
-            const long long p = p0 + q;
-            float v = 0.f;
-            if (k < K && p < end) {
-                const int s = (int)(p / P), r = (int)(p - (long long)s * P);
-                const int c = k / taps, t = k - c * taps;
-                v = tap(x, s, c, t / kw, t % kw, r / ow, r % ow, f, h, w, sh, sw, ph, pw);
-            }
-            sc[k * AG_LD + q] = v;
+        __syncthreads();
+        for (int e = tid; e < rows_o * AG_TP; e += nt) {
+            const int o = e / AG_TP, q = e % AG_TP;   // AG_TP a power of two: a shift and a mask
+            sg[o * AG_LD + q] = (o < fo && q_img[q] >= 0) ? gy[q_gy[q] + (long long)o * P] : 0.f;
+        }
+        for (int e = tid; e < rows_k * AG_TP; e += nt) {
+            const int k = e / AG_TP, q = e % AG_TP;
+            const int iy = q_y[q] + k_i[k], ix = q_x[q] + k_j[k];
+            const bool inside = q_img[q] >= 0 && iy >= 0 && iy < h && ix >= 0 && ix < w;
+            sc[k * AG_LD + q] = inside ? x[q_img[q] + k_off[k] + iy * w + ix] : 0.f;
         }
         __syncthreads();
 #pragma unroll 4
