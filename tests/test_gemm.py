@@ -170,7 +170,7 @@ def test_pointwise_forms_match_float64(device, form, xs, ws, stride, monkeypatch
     check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
 
 
-ACCGRAD_FORM_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),   # few planes: a VGG/ResNet first layer
+ACCGRAD_FORM_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),   # few planes; accgrad_small: 14 threads
                       ((3, 4, 10, 12), (6, 4, 5, 3), (2, 1), (2, 0)),   # strided, rectangular, padded
                       ((1, 2, 7, 7), (3, 2, 7, 7), (1, 1), (0, 0)),     # batch 1, kernel = plane
                       ((2, 3, 30, 26), (64, 3, 7, 7), (2, 2), (3, 3))]  # ResNet's conv1: 592-thread blocks

@@ -154,13 +154,13 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
 #pragma unroll
         for (int v = 0; v < AG_TK; ++v) acc[u][v] = 0.f;
     for (long long p0 = begin; p0 < end; p0 += AG_TP) {
-        if (tid < AG_TP) {
-            const long long p = p0 + tid;
+        for (int q = tid; q < AG_TP; q += nt) {      // a block may have fewer threads than AG_TP
+            const long long p = p0 + q;
             const int s = (int)(p / P), r = (int)(p - (long long)s * P), oy = r / ow;
-            q_img[tid] = p < end ? (long long)s * f * HW : -1;
-            q_gy[tid] = (long long)s * fo * P + r;
-            q_y[tid] = oy * sh - ph;
-            q_x[tid] = (r - oy * ow) * sw - pw;
+            q_img[q] = p < end ? (long long)s * f * HW : -1;
+            q_gy[q] = (long long)s * fo * P + r;
+            q_y[q] = oy * sh - ph;
+            q_x[q] = (r - oy * ow) * sw - pw;
         }
         __syncthreads();
         for (int e = tid; e < rows_o * AG_TP; e += nt) {
