@@ -54,11 +54,17 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
     ResNet-50's layers), 2 since each pass's form is tuned. Other kernels' accGrad: 1 since its
     form is tuned (per-image products: VGG-16's and ResNet's 3-plane first layers), 2 since the
-    implicit form (accgrad_small) joined them, 3 since im2col and col2im go row by row (one block a
-    row, no 64-bit division per element); their fprop and bprop 1 since then."""
-    if _pointwise(geometry(x_shape, w_shape, stride, padding)):
+    implicit form (accgrad_small) joined them, 3 since im2col and col2im take a (positions, taps,
+    images) grid (no 64-bit division per element; their fprop and bprop 1 since then), 4 since
+    accgrad_small has no division per element and 16-byte shared loads. The form's own tuning
+    record is keyed by the revision too (_form), so a changed form is timed again."""
+    return _revision(pass_name, geometry(x_shape, w_shape, stride, padding))
+
+
+def _revision(pass_name, g):
+    if _pointwise(g):
         return 2
-    return 3 if pass_name == "accgrad" else 1
+    return 4 if pass_name == "accgrad" else 1
 
 
 def _batch_chunks(g):
@@ -158,9 +164,17 @@ def _form(xp, pass_name, g, run, forms=FORMS):
     default = "flat" if flat else "per_image"
     if not tuning.enabled("gemm_tune", xp):
         return default
-    key = tuning.key(xp, np.float32, tuple(g), pass_name, "gemm_form")
-    return tuning.remembered(key, lambda: tuning.tune(forms, run, xp, against=default, tol=TUNE_TOL),
+
+    def tune():
+        return tuning.tune(forms, run, xp, against=default, tol=TUNE_TOL)
+    return tuning.remembered(form_key(xp, pass_name, g), tune,
                              valid=lambda form: form in forms, untuned=lambda: default)["choice"]
+
+
+def form_key(xp, pass_name, g):
+    """The tuning cache's key of the pass's form: with gemm's revision for it, so that a form whose
+    speed changed is timed again."""
+    return tuning.key(xp, np.float32, tuple(g), pass_name, f"gemm_form_r{_revision(pass_name, g)}")
 
 
 def _flat(a):
@@ -304,10 +318,12 @@ AG_CPU_BLOCKS = 7       # the NumPy path's blocks: chunks that start and end ins
 
 def _implicit_block(g):
     """accgrad_small's thread block (x over the taps f*kh*kw, y over f') and shared bytes: the two
-    tiles, the tap table (3 ints a tap row, plus one to align) and the position table."""
+    tiles (AG_TP rows of ag_ld(columns) floats), the tap table (3 ints a tap column) and the position
+    table (AG_TP x 24 bytes)."""
     bx, by = -(-g.f * g.kh * g.kw // AG_TK), -(-g.fo // AG_TO)
-    rows_k, rows_o = bx * AG_TK, by * AG_TO
-    return bx, by, (rows_k + rows_o) * (AG_TP + 1) * 4 + (3 * rows_k + 1) * 4 + AG_TP * 24
+    cols_k, cols_o = bx * AG_TK, by * AG_TO
+    ld = [c + (4 - c) % 32 for c in (cols_k, cols_o)]           # kernels/im2col.cu ag_ld
+    return bx, by, AG_TP * sum(ld) * 4 + 3 * cols_k * 4 + AG_TP * 24
 
 
 def _resident_blocks(kernel, threads, smem):

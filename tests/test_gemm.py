@@ -217,7 +217,7 @@ def test_accgrad_tunes_the_implicit_form_where_its_block_fits(settings, tmp_path
     gy = rng.standard_normal((2, 4, 9, 9)).astype(np.float32)
     gemm.accgrad(gy, x, w.shape, (1, 1), (1, 1))
     g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
-    record = tuning.default_cache().get(tuning.key(np, np.float32, tuple(g), "accgrad", "gemm_form"))
+    record = tuning.default_cache().get(gemm.form_key(np, "accgrad", g))
     assert set(record["ms"]) == {"per_image", "flat", "implicit"}
 
 
@@ -229,7 +229,7 @@ def test_the_untuned_form_rule():
 
 
 def test_pointwise_form_is_tuned_where_gemm_tune_tunes(settings, tmp_path):
-    """gemm_tune on (the CPU here): both forms timed, the choice cached under the gemm_form label;
+    """gemm_tune on (the CPU here): both forms timed, the choice cached under gemm.form_key;
     off: the rule's default, nothing cached."""
     from backends import tuning
     settings(gemm_tune="on", tune_cache=str(tmp_path / "t.json"))
@@ -237,7 +237,7 @@ def test_pointwise_form_is_tuned_where_gemm_tune_tunes(settings, tmp_path):
     x, w = rng.standard_normal((2, 6, 7, 7)).astype(np.float32), rng.standard_normal((5, 6, 1, 1)).astype(np.float32)
     gemm.fprop(x, w)
     g = backends.geometry(x.shape, w.shape, (1, 1), (0, 0))
-    record = tuning.default_cache().get(tuning.key(np, np.float32, tuple(g), "fprop", "gemm_form"))
+    record = tuning.default_cache().get(gemm.form_key(np, "fprop", g))
     assert record["choice"] in gemm.FORMS and set(record["ms"]) == set(gemm.FORMS)
     settings(gemm_tune="off", tune_cache=str(tmp_path / "u.json"))
     assert gemm._form(np, "fprop", g, lambda form: pytest.fail("ran a form while untuned")) == "per_image"

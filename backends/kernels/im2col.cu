@@ -103,20 +103,28 @@ extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restr
 // matrix: the few-plane first layers (VGG-16 conv1_1: 64 x 27 weights over 3.2M output positions),
 // whose GEMMs are one long K on a few output tiles. Block b sums the products over output positions
 // [b*chunk, (b+1)*chunk) of the flattened (S, oh*ow), a tile of AG_TP positions at a time: gy's tile
-// (f' x AG_TP) and the taps' tile (f*kh*kw x AG_TP, gathered from x with implicit zero padding) in
+// (AG_TP x f') and the taps' tile (AG_TP x f*kh*kw, gathered from x with implicit zero padding) in
 // shared memory, each thread an AG_TO x AG_TK block of the gradient in registers. Block b writes its
 // partial gradient to partials[b][f'][f*kh*kw]; the caller sums them over b (a fixed order: the
 // result is deterministic). Thread (tx, ty) owns outputs ty*AG_TO.. and taps tx*AG_TK..; blockDim is
-// (ceil(K / AG_TK), ceil(f' / AG_TO)), and the shared tiles have blockDim's rows, zero past f' and K.
-// No division per element: each tap's (plane offset, i, j) is tabled once per block, each tile
-// position's (image, first row and column) once per tile (the first form divided per element, in
-// 64 bits, and ran 4-7x slower than its prediction: session 14, exp_gemm_forms).
-// Shared memory: the two tiles, then the tap table (3 ints a row of the taps' tile), then the
-// position table (AG_TP long longs, AG_TP ints twice).
+// (ceil(K / AG_TK), ceil(f' / AG_TO)), and the tiles have blockDim's columns, zero past f' and K.
+// - No division per element: each tap's (plane offset, i, j) is tabled once per block, each tile
+//   position's (image, first row and column) once per tile.
+// - A tile row (one position) holds a thread's 4 outputs or taps side by side: one 16-byte shared
+//   load each, 2 loads per 16 FMAs. Rows are ag_ld() floats apart, 4 more than a multiple of 32, so
+//   the fill's warps (8 positions x 4 columns) store to 32 different banks.
+// - The fill loads AG_BATCH elements before it stores them: that many global loads in flight a thread.
+// Session 14 (exp_gemm_forms, .dev/diag14c, H100): the first form, a division per element and one
+// load in flight, ran VGG-16 conv1_1's accGrad in 3.27 ms and ResNet's conv1's in 5.67.
+// Shared memory: the two tiles, the tap table (3 ints a tap column), the position table (AG_TP long
+// longs twice, AG_TP ints twice).
 #define AG_TO 4
 #define AG_TK 4
 #define AG_TP 32
-#define AG_LD (AG_TP + 1)   // a row's stride in shared memory: rows fall on different banks
+#define AG_BATCH 4
+static_assert(AG_TP == 32, "accgrad_small's fill maps an element's position as (e >> 2) & 31");
+
+__device__ __forceinline__ int ag_ld(int columns) { return columns + ((4 - columns) & 31); }
 
 extern "C" __global__ void accgrad_small(const float* __restrict__ x, const float* __restrict__ gy,
                                          float* __restrict__ partials,
@@ -124,25 +132,25 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
                                          int sh, int sw, int ph, int pw, int oh, int ow,
                                          int fo, long long chunk)
 {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     const int K = f * kh * kw, P = oh * ow, HW = h * w;
-    const int rows_o = blockDim.y * AG_TO, rows_k = blockDim.x * AG_TK;
-    float* sg = smem;                                  // [rows_o][AG_LD]: gy
-    float* sc = sg + rows_o * AG_LD;                   // [rows_k][AG_LD]: the taps
-    int* k_off = (int*)(sc + rows_k * AG_LD);          // [rows_k]: the tap's plane offset c*h*w
-    int* k_i = k_off + rows_k;                         // [rows_k]: its row i, or a huge value past K
-    int* k_j = k_i + rows_k;                           // [rows_k]: its column j
-    int* k_end = k_j + rows_k;
-    long long* q_img = (long long*)(k_end + ((k_end - (int*)smem) & 1));   // [AG_TP], 8-byte aligned:
-                                                                          // s*f*h*w, or -1 past the chunk
+    const int cols_o = blockDim.y * AG_TO, cols_k = blockDim.x * AG_TK;
+    const int ld_o = ag_ld(cols_o), ld_k = ag_ld(cols_k);
+    float* sg = smem;                                  // [AG_TP][ld_o]: gy
+    float* sc = sg + AG_TP * ld_o;                     // [AG_TP][ld_k]: the taps
+    int* k_off = (int*)(sc + AG_TP * ld_k);            // [cols_k]: the tap's plane offset c*h*w
+    int* k_i = k_off + cols_k;                         // [cols_k]: its row i, or a huge value past K
+    int* k_j = k_i + cols_k;                           // [cols_k]: its column j
+    long long* q_img = (long long*)(k_j + cols_k);    // [AG_TP]: s*f*h*w, or -1 past the chunk (8-byte
+                                                       // aligned: the words before are multiples of 4)
     long long* q_gy = q_img + AG_TP;                   // [AG_TP]: s*f'*P + r, gy's offset of plane 0
     int* q_y = (int*)(q_gy + AG_TP);                   // [AG_TP]: oy*sh - ph
     int* q_x = q_y + AG_TP;                            // [AG_TP]: ox*sw - pw
     const int nt = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-    for (int k = tid; k < rows_k; k += nt) {
+    for (int k = tid; k < cols_k; k += nt) {
         const int c = k / (kh * kw), t = k - c * (kh * kw), i = t / kw;
         k_off[k] = c * HW;
-        k_i[k] = k < K ? i : (1 << 29);                // past K: every row tap falls outside
+        k_i[k] = k < K ? i : (1 << 29);                // past K: every tap of the column falls outside
         k_j[k] = t - i * kw;
     }
     const long long total = (long long)S * P;
@@ -154,7 +162,7 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
 #pragma unroll
         for (int v = 0; v < AG_TK; ++v) acc[u][v] = 0.f;
     for (long long p0 = begin; p0 < end; p0 += AG_TP) {
-        for (int q = tid; q < AG_TP; q += nt) {      // a block may have fewer threads than AG_TP
+        for (int q = tid; q < AG_TP; q += nt) {        // a block may have fewer threads than AG_TP
             const long long p = p0 + q;
             const int s = (int)(p / P), r = (int)(p - (long long)s * P), oy = r / ow;
             q_img[q] = p < end ? (long long)s * f * HW : -1;
@@ -163,28 +171,50 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
             q_x[q] = (r - oy * ow) * sw - pw;
         }
         __syncthreads();
-        for (int e = tid; e < rows_o * AG_TP; e += nt) {
-            const int o = e / AG_TP, q = e % AG_TP;   // AG_TP a power of two: a shift and a mask
-            sg[o * AG_LD + q] = (o < fo && q_img[q] >= 0) ? gy[q_gy[q] + (long long)o * P] : 0.f;
+        // element e: column (e >> 7)*4 + (e & 3), position (e >> 2) & 31: a warp takes 8 positions
+        // of 4 columns (gy: 4 rows of 32 bytes from global memory)
+        for (int e0 = tid; e0 < cols_o * AG_TP; e0 += nt * AG_BATCH) {
+            float v[AG_BATCH];
+#pragma unroll
+            for (int b = 0; b < AG_BATCH; ++b) {
+                const int e = e0 + b * nt, o = (e >> 7) * 4 + (e & 3), q = (e >> 2) & 31;
+                v[b] = (e < cols_o * AG_TP && o < fo && q_img[q] >= 0) ? gy[q_gy[q] + (long long)o * P] : 0.f;
+            }
+#pragma unroll
+            for (int b = 0; b < AG_BATCH; ++b) {
+                const int e = e0 + b * nt;
+                if (e < cols_o * AG_TP) sg[((e >> 2) & 31) * ld_o + (e >> 7) * 4 + (e & 3)] = v[b];
+            }
         }
-        for (int e = tid; e < rows_k * AG_TP; e += nt) {
-            const int k = e / AG_TP, q = e % AG_TP;
-            const int iy = q_y[q] + k_i[k], ix = q_x[q] + k_j[k];
-            const bool inside = q_img[q] >= 0 && iy >= 0 && iy < h && ix >= 0 && ix < w;
-            sc[k * AG_LD + q] = inside ? x[q_img[q] + k_off[k] + iy * w + ix] : 0.f;
+        for (int e0 = tid; e0 < cols_k * AG_TP; e0 += nt * AG_BATCH) {
+            float v[AG_BATCH];
+#pragma unroll
+            for (int b = 0; b < AG_BATCH; ++b) {
+                const int e = e0 + b * nt, k = (e >> 7) * 4 + (e & 3), q = (e >> 2) & 31;
+                bool inside = false;
+                int iy = 0, ix = 0;
+                if (e < cols_k * AG_TP) {
+                    iy = q_y[q] + k_i[k]; ix = q_x[q] + k_j[k];
+                    inside = q_img[q] >= 0 && iy >= 0 && iy < h && ix >= 0 && ix < w;
+                }
+                v[b] = inside ? x[q_img[q] + k_off[k] + iy * w + ix] : 0.f;
+            }
+#pragma unroll
+            for (int b = 0; b < AG_BATCH; ++b) {
+                const int e = e0 + b * nt;
+                if (e < cols_k * AG_TP) sc[((e >> 2) & 31) * ld_k + (e >> 7) * 4 + (e & 3)] = v[b];
+            }
         }
         __syncthreads();
 #pragma unroll 4
         for (int q = 0; q < AG_TP; ++q) {
-            float a[AG_TO], b[AG_TK];
-#pragma unroll
-            for (int u = 0; u < AG_TO; ++u) a[u] = sg[(threadIdx.y * AG_TO + u) * AG_LD + q];
-#pragma unroll
-            for (int v = 0; v < AG_TK; ++v) b[v] = sc[(threadIdx.x * AG_TK + v) * AG_LD + q];
+            const float4 a = *reinterpret_cast<const float4*>(sg + q * ld_o + threadIdx.y * AG_TO);
+            const float4 b = *reinterpret_cast<const float4*>(sc + q * ld_k + threadIdx.x * AG_TK);
+            const float av[AG_TO] = {a.x, a.y, a.z, a.w}, bv[AG_TK] = {b.x, b.y, b.z, b.w};
 #pragma unroll
             for (int u = 0; u < AG_TO; ++u)
 #pragma unroll
-                for (int v = 0; v < AG_TK; ++v) acc[u][v] = fmaf(a[u], b[v], acc[u][v]);
+                for (int v = 0; v < AG_TK; ++v) acc[u][v] = fmaf(av[u], bv[v], acc[u][v]);
         }
         __syncthreads();
     }

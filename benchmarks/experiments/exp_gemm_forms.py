@@ -46,7 +46,7 @@ for net, (name, xs, ws, s, pd, count) in layers:
         with config.override(gemm_tune="on"):
             call(p, x, w, gy, s, pd)
             r["tuned"] = median_ms(lambda: call(p, x, w, gy, s, pd), "cupy")
-            rec = tuning.default_cache().get(tuning.key(cp, np.float32, tuple(g), p, "gemm_form"))
+            rec = tuning.default_cache().get(gemm.form_key(cp, p, g))
         r["choice"] = rec and rec["choice"]; r["rec_ms"] = rec and rec["ms"]
         r["cudnn"] = median_ms(cud(p, x, w, gy, s, pd), "torch")
         rows.append(r)
