@@ -363,7 +363,8 @@ def _accgrad_implicit(xp, gy, x, g):
             partials[b] = gy3[s, :, r].T @ _taps_at(x, g, s, r // g.ow, r % g.ow)   # (f', n) @ (n, K)
         return partials.sum(axis=0)
     partials = xp.empty((nblocks, g.fo, K), dtype=np.float32)
-    args = (x, gy, partials) + _int32_args(g, g.S) + (np.int32(g.fo), np.int64(chunk))
+    whole = P % AG_TP == 0 and gy.data.ptr % 16 == 0                # accgrad_small's 16-byte gy loads
+    args = (x, gy, partials) + _int32_args(g, g.S) + (np.int32(g.fo), np.int64(chunk), np.int32(whole))
     kernel((nblocks,), (bx, by), args, shared_mem=smem)
     return partials.sum(axis=0)
 

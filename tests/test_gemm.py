@@ -173,7 +173,8 @@ def test_pointwise_forms_match_float64(device, form, xs, ws, stride, monkeypatch
 ACCGRAD_FORM_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),   # few planes; accgrad_small: 14 threads
                       ((3, 4, 10, 12), (6, 4, 5, 3), (2, 1), (2, 0)),   # strided, rectangular, padded
                       ((1, 2, 7, 7), (3, 2, 7, 7), (1, 1), (0, 0)),     # batch 1, kernel = plane
-                      ((2, 3, 30, 26), (64, 3, 7, 7), (2, 2), (3, 3))]  # ResNet's conv1: 592-thread blocks
+                      ((2, 3, 30, 26), (64, 3, 7, 7), (2, 2), (3, 3)),  # ResNet's conv1: 592-thread blocks
+                      ((3, 3, 16, 8), (6, 3, 3, 3), (1, 1), (1, 1))]    # oh*ow = 128: whole tiles
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -114,6 +114,9 @@ extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restr
 //   load each, 2 loads per 16 FMAs. Rows are ag_ld() floats apart, 4 more than a multiple of 32, so
 //   the fill's warps (8 positions x 4 columns) store to 32 different banks.
 // - The fill loads AG_BATCH elements before it stores them: that many global loads in flight a thread.
+//   Where every tile lies in one image (`whole`), gy's fill takes 16-byte loads: ncu (session 14) had
+//   VGG-16 conv1_1's accGrad issue-bound (SM 70 % busy, DRAM 21 %), FMAs a third of the instructions
+//   and the fill's index arithmetic most of the rest.
 // Session 14 (exp_gemm_forms, .dev/diag14c, H100): the first form, a division per element and one
 // load in flight, ran VGG-16 conv1_1's accGrad in 3.27 ms and ResNet's conv1's in 5.67.
 // Shared memory: the two tiles, the tap table (3 ints a tap column), the position table (AG_TP long
@@ -130,7 +133,7 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
                                          float* __restrict__ partials,
                                          int S, int f, int h, int w, int kh, int kw,
                                          int sh, int sw, int ph, int pw, int oh, int ow,
-                                         int fo, long long chunk)
+                                         int fo, long long chunk, int whole)
 {
     extern __shared__ __align__(16) float smem[];
     const int K = f * kh * kw, P = oh * ow, HW = h * w;
@@ -171,6 +174,29 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
             q_x[q] = (r - oy * ow) * sw - pw;
         }
         __syncthreads();
+        if (whole) {
+            // whole tiles (oh*ow a multiple of AG_TP, gy 16-byte aligned): the tile's positions are
+            // consecutive in one image, so a thread loads 4 of an output's in one 16-byte load
+            const long long base = q_gy[0];
+            for (int e0 = tid; e0 < cols_o * (AG_TP / 4); e0 += nt * 2) {
+                float4 v[2];
+#pragma unroll
+                for (int b = 0; b < 2; ++b) {
+                    const int e = e0 + b * nt, o = e / (AG_TP / 4), m = e % (AG_TP / 4);
+                    v[b] = (e < cols_o * (AG_TP / 4) && o < fo)
+                         ? *reinterpret_cast<const float4*>(gy + base + (long long)o * P + 4 * m)
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int b = 0; b < 2; ++b) {
+                    const int e = e0 + b * nt, o = e / (AG_TP / 4), m = e % (AG_TP / 4);
+                    if (e < cols_o * (AG_TP / 4)) {
+                        float* d = sg + 4 * m * ld_o + o;
+                        d[0] = v[b].x; d[ld_o] = v[b].y; d[2 * ld_o] = v[b].z; d[3 * ld_o] = v[b].w;
+                    }
+                }
+            }
+        } else
         // element e: column (e >> 7)*4 + (e & 3), position (e >> 2) & 31: a warp takes 8 positions
         // of 4 columns (gy: 4 rows of 32 bytes from global memory)
         for (int e0 = tid; e0 < cols_o * AG_TP; e0 += nt * AG_BATCH) {
