@@ -67,7 +67,8 @@ SETTINGS = {s.name: s for s in (
     Setting("auto_memory_mb", "MINITORCH_AUTO_MEMORY_MB", "mib", None,
             "extra GPU memory a candidate may take while auto times it (unset: no cap)", False),
     Setting("gemm_tune", "MINITORCH_GEMM_TUNE", "tune", "auto",
-            "gemm tunes its 1x1 form (per-image GEMMs or one over the batch): auto = on the GPU only, on, off",
+            "gemm tunes its forms (per-image GEMMs, one over the batch, accGrad's implicit kernel): "
+            "auto = on the GPU only, on, off",
             True),
     Setting("cufft_tune", "MINITORCH_CUFFT_TUNE", "tune", "auto",
             "cufft tunes its basis, GEMM form and layout: auto = on the GPU only, on, off", True),
