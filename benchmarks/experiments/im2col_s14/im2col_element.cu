@@ -1,3 +1,4 @@
+// a42914b's backends/kernels/im2col.cu (benchmarks/experiments/exp_im2col.py's "old"): element per thread
 // im2col / col2im for the unrolled-GEMM backend (backends/gemm.py).
 //
 // Layout of the column matrix, row-major: cols[f][kh][kw][S][oh][ow], i.e. a

@@ -1,3 +1,4 @@
+// a26d51f's backends/kernels/im2col.cu, im2col and col2im only (benchmarks/experiments/exp_im2col.py's "rows")
 // im2col / col2im for the unrolled-GEMM backend (backends/gemm.py).
 //
 // Layout of the column matrix, row-major: cols[f][kh][kw][S][oh][ow], i.e. a
@@ -96,88 +97,6 @@ extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restr
                 }
             }
             out[pix] = acc;
-        }
-    }
-}
-
-// accGrad for small weight gradients (f' * f*kh*kw at most gemm.SMALL_GRADIENT), without a column
-// matrix: the few-plane first layers (VGG-16 conv1_1: 64 x 27 weights over 3.2M output positions),
-// whose GEMMs are one long K on a few output tiles. Block b sums the products over output positions
-// [b*chunk, (b+1)*chunk) of the flattened (S, oh*ow), a tile of AG_TP positions at a time: gy's tile
-// (f' x AG_TP) and the taps' tile (f*kh*kw x AG_TP, gathered from x with implicit zero padding) in
-// shared memory, each thread an AG_TO x AG_TK block of the gradient in registers. Block b writes its
-// partial gradient to partials[b][f'][f*kh*kw]; the caller sums them over b (a fixed order: the
-// result is deterministic). Thread (tx, ty) owns outputs ty*AG_TO.. and taps tx*AG_TK..; blockDim is
-// (ceil(K / AG_TK), ceil(f' / AG_TO)), and the shared tiles have blockDim's rows, zero past f' and K.
-#define AG_TO 4
-#define AG_TK 4
-#define AG_TP 32
-#define AG_LD (AG_TP + 1)   // a row's stride in shared memory: rows fall on different banks
-
-extern "C" __global__ void accgrad_small(const float* __restrict__ x, const float* __restrict__ gy,
-                                         float* __restrict__ partials,
-                                         int S, int f, int h, int w, int kh, int kw,
-                                         int sh, int sw, int ph, int pw, int oh, int ow,
-                                         int fo, long long chunk)
-{
-    extern __shared__ float smem[];
-    const int K = f * kh * kw, P = oh * ow, taps = kh * kw;
-    const int rows_o = blockDim.y * AG_TO, rows_k = blockDim.x * AG_TK;
-    float* sg = smem;                      // [rows_o][AG_LD]: gy
-    float* sc = smem + rows_o * AG_LD;     // [rows_k][AG_LD]: the taps
-    const int nt = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
-    const long long total = (long long)S * P;
-    const long long begin = blockIdx.x * chunk;
-    const long long end = min(total, begin + chunk);
-    float acc[AG_TO][AG_TK];
-#pragma unroll
-    for (int u = 0; u < AG_TO; ++u)
-#pragma unroll
-        for (int v = 0; v < AG_TK; ++v) acc[u][v] = 0.f;
-    for (long long p0 = begin; p0 < end; p0 += AG_TP) {
-        for (int i = tid; i < rows_o * AG_TP; i += nt) {
-            const int o = i / AG_TP, q = i % AG_TP;
-            const long long p = p0 + q;
-            float v = 0.f;
-            if (o < fo && p < end) {
-                const long long s = p / P;
-                v = gy[(s * fo + o) * P + (p - s * P)];
-            }
-            sg[o * AG_LD + q] = v;
-        }
-        for (int i = tid; i < rows_k * AG_TP; i += nt) {
-            const int k = i / AG_TP, q = i % AG_TP;
-            const long long p = p0 + q;
-            float v = 0.f;
-            if (k < K && p < end) {
-                const int s = (int)(p / P), r = (int)(p - (long long)s * P);
-                const int c = k / taps, t = k - c * taps;
-                v = tap(x, s, c, t / kw, t % kw, r / ow, r % ow, f, h, w, sh, sw, ph, pw);
-            }
-            sc[k * AG_LD + q] = v;
-        }
-        __syncthreads();
-#pragma unroll 4
-        for (int q = 0; q < AG_TP; ++q) {
-            float a[AG_TO], b[AG_TK];
-#pragma unroll
-            for (int u = 0; u < AG_TO; ++u) a[u] = sg[(threadIdx.y * AG_TO + u) * AG_LD + q];
-#pragma unroll
-            for (int v = 0; v < AG_TK; ++v) b[v] = sc[(threadIdx.x * AG_TK + v) * AG_LD + q];
-#pragma unroll
-            for (int u = 0; u < AG_TO; ++u)
-#pragma unroll
-                for (int v = 0; v < AG_TK; ++v) acc[u][v] = fmaf(a[u], b[v], acc[u][v]);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int u = 0; u < AG_TO; ++u) {
-        const int o = threadIdx.y * AG_TO + u;
-#pragma unroll
-        for (int v = 0; v < AG_TK; ++v) {
-            const int k = threadIdx.x * AG_TK + v;
-            if (o < fo && k < K) partials[((long long)blockIdx.x * fo + o) * K + k] = acc[u][v];
         }
     }
 }
