@@ -27,8 +27,9 @@ gy_s (f', P) @ cols_s^T (P, f*kh*kw) summed over the batch (im2col image by imag
 gradients of few-plane layers, whose flat GEMM is one long K on a few output tiles. A third,
 "implicit", makes no column matrix: kernels/im2col.cu's accgrad_small sums gy x taps over chunks of
 output positions, each block one partial gradient in registers, and the partials are summed after
-(per_image ran VGG-16's conv1_1 accGrad at 2.2 ms against cuDNN strict's 0.8: 64 GEMMs of one tile
-each, K = 50176; benchmarks/NOTES.md, session 13). It is a candidate where its block fits.
+(VGG-16's conv1_1 accGrad, b64: per_image 1.9 ms, 64 GEMMs of one tile each with K = 50176;
+implicit 0.87-1.03; cuDNN strict 0.8; benchmarks/NOTES.md, session 14). It is a candidate where its
+block fits.
 
 Which form runs is tuned per geometry and pass where the gemm_tune setting tunes (the GPU by
 default, backends.tuning's recipe). Untuned: 1x1 fprop and bprop per-image; 1x1 accGrad whichever
@@ -57,8 +58,8 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     implicit form (accgrad_small) joined them, 3 since im2col and col2im take a (positions, taps,
     images) grid (no 64-bit division per element; their fprop and bprop 1 since then), 4 since
     accgrad_small has no division per element and 16-byte shared loads, 5 since its gy fill takes
-    16-byte global loads where tiles are whole. The form's own tuning
-    record is keyed by the revision too (_form), so a changed form is timed again."""
+    16-byte global loads where tiles are whole. The form's own tuning record is keyed by the
+    revision too (form_key), so a changed form is timed again."""
     return _revision(pass_name, geometry(x_shape, w_shape, stride, padding))
 
 
@@ -299,10 +300,10 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
                 cgemm.matmul(xp, _flat(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
                              accumulate=True, strict=True)         # gw += (f', f*kh*kw)
             return gw.reshape(tuple(w_shape))
-        # per-image products (n, f', K), summed: the batch splits the GEMM's K, and gy's
-        # (f', oh*ow) plane blocks are already operands (no transposed copy of gy)
         if form == "implicit":
             return _accgrad_implicit(xp, gy, x, g).reshape(tuple(w_shape))
+        # per-image products (n, f', K), summed: the batch splits the GEMM's K, and gy's
+        # (f', oh*ow) plane blocks are already operands (no transposed copy of gy)
         for sl in _image_chunks(g, (K * P + g.fo * K) * 4):
             parts = cgemm.matmul(xp, gy[sl].reshape(-1, g.fo, P), _im2col(xp, x[sl], g, per_image=True),
                                  op_b="T", strict=True)           # (n, f', K), or (f', K) for n = 1
