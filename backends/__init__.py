@@ -176,7 +176,8 @@ def _kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, p
     strict 1.46; its step 9.1 -> 10.3 ms, one run on an H100, exp_step_memory at ce7656c)."""
     later = PASSES[PASSES.index(pass_name) + 1:] if later is None else later
     registry = auto_registry() if name == "auto" else None
-    keep_inputs = reuse.active() is None or reuse.active().inputs
+    block = reuse.active()
+    keep_inputs = block is None or block.inputs
     roles = set()
     for role, consumer in _CONSUMER[pass_name].items():
         if (consumer not in later or role == "w" and not config.get("reuse_weight_spectra")

@@ -42,9 +42,8 @@ a step's memory peaks: bprop's gradOutput spectrum serves accGrad and nothing el
 reuse_spectra(inputs=True) also keeps each layer's input spectrum for its accGrad: more memory, and
 not reliably faster (converted AlexNet b128 on an H100, session 13: peak 1706 against 1417 MiB,
 the stock model's 1499; a step 9.0 against 9.6 ms measured alone, 9.82 against 9.76 in
-bench_pytorch's run). A view is held only until its
-last pass (accGrad takes gy and x last). Keep the block outside a torch.compile'd function
-(Dynamo does not trace it).
+bench_pytorch's run). A view is held only until its last pass (accGrad takes gy and x last). Keep
+the block outside a torch.compile'd function (Dynamo does not trace it).
 """
 import contextlib
 import logging

@@ -8,23 +8,13 @@
 // Offsets into the column matrix are 64-bit: it can hold more than 2^31 elements before the backend's
 // chunking caps it. Within a plane, 32 bits.
 
-// x at kernel tap (i, j) of output position (oy, ox), image s, plane c: zero outside the plane
-// (implicit zero padding: no padded copy of x is made).
-__device__ __forceinline__ float tap(const float* __restrict__ x, int s, int c, int i, int j, int oy, int ox,
-                                     int f, int h, int w, int sh, int sw, int ph, int pw)
-{
-    const int iy = oy * sh - ph + i;
-    const int ix = ox * sw - pw + j;
-    return (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[(((long long)s * f + c) * h + iy) * w + ix] : 0.f;
-}
-
 // The grid covers (positions, taps, images): blockIdx.y is the tap k = (c*kh + i)*kw + j (looping
 // by gridDim.y past 65535), blockIdx.x with threadIdx.x the output position p = oy*ow + ox, and
 // blockIdx.z with threadIdx.y a group of IM_IMAGES images, taken blockDim.y apart. A thread works out
 // its position's source offset once and copies it for each of its images, so an element costs a
 // load and a store, not the six 64-bit divisions of the element-per-thread form this replaced
 // (ResNet-50's conv13, 128->128 56x56 3x3 s2 at b128, 115M elements: those divisions were most of
-// im2col's 1.0 ms; session 14, .dev/diag14). Stores are coalesced along p in both layouts:
+// im2col's 1.0 ms; session 14, benchmarks/experiments/exp_im2col.py). Stores are coalesced along p in both layouts:
 // PER_IMAGE false: cols[f][kh][kw][S][oh][ow], the (f*kh*kw) x (S*oh*ow) matrix above.
 // PER_IMAGE true: cols[S][f][kh][kw][oh][ow], a stack of S (f*kh*kw) x (oh*ow) matrices, for
 // accGrad's per-image products (gemm.py: each image's gy plane block is then already its other
@@ -117,7 +107,7 @@ extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restr
 //   Where every tile lies in one image (`whole`), gy's fill takes 16-byte loads: ncu (session 14) had
 //   VGG-16 conv1_1's accGrad issue-bound (SM 70 % busy, DRAM 21 %), FMAs a third of the instructions
 //   and the fill's index arithmetic most of the rest.
-// Session 14 (exp_gemm_forms, .dev/diag14c, H100): the first form, a division per element and one
+// Session 14 (exp_gemm_forms, exp_accgrad_small, H100): the first form, a division per element and one
 // load in flight, ran VGG-16 conv1_1's accGrad in 3.27 ms and ResNet's conv1's in 5.67.
 // Shared memory: the two tiles, the tap table (3 ints a tap column), the position table (AG_TP long
 // longs twice, AG_TP ints twice).
