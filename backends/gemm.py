@@ -58,15 +58,16 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     implicit form (accgrad_small) joined them, 3 since im2col and col2im take a (positions, taps,
     images) grid (no 64-bit division per element; their fprop and bprop 1 since then), 4 since
     accgrad_small has no division per element and 16-byte shared loads, 5 since its gy fill takes
-    16-byte global loads where tiles are whole. The form's own tuning record is keyed by the
-    revision too (form_key), so a changed form is timed again."""
+    16-byte global loads where tiles are whole, 6 since implicit8 (8 outputs a thread) joined the
+    forms. The form's own tuning record is keyed by the revision too (form_key), so a changed form
+    is timed again."""
     return _revision(pass_name, geometry(x_shape, w_shape, stride, padding))
 
 
 def _revision(pass_name, g):
     if _pointwise(g):
         return 2
-    return 5 if pass_name == "accgrad" else 1
+    return 6 if pass_name == "accgrad" else 1
 
 
 def _batch_chunks(g):
@@ -300,8 +301,8 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
                 cgemm.matmul(xp, _flat(gy[sl]), _im2col(xp, x[sl], g), out=gw, op_b="T",
                              accumulate=True, strict=True)         # gw += (f', f*kh*kw)
             return gw.reshape(tuple(w_shape))
-        if form == "implicit":
-            return _accgrad_implicit(xp, gy, x, g).reshape(tuple(w_shape))
+        if form in IMPLICIT:
+            return _accgrad_implicit(xp, gy, x, g, form).reshape(tuple(w_shape))
         # per-image products (n, f', K), summed: the batch splits the GEMM's K, and gy's
         # (f', oh*ow) plane blocks are already operands (no transposed copy of gy)
         for sl in _image_chunks(g, (K * P + g.fo * K) * 4):
@@ -309,21 +310,25 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
                                  op_b="T", strict=True)           # (n, f', K), or (f', K) for n = 1
             gw += parts.reshape(-1, g.fo, K).sum(axis=0)
         return gw.reshape(tuple(w_shape))
-    return run(_form(xp, "accgrad", g, run, FORMS + ("implicit",) if _implicit_fits(g) else FORMS))
+    return run(_form(xp, "accgrad", g, run, FORMS + tuple(f for f in IMPLICIT if _implicit_fits(g, f))))
 
 
 # accgrad_small's register block and tile (kernels/im2col.cu: AG_TO, AG_TK, AG_TP): a thread holds
 # AG_TO x AG_TK gradient elements, and a block sums AG_TP output positions per shared-memory tile
 AG_TO, AG_TK, AG_TP = 4, 4, 32
 AG_CPU_BLOCKS = 7       # the NumPy path's blocks: chunks that start and end inside images
+# the implicit forms: kernel and outputs a thread (AG_TO, or 8: half the threads, each twice the FMAs
+# per shared load, for blocks too large to share an SM, ResNet's conv1 at 592 threads x 56 registers)
+IMPLICIT = {"implicit": ("accgrad_small", AG_TO), "implicit8": ("accgrad_small8", 8)}
 
 
-def _implicit_block(g):
+def _implicit_block(g, form="implicit"):
     """accgrad_small's thread block (x over the taps f*kh*kw, y over f') and shared bytes: the two
     tiles (AG_TP rows of ag_ld(columns) floats), the tap table (3 ints a tap column) and the position
     table (AG_TP x 24 bytes)."""
-    bx, by = -(-g.f * g.kh * g.kw // AG_TK), -(-g.fo // AG_TO)
-    cols_k, cols_o = bx * AG_TK, by * AG_TO
+    to = IMPLICIT[form][1]
+    bx, by = -(-g.f * g.kh * g.kw // AG_TK), -(-g.fo // to)
+    cols_k, cols_o = bx * AG_TK, by * to
     ld = [c + (4 - c) % 32 for c in (cols_k, cols_o)]           # kernels/im2col.cu ag_ld
     return bx, by, AG_TP * sum(ld) * 4 + 3 * cols_k * 4 + AG_TP * 24
 
@@ -335,13 +340,13 @@ def _resident_blocks(kernel, threads, smem):
     return max(1, min(32, 64 // warps, 65536 // (kernel.num_regs * 32 * warps), (227 << 10) // (smem + 1024)))
 
 
-def _implicit_fits(g):
-    """Whether accgrad_small takes this geometry: its block within 1024 threads and 48 KiB of tiles."""
-    bx, by, smem = _implicit_block(g)
+def _implicit_fits(g, form="implicit"):
+    """Whether the form's kernel takes this geometry: its block within 1024 threads and 48 KiB of tiles."""
+    bx, by, smem = _implicit_block(g, form)
     return bx * by <= 1024 and smem <= 48 * 1024
 
 
-def _accgrad_implicit(xp, gy, x, g):
+def _accgrad_implicit(xp, gy, x, g, form="implicit"):
     """gw (f', f*kh*kw) without a column matrix (the "implicit" accGrad form): partial gradients over
     chunks of the S*oh*ow output positions, each from gy's chunk and the taps gathered from x,
     summed over the chunks. kernels/im2col.cu's accgrad_small on the GPU; on the CPU the same chunks
@@ -350,8 +355,8 @@ def _accgrad_implicit(xp, gy, x, g):
     if xp is np:
         blocks = AG_CPU_BLOCKS
     else:
-        bx, by, smem = _implicit_block(g)
-        kernel = cuda_module("im2col.cu").get_function("accgrad_small")
+        bx, by, smem = _implicit_block(g, form)
+        kernel = cuda_module("im2col.cu").get_function(IMPLICIT[form][0])
         blocks = _resident_blocks(kernel, bx * by, smem) * sm_count(xp.cuda.Device().id)
     chunk = -(-total // min(blocks, -(-total // AG_TP)))
     chunk = -(-chunk // AG_TP) * AG_TP                             # whole tiles

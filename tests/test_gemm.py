@@ -178,11 +178,12 @@ ACCGRAD_FORM_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),   # few pla
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", gemm.FORMS + ("implicit",))
+@pytest.mark.parametrize("form", gemm.FORMS + tuple(gemm.IMPLICIT))
 @pytest.mark.parametrize("xs,ws,stride,padding", ACCGRAD_FORM_CASES)
 def test_accgrad_forms_match_float64(device, form, xs, ws, stride, padding, monkeypatch, settings):
-    """accGrad's flat GEMM, its per-image products (im2col image by image) and its implicit form
-    (partial gradients over chunks of output positions that cross images, no column matrix),
+    """accGrad's flat GEMM, its per-image products (im2col image by image) and its implicit forms
+    (partial gradients over chunks of output positions that cross images, no column matrix; 4 or 8
+    outputs a thread),
     whole batch and one image a chunk; fprop and bprop are unchanged by the form."""
     rng = np.random.default_rng(15)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
@@ -219,7 +220,9 @@ def test_accgrad_tunes_the_implicit_form_where_its_block_fits(settings, tmp_path
     gemm.accgrad(gy, x, w.shape, (1, 1), (1, 1))
     g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
     record = tuning.default_cache().get(gemm.form_key(np, "accgrad", g))
-    assert set(record["ms"]) == {"per_image", "flat", "implicit"}
+    assert set(record["ms"]) == {"per_image", "flat", "implicit", "implicit8"}
+    # 8 outputs a thread halve ResNet conv1's block (592 -> 296 threads)
+    assert gemm._implicit_block(backends.geometry((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3)), "implicit8")[:2] == (37, 8)
 
 
 def test_the_untuned_form_rule():

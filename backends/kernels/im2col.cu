@@ -119,15 +119,17 @@ static_assert(AG_TP == 32, "accgrad_small's fill maps an element's position as (
 
 __device__ __forceinline__ int ag_ld(int columns) { return columns + ((4 - columns) & 31); }
 
-extern "C" __global__ void accgrad_small(const float* __restrict__ x, const float* __restrict__ gy,
-                                         float* __restrict__ partials,
-                                         int S, int f, int h, int w, int kh, int kw,
-                                         int sh, int sw, int ph, int pw, int oh, int ow,
-                                         int fo, long long chunk, int whole)
+template <int TO>   // outputs a thread: AG_TO, or 8 where the block's threads are many (ResNet's conv1)
+__device__ __forceinline__ void accgrad_tiles(const float* __restrict__ x, const float* __restrict__ gy,
+                                              float* __restrict__ partials,
+                                              int S, int f, int h, int w, int kh, int kw,
+                                              int sh, int sw, int ph, int pw, int oh, int ow,
+                                              int fo, long long chunk, int whole)
 {
+    static_assert(TO % 4 == 0, "a thread's outputs are read 4 at a time");
     extern __shared__ __align__(16) float smem[];
     const int K = f * kh * kw, P = oh * ow, HW = h * w;
-    const int cols_o = blockDim.y * AG_TO, cols_k = blockDim.x * AG_TK;
+    const int cols_o = blockDim.y * TO, cols_k = blockDim.x * AG_TK;
     const int ld_o = ag_ld(cols_o), ld_k = ag_ld(cols_k);
     float* sg = smem;                                  // [AG_TP][ld_o]: gy
     float* sc = sg + AG_TP * ld_o;                     // [AG_TP][ld_k]: the taps
@@ -149,9 +151,9 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
     const long long total = (long long)S * P;
     const long long begin = blockIdx.x * chunk;
     const long long end = min(total, begin + chunk);
-    float acc[AG_TO][AG_TK];
+    float acc[TO][AG_TK];
 #pragma unroll
-    for (int u = 0; u < AG_TO; ++u)
+    for (int u = 0; u < TO; ++u)
 #pragma unroll
         for (int v = 0; v < AG_TK; ++v) acc[u][v] = 0.f;
     for (long long p0 = begin; p0 < end; p0 += AG_TP) {
@@ -224,23 +226,47 @@ extern "C" __global__ void accgrad_small(const float* __restrict__ x, const floa
         __syncthreads();
 #pragma unroll 4
         for (int q = 0; q < AG_TP; ++q) {
-            const float4 a = *reinterpret_cast<const float4*>(sg + q * ld_o + threadIdx.y * AG_TO);
-            const float4 b = *reinterpret_cast<const float4*>(sc + q * ld_k + threadIdx.x * AG_TK);
-            const float av[AG_TO] = {a.x, a.y, a.z, a.w}, bv[AG_TK] = {b.x, b.y, b.z, b.w};
+            float av[TO];
 #pragma unroll
-            for (int u = 0; u < AG_TO; ++u)
+            for (int u = 0; u < TO; u += 4) {
+                const float4 a = *reinterpret_cast<const float4*>(sg + q * ld_o + threadIdx.y * TO + u);
+                av[u] = a.x; av[u + 1] = a.y; av[u + 2] = a.z; av[u + 3] = a.w;
+            }
+            const float4 b = *reinterpret_cast<const float4*>(sc + q * ld_k + threadIdx.x * AG_TK);
+            const float bv[AG_TK] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int u = 0; u < TO; ++u)
 #pragma unroll
                 for (int v = 0; v < AG_TK; ++v) acc[u][v] = fmaf(av[u], bv[v], acc[u][v]);
         }
         __syncthreads();
     }
 #pragma unroll
-    for (int u = 0; u < AG_TO; ++u) {
-        const int o = threadIdx.y * AG_TO + u;
+    for (int u = 0; u < TO; ++u) {
+        const int o = threadIdx.y * TO + u;
 #pragma unroll
         for (int v = 0; v < AG_TK; ++v) {
             const int k = threadIdx.x * AG_TK + v;
             if (o < fo && k < K) partials[((long long)blockIdx.x * fo + o) * K + k] = acc[u][v];
         }
     }
+}
+
+// The two register blocks (gemm.py IMPLICIT): 4 x 4 and 8 x 4 gradient elements a thread.
+extern "C" __global__ void accgrad_small(const float* __restrict__ x, const float* __restrict__ gy,
+                                         float* __restrict__ partials,
+                                         int S, int f, int h, int w, int kh, int kw,
+                                         int sh, int sw, int ph, int pw, int oh, int ow,
+                                         int fo, long long chunk, int whole)
+{
+    accgrad_tiles<AG_TO>(x, gy, partials, S, f, h, w, kh, kw, sh, sw, ph, pw, oh, ow, fo, chunk, whole);
+}
+
+extern "C" __global__ void accgrad_small8(const float* __restrict__ x, const float* __restrict__ gy,
+                                          float* __restrict__ partials,
+                                          int S, int f, int h, int w, int kh, int kw,
+                                          int sh, int sw, int ph, int pw, int oh, int ow,
+                                          int fo, long long chunk, int whole)
+{
+    accgrad_tiles<8>(x, gy, partials, S, f, h, w, kh, kw, sh, sw, ph, pw, oh, ow, fo, chunk, whole);
 }

@@ -36,7 +36,7 @@ for net, (name, xs, ws, s, pd, count) in layers:
     passes = ("fprop", "bprop", "accgrad") if ws[2:] == (1, 1) else ("accgrad",)
     for p in passes:
         r = dict(net=net, layer=name, geom=f"{g.f}->{g.fo} {g.h}x{g.w} k{g.kh} s{g.sh}", p=p)
-        forms = ["per_image", "flat"] + (["implicit"] if p == "accgrad" and ws[2:] != (1, 1) and gemm._implicit_fits(g) else [])
+        forms = ["per_image", "flat"] + [f for f in gemm.IMPLICIT if p == "accgrad" and ws[2:] != (1, 1) and gemm._implicit_fits(g, f)]
         for label in forms:
             gemm._form = forced(label)
             r[label] = median_ms(lambda: call(p, x, w, gy, s, pd), "cupy")
@@ -50,7 +50,7 @@ for net, (name, xs, ws, s, pd, count) in layers:
         r["choice"] = rec and rec["choice"]; r["rec_ms"] = rec and rec["ms"]
         r["cudnn"] = median_ms(cud(p, x, w, gy, s, pd), "torch")
         rows.append(r)
-        implicit = f" implicit {r['implicit']:.3f}" if "implicit" in r else ""
+        implicit = "".join(f" {f} {r[f]:.3f}" for f in gemm.IMPLICIT if f in r)
         print(f"{net:8} {name:7} {r['geom']:22} {p:8} per_image {r['per_image']:.3f} flat {r['flat']:.3f}{implicit} rule {r['rule']:.3f} "
               f"tuned {r['tuned']:.3f} ({r['choice']}; {r['rec_ms']}) cudnn {r['cudnn']:.3f}", flush=True)
     del x, w, gy; cp.get_default_memory_pool().free_all_blocks()
