@@ -59,7 +59,8 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     images) grid (no 64-bit division per element; their fprop and bprop 1 since then), 4 since
     accgrad_small has no division per element and 16-byte shared loads, 5 since its gy fill takes
     16-byte global loads where tiles are whole, 6 since implicit8 (8 outputs a thread) joined the
-    forms. The form's own tuning record is keyed by the revision too (form_key), so a changed form
+    forms, 7 since the rows form joined them and the partial gradients are summed by one kernel
+    (sum_rows). The form's own tuning record is keyed by the revision too (form_key), so a changed form
     is timed again."""
     return _revision(pass_name, geometry(x_shape, w_shape, stride, padding))
 
@@ -67,7 +68,7 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 def _revision(pass_name, g):
     if _pointwise(g):
         return 2
-    return 6 if pass_name == "accgrad" else 1
+    return 7 if pass_name == "accgrad" else 1
 
 
 def _batch_chunks(g):
@@ -303,6 +304,8 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
             return gw.reshape(tuple(w_shape))
         if form in IMPLICIT:
             return _accgrad_implicit(xp, gy, x, g, form).reshape(tuple(w_shape))
+        if form == "rows":
+            return _accgrad_rows(xp, gy, x, g).reshape(tuple(w_shape))
         # per-image products (n, f', K), summed: the batch splits the GEMM's K, and gy's
         # (f', oh*ow) plane blocks are already operands (no transposed copy of gy)
         for sl in _image_chunks(g, (K * P + g.fo * K) * 4):
@@ -310,7 +313,8 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
                                  op_b="T", strict=True)           # (n, f', K), or (f', K) for n = 1
             gw += parts.reshape(-1, g.fo, K).sum(axis=0)
         return gw.reshape(tuple(w_shape))
-    return run(_form(xp, "accgrad", g, run, FORMS + tuple(f for f in IMPLICIT if _implicit_fits(g, f))))
+    forms = FORMS + tuple(f for f in IMPLICIT if _implicit_fits(g, f)) + (("rows",) if _rows_plan(g, xp) else ())
+    return run(_form(xp, "accgrad", g, run, forms))
 
 
 # accgrad_small's register block and tile (kernels/im2col.cu: AG_TO, AG_TK, AG_TP): a thread holds
@@ -373,7 +377,89 @@ def _accgrad_implicit(xp, gy, x, g, form="implicit"):
     whole = P % AG_TP == 0 and gy.data.ptr % 16 == 0                # accgrad_small's 16-byte gy loads
     args = (x, gy, partials) + _int32_args(g, g.S) + (np.int32(g.fo), np.int64(chunk), np.int32(whole))
     kernel((nblocks,), (bx, by), args, shared_mem=smem)
-    return partials.sum(axis=0)
+    return _sum_rows(xp, partials.reshape(nblocks, -1)).reshape(g.fo, K)
+
+
+# the rows forms (kernels/im2col.cu accgrad_rows_*): (kernel width, stride) -> kernel, kernel rows a
+# thread; a thread holds AR_TO outputs of them, and a tile is at most ROWS_TP output positions
+ROWS = {(3, 1): ("accgrad_rows_k3s1", 3), (7, 2): ("accgrad_rows_k7s2", 1), (11, 4): ("accgrad_rows_k11s4", 1)}
+AR_TO, ROWS_TP = 8, 64
+ROWS_CPU_BLOCKS = 5     # the NumPy path's blocks
+
+
+def _rows_plan(g, xp=np):
+    """The rows form's launch for g, or None where it does not take g: (kernel, threads a group,
+    groups, tp, tiles a row, shared bytes). Groups: of 4, 2 and 1, within the block's thread limit
+    (the kernel's, from its registers, on the GPU; 512 on the CPU), the number that wastes the
+    fewest warp lanes, the most on a tie; tp: the largest tile of at most ROWS_TP positions that
+    divides the output row and the groups (whole tiles), else a partial last tile."""
+    spec = ROWS.get((g.kw, g.sw))
+    if spec is None or g.kh % spec[1]:
+        return None
+    name, ri = spec
+    max_threads = 512 if xp is np else cuda_module("im2col.cu").get_function(name).max_threads_per_block
+    nog = -(-g.fo // AR_TO)
+    group = g.f * (g.kh // ri) * nog
+    fits = [n for n in (1, 2, 4) if group * n <= max_threads]
+    if not fits:
+        return None
+    groups = min(fits, key=lambda n: ((-group * n) % 32 / (group * n), -n))
+    whole = [t for t in range(min(g.ow, ROWS_TP), 0, -1) if g.ow % t == 0 and t % groups == 0]
+    tp = whole[0] if whole and whole[0] >= min(g.ow, 16) else groups * -(-min(g.ow, 32) // groups)
+    rows, width = g.f * g.kh, (tp - 1) * g.sw + g.kw
+    ld_o = nog * AR_TO + (4 - nog * AR_TO) % 32                    # kernels/im2col.cu ag_ld
+    smem = (tp * ld_o + rows * (width | 1)) * 4 + 2 * rows * 4
+    if smem > 48 * 1024:
+        return None
+    return name, group, groups, tp, -(-g.ow // tp), smem
+
+
+def _accgrad_rows(xp, gy, x, g):
+    """gw (f', f*kh*kw) by the rows form: partial gradients over chunks of tiles (tp output positions
+    of one output row), each group of a block one partial, summed after. kernels/im2col.cu's
+    accgrad_rows_* on the GPU; on the CPU the same tiles, chunks and groups in NumPy, so that CI
+    checks the plan (partial tiles, chunks across rows and images)."""
+    K, P = g.f * g.kh * g.kw, g.oh * g.ow
+    name, group, groups, tp, tiles_row, smem = _rows_plan(g, xp)
+    if xp is np:
+        blocks = ROWS_CPU_BLOCKS
+    else:
+        kernel = cuda_module("im2col.cu").get_function(name)
+        blocks = _resident_blocks(kernel, group * groups, smem) * sm_count(xp.cuda.Device().id)
+    tiles = g.S * g.oh * tiles_row
+    chunk = -(-tiles // min(blocks, tiles))
+    nblocks = -(-tiles // chunk)
+    if xp is np:
+        partials = np.zeros((nblocks * groups, g.fo, K), dtype=np.float32)
+        gy3, qg = gy.reshape(g.S, g.fo, P), tp // groups
+        for b in range(nblocks):
+            t = np.arange(b * chunk, min(tiles, (b + 1) * chunk))
+            s, oy, ox0 = t // (g.oh * tiles_row), t // tiles_row % g.oh, t % tiles_row * tp
+            for n in range(groups):
+                ox = (ox0[:, None] + n * qg + np.arange(qg)).ravel()
+                keep = ox < g.ow                                    # the partial last tile's zeros
+                if not keep.any():
+                    continue
+                ss, oo, ox = np.repeat(s, qg)[keep], np.repeat(oy, qg)[keep], ox[keep]
+                partials[b * groups + n] = gy3[ss, :, oo * g.ow + ox].T @ _taps_at(x, g, ss, oo, ox)
+        return partials.sum(axis=0)
+    partials = xp.empty((nblocks * groups, g.fo, K), dtype=np.float32)
+    vec = g.ow % 4 == 0 and tp % 4 == 0 and g.ow % tp == 0 and gy.data.ptr % 16 == 0
+    args = (x, gy, partials) + tuple(np.int32(v) for v in (g.S, g.f, g.h, g.w, g.kh, g.sh, g.ph, g.pw, g.oh,
+                                                           g.ow, g.fo, tp, tiles_row))
+    kernel((nblocks,), (group, groups), args + (np.int64(chunk), np.int32(vec)), shared_mem=smem)
+    return _sum_rows(xp, partials.reshape(nblocks * groups, -1)).reshape(g.fo, K)
+
+
+def _sum_rows(xp, a):
+    """The sum of a 2-D float32 array's rows, in a fixed order (kernels/im2col.cu sum_rows on the GPU)."""
+    if xp is np:
+        return a.sum(axis=0)
+    rows, cols = a.shape
+    out = xp.empty(cols, dtype=np.float32)
+    cuda_module("im2col.cu").get_function("sum_rows")((-(-cols // 32),), (32, 32),
+                                                      (a, out, np.int32(rows), np.int32(cols)))
+    return out
 
 
 def _taps_at(x, g, s, oy, ox):

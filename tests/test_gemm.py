@@ -193,6 +193,40 @@ def test_accgrad_forms_match_float64(device, form, xs, ws, stride, padding, monk
     check_backend(gemm, x, w, stride, padding, device=device, rng=rng)
 
 
+ROWS_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),       # partial tiles (tp 12 > ow 9), 4 groups
+              ((3, 3, 16, 8), (6, 3, 3, 3), (1, 1), (1, 1)),       # whole tiles, 16-byte gy loads
+              ((2, 3, 20, 56), (64, 3, 3, 3), (1, 1), (1, 1)),     # VGG-16 conv1_1's block: 96 threads, tp 56
+              ((3, 4, 10, 12), (6, 4, 3, 3), (2, 1), (1, 0)),      # row stride 2, no column padding
+              ((2, 3, 30, 26), (64, 3, 7, 7), (2, 2), (3, 3)),     # ResNet's conv1: 2 groups of 168 threads
+              ((2, 3, 35, 31), (8, 3, 11, 11), (4, 4), (2, 2))]    # AlexNet's conv1 kernel: 4 groups of 33
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("xs,ws,stride,padding", ROWS_CASES)
+def test_accgrad_rows_form_matches_float64(device, xs, ws, stride, padding, monkeypatch):
+    """The rows form (tiles of one output row, each thread a window of kernel taps sliding along
+    it), forced on accGrad: its plan for each case, and the three passes against float64."""
+    g = backends.geometry(xs, ws, stride, padding)
+    name, group, groups, tp, tiles_row, smem = gemm._rows_plan(g)
+    assert name == gemm.ROWS[(ws[3], stride[1])][0] and group * groups <= 512 and tp % groups == 0
+    assert tiles_row * tp >= g.ow and (tiles_row - 1) * tp < g.ow
+    rng = np.random.default_rng(17)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run, forms=None: "rows")
+    check_backend(gemm, x, w, stride, padding, device=device, rng=rng)
+
+
+def test_accgrad_rows_form_takes_only_its_kernels():
+    """The rows form is offered for the (kernel width, stride) pairs it has kernels for, with the
+    kernel rows a thread dividing kh, and tiles within 48 KiB of shared memory."""
+    plan = lambda xs, ws, s, p: gemm._rows_plan(backends.geometry(xs, ws, s, p))
+    assert plan((64, 3, 224, 224), (64, 3, 3, 3), (1, 1), (1, 1))[1:4] == (24, 4, 56)
+    assert plan((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3))[1:4] == (168, 2, 56)
+    assert plan((8, 3, 32, 32), (8, 3, 5, 3), (1, 1), (1, 1)) is None        # kh 5: not 3 rows a thread
+    assert plan((8, 3, 32, 32), (8, 3, 5, 5), (1, 1), (1, 1)) is None        # no 5-wide kernel
+    assert plan((8, 64, 224, 224), (64, 64, 3, 3), (1, 1), (1, 1)) is None   # 192 input rows: > 48 KiB
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_im2col_image_by_image_is_the_columns_regrouped(device):
     xp = np if device == "cpu" else pytest.importorskip("cupy")
@@ -208,7 +242,8 @@ def test_im2col_image_by_image_is_the_columns_regrouped(device):
 
 def test_accgrad_tunes_the_implicit_form_where_its_block_fits(settings, tmp_path):
     """The implicit form is a candidate only where accgrad_small's block fits (1024 threads, 48 KiB
-    of tiles): VGG-16's conv1_1 and ResNet's conv1, not a 512 x 4608 gradient."""
+    of tiles): VGG-16's conv1_1 and ResNet's conv1, not a 512 x 4608 gradient. Each candidate the
+    geometry takes is timed."""
     from backends import tuning
     fits = lambda xs, ws, s, p: gemm._implicit_fits(backends.geometry(xs, ws, s, p))
     assert fits((64, 3, 224, 224), (64, 3, 3, 3), (1, 1), (1, 1)) and fits((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3))
@@ -220,7 +255,7 @@ def test_accgrad_tunes_the_implicit_form_where_its_block_fits(settings, tmp_path
     gemm.accgrad(gy, x, w.shape, (1, 1), (1, 1))
     g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
     record = tuning.default_cache().get(gemm.form_key(np, "accgrad", g))
-    assert set(record["ms"]) == {"per_image", "flat", "implicit", "implicit8"}
+    assert set(record["ms"]) == {"per_image", "flat", "implicit", "implicit8", "rows"}   # 3x3 s1: rows too
     # 8 outputs a thread halve ResNet conv1's block (592 -> 296 threads)
     assert gemm._implicit_block(backends.geometry((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3)), "implicit8")[:2] == (37, 8)
 

@@ -270,3 +270,176 @@ extern "C" __global__ void accgrad_small8(const float* __restrict__ x, const flo
 {
     accgrad_tiles<8>(x, gy, partials, S, f, h, w, kh, kw, sh, sw, ph, pw, oh, ow, fo, chunk, whole);
 }
+
+// The "rows" accGrad form (gemm.py ROWS): the same sum as accgrad_small's, for few-plane layers whose
+// kernel width and stride have an instantiation below (VGG-16 conv1_1, 3x3 s1; ResNet's conv1, 7x7
+// s2; AlexNet's conv1, 11x11 s4), without a taps tile. A tile is `tp` output positions of one output
+// row (image s, row oy, columns ox0..ox0+tp-1). Shared memory holds gy's tile (tp x f',
+// as accgrad_small's) and the input rows the tile reads: for each plane c and kernel row i, the
+// (tp-1)*SW + KW input columns from ox0*SW - pw on, zero outside the plane. Tap (c, i, j) at tile
+// position q is then that row's element q*SW + j: a thread owning a kernel row keeps its KW taps in
+// registers as a window that slides by SW elements per position, and loads SW new ones, where
+// accgrad_small's fill gathered every tap of every position (most of its instructions; ncu, session
+// 15). Thread (tx, ty): tx = (c*(kh/RI) + ir)*NOG + og owns outputs og*AR_TO.. (NOG = ceil(f'/AR_TO))
+// and kernel rows ir*RI..ir*RI+RI-1 of plane c, all KW taps of each; ty is one of blockDim.y groups,
+// each taking tp/blockDim.y consecutive positions of the tile. Block b sums tiles [b*chunk,
+// (b+1)*chunk) of the (S, oh, tiles_row) tiles and writes each group's partial gradient to
+// partials[b*blockDim.y + ty][f'][f*kh*kw] (the caller sums them: sum_rows below).
+// Per position a thread issues RI*SW + AR_TO/4 shared loads for AR_TO*RI*KW FMAs (3 + 2 for 72 on
+// VGG's conv1_1). `vec`: every tile whole and gy 16-byte aligned with ow a multiple of 4, so gy's
+// fill takes 16-byte loads; otherwise one element a load, zero past the row's end.
+#define AR_TO 8
+
+template <int KW, int SW, int RI>
+__device__ __forceinline__ void accgrad_rows_tiles(const float* __restrict__ x, const float* __restrict__ gy,
+                                                   float* __restrict__ partials,
+                                                   int S, int f, int h, int w, int kh, int sh,
+                                                   int ph, int pw, int oh, int ow, int fo,
+                                                   int tp, int tiles_row, long long chunk, int vec)
+{
+    extern __shared__ __align__(16) float smem[];
+    const int NOG = (fo + AR_TO - 1) / AR_TO, nir = kh / RI, R = f * kh;
+    const int ld_o = ag_ld(NOG * AR_TO), xl = (tp - 1) * SW + KW, ld_x = xl | 1;
+    float* sg = smem;                                   // [tp][ld_o]: gy
+    float* sx = sg + tp * ld_o;                         // [f*kh][ld_x]: the input rows
+    int* r_off = (int*)(sx + R * ld_x);                 // [f*kh]: the row's plane offset c*h*w
+    int* r_i = r_off + R;                               // [f*kh]: its kernel row i
+    const int nt = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int HW = h * w, P = oh * ow, K = f * kh * KW;
+    for (int r = tid; r < R; r += nt) {
+        const int c = r / kh;
+        r_off[r] = c * HW;
+        r_i[r] = r - c * kh;
+    }
+    const int og = threadIdx.x % NOG, cr = threadIdx.x / NOG;        // cr = c*nir + ir
+    const int c = cr / nir, ir = cr - c * nir;
+    const float* xr = sx + (c * kh + ir * RI) * ld_x;                // the thread's first row
+    const int qg = tp / blockDim.y, q0 = threadIdx.y * qg;
+    float acc[AR_TO][RI * KW];
+#pragma unroll
+    for (int u = 0; u < AR_TO; ++u)
+#pragma unroll
+        for (int v = 0; v < RI * KW; ++v) acc[u][v] = 0.f;
+    const long long T = (long long)S * oh * tiles_row;
+    const long long t0 = blockIdx.x * chunk, t1 = min(T, t0 + chunk);
+    // the first tile's (image, row, column tile); then stepped, without division
+    int s = (int)(t0 / ((long long)oh * tiles_row));
+    int rem = (int)(t0 - (long long)s * oh * tiles_row);
+    int oy = rem / tiles_row, xt = rem - oy * tiles_row;
+    // the x fill's element e = tid + m*nt as (row, column), stepped by nt
+    const int step_r = nt / xl, step_u = nt - step_r * xl;
+    __syncthreads();
+    for (long long t = t0; t < t1; ++t) {
+        const int ox0 = xt * tp;
+        const long long gbase = (long long)s * fo * P + (long long)oy * ow + ox0;   // gy[s][0][oy][ox0]
+        if (vec) {
+            // lane (o & 7, m & 3): a warp loads 8 gy rows of 64 bytes; stores hit 16 banks twice
+            const int nm = tp / 4, noh = (fo + 7) / 8, nmh = (nm + 3) / 4;
+            for (int e = tid; e < 32 * noh * nmh; e += nt) {
+                const int rest = e >> 5, o = (rest % noh) * 8 + (e & 7), m = (rest / noh) * 4 + ((e >> 3) & 3);
+                if (o < fo && m < nm) {
+                    const float4 v = *reinterpret_cast<const float4*>(gy + gbase + (long long)o * P + 4 * m);
+                    float* d = sg + 4 * m * ld_o + o;
+                    d[0] = v.x; d[ld_o] = v.y; d[2 * ld_o] = v.z; d[3 * ld_o] = v.w;
+                }
+            }
+        } else {
+            for (int e = tid; e < fo * tp; e += nt) {
+                const int o = e / tp, q = e - o * tp;
+                sg[q * ld_o + o] = ox0 + q < ow ? gy[gbase + (long long)o * P + q] : 0.f;
+            }
+        }
+        {
+            const long long ximg = (long long)s * f * HW;
+            const int iy0 = oy * sh - ph, ix0 = ox0 * SW - pw;
+            int r = tid / xl, u = tid - (tid / xl) * xl;
+            for (; r < R; r += step_r, u += step_u) {
+                if (u >= xl) { u -= xl; ++r; if (r >= R) break; }
+                const int iy = iy0 + r_i[r], ix = ix0 + u;
+                sx[r * ld_x + u] = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[ximg + r_off[r] + iy * w + ix] : 0.f;
+            }
+        }
+        __syncthreads();
+        float win[RI][KW];
+#pragma unroll
+        for (int r = 0; r < RI; ++r)
+#pragma unroll
+            for (int j = 0; j < KW - SW; ++j) win[r][j] = xr[r * ld_x + q0 * SW + j];
+#pragma unroll 2
+        for (int q = q0; q < q0 + qg; ++q) {
+#pragma unroll
+            for (int r = 0; r < RI; ++r)
+#pragma unroll
+                for (int j = KW - SW; j < KW; ++j) win[r][j] = xr[r * ld_x + q * SW + j];
+            float a[AR_TO];
+#pragma unroll
+            for (int u = 0; u < AR_TO; u += 4) {
+                const float4 v = *reinterpret_cast<const float4*>(sg + q * ld_o + og * AR_TO + u);
+                a[u] = v.x; a[u + 1] = v.y; a[u + 2] = v.z; a[u + 3] = v.w;
+            }
+#pragma unroll
+            for (int u = 0; u < AR_TO; ++u)
+#pragma unroll
+                for (int r = 0; r < RI; ++r)
+#pragma unroll
+                    for (int j = 0; j < KW; ++j) acc[u][r * KW + j] = fmaf(a[u], win[r][j], acc[u][r * KW + j]);
+#pragma unroll
+            for (int r = 0; r < RI; ++r)
+#pragma unroll
+                for (int j = 0; j < KW - SW; ++j) win[r][j] = win[r][j + SW];
+        }
+        __syncthreads();
+        if (++xt == tiles_row) { xt = 0; if (++oy == oh) { oy = 0; ++s; } }
+    }
+    if (c >= f) return;                                   // threads past the block's rows (none today)
+    float* out = partials + ((long long)blockIdx.x * blockDim.y + threadIdx.y) * fo * K;
+#pragma unroll
+    for (int u = 0; u < AR_TO; ++u) {
+        const int o = og * AR_TO + u;
+        if (o < fo) {
+#pragma unroll
+            for (int r = 0; r < RI; ++r)
+#pragma unroll
+                for (int j = 0; j < KW; ++j) out[(long long)o * K + (c * kh + ir * RI + r) * KW + j] = acc[u][r * KW + j];
+        }
+    }
+}
+
+#define ACCGRAD_ROWS(NAME, KW, SW, RI)                                                                   \
+    extern "C" __global__ void NAME(const float* __restrict__ x, const float* __restrict__ gy,        \
+                                    float* __restrict__ partials, int S, int f, int h, int w, int kh,  \
+                                    int sh, int ph, int pw, int oh, int ow, int fo, int tp,           \
+                                    int tiles_row, long long chunk, int vec)                          \
+    {                                                                                                  \
+        accgrad_rows_tiles<KW, SW, RI>(x, gy, partials, S, f, h, w, kh, sh, ph, pw, oh, ow, fo, tp,   \
+                                       tiles_row, chunk, vec);                                         \
+    }
+ACCGRAD_ROWS(accgrad_rows_k3s1, 3, 1, 3)     // a thread: 8 outputs x a whole 3x3 plane (72 FMAs a position)
+ACCGRAD_ROWS(accgrad_rows_k7s2, 7, 2, 1)     // 8 outputs x one 7-tap kernel row (56)
+ACCGRAD_ROWS(accgrad_rows_k11s4, 11, 4, 1)   // 8 outputs x one 11-tap kernel row (88)
+
+// out[c] = the sum over r of a[r][c] for a (rows, cols) row-major array, in a fixed order (the
+// implicit forms' partial gradients). Block (32, 32): 32 columns, each summed by 32 threads over rows
+// 32 apart, 4 loads in flight, then a tree over the 32. CuPy's axis-0 sum of VGG-16 conv1_1's
+// partials (1188 x 1728) took 0.115 ms (session 14).
+extern "C" __global__ void sum_rows(const float* __restrict__ a, float* __restrict__ out, int rows, int cols)
+{
+    __shared__ float part[32][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (col < cols) {
+        int r = threadIdx.y;
+        for (; r + 96 < rows; r += 128) {
+#pragma unroll
+            for (int m = 0; m < 4; ++m) acc[m] += a[(long long)(r + 32 * m) * cols + col];
+        }
+        for (int m = 0; r < rows; r += 32, ++m) acc[m & 3] += a[(long long)r * cols + col];
+    }
+    part[threadIdx.y][threadIdx.x] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    __syncthreads();
+    for (int half = 16; half > 0; half >>= 1) {
+        if (threadIdx.y < half) part[threadIdx.y][threadIdx.x] += part[threadIdx.y + half][threadIdx.x];
+        __syncthreads();
+    }
+    if (threadIdx.y == 0 && col < cols) out[col] = part[0][threadIdx.x];
+}

@@ -1,7 +1,8 @@
 """session 13 diagnosis: gemm's 1x1 'now' ran 40-60% slower in exp_gemm_1x1 at 1292016 than at
 4197e11 while cuDNN ran 7% slower. Per layer and pass: forced per_image, forced flat, untuned rule,
 tuned (with the record), cuDNN strict; plus the accGrad forms (per-image, flat, and since session 14
-the implicit one, kernels/im2col.cu accgrad_small) on 3-plane first layers.
+the implicit ones, kernels/im2col.cu accgrad_small; since session 15 the rows form, accgrad_rows_*)
+on 3-plane first layers.
 
   PYTHONPATH=. MINITORCH_TUNE_CACHE=<a tuned cache> python3 benchmarks/experiments/exp_gemm_forms.py out.json"""
 import json
@@ -37,6 +38,7 @@ for net, (name, xs, ws, s, pd, count) in layers:
     for p in passes:
         r = dict(net=net, layer=name, geom=f"{g.f}->{g.fo} {g.h}x{g.w} k{g.kh} s{g.sh}", p=p)
         forms = ["per_image", "flat"] + [f for f in gemm.IMPLICIT if p == "accgrad" and ws[2:] != (1, 1) and gemm._implicit_fits(g, f)]
+        forms += ["rows"] if p == "accgrad" and gemm._rows_plan(g, cp) else []
         for label in forms:
             gemm._form = forced(label)
             r[label] = median_ms(lambda: call(p, x, w, gy, s, pd), "cupy")
@@ -50,7 +52,7 @@ for net, (name, xs, ws, s, pd, count) in layers:
         r["choice"] = rec and rec["choice"]; r["rec_ms"] = rec and rec["ms"]
         r["cudnn"] = median_ms(cud(p, x, w, gy, s, pd), "torch")
         rows.append(r)
-        implicit = "".join(f" {f} {r[f]:.3f}" for f in gemm.IMPLICIT if f in r)
+        implicit = "".join(f" {f} {r[f]:.3f}" for f in tuple(gemm.IMPLICIT) + ("rows",) if f in r)
         print(f"{net:8} {name:7} {r['geom']:22} {p:8} per_image {r['per_image']:.3f} flat {r['flat']:.3f}{implicit} rule {r['rule']:.3f} "
               f"tuned {r['tuned']:.3f} ({r['choice']}; {r['rec_ms']}) cudnn {r['cudnn']:.3f}", flush=True)
     del x, w, gy; cp.get_default_memory_pool().free_all_blocks()
