@@ -384,6 +384,7 @@ def _accgrad_implicit(xp, gy, x, g, form="implicit"):
 # thread; a thread holds AR_TO outputs of them, and a tile is at most ROWS_TP output positions
 ROWS = {(3, 1): ("accgrad_rows_k3s1", 3), (7, 2): ("accgrad_rows_k7s2", 1), (11, 4): ("accgrad_rows_k11s4", 1)}
 AR_TO, ROWS_TP = 8, 64
+ROWS_SMEM = 96 << 10    # shared bytes a block at most (two buffers of gy's tile and the input rows)
 ROWS_CPU_BLOCKS = 5     # the NumPy path's blocks
 
 
@@ -400,7 +401,7 @@ def _rows_plan(g, xp=np):
     max_threads = 512 if xp is np else cuda_module("im2col.cu").get_function(name).max_threads_per_block
     nog = -(-g.fo // AR_TO)
     group = g.f * (g.kh // ri) * nog
-    fits = [n for n in (1, 2, 4) if group * n <= max_threads]
+    fits = [n for n in (1, 2, 4) if group * n <= max_threads]   # (c, kernel rows, outputs) x groups
     if not fits:
         return None
     groups = min(fits, key=lambda n: ((-group * n) % 32 / (group * n), -n))
@@ -408,8 +409,9 @@ def _rows_plan(g, xp=np):
     tp = whole[0] if whole and whole[0] >= min(g.ow, 16) else groups * -(-min(g.ow, 32) // groups)
     rows, width = g.f * g.kh, (tp - 1) * g.sw + g.kw
     ld_o = nog * AR_TO + (4 - nog * AR_TO) % 32                    # kernels/im2col.cu ag_ld
-    smem = (tp * ld_o + rows * (width | 1)) * 4 + 2 * rows * 4
-    if smem > 48 * 1024:
+    buffer = -(-(tp * ld_o + rows * (width | 1)) // 4) * 4         # ar_buffer
+    smem = 2 * buffer * 4 + 2 * rows * 4
+    if smem > ROWS_SMEM:
         return None
     return name, group, groups, tp, -(-g.ow // tp), smem
 
@@ -425,6 +427,8 @@ def _accgrad_rows(xp, gy, x, g):
         blocks = ROWS_CPU_BLOCKS
     else:
         kernel = cuda_module("im2col.cu").get_function(name)
+        if smem > 48 << 10:
+            kernel.max_dynamic_shared_size_bytes = smem                # past the default 48 KiB
         blocks = _resident_blocks(kernel, group * groups, smem) * sm_count(xp.cuda.Device().id)
     tiles = g.S * g.oh * tiles_row
     chunk = -(-tiles // min(blocks, tiles))
@@ -444,10 +448,9 @@ def _accgrad_rows(xp, gy, x, g):
                 partials[b * groups + n] = gy3[ss, :, oo * g.ow + ox].T @ _taps_at(x, g, ss, oo, ox)
         return partials.sum(axis=0)
     partials = xp.empty((nblocks * groups, g.fo, K), dtype=np.float32)
-    vec = g.ow % 4 == 0 and tp % 4 == 0 and g.ow % tp == 0 and gy.data.ptr % 16 == 0
     args = (x, gy, partials) + tuple(np.int32(v) for v in (g.S, g.f, g.h, g.w, g.kh, g.sh, g.ph, g.pw, g.oh,
                                                            g.ow, g.fo, tp, tiles_row))
-    kernel((nblocks,), (group, groups), args + (np.int64(chunk), np.int32(vec)), shared_mem=smem)
+    kernel((nblocks,), (group, groups), args + (np.int64(chunk),), shared_mem=smem)
     return _sum_rows(xp, partials.reshape(nblocks * groups, -1)).reshape(g.fo, K)
 
 

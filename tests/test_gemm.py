@@ -224,7 +224,7 @@ def test_accgrad_rows_form_takes_only_its_kernels():
     assert plan((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3))[1:4] == (168, 2, 56)
     assert plan((8, 3, 32, 32), (8, 3, 5, 3), (1, 1), (1, 1)) is None        # kh 5: not 3 rows a thread
     assert plan((8, 3, 32, 32), (8, 3, 5, 5), (1, 1), (1, 1)) is None        # no 5-wide kernel
-    assert plan((8, 64, 224, 224), (64, 64, 3, 3), (1, 1), (1, 1)) is None   # 192 input rows: > 48 KiB
+    assert plan((8, 64, 224, 224), (64, 64, 3, 3), (1, 1), (1, 1)) is None   # 192 input rows: > 96 KiB
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -274,35 +274,45 @@ extern "C" __global__ void accgrad_small8(const float* __restrict__ x, const flo
 // The "rows" accGrad form (gemm.py ROWS): the same sum as accgrad_small's, for few-plane layers whose
 // kernel width and stride have an instantiation below (VGG-16 conv1_1, 3x3 s1; ResNet's conv1, 7x7
 // s2; AlexNet's conv1, 11x11 s4), without a taps tile. A tile is `tp` output positions of one output
-// row (image s, row oy, columns ox0..ox0+tp-1). Shared memory holds gy's tile (tp x f',
-// as accgrad_small's) and the input rows the tile reads: for each plane c and kernel row i, the
+// row (image s, row oy, columns ox0..ox0+tp-1). Shared memory holds gy's tile (tp x f', as
+// accgrad_small's) and the input rows the tile reads: for each plane c and kernel row i, the
 // (tp-1)*SW + KW input columns from ox0*SW - pw on, zero outside the plane. Tap (c, i, j) at tile
-// position q is then that row's element q*SW + j: a thread owning a kernel row keeps its KW taps in
-// registers as a window that slides by SW elements per position, and loads SW new ones, where
-// accgrad_small's fill gathered every tap of every position (most of its instructions; ncu, session
-// 15). Thread (tx, ty): tx = (c*(kh/RI) + ir)*NOG + og owns outputs og*AR_TO.. (NOG = ceil(f'/AR_TO))
-// and kernel rows ir*RI..ir*RI+RI-1 of plane c, all KW taps of each; ty is one of blockDim.y groups,
-// each taking tp/blockDim.y consecutive positions of the tile. Block b sums tiles [b*chunk,
-// (b+1)*chunk) of the (S, oh, tiles_row) tiles and writes each group's partial gradient to
-// partials[b*blockDim.y + ty][f'][f*kh*kw] (the caller sums them: sum_rows below).
-// Per position a thread issues RI*SW + AR_TO/4 shared loads for AR_TO*RI*KW FMAs (3 + 2 for 72 on
-// VGG's conv1_1). `vec`: every tile whole and gy 16-byte aligned with ow a multiple of 4, so gy's
-// fill takes 16-byte loads; otherwise one element a load, zero past the row's end.
+// position q is that row's element q*SW + j: a thread owning a kernel row keeps its KW taps in
+// registers as a window that slides by SW elements a position, and loads SW new ones, where
+// accgrad_small's fill gathered every tap of every position.
+// - Thread (tx, ty): tx = (c*(kh/RI) + ir)*NOG + og owns outputs og*AR_TO.. (NOG = ceil(f'/AR_TO))
+//   and kernel rows ir*RI..ir*RI+RI-1 of plane c, all KW taps of each; ty is one of blockDim.y
+//   groups, each taking tp/blockDim.y consecutive positions of the tile.
+// - Per position a thread issues RI*SW + AR_TO/4 shared loads for AR_TO*RI*KW FMAs (3 + 2 for 72
+//   on VGG's conv1_1).
+// - Two buffers: tile t+1's gy and rows are copied (cp.async, 4 bytes each, zero past the row's end
+//   and outside the plane) while tile t is summed. Without them the first form of this kernel
+//   waited on global loads half its time (ncu, session 15: 1.22 ms on VGG-16 conv1_1, 39 % issue).
+//   The fill walks its elements by stepping counters, without a division.
+// Block b sums tiles [b*chunk, (b+1)*chunk) of the (S, oh, tiles_row) tiles and writes each group's
+// partial gradient to partials[b*blockDim.y + ty][f'][f*kh*kw] (the caller sums them: sum_rows).
+// Shared memory: two buffers of ar_buffer() floats, then the row table (2 ints a row).
 #define AR_TO 8
+
+#include "async_copy.cuh"
+
+__device__ __forceinline__ int ar_buffer(int tp, int ld_o, int rows, int ld_x)
+{
+    return (tp * ld_o + rows * ld_x + 3) & ~3;          // 16-byte aligned: the gy tile takes 16-byte loads
+}
 
 template <int KW, int SW, int RI>
 __device__ __forceinline__ void accgrad_rows_tiles(const float* __restrict__ x, const float* __restrict__ gy,
                                                    float* __restrict__ partials,
                                                    int S, int f, int h, int w, int kh, int sh,
                                                    int ph, int pw, int oh, int ow, int fo,
-                                                   int tp, int tiles_row, long long chunk, int vec)
+                                                   int tp, int tiles_row, long long chunk)
 {
     extern __shared__ __align__(16) float smem[];
     const int NOG = (fo + AR_TO - 1) / AR_TO, nir = kh / RI, R = f * kh;
     const int ld_o = ag_ld(NOG * AR_TO), xl = (tp - 1) * SW + KW, ld_x = xl | 1;
-    float* sg = smem;                                   // [tp][ld_o]: gy
-    float* sx = sg + tp * ld_o;                         // [f*kh][ld_x]: the input rows
-    int* r_off = (int*)(sx + R * ld_x);                 // [f*kh]: the row's plane offset c*h*w
+    const int buf = ar_buffer(tp, ld_o, R, ld_x);       // a buffer: gy [tp][ld_o], then rows [f*kh][ld_x]
+    int* r_off = (int*)(smem + 2 * buf);                // [f*kh]: the row's plane offset c*h*w
     int* r_i = r_off + R;                               // [f*kh]: its kernel row i
     const int nt = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x;
     const int HW = h * w, P = oh * ow, K = f * kh * KW;
@@ -311,9 +321,44 @@ __device__ __forceinline__ void accgrad_rows_tiles(const float* __restrict__ x, 
         r_off[r] = c * HW;
         r_i[r] = r - c * kh;
     }
+    // gy's fill: element e = tid + m*nt is lane e & 31 of block e >> 5, a block 4 outputs x 8
+    // positions (lane: output l >> 3, position l & 7): a warp reads 4 rows of 32 bytes and writes
+    // 32 banks. Blocks: (ob, qb) over (ceil(f'/4), ceil(tp/8)).
+    const int nob = (fo + 3) / 4, nqb = (tp + 7) / 8;
+    const int g_l0 = tid & 31, g_b0 = tid >> 5, g_dl = nt & 31, g_db = nt >> 5;
+    // the rows' fill: element e = tid + m*nt as (row, column)
+    const int x_r0 = tid / xl, x_u0 = tid - x_r0 * xl, x_dr = nt / xl, x_du = nt - x_dr * xl;
+    auto stage = [&](int s, int oy, int xt, float* base) {
+        float* sg = base;
+        float* sx = base + tp * ld_o;
+        const int ox0 = xt * tp;
+        const long long gbase = (long long)s * fo * P + (long long)oy * ow + ox0;   // gy[s][0][oy][ox0]
+        for (int l = g_l0, ob = g_b0 % nob, qb = g_b0 / nob; qb < nqb;) {
+            const int o = ob * 4 + (l >> 3), q = qb * 8 + (l & 7);
+            if (o < fo && q < tp) {
+                const bool in = ox0 + q < ow;
+                async_copy4(sg + q * ld_o + o, in ? gy + gbase + (long long)o * P + q : gy, in);
+            }
+            l += g_dl;
+            ob += g_db + (l >> 5);
+            l &= 31;
+            while (ob >= nob) { ob -= nob; ++qb; }
+        }
+        const long long ximg = (long long)s * f * HW;
+        const int iy0 = oy * sh - ph, ix0 = ox0 * SW - pw;
+        for (int r = x_r0, u = x_u0; r < R;) {
+            const int iy = iy0 + r_i[r], ix = ix0 + u;
+            const bool in = iy >= 0 && iy < h && ix >= 0 && ix < w;
+            async_copy4(sx + r * ld_x + u, in ? x + ximg + r_off[r] + iy * w + ix : x, in);
+            r += x_dr;
+            u += x_du;
+            if (u >= xl) { u -= xl; ++r; }
+        }
+        async_commit();
+    };
     const int og = threadIdx.x % NOG, cr = threadIdx.x / NOG;        // cr = c*nir + ir
     const int c = cr / nir, ir = cr - c * nir;
-    const float* xr = sx + (c * kh + ir * RI) * ld_x;                // the thread's first row
+    const int xoff = tp * ld_o + (c * kh + ir * RI) * ld_x;           // the thread's first row in a buffer
     const int qg = tp / blockDim.y, q0 = threadIdx.y * qg;
     float acc[AR_TO][RI * KW];
 #pragma unroll
@@ -322,44 +367,25 @@ __device__ __forceinline__ void accgrad_rows_tiles(const float* __restrict__ x, 
         for (int v = 0; v < RI * KW; ++v) acc[u][v] = 0.f;
     const long long T = (long long)S * oh * tiles_row;
     const long long t0 = blockIdx.x * chunk, t1 = min(T, t0 + chunk);
-    // the first tile's (image, row, column tile); then stepped, without division
+    // the next tile to stage as (image, row, column tile): divided once, then stepped
     int s = (int)(t0 / ((long long)oh * tiles_row));
-    int rem = (int)(t0 - (long long)s * oh * tiles_row);
-    int oy = rem / tiles_row, xt = rem - oy * tiles_row;
-    // the x fill's element e = tid + m*nt as (row, column), stepped by nt
-    const int step_r = nt / xl, step_u = nt - step_r * xl;
-    __syncthreads();
+    int oy = (int)(t0 - (long long)s * oh * tiles_row) / tiles_row;
+    int xt = (int)(t0 - (long long)s * oh * tiles_row) - oy * tiles_row;
+    auto advance = [&]() { if (++xt == tiles_row) { xt = 0; if (++oy == oh) { oy = 0; ++s; } } };
+    __syncthreads();                                      // the row table
+    if (t0 < t1) { stage(s, oy, xt, smem); advance(); }
+    int cur = 0;
     for (long long t = t0; t < t1; ++t) {
-        const int ox0 = xt * tp;
-        const long long gbase = (long long)s * fo * P + (long long)oy * ow + ox0;   // gy[s][0][oy][ox0]
-        if (vec) {
-            // lane (o & 7, m & 3): a warp loads 8 gy rows of 64 bytes; stores hit 16 banks twice
-            const int nm = tp / 4, noh = (fo + 7) / 8, nmh = (nm + 3) / 4;
-            for (int e = tid; e < 32 * noh * nmh; e += nt) {
-                const int rest = e >> 5, o = (rest % noh) * 8 + (e & 7), m = (rest / noh) * 4 + ((e >> 3) & 3);
-                if (o < fo && m < nm) {
-                    const float4 v = *reinterpret_cast<const float4*>(gy + gbase + (long long)o * P + 4 * m);
-                    float* d = sg + 4 * m * ld_o + o;
-                    d[0] = v.x; d[ld_o] = v.y; d[2 * ld_o] = v.z; d[3 * ld_o] = v.w;
-                }
-            }
+        if (t + 1 < t1) {
+            stage(s, oy, xt, smem + (cur ^ 1) * buf);
+            advance();
+            async_wait_but_one();
         } else {
-            for (int e = tid; e < fo * tp; e += nt) {
-                const int o = e / tp, q = e - o * tp;
-                sg[q * ld_o + o] = ox0 + q < ow ? gy[gbase + (long long)o * P + q] : 0.f;
-            }
-        }
-        {
-            const long long ximg = (long long)s * f * HW;
-            const int iy0 = oy * sh - ph, ix0 = ox0 * SW - pw;
-            int r = tid / xl, u = tid - (tid / xl) * xl;
-            for (; r < R; r += step_r, u += step_u) {
-                if (u >= xl) { u -= xl; ++r; if (r >= R) break; }
-                const int iy = iy0 + r_i[r], ix = ix0 + u;
-                sx[r * ld_x + u] = (iy >= 0 && iy < h && ix >= 0 && ix < w) ? x[ximg + r_off[r] + iy * w + ix] : 0.f;
-            }
+            async_wait_all();
         }
         __syncthreads();
+        const float* sg = smem + cur * buf;
+        const float* xr = sg + xoff;
         float win[RI][KW];
 #pragma unroll
         for (int r = 0; r < RI; ++r)
@@ -388,10 +414,9 @@ __device__ __forceinline__ void accgrad_rows_tiles(const float* __restrict__ x, 
 #pragma unroll
                 for (int j = 0; j < KW - SW; ++j) win[r][j] = win[r][j + SW];
         }
-        __syncthreads();
-        if (++xt == tiles_row) { xt = 0; if (++oy == oh) { oy = 0; ++s; } }
+        __syncthreads();                                  // before the next stage overwrites this buffer
+        cur ^= 1;
     }
-    if (c >= f) return;                                   // threads past the block's rows (none today)
     float* out = partials + ((long long)blockIdx.x * blockDim.y + threadIdx.y) * fo * K;
 #pragma unroll
     for (int u = 0; u < AR_TO; ++u) {
@@ -409,10 +434,10 @@ __device__ __forceinline__ void accgrad_rows_tiles(const float* __restrict__ x, 
     extern "C" __global__ void NAME(const float* __restrict__ x, const float* __restrict__ gy,        \
                                     float* __restrict__ partials, int S, int f, int h, int w, int kh,  \
                                     int sh, int ph, int pw, int oh, int ow, int fo, int tp,           \
-                                    int tiles_row, long long chunk, int vec)                          \
+                                    int tiles_row, long long chunk)                                   \
     {                                                                                                  \
         accgrad_rows_tiles<KW, SW, RI>(x, gy, partials, S, f, h, w, kh, sh, ph, pw, oh, ow, fo, tp,   \
-                                       tiles_row, chunk, vec);                                         \
+                                       tiles_row, chunk);                                              \
     }
 ACCGRAD_ROWS(accgrad_rows_k3s1, 3, 1, 3)     // a thread: 8 outputs x a whole 3x3 plane (72 FMAs a position)
 ACCGRAD_ROWS(accgrad_rows_k7s2, 7, 2, 1)     // 8 outputs x one 7-tap kernel row (56)
