@@ -53,23 +53,24 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """auto's cue to time gemm again where its speed changed (backends.auto). 1x1 kernels without
     padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
-    ResNet-50's layers), 2 since each pass's form is tuned. Other kernels' accGrad: 1 since its
-    form is tuned (per-image products: VGG-16's and ResNet's 3-plane first layers), 2 since the
-    implicit form (accgrad_small) joined them, 3 since im2col and col2im take a (positions, taps,
-    images) grid (no 64-bit division per element; their fprop and bprop 1 since then), 4 since
-    accgrad_small has no division per element and 16-byte shared loads, 5 since its gy fill takes
-    16-byte global loads where tiles are whole, 6 since implicit8 (8 outputs a thread) joined the
-    forms, 7 since the rows form joined them and the partial gradients are summed by one kernel
-    (sum_rows), 8 since the rows form fills two buffers by cp.async, 9 since those fills step
-    pointers (a few instructions a copy, not ~60). The form's own tuning record is keyed by the revision too (form_key), so a changed form
-    is timed again."""
+    ResNet-50's layers), 2 since each pass's form is tuned, accGrad 3 since its per-image partials
+    are summed by sum_rows, strided bprop 3 since col2im writes gx once (no zeroed gx and scatter). Other kernels' accGrad: 1 since its form is tuned (per-image products:
+    VGG-16's and ResNet's 3-plane first layers), 2 since the implicit form (accgrad_small) joined
+    them, 3 since im2col and col2im take a (positions, taps, images) grid (no 64-bit division per
+    element; their fprop and bprop 1 since then), 4 since accgrad_small has no division per element
+    and 16-byte shared loads, 5 since its gy fill takes 16-byte global loads where tiles are whole,
+    6 since implicit8 (8 outputs a thread) joined the forms, 7 since the rows form joined them and
+    the partial gradients are summed by one kernel (sum_rows), 8 since the rows form fills two
+    buffers by cp.async, 9 since those fills step pointers (a few instructions a copy, not ~60), 10
+    since the per-image products are summed by sum_rows too, not CuPy's axis-0 sum. The form's own
+    tuning record is keyed by the revision too (form_key), so a changed form is timed again."""
     return _revision(pass_name, geometry(x_shape, w_shape, stride, padding))
 
 
 def _revision(pass_name, g):
     if _pointwise(g):
-        return 2
-    return 9 if pass_name == "accgrad" else 1
+        return {"accgrad": 3, "bprop": 3 if _strided(g) else 2}.get(pass_name, 2)
+    return 10 if pass_name == "accgrad" else 1
 
 
 def _batch_chunks(g):
@@ -110,8 +111,9 @@ def _launch_planes(kernel, positions, planes, n, args):
     kernel((-(-positions // bx), min(planes, 65535), -(-n // (by * IM_IMAGES))), (bx, by), args)
 
 
-def _col2im(xp, cols, g, n):
-    """cols (f*kh*kw, n*oh*ow) -> gx (n, f, h, w), summing overlapping taps."""
+def _col2im(xp, cols, g, n, out=None, per_image=False):
+    """cols (f*kh*kw, n*oh*ow), or (n, f*kh*kw, oh*ow) per_image (GPU only) -> gx (n, f, h, w),
+    summing overlapping taps; into `out` (C-contiguous) where given."""
     if xp is np:
         c6 = cols.reshape(g.f, g.kh, g.kw, n, g.oh, g.ow)
         gpad = np.zeros((n, g.f, g.h + 2 * g.ph, g.w + 2 * g.pw), dtype=np.float32)
@@ -120,8 +122,8 @@ def _col2im(xp, cols, g, n):
             for j in range(g.kw):
                 gpad[:, :, i:i + ys:g.sh, j:j + xs:g.sw] += c6[:, i, j].transpose(1, 0, 2, 3)
         return gpad[:, :, g.ph:g.ph + g.h, g.pw:g.pw + g.w]
-    gx = xp.empty((n, g.f, g.h, g.w), dtype=np.float32)
-    kernel = cuda_module("im2col.cu").get_function("col2im")
+    gx = xp.empty((n, g.f, g.h, g.w), dtype=np.float32) if out is None else out
+    kernel = cuda_module("im2col.cu").get_function("col2im_images" if per_image else "col2im")
     _launch_planes(kernel, g.h * g.w, g.f, n, (cols, gx) + _int32_args(g, n))
     return gx
 
@@ -218,17 +220,25 @@ def _bprop_1x1(xp, gy, w, g):
     gy3 = gy.reshape(g.S, g.fo, g.oh * g.ow)                       # (S, f', P)
 
     def run(form):
-        gx = (xp.zeros if _strided(g) else xp.empty)((g.S, g.f, g.h, g.w), dtype=np.float32)
+        gpu_fold = _strided(g) and xp is not np                    # col2im writes every pixel once
+        gx = (xp.zeros if _strided(g) and not gpu_fold else xp.empty)((g.S, g.f, g.h, g.w), dtype=np.float32)
         if form == "per_image" and not _strided(g):
             cgemm.matmul(xp, w2t, gy3, out=_batch_of(gx.reshape(g.S, g.f, g.h * g.w)), strict=True)
             return gx
         per_image = (g.f + (g.fo if form == "flat" else 0)) * g.oh * g.ow * 4
         for sl in _image_chunks(g, per_image):
             if form == "per_image":
-                cols = cgemm.matmul(xp, w2t, gy3[sl], strict=True).reshape(-1, g.f, g.oh, g.ow)   # (n, f, oh, ow)
+                cols = cgemm.matmul(xp, w2t, gy3[sl], strict=True)                        # (n, f, P)
             else:
-                cols = cgemm.matmul(xp, w2t, _flat(gy[sl]), strict=True)            # (f, n*P)
-                cols = cols.reshape(g.f, -1, g.oh, g.ow).transpose(1, 0, 2, 3)                  # (n, f, oh, ow)
+                cols = cgemm.matmul(xp, w2t, _flat(gy[sl]), strict=True)                  # (f, n*P)
+            n = sl.stop - sl.start
+            if gpu_fold:                                           # the taps, zeros between them
+                _col2im(xp, cols, g, n, out=gx[sl], per_image=form == "per_image")
+                continue
+            if form == "per_image":
+                cols = cols.reshape(-1, g.f, g.oh, g.ow)                                  # (n, f, oh, ow)
+            else:
+                cols = cols.reshape(g.f, -1, g.oh, g.ow).transpose(1, 0, 2, 3)            # (n, f, oh, ow)
             _taps(gx[sl], g)[...] = cols                           # the taps; with a stride the rest stay 0
         return gx
     return run(_form(xp, "bprop", g, run))
@@ -245,7 +255,7 @@ def _accgrad_1x1(xp, gy, x, g):
             gwt = xp.zeros((g.f, g.fo), dtype=np.float32)
             for sl in _image_chunks(g, (g.fo * g.f + (g.f * P if _strided(g) else 0)) * 4):
                 parts = cgemm.matmul(xp, _columns(xp, x[sl], g), gy3[sl], op_b="T", strict=True)   # (n, f, f')
-                gwt += parts.reshape(-1, g.f, g.fo).sum(axis=0)
+                gwt += _sum_rows(xp, parts.reshape(-1, g.f * g.fo)).reshape(g.f, g.fo)
             return xp.ascontiguousarray(gwt.T).reshape(g.fo, g.f, 1, 1)
         gw = xp.zeros((g.fo, g.f), dtype=np.float32)
         for sl in _image_chunks(g, (g.fo + g.f) * P * 4):
@@ -312,7 +322,7 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
         for sl in _image_chunks(g, (K * P + g.fo * K) * 4):
             parts = cgemm.matmul(xp, gy[sl].reshape(-1, g.fo, P), _im2col(xp, x[sl], g, per_image=True),
                                  op_b="T", strict=True)           # (n, f', K), or (f', K) for n = 1
-            gw += parts.reshape(-1, g.fo, K).sum(axis=0)
+            gw += _sum_rows(xp, parts.reshape(-1, g.fo * K)).reshape(g.fo, K)
         return gw.reshape(tuple(w_shape))
     forms = FORMS + tuple(f for f in IMPLICIT if _implicit_fits(g, f)) + (("rows",) if _rows_plan(g, xp) else ())
     return run(_form(xp, "accgrad", g, run, forms))
