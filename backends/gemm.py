@@ -111,9 +111,8 @@ def _launch_planes(kernel, positions, planes, n, args):
     kernel((-(-positions // bx), min(planes, 65535), -(-n // (by * IM_IMAGES))), (bx, by), args)
 
 
-def _col2im(xp, cols, g, n, out=None, per_image=False):
-    """cols (f*kh*kw, n*oh*ow), or (n, f*kh*kw, oh*ow) per_image (GPU only) -> gx (n, f, h, w),
-    summing overlapping taps; into `out` (C-contiguous) where given."""
+def _col2im(xp, cols, g, n):
+    """cols (f*kh*kw, n*oh*ow) -> gx (n, f, h, w), summing overlapping taps."""
     if xp is np:
         c6 = cols.reshape(g.f, g.kh, g.kw, n, g.oh, g.ow)
         gpad = np.zeros((n, g.f, g.h + 2 * g.ph, g.w + 2 * g.pw), dtype=np.float32)
@@ -122,10 +121,16 @@ def _col2im(xp, cols, g, n, out=None, per_image=False):
             for j in range(g.kw):
                 gpad[:, :, i:i + ys:g.sh, j:j + xs:g.sw] += c6[:, i, j].transpose(1, 0, 2, 3)
         return gpad[:, :, g.ph:g.ph + g.h, g.pw:g.pw + g.w]
-    gx = xp.empty((n, g.f, g.h, g.w), dtype=np.float32) if out is None else out
+    return _fold(xp, cols, g, n, xp.empty((n, g.f, g.h, g.w), dtype=np.float32))
+
+
+def _fold(xp, cols, g, n, out, per_image=False):
+    """kernels/im2col.cu's col2im into `out` (n, f, h, w), C-contiguous, on the GPU: cols in
+    im2col's layout, or (n, f*kh*kw, oh*ow) per_image. Every pixel is written once, zero where no
+    tap covers it: for a strided 1x1 kernel, its taps placed in gx in one pass."""
     kernel = cuda_module("im2col.cu").get_function("col2im_images" if per_image else "col2im")
-    _launch_planes(kernel, g.h * g.w, g.f, n, (cols, gx) + _int32_args(g, n))
-    return gx
+    _launch_planes(kernel, g.h * g.w, g.f, n, (cols, out) + _int32_args(g, n))
+    return out
 
 
 def _pointwise(g):
@@ -233,7 +238,7 @@ def _bprop_1x1(xp, gy, w, g):
                 cols = cgemm.matmul(xp, w2t, _flat(gy[sl]), strict=True)                  # (f, n*P)
             n = sl.stop - sl.start
             if gpu_fold:                                           # the taps, zeros between them
-                _col2im(xp, cols, g, n, out=gx[sl], per_image=form == "per_image")
+                _fold(xp, cols, g, n, gx[sl], per_image=form == "per_image")
                 continue
             if form == "per_image":
                 cols = cols.reshape(-1, g.f, g.oh, g.ow)                                  # (n, f, oh, ow)
