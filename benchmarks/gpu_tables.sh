@@ -7,7 +7,9 @@
 # written back into $OUT: carry it from call to call. --tf32 adds the `auto TF32` row (its own
 # tuning). --ours adds the step over our own algorithms alone (MINITORCH_AUTO_BACKENDS=ours, issue 18's
 # headline; its own result file). Each step has a time limit; what it finished is in $OUT/results.tgz
-# (tables) and its log.
+# (tables) and its log. TABLE3_RUNS=3 times each network three times and gives the median run and each
+# layer-pass's median (session 15: single runs had a layer-pass now and then 2-6x slower than in
+# every other run, e.g. ResNet-18's conv12 fprop 1.62 ms against 0.27).
 #   MINITORCH_COMMIT=<sha sent> TUNE=.dev/tune/autotune.json bash benchmarks/gpu_tables.sh vgg16 [--tf32] [--no-step] [--ours]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +37,7 @@ save() {   # the tables and the cache so far, whatever the next step does
     tar czf "$out/results.tgz" -C "$results" .
 }
 timeout "${TABLE3_S:-330}" python3 -m benchmarks.paper table3 --networks "$net" --impls auto "${tf32[@]}" --quick \
-    --out "$results" > "$out/table3_$net.log" 2>&1
+    --runs "${TABLE3_RUNS:-1}" --out "$results" > "$out/table3_$net.log" 2>&1
 echo "table3 $net: exit $?"
 save
 if [ "$step" = 1 ]; then
