@@ -54,8 +54,8 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """auto's cue to time gemm again where its speed changed (backends.auto). 1x1 kernels without
     padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
     ResNet-50's layers), 2 since each pass's form is tuned, accGrad 3 since its per-image partials
-    are summed by sum_rows, strided bprop 3 since col2im writes gx once (no zeroed gx and scatter). Other kernels' accGrad: 1 since its form is tuned (per-image products:
-    VGG-16's and ResNet's 3-plane first layers), 2 since the implicit form (accgrad_small) joined
+    are summed by sum_rows, strided bprop 3 since col2im writes gx once (no zeroed gx and
+    scatter). Other kernels' accGrad: 1 since its form is tuned (per-image products: VGG-16's and ResNet's 3-plane first layers), 2 since the implicit form (accgrad_small) joined
     them, 3 since im2col and col2im take a (positions, taps, images) grid (no 64-bit division per
     element; their fprop and bprop 1 since then), 4 since accgrad_small has no division per element
     and 16-byte shared loads, 5 since its gy fill takes 16-byte global loads where tiles are whole,
@@ -436,7 +436,8 @@ def _accgrad_rows(xp, gy, x, g):
     """gw (f', f*kh*kw) by the rows form: partial gradients over chunks of tiles (tp output positions
     of one output row), each group of a block one partial, summed after. kernels/im2col.cu's
     accgrad_rows_* on the GPU; on the CPU the same tiles, chunks and groups in NumPy, so that CI
-    checks the plan (partial tiles, chunks across rows and images)."""
+    checks the plan (partial tiles, chunks across rows and images, groups), not the kernel's own
+    indexing (the GPU tests do)."""
     K, P = g.f * g.kh * g.kw, g.oh * g.ow
     name, group, groups, tp, tiles_row, smem = _rows_plan(g, xp)
     if xp is np:
@@ -474,6 +475,7 @@ def _sum_rows(xp, a):
     """The sum of a 2-D float32 array's rows, in a fixed order (kernels/im2col.cu sum_rows on the GPU)."""
     if xp is np:
         return a.sum(axis=0)
+    a = xp.ascontiguousarray(a, dtype=np.float32)
     rows, cols = a.shape
     out = xp.empty(cols, dtype=np.float32)
     cuda_module("im2col.cu").get_function("sum_rows")((-(-cols // 32),), (32, 32),

@@ -196,11 +196,14 @@ def test_accgrad_forms_match_float64(device, form, xs, ws, stride, padding, monk
 
 
 ROWS_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),       # partial tiles (tp 12 > ow 9), 4 groups
-              ((3, 3, 16, 8), (6, 3, 3, 3), (1, 1), (1, 1)),       # whole tiles, 16-byte gy loads
+              ((3, 3, 16, 8), (6, 3, 3, 3), (1, 1), (1, 1)),       # whole tiles
               ((2, 3, 20, 56), (64, 3, 3, 3), (1, 1), (1, 1)),     # VGG-16 conv1_1's block: 96 threads, tp 56
+              ((2, 3, 12, 150), (10, 3, 3, 3), (1, 1), (1, 1)),    # 5 tiles a row, the last partial
               ((3, 4, 10, 12), (6, 4, 3, 3), (2, 1), (1, 0)),      # row stride 2, no column padding
               ((2, 3, 30, 26), (64, 3, 7, 7), (2, 2), (3, 3)),     # ResNet's conv1: 2 groups of 168 threads
-              ((2, 3, 35, 31), (8, 3, 11, 11), (4, 4), (2, 2))]    # AlexNet's conv1 kernel: 4 groups of 33
+              ((1, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3)),   # ResNet's conv1 whole: 2 tiles a row, > 48 KiB
+              ((2, 3, 35, 31), (8, 3, 11, 11), (4, 4), (2, 2)),    # AlexNet's conv1 kernel: 4 groups of 33
+              ((1, 3, 67, 67), (64, 3, 11, 11), (4, 4), (2, 2))]   # AlexNet's conv1 block: 1 group of 264
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -220,10 +223,11 @@ def test_accgrad_rows_form_matches_float64(device, xs, ws, stride, padding, monk
 
 def test_accgrad_rows_form_takes_only_its_kernels():
     """The rows form is offered for the (kernel width, stride) pairs it has kernels for, with the
-    kernel rows a thread dividing kh, and tiles within 48 KiB of shared memory."""
+    kernel rows a thread dividing kh, and two buffers within ROWS_SMEM (96 KiB) of shared memory."""
     plan = lambda xs, ws, s, p: gemm._rows_plan(backends.geometry(xs, ws, s, p))
     assert plan((64, 3, 224, 224), (64, 3, 3, 3), (1, 1), (1, 1))[1:4] == (24, 4, 56)
     assert plan((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3))[1:4] == (168, 2, 56)
+    assert plan((128, 3, 224, 224), (64, 3, 11, 11), (4, 4), (2, 2))[1:4] == (264, 1, 55)
     assert plan((8, 3, 32, 32), (8, 3, 5, 3), (1, 1), (1, 1)) is None        # kh 5: not 3 rows a thread
     assert plan((8, 3, 32, 32), (8, 3, 5, 5), (1, 1), (1, 1)) is None        # no 5-wide kernel
     assert plan((8, 64, 224, 224), (64, 64, 3, 3), (1, 1), (1, 1)) is None   # 192 input rows: > 96 KiB

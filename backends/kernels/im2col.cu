@@ -85,7 +85,7 @@ __device__ __forceinline__ void fold(const float* __restrict__ cols, float* __re
                 for (int j = j0, ox = ox0; j < kw && ox >= 0; j += sw, --ox) {
                     if (ox >= ow) continue;
                     const long long k = ((long long)c * kh + i) * kw + j;
-                    acc += cols[(PER_IMAGE ? (s * K + k) * P : k * S * P + s * P) + oy * ow + ox];
+                    acc += cols[(PER_IMAGE ? ((long long)s * K + k) * P : k * S * P + s * P) + oy * ow + ox];
                 }
             }
             gx[((long long)s * f + c) * HW + pix] = acc;
