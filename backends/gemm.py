@@ -52,18 +52,19 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """auto's cue to time gemm again where its speed changed (backends.auto). 1x1 kernels without
-    padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on
-    ResNet-50's layers), 2 since each pass's form is tuned, accGrad 3 since its per-image partials
-    are summed by sum_rows, strided bprop 3 since col2im writes gx once (no zeroed gx and
-    scatter). Other kernels' accGrad: 1 since its form is tuned (per-image products: VGG-16's and
-    ResNet's 3-plane first layers), 2 since the implicit form (accgrad_small) joined them, 3 since im2col and col2im take a (positions, taps, images) grid (no 64-bit division per
-    element; their fprop and bprop 1 since then), 4 since accgrad_small has no division per element
-    and 16-byte shared loads, 5 since its gy fill takes 16-byte global loads where tiles are whole,
-    6 since implicit8 (8 outputs a thread) joined the forms, 7 since the rows form joined them and
-    the partial gradients are summed by one kernel (sum_rows), 8 since the rows form fills two
-    buffers by cp.async, 9 since those fills step pointers (a few instructions a copy, not ~60), 10
-    since the per-image products are summed by sum_rows too, not CuPy's axis-0 sum. The form's own
-    tuning record is keyed by the revision too (form_key), so a changed form is timed again."""
+    padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on ResNet-50's
+    layers), 2 since each pass's form is tuned, accGrad 3 since its per-image partials are summed by
+    sum_rows, strided bprop 3 since col2im writes gx once (no zeroed gx and scatter). Other kernels'
+    accGrad: 1 since its form is tuned (per-image products: VGG-16's and ResNet's 3-plane first
+    layers), 2 since the implicit form (accgrad_small) joined them, 3 since im2col and col2im take a
+    (positions, taps, images) grid (no 64-bit division per element; their fprop and bprop 1 since
+    then), 4 since accgrad_small has no division per element and 16-byte shared loads, 5 since its
+    gy fill takes 16-byte global loads where tiles are whole, 6 since implicit8 (8 outputs a thread)
+    joined the forms, 7 since the rows form joined them and the partial gradients are summed by one
+    kernel (sum_rows), 8 since the rows form fills two buffers by cp.async, 9 since those fills step
+    pointers (a few instructions a copy, not ~60), 10 since the per-image products are summed by
+    sum_rows too, not CuPy's axis-0 sum. The form's own tuning record is keyed by the revision too
+    (form_key), so a changed form is timed again."""
     return _revision(pass_name, geometry(x_shape, w_shape, stride, padding))
 
 
