@@ -67,7 +67,7 @@ SETTINGS = {s.name: s for s in (
     Setting("auto_memory_mb", "MINITORCH_AUTO_MEMORY_MB", "mib", None,
             "extra GPU memory a candidate may take while auto times it (unset: no cap)", False),
     Setting("gemm_tune", "MINITORCH_GEMM_TUNE", "tune", "auto",
-            "gemm tunes its forms (per-image GEMMs, one over the batch, accGrad's implicit kernel): "
+            "gemm tunes its forms (per-image GEMMs, one over the batch, accGrad's implicit and rows kernels): "
             "auto = on the GPU only, on, off",
             True),
     Setting("cufft_tune", "MINITORCH_CUFFT_TUNE", "tune", "auto",

@@ -54,7 +54,8 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """auto's cue to time gemm again where its speed changed (backends.auto). 1x1 kernels without
     padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on ResNet-50's
     layers), 2 since each pass's form is tuned, accGrad 3 since its per-image partials are summed by
-    sum_rows, strided bprop 3 since col2im writes gx once (no zeroed gx and scatter). Other kernels'
+    sum_rows, strided bprop 3 while col2im placed its taps (slower: 1.02 -> 1.12 ms on ResNet-50's
+    conv15, exp_gemm_forms), 4 since the zeroed gx and its scatter are back. Other kernels'
     accGrad: 1 since its form is tuned (per-image products: VGG-16's and ResNet's 3-plane first
     layers), 2 since the implicit form (accgrad_small) joined them, 3 since im2col and col2im take a
     (positions, taps, images) grid (no 64-bit division per element; their fprop and bprop 1 since
@@ -70,7 +71,7 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 def _revision(pass_name, g):
     if _pointwise(g):
-        return {"accgrad": 3, "bprop": 3 if _strided(g) else 2}.get(pass_name, 2)
+        return {"accgrad": 3, "bprop": 4 if _strided(g) else 2}.get(pass_name, 2)
     return 10 if pass_name == "accgrad" else 1
 
 
@@ -122,16 +123,10 @@ def _col2im(xp, cols, g, n):
             for j in range(g.kw):
                 gpad[:, :, i:i + ys:g.sh, j:j + xs:g.sw] += c6[:, i, j].transpose(1, 0, 2, 3)
         return gpad[:, :, g.ph:g.ph + g.h, g.pw:g.pw + g.w]
-    return _fold(xp, cols, g, n, xp.empty((n, g.f, g.h, g.w), dtype=np.float32))
-
-
-def _fold(xp, cols, g, n, out, per_image=False):
-    """kernels/im2col.cu's col2im into `out` (n, f, h, w), C-contiguous, on the GPU: cols in
-    im2col's layout, or (n, f*kh*kw, oh*ow) per_image. Every pixel is written once, zero where no
-    tap covers it: for a strided 1x1 kernel, its taps placed in gx in one pass."""
-    kernel = cuda_module("im2col.cu").get_function("col2im_images" if per_image else "col2im")
-    _launch_planes(kernel, g.h * g.w, g.f, n, (cols, out) + _int32_args(g, n))
-    return out
+    gx = xp.empty((n, g.f, g.h, g.w), dtype=np.float32)
+    kernel = cuda_module("im2col.cu").get_function("col2im")
+    _launch_planes(kernel, g.h * g.w, g.f, n, (cols, gx) + _int32_args(g, n))
+    return gx
 
 
 def _pointwise(g):
@@ -226,25 +221,17 @@ def _bprop_1x1(xp, gy, w, g):
     gy3 = gy.reshape(g.S, g.fo, g.oh * g.ow)                       # (S, f', P)
 
     def run(form):
-        gpu_fold = _strided(g) and xp is not np                    # col2im writes every pixel once
-        gx = (xp.zeros if _strided(g) and not gpu_fold else xp.empty)((g.S, g.f, g.h, g.w), dtype=np.float32)
+        gx = (xp.zeros if _strided(g) else xp.empty)((g.S, g.f, g.h, g.w), dtype=np.float32)
         if form == "per_image" and not _strided(g):
             cgemm.matmul(xp, w2t, gy3, out=_batch_of(gx.reshape(g.S, g.f, g.h * g.w)), strict=True)
             return gx
         per_image = (g.f + (g.fo if form == "flat" else 0)) * g.oh * g.ow * 4
         for sl in _image_chunks(g, per_image):
             if form == "per_image":
-                cols = cgemm.matmul(xp, w2t, gy3[sl], strict=True)                        # (n, f, P)
+                cols = cgemm.matmul(xp, w2t, gy3[sl], strict=True).reshape(-1, g.f, g.oh, g.ow)   # (n, f, oh, ow)
             else:
-                cols = cgemm.matmul(xp, w2t, _flat(gy[sl]), strict=True)                  # (f, n*P)
-            n = sl.stop - sl.start
-            if gpu_fold:                                           # the taps, zeros between them
-                _fold(xp, cols, g, n, gx[sl], per_image=form == "per_image")
-                continue
-            if form == "per_image":
-                cols = cols.reshape(-1, g.f, g.oh, g.ow)                                  # (n, f, oh, ow)
-            else:
-                cols = cols.reshape(g.f, -1, g.oh, g.ow).transpose(1, 0, 2, 3)            # (n, f, oh, ow)
+                cols = cgemm.matmul(xp, w2t, _flat(gy[sl]), strict=True)            # (f, n*P)
+                cols = cols.reshape(g.f, -1, g.oh, g.ow).transpose(1, 0, 2, 3)                  # (n, f, oh, ow)
             _taps(gx[sl], g)[...] = cols                           # the taps; with a stride the rest stay 0
         return gx
     return run(_form(xp, "bprop", g, run))

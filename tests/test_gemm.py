@@ -144,10 +144,8 @@ POINTWISE = [((3, 5, 7, 9), (4, 5, 1, 1), (1, 1)),    # odd planes, stride 1
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("xs,ws,stride", POINTWISE)
 def test_pointwise_kernels_match_float64(device, xs, ws, stride, monkeypatch):
-    """All three passes on the GEMM-only path: no column matrix, im2col and col2im are never called
-    (until session 12 bprop and accGrad went through them, which this test, then without the trap,
-    let pass). A strided bprop places its GEMM's products in gx with col2im's kernel (_fold, on
-    the GPU): one write a pixel, zeros between the taps."""
+    """All three passes on the GEMM-only path: im2col and col2im are never called (until session
+    12 bprop and accGrad went through them, which this test, then without the trap, let pass)."""
     rng = np.random.default_rng(11)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
     assert gemm._pointwise(backends.geometry(xs, ws, stride, (0, 0)))

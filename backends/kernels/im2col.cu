@@ -62,14 +62,11 @@ extern "C" __global__ void im2col_images(const float* __restrict__ x, float* __r
 // covers it. No atomics, so the result is deterministic. The grid as im2col's, over (pixels, planes,
 // images): a thread finds its pixel's first covering tap and output row once (the taps that land
 // on an output row step by the stride, their rows by one), then sums for each of its images.
-// Layouts as im2col's (PER_IMAGE: gemm's per-image 1x1 bprop, whose products come image by image).
-// Every pixel is written, zero where no tap covers it: a strided 1x1 bprop needs no zeroed gx.
-template <bool PER_IMAGE>
-__device__ __forceinline__ void fold(const float* __restrict__ cols, float* __restrict__ gx,
-                                     int S, int f, int h, int w, int kh, int kw,
-                                     int sh, int sw, int ph, int pw, int oh, int ow)
+extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restrict__ gx,
+                                  int S, int f, int h, int w, int kh, int kw,
+                                  int sh, int sw, int ph, int pw, int oh, int ow)
 {
-    const int HW = h * w, K = f * kh * kw;
+    const int HW = h * w;
     const long long P = (long long)oh * ow;
     const int pix = blockIdx.x * blockDim.x + threadIdx.x;
     if (pix >= HW) return;
@@ -84,27 +81,12 @@ __device__ __forceinline__ void fold(const float* __restrict__ cols, float* __re
                 if (oy >= oh) continue;
                 for (int j = j0, ox = ox0; j < kw && ox >= 0; j += sw, --ox) {
                     if (ox >= ow) continue;
-                    const long long k = ((long long)c * kh + i) * kw + j;
-                    acc += cols[(PER_IMAGE ? ((long long)s * K + k) * P : k * S * P + s * P) + oy * ow + ox];
+                    acc += cols[(((long long)c * kh + i) * kw + j) * S * P + s * P + oy * ow + ox];
                 }
             }
             gx[((long long)s * f + c) * HW + pix] = acc;
         }
     }
-}
-
-extern "C" __global__ void col2im(const float* __restrict__ cols, float* __restrict__ gx,
-                                  int S, int f, int h, int w, int kh, int kw,
-                                  int sh, int sw, int ph, int pw, int oh, int ow)
-{
-    fold<false>(cols, gx, S, f, h, w, kh, kw, sh, sw, ph, pw, oh, ow);
-}
-
-extern "C" __global__ void col2im_images(const float* __restrict__ cols, float* __restrict__ gx,
-                                         int S, int f, int h, int w, int kh, int kw,
-                                         int sh, int sw, int ph, int pw, int oh, int ow)
-{
-    fold<true>(cols, gx, S, f, h, w, kh, kw, sh, sw, ph, pw, oh, ow);
 }
 
 // accGrad for small weight gradients (f' * f*kh*kw at most gemm.SMALL_GRADIENT), without a column
