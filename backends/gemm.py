@@ -29,7 +29,9 @@ gradients of few-plane layers, whose flat GEMM is one long K on a few output til
 output positions, each block one partial gradient in registers, and the partials are summed after
 (VGG-16's conv1_1 accGrad, b64: per_image 1.9 ms, 64 GEMMs of one tile each with K = 50176;
 implicit 0.87-1.03; cuDNN strict 0.8; benchmarks/NOTES.md, session 14). It is a candidate where its
-block fits.
+block fits. A fourth, "rows", has kernels for 3x3 s1, 7x7 s2 and 11x11 s4 kernels (accgrad_rows_*):
+tiles of one output row, each thread a window of taps sliding along the input rows in registers
+(VGG-16 conv1_1 0.69-0.71 ms, ResNet's conv1 1.23-1.27 against cuDNN strict's 1.60; session 15).
 
 Which form runs is tuned per geometry and pass where the gemm_tune setting tunes (the GPU by
 default, backends.tuning's recipe). Untuned: 1x1 fprop and bprop per-image; 1x1 accGrad whichever
