@@ -124,6 +124,7 @@ def table3(args, bar):
         runs = getattr(args, "runs", 1)
         totals = [{impl: {p: 0.0 for p in PASSES} for impl in impls} for _ in range(runs)]
         per_layer = {}    # (layer index, pass) -> {impl: [ms per run]}
+        chosen = {}       # (layer index, pass) -> {impl: [backend per run]} (ours)
         used, errors = {impl: [] for impl in impls}, {impl: [] for impl in impls}
         # Interleaved: every implementation runs each (layer, pass) before the next one starts,
         # so clock and thermal drift over the run falls on all of them alike. --runs repeats the
@@ -145,6 +146,7 @@ def table3(args, bar):
                         tf32 = impl == "auto TF32"
                         ms, err, b = run_ours(layer, "auto" if tf32 else impl, pn, args, tf32=tf32)
                         used[impl].append(b)
+                        chosen.setdefault((li, pn), {}).setdefault(impl, []).append(b)
                     errors[impl].append(err)
                 except Exception as e:  # noqa: BLE001 - reported, never hidden
                     failures.append(f"{net} {impl} {specs[li][0]} {pn}: {type(e).__name__}: {e}"[:300])
@@ -166,6 +168,15 @@ def table3(args, bar):
                    "geometry": f"{x_shape[1]}->{w_shape[0]} {x_shape[2]}x{x_shape[3]} k{w_shape[2]} "
                                f"s{stride[0]} p{padding[0]}",
                    **{f"ms {impl}": statistics.median(v) for impl, v in by_impl.items()}}
+            # every run's time and the backends that ran, in the JSON (session 15: single runs now and
+            # then had one layer-pass 2-6x slower than all other runs; a spread over 1.5x is said on stderr)
+            for impl, v in by_impl.items():
+                row[f"runs {impl}"] = " / ".join(f"{t:.3f}" for t in v)
+                if impl in chosen.get((li, pn), {}):
+                    row[f"backend {impl}"] = ",".join(sorted(set(chosen[(li, pn)][impl])))
+                if len(v) > 1 and min(v) > 0 and max(v) > 1.5 * min(v):
+                    print(f"unsteady: {net} {name} {pn} {impl}: {row[f'runs {impl}']} ms "
+                          f"({row.get(f'backend {impl}', 'cudnn')})", file=sys.stderr, flush=True)
             for impl in ("auto[ours]", "auto"):
                 row[f"x strict {impl}"] = row["ms cudnn_strict"] / row[f"ms {impl}"]
                 row[f"x TF32 {impl}"] = row["ms cudnn_tf32"] / row[f"ms {impl}"]

@@ -456,12 +456,15 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     times = iter([0.5, 0.6, 0.4] * 1000)                  # our calls, run after run
     monkeypatch.setattr(paper, "run_ours", lambda layer, impl, pn, args, tf32=False: (next(times), 1e-7, "fbfft"))
     args.runs, args.cgemm_tf32 = 3, False
-    rows, cols, failures, _, _ = paper.table3(args, bar)
+    rows, cols, failures, _, sections = paper.table3(args, bar)
     assert ("total ms per run", "runs_ms", "") in cols
     assert sum("(cuDNN itself)" in f for f in failures) == 2 * sum(n_layers.values())   # not once per run
     cudnn = next(r for r in rows if r["network"] == "alexnet" and r["implementation"] == "cudnn_strict")
     assert cudnn["total_ms"] == pytest.approx(3 * n_layers["alexnet"]) and cudnn["spread"] == 0
     assert len(calls) == 3 * 3 * sum(n_layers.values()) * 2                             # cuDNN: 2 modes
+    (_, layer_rows, _), = sections
+    row = layer_rows[0]          # every run's time and the backend that ran, per layer-pass (JSON only)
+    assert row["backend auto"] == "fbfft" and len(row["runs auto"].split(" / ")) == 3
 
     # a zoo network: the two autos only, by default; a layer where auto loses is a shortfall
     calls.clear()
