@@ -21,6 +21,7 @@ timing, provenance and result files.
 Settings come from backends.config only; nothing here reads the environment.
 """
 import datetime
+import gc
 import json
 import platform
 import re
@@ -321,7 +322,10 @@ def _spin_kernel(spin_us):
 
 
 def median_ms(fn, lib, warmup=3, repeat=10, before=None, spin_us=None):
-    """Median milliseconds of fn() over `repeat` timed calls, after `warmup` untimed ones.
+    """Median milliseconds of fn() over `repeat` timed calls, after `warmup` untimed ones, with
+    Python's garbage collector paused (as timeit does): a collection inside a timed span stalls
+    the host that launches the work, on either side of a comparison (session 15: table3 runs had
+    layer-passes of ours and of cuDNN's 2-6x slower than in the other runs; _median_ms below).
 
     lib "cupy" or "torch": CUDA events recorded on that library's current stream, the one the
     work is queued on; each timed call ends with a wait on its end event (a sync point). lib
@@ -330,6 +334,17 @@ def median_ms(fn, lib, warmup=3, repeat=10, before=None, spin_us=None):
     spin_us (cupy only): a spin kernel keeps the GPU busy that long before each timed call, so
     the host's enqueue of fn() is hidden and only the GPU's time is counted (the device is
     synchronised after warm-up then)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _median_ms(fn, lib, warmup, repeat, before, spin_us)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _median_ms(fn, lib, warmup, repeat, before, spin_us):
+    """median_ms's measurement, the collector's state left to the caller."""
     if warmup < 0 or repeat < 1:
         raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
     if lib == "cpu":

@@ -199,3 +199,20 @@ def test_peak_step_bytes_measures_cupy_as_pytorch_measures_itself():
                                      "torch")
     assert ours["peak"] - before == theirs["peak"] - t_before == 640 << 10
     assert ours["reserved"] >= ours["peak"] and keep.nbytes == t_keep.numel()
+
+
+def test_median_ms_pauses_the_garbage_collector():
+    """The collector is off inside every call median_ms makes (a collection would stall the host
+    inside a timed span) and back as it was afterwards."""
+    import gc
+
+    from benchmarks.harness import median_ms
+    seen = []
+    median_ms(lambda: seen.append(gc.isenabled()), "cpu", warmup=1, repeat=2)
+    assert seen == [False, False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        median_ms(lambda: None, "cpu", warmup=0, repeat=1)
+        assert not gc.isenabled()                     # left off where it was off
+    finally:
+        gc.enable()
