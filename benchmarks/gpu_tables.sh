@@ -7,9 +7,9 @@
 # written back into $OUT: carry it from call to call. --tf32 adds the `auto TF32` row (its own
 # tuning). --ours adds the step over our own algorithms alone (MINITORCH_AUTO_BACKENDS=ours, issue 18's
 # headline; its own result file). Each step has a time limit; what it finished is in $OUT/results.tgz
-# (tables) and its log. TABLE3_RUNS=3 times each network three times and gives the median run and each
-# layer-pass's median (session 15: single runs had a layer-pass now and then 2-6x slower than in
-# every other run, e.g. ResNet-18's conv12 fprop 1.62 ms against 0.27).
+# (tables) and its log. TABLE3_RUNS=3 times each network three times: each layer-pass's median,
+# summed (session 15: a layer-pass of one run now and then 2-6x slower than in the others, ours and
+# cuDNN's alike, e.g. ResNet-18's conv12 fprop 1.62 ms against 0.27).
 #   MINITORCH_COMMIT=<sha sent> TUNE=.dev/tune/autotune.json bash benchmarks/gpu_tables.sh vgg16 [--tf32] [--no-step] [--ours]
 set -uo pipefail
 cd "$(dirname "$0")/.."
