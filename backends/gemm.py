@@ -339,8 +339,12 @@ def _implicit_block(g, form="implicit"):
     to = IMPLICIT[form][1]
     bx, by = -(-g.f * g.kh * g.kw // AG_TK), -(-g.fo // to)
     cols_k, cols_o = bx * AG_TK, by * to
-    ld = [c + (4 - c) % 32 for c in (cols_k, cols_o)]           # kernels/im2col.cu ag_ld
-    return bx, by, AG_TP * sum(ld) * 4 + 3 * cols_k * 4 + AG_TP * 24
+    return bx, by, AG_TP * (_ag_ld(cols_k) + _ag_ld(cols_o)) * 4 + 3 * cols_k * 4 + AG_TP * 24
+
+
+def _ag_ld(columns):
+    """kernels/im2col.cu's ag_ld: a tile row's pitch in floats, 4 more than a multiple of 32."""
+    return columns + (4 - columns) % 32
 
 
 def _resident_blocks(kernel, threads, smem):
@@ -414,8 +418,7 @@ def _rows_plan(g, xp=np):
     whole = [t for t in range(min(g.ow, ROWS_TP), 0, -1) if g.ow % t == 0 and t % groups == 0]
     tp = whole[0] if whole and whole[0] >= min(g.ow, 16) else groups * -(-min(g.ow, 32) // groups)
     rows, width = g.f * g.kh, (tp - 1) * g.sw + g.kw
-    ld_o = nog * AR_TO + (4 - nog * AR_TO) % 32                    # kernels/im2col.cu ag_ld
-    buffer = -(-(tp * ld_o + rows * (width | 1)) // 4) * 4         # ar_buffer
+    buffer = -(-(tp * _ag_ld(nog * AR_TO) + rows * (width | 1)) // 4) * 4   # kernels/im2col.cu ar_buffer
     smem = 2 * buffer * 4 + 2 * rows * 4
     if smem > ROWS_SMEM:
         return None

@@ -125,7 +125,7 @@ def table3(args, bar):
         totals = [{impl: {p: 0.0 for p in PASSES} for impl in impls} for _ in range(runs)]
         per_layer = {}    # (layer index, pass) -> {impl: [ms per run]}
         chosen = {}       # (layer index, pass) -> {impl: [backend per run]} (ours)
-        used, errors = {impl: [] for impl in impls}, {impl: [] for impl in impls}
+        errors = {impl: [] for impl in impls}
         # Interleaved: every implementation runs each (layer, pass) before the next one starts,
         # so clock and thermal drift over the run falls on all of them alike. --runs repeats the
         # whole network that many times in this process; the table sums each layer-pass's median.
@@ -145,7 +145,6 @@ def table3(args, bar):
                     else:
                         tf32 = impl == "auto TF32"
                         ms, err, b = run_ours(layer, "auto" if tf32 else impl, pn, args, tf32=tf32)
-                        used[impl].append(b)
                         chosen.setdefault((li, pn), {}).setdefault(impl, []).append(b)
                     errors[impl].append(err)
                 except Exception as e:  # noqa: BLE001 - reported, never hidden
@@ -154,6 +153,7 @@ def table3(args, bar):
                 totals[run][impl][pn] += ms
                 per_layer.setdefault((li, pn), {}).setdefault(impl, []).append(ms)
         for impl in impls:
+            used = {b for by_impl in chosen.values() for b in by_impl.get(impl, ())}
             per_run = [sum(t[impl].values()) for t in totals]
             # each layer-pass's median over the runs, summed: a stall that slows one layer-pass in one
             # run (session 15: the host or the GPU paused for ~1 ms, on cuDNN's side too) stays out of
@@ -166,7 +166,7 @@ def table3(args, bar):
                          "runs_ms": " / ".join(f"{v:.2f}" for v in per_run),
                          "spread": max(per_run) / min(per_run) - 1 if min(per_run) > 0 else float("nan"),
                          "max_err": max(errors[impl], default=None),
-                         "backends_used": ",".join(sorted(set(used[impl]))) if used[impl] else "cudnn"})
+                         "backends_used": ",".join(sorted(used)) if used else "cudnn"})
         for (li, pn), by_impl in per_layer.items():
             name, x_shape, w_shape, stride, padding, count = specs[li]
             row = {"network": net, "layer": name, "count": count, "pass": pn,
