@@ -16,7 +16,8 @@
 //   tiledfft_irfft2<N>  in : float2 (nf, P, planes)   Hermitian half-spectra
 //                       out: float  (S, planes, oh, ow)   of each tile's inverse (scaled), the
 //                            mh x mw block at (row_off, col_off) of the basis, written at
-//                            (i*mh, j*mw) of the output and clipped at its last row and column
+//                            (i*mh, j*mw) of the output and clipped at its last row and column,
+//                            staged in shared memory so that each of its rows is one store run
 //
 // Zero padding is implied by the bounds checks (no padded copy, no gathered windows), and the
 // inverse writes in place (no n x n tiles in memory). top, left may be negative (bprop's
@@ -87,14 +88,33 @@ tiledfft_rfft2(const float* __restrict__ in, float2* __restrict__ out, int B, in
     }
 }
 
+// The inverse's output goes through shared memory (over S, after a barrier), as fbfft's inverse does:
+// a thread's own columns are runs of n/2 floats at most (two per row of a block), while a staged
+// copy writes each row of a block as one run of mw floats, N lanes a row. A block's batch entries
+// are consecutive planes of one tile (or of two, where planes is not a multiple of kPlanes), so
+// each entry keeps its own destination, rows and columns (clipped at the output's edges).
+template <int N>
+struct Stage {
+    // Floats an entry's staged block takes: rows of N, plus N/2, so that the kRows-lane groups of a
+    // warp (one per entry) start N/2 banks apart and their stores never share a bank.
+    static constexpr int kEntry = N * N + N / 2;
+    static constexpr int kGroups = fbfft::Plan<N>::kThreads / N;   // rows copied at once, N lanes each
+    static_assert(fbfft::Plan<N>::kThreads % N == 0, "tiledfft: a copy group is N lanes");
+    static_assert(fbfft::Plan<N>::kPlanes * kEntry <= 2 * fbfft::Plan<N>::kSmemElems,
+                  "tiledfft: the output staging does not fit in the transform's shared memory");
+};
+
 template <int N>
 __global__ void __launch_bounds__(fbfft::Plan<N>::kThreads, fbfft::Plan<N>::kMinBlocks)
 tiledfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B, int planes, int oh, int ow,
                 int th, int tw, int mh, int mw, int row_off, int col_off, float scale)
 {
     using P = fbfft::Plan<N>;
+    using St = Stage<N>;
     static_assert(P::kSplit == 1, "tiledfft: N <= 32 (one thread per 1-D FFT)");
     FBFFT_SHARED_BUFFER(smem);  // P::kSmemBytes, passed at launch
+    __shared__ long long dst_of[P::kPlanes];   // entry e's block in out (its row 0, column 0)
+    __shared__ int rows_of[P::kPlanes], cols_of[P::kPlanes];   // its rows and columns (0: past B)
     if (blockDim.x != P::kThreads) __trap();
     const int tid = threadIdx.x;
     const long long b0 = (long long)blockIdx.x * P::kPlanes;
@@ -102,25 +122,45 @@ tiledfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B, i
         const int p = tid % P::kPlanes, r = tid / P::kPlanes;
         fbfft::irfft2_rows<N, 0>(in, smem, b0 + p, B, r, p);
     }
+    if (tid < P::kPlanes) {
+        // the tile's block: basis rows row_off .. row_off + mh - 1 go to output rows i*mh + .., clipped
+        const long long b = b0 + tid;
+        const tiledfft::Tile t = tiledfft::tile_of(b < B ? b : 0, planes, th, tw);
+        dst_of[tid] = t.plane * oh * ow + (long long)t.i * mh * ow + t.j * mw;
+        rows_of[tid] = b < B ? min(mh, oh - t.i * mh) : 0;
+        cols_of[tid] = min(mw, ow - t.j * mw);
+    }
     __syncthreads();
     const int xp = tid % P::kRows, p = tid / P::kRows;
     float2 v[P::kM];
     fbfft::irfft2_columns<N, 0>(v, smem, xp, p);   // column xp in .x, xp + n/2 in .y, row y in reg_of(y)
-    const long long b = b0 + p;
-    if (b >= B) return;
-    const tiledfft::Tile t = tiledfft::tile_of(b, planes, th, tw);
-    // the tile's block: basis rows row_off .. row_off + mh - 1 go to output rows i*mh + .., clipped
-    const int rows = min(mh, oh - t.i * mh), cols = min(mw, ow - t.j * mw);
-    const int ox1 = xp - col_off, ox2 = xp + N / 2 - col_off;
-    const bool ok1 = ox1 >= 0 && ox1 < cols, ok2 = ox2 >= 0 && ox2 < cols;
-    float* dst = out + t.plane * oh * ow + (long long)t.i * mh * ow + t.j * mw;
+    __syncthreads();                               // every thread has read S: stage over it
+    {
+        float* stage = reinterpret_cast<float*>(smem) + p * St::kEntry;
+        const int ox1 = xp - col_off, ox2 = xp + N / 2 - col_off;
+        const bool ok1 = ox1 >= 0 && ox1 < mw, ok2 = ox2 >= 0 && ox2 < mw;
 #pragma unroll
-    for (int y = 0; y < N; ++y) {
-        const int oy = y - row_off;
-        if (oy < 0 || oy >= rows) continue;
-        const float2 z = v[fbfft::reg_of<N>(y)];
-        if (ok1) dst[(long long)oy * ow + ox1] = scale * z.x;
-        if (ok2) dst[(long long)oy * ow + ox2] = scale * z.y;
+        for (int y = 0; y < N; ++y) {
+            const int oy = y - row_off;
+            if (oy < 0 || oy >= mh) continue;
+            const float2 z = v[fbfft::reg_of<N>(y)];
+            if (ok1) stage[oy * N + ox1] = scale * z.x;
+            if (ok2) stage[oy * N + ox2] = scale * z.y;
+        }
+    }
+    __syncthreads();
+    // Copy: group g (N lanes) takes rows r = g, g + kGroups, ... of the kPlanes * mh (entry, row)
+    // pairs, stepping (e, oy) by kGroups = q mh + s without a division in the loop.
+    const int x = tid % N, g = tid / N;
+    const int q = St::kGroups / mh, s = St::kGroups - q * mh;
+    int e = g / mh, oy = g - e * mh;
+    const float* stage = reinterpret_cast<const float*>(smem);
+    while (e < P::kPlanes) {
+        if (oy < rows_of[e] && x < cols_of[e])
+            out[dst_of[e] + (long long)oy * ow + x] = stage[e * St::kEntry + oy * N + x];
+        oy += s;
+        e += q;
+        if (oy >= mh) { oy -= mh; ++e; }
     }
 }
 
