@@ -201,6 +201,15 @@ def test_a_named_layer_says_why_it_cannot_take_a_geometry():
 EMULATION = test_fbfft_kernels.EMULATION.replace('#include "KERNEL_PATH"', '''#include <algorithm>
 using std::min;
 template <class T> static inline T __ldg(const T* p) { return *p; }
+// A warp shuffle through a block-wide table: exact where, as in tiledfft_irfft2, every thread of
+// the block calls it the same number of times (the barriers are the block's).
+template <class T> static T __shfl_sync(unsigned, T v, int src) {
+    static T table[1024];
+    __syncthreads();
+    table[threadIdx.x] = v;
+    __syncthreads();
+    return table[(threadIdx.x & ~31u) + src];
+}
 #include "KERNEL_PATH"''') + r"""
 template <int N> static void tiled_fwd(const float* in, float* out, const int* a) {
     using P = fbfft::Plan<N>;

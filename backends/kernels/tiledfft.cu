@@ -91,16 +91,22 @@ tiledfft_rfft2(const float* __restrict__ in, float2* __restrict__ out, int B, in
 // The inverse's output goes through shared memory (over S, after a barrier), as fbfft's inverse does:
 // a thread's own columns are runs of n/2 floats at most (two per row of a block), while a staged
 // copy writes each row of a block as one run of mw floats, N lanes a row. A block's batch entries
-// are consecutive planes of one tile (or of two, where planes is not a multiple of kPlanes), so
-// each entry keeps its own destination, rows and columns (clipped at the output's edges).
+// are consecutive planes of one tile (or of several, where planes is not a multiple of kPlanes), so
+// each entry has its own destination, rows and columns (clipped at the output's edges). Warp w
+// copies entries w*kPerWarp .. (w+1)*kPerWarp - 1, whose metadata its first lanes work out and
+// shuffle to the rest: no shared memory past the transform's own (on N = 32, 128 bytes more a block
+// cost the SM its sixth block: 6 x (37,888 + 1,024 reserved) bytes is all of its 228 KB).
 template <int N>
 struct Stage {
+    using P = fbfft::Plan<N>;
     // Floats an entry's staged block takes: rows of N, plus N/2, so that the kRows-lane groups of a
     // warp (one per entry) start N/2 banks apart and their stores never share a bank.
     static constexpr int kEntry = N * N + N / 2;
-    static constexpr int kGroups = fbfft::Plan<N>::kThreads / N;   // rows copied at once, N lanes each
-    static_assert(fbfft::Plan<N>::kThreads % N == 0, "tiledfft: a copy group is N lanes");
-    static_assert(fbfft::Plan<N>::kPlanes * kEntry <= 2 * fbfft::Plan<N>::kSmemElems,
+    static constexpr int kPerWarp = P::kPlanes / (P::kThreads / 32);   // entries a warp copies
+    static constexpr int kRowsAtOnce = 32 / N;                        // rows a warp copies at once
+    static_assert(P::kThreads % 32 == 0 && P::kPlanes % (P::kThreads / 32) == 0 && kPerWarp <= 32,
+                  "tiledfft: each warp copies the same number of entries");
+    static_assert(P::kPlanes * kEntry <= 2 * P::kSmemElems,
                   "tiledfft: the output staging does not fit in the transform's shared memory");
 };
 
@@ -113,22 +119,12 @@ tiledfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B, i
     using St = Stage<N>;
     static_assert(P::kSplit == 1, "tiledfft: N <= 32 (one thread per 1-D FFT)");
     FBFFT_SHARED_BUFFER(smem);  // P::kSmemBytes, passed at launch
-    __shared__ long long dst_of[P::kPlanes];   // entry e's block in out (its row 0, column 0)
-    __shared__ int rows_of[P::kPlanes], cols_of[P::kPlanes];   // its rows and columns (0: past B)
     if (blockDim.x != P::kThreads) __trap();
     const int tid = threadIdx.x;
     const long long b0 = (long long)blockIdx.x * P::kPlanes;
     {
         const int p = tid % P::kPlanes, r = tid / P::kPlanes;
         fbfft::irfft2_rows<N, 0>(in, smem, b0 + p, B, r, p);
-    }
-    if (tid < P::kPlanes) {
-        // the tile's block: basis rows row_off .. row_off + mh - 1 go to output rows i*mh + .., clipped
-        const long long b = b0 + tid;
-        const tiledfft::Tile t = tiledfft::tile_of(b < B ? b : 0, planes, th, tw);
-        dst_of[tid] = t.plane * oh * ow + (long long)t.i * mh * ow + t.j * mw;
-        rows_of[tid] = b < B ? min(mh, oh - t.i * mh) : 0;
-        cols_of[tid] = min(mw, ow - t.j * mw);
     }
     __syncthreads();
     const int xp = tid % P::kRows, p = tid / P::kRows;
@@ -148,19 +144,31 @@ tiledfft_irfft2(const float2* __restrict__ in, float* __restrict__ out, int B, i
             if (ok2) stage[oy * N + ox2] = scale * z.y;
         }
     }
+    // This warp's entries: lane l < kPerWarp works out entry e0 + l's block (where it starts in
+    // out, its rows and columns after clipping; 0 rows past the batch), overlapping the barrier.
+    const int lane = tid % 32, e0 = (tid / 32) * St::kPerWarp;
+    long long my_dst = 0;
+    int my_rows = 0, my_cols = 0;
+    if (lane < St::kPerWarp) {
+        const long long b = b0 + e0 + lane;
+        if (b < B) {
+            const tiledfft::Tile t = tiledfft::tile_of(b, planes, th, tw);
+            my_dst = t.plane * oh * ow + (long long)t.i * mh * ow + t.j * mw;
+            my_rows = min(mh, oh - t.i * mh);
+            my_cols = min(mw, ow - t.j * mw);
+        }
+    }
     __syncthreads();
-    // Copy: group g (N lanes) takes rows r = g, g + kGroups, ... of the kPlanes * mh (entry, row)
-    // pairs, stepping (e, oy) by kGroups = q mh + s without a division in the loop.
-    const int x = tid % N, g = tid / N;
-    const int q = St::kGroups / mh, s = St::kGroups - q * mh;
-    int e = g / mh, oy = g - e * mh;
+    // Copy: N lanes a row, kRowsAtOnce rows of one entry at a time.
+    const int x = lane % N, g = lane / N;
     const float* stage = reinterpret_cast<const float*>(smem);
-    while (e < P::kPlanes) {
-        if (oy < rows_of[e] && x < cols_of[e])
-            out[dst_of[e] + (long long)oy * ow + x] = stage[e * St::kEntry + oy * N + x];
-        oy += s;
-        e += q;
-        if (oy >= mh) { oy -= mh; ++e; }
+#pragma unroll
+    for (int k = 0; k < St::kPerWarp; ++k) {
+        const long long dst = __shfl_sync(0xffffffffu, my_dst, k);
+        const int rows = __shfl_sync(0xffffffffu, my_rows, k), cols = __shfl_sync(0xffffffffu, my_cols, k);
+        const float* src = stage + (e0 + k) * St::kEntry + x;
+        if (x < cols)
+            for (int oy = g; oy < rows; oy += St::kRowsAtOnce) out[dst + (long long)oy * ow + x] = src[oy * N];
     }
 }
 

@@ -33,7 +33,7 @@ def old_write_valid(yf, t, offset, out):
     B = yf.shape[1] * fo
     k = old_mod.get_function(f"tiledfft_irfft2<{t.n}>")
     k(((B + p.planes - 1) // p.planes,), (p.threads,),
-      (yf, out, *(np.int32(v) for v in (B, fo, oh, ow, t.th, t.tw, t.mh, t.mw, *offset))), np.float32(1.0 / t.n ** 2)),
+      (yf, out, *(np.int32(v) for v in (B, fo, oh, ow, t.th, t.tw, t.mh, t.mw, *offset)), np.float32(1.0 / t.n ** 2)),
       shared_mem=p.smem_bytes)
     return out
 
@@ -69,6 +69,8 @@ for name, S, c, hw in LAYERS:
         old_write_valid(yf, t, (2, 2), out_old)
         r[f"n{n}_images"] = int(g1.shape[0])
         r[f"n{n}_inverse_same"] = bool(cp.array_equal(out_new, out_old))
+        r[f"n{n}_inverse_maxdiff"] = float(cp.nanmax(cp.abs(out_new - out_old)))
+        r[f"n{n}_inverse_nans"] = [int(cp.isnan(out_new).sum()), int(cp.isnan(out_old).sum())]
         r[f"n{n}_forward_ms"] = median_ms(lambda: tiledfft._spectra(cp, g1, pad, t, (n, n)), "cupy")
         r[f"n{n}_gemm_ms"] = median_ms(lambda: cgemm.matmul(cp, gf, wf, op_b="N"), "cupy")
         we = embed(wf)
@@ -88,7 +90,7 @@ for name, S, c, hw in LAYERS:
               f"({r[f'n{n}_gemm_tflops']:.1f} TF/s) real-embedded {r[f'n{n}_gemm_real_ms']:.3f} "
               f"({r[f'n{n}_gemm_real_tflops']:.1f} TF/s, diff {r[f'n{n}_gemm_real_err']:.1e})  inverse old "
               f"{r[f'n{n}_inverse_old_ms']:.3f} ({r[f'n{n}_inverse_old_gbs']:.0f} GB/s) new {r[f'n{n}_inverse_new_ms']:.3f} "
-              f"({r[f'n{n}_inverse_new_gbs']:.0f} GB/s) same {r[f'n{n}_inverse_same']}  bprop {r[f'n{n}_bprop_ms']:.3f}",
+              f"({r[f'n{n}_inverse_new_gbs']:.0f} GB/s) same {r[f'n{n}_inverse_same']} (max diff {r[f'n{n}_inverse_maxdiff']:.1e}, NaNs {r[f'n{n}_inverse_nans']})  bprop {r[f'n{n}_bprop_ms']:.3f}",
               flush=True)
         del out_new, out_old, wf, gf, yf, we, ge, ye
         cp.get_default_memory_pool().free_all_blocks()
