@@ -38,6 +38,8 @@ default, backends.tuning's recipe). Untuned: 1x1 fprop and bprop per-image; 1x1 
 of its partials and the flat form's copies moves fewer bytes (x 1.5: exp_gemm_1x1, session 12);
 other accGrads per-image up to SMALL_GRADIENT weights.
 """
+import functools
+
 import numpy as np
 
 from . import cgemm, config, tuning
@@ -360,6 +362,15 @@ def _implicit_fits(g, form="implicit"):
     return bx * by <= 1024 and smem <= 48 * 1024
 
 
+@functools.lru_cache(maxsize=None)
+def _implicit_launch(g, form, device_id):
+    """(kernel, blocks) of the implicit form on this device: the driver's answers (registers) asked
+    once per geometry, not on every call."""
+    bx, by, smem = _implicit_block(g, form)
+    kernel = cuda_module("im2col.cu").get_function(IMPLICIT[form][0])
+    return kernel, _resident_blocks(kernel, bx * by, smem) * sm_count(device_id)
+
+
 def _accgrad_implicit(xp, gy, x, g, form="implicit"):
     """gw (f', f*kh*kw) without a column matrix (the "implicit" accGrad form): partial gradients over
     chunks of the S*oh*ow output positions, each from gy's chunk and the taps gathered from x,
@@ -370,8 +381,7 @@ def _accgrad_implicit(xp, gy, x, g, form="implicit"):
         blocks = AG_CPU_BLOCKS
     else:
         bx, by, smem = _implicit_block(g, form)
-        kernel = cuda_module("im2col.cu").get_function(IMPLICIT[form][0])
-        blocks = _resident_blocks(kernel, bx * by, smem) * sm_count(xp.cuda.Device().id)
+        kernel, blocks = _implicit_launch(g, form, xp.cuda.Device().id)
     chunk = -(-total // min(blocks, -(-total // AG_TP)))
     chunk = -(-chunk // AG_TP) * AG_TP                             # whole tiles
     nblocks = -(-total // chunk)
@@ -398,6 +408,13 @@ ROWS_SMEM = 96 << 10    # shared bytes a block at most (two buffers of gy's tile
 ROWS_CPU_BLOCKS = 5     # the NumPy path's blocks
 
 
+@functools.lru_cache(maxsize=None)
+def _max_threads(name, device_id):
+    """The largest block kernel `name` (kernels/im2col.cu) launches with, from its registers: the
+    driver asked once a process and device, not on every accGrad."""
+    return cuda_module("im2col.cu").get_function(name).max_threads_per_block
+
+
 def _rows_plan(g, xp=np):
     """The rows form's launch for g, or None where it does not take g: (kernel, threads a group,
     groups, tp, tiles a row, shared bytes). Groups: of 4, 2 and 1, within the block's thread limit
@@ -408,7 +425,7 @@ def _rows_plan(g, xp=np):
     if spec is None or g.kh % spec[1]:
         return None
     name, ri = spec
-    max_threads = 512 if xp is np else cuda_module("im2col.cu").get_function(name).max_threads_per_block
+    max_threads = 512 if xp is np else _max_threads(name, xp.cuda.Device().id)
     nog = -(-g.fo // AR_TO)
     group = g.f * (g.kh // ri) * nog
     fits = [n for n in (1, 2, 4) if group * n <= max_threads]   # (c, kernel rows, outputs) x groups
@@ -425,6 +442,18 @@ def _rows_plan(g, xp=np):
     return name, group, groups, tp, -(-g.ow // tp), smem
 
 
+@functools.lru_cache(maxsize=None)
+def _rows_launch(g, device_id):
+    """(kernel, blocks) of the rows form on this device, its shared-memory limit raised where the
+    plan needs more than the default 48 KiB: once per geometry, not on every call."""
+    import cupy
+    name, group, groups, _, _, smem = _rows_plan(g, cupy)
+    kernel = cuda_module("im2col.cu").get_function(name)
+    if smem > 48 << 10:
+        kernel.max_dynamic_shared_size_bytes = smem
+    return kernel, _resident_blocks(kernel, group * groups, smem) * sm_count(device_id)
+
+
 def _accgrad_rows(xp, gy, x, g):
     """gw (f', f*kh*kw) by the rows form: partial gradients over chunks of tiles (tp output positions
     of one output row), each group of a block one partial, summed after. kernels/im2col.cu's
@@ -436,10 +465,7 @@ def _accgrad_rows(xp, gy, x, g):
     if xp is np:
         blocks = ROWS_CPU_BLOCKS
     else:
-        kernel = cuda_module("im2col.cu").get_function(name)
-        if smem > 48 << 10:
-            kernel.max_dynamic_shared_size_bytes = smem                # past the default 48 KiB
-        blocks = _resident_blocks(kernel, group * groups, smem) * sm_count(xp.cuda.Device().id)
+        kernel, blocks = _rows_launch(g, xp.cuda.Device().id)
     tiles = g.S * g.oh * tiles_row
     chunk = -(-tiles // min(blocks, tiles))
     nblocks = -(-tiles // chunk)

@@ -72,6 +72,14 @@ Tiling = namedtuple("Tiling", "n mh mw th tw")
 
 # -- what the backend takes ----------------------------------------------------------------------
 
+def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """auto's cue to time tiledfft again where its speed changed (backends.auto): fprop and bprop 1
+    since the inverse stages its output in shared memory (kernels/tiledfft.cu; 7-25 % faster
+    inverses, bit for bit the same results, exp_tiled_stages). accGrad's inverse is fbfft's, once a
+    weight: unchanged, 0."""
+    return 0 if pass_name == "accgrad" else 1
+
+
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """Stride 1, any zero padding and plane shape, kernels up to 31 per side (the 32 basis's limit)."""
     g = valid_geometry(x_shape, w_shape, stride, padding)

@@ -163,6 +163,13 @@ def test_registered_and_an_auto_candidate(settings, tmp_path, monkeypatch):
     assert {"gemm", "tiledfft"} <= set(timed["ms"])
 
 
+def test_revision_marks_the_staged_inverse():
+    """fprop and bprop run the staged inverse (revision 1: auto times them again); accGrad's inverse
+    is fbfft's, unchanged (0)."""
+    geom = ((2, 3, 40, 40), (4, 3, 3, 3), (1, 1), (1, 1))
+    assert [tiledfft.revision(p, *geom) for p in ("fprop", "bprop", "accgrad")] == [1, 1, 0]
+
+
 def test_supports():
     assert tiledfft.supports((2, 3, 224, 224), (8, 3, 3, 3), (1, 1), (1, 1))
     assert tiledfft.supports((2, 3, 224, 224), (8, 3, 5, 5), (1, 1), (2, 2))
