@@ -266,6 +266,8 @@ KERNEL_CASES = [  # (n, S, c, h, w, kh, kw, pad): the windows of fprop / bprop
     (32, 1, 2, 45, 33, 3, 3, (1, 1)),
     (8, 1, 2, 5, 6, 3, 3, (-3, 0)),      # bprop's negative padding: windows start inside the plane
     (8, 1, 1, 3, 3, 3, 3, (9, 9)),       # windows wholly in the padding
+    (32, 1, 16, 56, 56, 3, 3, (1, 1)),   # planes a multiple of a block's entries: blocks inside one tile
+    (16, 1, 32, 28, 28, 3, 3, (1, 1)),
 ]
 
 
