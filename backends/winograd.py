@@ -94,6 +94,12 @@ def matrices(m, dtype=np.float32):
 
 # -- what the backend takes ----------------------------------------------------------------------
 
+def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """auto's cue to time winograd again where its speed changed (backends.auto): accGrad 1 since its
+    groups fill the GPU (GEMM_BLOCKS, accgrad_groups). The tile's own tuning record is keyed by it too."""
+    return 1 if pass_name == "accgrad" else 0
+
+
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """3x3 kernels, stride 1, any zero padding and plane shape."""
     g = valid_geometry(x_shape, w_shape, stride, padding)
@@ -162,12 +168,18 @@ def _tile(xp, pass_name, g, forced, run):
     options = variants()
     if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
         return options[0]
-    key = tuning.key(xp, np.float32, tuple(g), pass_name, "winograd")
+    r = revision(pass_name, *_shapes(g))
+    key = tuning.key(xp, np.float32, tuple(g), pass_name, f"winograd_r{r}" if r else "winograd")
     return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=options[0], tol=TUNE_TOL),
                              valid=lambda m: m in options, untuned=lambda: options[0])["choice"]
 
 
 TUNE_TOL = 1e-4   # F(4x4) against F(2x2) while tuning: both far inside it when correct
+
+
+def _shapes(g):
+    """(x_shape, w_shape, stride, padding) of a Geometry."""
+    return (g.S, g.f, g.h, g.w), (g.fo, g.f, g.kh, g.kw), (g.sh, g.sw), (g.ph, g.pw)
 
 
 def _weight_transform(xp, w, m, rotate=False):
@@ -202,6 +214,7 @@ def _conv(xp, x, u, pad, out_hw, m):
 
 
 GROUP_TILES = 4096   # accGrad: tiles one GEMM sums at most (or one image's, if more)
+GEMM_BLOCKS = 1024   # accGrad: 128 x 128 output blocks the grouped GEMM is cut into at least
 
 
 def accgrad_groups(g, m, images):
@@ -211,13 +224,20 @@ def accgrad_groups(g, m, images):
     (cuBLAS sums along K in order): its rounding error grows with that length and, on VGG's
     large planes, passed 1e-5 (benchmarks/NOTES.md). Groups of whole images of at most
     GROUP_TILES tiles are summed apart, by one strided-batched GEMM over (groups x alpha^2), and
-    the groups' sums added in float64 (winograd_weight_grad). It also gives the GEMM more
-    independent outputs than alpha^2 matrices of f' x f. The partial sums (groups, alpha^2, f', f)
-    stay under a quarter of the workspace."""
+    the groups' sums added in float64 (winograd_weight_grad).
+
+    Groups also give the GEMM independent outputs to spread over the SMs: at least GEMM_BLOCKS
+    blocks of 128 x 128 outputs where the images allow. With alpha^2 matrices of f' x f alone,
+    VGG-16's 512-plane layers had 36 x 16 = 576 blocks at F(4x4), and the GEMM ran at 38 TFLOP/s
+    against 52 for F(2x2)'s four groups of 16 (exp_winograd_accgrad, session 16). The partial sums
+    (groups, alpha^2, f', f) stay under a quarter of the workspace."""
     per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
-    part_bytes = 4 * (m + R - 1) ** 2 * g.fo * g.f
+    alpha2 = (m + R - 1) ** 2
+    part_bytes = 4 * alpha2 * g.fo * g.f
     most = max(1, config.mib_bytes("winograd_workspace_mb") // 4 // part_bytes)
-    per_group = min(images, max(1, GROUP_TILES // per_image, -(-images // most)))
+    fill = -(-GEMM_BLOCKS // (alpha2 * -(-g.fo // 128) * -(-g.f // 128)))    # groups that fill the GPU
+    per_group = max(1, min(GROUP_TILES // per_image, -(-images // fill)), -(-images // most))
+    per_group = min(images, per_group)
     return per_group, -(-images // per_group)
 
 

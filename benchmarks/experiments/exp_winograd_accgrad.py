@@ -4,7 +4,9 @@ fp32 rate with 18 % more products than F(4x4)). Per layer and tile: the stages o
 (input transform, gradient transform, the grouped GEMM, the weight-gradient transform) timed apart,
 with their bytes and FLOPs, beside the whole pass, tiledfft's accGrad (n = 16, 32) and cuDNN strict
 (PyTorch, benchmark mode); every output's error against float64; and the device's SGEMM rate
-(8192^3) and copy rate in the same run.
+(8192^3) and copy rate in the same run. Then the whole pass with the images cut into 1, 2, 4, 8
+and 16 groups (accgrad_groups forced), beside accgrad_groups' own choice, also on ResNet's 64-plane
+56^2 layer (b128) and OverFeat-fast's conv3 (256 -> 512, 12^2, b128), where auto takes winograd.
 
   PYTHONPATH=. python3 benchmarks/experiments/exp_winograd_accgrad.py out.json"""
 import json
@@ -16,7 +18,8 @@ from benchmarks.bench_winograd import ceilings
 from benchmarks.harness import median_ms, reference64, rel_error, setup_cudnn, set_tf32
 
 setup_cudnn(torch); set_tf32("strict")
-LAYERS = (("vgg16 conv9", 64, 512, 512, 28), ("vgg16 conv11", 64, 512, 512, 14), ("vgg16 conv8", 64, 256, 512, 28))
+LAYERS = (("vgg16 conv9", 64, 512, 512, 28), ("vgg16 conv11", 64, 512, 512, 14), ("vgg16 conv8", 64, 256, 512, 28),
+          ("resnet 64 56^2", 128, 64, 64, 56), ("overfeat conv3", 128, 256, 512, 12))
 peak, copy_gbs = ceilings(cp)
 print(f"SGEMM 8192^3 {peak:.1f} TFLOP/s, copy {copy_gbs:.0f} GB/s", flush=True)
 rows = []
@@ -56,6 +59,21 @@ for name, S, f, fo, hw in LAYERS:
               f"(err {t['err']:.1e})", flush=True)
         del v, z, part
         cp.get_default_memory_pool().free_all_blocks()
+    own = winograd.accgrad_groups
+    for m in winograd.TILES:
+        sweep = {}
+        for target in (1, 2, 4, 8, 16):
+            per = -(-S // target)
+            winograd.accgrad_groups = lambda g_, m_, images, per=per: (min(per, images), -(-images // min(per, images)))
+            try:
+                sweep[target] = (median_ms(lambda: winograd.accgrad(gy, x, ws, padding=(1, 1), tile=m), "cupy"),
+                                 rel_error(winograd.accgrad(gy, x, ws, padding=(1, 1), tile=m), ref))
+            finally:
+                winograd.accgrad_groups = own
+        r[f"F{m}_groups_sweep"] = {k: {"ms": v[0], "err": v[1]} for k, v in sweep.items()}
+        r[f"F{m}_own_groups"] = own(g, m, S)[1]
+        print(f"{name:13} F({m}x{m}) by groups: " + "  ".join(f"{k}: {v[0]:.3f} ms ({v[1]:.1e})" for k, v in sweep.items())
+              + f"; accgrad_groups picks {r[f'F{m}_own_groups']}", flush=True)
     for n in (16, 32):
         r[f"tiled{n}_ms"] = median_ms(lambda: tiledfft.accgrad(gy, x, ws, padding=(1, 1), basis=n), "cupy")
     xt, gyt = torch.from_dlpack(x), torch.from_dlpack(gy)
