@@ -76,7 +76,11 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """auto's cue to time tiledfft again where its speed changed (backends.auto): fprop and bprop 1
     since the inverse stages its output in shared memory (kernels/tiledfft.cu; 7-25 % faster
     inverses, bit for bit the same results, exp_tiled_stages). accGrad's inverse is fbfft's, once a
-    weight: unchanged, 0."""
+    weight: unchanged, 0. The basis's own tuning record is keyed by it too (_basis)."""
+    return _revision(pass_name)
+
+
+def _revision(pass_name):
     return 0 if pass_name == "accgrad" else 1
 
 
@@ -192,7 +196,8 @@ def _basis(xp, pass_name, g, out_hw, forced, run):
     default, options = basis(out_hw, k_hw), bases(k_hw)
     if len(options) == 1 or not tuning.enabled("tiledfft_tune", xp):
         return default
-    key = tuning.key(xp, np.float32, tuple(g), pass_name, "tiledfft")
+    r = _revision(pass_name)                  # bases timed before a revision are timed again
+    key = tuning.key(xp, np.float32, tuple(g), pass_name, f"tiledfft_r{r}" if r else "tiledfft")
     return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default, tol=TUNE_TOL),
                              valid=lambda n: n in options, untuned=lambda: default)["choice"]
 

@@ -214,7 +214,7 @@ def _conv(xp, x, u, pad, out_hw, m):
 
 
 GROUP_TILES = 4096   # accGrad: tiles one GEMM sums at most (or one image's, if more)
-GEMM_BLOCKS = 1024   # accGrad: 128 x 128 output blocks the grouped GEMM is cut into at least
+GEMM_BLOCKS = 1024   # accGrad: 128 x 128 output blocks the grouped GEMM aims at (accgrad_groups)
 
 
 def accgrad_groups(g, m, images):
@@ -226,11 +226,15 @@ def accgrad_groups(g, m, images):
     GROUP_TILES tiles are summed apart, by one strided-batched GEMM over (groups x alpha^2), and
     the groups' sums added in float64 (winograd_weight_grad).
 
-    Groups also give the GEMM independent outputs to spread over the SMs: at least GEMM_BLOCKS
-    blocks of 128 x 128 outputs where the images allow. With alpha^2 matrices of f' x f alone,
-    VGG-16's 512-plane layers had 36 x 16 = 576 blocks at F(4x4), and the GEMM ran at 38 TFLOP/s
-    against 52 for F(2x2)'s four groups of 16 (exp_winograd_accgrad, session 16). The partial sums
-    (groups, alpha^2, f', f) stay under a quarter of the workspace."""
+    Groups also give the GEMM independent outputs to spread over the SMs. `fill` groups would give
+    it GEMM_BLOCKS blocks of 128 x 128 outputs; a group takes ceil(images / fill) images, so there
+    are `fill` groups or somewhat fewer (ResNet's 128 images at fill 29: 26). With alpha^2
+    matrices of f' x f alone, VGG-16's 512-plane layers had 36 x 16 = 576 blocks at F(4x4), and
+    the GEMM ran at 38 TFLOP/s against 52 for F(2x2)'s four groups of 16 (exp_winograd_accgrad,
+    session 16). On small matrices the rule asks for more groups than pays (ResNet's 64 planes:
+    26 groups 0.70 ms, 8-16 groups 0.61-0.62; tiledfft wins there anyway): tuning the count per
+    geometry is the better rule, not done. The partial sums (groups, alpha^2, f', f) stay under a
+    quarter of the workspace."""
     per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
     alpha2 = (m + R - 1) ** 2
     part_bytes = 4 * alpha2 * g.fo * g.f

@@ -2,6 +2,7 @@
 layouts and GEMM forms the GPU runs too), the CUDA kernels compiled for the host (CPU) against the
 NumPy transforms, and the GPU path (gpu marker); its tiling arithmetic, and what it refuses."""
 import ctypes
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -170,6 +171,22 @@ def test_revision_marks_the_staged_inverse():
     assert [tiledfft.revision(p, *geom) for p in ("fprop", "bprop", "accgrad")] == [1, 1, 0]
 
 
+def test_the_basis_is_tuned_again_after_a_revision(settings, tmp_path):
+    """With tuning on (here on the CPU), fprop's and bprop's basis records carry the revision in
+    their key (timed again after the staged inverse), accGrad's do not (its revision is 0)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 2, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    gy = rng.standard_normal((1, 2, 20, 20)).astype(np.float32)
+    settings(tiledfft_tune="on", tune_cache=str(tmp_path / "cache.json"))
+    tiledfft.fprop(x, w, padding=(1, 1))
+    tiledfft.bprop(gy, w, x.shape, padding=(1, 1))
+    tiledfft.accgrad(gy, x, w.shape, padding=(1, 1))
+    keys = [json.loads(k) for k in json.loads((tmp_path / "cache.json").read_text())["devices"]["cpu"]]
+    assert sorted((k[3], k[4]) for k in keys) == [("accgrad", "tiledfft"), ("bprop", "tiledfft_r1"),
+                                                  ("fprop", "tiledfft_r1")]
+
+
 def test_supports():
     assert tiledfft.supports((2, 3, 224, 224), (8, 3, 3, 3), (1, 1), (1, 1))
     assert tiledfft.supports((2, 3, 224, 224), (8, 3, 5, 5), (1, 1), (2, 2))
@@ -209,7 +226,8 @@ EMULATION = test_fbfft_kernels.EMULATION.replace('#include "KERNEL_PATH"', '''#i
 using std::min;
 template <class T> static inline T __ldg(const T* p) { return *p; }
 // A warp shuffle through a block-wide table: exact where, as in tiledfft_irfft2, every thread of
-// the block calls it the same number of times (the barriers are the block's).
+// the block calls it the same number of times (the barriers are the block's). Its barriers also
+// order the kernel's shared memory, so a barrier missing around the shuffles would not show here.
 template <class T> static T __shfl_sync(unsigned, T v, int src) {
     static T table[1024];
     __syncthreads();
@@ -268,6 +286,7 @@ KERNEL_CASES = [  # (n, S, c, h, w, kh, kw, pad): the windows of fprop / bprop
     (8, 1, 1, 3, 3, 3, 3, (9, 9)),       # windows wholly in the padding
     (32, 1, 16, 56, 56, 3, 3, (1, 1)),   # planes a multiple of a block's entries: blocks inside one tile
     (16, 1, 32, 28, 28, 3, 3, (1, 1)),
+    (8, 3, 5, 20, 17, 3, 3, (1, 1)),     # 180 entries: three blocks, the last partial, entries across tiles
 ]
 
 

@@ -84,16 +84,23 @@ def test_chunks_and_accgrad_groups_match_the_reference(device, workspace_mb, gro
         check_backend(forced(m), x, wt, (1, 1), (1, 1), device=device, tol=TOL, rng=rng)
 
 
-def test_accgrad_groups_fill_the_gpu_and_revision_marks_it():
+def test_accgrad_groups_fill_the_gpu_and_revision_marks_it(settings):
     """VGG-16's 512-plane layers at F(4x4) (36 matrices of 4 x 4 blocks: 576 < GEMM_BLOCKS) take two
     groups of 32 images; F(2x2) four (GROUP_TILES and the fill agree); a 224^2 plane one image a group
-    (GROUP_TILES); a batch of one, one group. accGrad is at revision 1, and its tile is tuned anew."""
+    (GROUP_TILES); a batch of one, one group; ResNet's 64-plane layer 26 groups of 5 (fill 29 does not
+    divide 128); a workspace with room for one group's sums, one group. accGrad is at revision 1, and
+    its tile is tuned anew."""
+    settings(winograd_workspace_mb=2048.0)
     conv9 = backends.geometry((64, 512, 28, 28), (512, 512, 3, 3), 1, 1)
     assert winograd.accgrad_groups(conv9, 4, 64) == (32, 2)
     assert winograd.accgrad_groups(conv9, 2, 64) == (16, 4)
     big = backends.geometry((64, 64, 224, 224), (64, 64, 3, 3), 1, 1)
     assert winograd.accgrad_groups(big, 2, 64) == (1, 64)
     assert winograd.accgrad_groups(conv9, 4, 1) == (1, 1)
+    resnet = backends.geometry((128, 64, 56, 56), (64, 64, 3, 3), 1, 1)
+    assert winograd.accgrad_groups(resnet, 4, 128) == (5, 26)
+    settings(winograd_workspace_mb=4 * 36 * 512 * 512 * 4 / 2**20)     # a quarter holds one group's sums
+    assert winograd.accgrad_groups(conv9, 4, 64) == (64, 1)
     shapes = winograd._shapes(conv9)
     assert shapes == ((64, 512, 28, 28), (512, 512, 3, 3), (1, 1), (1, 1))
     assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [0, 0, 1]
