@@ -96,8 +96,9 @@ def matrices(m, dtype=np.float32):
 
 def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     """auto's cue to time winograd again where its speed changed (backends.auto): accGrad 1 since its
-    groups fill the GPU (GEMM_BLOCKS, accgrad_groups). The tile's own tuning record is keyed by it too."""
-    return 1 if pass_name == "accgrad" else 0
+    groups fill the GPU (GEMM_BLOCKS, accgrad_groups), 2 since the group count is tuned
+    (_per_group). The tile's own tuning record is keyed by it too."""
+    return 2 if pass_name == "accgrad" else 0
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -232,9 +233,10 @@ def accgrad_groups(g, m, images):
     matrices of f' x f alone, VGG-16's 512-plane layers had 36 x 16 = 576 blocks at F(4x4), and
     the GEMM ran at 38 TFLOP/s against 52 for F(2x2)'s four groups of 16 (exp_winograd_accgrad,
     session 16). On small matrices the rule asks for more groups than pays (ResNet's 64 planes:
-    26 groups 0.70 ms, 8-16 groups 0.61-0.62; tiledfft wins there anyway): tuning the count per
-    geometry is the better rule, not done. The partial sums (groups, alpha^2, f', f) stay under a
-    quarter of the workspace."""
+    26 groups 0.70 ms, 8-16 groups 0.61-0.62; tiledfft wins there anyway), so where winograd_tune
+    tunes, the count is tuned per geometry among group_options (_per_group); this rule is the
+    untuned choice. The partial sums (groups, alpha^2, f', f) stay under a quarter of the
+    workspace."""
     per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
     alpha2 = (m + R - 1) ** 2
     part_bytes = 4 * alpha2 * g.fo * g.f
@@ -245,13 +247,48 @@ def accgrad_groups(g, m, images):
     return per_group, -(-images // per_group)
 
 
+def group_options(g, m, images):
+    """The images-per-group counts accGrad's tuning times for a chunk of `images`: the accuracy
+    rule's (GROUP_TILES tiles a group at most, and the workspace's cap on the groups), then 2, 4,
+    8 and 16 times as many groups, and accgrad_groups' own pick; largest groups first."""
+    per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
+    part_bytes = 4 * (m + R - 1) ** 2 * g.fo * g.f
+    fewest = -(-images // max(1, config.mib_bytes("winograd_workspace_mb") // 4 // part_bytes))
+    base = min(images, max(1, GROUP_TILES // per_image, fewest))
+    options = {max(fewest, 1, -(-base // k)) for k in (1, 2, 4, 8, 16)}
+    options.add(accgrad_groups(g, m, images)[0])
+    return tuple(sorted(options, reverse=True))
+
+
+def _per_group(xp, g, m, images, run):
+    """Images per group for a chunk of `images`: tuned among group_options where winograd_tune
+    tunes (run(per_group) -> the weight gradient; checked against accgrad_groups' pick), else
+    accgrad_groups' pick."""
+    default = accgrad_groups(g, m, images)[0]
+    options = group_options(g, m, images)
+    if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
+        return default
+    key = tuning.key(xp, np.float32, tuple(g), "accgrad", f"winograd_groups_f{m}_n{images}")
+    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default, tol=TUNE_TOL),
+                             valid=lambda per: per in options, untuned=lambda: default)["choice"]
+
+
 def _accgrad(xp, gy, x, g, m):
     """gw = G^T [sum over tiles of Z V^T] G: each group's sum by the GEMM (the chunks' added into
-    it), the groups' sums and the transform in float64."""
+    it), the groups' sums and the transform in float64; the images a group, tuned (_per_group)."""
     alpha = m + R - 1
     th, tw = tiles(g.oh, g.ow, m)
     chunks = _chunks(g.S, alpha * alpha * th * tw * (g.f + g.fo))
-    per_group, groups = accgrad_groups(g, m, chunks[0].stop - chunks[0].start)
+    images = chunks[0].stop - chunks[0].start
+    run = lambda per: _accgrad_grouped(xp, gy, x, g, m, chunks, per)   # noqa: E731
+    return run(_per_group(xp, g, m, images, run))
+
+
+def _accgrad_grouped(xp, gy, x, g, m, chunks, per_group):
+    """_accgrad with `per_group` images a group (the chunks' groups summed into one partial)."""
+    alpha = m + R - 1
+    th, tw = tiles(g.oh, g.ow, m)
+    groups = -(-(chunks[0].stop - chunks[0].start) // per_group)
     part = xp.empty((groups * alpha * alpha, g.fo, g.f), dtype=np.float32)
     for k, sl in enumerate(chunks):
         n_groups = -(-(sl.stop - sl.start) // per_group)            # the last chunk may have fewer

@@ -103,7 +103,37 @@ def test_accgrad_groups_fill_the_gpu_and_revision_marks_it(settings):
     assert winograd.accgrad_groups(conv9, 4, 64) == (64, 1)
     shapes = winograd._shapes(conv9)
     assert shapes == ((64, 512, 28, 28), (512, 512, 3, 3), (1, 1), (1, 1))
-    assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [0, 0, 1]
+    assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [0, 0, 2]
+
+
+def test_group_options_span_the_accuracy_rule_to_many_groups(settings):
+    """From the accuracy rule's groups (GROUP_TILES; the workspace's cap) to 16 times as many, and
+    accgrad_groups' own pick, largest groups first."""
+    settings(winograd_workspace_mb=2048.0)
+    conv9 = backends.geometry((64, 512, 28, 28), (512, 512, 3, 3), 1, 1)
+    assert winograd.group_options(conv9, 4, 64) == (64, 32, 16, 8, 5)   # 5: room for 14 groups' sums
+    resnet = backends.geometry((128, 64, 56, 56), (64, 64, 3, 3), 1, 1)
+    assert winograd.group_options(resnet, 4, 128) == (20, 10, 5, 3, 2)
+    assert winograd.group_options(conv9, 4, 1) == (1,)
+
+
+def test_the_group_count_is_tuned_and_remembered(settings, tmp_path, rng):
+    """With winograd_tune on (here on the CPU), accGrad times group_options, remembers the choice
+    per geometry, tile and chunk, and the result still matches float64; the nested tile tuning too."""
+    import json
+    from reference import conv_reference, rel_error
+    settings(winograd_tune="on", tune_cache=str(tmp_path / "cache.json"), winograd_workspace_mb=2048.0)
+    x = rng.standard_normal((6, 3, 10, 10)).astype(np.float32)
+    gy = rng.standard_normal((6, 4, 10, 10)).astype(np.float32)
+    want = conv_reference(x, np.zeros((4, 3, 3, 3), np.float32), gy, (1, 1), (1, 1))[2]
+    for tile in (4, None):
+        assert rel_error(winograd.accgrad(gy, x, (4, 3, 3, 3), padding=(1, 1), tile=tile), want) <= TOL
+    records = json.loads((tmp_path / "cache.json").read_text())["devices"]["cpu"]
+    groups = {json.loads(k)[4]: v for k, v in records.items() if "winograd_groups" in k}
+    g = backends.geometry(x.shape, (4, 3, 3, 3), 1, 1)
+    assert set(groups) == {"winograd_groups_f2_n6", "winograd_groups_f4_n6"}
+    for name, record in groups.items():
+        assert record["choice"] in winograd.group_options(g, int(name[17]), 6)
 
 
 def test_toom_cook_matrices_compute_the_correlation_exactly():

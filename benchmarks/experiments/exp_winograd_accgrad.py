@@ -6,14 +6,15 @@ with their bytes and FLOPs, beside the whole pass, tiledfft's accGrad (n = 16, 3
 (PyTorch, benchmark mode); every output's error against float64; and the device's SGEMM rate
 (8192^3) and copy rate in the same run. Then the whole pass with the images cut into 1, 2, 4, 8
 and 16 groups (accgrad_groups forced), beside accgrad_groups' own choice, also on ResNet's 64-plane
-56^2 layer (b128) and OverFeat-fast's conv3 (256 -> 512, 12^2, b128), where auto takes winograd.
+56^2 layer (b128) and OverFeat-fast's conv3 (256 -> 512, 12^2, b128), where auto takes winograd;
+and (branch s16-winograd-groups-tuned) the pass with the count tuned among group_options.
 
   PYTHONPATH=. python3 benchmarks/experiments/exp_winograd_accgrad.py out.json"""
 import json
 import sys
 
 import numpy as np, cupy as cp, torch
-from backends import cgemm, tiledfft, winograd
+from backends import cgemm, config, tiledfft, winograd
 from benchmarks.bench_winograd import ceilings
 from benchmarks.harness import median_ms, reference64, rel_error, setup_cudnn, set_tf32
 
@@ -66,14 +67,16 @@ for name, S, f, fo, hw in LAYERS:
             per = -(-S // target)
             winograd.accgrad_groups = lambda g_, m_, images, per=per: (min(per, images), -(-images // min(per, images)))
             try:
-                sweep[target] = (median_ms(lambda: winograd.accgrad(gy, x, ws, padding=(1, 1), tile=m), "cupy"),
-                                 rel_error(winograd.accgrad(gy, x, ws, padding=(1, 1), tile=m), ref))
+                with config.override(winograd_tune="off"):   # the forced count, not a tuned one
+                    sweep[target] = (median_ms(lambda: winograd.accgrad(gy, x, ws, padding=(1, 1), tile=m), "cupy"),
+                                     rel_error(winograd.accgrad(gy, x, ws, padding=(1, 1), tile=m), ref))
             finally:
                 winograd.accgrad_groups = own
         r[f"F{m}_groups_sweep"] = {k: {"ms": v[0], "err": v[1]} for k, v in sweep.items()}
         r[f"F{m}_own_groups"] = own(g, m, S)[1]
+        r[f"F{m}_tuned_ms"] = median_ms(lambda: winograd.accgrad(gy, x, ws, padding=(1, 1), tile=m), "cupy")
         print(f"{name:13} F({m}x{m}) by groups: " + "  ".join(f"{k}: {v[0]:.3f} ms ({v[1]:.1e})" for k, v in sweep.items())
-              + f"; accgrad_groups picks {r[f'F{m}_own_groups']}", flush=True)
+              + f"; accgrad_groups picks {r[f'F{m}_own_groups']}; tuned {r[f'F{m}_tuned_ms']:.3f} ms", flush=True)
     for n in (16, 32):
         r[f"tiled{n}_ms"] = median_ms(lambda: tiledfft.accgrad(gy, x, ws, padding=(1, 1), basis=n), "cupy")
     xt, gyt = torch.from_dlpack(x), torch.from_dlpack(gy)
