@@ -15,6 +15,7 @@ added outside the backends. Cross-correlation, as in Torch and PyTorch.
 backends compute each x, w and gy spectrum once and share it across the passes
 (backends/reuse.py); train.py does this by default.
 """
+import functools
 import math
 import warnings
 
@@ -196,14 +197,22 @@ def _check_output_fits(backend, pass_name, xp, x_shape, w_shape, stride, padding
     device (or host) has free, even once the backends' scratch and the step's spectra are let go.
     (A backend's workspace is not counted: each bounds its own, chunking the batch.)"""
     g = geometry(x_shape, w_shape, stride, padding)
+    nbytes = _output_bytes(g, pass_name)
+    if nbytes <= common.CHECK_ABOVE_BYTES:   # unchecked (common.check_fits): nothing to format
+        return
     shape = common.pass_output_shape(g, pass_name)
-    nbytes = math.prod(shape) * 4
     what = f"{pass_name}'s output {shape} (input {tuple(x_shape)}, weight {tuple(w_shape)})"
     try:
         common.check_fits(nbytes, xp, what)
     except ValueError:
         _release(backend)       # what they hold may be what is missing: one more look without it
         common.check_fits(nbytes, xp, what)
+
+
+@functools.lru_cache(maxsize=4096)
+def _output_bytes(g, pass_name):
+    """Bytes of the float32 array the pass returns."""
+    return math.prod(common.pass_output_shape(g, pass_name)) * 4
 
 
 def _release(backend):

@@ -93,3 +93,44 @@ def test_batch_slices_are_few_and_even(S, most):
     assert [i for sl in slices for i in range(sl.start, sl.stop)] == list(range(S))
     assert max(sizes) <= max(most, 1) and len(slices) == -(-S // max(most, 1))
     assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.gpu
+def test_a_large_output_the_pool_already_holds_is_not_asked_of_the_driver(monkeypatch):
+    """check_fits on the GPU: where CuPy's pool holds the bytes unused (and has no limit), the
+    driver's free-memory figure is not asked for; otherwise it is, and a size over it is refused."""
+    import cupy as cp
+    pool = cp.get_default_memory_pool()
+    if pool.get_limit():
+        pytest.skip("the memory pool has a limit set")
+    nbytes = common.CHECK_ABOVE_BYTES + 2**20
+    held = cp.empty(nbytes, dtype=cp.uint8)
+    del held                                         # back to the pool, unused
+    asked = []
+    real = common.available_bytes
+    monkeypatch.setattr(common, "available_bytes", lambda xp: asked.append(1) or real(xp))
+    assert pool.free_bytes() >= nbytes
+    common.check_fits(nbytes, cp, "an array")
+    assert asked == []
+    with pytest.raises(ValueError, match=r"a huge array needs .*, more than the .* free on the GPU"):
+        common.check_fits(2**60, cp, lambda: "a huge array")
+    assert asked == [1]
+
+
+def test_the_output_check_formats_nothing_for_a_small_output(monkeypatch):
+    """run_pass's output check returns before it formats its message or asks for free memory
+    where the output is at most CHECK_ABOVE_BYTES (the per-call path of every small pass); at
+    CHECK_ABOVE_BYTES 0 the same pass is checked, with the output's shape in the message."""
+    checked = []
+    monkeypatch.setattr(common, "check_fits", lambda nbytes, xp, what: checked.append((nbytes, what)))
+    ran = []
+    monkeypatch.setattr(backends.gemm, "fprop", lambda *a, **k: ran.append(1))
+    x, w = np.ones((2, 3, 16, 16), np.float32), np.ones((8, 3, 3, 3), np.float32)
+    run = lambda: backends.run_pass("gemm", "fprop", x, w, x_shape=x.shape, w_shape=w.shape,  # noqa: E731
+                                    stride=(1, 1), padding=(0, 0))
+    run()
+    assert ran == [1] and checked == []
+    monkeypatch.setattr(common, "CHECK_ABOVE_BYTES", 0)
+    run()
+    assert ran == [1, 1] and checked == [(2 * 8 * 14 * 14 * 4, "fprop's output (2, 8, 14, 14) (input (2, 3, 16, 16), "
+                                                                "weight (8, 3, 3, 3))")]
