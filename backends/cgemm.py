@@ -198,7 +198,9 @@ def capturing(handle):
 
 class GraphHandle:
     """A cuBLAS handle bound to one stream, with its own workspace (an array the caller keeps
-    alive: allocate it from the graph's memory pool); `gemm` has cupy_backends' argument order."""
+    alive: allocate it from the graph's memory pool); `gemm` has cupy_backends' argument order.
+    workspace None: none yet (the handle is made before a capture, since cublasCreate allocates;
+    set_workspace gives it one before its first GEMM, which may be inside the capture)."""
 
     def __init__(self, stream_ptr, workspace):
         import ctypes
@@ -210,13 +212,20 @@ class GraphHandle:
 
     def bind(self, stream_ptr):
         """Issue on `stream_ptr` from now on. Makes no allocation, so it may run during a capture
-        (cublasSetStream drops the workspace, which is set again here)."""
+        (cublasSetStream drops the workspace, which is set again here where there is one)."""
         import ctypes
         _check(self._lib.cublasSetStream_v2(ctypes.c_void_p(self.ptr), ctypes.c_void_p(stream_ptr)),
                "cublasSetStream")
-        _check(self._lib.cublasSetWorkspace_v2(ctypes.c_void_p(self.ptr), ctypes.c_void_p(self.workspace.data.ptr),
-                                               ctypes.c_size_t(self.workspace.nbytes)), "cublasSetWorkspace")
         self.stream_ptr = stream_ptr
+        if self.workspace is not None:
+            self.set_workspace(self.workspace)
+
+    def set_workspace(self, workspace):
+        """Use `workspace` (an array the caller keeps alive) from now on."""
+        import ctypes
+        _check(self._lib.cublasSetWorkspace_v2(ctypes.c_void_p(self.ptr), ctypes.c_void_p(workspace.data.ptr),
+                                               ctypes.c_size_t(workspace.nbytes)), "cublasSetWorkspace")
+        self.workspace = workspace
 
     def gemm(self, *args):
         _check(self._lib.cublasGemmStridedBatchedEx(*args), "cublasGemmStridedBatchedEx")

@@ -20,7 +20,8 @@ own operators do (a CuPy ExternalStream), and allocates from PyTorch's caching a
 orders with PyTorch's work, counts in torch.cuda.max_memory_allocated(), and can be captured by
 torch.cuda.graph (the allocations then come from the graph's private pool; the GEMMs go to a
 cuBLAS handle made at the device's first eager pass and bound to the capture stream,
-backends.cgemm.GraphHandle, since CuPy refuses cuBLAS calls in a capture). Capture after one eager
+backends.cgemm.GraphHandle, since CuPy refuses cuBLAS calls in a capture; its 32 MiB workspace is
+taken from the first capture's pool, so eager steps never hold it). Capture after one eager
 step: `auto` times the backends and cuFFT plans are made at a layer's first call, which a
 capture cannot hold. The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
 
@@ -86,6 +87,13 @@ def _array(t, cp, keep=True):
     if key is not None and keep:
         _views[key] = a
     return a
+
+
+def _cupy_bytes(t, cp):
+    """A contiguous CUDA tensor's bytes as a CuPy uint8 array on its memory, keeping t alive (as
+    _cupy_view, without DLPack: no stream ordering asked for, which a capture would record)."""
+    memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
+    return cp.ndarray((memory.size,), cp.uint8, cp.cuda.MemoryPointer(memory, 0))
 
 
 def _cupy_view(t, cp):
@@ -169,11 +177,11 @@ def _cuda_scope(index):
     handle = _graph_handles.get(index)
     if not torch.cuda.is_current_stream_capturing():
         if handle is None:
-            # cublasCreate allocates, so the capture handle is made eagerly; its workspace lives as
-            # long as the process (graphs sharing it must not be replayed concurrently)
+            # cublasCreate allocates, so the capture handle is made eagerly, without a workspace:
+            # eager passes never use it, and its 32 MiB were the converted ResNet-50's eager step
+            # peak over the stock model's (+22 MiB, benchmarks/NOTES.md, session 14)
             with on.device, on.stream:
-                workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
-                _graph_handles[index] = cgemm.GraphHandle(ptr, cp.from_dlpack(workspace))
+                _graph_handles[index] = cgemm.GraphHandle(ptr, None)
         return cp, on, _NOT_CAPTURING
     if handle is None:
         raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
@@ -181,6 +189,11 @@ def _cuda_scope(index):
                            "made at a layer's first call, which a capture cannot hold)")
     if handle.stream_ptr != ptr:
         handle.bind(ptr)
+    if handle.workspace is None:
+        # the first capture's: from its graph's pool (PyTorch's allocator may allocate there), and
+        # kept for the process (graphs sharing it must not be replayed concurrently)
+        workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
+        handle.set_workspace(_cupy_bytes(workspace, cp))
     return cp, on, cgemm.capturing(handle)
 
 

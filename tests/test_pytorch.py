@@ -503,6 +503,29 @@ def test_cuda_graph_training_step_replays(strict_fp32, path, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_the_capture_workspace_is_taken_at_the_first_capture_not_by_eager_passes(strict_fp32, monkeypatch):
+    """The cuBLAS handle for captures is made at the first eager pass without a workspace; the
+    first capture takes its workspace (from the graph's pool); the captured pass replays right."""
+    from backends import cgemm
+    monkeypatch.setattr(pt, "_graph_handles", {})
+    conv = Conv2d(16, 32, 3, padding=1, bias=False, backend="gemm").cuda()
+    x = torch.randn(4, 16, 20, 20, device="cuda")
+    with torch.no_grad():
+        ref = conv(x)
+        index = torch.cuda.current_device()
+        assert pt._graph_handles[index].workspace is None
+        graph, static_x = torch.cuda.CUDAGraph(), x.clone()
+        with torch.cuda.graph(graph):
+            static_y = conv(static_x)
+    handle = pt._graph_handles[index]
+    assert handle.workspace is not None and handle.workspace.nbytes == cgemm.GRAPH_WORKSPACE_BYTES
+    static_y.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_error(static_y.cpu().numpy(), ref.cpu().numpy()) <= 1e-6
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("path", PATHS)
 def test_no_device_copies_at_the_boundary(path, monkeypatch):
     """The profiler sees no copy between PyTorch and CuPy: no Memcpy, no aten::copy_."""
