@@ -28,6 +28,14 @@ Every row names the commit it was measured at; the rows from before they did (se
 before session 6's host-time trim) can be measured again with --remeasure-unnamed, the new row
 taking the old one's place (in a file and in a merge, a key's latest row wins).
 
+  python -m benchmarks.sweep run --small-kernels      # issue 18: the 3x3 and 5x5 rows, with tiledfft and winograd
+
+--small-kernels measures the grid's 3x3 and 5x5 configurations (2,744, in the same shuffled order,
+so a cut-off run is a uniform sample of them) with tiled FFT and Winograd among ours: each row
+times cufft, fbfft, tiledfft and winograd (3x3 only), gemm and cuDNN strict, and names them in its
+"ours" field. Its rows go to sweep_small.jsonl (sweep_small_quick.jsonl with --quick), apart from
+the paper's sweep, whose rows compare the FFT backends alone.
+
 The report draws, per kernel size, the speed-up of the best FFT backend over cuDNN strict
 (geometric mean of the three passes' speed-ups, then over the configurations in a cell), on
 axes of output size against problem size S*f*f' (binned by powers of 4), as the paper's
@@ -53,6 +61,9 @@ PLANES = (1, 4, 16, 64, 96, 128, 256)
 KERNELS = (3, 5, 7, 9, 11, 13)
 OUTPUTS = (1, 2, 4, 8, 16, 32, 64)
 QUICK_SAMPLE = 2 * len(KERNELS) * len(OUTPUTS)  # 84: two per heat-map cell
+FFT = ("cufft", "fbfft")                          # "ours" in the paper's sweep: the FFT backends
+SMALL_KERNELS = (3, 5)                            # --small-kernels: issue 18's regime
+SMALL = ("cufft", "fbfft", "tiledfft", "winograd")  # ... and ours there (winograd: 3x3 only)
 
 
 def configurations():
@@ -65,6 +76,13 @@ def run_order(seed=2015):
     import numpy as np
     configs = configurations()
     return [configs[i] for i in np.random.default_rng(seed).permutation(len(configs))]
+
+
+def measure_order(quick=False, small_kernels=False):
+    """The configurations a run measures, in order: quick_sample() or run_order(), with
+    small_kernels only their SMALL_KERNELS ones (a sub-sequence of a uniform shuffle is one too)."""
+    order = quick_sample() if quick else run_order()
+    return [c for c in order if c[3] in SMALL_KERNELS] if small_kernels else order
 
 
 def quick_sample(per_cell=2, seed=0):
@@ -177,11 +195,18 @@ def append_row(path, row):
         os.fsync(fh.fileno())
 
 
-def speedups(row, baseline):
-    """Per pass, baseline ms / best FFT ms, and their geometric mean (None if missing)."""
+def ours_of(row):
+    """The backends a row counts as ours: its "ours" field (--small-kernels rows), else FFT."""
+    return tuple(row.get("ours", FFT))
+
+
+def speedups(row, baseline, ours=None):
+    """Per pass, baseline ms / the best of ours (default ours_of(row)) ms, and their geometric
+    mean (None if missing)."""
+    ours = ours_of(row) if ours is None else ours
     per_pass = []
     for p in PASSES:
-        fft = [row["ms"].get(f"{b}_{p}") for b in ("cufft", "fbfft")]
+        fft = [row["ms"].get(f"{b}_{p}") for b in ours]
         fft = [v for v in fft if v]
         base = row["ms"].get(f"{baseline}_{p}")
         if not fft or not base:
@@ -227,9 +252,12 @@ def measure(config, args, commit):
     layer = Layer((S, f, h, h), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
     # The commit in every row: merged shards interleave rows of several runs (rows before session 6
     # have none; their chunks' provenance lines name 58005ef and ab24b86).
+    ours = SMALL if args.small_kernels else FFT
     row = {"key": key(config), "config": list(config), "commit": commit, "ms": {}, "err": {},
            "skipped": {}}
-    for name in ("cufft", "fbfft", "gemm"):
+    if args.small_kernels:
+        row["ours"] = list(ours)
+    for name in ours + ("gemm",):
         b = backends.get(name)
         if not b.supports(*layer.geom):
             row["skipped"][name] = "unsupported geometry"
@@ -261,10 +289,11 @@ def run(args):
 
     from backends import tuning
     cudnn_setup = setup_cudnn(torch)
-    out = args.out / slug(tuning.device_name(cp)) / ("sweep_quick.jsonl" if args.quick else "sweep.jsonl")
+    name = ("sweep_small" if args.small_kernels else "sweep") + ("_quick" if args.quick else "")
+    out = args.out / slug(tuning.device_name(cp)) / f"{name}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     done = load_all_done(out, args.remeasure_unnamed)
-    todo = shard_todo(quick_sample() if args.quick else run_order(), done, args.shard)
+    todo = shard_todo(measure_order(args.quick, args.small_kernels), done, args.shard)
     dest, shard_fields = out, {}
     if args.shard:
         dest = part_path(out, args.shard[0])
@@ -335,8 +364,14 @@ def report(args):
     rows = list(load_done(path).values())
     if not rows:
         sys.exit(f"no measured configurations in {path}")
-    lines = [f"# Sweep: best FFT backend vs cuDNN strict and gemm ({len(rows)} of "
-             f"{len(configurations())} configurations)", "", f"- source: `{path}`"]
+    ours = sorted({b for r in rows for b in ours_of(r)}, key=SMALL.index)
+    small = set(ours) != set(FFT)
+    kernels = [k for k in KERNELS if any(r["config"][3] == k for r in rows)] if small else list(KERNELS)
+    grid_size = sum(1 for c in configurations() if c[3] in kernels)
+    what = f"best of ours ({', '.join(ours)})" if small else "best FFT backend"
+    lines = [f"# Sweep: {what} vs cuDNN strict and gemm ({len(rows)} of {grid_size} configurations"
+             f"{', kernels ' + ' and '.join(f'{k}x{k}' for k in kernels) if small else ''})", "",
+             f"- source: `{path}`"]
     chunks = read_chunks(path)
     if chunks:
         lines += [f"- measured in {len(chunks)} run(s) (`{provenance_path(path).name}`; the shards of one "
@@ -354,15 +389,18 @@ def report(args):
     by_commit = collections.Counter(r.get("commit", "not recorded (before rows named theirs)") for r in rows)
     lines += ["- rows by the commit they were measured at: "
               + ", ".join(f"{c}: {n}" for c, n in sorted(by_commit.items())), ""]
+    who = "ours" if small else "FFT"
     for baseline in ("cudnn", "gemm"):
-        fig, axes = plt.subplots(2, 3, figsize=(14, 8), sharex=True, sharey=True)
+        ncols = min(3, len(kernels))
+        fig, axes = plt.subplots(-(-len(kernels) // ncols), ncols, figsize=(4.7 * ncols, 4 * -(-len(kernels) // ncols)),
+                                 sharex=True, sharey=True, squeeze=False)
         im = None
         bins = sorted({problem_bin(*r["config"][:3]) for r in rows})  # one y axis for every panel
         lines += [f"## Speed-up over {baseline}", "",
-                  "| k | configurations | FFT faster | median | best | crossover: smallest y where FFT wins half "
-                  "| left out (a pass failed or was not run) | cuDNN missed 1e-4 (timed anyway) |",
+                  f"| k | configurations | {who} faster | median | best | crossover: smallest y where {who} wins "
+                  "half | left out (a pass failed or was not run) | cuDNN missed 1e-4 (timed anyway) |",
                   "|---|---|---|---|---|---|---|---|"]
-        for ax, k in zip(axes.flat, KERNELS):
+        for ax, k in zip(axes.flat, kernels):
             grid = heat_grid(rows, k, baseline)
             of_k = [r for r in rows if r["config"][3] == k]
             values = [speedups(r, baseline) for r in of_k]
@@ -384,22 +422,55 @@ def report(args):
         for ax in axes[:, 0]:
             ax.set_ylabel("problem size S*f*f'")
         if im is not None:
-            fig.colorbar(im, ax=axes, label=f"best FFT speed-up over {baseline} (geometric mean of passes)")
+            fig.colorbar(im, ax=axes, label=f"{what} speed-up over {baseline} (geometric mean of passes)")
         png = path.with_name(f"{path.stem}_vs_{baseline}.png")
         save_figure(fig, png, dpi=110)
         plt.close(fig)
         lines += ["", f"![heat maps vs {baseline}]({png.name})", ""]
-        lines += by_batch(rows, baseline)
+        lines += by_batch(rows, baseline, who)
+    if small:
+        lines += winners(rows, kernels)
     md = path.with_suffix(".md")
     write_text(md, "\n".join(lines) + "\n")
     print(md)
 
 
-def by_batch(rows, baseline):
+def winners(rows, kernels):
+    """Markdown for --small-kernels rows: which of ours is fastest, per kernel size and pass, and
+    what tiled FFT and Winograd add over the FFT backends alone (the same rows, against cuDNN)."""
+    lines = ["## Which of ours is fastest", "", "| k | pass | " + " | ".join(SMALL) + " |",
+             "|---|---|" + "---|" * len(SMALL)]
+    for k in kernels:
+        for p in PASSES:
+            counts = collections.Counter()
+            for r in rows:
+                if r["config"][3] != k:
+                    continue
+                timed = {b: r["ms"][f"{b}_{p}"] for b in ours_of(r) if r["ms"].get(f"{b}_{p}")}
+                if timed:
+                    counts[min(timed, key=timed.get)] += 1
+            lines.append(f"| {k} | {p} | " + " | ".join(str(counts[b]) for b in SMALL) + " |")
+    lines += ["", "## What tiled FFT and Winograd add (speed-up over cuDNN strict, same rows)", "",
+              "| k | configurations | FFT alone faster | FFT alone median | ours faster | ours median |",
+              "|---|---|---|---|---|---|"]
+    for k in kernels:
+        pairs = [(speedups(r, "cudnn", FFT), speedups(r, "cudnn")) for r in rows if r["config"][3] == k]
+        pairs = [(a, b) for a, b in pairs if a and b]
+        if not pairs:
+            continue
+        fft, ours = sorted(a for a, _ in pairs), sorted(b for _, b in pairs)
+        n = len(pairs)
+        lines.append(f"| {k} | {n} | {sum(v > 1 for v in fft)} ({sum(v > 1 for v in fft) / n:.0%}) | "
+                     f"{fft[n // 2]:.2f}x | {sum(v > 1 for v in ours)} ({sum(v > 1 for v in ours) / n:.0%}) | "
+                     f"{ours[n // 2]:.2f}x |")
+    return lines + [""]
+
+
+def by_batch(rows, baseline, who="FFT"):
     """Markdown: the same summary per batch size S, so that a partial sweep that measured some S
     more than others (its first chunk ran in grid order: S = 1 only) reads right."""
     lines = [f"### By batch size S (vs {baseline})", "",
-             "| S | configurations | FFT faster | median | best |", "|---|---|---|---|---|"]
+             f"| S | configurations | {who} faster | median | best |", "|---|---|---|---|---|"]
     for S in S_SIZES:
         values = sorted(v for v in (speedups(r, baseline) for r in rows if r["config"][0] == S) if v)
         if values:
@@ -408,7 +479,7 @@ def by_batch(rows, baseline):
 
 
 def summary_cells(values):
-    """'configurations | FFT faster | median | best' of sorted, non-empty speed-ups."""
+    """'configurations | faster | median | best' of sorted, non-empty speed-ups."""
     wins = sum(v > 1 for v in values)
     return (f"{len(values)} | {wins} ({wins / len(values):.0%}) | {values[len(values) // 2]:.2f}x | "
             f"{values[-1]:.2f}x")
@@ -430,6 +501,8 @@ def main():
                    help="measure only shard I of N (0 <= I < N); its rows go to a part file (see merge)")
     r.add_argument("--remeasure-unnamed", action="store_true",
                    help="measure again the rows that name no commit (before session 6's host-time trim)")
+    r.add_argument("--small-kernels", action="store_true",
+                   help=f"the {SMALL_KERNELS} kernels only, with {', '.join(SMALL)} as ours (sweep_small.jsonl)")
     m = sub.add_parser("merge", help="fold the shards' part files into the sweep file")
     m.add_argument("jsonl", help="results/<device>/sweep.jsonl")
     p = sub.add_parser("report", help="heat maps and summary from a sweep file")

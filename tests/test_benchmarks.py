@@ -138,6 +138,50 @@ def test_sweep_report_summarises_where_fft_wins(tmp_path, monkeypatch):
     assert rows["3"].rstrip().endswith("| 0 | 0 |")             # nothing left out, nothing flagged
 
 
+def test_sweep_small_kernels_measure_the_3x3_and_5x5_rows_in_the_shuffled_order():
+    """--small-kernels: the grid's 3x3 and 5x5 configurations, each once, in run_order's order
+    (so a cut-off run is a uniform sample of them); --quick with it, the quick sample's."""
+    from benchmarks import sweep
+    order = sweep.measure_order(small_kernels=True)
+    assert len(order) == 2 * 4 * 7 * 7 * 7 == len(set(order))
+    assert {c[3] for c in order} == {3, 5}
+    full = sweep.run_order()
+    assert order == [c for c in full if c[3] in (3, 5)]
+    assert sweep.measure_order() == full
+    assert sweep.measure_order(quick=True, small_kernels=True) == [c for c in sweep.quick_sample() if c[3] in (3, 5)]
+
+
+def test_sweep_report_of_small_kernel_rows_counts_tiled_fft_and_winograd(tmp_path, monkeypatch):
+    """Rows with tiledfft and winograd among ours: the speed-up takes the best of all four, the
+    report draws only the kernels measured, counts which of ours won each pass, and sets the FFT
+    backends alone beside all of ours on the same rows."""
+    from benchmarks import sweep
+    path = tmp_path / "sweep_small.jsonl"
+    configs = [c for c in sweep.quick_sample() if c[3] in (3, 5)]
+    for c in configs:
+        row = synthetic_row(c, 2.0, 1.0)                        # the FFT backends lose 2x to cuDNN
+        row["ours"] = list(sweep.SMALL)
+        for p in sweep.PASSES:
+            row["ms"][f"tiledfft_{p}"] = 0.8                    # tiled FFT wins 1.25x on 5x5
+            if c[3] == 3:
+                row["ms"][f"winograd_{p}"] = 0.5                # Winograd wins 2x on 3x3
+        sweep.append_row(path, row)
+    rows = sweep.load_done(path)
+    three = next(r for r in rows.values() if r["config"][3] == 3)
+    assert abs(sweep.speedups(three, "cudnn") - 2.0) < 1e-12
+    assert abs(sweep.speedups(three, "cudnn", sweep.FFT) - 0.5) < 1e-12
+    monkeypatch.setattr(sys, "argv", ["sweep.py", "report", str(path)])
+    sweep.main()
+    md = (tmp_path / "sweep_small.md").read_text()
+    assert md.startswith(f"# Sweep: best of ours (cufft, fbfft, tiledfft, winograd) vs cuDNN strict and gemm "
+                         f"({len(configs)} of 2744 configurations, kernels 3x3 and 5x5)")
+    n3, n5 = (sum(c[3] == k for c in configs) for k in (3, 5))
+    assert f"| 3 | fprop | 0 | 0 | 0 | {n3} |" in md and f"| 5 | accgrad | 0 | 0 | {n5} | 0 |" in md
+    assert f"| 3 | {n3} | 0 (0%) | 0.50x | {n3} (100%) | 2.00x |" in md
+    assert f"| 5 | {n5} | 0 (0%) | 0.50x | {n5} (100%) | 1.25x |" in md
+    assert (tmp_path / "sweep_small_vs_cudnn.png").exists()
+
+
 def test_sweep_report_counts_what_it_leaves_out(tmp_path, monkeypatch):
     """A configuration with a pass missing leaves the heat map, and one whose cuDNN result
     missed 1e-4 is timed anyway: the summary counts both, per kernel size."""
