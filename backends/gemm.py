@@ -33,6 +33,15 @@ block fits. A fourth, "rows", has kernels for 3x3 s1, 7x7 s2 and 11x11 s4 kernel
 tiles of one output row, each thread a window of taps sliding along the input rows in registers
 (VGG-16 conv1_1 0.69-0.71 ms, ResNet's conv1 1.23-1.27 against cuDNN strict's 1.60; session 15).
 
+Strided 1x1 fprop and bprop have two more forms on the GPU, "fused" and "fused64": one kernel
+(kernels/pointwise.cu) that does the gather (or the scatter) and the GEMM in one pass, its B tile read
+from x at stride (sh, sw) and its columns the pixels of all the images (S*oh*ow of them, so 7x7
+planes fill tiles); bprop's kernel writes the zeros between the strided pixels itself. The two differ
+in the tile: 128 or 64 rows (f' for fprop, f for bprop) by 128 pixels. They are for ResNet's
+stride-2 shortcuts, where the gather and a GEMM per image took 0.12-0.17 ms at batch 128 against
+cuDNN strict's 0.065-0.074 (H100): the copy, and the GEMM's re-read of it, are what fusing saves
+(benchmarks/experiments/exp_pointwise.py times every form against cuDNN).
+
 Which form runs is tuned per geometry and pass where the gemm_tune setting tunes (the GPU by
 default, backends.tuning's recipe). Untuned: 1x1 fprop and bprop per-image; 1x1 accGrad whichever
 of its partials and the flat form's copies moves fewer bytes (x 1.5: exp_gemm_1x1, session 12);
@@ -59,7 +68,8 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on ResNet-50's
     layers), 2 since each pass's form is tuned, accGrad 3 since its per-image partials are summed by
     sum_rows, strided bprop 3 while col2im placed its taps (slower: 1.02 -> 1.12 ms on ResNet-50's
-    conv15, exp_gemm_forms), 4 since the zeroed gx and its scatter are back. Other kernels'
+    conv15, exp_gemm_forms), 4 since the zeroed gx and its scatter are back, 5 since the fused forms
+    (kernels/pointwise.cu) joined them; strided fprop 3 since they joined it. Other kernels'
     accGrad: 1 since its form is tuned (per-image products: VGG-16's and ResNet's 3-plane first
     layers), 2 since the implicit form (accgrad_small) joined them, 3 since im2col and col2im take a
     (positions, taps, images) grid (no 64-bit division per element; their fprop and bprop 1 since
@@ -75,7 +85,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 def _revision(pass_name, g):
     if _pointwise(g):
-        return {"accgrad": 3, "bprop": 4 if _strided(g) else 2}.get(pass_name, 2)
+        if pass_name == "accgrad":
+            return 3
+        return {"fprop": 3, "bprop": 5}[pass_name] if _strided(g) else 2
     return 10 if pass_name == "accgrad" else 1
 
 
@@ -205,6 +217,8 @@ def _fprop_1x1(xp, x, w, g):
 
     def run(form):
         y = xp.empty((g.S, g.fo, g.oh, g.ow), dtype=np.float32)
+        if form in FUSED:
+            return _fused(xp, "fprop", w2, x, y, g, form)
         y3 = y.reshape(g.S, g.fo, g.oh * g.ow)                     # (S, f', P), a view of y
         if form == "per_image":
             for sl in _image_chunks(g, g.f * g.oh * g.ow * 4 if _strided(g) else 0):
@@ -214,7 +228,7 @@ def _fprop_1x1(xp, x, w, g):
             yf = cgemm.matmul(xp, w2, _flat(_taps(x[sl], g)), strict=True)   # (f', n*P)
             y[sl] = yf.reshape(g.fo, -1, g.oh, g.ow).transpose(1, 0, 2, 3)
         return y
-    return run(_form(xp, "fprop", g, run))
+    return run(_form(xp, "fprop", g, run, _pointwise_forms(xp, g)))
 
 
 def _bprop_1x1(xp, gy, w, g):
@@ -225,6 +239,8 @@ def _bprop_1x1(xp, gy, w, g):
     gy3 = gy.reshape(g.S, g.fo, g.oh * g.ow)                       # (S, f', P)
 
     def run(form):
+        if form in FUSED:                                          # it writes gx's zeros too
+            return _fused(xp, "bprop", w2t, gy, xp.empty((g.S, g.f, g.h, g.w), dtype=np.float32), g, form)
         gx = (xp.zeros if _strided(g) else xp.empty)((g.S, g.f, g.h, g.w), dtype=np.float32)
         if form == "per_image" and not _strided(g):
             cgemm.matmul(xp, w2t, gy3, out=_batch_of(gx.reshape(g.S, g.f, g.h * g.w)), strict=True)
@@ -238,7 +254,7 @@ def _bprop_1x1(xp, gy, w, g):
                 cols = cols.reshape(g.f, -1, g.oh, g.ow).transpose(1, 0, 2, 3)                  # (n, f, oh, ow)
             _taps(gx[sl], g)[...] = cols                           # the taps; with a stride the rest stay 0
         return gx
-    return run(_form(xp, "bprop", g, run))
+    return run(_form(xp, "bprop", g, run, _pointwise_forms(xp, g)))
 
 
 def _accgrad_1x1(xp, gy, x, g):
@@ -260,6 +276,73 @@ def _accgrad_1x1(xp, gy, x, g):
                          accumulate=True, strict=True)             # gw += (f', n*P) @ (n*P, f)
         return gw.reshape(g.fo, g.f, 1, 1)
     return run(_form(xp, "accgrad", g, run))
+
+
+# -- the fused forms of the strided 1x1 fprop and bprop (kernels/pointwise.cu) ---------------------
+# pointwise_gemm's tile: BM rows of the product (f' for fprop, f for bprop), each form its BM, by
+# FUSED_BN pixels; K (f or f') in steps of FUSED_BK
+FUSED = {"fused": 128, "fused64": 64}
+FUSED_BN, FUSED_BK = 128, 8
+FUSED_NAMES = tuple(f"pointwise_gemm<{bm}, {FUSED_BN}, {bprop}>" for bm in FUSED.values()
+                    for bprop in ("false", "true"))
+
+
+def _pointwise_forms(xp, g):
+    """The forms of a 1x1 fprop or bprop: the fused ones join the GEMM forms where the stride gathers,
+    on the GPU (the CPU has no kernel)."""
+    return FORMS + tuple(FUSED) if xp is not np and _strided(g) else FORMS
+
+
+def _fused_plan(g, n, form, bprop):
+    """pointwise_gemm's launch over n images: (name expression, blocks, threads a block). The grid is
+    1-D: row tiles (of f' or f) times column tiles (of n*oh*ow pixels), row tiles fastest."""
+    bm = FUSED[form]
+    rows = g.f if bprop else g.fo
+    blocks = -(-rows // bm) * -(-n * g.oh * g.ow // FUSED_BN)
+    return f"pointwise_gemm<{bm}, {FUSED_BN}, {'true' if bprop else 'false'}>", blocks, bm * FUSED_BN // 64
+
+
+def _fused_lda(K):
+    """The row pitch of pointwise_gemm's A: K rounded up to whole K steps (its float4 loads need no
+    bounds check)."""
+    return -(-K // FUSED_BK) * FUSED_BK
+
+
+def _fused_operand(xp, a):
+    """a (M, K) as pointwise_gemm reads it: rows of _fused_lda(K) floats, zero past K, 16-byte aligned.
+    A copy (M x lda floats, the size of W) only where K is not a multiple of FUSED_BK or a is misaligned."""
+    lda = _fused_lda(a.shape[1])
+    if lda == a.shape[1] and a.flags.c_contiguous and a.data.ptr % 16 == 0:
+        return a
+    padded = xp.zeros((a.shape[0], lda), dtype=np.float32)
+    padded[:, :a.shape[1]] = a
+    return padded
+
+
+def _fused_chunks(g):
+    """Slices of the batch whose strided and dense tensors (x and y, gx and gy) each hold fewer than
+    2^31 floats: pointwise_gemm's offsets are 32-bit."""
+    per_image = max(g.f * g.h * g.w, g.fo * g.oh * g.ow)
+    if per_image >= 2**31:
+        raise ValueError(f"gemm's fused form: one image's {per_image} floats exceed its 32-bit offsets")
+    return batch_slices(g.S, (2**31 - 1) // per_image)
+
+
+def _fused(xp, pass_name, a, b, out, g, form):
+    """The fused form of fprop, y = W @ the taps of x (a = W (f', f), b = x, out = y), or of bprop,
+    gx = W^T @ gy scattered into the stride's cells (a = W^T (f, f'), b = gy, out = gx, every element
+    written): kernels/pointwise.cu's pointwise_gemm, chunk by chunk. Returns out."""
+    bprop = pass_name == "bprop"
+    name, _, threads = _fused_plan(g, 1, form, bprop)
+    kernel = cuda_module("pointwise.cu", name_expressions=FUSED_NAMES).get_function(name)
+    a = _fused_operand(xp, a)
+    for sl in _fused_chunks(g):
+        n = sl.stop - sl.start
+        o = out[sl]
+        pairs = bprop and g.sw == 2 and g.w % 2 == 0 and o.data.ptr % 8 == 0   # float2 stores of the cells
+        ints = (n, g.f, g.fo, g.h, g.w, g.sh, g.sw, g.oh, g.ow, a.shape[1], pairs)
+        kernel((_fused_plan(g, n, form, bprop)[1],), (threads,), (a, b[sl], o) + tuple(np.int32(v) for v in ints))
+    return out
 
 
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):

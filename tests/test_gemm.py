@@ -1,10 +1,15 @@
 """The gemm backend's three passes against PyTorch float64, over many random geometries."""
+import ctypes
+import re
+import types
+
 import numpy as np
 import pytest
 
 import backends
 from backends import gemm
-from conftest import DEVICES
+from backends.common import KERNEL_DIR, batch_slices
+from conftest import DEVICES, host_library
 from reference import check_backend
 
 
@@ -164,7 +169,7 @@ def test_pointwise_forms_match_float64(device, form, xs, ws, stride, monkeypatch
     """Each 1x1 form, forced on every pass, whole batch and one image a chunk."""
     rng = np.random.default_rng(13)
     x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
-    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run: form)
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run, forms=None: form)
     check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
     settings(gemm_workspace_mb=2**-20)
     check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
@@ -300,3 +305,292 @@ def test_pointwise_chunked_gives_the_same_answer(device, stride, settings):
 def test_pointwise_path_is_taken_only_without_padding():
     assert not gemm._pointwise(backends.geometry((1, 2, 5, 5), (3, 2, 1, 1), (1, 1), (1, 1)))
     assert not gemm._pointwise(backends.geometry((1, 2, 5, 5), (3, 2, 1, 3), (1, 1), (0, 0)))
+
+
+
+# -- the fused forms of the strided 1x1 fprop and bprop (kernels/pointwise.cu) ---------------------
+
+RESNET_SHORTCUTS = [((128, 64, 56, 56), (128, 64, 1, 1)),      # 64 -> 128 56x56 s2
+                    ((128, 128, 28, 28), (256, 128, 1, 1)),    # 128 -> 256 28x28 s2
+                    ((128, 256, 14, 14), (512, 256, 1, 1))]    # 256 -> 512 14x14 s2
+FUSED_EDGES = [((2, 24, 9, 11), (40, 24, 1, 1), (2, 2)),     # f' < a tile, 60 pixels: one partial tile
+               ((3, 72, 13, 13), (136, 72, 1, 1), (2, 2)),   # f' 136: a partial row tile; 147 pixels
+               ((1, 16, 7, 7), (8, 16, 1, 1), (2, 2)),       # batch 1, odd planes (clipped cells)
+               ((2, 20, 10, 9), (70, 20, 1, 1), (2, 1)),     # stride (2, 1): cells of one column
+               ((2, 13, 9, 10), (17, 13, 1, 1), (2, 2)),     # f, f' not multiples of 8: A padded; pairs
+               ((2, 12, 6, 10), (9, 12, 1, 1), (1, 2)),      # stride (1, 2), even rows: pairs
+               ((2, 8, 10, 10), (6, 8, 1, 1), (3, 3)),       # stride 3: cells clipped at the edge
+               ((2, 64, 14, 14), (128, 64, 1, 1), (2, 2))]   # a ResNet shortcut, two images
+
+
+def fused_reference(w, x, stride):
+    """fprop's y in float64, NumPy or CuPy as x is."""
+    xp = np if isinstance(x, np.ndarray) else pytest.importorskip("cupy")
+    taps = x[:, :, ::stride[0], ::stride[1]].astype(np.float64)
+    return xp.einsum("oc,nchw->nohw", w[:, :, 0, 0].astype(np.float64), taps)
+
+
+def fused_bprop_reference(w, gy, x_shape, stride):
+    """bprop's gx in float64 from gy: W^T gy at the strided pixels, zeros between them."""
+    xp = np if isinstance(gy, np.ndarray) else pytest.importorskip("cupy")
+    gx = xp.zeros(x_shape, dtype=np.float64)
+    gx[:, :, ::stride[0], ::stride[1]] = xp.einsum("oc,nohw->nchw", w[:, :, 0, 0].astype(np.float64),
+                                                   gy.astype(np.float64))
+    return gx
+
+
+def fused_operands(rng, xs, ws, stride):
+    g = backends.geometry(xs, ws, stride, (0, 0))
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow)).astype(np.float32)
+    return g, x, w, gy
+
+
+def test_fused_forms_are_offered_for_strided_pointwise_on_the_gpu(monkeypatch):
+    """fused and fused64 join per_image and flat for strided 1x1 fprop and bprop on the GPU (any
+    array module but NumPy); never on the CPU, nor for stride 1, nor for accGrad (not asked)."""
+    gpu = types.SimpleNamespace()                                   # stands in for cupy
+    strided = backends.geometry((4, 64, 56, 56), (128, 64, 1, 1), (2, 2), (0, 0))
+    plain = backends.geometry((4, 64, 56, 56), (128, 64, 1, 1), (1, 1), (0, 0))
+    assert gemm._pointwise_forms(gpu, strided) == ("per_image", "flat", "fused", "fused64")
+    assert gemm._pointwise_forms(np, strided) == gemm.FORMS
+    assert gemm._pointwise_forms(gpu, plain) == gemm.FORMS
+    asked = []
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run, forms=gemm.FORMS:
+                        asked.append((pass_name, forms)) or "per_image")
+    x, w = np.ones((1, 4, 6, 6), np.float32), np.ones((3, 4, 1, 1), np.float32)
+    gemm.fprop(x, w, (2, 2))
+    gemm.bprop(np.ones((1, 3, 3, 3), np.float32), w, x.shape, (2, 2))
+    assert asked == [("fprop", gemm.FORMS), ("bprop", gemm.FORMS)]   # the CPU: the GEMM forms only
+
+
+def test_fused_forms_bump_the_strided_revisions():
+    """auto times gemm's strided 1x1 fprop and bprop again (their form records too, form_key)."""
+    g = backends.geometry((2, 8, 5, 5), (4, 8, 1, 1), (2, 2), (0, 0))
+    assert [gemm._revision(p, g) for p in ("fprop", "bprop", "accgrad")] == [3, 5, 3]
+    one = backends.geometry((2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (0, 0))
+    assert [gemm._revision(p, one) for p in ("fprop", "bprop", "accgrad")] == [2, 2, 3]
+    assert gemm.form_key(np, "fprop", g)[-1] == "gemm_form_r3" and gemm.form_key(np, "bprop", g)[-1] == "gemm_form_r5"
+
+
+def test_fused_plan_covers_the_product():
+    """The 1-D grid: row tiles of f' (fprop) or f (bprop) times column tiles of the batch's pixels;
+    ResNet's shortcuts at batch 128."""
+    plan = lambda xs, ws, form, bprop, n=None: gemm._fused_plan(
+        backends.geometry(xs, ws, (2, 2), (0, 0)), n or xs[0], form, bprop)
+    (x1, w1), (x2, w2), (x3, w3) = RESNET_SHORTCUTS
+    assert plan(x1, w1, "fused", False) == ("pointwise_gemm<128, 128, false>", 784, 256)      # 100352 pixels
+    assert plan(x1, w1, "fused64", False) == ("pointwise_gemm<64, 128, false>", 2 * 784, 128)
+    assert plan(x1, w1, "fused", True) == ("pointwise_gemm<128, 128, true>", 784, 256)        # f = 64: half a tile
+    assert plan(x2, w2, "fused", False) == ("pointwise_gemm<128, 128, false>", 2 * 196, 256)
+    assert plan(x3, w3, "fused", False) == ("pointwise_gemm<128, 128, false>", 4 * 49, 256)   # 6272 pixels
+    assert plan(x3, w3, "fused64", True) == ("pointwise_gemm<64, 128, true>", 4 * 49, 128)
+    assert plan((3, 72, 13, 13), (136, 72, 1, 1), "fused", False) == ("pointwise_gemm<128, 128, false>", 2 * 2, 256)
+    assert set(gemm.FUSED_NAMES) == {plan(x1, w1, form, bprop)[0] for form in gemm.FUSED for bprop in (False, True)}
+
+
+def test_fused_names_are_instantiated_in_the_source():
+    """Each name expression gemm asks NVRTC for is explicitly instantiated for nvcc's check
+    (test_cuda_compile compiles pointwise.cu with them, for registers and spills)."""
+    text = (KERNEL_DIR / "pointwise.cu").read_text()
+    block = text[text.index("#ifdef MINITORCH_EXPLICIT_INSTANTIATIONS"):]
+    listed = {re.sub(r"\s+", " ", m) for m in re.findall(r"void (pointwise_gemm<[^>]*>)", block)}
+    assert listed == set(gemm.FUSED_NAMES)
+
+
+def test_fused_chunks_keep_offsets_within_32_bits():
+    g = backends.geometry((128, 64, 56, 56), (128, 64, 1, 1), (2, 2), (0, 0))
+    assert gemm._fused_chunks(g) == [slice(0, 128)]
+    big = backends.geometry((64, 256, 512, 512), (64, 256, 1, 1), (2, 2), (0, 0))   # 2^26 floats an image
+    assert [sl.stop - sl.start for sl in gemm._fused_chunks(big)] == [22, 21, 21]   # 31 images of 2^26 at most
+    assert all((sl.stop - sl.start) * 256 * 512 * 512 < 2**31 for sl in gemm._fused_chunks(big))
+    assert gemm._fused_lda(64) == 64 and gemm._fused_lda(13) == 16 and gemm._fused_lda(17) == 24
+
+
+# The kernel compiled for the host: one std::thread per CUDA thread, a std::barrier for __syncthreads
+# (as tests/test_fbfft_kernels.py's shim), blocks one after another. fmaf is the host's fused
+# multiply-add, so the host build sums as the GPU does.
+POINTWISE_EMULATION = r"""
+#include <barrier>
+#include <cmath>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+struct float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+template <class T> static inline T __ldg(const T* p) { return *p; }
+struct Dim { unsigned x = 0, y = 0, z = 0; };
+static thread_local Dim threadIdx;
+static Dim blockIdx;
+static std::barrier<>* emu_barrier = nullptr;
+static inline void __syncthreads() { emu_barrier->arrive_and_wait(); }
+#include "KERNEL_PATH"
+
+template <int BM, bool BPROP>
+static void launch(unsigned blocks, unsigned threads, const float* a, const float* b, float* c, const int* v) {
+    for (unsigned bx = 0; bx < blocks; ++bx) {
+        std::barrier<> bar(threads);
+        emu_barrier = &bar;
+        blockIdx.x = bx;
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < threads; ++t)
+            ts.emplace_back([=] {
+                threadIdx.x = t;
+                pointwise_gemm<BM, 128, BPROP>(a, b, c, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8],
+                                               v[9], v[10]);
+            });
+        for (auto& th : ts) th.join();
+    }
+}
+extern "C" int emu_pointwise_gemm(int bm, int bprop, unsigned blocks, unsigned threads, const float* a,
+                                  const float* b, float* c, const int* v) {
+    if (threads != (unsigned)bm * 2) return 1;
+    if (bm == 128) bprop ? launch<128, true>(blocks, threads, a, b, c, v) : launch<128, false>(blocks, threads, a, b, c, v);
+    else if (bm == 64) bprop ? launch<64, true>(blocks, threads, a, b, c, v) : launch<64, false>(blocks, threads, a, b, c, v);
+    else return 1;
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def pointwise_emulated(tmp_path_factory):
+    """kernels/pointwise.cu compiled for the host as a shared library (skips without g++)."""
+    return host_library(tmp_path_factory, "pointwise_emu",
+                        POINTWISE_EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "pointwise.cu")),
+                        ("-std=c++20", "-pthread", "-fno-strict-aliasing", "-Wno-unknown-pragmas"))
+
+
+class _HostPointwise:
+    """pointwise_gemm called as CuPy's RawKernel is, run by the host build: the launch is checked
+    first (a 1-D grid, the block of the name's tile, device float32 arrays then 11 int32s), since a
+    wrong type or order would be read as garbage on the GPU."""
+
+    def __init__(self, lib, name, log):
+        bm, bn, bprop = re.fullmatch(r"pointwise_gemm<(\d+), (\d+), (true|false)>", name).groups()
+        self.lib, self.bm, self.bprop, self.log = lib, int(bm), bprop == "true", log
+        assert int(bn) == gemm.FUSED_BN
+
+    def __call__(self, grid, block, args):
+        from test_cgemm import _Device
+        assert len(grid) == len(block) == 1 and block[0] == self.bm * gemm.FUSED_BN // 64 and len(args) == 14
+        for arr in args[:3]:
+            assert type(arr) is _Device and arr.dtype == np.float32 and arr.flags.c_contiguous
+        assert all(type(v) is np.int32 for v in args[3:])
+        a, b, c = (ctypes.c_void_p(arr.ctypes.data) for arr in args[:3])
+        ints = (ctypes.c_int * 11)(*(int(v) for v in args[3:]))
+        assert self.lib.emu_pointwise_gemm(self.bm, int(self.bprop), grid[0], block[0], a, b, c, ints) == 0
+        self.log.append((self.bm, self.bprop, grid[0], tuple(int(v) for v in args[3:])))
+
+
+def run_fused_on_host(lib, monkeypatch, pass_name, w, operand, out_shape, g, form):
+    """gemm._fused's GPU branch on the host: a fake CuPy of NumPy arrays that answer .data.ptr, and
+    cuda_module handing out the host build. The output starts as NaN: every element must be written."""
+    from test_cgemm import _Device
+    log = []
+    dev = lambda a: np.ascontiguousarray(a).view(_Device)                     # noqa: E731
+    fake = types.SimpleNamespace(zeros=lambda shape, dtype: dev(np.zeros(shape, dtype)))
+    module = types.SimpleNamespace(get_function=lambda name: _HostPointwise(lib, name, log))
+    monkeypatch.setattr(gemm, "cuda_module", lambda *args, **kwargs: module)
+    a = w.reshape(g.fo, g.f) if pass_name == "fprop" else np.ascontiguousarray(w.reshape(g.fo, g.f).T)
+    out = dev(np.full(out_shape, np.nan, np.float32))
+    assert gemm._fused(fake, pass_name, dev(a), dev(operand), out, g, form) is out
+    return np.asarray(out), log
+
+
+@pytest.mark.parametrize("form", tuple(gemm.FUSED))
+@pytest.mark.parametrize("xs,ws,stride", FUSED_EDGES)
+def test_emulated_fused_kernel_matches_float64(pointwise_emulated, monkeypatch, form, xs, ws, stride):
+    """The kernel's own indexing on the CPU: partial row and column tiles, columns across images,
+    K not a multiple of its step (A padded), stride cells clipped at the edge, float2 and scalar
+    zeros; every element of y and gx written (NaN-poisoned), gx's zeros exactly zero."""
+    g, x, w, gy = fused_operands(np.random.default_rng(21), xs, ws, stride)
+    y, log = run_fused_on_host(pointwise_emulated, monkeypatch, "fprop", w, x, (g.S, g.fo, g.oh, g.ow), g, form)
+    ref = fused_reference(w, x, stride)
+    assert np.linalg.norm(y - ref) <= 1e-5 * np.linalg.norm(ref)
+    gx, log_b = run_fused_on_host(pointwise_emulated, monkeypatch, "bprop", w, gy, xs, g, form)
+    ref = fused_bprop_reference(w, gy, xs, stride)
+    assert np.isfinite(gx).all() and np.linalg.norm(gx - ref) <= 1e-5 * np.linalg.norm(ref)
+    mask = np.ones(xs, bool)
+    mask[:, :, ::g.sh, ::g.sw] = False
+    assert (gx[mask] == 0).all()
+    (*_, ints_f), (*_, ints_b) = log[0], log_b[0]                     # (n, ..., lda, pairs)
+    assert ints_f[-2:] == (gemm._fused_lda(g.f), 0)
+    assert ints_b[-2:] == (gemm._fused_lda(g.fo), g.sw == 2 and g.w % 2 == 0)   # float2 cells where rows are even
+
+
+def test_emulated_fused_kernel_in_chunks(pointwise_emulated, monkeypatch):
+    """One image a chunk (as where an image's tensors near 2^31 floats): slices of x, y, gy, gx and
+    each chunk's own grid."""
+    xs, ws, stride = (3, 16, 9, 9), (24, 16, 1, 1), (2, 2)
+    g, x, w, gy = fused_operands(np.random.default_rng(22), xs, ws, stride)
+    monkeypatch.setattr(gemm, "_fused_chunks", lambda g: batch_slices(g.S, 1))
+    y, log = run_fused_on_host(pointwise_emulated, monkeypatch, "fprop", w, x, (g.S, g.fo, g.oh, g.ow), g, "fused64")
+    assert [entry[3][0] for entry in log] == [1, 1, 1]                       # n of each launch
+    ref = fused_reference(w, x, stride)
+    assert np.linalg.norm(y - ref) <= 1e-5 * np.linalg.norm(ref)
+    gx, _ = run_fused_on_host(pointwise_emulated, monkeypatch, "bprop", w, gy, xs, g, "fused")
+    ref = fused_bprop_reference(w, gy, xs, stride)
+    assert np.linalg.norm(gx - ref) <= 1e-5 * np.linalg.norm(ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", tuple(gemm.FUSED))
+@pytest.mark.parametrize("xs,ws", RESNET_SHORTCUTS)
+def test_fused_forms_on_resnet_shortcuts(form, xs, ws, monkeypatch):
+    """ResNet's stride-2 1x1 shortcuts at batch 128 through the fused forms, fprop and bprop, against
+    CuPy's float64 einsum; y and gx NaN-poisoned first (the kernel writes every element)."""
+    import cupy as cp
+    rng = cp.random.default_rng(23)
+    x, w = rng.standard_normal(xs, dtype=cp.float32), rng.standard_normal(ws, dtype=cp.float32)
+    g = backends.geometry(xs, ws, (2, 2), (0, 0))
+    gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow), dtype=cp.float32)
+    with monkeypatch.context() as mp:
+        mp.setattr(gemm, "_form", lambda xp, pass_name, g, run, forms=None: form)
+        mp.setattr(cp, "empty", lambda shape, dtype=float: cp.full(shape, cp.nan, dtype))   # poisoned
+        y, gx = gemm.fprop(x, w, (2, 2)), gemm.bprop(gy, w, xs, (2, 2))
+    ref = fused_reference(w, x, (2, 2))
+    assert float(cp.linalg.norm(y - ref) / cp.linalg.norm(ref)) <= 1e-5
+    ref = fused_bprop_reference(w, gy, xs, (2, 2))
+    assert bool(cp.isfinite(gx).all()) and float(cp.linalg.norm(gx - ref) / cp.linalg.norm(ref)) <= 1e-5
+    assert not bool(gx[:, :, 1::2].any()) and not bool(gx[:, :, :, 1::2].any())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", tuple(gemm.FUSED))
+@pytest.mark.parametrize("xs,ws,stride", FUSED_EDGES)
+def test_fused_forms_on_edge_shapes(form, xs, ws, stride, monkeypatch):
+    """The fused form forced on fprop and bprop (accGrad keeps its rule) against PyTorch float64:
+    partial tiles, batch 1, stride (2, 1), (1, 2) and 3; whole batch and one image a chunk."""
+    rng = np.random.default_rng(24)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    real = gemm._form
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run, forms=gemm.FORMS:
+                        form if pass_name != "accgrad" else real(xp, pass_name, g, run, forms))
+    check_backend(gemm, x, w, stride, (0, 0), device="cuda", rng=rng)
+    monkeypatch.setattr(gemm, "_fused_chunks", lambda g: batch_slices(g.S, 1))
+    check_backend(gemm, x, w, stride, (0, 0), device="cuda", rng=rng)
+
+
+@pytest.mark.gpu
+def test_fused_forms_are_tuned_and_agree(settings, tmp_path):
+    """gemm_tune on the GPU: a strided 1x1 fprop and bprop time all four forms, the fused ones checked
+    against per_image (none skipped)."""
+    import cupy as cp
+    from backends import tuning
+    settings(gemm_tune="on", tune_cache=str(tmp_path / "t.json"))
+    xs, ws = (16, 128, 28, 28), (256, 128, 1, 1)
+    x, w = cp.random.standard_normal(xs, dtype=cp.float32), cp.random.standard_normal(ws, dtype=cp.float32)
+    g = backends.geometry(xs, ws, (2, 2), (0, 0))
+    gemm.fprop(x, w, (2, 2))
+    gemm.bprop(cp.random.standard_normal((g.S, g.fo, g.oh, g.ow), dtype=cp.float32), w, xs, (2, 2))
+    for p in ("fprop", "bprop"):
+        record = tuning.default_cache().get(gemm.form_key(cp, p, g))
+        assert set(record["ms"]) == set(gemm.FORMS + tuple(gemm.FUSED)) and not record["skipped"], record
