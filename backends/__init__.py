@@ -200,8 +200,9 @@ def _check_output_fits(backend, pass_name, xp, x_shape, w_shape, stride, padding
     nbytes = _output_bytes(g, pass_name)
     if nbytes <= common.CHECK_ABOVE_BYTES:   # unchecked (common.check_fits): nothing to format
         return
-    shape = common.pass_output_shape(g, pass_name)
-    what = f"{pass_name}'s output {shape} (input {tuple(x_shape)}, weight {tuple(w_shape)})"
+    def what():   # formatted only where the output does not fit
+        return (f"{pass_name}'s output {common.pass_output_shape(g, pass_name)} (input {tuple(x_shape)}, "
+                f"weight {tuple(w_shape)})")
     try:
         common.check_fits(nbytes, xp, what)
     except ValueError:

@@ -136,10 +136,12 @@ def check_fits(nbytes, xp, what):
 
 def _pool_holds(xp, nbytes):
     """Whether CuPy's current memory pool already holds `nbytes` unused, and may (no limit set):
-    then they fit without asking the driver. That is the usual case from a training step's
-    second iteration on (the last step's buffers went back to the pool), and it spares each
+    then the check passes without asking the driver, as available_bytes would (it adds the same
+    unused bytes to the driver's free figure; like it, this counts fragments and blocks kept for
+    other streams, so CuPy may still have to cudaMalloc). That is the usual case from a training
+    step's second iteration on (the last step's buffers went back to the pool), and it spares a
     large pass a memGetInfo (5 us of the 40 that auto's 1x1 fprop cost the host on an H100,
-    exp_host_pieces, session 17)."""
+    benchmarks/experiments/exp_host_pieces.py)."""
     if xp is np:
         return False
     pool = _current_pool(xp)

@@ -268,7 +268,10 @@ def _per_group(xp, g, m, images, run):
     options = group_options(g, m, images)
     if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
         return default
-    key = tuning.key(xp, np.float32, tuple(g), "accgrad", f"winograd_groups_f{m}_n{images}")
+    # keyed by the revision (a change to the pass times the counts again) and by the workspace,
+    # whose cap on the groups shapes the options
+    key = tuning.key(xp, np.float32, tuple(g), "accgrad", f"winograd_groups_r{revision('accgrad', *_shapes(g))}"
+                     f"_f{m}_n{images}_ws{config.get('winograd_workspace_mb'):g}")
     return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default, tol=TUNE_TOL),
                              valid=lambda per: per in options, untuned=lambda: default)["choice"]
 

@@ -31,10 +31,10 @@ taking the old one's place (in a file and in a merge, a key's latest row wins).
   python -m benchmarks.sweep run --small-kernels      # issue 18: the 3x3 and 5x5 rows, with tiledfft and winograd
 
 --small-kernels measures the grid's 3x3 and 5x5 configurations (2,744, in the same shuffled order,
-so a cut-off run is a uniform sample of them) with tiled FFT and Winograd among ours: each row
-times cufft, fbfft, tiledfft and winograd (3x3 only), gemm and cuDNN strict, and names them in its
-"ours" field. Its rows go to sweep_small.jsonl (sweep_small_quick.jsonl with --quick), apart from
-the paper's sweep, whose rows compare the FFT backends alone.
+so a cut-off run, unsharded and without --quick, is a uniform sample of them) with tiled FFT and
+Winograd among ours: each row times cufft, fbfft, tiledfft and winograd (3x3 only), gemm and cuDNN
+strict, and names them in its "ours" field. Its rows go to sweep_small.jsonl (sweep_small_quick.jsonl
+with --quick), apart from the paper's sweep, whose rows compare the FFT backends alone.
 
 The report draws, per kernel size, the speed-up of the best FFT backend over cuDNN strict
 (geometric mean of the three passes' speed-ups, then over the configurations in a cell), on
@@ -423,7 +423,8 @@ def report(args):
             ax.set_ylabel("problem size S*f*f'")
         if im is not None:
             # two panels leave the label less room: ours are named in the title there
-            label = f"speed-up over {baseline}" if small else f"best FFT speed-up over {baseline} (geometric mean of passes)"
+            label = (f"speed-up over {baseline}" if small
+                     else f"best FFT speed-up over {baseline} (geometric mean of passes)")
             fig.colorbar(im, ax=axes, label=label)
         if small:
             fig.suptitle(f"{what} over {baseline}, geometric mean of the three passes")

@@ -191,7 +191,8 @@ def _cuda_scope(index):
         handle.bind(ptr)
     if handle.workspace is None:
         # the first capture's: from its graph's pool (PyTorch's allocator may allocate there), and
-        # kept for the process (graphs sharing it must not be replayed concurrently)
+        # kept for the process (graphs sharing it must not be replayed concurrently, nor captured:
+        # two first captures at once on one GPU would each set one, the first left to its pool)
         workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
         handle.set_workspace(_cupy_bytes(workspace, cp))
     return cp, on, cgemm.capturing(handle)

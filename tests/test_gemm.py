@@ -307,7 +307,6 @@ def test_pointwise_path_is_taken_only_without_padding():
     assert not gemm._pointwise(backends.geometry((1, 2, 5, 5), (3, 2, 1, 3), (1, 1), (0, 0)))
 
 
-
 # -- the fused forms of the strided 1x1 fprop and bprop (kernels/pointwise.cu) ---------------------
 
 RESNET_SHORTCUTS = [((128, 64, 56, 56), (128, 64, 1, 1)),      # 64 -> 128 56x56 s2

@@ -115,6 +115,12 @@ def test_a_large_output_the_pool_already_holds_is_not_asked_of_the_driver(monkey
     with pytest.raises(ValueError, match=r"a huge array needs .*, more than the .* free on the GPU"):
         common.check_fits(2**60, cp, lambda: "a huge array")
     assert asked == [1]
+    pool.set_limit(size=pool.total_bytes() + 2**30)   # a pool with a limit: the driver is asked
+    try:
+        common.check_fits(nbytes, cp, "an array")
+    finally:
+        pool.set_limit(size=0)
+    assert asked == [1, 1]
 
 
 def test_the_output_check_formats_nothing_for_a_small_output(monkeypatch):
@@ -122,7 +128,7 @@ def test_the_output_check_formats_nothing_for_a_small_output(monkeypatch):
     where the output is at most CHECK_ABOVE_BYTES (the per-call path of every small pass); at
     CHECK_ABOVE_BYTES 0 the same pass is checked, with the output's shape in the message."""
     checked = []
-    monkeypatch.setattr(common, "check_fits", lambda nbytes, xp, what: checked.append((nbytes, what)))
+    monkeypatch.setattr(common, "check_fits", lambda nbytes, xp, what: checked.append((nbytes, what())))
     ran = []
     monkeypatch.setattr(backends.gemm, "fprop", lambda *a, **k: ran.append(1))
     x, w = np.ones((2, 3, 16, 16), np.float32), np.ones((8, 3, 3, 3), np.float32)

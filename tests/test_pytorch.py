@@ -523,6 +523,18 @@ def test_the_capture_workspace_is_taken_at_the_first_capture_not_by_eager_passes
     graph.replay()
     torch.cuda.synchronize()
     assert rel_error(static_y.cpu().numpy(), ref.cpu().numpy()) <= 1e-6
+    # a second capture on another stream binds the handle there with the same workspace, which
+    # outlives the first graph and its pool
+    first = handle.workspace
+    with torch.no_grad(), torch.cuda.graph(graph2 := torch.cuda.CUDAGraph(), stream=torch.cuda.Stream()):
+        static_y2 = conv(static_x)
+    assert handle.workspace is first
+    del graph, static_y
+    torch.cuda.empty_cache()
+    static_y2.zero_()
+    graph2.replay()
+    torch.cuda.synchronize()
+    assert rel_error(static_y2.cpu().numpy(), ref.cpu().numpy()) <= 1e-6
 
 
 @pytest.mark.gpu

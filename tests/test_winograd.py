@@ -131,7 +131,8 @@ def test_the_group_count_is_tuned_and_remembered(settings, tmp_path, rng):
     records = json.loads((tmp_path / "cache.json").read_text())["devices"]["cpu"]
     groups = {json.loads(k)[4]: v for k, v in records.items() if "winograd_groups" in k}
     g = backends.geometry(x.shape, (4, 3, 3, 3), 1, 1)
-    assert set(groups) == {"winograd_groups_f2_n6", "winograd_groups_f4_n6"}
+    ws = f"{backends.config.get('winograd_workspace_mb'):g}"
+    assert set(groups) == {f"winograd_groups_r2_f2_n6_ws{ws}", f"winograd_groups_r2_f4_n6_ws{ws}"}
     for name, record in groups.items():
         assert record["choice"] in winograd.group_options(g, int(name[17]), 6)
 
