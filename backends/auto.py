@@ -10,7 +10,9 @@ bprop and accGrad of one layer may use different backends.
 Ties (tuning.select): candidates within margin() of the fastest are tied, and among them the
 winner is the backend already chosen for most of the layer's other passes (so a layer stays on
 one FFT backend and shares spectra, backends.reuse, which the tuner cannot see: it times each
-pass alone), then the first in TIE_ORDER, then the faster.
+pass alone), then the first in TIE_ORDER, then the faster. The tied candidates are timed again
+before that rule decides (tuning.tune), so that one slow round does not hand a pass to a slower
+backend.
 
 A cached choice stands while its record timed (or skipped) every candidate of today, each at
 today's revision: one made before a backend joined (tiledfft in session 11; cuDNN installed

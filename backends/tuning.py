@@ -12,6 +12,10 @@ The recipe, tune(candidates, run, ...):
      best after a round is not timed again.
   3. select(): the fastest wins, unless others are within `margin` of it (time <= (1 + margin) x
      fastest); among those tied the caller's preference decides, then time. "why" says which.
+     Before a preference decides, the tied candidates are timed ROUNDS rounds more (interleaved
+     again) and judged on the median of all their rounds: a tie is where one slow round decides
+     (session 16: winograd timed at 0.493 ms against fbfft's 0.490 put OverFeat-fast's conv3 bprop
+     on fbfft, which table3 measured at 0.461 against winograd's 0.396).
 The result is one record format, stored as is in the cache below:
 
   {"choice": <JSON-able>, "ms": {label: median ms}, "skipped": {label: reason}, "why": "fastest"}
@@ -389,7 +393,8 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
     reasons); or against: the candidate whose output is the reference (it runs first; if it
     raises, so does tune). Neither: no check.
     label(candidate) -> str names it in "ms" and "skipped" (and must be unique).
-    margin, prefer(label) -> sortable, explain(label) -> str: select()'s tie rule.
+    margin, prefer(label) -> sortable, explain(label) -> str: select()'s tie rule (with a prefer,
+    candidates tied after the rounds are timed ROUNDS rounds more before it decides).
     drop_slower: a factor; after a round, a candidate slower than it x the best is timed no more.
     warn: a candidate that disagrees with the reference is also a warning (a kernel bug), not
     only a log line. A lone candidate is neither run nor timed.
@@ -429,18 +434,25 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
                 warnings.warn(f"tuning: {name} {skipped[name]}; not used", RuntimeWarning, stacklevel=2)
             continue
         rounds[name] = []
-    timed = [name for name in order if name in rounds]
-    for _ in range(ROUNDS):                           # interleaved: a b c, a b c, ...
-        for name in list(timed):
-            try:
-                rounds[name].append(timeit(lambda: run(by_label[name]), xp, warmup=1, repeat=REPEAT))
-            except Exception as e:  # noqa: BLE001
-                skipped[name] = f"{type(e).__name__}: {e}"[:300]
-                del rounds[name]
-                timed.remove(name)
-        if drop_slower is not None and timed:
-            best = min(rounds[name][-1] for name in timed)
-            timed = [name for name in timed if rounds[name][-1] <= drop_slower * best]
+
+    def time_rounds(names, drop=None):             # interleaved: a b c, a b c, ...
+        for _ in range(ROUNDS):
+            for name in list(names):
+                try:
+                    rounds[name].append(timeit(lambda: run(by_label[name]), xp, warmup=1, repeat=REPEAT))
+                except Exception as e:  # noqa: BLE001
+                    skipped[name] = f"{type(e).__name__}: {e}"[:300]
+                    del rounds[name]
+                    names.remove(name)
+            if drop is not None and names:
+                best = min(rounds[name][-1] for name in names)
+                names[:] = [name for name in names if rounds[name][-1] <= drop * best]
+
+    time_rounds([name for name in order if name in rounds], drop_slower)
+    if prefer is not None and rounds:
+        tied = _tied({name: statistics.median(ms) for name, ms in rounds.items()}, margin)
+        if len(tied) > 1:                             # a preference would decide: time them again
+            time_rounds(tied)
     for name, why in skipped.items():
         log.info("tuning: skipped %s (%s)", name, why)
     if not rounds:
@@ -458,13 +470,19 @@ def select(times, margin=0.0, prefer=None, explain=None):
     if not times:
         raise ValueError("select: no timed candidates")
     fastest = min(times, key=times.get)
-    tied = [name for name in times if times[name] <= (1 + margin) * times[fastest]]
+    tied = _tied(times, margin)
     rank = prefer or (lambda name: 0)
     winner = min(tied, key=lambda name: (rank(name), times[name]))
     if winner == fastest:
         return winner, "fastest"
     within = f"{times[winner] / times[fastest] - 1:.1%} slower than {fastest}, within the {margin:.1%} margin"
     return winner, f"{within}: {explain(winner)}" if explain else within
+
+
+def _tied(times, margin):
+    """The labels of `times` within `margin` (a fraction) of the fastest, the fastest among them."""
+    fastest = min(times.values())
+    return [name for name in times if times[name] <= (1 + margin) * fastest]
 
 
 def is_record(record):

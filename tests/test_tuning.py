@@ -416,6 +416,47 @@ def test_tune_leaves_a_lone_candidate_alone_and_can_drop_hopeless_ones(fake_cloc
     assert record["ms"] == {"fast": 1.0, "slow": 3.5, "close": 2.9} and record["choice"] == "fast"
 
 
+def test_tied_candidates_are_timed_again_before_a_preference_decides(fake_clock):
+    """Where a preference would decide among candidates tied within the margin, the tied ones get
+    ROUNDS more interleaved rounds and are judged on the median of all theirs; one that is not tied
+    is not timed again, and without a preference nothing is."""
+    timed, last = fake_clock
+    R = tuning.ROUNDS
+    prefer = {"slow_start": 0, "steady": 1, "far": 2}.get
+    TIMES.clear()   # slow_start's first rounds were slow (1.02 against 1.00): tied, and preferred
+    TIMES.update(steady=[1.0] * 2 * R, slow_start=[1.02] * R + [0.9] * R, far=[2.0] * R)
+    record = tuning.tune(["steady", "slow_start", "far"], runner(last), np, margin=0.03, prefer=prefer)
+    assert timed == ["steady", "slow_start", "far"] * R + ["steady", "slow_start"] * R
+    # slow_start's median over its six rounds is 0.96: the faster by more than the margin
+    assert record["ms"] == {"steady": 1.0, "slow_start": 0.96, "far": 2.0}
+    assert record["choice"] == "slow_start" and record["why"] == "fastest"
+    # the other way round: the preferred one's later rounds are slower, and the faster one wins
+    # outright, where before the re-timing the preference had taken it
+    timed.clear()
+    TIMES.update(steady=[1.0] * 2 * R, slow_start=[1.02] * R + [1.2] * R, far=[2.0] * R)
+    record = tuning.tune(["steady", "slow_start", "far"], runner(last), np, margin=0.03, prefer=prefer)
+    assert record["choice"] == "steady" and record["ms"]["slow_start"] == pytest.approx(1.11)
+    # a tie that stays a tie is still the preference's
+    TIMES.update(steady=[1.0] * 2 * R, slow_start=[1.02] * 2 * R, far=[2.0] * R)
+    record = tuning.tune(["steady", "slow_start", "far"], runner(last), np, margin=0.03, prefer=prefer)
+    assert record["choice"] == "slow_start" and record["why"].startswith("2.0% slower than steady")
+    # no preference: the faster wins a tie, and nothing is timed again
+    timed.clear()
+    TIMES.update(steady=[1.0] * R, slow_start=[1.02] * R, far=[2.0] * R)
+    record = tuning.tune(["steady", "slow_start", "far"], runner(last), np, margin=0.03)
+    assert timed == ["steady", "slow_start", "far"] * R and record["choice"] == "steady"
+
+
+def test_a_tied_candidate_that_fails_when_timed_again_is_skipped(fake_clock):
+    timed, last = fake_clock
+    R = tuning.ROUNDS
+    TIMES.clear()
+    TIMES.update(a=[1.0] * 2 * R, b=[1.01] * R)     # b's list runs out: its next timing raises
+    record = tuning.tune(["a", "b"], runner(last), np, margin=0.03, prefer={"b": 0, "a": 1}.get)
+    assert record["choice"] == "a" and set(record["ms"]) == {"a"}
+    assert record["skipped"]["b"].startswith("IndexError")
+
+
 def test_select_ties_within_the_margin_go_to_the_preference():
     times = {"a": 1.0, "b": 1.02, "c": 1.5}
     assert tuning.select(times) == ("a", "fastest")
