@@ -164,6 +164,24 @@ def set(name, value):  # noqa: A001 - config.set reads as intended
         _process[name] = _check(setting, value)
 
 
+def changed():
+    """{variable: value} of every setting whose value now differs from its default, the commit
+    aside (a result's provenance: what it was measured under; benchmarks.harness). A bad value is
+    given as its error, not raised: a run that never read it is not lost over it at the end."""
+    out = {}
+    for s in SETTINGS.values():
+        if s.name == "commit":
+            continue
+        try:
+            value = get(s.name)
+        except ConfigError as e:
+            out[s.env] = f"invalid: {e}"
+            continue
+        if value != s.default:
+            out[s.env] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
 def snapshot():
     """((name, value), ...) of every keyed setting: what the graph and tuning keys are built from."""
     return tuple((s.name, get(s.name)) for s in SETTINGS.values() if s.keyed)

@@ -547,13 +547,15 @@ def slug(name):
 
 
 def provenance(device, **versions):
-    """Where, when and how: device name, UTC date, exact command line, source commit, platform
-    and versions."""
+    """Where, when and how: device name, UTC date, exact command line, source commit, the
+    settings that differ from their defaults (MINITORCH_AUTO_BACKENDS=ours, say, which the command
+    line does not show), platform and versions."""
     return {
         "device": device,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(getattr(sys, "orig_argv", [sys.executable] + sys.argv)),
         "commit": source_commit(),
+        "settings": backends.config.changed(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         **versions,

@@ -89,6 +89,25 @@ def test_provenance_names_device_date_command_and_commit():
     assert harness.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
+def test_provenance_names_the_settings_that_differ_from_their_defaults(monkeypatch):
+    """A setting the command line does not show (auto restricted to our algorithms, a workspace)
+    is in the header; defaults and the commit (its own field) are not; a bad value is reported,
+    not raised, so a finished run still writes its results."""
+    with config.override(auto_backends=("ours",), gemm_workspace_mb=64, commit="0123abc", tf32=False):
+        settings = harness.provenance("Test GPU 0")["settings"]
+    assert settings["MINITORCH_AUTO_BACKENDS"] == ["ours"] and settings["MINITORCH_GEMM_WORKSPACE_MB"] == 64
+    assert "MINITORCH_CGEMM_TF32" not in settings and "MINITORCH_COMMIT" not in settings
+    monkeypatch.setenv("MINITORCH_FBFFT_WORKSPACE_MB", "-3")
+    config.reload()
+    try:
+        settings = harness.provenance("Test GPU 0")["settings"]
+    finally:
+        monkeypatch.undo()
+        config.reload()
+    assert settings["MINITORCH_FBFFT_WORKSPACE_MB"].startswith("invalid: ")
+    assert "MINITORCH_FBFFT_WORKSPACE_MB" in settings["MINITORCH_FBFFT_WORKSPACE_MB"]
+
+
 def test_write_results_writes_both_files_atomically(tmp_path):
     meta = harness.provenance("Test GPU 0")
     rows = [{"layer": "L1", "ms": 0.5}]
