@@ -12,14 +12,13 @@ all-reduce captured in the step's graph), PyTorch DistributedDataParallel with c
 
 Columns: scaling efficiency = images/s over N times the same implementation's 1-GPU images/s;
 vs DDP = over PyTorch DDP strict's images/s at the same N. For minitorch: all-reduce ms (the
-buckets' all-reduce and 1/N scaling alone, on an idle GPU), exposed ms (step time with the
+buckets' all-reduce (ncclAvg, the mean) alone, on an idle GPU), exposed ms (step time with the
 gradient sync minus without it) and hidden = 1 - exposed / all-reduce, the share of the
 all-reduce that overlapped with backward (with one GPU NCCL only copies, so these say little).
 
 Targets (the issue's): scaling efficiency >= 90 % at the largest N lent; >= 1.3x DDP strict on
-AlexNet. The rows for N > 1 need a multi-GPU machine kind (nvidia-h200-x2/-x4/-x8), withheld when
-this was written: only the 1-GPU rows could run. A network not in the zoo on this commit
-(resnet50 until models/ has it) is skipped with a note.
+AlexNet. The rows for N > 1 need a multi-GPU machine kind (nvidia-h100-x2/-x4,
+nvidia-h200-x2/-x4/-x8). A network not in the zoo is skipped with a note.
 """
 import argparse
 import json

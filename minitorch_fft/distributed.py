@@ -4,11 +4,12 @@
     torchrun --nproc-per-node 4 train.py --model alexnet --data fake  # or by an external launcher
 
 Every rank holds the whole model and trains on its own part of each batch; after backward the
-gradients are averaged over the ranks (an NCCL all-reduce, sum then 1/N), so every rank applies
-the same update and the parameters stay equal. Buffers do not: each rank's batch norms track
-running statistics of its own shard (as PyTorch's DistributedDataParallel without SyncBatchNorm
-does, apart from its per-step broadcast); rank 0's are the ones evaluated and saved. --batch-size
-is per GPU: a step trains on batch_size * world_size images.
+gradients are averaged over the ranks (an NCCL all-reduce, ncclAvg: sum and 1/N in one kernel),
+so every rank applies the same update and the parameters stay equal. Buffers do not: each
+rank's batch norms track running statistics of its own shard (as PyTorch's
+DistributedDataParallel without SyncBatchNorm does, apart from its per-step broadcast); rank 0's
+are the ones evaluated and saved. --batch-size is per GPU: a step trains on batch_size *
+world_size images.
 
 - Launch. A rank learns who it is from the environment, as torchrun sets it (RANK, WORLD_SIZE,
   LOCAL_RANK, MASTER_ADDR, MASTER_PORT; read through backends.config). `spawn` is train.py
@@ -337,8 +338,8 @@ class FakeCommunicator:
             raise RuntimeError(f"FakeCommunicator {what}s over one process only (world size "
                                f"{self.world_size}): use NcclCommunicator")
 
-    def all_reduce(self, array, stream=None):
-        self._one("all-reduce")
+    def all_reduce(self, array, stream=None, average=False):
+        self._one("all-reduce")          # the sum and the mean over one rank are the array
 
     def broadcast(self, array, root=0, stream=None):
         self._one("broadcast")
@@ -366,6 +367,9 @@ class NcclCommunicator:
             self.comm = nccl.NcclCommunicator(world_size, bytes(uid), rank)
         except TypeError:    # older CuPy takes the id as a tuple of 128 signed chars
             self.comm = nccl.NcclCommunicator(world_size, tuple(b - 256 if b > 127 else b for b in uid), rank)
+        # ncclAvg (NCCL >= 2.10; 4 in nccl.h, which older CuPy does not name) scales while it
+        # reduces; before it, the mean is the sum and a pass of its own
+        self._avg = getattr(nccl, "NCCL_AVG", 4) if nccl.get_version() >= 21000 else None
         self._dtypes = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
                         np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int32): nccl.NCCL_INT32,
                         np.dtype(np.int64): nccl.NCCL_INT64}
@@ -376,10 +380,15 @@ class NcclCommunicator:
         stream = stream or self.cp.cuda.get_current_stream()
         return array.data.ptr, array.size, self._dtypes[array.dtype], stream.ptr
 
-    def all_reduce(self, array, stream=None):
-        """array = the sum of every rank's array, in place."""
+    def all_reduce(self, array, stream=None, average=False):
+        """array = the sum of every rank's array, in place; average=True: the mean (floating
+        arrays), in the same kernel where NCCL has ncclAvg."""
         ptr, n, dtype, s = self._args(array, stream)
-        self.comm.allReduce(ptr, ptr, n, dtype, self.nccl.NCCL_SUM, s)
+        op = self._avg if average and self._avg is not None else self.nccl.NCCL_SUM
+        self.comm.allReduce(ptr, ptr, n, dtype, op, s)
+        if average and op == self.nccl.NCCL_SUM and self.world_size > 1:
+            with stream or self.cp.cuda.get_current_stream():
+                array *= array.dtype.type(1.0 / self.world_size)
 
     def broadcast(self, array, root=0, stream=None):
         """array = rank `root`'s array, in place."""
@@ -491,7 +500,7 @@ class GradientSync:
 
     The layout follows the order backward finishes gradients, the reverse of the parameters'
     (the last layer's first), so a bucket is a contiguous slice and is complete early. On the
-    GPU a bucket's all-reduce (then its 1/N scaling) runs on a stream of its own, after an event
+    GPU a bucket's all-reduce (the mean, ncclAvg) runs on a stream of its own, after an event
     on the compute stream; finish() makes the compute stream wait for it. On the CPU (the fake
     communicator, one rank) the same calls run in order.
 
@@ -555,17 +564,12 @@ class GradientSync:
         self._launched[i] = True
         seg = b["flat"][b["start"]:b["stop"]]
         if self.cp is None:
-            self.group.comm.all_reduce(seg)
-            if self.group.world_size > 1:
-                seg *= 1.0 / self.group.world_size
+            self.group.comm.all_reduce(seg, average=True)
             return
         ready = self._ready[i]
         ready.record(self.cp.cuda.get_current_stream())   # the bucket's gradients are written
         self.stream.wait_event(ready)
-        self.group.comm.all_reduce(seg, self.stream)
-        if self.group.world_size > 1:
-            with self.stream:
-                seg *= seg.dtype.type(1.0 / self.group.world_size)
+        self.group.comm.all_reduce(seg, self.stream, average=True)
 
     def finish(self):
         """After backward: launch the buckets not yet complete (a parameter backward did not

@@ -67,9 +67,11 @@ class _DoublingComm(distributed.FakeCommunicator):
         super().__init__(0, 1)
         self.calls = []
 
-    def all_reduce(self, array, stream=None):
-        self.calls.append(array.size)
+    def all_reduce(self, array, stream=None, average=False):
+        self.calls.append((array.size, average))
         array *= 2
+        if average:
+            array *= 0.5
 
 
 def _digits_model(seed=0):
@@ -98,7 +100,8 @@ def test_grads_are_views_of_the_flat_buffer_and_its_all_reduce_updates_every_gra
     mt.CrossEntropyCriterion()(model(mt.Tensor(x)), y).backward()
     assert len(comm.calls) == len(sync.buckets)             # each bucket launched during backward
     sync.finish()
-    assert sum(comm.calls) == flat.size
+    assert sum(n for n, _ in comm.calls) == flat.size
+    assert all(average for _, average in comm.calls)        # the mean, in the all-reduce itself
     for p, ref in zip(model.parameters(), reference):
         assert p.grad is sync.view(p) and np.shares_memory(p.grad, flat)
         np.testing.assert_allclose(p.grad, ref, rtol=1e-6, atol=1e-7)   # (g + g) / 2
@@ -332,6 +335,8 @@ def test_nccl_all_reduce_broadcast_and_barrier_with_one_rank(nccl_group, rng):
     d = cp.asarray(a)
     nccl_group.comm.all_reduce(d)
     np.testing.assert_array_equal(cp.asnumpy(d), a)          # the sum over one rank
+    nccl_group.comm.all_reduce(d, average=True)
+    np.testing.assert_array_equal(cp.asnumpy(d), a)          # and the mean (ncclAvg)
     d64 = cp.asarray(a.astype(np.float64))
     nccl_group.comm.broadcast(d64)
     np.testing.assert_array_equal(cp.asnumpy(d64), a.astype(np.float64))
