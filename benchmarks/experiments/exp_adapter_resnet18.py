@@ -45,6 +45,8 @@ def one_pass(label):
         worst.append((e64, name))
         if e64 > 1e-5 or e > 1e-4 + es:
             print(f"  {label} {name}: vs stock {e:.2e}, vs float64 {e64:.2e} (stock vs float64 {es:.2e})")
+    print(f"  {label}: every gradient vs float64, network order: "
+          + ", ".join(f"{name} {e:.1e}" for e, name in worst))
     worst.sort(reverse=True)
     print(f"  {label}: worst vs float64 {worst[:3]}")
 
@@ -56,6 +58,15 @@ def main():
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     one_pass("first (tuning)")
     print(backends.auto.format_choices())
+    from backends import tuning
+    path = tuning.cache_path()
+    if path.exists():
+        import json
+        records = json.loads(path.read_text()).get("devices", {})
+        for device, keys in records.items():
+            for k, v in keys.items():
+                if '"gemm' in k or "form" in k:
+                    print(f"  cache {k}: {v.get('choice') if isinstance(v, dict) else v}")
     one_pass("second (cached)")
 
 
