@@ -375,18 +375,23 @@ def network_check(name, device, tol=1e-4):
         outs.append(out)
     assert rel_error(outs[1].detach().cpu().numpy(), outs[0].detach().cpu().numpy()) <= tol
     assert rel_error(outs[1].detach().cpu().double().numpy(), outs[2].detach().cpu().numpy()) <= tol
+    # The original's own fp32 error counts too: cuDNN's benchmark mode may pick, per run, a
+    # weight-gradient algorithm 1e-4 or more from float64 (3.6e-3 on AlexNet at b128).
+    # Every gradient over its bound is named, with auto's choices, in one message (a string:
+    # pytest shortens a tuple's). This check fails with some tuning caches (conv1.weight 8.1e-3
+    # from stock's, stock 6.6e-7 from float64; every gradient below fc off): benchmarks/NOTES.md,
+    # session 18, and benchmarks/experiments/exp_adapter_resnet18.py.
+    over = []
     for (pname, p), q, r in zip(ours.named_parameters(), stock.parameters(), ref64.parameters()):
-        # The original's own fp32 error counts too: cuDNN's benchmark mode may pick, per run, a
-        # weight-gradient algorithm 1e-4 or more from float64 (3.6e-3 on AlexNet at b128), which
-        # failed resnet18-cuda once in a parallel run on an H100 (alone it passed).
         stock_err = rel_error(q.grad.cpu().double().numpy(), r.grad.cpu().numpy())
-        # auto's choices in the message: this check failed once in a parallel GPU run (session 14,
-        # conv1.weight 8.1e-3 from stock's, stock 6.6e-7 from float64) and passed in every run since,
-        # where each backend on each of the test's convs, with its data, was within 1e-6 of float64
-        assert rel_error(p.grad.cpu().numpy(), q.grad.cpu().numpy()) <= tol + stock_err, \
-            (pname, stock_err, backends.auto.format_choices())
+        err = rel_error(p.grad.cpu().numpy(), q.grad.cpu().numpy())
+        if err > tol + stock_err:
+            over.append(f"{pname}: {err:.2e} from stock fp32 (stock {stock_err:.1e} from float64)")
         if pname.endswith("weight") and p.dim() == 4:
-            assert rel_error(p.grad.cpu().double().numpy(), r.grad.cpu().numpy()) <= tol, pname
+            err64 = rel_error(p.grad.cpu().double().numpy(), r.grad.cpu().numpy())
+            if err64 > tol:
+                over.append(f"{pname}: {err64:.2e} from float64")
+    assert not over, "gradients over their bound:\n" + "\n".join(over) + "\n" + backends.auto.format_choices()
     n_conv = sum(type(m) is Conv2d for m in ours.modules())
     assert n_conv == sum(type(m) is torch.nn.Conv2d for m in stock.modules()) > 0
 
