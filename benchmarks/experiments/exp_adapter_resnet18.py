@@ -19,10 +19,10 @@ line each: which record, when removed, makes the gradients right.
 import argparse
 import copy
 import json
-import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -101,12 +101,10 @@ def bisect(cache):
             variant = copy.deepcopy(data)
             if drop is not None:
                 del variant["devices"][drop[0]][drop[1]]
-            path = os.path.join(folder, "tune.json")
-            with open(path, "w") as f:
-                json.dump(variant, f)
-            res = subprocess.run([sys.executable, "-m", "benchmarks.experiments.exp_adapter_resnet18", "--first-only"],
-                                 env={**os.environ, "MINITORCH_TUNE_CACHE": path}, capture_output=True, text=True,
-                                 timeout=300)
+            path = Path(folder) / "tune.json"
+            path.write_text(json.dumps(variant))
+            res = subprocess.run([sys.executable, "-m", "benchmarks.experiments.exp_adapter_resnet18", "--first-only",
+                                  "--tune-cache", str(path)], capture_output=True, text=True, timeout=300)
             worst = [line for line in res.stdout.splitlines() if "worst vs float64" in line]
             print(f"{label}: {worst[0].split('worst vs float64')[1][:90] if worst else res.stderr[-300:]}",
                   flush=True)
@@ -116,10 +114,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--watch", choices=("gpu", "cpu"), help="name the memory that changed after forward")
     p.add_argument("--bisect", metavar="CACHE", help="which gemm form record of CACHE the failure needs")
+    p.add_argument("--tune-cache", help="the tuning cache file (default: the tune_cache setting's)")
     p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.bisect:
         return bisect(args.bisect)
+    from backends import config
+    with config.override(**({"tune_cache": args.tune_cache} if args.tune_cache else {})):
+        run(args)
+
+
+def run(args):
     import torch
 
     import backends
@@ -131,7 +136,6 @@ def main():
     from backends import tuning
     path = tuning.cache_path()
     if path.exists():
-        import json
         records = json.loads(path.read_text()).get("devices", {})
         for device, keys in records.items():
             for k, v in keys.items():
