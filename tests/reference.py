@@ -46,3 +46,81 @@ def check_backend(backend, x, w, stride, padding, device="cpu", tol=1e-5, rng=No
     bad = {k: v for k, v in errs.items() if not v <= tol}
     assert not bad, f"relative error above {tol}: {bad} (x {x.shape}, w {w.shape}, stride {stride}, pad {padding})"
     return errs
+
+
+class Kinks:
+    """A network's branch at its kinks, taken from one run and replayed in another.
+
+    A ReLU's gradient switches where its input crosses 0, a max-pool's where two inputs of a window
+    tie. An input within rounding of a kink may fall on either side in fp32 and in float64, and
+    then the two gradients differ by a whole term: a converted ResNet-18 whose every conv pass is
+    within 3e-6 of float64 had gradients 0.5-1.5 % from it (benchmarks/NOTES.md, session 19). A
+    gradient check is about the convolutions, so the references follow the tested net's branch:
+
+        kinks = Kinks()
+        kinks.record(ours)                    # forward hooks; then run ours
+        kinks.replay(reference, tol=1e-4)     # then run the reference; it takes ours' branch
+        kinks.report()                        # where the two branches differ, and by how much
+
+    record(): each ReLU call's mask (output > 0) and each MaxPool2d call's argmax, in call order
+    per module (torchvision's blocks call one ReLU twice). replay(): the reference's ReLUs return
+    input * mask (made out of place, so its hooks see the input) and its max-pools gather the
+    recorded argmax. Each replayed call also measures its own branch against the recorded one: a
+    ReLU input on the other side of 0, or a window whose own maximum is above the recorded one, is
+    a flip, with size |input| (or the gap) over the RMS of the call's input. Flips larger than
+    `tol` are a forward error, not rounding, and report() lists them in `too_large`."""
+
+    def __init__(self):
+        self.recorded, self.flips, self.too_large, self._handles = {}, [], [], []
+
+    @staticmethod
+    def _kinked(model):
+        return [(name, m) for name, m in model.named_modules() if isinstance(m, (torch.nn.ReLU, torch.nn.MaxPool2d))]
+
+    def record(self, model):
+        for name, m in self._kinked(model):
+            self.recorded[name] = []
+
+            def hook(m, inp, out, calls=self.recorded[name]):
+                if isinstance(m, torch.nn.ReLU):
+                    calls.append(out.detach() > 0)
+                else:
+                    calls.append(TF.max_pool2d(inp[0].detach(), m.kernel_size, m.stride, m.padding, m.dilation,
+                                               ceil_mode=m.ceil_mode, return_indices=True)[1])
+            self._handles.append(m.register_forward_hook(hook))
+
+    def replay(self, model, tol=1e-4):
+        """From now on `model`'s forward takes the recorded branch (one forward per record)."""
+        for name, m in self._kinked(model):
+            if name not in self.recorded:
+                raise ValueError(f"Kinks.replay: {name} was not recorded (another architecture?)")
+            if isinstance(m, torch.nn.ReLU):
+                m.inplace = False
+            calls = iter(self.recorded[name])
+
+            def hook(m, inp, out, name=name, calls=calls):
+                x, kept = inp[0], next(calls)
+                rms = float(x.detach().double().pow(2).mean().sqrt()) or 1.0
+                if isinstance(m, torch.nn.ReLU):
+                    replayed = x * kept.to(x.dtype)
+                    gaps = x.detach()[(x.detach() > 0) != kept].abs()
+                else:
+                    replayed = x.flatten(2).gather(2, kept.flatten(2)).view(kept.shape)
+                    gaps = (out.detach() - replayed.detach())
+                    gaps = gaps[gaps > 0]
+                for gap in gaps.double().cpu().tolist():
+                    self.flips.append((name, gap / rms))
+                    if gap / rms > tol:
+                        self.too_large.append((name, gap / rms))
+                return replayed
+            self._handles.append(m.register_forward_hook(hook))
+
+    def report(self):
+        """One line: how many kinks the two runs took differently, and the largest (relative)."""
+        worst = max((size for _, size in self.flips), default=0.0)
+        return f"{len(self.flips)} kink(s) on the other side, the largest {worst:.1e} of its input's RMS"
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -45,17 +45,61 @@ def _watch(model, where):
     for name, m in model.named_modules():
         if not list(m.children()):
             m.register_forward_hook(lambda mod, inp, out, name=name: hook(mod, inp, out, name))
+    grads = {}   # parameter name -> a copy of its gradient as backward accumulated it
+
+    def grad_hook(p, name):
+        grads[name] = p.grad.detach().clone() if where == "gpu" else p.grad.detach().cpu()
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(lambda p, name=name: grad_hook(p, name))
 
     def check(label):
         torch.cuda.synchronize()
+        # a batch-norm's output changes by design: torchvision's ReLU after it is in place
         moved = [f"{n} {rel(t, c):.1e}" for n, t, c in kept if not torch.equal(t.detach().to(c.device), c)]
         moved += [f"parameter {n} {rel(p, params[n]):.1e}" for n, p in model.named_parameters()
                   if not torch.equal(p.detach(), params[n])]
         print(f"  {label}: changed after forward ({where} copies): {', '.join(moved) or 'nothing'}")
+        later = [f"{n} {rel(p.grad, grads[n]):.1e}" for n, p in model.named_parameters()
+                 if n in grads and not torch.equal(p.grad.detach().to(grads[n].device), grads[n])]
+        print(f"  {label}: gradients changed after backward wrote them: {', '.join(later) or 'none'}")
     return check
 
 
-def one_pass(label, watch=None):
+def _probe(model):
+    """Tensor hooks around the network's head (fc and the pooling before it), kept on the GPU:
+    report() recomputes in float64 each gradient backward handed down there, from the captured
+    inputs of the op that made it, and names the first op whose output is off."""
+    got = {}
+
+    def keep(name):
+        return lambda g: got.__setitem__(name, g.detach().clone())
+
+    def fc_hook(mod, inp, out):
+        got["logits"] = out.detach().clone()
+        inp[0].register_hook(keep("g_feat"))
+        out.register_hook(keep("g_logits"))
+
+    def pool_hook(mod, inp, out):
+        got["act"] = inp[0].detach().clone()          # layer4's output, after its ReLU
+        inp[0].register_hook(keep("g_act"))
+    model.fc.register_forward_hook(fc_hook)
+    model.avgpool.register_forward_hook(pool_hook)
+
+    def report(label, y):
+        import torch
+        d = {k: v.double() for k, v in got.items()}
+        n, c, h, w = d["act"].shape
+        g_logits = (torch.softmax(d["logits"], 1) - torch.nn.functional.one_hot(y.cuda(), 10).double()) / n
+        g_feat = d["g_logits"] @ model.fc.weight.detach().double()
+        g_act = (d["g_feat"] / (h * w)).reshape(n, c, 1, 1).expand(n, c, h, w)
+        bias = ((d["act"] > 0).double() * d["g_act"]).sum((0, 2, 3))
+        print(f"  {label} probe: loss -> logits grad {rel(d['g_logits'], g_logits):.1e}; fc -> its input's grad "
+              f"{rel(d['g_feat'], g_feat):.1e}; avgpool -> layer4's output grad {rel(d['g_act'], g_act):.1e}; "
+              f"ReLU + bn2 -> layer4.1.bn2.bias grad {rel(model.layer4[1].bn2.bias.grad, bias):.1e}")
+    return report
+
+
+def one_pass(label, watch=None, probe=False, kinks=False):
     import torch
     import torch.nn.functional as TF
     import torchvision
@@ -65,20 +109,34 @@ def one_pass(label, watch=None):
     stock = torchvision.models.resnet18(num_classes=10).cuda()
     ours = convert(copy.deepcopy(stock))
     check = _watch(ours, watch) if watch else None
+    report = _probe(ours) if probe else None
     ref64 = copy.deepcopy(stock).double()
     nets = [m.eval() for m in (stock, ours, ref64)]
     g = torch.Generator().manual_seed(2)
     x = torch.randn(2, 3, 64, 64, generator=g)
     y = torch.randint(0, 10, (2,), generator=g)
-    outs = []
+    outs = {}
+    if kinks:      # ours first, its branch at every ReLU and max-pool replayed by the other two
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+        from reference import Kinks
+        kinks = Kinks()
+        kinks.record(ours)
+        nets = [ours, stock, ref64]
     for net in nets:
+        if kinks and net is not ours:
+            kinks.replay(net)
         dtype = next(net.parameters()).dtype
         out = net(x.to("cuda", dtype))
         TF.cross_entropy(out, y.cuda()).backward()
-        outs.append(out)
-    print(f"{label}: output vs stock {rel(outs[1], outs[0]):.2e}, vs float64 {rel(outs[1], outs[2]):.2e}")
+        outs[id(net)] = out
+    print(f"{label}: output vs stock {rel(outs[id(ours)], outs[id(stock)]):.2e}, "
+          f"vs float64 {rel(outs[id(ours)], outs[id(ref64)]):.2e}")
+    if kinks:
+        print(f"  {label}: {kinks.report()}; over 1e-4 of the RMS: {kinks.too_large[:5] or 'none'}")
     if check is not None:
         check(label)
+    if report is not None:
+        report(label, y)
     worst = []
     for (name, p), q, r in zip(ours.named_parameters(), stock.parameters(), ref64.parameters()):
         e, e64, es = rel(p.grad, q.grad), rel(p.grad, r.grad), rel(q.grad, r.grad)
@@ -114,6 +172,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--watch", choices=("gpu", "cpu"), help="name the memory that changed after forward")
     p.add_argument("--bisect", metavar="CACHE", help="which gemm form record of CACHE the failure needs")
+    p.add_argument("--kinks", action="store_true",
+                   help="ours first; stock and float64 take its branch at every ReLU and max-pool (tests/reference.Kinks)")
+    p.add_argument("--probe", action="store_true", help="check each gradient op of the network's head in float64")
     p.add_argument("--tune-cache", help="the tuning cache file (default: the tune_cache setting's)")
     p.add_argument("--first-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -129,10 +190,10 @@ def run(args):
 
     import backends
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    one_pass("first (tuning)", args.watch)
+    one_pass("first (tuning)", args.watch, args.probe, args.kinks)
+    print(backends.auto.format_choices())
     if args.first_only:
         return
-    print(backends.auto.format_choices())
     from backends import tuning
     path = tuning.cache_path()
     if path.exists():
