@@ -120,6 +120,7 @@ def _is_out_of_memory(exc):
 
 
 _warned = set()
+_prepared = {}   # (name, pass, x_shape, w_shape, stride, padding, config.state()) -> _Prepared
 
 
 def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=None):
@@ -128,22 +129,38 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=No
     goes through in chunks, down to one image), saying so once per layer geometry.
 
     later: the passes the layer will still run on these arrays in this step (default: every pass
-    after this one), so that inside reuse_spectra() a pass keeps only spectra one of them takes."""
+    after this one), so that inside reuse_spectra() a pass keeps only spectra one of them takes.
+
+    A layer's calls after its first take a prepared path where the backend offers one (_Prepared):
+    one lookup on the arguments as given and the settings' state, the arrays checked, then the
+    backend's own call for this geometry, with none of the choosing and checking in between."""
+    try:
+        ready = _prepared.get((name, pass_name, x_shape, w_shape, stride, padding, config.state()))
+    except TypeError:   # unhashable shapes (lists): the full path below takes them
+        ready = None
+    if ready is not None:
+        out = ready(args)
+        if out is not None:
+            return out
     xp = get_array_module(*args[:2])
     backend = choose(name, pass_name, x_shape, w_shape, stride, padding, xp)
     _check_output_fits(backend, pass_name, xp, x_shape, w_shape, stride, padding)
     call = lambda b: getattr(b, pass_name)(*args, stride=stride, padding=padding)  # noqa: E731
     try:
         if reuse.active() is None:
-            return call(backend)
-        with reuse.keeping(_kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding)):
-            return call(backend)
+            out = call(backend)
+        else:
+            with reuse.keeping(_kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding)):
+                out = call(backend)
     except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
         if not _is_out_of_memory(e):
             raise
         # Keep the message, not the exception: its traceback pins the failed attempt's
         # frames and with them every buffer it allocated (seen: 533 MB kept on an H200).
         first_error = f"{type(e).__name__}: {e}"
+    else:
+        _prepare(name, pass_name, backend, args, xp, x_shape, w_shape, stride, padding)
+        return out
     _release(backend)
     budget_mb = config.get("gemm_workspace_mb")
     while True:
@@ -161,6 +178,66 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=No
             if not _is_out_of_memory(e) or budget_mb < 2**-20:   # one byte: a single image already
                 raise
             _free_gpu_pool()
+
+
+class _Prepared:
+    """One pass of one geometry as run_pass last ran it: run(a, b) is the backend's own call for it
+    (its prepare(pass_name, g, xp), e.g. cudnn's built plan, gemm's fused kernel launch), taken
+    while nothing that decided it has changed, and where the arrays are those the full path would
+    accept as they are. Otherwise (and where run raises) it answers None, and the full path runs,
+    with its checks, messages and out-of-memory fallback.
+
+    What decided it, and is checked on each call: the settings (config.state(), in the key), the
+    device, the registry, the backend's pass function (a test may replace it), and under auto
+    the tuning record the choice came from (a new process's memory, as tests make, drops it). The
+    backends that prepare keep no spectra, so reuse_spectra() has nothing to say to them. An output
+    above common.CHECK_ABOVE_BYTES is checked to fit, as the full path checks it (where it does
+    not, the full path says so)."""
+
+    __slots__ = ("cp", "run", "backend", "pass_name", "fn", "registry", "device", "shapes", "rest",
+                 "record_key", "record", "nbytes")
+
+    def __init__(self, cp, run, backend, pass_name, args, record, nbytes):
+        self.cp, self.run, self.backend, self.pass_name = cp, run, backend, pass_name
+        self.fn, self.registry, self.device = getattr(backend, pass_name), _REGISTRY, cp.cuda.runtime.getDevice()
+        self.shapes, self.rest = (args[0].shape, args[1].shape), tuple(args[2:])
+        self.record_key, self.record = record if record is not None else (None, None)
+        self.nbytes = nbytes if nbytes > common.CHECK_ABOVE_BYTES else 0
+
+    def __call__(self, args):
+        a, b = args[0], args[1]
+        nd = self.cp.ndarray
+        if not (type(a) is nd and type(b) is nd and (a.shape, b.shape) == self.shapes
+                and a.dtype == np.float32 and b.dtype == np.float32 and a.flags.c_contiguous
+                and b.flags.c_contiguous and args[2:] == self.rest
+                and getattr(self.backend, self.pass_name) is self.fn and _REGISTRY is self.registry
+                and (self.record is None or auto._memory.get(self.record_key) is self.record)
+                and self.cp.cuda.runtime.getDevice() == self.device):
+            return None
+        try:
+            if self.nbytes:
+                common.check_fits(self.nbytes, self.cp, "")   # ValueError where it does not fit
+            return self.run(a, b)
+        except Exception:  # noqa: BLE001 - the full path runs it again, and reports or falls back
+            return None
+
+
+def _prepare(name, pass_name, backend, args, xp, x_shape, w_shape, stride, padding):
+    """After a full call on the GPU: remember the backend's prepared call for the next ones, where
+    it offers one (its prepare(); backends without it always take the full path)."""
+    prepare = getattr(backend, "prepare", None)
+    if prepare is None or xp is np or not common.plain_args(x_shape, w_shape, stride, padding):
+        return
+    g = geometry(x_shape, w_shape, stride, padding)
+    record = None
+    if name == "auto":
+        record = auto.record_of(pass_name, x_shape, w_shape, stride, padding, xp)
+        if record is None:
+            return
+    run = prepare(pass_name, g, xp)
+    if run is not None:
+        _prepared[(name, pass_name, x_shape, w_shape, stride, padding, config.state())] = \
+            _Prepared(xp, run, backend, pass_name, args, record, _output_bytes(g, pass_name))
 
 
 # Which later pass takes each spectrum a pass computes (backends/reuse.py's table).
@@ -218,6 +295,7 @@ def _output_bytes(g, pass_name):
 
 def _release(backend):
     """Let go of what a backend and the step keep on the device (after it ran out of memory)."""
+    _prepared.clear()
     if hasattr(backend, "release_buffers"):  # scratch it kept would otherwise stay allocated
         backend.release_buffers()
     reuse.drop()  # so would the step's shared spectra; later passes recompute theirs

@@ -105,6 +105,9 @@ SETTINGS = {s.name: s for s in (
 _overrides = []   # a stack of {name: value}, innermost last
 _process = {}     # set(): values for the rest of the process, below any override block
 _environment = {}  # name -> the value its variable gave when first read (reload() empties it)
+_epoch = [0]       # reload()s so far: a reload may change what the environment gives
+_states = {}       # the sources' content (state()) -> its number
+_state = [0]       # the number of the sources' content now
 # torchrun's variables keep torchrun's names (every other setting's variable is MINITORCH_*).
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 ENVIRONMENT = object()   # override(name=ENVIRONMENT): the block follows the environment variable
@@ -135,6 +138,22 @@ def get(name):
 def reload():
     """Forget what was read from the environment: the next get() of each setting reads it again."""
     _environment.clear()
+    _epoch[0] += 1
+    _restate()
+
+
+def state():
+    """A number that is equal at two moments only if every setting had the same value at both (the
+    same override blocks, set() values and environment reads): what caches of decisions the
+    settings make key on, instead of reading each setting (backends.run_pass's prepared calls).
+    Equal contents get equal numbers, so a block entered on every step finds the last step's
+    entries. It is worked out when the sources change, not when asked."""
+    return _state[0]
+
+
+def _restate():
+    content = (tuple(tuple(layer.items()) for layer in _overrides), tuple(sorted(_process.items())), _epoch[0])
+    _state[0] = _states.setdefault(content, len(_states))
 
 
 def mib_bytes(name):
@@ -148,10 +167,12 @@ def override(**values):
     environment would be, and restores them when it ends (also on an exception)."""
     layer = {name: _check(_setting(name), value) for name, value in values.items()}
     _overrides.append(layer)
+    _restate()
     try:
         yield
     finally:
         _overrides.remove(layer)
+        _restate()
 
 
 def set(name, value):  # noqa: A001 - config.set reads as intended
@@ -162,6 +183,7 @@ def set(name, value):  # noqa: A001 - config.set reads as intended
         _process.pop(name, None)
     else:
         _process[name] = _check(setting, value)
+    _restate()
 
 
 def changed():

@@ -56,7 +56,7 @@ import warnings
 import numpy as np
 
 from . import cgemm, config, gemm, tuning
-from .common import check_arrays, check_output_shape, geometry, valid_geometry
+from .common import check_arrays, check_output_shape, geometry, pass_output_shape, valid_geometry
 from .device import cupy_or_none, gpu_available
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, oh x ow output
@@ -144,6 +144,21 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     _require(xp)
     return _run(xp, "accgrad", g, x, gy, (g.fo, g.f, g.kh, g.kw))   # cuDNN's wgrad takes (x, dy)
+
+
+def prepare(pass_name, g, xp):
+    """run(a, b) -> out: this pass of geometry g on the plan the last call built (backends.run_pass's
+    prepared path, which has checked the arrays: a, b as the pass takes them, C-contiguous float32
+    CuPy arrays of g's shapes), or None where no plan is built for the current settings."""
+    if xp is np or _frontend()[0] is None:
+        return None
+    plan = _built.get(_plan_key(xp, pass_name, g))
+    if plan is None:
+        return None
+    out_shape, empty, f32 = pass_output_shape(g, pass_name), xp.empty, np.float32
+    if pass_name == "accgrad":                 # the pass takes (gy, x); cuDNN's wgrad (x, dy)
+        return lambda gy, x: plan.run(xp, x, gy, empty(out_shape, dtype=f32))
+    return lambda a, b: plan.run(xp, a, b, empty(out_shape, dtype=f32))
 
 
 def _require(xp):
@@ -252,9 +267,14 @@ def _handle(cp, cudnn):
     return handle
 
 
+def _plan_key(cp, pass_name, g):
+    """_built's key: the device, the pass and geometry, and the settings a plan depends on."""
+    return (cp.cuda.runtime.getDevice(), pass_name, g, cgemm.mode(cp), config.mib_bytes("cudnn_workspace_mb"),
+            tuning.enabled("cudnn_tune", cp))
+
+
 def _run(cp, pass_name, g, a, b, out_shape):
-    key = (cp.cuda.runtime.getDevice(), pass_name, g, cgemm.mode(cp), config.mib_bytes("cudnn_workspace_mb"),
-           tuning.enabled("cudnn_tune", cp))
+    key = _plan_key(cp, pass_name, g)
     plan = _built.get(key)
     if plan is None:
         plan = _built[key] = _prepare(cp, pass_name, g, *key[3:], a, b, out_shape)

@@ -69,7 +69,8 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     layers), 2 since each pass's form is tuned, accGrad 3 since its per-image partials are summed by
     sum_rows, strided bprop 3 while col2im placed its taps (slower: 1.02 -> 1.12 ms on ResNet-50's
     conv15, exp_gemm_forms), 4 since the zeroed gx and its scatter are back, 5 since the fused forms
-    (kernels/pointwise.cu) joined them; strided fprop 3 since they joined it. Other kernels'
+    (kernels/pointwise.cu) joined them, 6 since auto times the fused launch as run_pass's prepared
+    path makes it (prepare()); strided fprop 3 since the fused forms joined it, 4 since that. Other kernels'
     accGrad: 1 since its form is tuned (per-image products: VGG-16's and ResNet's 3-plane first
     layers), 2 since the implicit form (accgrad_small) joined them, 3 since im2col and col2im take a
     (positions, taps, images) grid (no 64-bit division per element; their fprop and bprop 1 since
@@ -87,7 +88,7 @@ def _revision(pass_name, g):
     if _pointwise(g):
         if pass_name == "accgrad":
             return 3
-        return {"fprop": 3, "bprop": 5}[pass_name] if _strided(g) else 2
+        return {"fprop": 4, "bprop": 6}[pass_name] if _strided(g) else 2
     return 10 if pass_name == "accgrad" else 1
 
 
@@ -343,6 +344,83 @@ def _fused(xp, pass_name, a, b, out, g, form):
         ints = (n, g.f, g.fo, g.h, g.w, g.sh, g.sw, g.oh, g.ow, a.shape[1], pairs)
         kernel((_fused_plan(g, n, form, bprop)[1],), (threads,), (a, b[sl], o) + tuple(np.int32(v) for v in ints))
     return out
+
+
+def prepare(pass_name, g, xp):
+    """run(a, b) -> out for backends.run_pass's prepared path (the arrays checked there: a, b as the
+    pass takes them, C-contiguous float32 CuPy arrays of g's shapes): where the pass's tuned form
+    is fused, its kernel launch with everything but the arrays worked out here (one chunk, and no
+    copy of the weight for fprop); else the pass itself, minus the dispatch."""
+    if xp is np:
+        return None
+    if _pointwise(g) and pass_name in ("fprop", "bprop"):
+        form = _form(xp, pass_name, g, None) if not tuning.enabled("gemm_tune", xp) else \
+            (tuning.peek(form_key(xp, pass_name, g)) or {}).get("choice")
+        run = None
+        if form in FUSED and _strided(g):
+            run = _fused_prepared(xp, pass_name, g, form)
+        elif form == "per_image" and not _strided(g):
+            run = _per_image_prepared(xp, pass_name, g)
+        if run is not None:
+            return run
+    fn = globals()[pass_name]
+    rest = {"fprop": (), "bprop": ((g.S, g.f, g.h, g.w),), "accgrad": ((g.fo, g.f, g.kh, g.kw),)}[pass_name]
+    stride, padding = (g.sh, g.sw), (g.ph, g.pw)
+    return lambda a, b: fn(a, b, *rest, stride=stride, padding=padding)
+
+
+def _per_image_prepared(xp, pass_name, g):
+    """The stride-1 1x1 fprop or bprop as prepare() runs it: one strided-batched GEMM over the batch,
+    W (or W^T) broadcast, straight into the output (the per_image form, which is one GEMM there)."""
+    P, f32, empty = g.oh * g.ow, np.float32, xp.empty
+    if pass_name == "fprop":
+        shape, w_shape, in_shape, out3 = (g.S, g.fo, g.oh, g.ow), (g.fo, g.f), (g.S, g.f, P), (g.S, g.fo, P)
+
+        def run(x, w):
+            y = empty(shape, dtype=f32)
+            cgemm.matmul(xp, w.reshape(w_shape), x.reshape(in_shape), out=_batch_of(y.reshape(out3)), strict=True)
+            return y
+        return run
+    shape, w_shape, in_shape, out3 = (g.S, g.f, g.h, g.w), (g.fo, g.f), (g.S, g.fo, P), (g.S, g.f, P)
+
+    def run(gy, w):
+        gx = empty(shape, dtype=f32)
+        w2t = xp.ascontiguousarray(w.reshape(w_shape).T)          # as _bprop_1x1 (cuBLAS's flag is slower)
+        cgemm.matmul(xp, w2t, gy.reshape(in_shape), out=_batch_of(gx.reshape(out3)), strict=True)
+        return gx
+    return run
+
+
+def _fused_prepared(xp, pass_name, g, form):
+    """The fused form's launch for prepare(), or None where it takes more than one launch (the
+    batch in chunks) or a padded copy of the weight (K not a whole number of FUSED_BK steps)."""
+    bprop = pass_name == "bprop"
+    if len(_fused_chunks(g)) != 1 or _fused_lda(g.fo if bprop else g.f) != (g.fo if bprop else g.f):
+        return None
+    name, blocks, threads = _fused_plan(g, g.S, form, bprop)
+    kernel = cuda_module("pointwise.cu", name_expressions=FUSED_NAMES).get_function(name)
+    ints = [tuple(np.int32(v) for v in (g.S, g.f, g.fo, g.h, g.w, g.sh, g.sw, g.oh, g.ow,
+                                        g.fo if bprop else g.f, pairs)) for pairs in (0, 1)]
+    f32, empty = np.float32, xp.empty
+    if not bprop:
+        shape = (g.S, g.fo, g.oh, g.ow)
+
+        def run(x, w):                         # w (f', f, 1, 1) is W (f', f) as it is
+            if w.data.ptr % 16:
+                return None                    # float4 loads: the full path copies it aligned
+            y = empty(shape, dtype=f32)
+            kernel((blocks,), (threads,), (w, x, y) + ints[0])
+            return y
+        return run
+    shape, pairs = (g.S, g.f, g.h, g.w), g.sw == 2 and g.w % 2 == 0
+    fo, f = g.fo, g.f
+
+    def run(gy, w):
+        w2t = xp.ascontiguousarray(w.reshape(fo, f).T)   # W^T (f, f'), fresh: aligned
+        gx = empty(shape, dtype=f32)
+        kernel((blocks,), (threads,), (w2t, gy, gx) + ints[pairs and gx.data.ptr % 8 == 0])
+        return gx
+    return run
 
 
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):

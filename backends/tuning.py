@@ -495,6 +495,14 @@ def is_record(record):
 _memo = {}   # tuning key -> (cache, its version, record): remembered()'s per-call answer
 
 
+def peek(key):
+    """The record remembered() would answer from this process's memo for `key` (the cache
+    unchanged since), else None: a look that never reads the file and never tunes."""
+    hit = _memo.get(key)
+    cache = default_cache()
+    return hit[2] if hit is not None and hit[0] is cache and hit[1] == cache.version else None
+
+
 def remembered(key, tune, valid=None, untuned=None):
     """The record for `key`: from this process's memo while the cache is unchanged, else from
     the cache if is_record and valid(record["choice"]) (a bad one warns), else tune() -> record,

@@ -7,8 +7,13 @@ execute cost more than the kernel takes, and table3's bursts of five calls show 
 For each layer-pass, side by side in one process: GPU-only time (a spin kernel hides the enqueue),
 back-to-back time per call (bursts of five, as table3), and host time per call (the host clock,
 nothing synchronised); for PyTorch's cuDNN strict, our cudnn backend called directly, backends.run_pass
-with the backend set to "cudnn", and auto (with cudnn) as a layer dispatches it. Then a profile of
-auto's calls on the first layer-pass.
+with the backend set to "cudnn", run_pass with "gemm" (its tuned form; the fused kernel on the strided
+ones where it won), auto over our own algorithms (auto_backends=ours) and auto (with cudnn) as a
+layer dispatches them, and gemm's module call as auto's tuner timed it before session 20. Then profiles of
+the PROFILED rows.
+
+Session 20 added the gemm and auto[ours] rows and the shortcuts' bprops, for run_pass's prepared
+path: run it on the tree before that (PYTHONPATH=<old tree>) and after, in one call.
 
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py      # a CUDA GPU, cuDNN frontend
 """
@@ -27,6 +32,8 @@ CASES = [  # (name, x shape, w shape, stride, pass)
     ("resnet18 conv8", (128, 64, 56, 56), (128, 64, 1, 1), (2, 2), "fprop"),
     ("resnet18 conv13", (128, 128, 28, 28), (256, 128, 1, 1), (2, 2), "fprop"),
     ("resnet18 conv18", (128, 256, 14, 14), (512, 256, 1, 1), (2, 2), "fprop"),
+    ("resnet18 conv8", (128, 64, 56, 56), (128, 64, 1, 1), (2, 2), "bprop"),
+    ("resnet18 conv13", (128, 128, 28, 28), (256, 128, 1, 1), (2, 2), "bprop"),
     ("resnet50 conv2", (128, 64, 56, 56), (64, 64, 1, 1), (1, 1), "fprop"),
     ("resnet50 conv25", (128, 512, 28, 28), (256, 512, 1, 1), (1, 1), "fprop"),
 ]
@@ -47,32 +54,46 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"{'layer-pass':24} {'what':18} {'gpu ms':>8} {'b2b ms':>8} {'host ms':>8}  choice")
-    profiled = None
+    profiled = {}
     for name, xs, ws, stride, p in CASES:
         layer = Layer(xs, ws, stride, (0, 0), seed=0)
         rows = [("torch strict", layer.cudnn(p), "torch", "")]
         if backends.get("cudnn").available():
             rows += [("cudnn direct", layer.ours(backends.get("cudnn"), p), "cupy", ""),
                      ("run_pass cudnn", layer.dispatched("cudnn", p), "cupy", "")]
-        fn = layer.dispatched("auto", p)
-        fn()
-        choice = backends.choose("auto", p, xs, ws, stride, (0, 0), cp).__name__.split(".")[-1]
-        rows.append(("auto", fn, "cupy", choice))
-        profiled = profiled or fn
-        for what, f, lib, note in rows:
-            gpu, b2b, host = timings(f, lib)
+        rows.append(("run_pass gemm", layer.dispatched("gemm", p), "cupy", ""))
+        for what, restrict in (("auto[ours]", "ours"), ("auto", None)):
+            with config.override(auto_backends=restrict):
+                fn = layer.dispatched("auto", p)
+                fn()
+                choice = backends.choose("auto", p, xs, ws, stride, (0, 0), cp).__name__.split(".")[-1]
+            rows.append((what, fn, "cupy", choice, restrict))
+        rows.append(("gemm direct", layer.ours(backends.get("gemm"), p), "cupy", ""))
+        for what, f, lib, note, *restrict in rows:
+            with config.override(auto_backends=restrict[0] if restrict else None):
+                gpu, b2b, host = timings(f, lib)
             print(f"{name + ' ' + p:24} {what:18} {gpu:8.4f} {b2b:8.4f} {host:8.4f}  {note}", flush=True)
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(300):
-        profiled()
-    pr.disable()
-    cp.cuda.Device().synchronize()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
-    print(f"\nauto's calls on {CASES[0][0]} ({CASES[0][4]}), 300 calls, by own time:")
-    print(s.getvalue())
-    print("settings:", {k: config.get(k) for k in ("auto_backends",)})
+            profiled[(name + " " + p, what)] = (f, restrict[0] if restrict else None)
+    for case in PROFILED:
+        if case not in profiled:
+            continue
+        f, restrict = profiled[case]
+        with config.override(auto_backends=restrict):
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(300):
+                f()
+            pr.disable()
+        cp.cuda.Device().synchronize()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
+        print(f"\n{case[1]} on {case[0]}, 300 calls, by own time:")
+        print(s.getvalue())
+
+
+# (layer-pass, row) profiled after the table: auto's cudnn call, and gemm's host paths
+PROFILED = [("resnet18 conv8 fprop", "auto"), ("resnet18 conv8 fprop", "gemm direct"),
+            ("resnet18 conv8 bprop", "run_pass gemm"), ("resnet50 conv2 fprop", "run_pass gemm")]
 
 
 if __name__ == "__main__":

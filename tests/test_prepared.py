@@ -1,0 +1,199 @@
+"""run_pass's prepared path: a layer's calls after its first go straight to the backend's own call
+for that geometry (cudnn's built plan, gemm's fused kernel launch or its pass), where nothing that
+decided it has changed. Each call's result against PyTorch float64; every way out of the path
+(other settings, another device's arrays, arrays the full path must check or convert, a new
+tuning memory, a replaced pass function, a runner that raises) taken and checked to give the full
+path's answer or error. The settings' state number on the CPU."""
+import numpy as np
+import pytest
+
+import backends
+from backends import auto, config, cudnn, gemm, tuning
+from reference import conv_reference, rel_error
+
+f32 = np.float32
+
+# (input, weight, stride, padding): a 3x3 layer, a ResNet stride-2 1x1 shortcut (gemm's fused form
+# where tuned so), a stride-1 1x1 layer
+GEOMETRIES = [((4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1)),
+              ((8, 16, 14, 14), (32, 16, 1, 1), (2, 2), (0, 0)),
+              ((4, 16, 7, 7), (8, 16, 1, 1), (1, 1), (0, 0))]
+
+
+def _args(cp, pass_name, x, w, gy):
+    return {"fprop": (x, w), "bprop": (gy, w, x.shape), "accgrad": (gy, x, w.shape)}[pass_name]
+
+
+def _data(xs, ws, stride, padding, seed):
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal(xs).astype(f32), rng.standard_normal(ws).astype(f32)
+    g = backends.geometry(xs, ws, stride, padding)
+    gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow)).astype(f32)
+    return x, w, gy, dict(zip(backends.PASSES, conv_reference(x, w, gy, stride, padding)))
+
+
+def _run(name, pass_name, args, xs, ws, stride, padding):
+    return backends.run_pass(name, pass_name, *args, x_shape=xs, w_shape=ws, stride=stride, padding=padding)
+
+
+@pytest.fixture
+def chosen(monkeypatch):
+    """Counts run_pass's full-path choices (backends.choose calls)."""
+    calls = []
+    real = backends.choose
+    monkeypatch.setattr(backends, "choose", lambda *a, **k: calls.append(a[:2]) or real(*a, **k))
+    return calls
+
+
+def test_settings_state_follows_their_content():
+    start = config.state()
+    with config.override(gemm_workspace_mb=64):
+        inside = config.state()
+        assert inside != start
+        with config.override(tf32=True):
+            assert config.state() not in (start, inside)
+        assert config.state() == inside
+    assert config.state() == start
+    with config.override(gemm_workspace_mb=64):
+        assert config.state() == inside              # the same content: the same number again
+    config.set("tf32", True)
+    assert config.state() != start
+    config.set("tf32", None)
+    assert config.state() == start
+    config.reload()                                  # the environment may say something else now
+    assert config.state() != start
+
+
+def test_numpy_calls_take_the_full_path_every_time(chosen):
+    xs, ws, s, p = GEOMETRIES[0]
+    x, w, gy, ref = _data(xs, ws, s, p, 1)
+    for _ in range(2):
+        for pn in backends.PASSES:
+            assert rel_error(_run("gemm", pn, _args(np, pn, x, w, gy), xs, ws, s, p), ref[pn]) <= 1e-5
+    assert len(chosen) == 6
+    assert not [k for k in backends._prepared if k[1:4] == ("fprop", xs, ws)]
+
+
+def _need(name):
+    import cupy as cp
+    if name == "cudnn" and not cudnn.available():
+        pytest.skip(f"cuDNN not usable: {cudnn._frontend()[1]}")
+    return cp
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gemm", "cudnn", "auto"])
+@pytest.mark.parametrize("xs,ws,stride,padding", GEOMETRIES)
+def test_later_calls_are_prepared_and_agree(name, xs, ws, stride, padding, settings, tmp_path, chosen):
+    cp = _need(name)
+    settings(tune_cache=str(tmp_path / "t.json"), tf32=False)
+    x, w, gy, ref = _data(xs, ws, stride, padding, 2)
+    args = {pn: _args(cp, pn, *(cp.asarray(a) for a in (x, w, gy))) for pn in backends.PASSES}
+    for pn in backends.PASSES:
+        first = _run(name, pn, args[pn], xs, ws, stride, padding)
+        assert (name, pn, xs, ws, stride, padding, config.state()) in backends._prepared or name == "auto" \
+            and backends.choose(name, pn, xs, ws, stride, padding, cp) not in (gemm, cudnn)
+        before = len(chosen)
+        second = _run(name, pn, args[pn], xs, ws, stride, padding)
+        prepared = len(chosen) == before
+        assert prepared or name == "auto"            # auto prepares where it chose gemm or cudnn
+        tol = cudnn.CHECK_TOL if name != "gemm" else 1e-5
+        assert rel_error(first, ref[pn]) <= tol and rel_error(second, ref[pn]) <= tol, (pn, prepared)
+        assert second.data.ptr != first.data.ptr     # a new output each call
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form,case,runner", [("fused", 1, "_fused_prepared"), ("fused64", 1, "_fused_prepared"),
+                                              ("per_image", 2, "_per_image_prepared")])
+def test_pointwise_form_is_run_directly(form, case, runner, settings, tmp_path, chosen, monkeypatch):
+    """A 1x1 fprop and bprop whose tuned form is fused (strided) or per_image (stride 1): the
+    prepared call is the kernel's launch or the one GEMM, every element written (outputs
+    NaN-poisoned), as the full path's."""
+    cp = _need("gemm")
+    settings(tune_cache=str(tmp_path / "t.json"), gemm_tune="on")
+    xs, ws, stride, padding = GEOMETRIES[case]
+    g = backends.geometry(xs, ws, stride, padding)
+    for pn in ("fprop", "bprop"):    # the tuned form, as the tuner would have stored it
+        tuning.remembered(gemm.form_key(cp, pn, g), lambda: {"choice": form, "ms": {}, "skipped": {}, "why": "test"})
+    monkeypatch.setattr(cp, "empty", lambda shape, dtype=float: cp.full(shape, cp.nan, dtype))
+    x, w, gy, ref = _data(xs, ws, stride, padding, 3)
+    for pn in ("fprop", "bprop"):
+        args = _args(cp, pn, *(cp.asarray(a) for a in (x, w, gy)))
+        first = _run("gemm", pn, args, xs, ws, stride, padding)
+        entry = backends._prepared[("gemm", pn, xs, ws, stride, padding, config.state())]
+        assert runner in entry.run.__qualname__
+        before = len(chosen)
+        second = _run("gemm", pn, args, xs, ws, stride, padding)
+        assert len(chosen) == before
+        assert rel_error(first, ref[pn]) <= 1e-5 and rel_error(second, ref[pn]) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_every_way_out_takes_the_full_path(settings, tmp_path, chosen, monkeypatch):
+    cp = _need("gemm")
+    settings(tune_cache=str(tmp_path / "t.json"), auto_backends="gemm")   # auto prepares what it picks
+    xs, ws, s, p = GEOMETRIES[0]
+    x, w, gy, ref = _data(xs, ws, s, p, 4)
+    xd, wd, gyd = (cp.asarray(a) for a in (x, w, gy))
+    run = lambda *args, name="auto", pn="fprop", ws=ws: _run(name, pn, args, xs, ws, s, p)  # noqa: E731
+
+    def full_path(*args, error=None, **kw):
+        before = len(chosen)
+        if error is not None:
+            with pytest.raises(error[0], match=error[1]):
+                run(*args, **kw)
+        else:
+            assert rel_error(run(*args, **kw), ref[kw.get("pn", "fprop")]) <= 1e-4
+        assert len(chosen) == before + 1
+
+    run(xd, wd)
+    run(xd, wd)                                      # prepared
+    n = len(chosen)
+    run(xd, wd)
+    assert len(chosen) == n
+    full_path(xd.astype(cp.float64), wd, error=(TypeError, "float32"))
+    wide = cp.zeros((xs[0], xs[1], xs[2], 2 * xs[3]), dtype=f32)
+    wide[..., ::2] = xd
+    full_path(wide[..., ::2], wd)                    # not contiguous: the full path copies it
+    full_path(gyd[:, :, :-1], wd, xs, pn="bprop", error=(ValueError, "must have shape"))
+    full_path(x, w)                                  # NumPy arrays
+    with config.override(gemm_workspace_mb=64):      # other settings: another key, full path first
+        full_path(xd, wd)
+    monkeypatch.setattr(auto, "_memory", {})         # a new process's tuning memory
+    full_path(xd, wd)
+    run(xd, wd, name="gemm")
+    run(xd, wd, name="gemm")                         # prepared under the name gemm too
+    real = gemm.fprop                                # a replaced pass function (tests do this)
+    monkeypatch.setattr(gemm, "fprop", lambda *a, **k: real(*a, **k))
+    full_path(xd, wd, name="gemm")
+    run(xd, wd, name="gemm")
+    entry = backends._prepared[("gemm", "fprop", xs, ws, s, p, config.state())]
+
+    def broken(a, b):
+        raise RuntimeError("a runner that fails")
+    monkeypatch.setattr(entry, "run", broken)
+    full_path(xd, wd, name="gemm")                   # the full path runs it again, and is right
+
+
+@pytest.mark.gpu
+def test_auto_times_the_prepared_call(settings, tmp_path, monkeypatch):
+    """auto times a candidate that prepares through its prepared call, after one module call (the
+    checked run): what the layer's later calls run."""
+    cp = _need("gemm")
+    settings(tune_cache=str(tmp_path / "t.json"), auto_backends="gemm,direct", auto_tune="on")
+    runs, modules = [], []
+    real_prepare, real_fprop = gemm.prepare, gemm.fprop
+
+    def prepare(pass_name, g, xp):
+        run = real_prepare(pass_name, g, xp)
+        return lambda a, b: runs.append(1) or run(a, b)
+    monkeypatch.setattr(gemm, "prepare", prepare)
+    monkeypatch.setattr(gemm, "fprop", lambda *a, **k: modules.append(1) or real_fprop(*a, **k))
+    xs, ws, s, p = GEOMETRIES[0]
+    x, w, gy, ref = _data(xs, ws, s, p, 5)
+    y = _run("auto", "fprop", (cp.asarray(x), cp.asarray(w)), xs, ws, s, p)
+    assert rel_error(y, ref["fprop"]) <= 1e-4
+    record = auto.record_of("fprop", xs, ws, s, p, cp)[1]
+    assert set(record["ms"]) == {"gemm", "direct"}, record
+    assert len(runs) >= tuning.ROUNDS * tuning.REPEAT
+    assert len(modules) <= 3     # auto's reference, the checked run, and the layer's own call
