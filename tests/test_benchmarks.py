@@ -494,6 +494,15 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     first = calls[:len(impls)]
     assert len({(g, pn) for g, pn, _ in first}) == 1
     assert sum("(cuDNN itself)" in f for f in failures) == 2 * sum(n_layers.values())   # accGrad of each
+    assert ("auto TF32 x TF32", "x TF32 auto TF32", ".2f") in sections[0][2]
+    assert all(r["x TF32 auto TF32"] == pytest.approx(4.0) for r in layer_rows)
+
+    # TF32 mode slower than cuDNN's TF32 (1.2 ms against 1.0): every layer-pass and each total said
+    monkeypatch.setattr(paper, "run_ours", lambda layer, impl, pn, args, tf32=False: (1.2 if tf32 else 0.5, 1e-7, "fbfft"))
+    _, _, _, shortfalls, _ = paper.table3(args, bar)
+    assert len(shortfalls) == 3 * sum(n_layers.values()) + 2, shortfalls
+    assert all("auto TF32" in f and "cuDNN TF32's" in f for f in shortfalls)
+    monkeypatch.setattr(paper, "run_ours", run_ours)
 
     # --runs 3: each network timed three times; the median run, every run's total, the spread
     calls.clear()

@@ -196,4 +196,6 @@ def test_auto_times_the_prepared_call(settings, tmp_path, monkeypatch):
     record = auto.record_of("fprop", xs, ws, s, p, cp)[1]
     assert set(record["ms"]) == {"gemm", "direct"}, record
     assert len(runs) >= tuning.ROUNDS * tuning.REPEAT
-    assert len(modules) <= 3     # auto's reference, the checked run, and the layer's own call
+    # beyond the prepared calls (gemm's prepared call for a 3x3 layer is its pass function): auto's
+    # reference, the checked run, and the layer's own call
+    assert len(modules) - len(runs) <= 3
