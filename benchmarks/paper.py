@@ -27,7 +27,7 @@ allocator holds (ours: the CuPy pools' size; PyTorch: max_memory_reserved).
 --cgemm-tf32 adds the framework's TF32 mode (the tf32 setting: cudnn's convolutions and the
 frequency-domain GEMM of cufft and fbfft on TF32 tensor cores; tuned separately, since its choices
 are keyed apart; gemm, direct and winograd stay fp32) as `auto TF32`: to table3 a row and per
-layer-pass columns against cuDNN TF32, to table4 columns, and to step an eager row against
+layer-pass columns against cuDNN TF32, to table4 columns, and to step eager and CUDA-graph rows against
 PyTorch's default step. Issue 17's TF32 targets (the same as strict's, against cuDNN TF32) are
 listed as shortfalls. The plain `auto` rows stay strict fp32 whatever MINITORCH_CGEMM_TF32 says.
 
@@ -309,17 +309,21 @@ def table4(args, bar):
 STEP_TOL = 1e-3
 STEP_FACTOR = 2
 STEP_CAP = 5e-3
+# The TF32-mode step (--cgemm-tf32) has PyTorch's TF32 step for yardstick, whose errors are ~10x
+# fp32's: ResNet-18's conv1 weight gradient 6.6e-2 from float64 on an H200 (cuDNN's TF32 wgrad
+# over K = 128 x 112 x 112). Its cap bounds a broken yardstick only.
+TF32_STEP_CAP = 0.25
 
 
-def step_verdict(errors, yardstick):
+def step_verdict(errors, yardstick, cap=STEP_CAP):
     """(worst tensor, the network's bound, passed). The bound is STEP_FACTOR x PyTorch float32's
-    largest error, at least STEP_TOL and at most STEP_CAP; a NaN or infinite error (ours, or the
-    yardstick's, which then cannot judge) fails."""
+    (or, for the TF32 mode, TF32's) largest error, at least STEP_TOL and at most `cap`; a NaN or
+    infinite error (ours, or the yardstick's, which then cannot judge) fails."""
     import math
     broken = [k for k in errors if not math.isfinite(errors[k])]
     if broken or not all(math.isfinite(v) for v in yardstick.values()):
         return (broken[0] if broken else "PyTorch float32 yardstick"), float("nan"), False
-    bound = min(STEP_CAP, max(STEP_TOL, STEP_FACTOR * max(yardstick.values())))
+    bound = min(cap, max(STEP_TOL, STEP_FACTOR * max(yardstick.values())))
     worst = max(errors, key=errors.get)
     return worst, bound, errors[worst] <= bound
 
@@ -394,7 +398,7 @@ def step(args, bar):
                      "peak_gib": mem["peak"] / gib, "reserved_gib": mem["reserved"] / gib,
                      "graph_captures": graphed.captures, "graph_vs_eager": graph_err})
         if args.cgemm_tf32:
-            rows.append(tf32_step_row(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures))
+            rows += tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures)
         del model, opt, graphed
         cp.get_default_memory_pool().free_all_blocks()
         # PyTorch, same architecture
@@ -424,7 +428,7 @@ def step(args, bar):
         for r in rows:
             if r["network"] == net and r["implementation"].startswith("minitorch"):
                 r["x_strict"], r["x_tf32"] = strict["step_ms"] / r["step_ms"], tf32["step_ms"] / r["step_ms"]
-                if r["implementation"].endswith("TF32 mode"):   # issue 17: against PyTorch's default
+                if "TF32 mode" in r["implementation"]:   # issue 17: against PyTorch's default
                     if not r["x_tf32"] >= TARGET_TOTAL:
                         shortfalls.append(f"{net} {r['implementation']} step {r['step_ms']:.2f} ms is "
                                           f"{r['x_tf32']:.3f}x PyTorch TF32's {tf32['step_ms']:.2f} ms "
@@ -447,10 +451,11 @@ def step(args, bar):
     return rows, cols, failures, shortfalls, ()
 
 
-def tf32_step_row(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures):
+def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures):
     """--cgemm-tf32: the same step in the framework's TF32 mode (cudnn's convolutions and the FFT
-    backends' GEMM on TF32; tuned in that mode, its own records), eager. Checked against float64 on
-    the weights it starts from, the bound as the strict row's but from PyTorch's own TF32 errors."""
+    backends' GEMM on TF32; tuned in that mode, its own records), eager and as a CUDA graph. The
+    eager step is checked against float64 on the weights it starts from, the bound as the strict
+    row's but from PyTorch's own TF32 errors."""
     import cupy as cp
     import torch
 
@@ -472,19 +477,34 @@ def tf32_step_row(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps,
     finally:
         torch.backends.cudnn.benchmark = saved
         set_tf32("strict")
-    worst, bound, passed = step_verdict(errors, yardstick)
+    worst, bound, passed = step_verdict(errors, yardstick, TF32_STEP_CAP)
     if not passed:
         failures.append(f"{net} {impl} TF32 mode step: {worst} relative error {errors.get(worst, float('nan')):.1e} "
                         f"against PyTorch float64, bound {bound:.1e} (PyTorch TF32's largest error: "
                         f"{max(yardstick.values()):.1e})")
     ms = median_ms(tf32_step, "cupy", 1, n_steps)
     mem = peak_step_bytes(tf32_step, "cupy")
-    cp.cuda.Device().synchronize()
-    return {"network": net, "batch": batch, "implementation": f"{impl}, TF32 mode", "step_ms": ms,
-            "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(tf32_step),
-            "peak_gib": mem["peak"] / 2.0**30, "reserved_gib": mem["reserved"] / 2.0**30,
-            "max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
-            "torch_fp32_max_err": max(yardstick.values())}
+    rows = [{"network": net, "batch": batch, "implementation": f"{impl}, TF32 mode", "step_ms": ms,
+             "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(tf32_step),
+             "peak_gib": mem["peak"] / 2.0**30, "reserved_gib": mem["reserved"] / 2.0**30,
+             "max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
+             "torch_fp32_max_err": max(yardstick.values())}]
+    graphed = mt.graphs.GraphedStep(model, crit, opt)   # captured in TF32 mode (the settings key it)
+
+    def graph_step():
+        with cgemm.tf32(True):
+            graphed(x, y_np)
+    graph_step()
+    graph_step()
+    ms = median_ms(graph_step, "cupy", 1, n_steps)
+    mem = peak_step_bytes(graph_step, "cupy", [graphed.pool])
+    rows.append({"network": net, "batch": batch, "implementation": f"{impl}, CUDA graph, TF32 mode", "step_ms": ms,
+                 "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(graph_step),
+                 "peak_gib": mem["peak"] / 2.0**30, "reserved_gib": mem["reserved"] / 2.0**30,
+                 "graph_captures": graphed.captures})
+    del graphed
+    cp.get_default_memory_pool().free_all_blocks()
+    return rows
 
 
 GRAPH_TOL = 1e-4   # a replayed step against the same step run eagerly (rounding only: cuBLAS may
