@@ -8,9 +8,10 @@ disk (tuning.remembered), so a second run does not tune again. Choices are per p
 bprop and accGrad of one layer may use different backends.
 
 Ties (tuning.select): candidates within margin() of the fastest are tied, and among them the
-winner is the backend already chosen for most of the layer's other passes (so a layer stays on
+winner is the FFT backend already chosen for most of the layer's other passes (so a layer stays on
 one FFT backend and shares spectra, backends.reuse, which the tuner cannot see: it times each
-pass alone), then the first in TIE_ORDER, then the faster. The tied candidates are timed again
+pass alone), then the first in TIE_ORDER (the backends that share spectra), then the faster: a tie
+among backends that share nothing goes to time. The tied candidates are timed again
 before that rule decides (tuning.tune), so that one slow round does not hand a pass to a slower
 backend.
 
@@ -44,10 +45,12 @@ from .common import PASSES, geometry, plain_args
 # Untimed order (CPU default): cheapest-to-set-up first; cudnn last (GPU arrays only).
 PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase", "winograd", "tiledfft", "cudnn")
 OPT_IN = ()   # candidates only where auto_backends names them (the docstring says which belong here)
-# Order among candidates tied within the margin: the FFT backends first (their timings leave out
-# the spectra a step shares across passes), then the rest, the vendor's cudnn last (a tie is
-# the framework's own algorithm's to win); backends not listed come last.
-TIE_ORDER = ("fbfft", "cufft", "polyphase", "winograd", "tiledfft", "gemm", "direct", "cudnn")
+# Order among candidates tied within the margin: the backends that share spectra across a step's
+# passes (backends.reuse), which their timings leave out, first; every other tied candidate by
+# time alone. Up to session 20 gemm, direct, winograd and tiledfft were listed too, before cudnn
+# ("a tie is the framework's own"): that gave ResNet-50's conv28 fprop (512->1024, 1x1 stride 2)
+# to gemm at 2.8 % slower in tuning, 7.6 % slower in table3 (0.692 ms against cuDNN's 0.643, H200).
+TIE_ORDER = ("fbfft", "cufft", "polyphase")
 ROUNDS, REPEAT = tuning.ROUNDS, tuning.REPEAT   # the recipe's timing (backends/tuning.py)
 MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)
@@ -172,10 +175,15 @@ def _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, paddin
 
 
 def _compared(record, candidates, revisions):
-    """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`."""
+    """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`, and
+    was decided by today's rule: a tie handed to a backend that shares no spectra (TIE_ORDER of
+    before session 20) is tuned again."""
     seen = {n: r for n, r in (record.get("revisions") or {}).items() if n in candidates}
-    return (set(candidates) <= set(record.get("ms") or ()) | set(record.get("skipped") or ())
-            and seen == revisions)
+    ms = record.get("ms") or {}
+    stale_tie = (record.get("choice") not in TIE_ORDER and record.get("choice") in ms
+                 and ms[record["choice"]] > min(ms.values()))
+    return (set(candidates) <= set(ms) | set(record.get("skipped") or ()) and seen == revisions
+            and not stale_tie)
 
 
 def runs_on(backend, xp):
@@ -203,10 +211,11 @@ def select(times, siblings=None, tie_margin=MARGIN):
 
 
 def _tie_rule(siblings):
-    """(prefer, explain) for tuning.select: among tied backends, the one chosen for most of the
-    layer's other passes (siblings, {pass: backend}), then the first in TIE_ORDER."""
+    """(prefer, explain) for tuning.select: among tied backends that share spectra (TIE_ORDER), the
+    one chosen for most of the layer's other passes (siblings, {pass: backend}), then the first in
+    TIE_ORDER; the others after them, by time (tuning.select's last key)."""
     siblings = siblings or {}
-    votes = Counter(siblings.values())
+    votes = Counter(name for name in siblings.values() if name in TIE_ORDER)
     rank = {name: i for i, name in enumerate(TIE_ORDER)}
 
     def prefer(name):

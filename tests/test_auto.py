@@ -127,8 +127,9 @@ def test_a_cached_choice_is_tuned_again_when_a_candidates_revision_changes(tuner
 def test_gemm_revision_marks_what_changed():
     for p in ("fprop", "bprop", "accgrad"):                     # 1x1 accGrad 3: summed by sum_rows
         assert gemm.revision(p, (2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (0, 0)) == (3 if p == "accgrad" else 2)
-        # strided: fprop 3 and bprop 5 since the fused forms (kernels/pointwise.cu) joined them
-        assert gemm.revision(p, (2, 8, 5, 5), (4, 8, 1, 1), (2, 2), (0, 0)) == {"fprop": 3, "bprop": 5}.get(p, 3)
+        # strided: fprop 3 and bprop 5 since the fused forms (kernels/pointwise.cu) joined them, 4 and 6
+        # since auto times their prepared launch
+        assert gemm.revision(p, (2, 8, 5, 5), (4, 8, 1, 1), (2, 2), (0, 0)) == {"fprop": 4, "bprop": 6}.get(p, 3)
     # accGrad 1: per-image products, 2: the implicit form, 3: im2col's grid (fprop, bprop: 1), 4, 5: accgrad_small,
     # 6: implicit8, 7-9: the rows form, 10: per-image partials summed by sum_rows
     assert gemm.revision("accgrad", (2, 8, 5, 5), (4, 8, 3, 3), (1, 1), (1, 1)) == 10
@@ -223,9 +224,12 @@ def test_select_breaks_a_tie_by_the_layer_then_the_tie_order():
     assert auto.select({"cufft": 1.0, "fbfft": 1.01},
                            {"fprop": "cufft", "bprop": "fbfft", "accgrad": "fbfft"}, 0.03)[0] == "fbfft"
     assert auto.select({"gemm": 1.0, "fbfft": 1.2}, {"fprop": "fbfft"}, 0.03)[0] == "gemm"
-    # backends outside TIE_ORDER come last, then by time
-    assert auto.select({"mine": 1.0, "gemm": 1.01, "other": 1.0}, {}, 0.03)[0] == "gemm"
+    # backends outside TIE_ORDER (those that share no spectra) come last, then by time: a tie
+    # between gemm and cudnn goes to the faster, and a sibling outside TIE_ORDER has no vote
+    assert auto.select({"mine": 1.0, "gemm": 1.01, "fbfft": 1.02}, {}, 0.03)[0] == "fbfft"
     assert auto.select({"mine": 1.01, "other": 1.0}, {}, 0.03)[0] == "other"
+    assert auto.select({"gemm": 1.02, "cudnn": 1.0}, {}, 0.03) == ("cudnn", "fastest")
+    assert auto.select({"gemm": 1.02, "cudnn": 1.0}, {"fprop": "gemm", "bprop": "gemm"}, 0.03)[0] == "cudnn"
 
 
 def test_margin_from_the_environment(monkeypatch):
@@ -378,3 +382,14 @@ def test_tuning_leaves_no_cufft_buffers(tmp_path, monkeypatch, settings):
     assert picked in ("gemm", "cufft")
     assert grown and max(grown) > 0            # cufft ran and kept buffers while it was timed
     assert cufft_buffers._scratch_buffers == {} and cufft_buffers._plans == {}
+
+
+def test_a_tie_decided_by_the_old_order_is_tuned_again():
+    """Records from before session 20 may hold a tie handed to a backend that shares no spectra
+    (gemm before cudnn): today's rule would have taken the faster, so the record is not reused."""
+    old = {"choice": "gemm", "ms": {"gemm": 1.02, "cudnn": 1.0}, "skipped": {}, "why": "tie order"}
+    assert not auto._compared(old, ["gemm", "cudnn"], {})
+    assert auto._compared(dict(old, choice="cudnn"), ["gemm", "cudnn"], {})
+    shared = {"choice": "fbfft", "ms": {"fbfft": 1.02, "cudnn": 1.0}, "skipped": {}, "why": "tie order"}
+    assert auto._compared(shared, ["fbfft", "cudnn"], {})          # still today's rule
+    assert auto._compared({"choice": "gemm", "ms": {}, "skipped": {}, "why": "untimed"}, [], {})
