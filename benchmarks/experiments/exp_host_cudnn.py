@@ -36,6 +36,7 @@ CASES = [  # (name, x shape, w shape, stride, pass)
     ("resnet18 conv13", (128, 128, 28, 28), (256, 128, 1, 1), (2, 2), "bprop"),
     ("resnet50 conv2", (128, 64, 56, 56), (64, 64, 1, 1), (1, 1), "fprop"),
     ("resnet50 conv25", (128, 512, 28, 28), (256, 512, 1, 1), (1, 1), "fprop"),
+    ("resnet50 conv28", (128, 512, 28, 28), (1024, 512, 1, 1), (2, 2), "fprop"),   # a tie, session 20
 ]
 
 
