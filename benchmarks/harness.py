@@ -285,15 +285,17 @@ def step_check(model, torch_net, x_np, y_np, torch_device="cpu", reference=None)
     return step_errors(model, ours, reference)
 
 
-def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", reference=None):
+def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", reference=None, tf32=False):
     """{name: relative error} of PyTorch float32 against PyTorch float64 (`reference` if already
     computed), both on our model's weights, batch and labels (torch_gradients): the error fp32
-    arithmetic itself makes here, with cuDNN and cuBLAS strict (no TF32) and cuDNN's heuristic
-    algorithms (its benchmark search off, so no approximate algorithm it might time as fastest)."""
+    arithmetic itself makes here, with cuDNN and cuBLAS strict (no TF32; tf32=True: PyTorch's TF32
+    defaults, the yardstick of our TF32 mode) and cuDNN's heuristic algorithms (its benchmark
+    search off, so no approximate algorithm it might time as fastest)."""
     import torch
     saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.benchmark)
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = tf32 and TORCH_TF32_DEFAULTS["cudnn"]
+    torch.backends.cuda.matmul.allow_tf32 = tf32 and TORCH_TF32_DEFAULTS["matmul"]
     torch.backends.cudnn.benchmark = False
     try:
         if reference is None:

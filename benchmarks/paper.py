@@ -52,7 +52,7 @@ from pathlib import Path
 from backends import auto
 from benchmarks.harness import (BATCH, PASSES, RESULTS_DIR, TABLE4, TOLERANCE, Layer, conv_layers,  # noqa: F401
                                 distinct_conv_layers, peak_step_bytes,
-                                median_ms, provenance, set_tf32, setup_cudnn, step_check, step_errors,
+                                median_ms, provenance, set_tf32, setup_cudnn, step_check,
                                 torch_fp32_errors, torch_gradients, torch_model, write_results)
 
 # Quoted, not measured: the paper's Table 3 (NVIDIA K40m, ms), for reference beside ours.
@@ -364,19 +364,8 @@ def step(args, bar):
             reference = torch_gradients(model, torch_model(net, 1000), x_np, y_np, torch.float64, "cuda")
             errors = step_check(model, None, x_np, y_np, "cuda", reference)
         yardstick = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda", reference)
-        worst, bound, passed = step_verdict(errors, yardstick)
-        if not passed:
-            failures.append(f"{net} {impl} step: {worst} relative error {errors.get(worst, float('nan')):.1e} "
-                            f"against PyTorch float64, bound {bound:.1e} (PyTorch float32's largest error: "
-                            f"{max(yardstick.values()):.1e})")
-        ms = median_ms(our_step, "cupy", 1, n_steps)
-        mem = peak_step_bytes(our_step, "cupy")
-        row = {"network": net, "batch": batch, "implementation": impl, "step_ms": ms,
-               "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(our_step),
-               "peak_gib": mem["peak"] / gib, "reserved_gib": mem["reserved"] / gib,
-               "max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
-               "torch_fp32_max_err": max(yardstick.values())}
-        rows.append(row)
+        verdict = checked(failures, f"{net} {impl} step", errors, yardstick, "float32")
+        rows.append(step_row(net, batch, impl, our_step, n_steps, **verdict))
         # The same step captured as one CUDA graph (minitorch_fft.graphs) and replayed, the
         # labels from the host as train.py --cuda-graph passes them. Its first call runs eagerly
         # (everything is tuned already), the second captures.
@@ -391,12 +380,8 @@ def step(args, bar):
         if not graph_err <= GRAPH_TOL:
             failures.append(f"{net} {impl}, CUDA graph: one replayed step differs from the same "
                             f"step run eagerly by {graph_err:.1e} (relative; bound {GRAPH_TOL:.0e})")
-        ms = median_ms(graph_step, "cupy", 1, n_steps)
-        mem = peak_step_bytes(graph_step, "cupy", [graphed.pool])
-        rows.append({"network": net, "batch": batch, "implementation": f"{impl}, CUDA graph", "step_ms": ms,
-                     "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(graph_step),
-                     "peak_gib": mem["peak"] / gib, "reserved_gib": mem["reserved"] / gib,
-                     "graph_captures": graphed.captures, "graph_vs_eager": graph_err})
+        rows.append(step_row(net, batch, f"{impl}, CUDA graph", graph_step, n_steps, [graphed.pool],
+                             graph_captures=graphed.captures, graph_vs_eager=graph_err))
         if args.cgemm_tf32:
             rows += tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures)
         del model, opt, graphed
@@ -451,6 +436,28 @@ def step(args, bar):
     return rows, cols, failures, shortfalls, ()
 
 
+def step_row(net, batch, label, fn, n_steps, pools=(), **extra):
+    """One step row of ours: fn timed (CUDA events, median of n_steps), the share of it in GPU
+    kernels and its peak memory (harness.peak_step_bytes, the pools a graph allocates from too),
+    with `extra` fields."""
+    ms = median_ms(fn, "cupy", 1, n_steps)
+    mem = peak_step_bytes(fn, "cupy", pools)
+    return {"network": net, "batch": batch, "implementation": label, "step_ms": ms,
+            "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(fn),
+            "peak_gib": mem["peak"] / 2.0**30, "reserved_gib": mem["reserved"] / 2.0**30, **extra}
+
+
+def checked(failures, what, errors, yardstick, yardstick_name, cap=STEP_CAP):
+    """step_verdict's fields for a row; a failed verdict is appended to `failures`, named `what`."""
+    worst, bound, passed = step_verdict(errors, yardstick, cap)
+    if not passed:
+        failures.append(f"{what}: {worst} relative error {errors.get(worst, float('nan')):.1e} against PyTorch "
+                        f"float64, bound {bound:.1e} (PyTorch {yardstick_name}'s largest error: "
+                        f"{max(yardstick.values()):.1e})")
+    return {"max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
+            "torch_fp32_max_err": max(yardstick.values())}
+
+
 def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures):
     """--cgemm-tf32: the same step in the framework's TF32 mode (cudnn's convolutions and the FFT
     backends' GEMM on TF32; tuned in that mode, its own records), eager and as a CUDA graph. The
@@ -469,26 +476,9 @@ def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps
     reference = torch_gradients(model, torch_model(net, 1000), x_np, y_np, torch.float64, "cuda")
     with cgemm.tf32(True):
         errors = step_check(model, None, x_np, y_np, "cuda", reference)
-    set_tf32("tf32")
-    saved, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, False
-    try:
-        yardstick = step_errors(model, torch_gradients(model, torch_model(net, 1000), x_np, y_np, torch.float32,
-                                                       "cuda"), reference)
-    finally:
-        torch.backends.cudnn.benchmark = saved
-        set_tf32("strict")
-    worst, bound, passed = step_verdict(errors, yardstick, TF32_STEP_CAP)
-    if not passed:
-        failures.append(f"{net} {impl} TF32 mode step: {worst} relative error {errors.get(worst, float('nan')):.1e} "
-                        f"against PyTorch float64, bound {bound:.1e} (PyTorch TF32's largest error: "
-                        f"{max(yardstick.values()):.1e})")
-    ms = median_ms(tf32_step, "cupy", 1, n_steps)
-    mem = peak_step_bytes(tf32_step, "cupy")
-    rows = [{"network": net, "batch": batch, "implementation": f"{impl}, TF32 mode", "step_ms": ms,
-             "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(tf32_step),
-             "peak_gib": mem["peak"] / 2.0**30, "reserved_gib": mem["reserved"] / 2.0**30,
-             "max_err": errors.get(worst, float("nan")), "worst_tensor": worst, "bound": bound,
-             "torch_fp32_max_err": max(yardstick.values())}]
+    yardstick = torch_fp32_errors(model, torch_model(net, 1000), x_np, y_np, "cuda", reference, tf32=True)
+    verdict = checked(failures, f"{net} {impl} TF32 mode step", errors, yardstick, "TF32", TF32_STEP_CAP)
+    rows = [step_row(net, batch, f"{impl}, TF32 mode", tf32_step, n_steps, **verdict)]
     graphed = mt.graphs.GraphedStep(model, crit, opt)   # captured in TF32 mode (the settings key it)
 
     def graph_step():
@@ -496,12 +486,8 @@ def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps
             graphed(x, y_np)
     graph_step()
     graph_step()
-    ms = median_ms(graph_step, "cupy", 1, n_steps)
-    mem = peak_step_bytes(graph_step, "cupy", [graphed.pool])
-    rows.append({"network": net, "batch": batch, "implementation": f"{impl}, CUDA graph, TF32 mode", "step_ms": ms,
-                 "images_per_s": batch / ms * 1e3, "kernel_fraction": kernel_fraction(graph_step),
-                 "peak_gib": mem["peak"] / 2.0**30, "reserved_gib": mem["reserved"] / 2.0**30,
-                 "graph_captures": graphed.captures})
+    rows.append(step_row(net, batch, f"{impl}, CUDA graph, TF32 mode", graph_step, n_steps, [graphed.pool],
+                         graph_captures=graphed.captures))
     del graphed
     cp.get_default_memory_pool().free_all_blocks()
     return rows

@@ -20,7 +20,7 @@ GEOMETRIES = [((4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1)),
               ((4, 16, 7, 7), (8, 16, 1, 1), (1, 1), (0, 0))]
 
 
-def _args(cp, pass_name, x, w, gy):
+def _args(pass_name, x, w, gy):
     return {"fprop": (x, w), "bprop": (gy, w, x.shape), "accgrad": (gy, x, w.shape)}[pass_name]
 
 
@@ -69,7 +69,7 @@ def test_numpy_calls_take_the_full_path_every_time(chosen):
     x, w, gy, ref = _data(xs, ws, s, p, 1)
     for _ in range(2):
         for pn in backends.PASSES:
-            assert rel_error(_run("gemm", pn, _args(np, pn, x, w, gy), xs, ws, s, p), ref[pn]) <= 1e-5
+            assert rel_error(_run("gemm", pn, _args(pn, x, w, gy), xs, ws, s, p), ref[pn]) <= 1e-5
     assert len(chosen) == 6
     assert not [k for k in backends._prepared if k[1:4] == ("fprop", xs, ws)]
 
@@ -88,7 +88,7 @@ def test_later_calls_are_prepared_and_agree(name, xs, ws, stride, padding, setti
     cp = _need(name)
     settings(tune_cache=str(tmp_path / "t.json"), tf32=False)
     x, w, gy, ref = _data(xs, ws, stride, padding, 2)
-    args = {pn: _args(cp, pn, *(cp.asarray(a) for a in (x, w, gy))) for pn in backends.PASSES}
+    args = {pn: _args(pn, *(cp.asarray(a) for a in (x, w, gy))) for pn in backends.PASSES}
     for pn in backends.PASSES:
         first = _run(name, pn, args[pn], xs, ws, stride, padding)
         assert (name, pn, xs, ws, stride, padding, config.state()) in backends._prepared or name == "auto" \
@@ -118,7 +118,7 @@ def test_pointwise_form_is_run_directly(form, case, runner, settings, tmp_path, 
     monkeypatch.setattr(cp, "empty", lambda shape, dtype=float: cp.full(shape, cp.nan, dtype))
     x, w, gy, ref = _data(xs, ws, stride, padding, 3)
     for pn in ("fprop", "bprop"):
-        args = _args(cp, pn, *(cp.asarray(a) for a in (x, w, gy)))
+        args = _args(pn, *(cp.asarray(a) for a in (x, w, gy)))
         first = _run("gemm", pn, args, xs, ws, stride, padding)
         entry = backends._prepared[("gemm", pn, xs, ws, stride, padding, config.state())]
         assert runner in entry.run.__qualname__
