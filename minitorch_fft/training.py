@@ -10,15 +10,22 @@ import contextlib
 
 import backends
 
+from . import functional as F
+
 
 def train_step(model, criterion, optimizer, x, y, reuse_spectra=True, sync=None):
     """Run one step on batch x (a Tensor) with targets y; returns (loss, logits) as Tensors.
     sync: a distributed.GradientSync (data-parallel): gradients are averaged over the ranks as
     backward produces them, and the average is complete before the update.
 
-    Nothing here waits for the GPU: reading loss.item() or the logits is the caller's sync point."""
+    Nothing here waits for this step's GPU work: reading loss.item() or the logits is the caller's
+    sync point. Targets on the GPU have their range checked at the loss through two reductions
+    queued before the forward pass, so that check waits for what was queued before this step
+    (functional.TargetBounds); host targets are checked on the host."""
     scope = backends.reuse_spectra() if reuse_spectra else contextlib.nullcontext()
-    with scope:
+    # Targets on the GPU: their range reduced before the forward is queued, so that the loss's
+    # check does not wait for the forward pass (functional.TargetBounds)
+    with scope, F.targets_ahead(F.target_bounds(y)):
         logits = model(x)
         loss = criterion(logits, y)
         optimizer.zero_grad()

@@ -325,6 +325,73 @@ def test_host_targets_with_gpu_logits_are_checked_on_the_host_and_give_the_same_
         crit(x, np.array([1, 2, 3, 10]))
 
 
+def test_a_loss_checks_targets_through_the_bounds_queued_for_them_and_no_others(monkeypatch):
+    """Inside functional.targets_ahead(b), a loss on b.target asks b for the range check (the
+    reductions train_step queued before the forward); a loss on any other targets runs
+    check_target_range as before, and outside the block b is never asked."""
+    import minitorch_fft.functional as F
+    asked, ranged = [], []
+
+    class Bounds:
+        def __init__(self, target):
+            self.target = target
+
+        def check(self, n_classes):
+            asked.append(n_classes)
+            raise ValueError("from the bounds")
+
+    monkeypatch.setattr(F, "check_target_range", lambda t, n: ranged.append(n))
+    x = mt.Tensor(np.zeros((4, 10), np.float32))
+    y, other = np.array([1, 2, 3, 4]), np.array([0, 0, 0, 0])
+    with F.targets_ahead(Bounds(y)):
+        with pytest.raises(ValueError, match="from the bounds"):
+            mt.CrossEntropyCriterion()(x, y)
+        assert asked == [10] and ranged == []
+        mt.CrossEntropyCriterion()(x, other)
+        assert ranged == [10]
+    mt.CrossEntropyCriterion()(x, y)
+    assert asked == [10] and ranged == [10, 10]
+
+
+def test_host_targets_queue_no_bounds():
+    """Only 1-D integer CuPy targets get reductions queued ahead; host targets, Tensors, lists and
+    float arrays go to the loss's own check (and its errors) unchanged."""
+    import minitorch_fft.functional as F
+    for target in (np.array([1, 2]), [1, 2], np.array([1.0, 2.0]), mt.Tensor(np.zeros(2, np.float32))):
+        assert F.target_bounds(target) is None
+
+
+@pytest.mark.gpu
+def test_device_targets_in_a_step_are_checked_without_waiting_for_the_forward(monkeypatch):
+    """train_step with targets on the GPU: their range comes from two reductions queued before the
+    forward (functional.TargetBounds), never from check_target_range at the loss, which would wait
+    for the whole forward pass. The step equals one with host targets; targets out of range are
+    refused, naming the range and the values, before backward or the update changes anything."""
+    import cupy as cp
+    import minitorch_fft.functional as F
+    x, y = _batches(1)[0]
+    results = []
+    for on_device in (False, True):
+        mt.manual_seed(0)
+        model = _net("gemm").to("cuda")
+        opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        crit = mt.CrossEntropyCriterion()
+        if on_device:
+            monkeypatch.setattr(F, "check_target_range", lambda t, n: pytest.fail("waited for the forward"))
+        loss, _ = mt.train_step(model, crit, opt, mt.Tensor(cp.asarray(x)), cp.asarray(y) if on_device else y)
+        results.append((loss.item(), [p.data.get() for p in model.parameters()]))
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1], results[1][1]):
+        np.testing.assert_array_equal(a, b)
+    kept = [p.data.copy() for p in model.parameters()]
+    for bad in (np.where(np.arange(16) == 3, 10, y), np.where(np.arange(16) == 5, -2, y)):
+        with pytest.raises(ValueError, match=rf"targets must lie in \[0, 10\), got values in "
+                                             rf"\[{bad.min()}, {bad.max()}\]"):
+            mt.train_step(model, crit, opt, mt.Tensor(cp.asarray(x)), cp.asarray(bad))
+        for before, p in zip(kept, model.parameters()):
+            assert cp.array_equal(before, p.data)
+
+
 @pytest.mark.gpu
 def test_bad_batches_are_refused_before_the_replay():
     import cupy as cp
