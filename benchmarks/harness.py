@@ -231,11 +231,12 @@ def torch_model(name, num_classes):
         nn.Linear(4096, num_classes))
 
 
-def torch_gradients(model, torch_net, x_np, y_np, dtype, torch_device="cpu"):
+def torch_gradients(model, torch_net, x_np, y_np, dtype, torch_device="cpu", branch=None):
     """(loss, [weight gradients]) of a copy of `torch_net` in `dtype` that carries our model's
     weights and buffers (batch norms' running statistics; copied in order, shapes checked), in
     eval mode (dropout is random in each framework), on x_np and y_np; the gradients as float64
-    CPU tensors."""
+    CPU tensors. branch: an OurBranch recorded from our model's forward on the same batch, which
+    the copy then takes at every ReLU and max-pool (its flips are counted in the branch)."""
     import copy
 
     import torch
@@ -248,10 +249,143 @@ def torch_gradients(model, torch_net, x_np, y_np, dtype, torch_device="cpu"):
     with torch.no_grad():
         for p, q in zip(ours, [*net.parameters(), *net.buffers()]):
             q.copy_(torch.as_tensor(mt.to_device(p.data, "cpu")))
-    x = torch.as_tensor(x_np, dtype=dtype, device=torch_device)
-    loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device=torch_device))
+    handles = [] if branch is None else branch.replay(net)
+    try:
+        x = torch.as_tensor(x_np, dtype=dtype, device=torch_device)
+        loss = torch.nn.functional.cross_entropy(net(x), torch.as_tensor(y_np, device=torch_device))
+    finally:
+        for h in handles:
+            h.remove()
+    if branch is not None:
+        branch.check_all_taken()
     loss.backward()
     return loss.item(), [q.grad.detach().double().cpu() for q in net.parameters()]
+
+
+# -- the branch at the kinks ---------------------------------------------------------------------
+# A ReLU's gradient switches where its input crosses 0, a max-pool's where two inputs of a window
+# tie. An input within rounding of a kink may fall on either side in fp32 and in float64, and the
+# two gradients then differ by a whole term, whoever computes them: VGG-16's conv1 weight gradient
+# is 1.5e-2 from float64 in PyTorch float32 (H100, session 21), while every conv pass of ours is
+# within 1e-5 of it. A check of the arithmetic has the references take the tested net's branch.
+
+KINK_TOL = 1e-4   # a flip this far (relative to its call's input RMS) from the kink is not rounding
+
+
+def kinked_modules(net):
+    """(name, module) of a PyTorch net's ReLUs and max-pools, the modules where a branch is taken."""
+    import torch
+    return [(name, m) for name, m in net.named_modules() if isinstance(m, (torch.nn.ReLU, torch.nn.MaxPool2d))]
+
+
+def replay_branch(net, take, flips, too_large, tol=KINK_TOL):
+    """Forward hooks that make PyTorch `net` take a recorded branch: each ReLU (made out of place, so
+    the hook sees its input) returns input * mask, each max-pool gathers the recorded argmax, where
+    take(name, module) gives this call's mask (bool, the input's shape) or indices (int64, the
+    output's, flat over each plane as max_pool2d's return_indices). Each call also measures its own
+    branch against the recorded one: a ReLU input on the other side of 0, or a window whose own
+    maximum is above the recorded element, is a flip of size |input| (or the gap) over the RMS of
+    the call's input, appended to `flips` as (name, size), and to `too_large` above `tol`.
+    Returns the handles (remove() them to end the replay)."""
+    import torch
+    handles = []
+    for name, m in kinked_modules(net):
+        if isinstance(m, torch.nn.ReLU):
+            m.inplace = False
+
+        def hook(m, inp, out, name=name):
+            x, kept = inp[0], take(name, m)
+            relu = isinstance(m, torch.nn.ReLU)
+            if tuple(kept.shape) != tuple((x if relu else out).shape):
+                raise ValueError(f"branch replay: {name} recorded {tuple(kept.shape)}, the reference's call has "
+                                 f"{tuple((x if relu else out).shape)} (another architecture, or calls out of order)")
+            kept = kept.to(x.device)
+            rms = float(x.detach().double().pow(2).mean().sqrt()) or 1.0
+            if relu:
+                replayed = x * kept.to(x.dtype)
+                gaps = x.detach()[(x.detach() > 0) != kept].abs()
+            else:
+                replayed = x.flatten(2).gather(2, kept.flatten(2)).view(kept.shape)
+                gaps = out.detach() - replayed.detach()
+                gaps = gaps[gaps > 0]
+            for gap in gaps.double().cpu().tolist():
+                flips.append((name, gap / rms))
+                if gap / rms > tol:
+                    too_large.append((name, gap / rms))
+            return replayed
+        handles.append(m.register_forward_hook(hook))
+    return handles
+
+
+class OurBranch:
+    """Our model's branch at its kinks, for torch_gradients to replay in a PyTorch copy:
+
+        branch = OurBranch()
+        with branch.recording():       # our forward: each ReLU's mask and each max-pool's argmax,
+            model(x)                   # in call order (relu, add_relu, max_pool2d)
+        torch_gradients(model, torch_net, x_np, y_np, torch.float64, "cuda", branch=branch)
+
+    The zoo's models and torchvision's call their ReLUs and max-pools in the same order (ResNet's
+    add_relu is torchvision's block.relu after the sum), so the i-th ReLU call of ours is the i-th
+    ReLU call there; shapes are checked at each. Each replay starts from the first call, and counts
+    its flips (flips, too_large: see replay_branch) into `flips` and `too_large`."""
+
+    def __init__(self):
+        self.masks, self.indices, self.flips, self.too_large = [], [], [], []
+        self._next = None
+
+    def recording(self):
+        import contextlib
+
+        import torch.nn.functional as TF
+
+        import minitorch_fft.functional as F
+        relu, add_relu, max_pool2d = F.relu, F.add_relu, F.max_pool2d
+
+        def mask(y):
+            self.masks.append(_torch(y.data) > 0)
+            return y
+
+        def pool(x, kernel_size, stride=None, padding=0):
+            y = max_pool2d(x, kernel_size, stride, padding)
+            self.indices.append(TF.max_pool2d(_torch(x.data), kernel_size, stride, padding,
+                                              return_indices=True)[1])
+            return y
+
+        @contextlib.contextmanager
+        def block():
+            F.relu, F.add_relu, F.max_pool2d = lambda x: mask(relu(x)), lambda a, b: mask(add_relu(a, b)), pool
+            try:
+                yield self
+            finally:
+                F.relu, F.add_relu, F.max_pool2d = relu, add_relu, max_pool2d
+        return block()
+
+    def replay(self, net):
+        """Hooks on PyTorch `net` that take this branch from its first call (replay_branch)."""
+        import torch
+        masks, indices = iter(self.masks), iter(self.indices)
+        self._next = (masks, indices)
+
+        def take(name, m):
+            try:
+                return next(masks if isinstance(m, torch.nn.ReLU) else indices)
+            except StopIteration:
+                raise ValueError(f"branch replay: {name} is called more often than ours recorded "
+                                 f"({len(self.masks)} ReLU, {len(self.indices)} max-pool calls)") from None
+        return replay_branch(net, take, self.flips, self.too_large)
+
+    def check_all_taken(self):
+        """ValueError unless the last replay took every recorded call (the same architecture)."""
+        left = [sum(1 for _ in it) for it in self._next]
+        if any(left):
+            raise ValueError(f"branch replay: {left[0]} ReLU and {left[1]} max-pool calls of ours were never "
+                             "reached in the reference (another architecture?)")
+
+    def report(self):
+        """One line: how many kinks went the other way in the replays, and the largest (relative)."""
+        worst = max((size for _, size in self.flips), default=0.0)
+        return f"{len(self.flips)} kink(s) on the other side, the largest {worst:.1e} of its input's RMS"
 
 
 def step_errors(model, got, ref):
@@ -269,28 +403,42 @@ def step_check(model, torch_net, x_np, y_np, torch_device="cpu", reference=None)
     torch_net is not used), both in eval mode.
     Our model runs on the device its parameters are on. Gradients are left zeroed afterwards."""
     import torch
-
-    import minitorch_fft as mt
     if reference is None:
         reference = torch_gradients(model, torch_net, x_np, y_np, torch.float64, torch_device)
+    return step_errors(model, our_gradients(model, x_np, y_np), reference)
+
+
+def our_gradients(model, x_np, y_np, branch=None):
+    """(loss, [weight gradients]) of our model on x_np and y_np in eval mode, as torch_gradients
+    gives PyTorch's (float64 CPU tensors), on the device its parameters are on; `branch` (an
+    OurBranch) records the forward's branch. Gradients are left zeroed afterwards."""
+    import contextlib
+
+    import torch
+
+    import minitorch_fft as mt
     xp = model.parameters()[0].xp
     model.eval()
     model.zero_grad()
-    loss = mt.CrossEntropyCriterion()(model(mt.Tensor(xp.asarray(x_np))), xp.asarray(y_np))
-    loss.backward()
-    ours = (float(loss.item()), [torch.as_tensor(mt.to_device(p.grad, "cpu"), dtype=torch.float64)
-                                 for p in model.parameters()])
-    model.zero_grad()
-    model.train()
-    return step_errors(model, ours, reference)
+    try:
+        with branch.recording() if branch is not None else contextlib.nullcontext():
+            logits = model(mt.Tensor(xp.asarray(x_np)))
+        loss = mt.CrossEntropyCriterion()(logits, xp.asarray(y_np))
+        loss.backward()
+        return (float(loss.item()), [torch.as_tensor(mt.to_device(p.grad, "cpu"), dtype=torch.float64)
+                                     for p in model.parameters()])
+    finally:
+        model.zero_grad()
+        model.train()
 
 
-def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", reference=None, tf32=False):
+def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", reference=None, tf32=False, branch=None):
     """{name: relative error} of PyTorch float32 against PyTorch float64 (`reference` if already
     computed), both on our model's weights, batch and labels (torch_gradients): the error fp32
     arithmetic itself makes here, with cuDNN and cuBLAS strict (no TF32; tf32=True: PyTorch's TF32
     defaults, the yardstick of our TF32 mode) and cuDNN's heuristic algorithms (its benchmark
-    search off, so no approximate algorithm it might time as fastest)."""
+    search off, so no approximate algorithm it might time as fastest). branch: both take our
+    model's recorded branch (OurBranch), so that the yardstick is rounding alone."""
     import torch
     saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
              torch.backends.cudnn.benchmark)
@@ -299,8 +447,8 @@ def torch_fp32_errors(model, torch_net, x_np, y_np, torch_device="cpu", referenc
     torch.backends.cudnn.benchmark = False
     try:
         if reference is None:
-            reference = torch_gradients(model, torch_net, x_np, y_np, torch.float64, torch_device)
-        got = torch_gradients(model, torch_net, x_np, y_np, torch.float32, torch_device)
+            reference = torch_gradients(model, torch_net, x_np, y_np, torch.float64, torch_device, branch)
+        got = torch_gradients(model, torch_net, x_np, y_np, torch.float32, torch_device, branch)
     finally:
         (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
          torch.backends.cudnn.benchmark) = saved

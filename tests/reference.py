@@ -6,6 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as TF
 
+from benchmarks.harness import kinked_modules, replay_branch
 from minitorch_fft.device import to_device
 
 
@@ -73,12 +74,8 @@ class Kinks:
     def __init__(self):
         self.recorded, self.flips, self.too_large, self._handles = {}, [], [], []
 
-    @staticmethod
-    def _kinked(model):
-        return [(name, m) for name, m in model.named_modules() if isinstance(m, (torch.nn.ReLU, torch.nn.MaxPool2d))]
-
     def record(self, model):
-        for name, m in self._kinked(model):
+        for name, m in kinked_modules(model):
             self.recorded[name] = []
 
             def hook(m, inp, out, calls=self.recorded[name]):
@@ -91,29 +88,19 @@ class Kinks:
 
     def replay(self, model, tol=1e-4):
         """From now on `model`'s forward takes the recorded branch (one forward per record)."""
-        for name, m in self._kinked(model):
+        calls = {}
+        for name, _ in kinked_modules(model):
             if name not in self.recorded:
                 raise ValueError(f"Kinks.replay: {name} was not recorded (another architecture?)")
-            if isinstance(m, torch.nn.ReLU):
-                m.inplace = False
-            calls = iter(self.recorded[name])
+            calls[name] = iter(self.recorded[name])
 
-            def hook(m, inp, out, name=name, calls=calls):
-                x, kept = inp[0], next(calls)
-                rms = float(x.detach().double().pow(2).mean().sqrt()) or 1.0
-                if isinstance(m, torch.nn.ReLU):
-                    replayed = x * kept.to(x.dtype)
-                    gaps = x.detach()[(x.detach() > 0) != kept].abs()
-                else:
-                    replayed = x.flatten(2).gather(2, kept.flatten(2)).view(kept.shape)
-                    gaps = (out.detach() - replayed.detach())
-                    gaps = gaps[gaps > 0]
-                for gap in gaps.double().cpu().tolist():
-                    self.flips.append((name, gap / rms))
-                    if gap / rms > tol:
-                        self.too_large.append((name, gap / rms))
-                return replayed
-            self._handles.append(m.register_forward_hook(hook))
+        def take(name, m):
+            try:
+                return next(calls[name])
+            except StopIteration:
+                raise ValueError(f"Kinks.replay: {name} is called more often than it was recorded "
+                                 f"({len(self.recorded[name])} calls; one forward per record)") from None
+        self._handles += replay_branch(model, take, self.flips, self.too_large, tol)
 
     def report(self):
         """One line: how many kinks the two runs took differently, and the largest (relative)."""

@@ -631,6 +631,45 @@ def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
 
 
+def test_our_branch_is_replayed_in_the_reference_and_a_far_flip_is_reported():
+    """paper.step's branch_errors on the CPU (AlexNet, 10 classes, 2 images): the float64 and
+    float32 references take our forward's branch at its 7 ReLUs and 3 max-pools, and then agree
+    with ours far below STEP_TOL; a mask entry changed where the input is far from 0 is a flip
+    above KINK_TOL (a forward error, not rounding) and moves the gradients; a branch recorded
+    from one architecture is refused by another."""
+    import numpy as np
+    import torch
+
+    import minitorch_fft as mt
+    import models
+    from benchmarks import harness, paper
+    mt.manual_seed(0)
+    net = models.get("alexnet", num_classes=10, backend="gemm")
+    x = np.random.default_rng(0).standard_normal((2, 3, 224, 224), dtype=np.float32)
+    y = np.array([3, 7])
+    branch = harness.OurBranch()
+    ours = harness.our_gradients(net, x, y, branch)
+    assert len(branch.masks) == 7 and len(branch.indices) == 3
+    assert all(p.grad is None for p in net.parameters()) and net.training
+    reference = harness.torch_gradients(net, harness.torch_model("alexnet", 10), x, y, torch.float64, branch=branch)
+    errors = harness.step_errors(net, ours, reference)
+    assert max(errors.values()) < 1e-5, errors
+    assert not branch.too_large and all(size <= harness.KINK_TOL for _, size in branch.flips)
+    yardstick = harness.torch_fp32_errors(net, harness.torch_model("alexnet", 10), x, y, reference=reference,
+                                          branch=branch)
+    assert max(yardstick.values()) < 1e-5, yardstick
+    # The first ReLU's mask recorded inverted: every input is then a flip, most far from 0
+    branch.masks[0] = ~branch.masks[0]
+    wrong = harness.torch_gradients(net, harness.torch_model("alexnet", 10), x, y, torch.float64, branch=branch)
+    assert len(branch.too_large) > 1000 and max(size for _, size in branch.too_large) > 1.0
+    assert harness.step_errors(net, ours, wrong)["features.0.weight"] > 0.1
+    failures = []
+    paper.checked(failures, "alexnet", errors, yardstick, branch.flips, "float32")
+    assert len(failures) == 1 and "other side of the kink" in failures[0]
+    with pytest.raises(ValueError, match="differ in order or shape|recorded|never reached|more often"):
+        harness.torch_gradients(net, harness.torch_model("overfeat_fast", 10), x, y, torch.float64, branch=branch)
+
+
 def test_step_check_carries_the_running_statistics_over():
     """paper.step checks a ResNet after a training step has moved its batch norms' running
     statistics: the check (evaluation mode) copies them into torchvision's model with the
