@@ -6,13 +6,16 @@ graph, 50 % of it in GPU kernels, where the strict step was 8.38 against 7.36 (7
 the step as benchmarks.paper's step does (strict first, its CUDA graph captured and kept, then the
 TF32 mode on the same model) and, for each mode, reports:
 
-- the step's median time (CUDA events) and its issue time (the host clock around a step that
-  starts on an idle GPU, nothing waited for);
+- the step's median time (CUDA events), the same over five steps back to back, and its issue time
+  (the host clock around a step that starts on an idle GPU: as long as the step where the host
+  waits for the GPU inside it);
 - the device allocations (cudaMalloc through CuPy's pool) a step makes, and the pool's blocks;
 - a cProfile of `--profile-steps` steps: the functions with the most own time;
 - auto's choices.
 
 Run it twice on one cache: the first run tunes in-process, the second reads every choice.
+Session 21 (H100): neither was reliably faster, and the issue time showed the wait that was the
+cause: the loss's range check of device targets (b00c402; benchmarks/NOTES.md, session 21).
 
   MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_step_host --net alexnet
   MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_step_host --net alexnet
