@@ -585,7 +585,8 @@ def check_target_range(t, n_classes):
 class TargetBounds:
     """The smallest and largest class index of integer targets on the GPU, reduced there and
     copied to pinned host memory without waiting, so that train_step can queue them ahead of the
-    forward pass. The loss's range check then waits for these two reductions alone.
+    forward pass. The loss's range check then waits for what was queued before them (the previous
+    step's work, on the same stream), not for this step's forward.
 
     check_target_range, run at the loss, waits for everything queued before it: the whole forward
     pass. A host-bound eager step then issues its backward only after the GPU has finished the

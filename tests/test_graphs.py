@@ -366,7 +366,8 @@ def test_device_targets_in_a_step_are_checked_without_waiting_for_the_forward(mo
     """train_step with targets on the GPU: their range comes from two reductions queued before the
     forward (functional.TargetBounds), never from check_target_range at the loss, which would wait
     for the whole forward pass. The step equals one with host targets; targets out of range are
-    refused, naming the range and the values, before backward or the update changes anything."""
+    refused, naming the range and the values, before backward or the update changes a parameter
+    (the forward has run by then, as before: dropout's stream and batch norms' statistics moved)."""
     import cupy as cp
     import minitorch_fft.functional as F
     x, y = _batches(1)[0]
