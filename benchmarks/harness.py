@@ -20,6 +20,7 @@ timing, provenance and result files.
 
 Settings come from backends.config only; nothing here reads the environment.
 """
+import contextlib
 import datetime
 import gc
 import json
@@ -334,9 +335,8 @@ class OurBranch:
         self.masks, self.indices, self.flips, self.too_large = [], [], [], []
         self._next = None
 
+    @contextlib.contextmanager
     def recording(self):
-        import contextlib
-
         import torch.nn.functional as TF
 
         import minitorch_fft.functional as F
@@ -352,14 +352,11 @@ class OurBranch:
                                               return_indices=True)[1])
             return y
 
-        @contextlib.contextmanager
-        def block():
-            F.relu, F.add_relu, F.max_pool2d = lambda x: mask(relu(x)), lambda a, b: mask(add_relu(a, b)), pool
-            try:
-                yield self
-            finally:
-                F.relu, F.add_relu, F.max_pool2d = relu, add_relu, max_pool2d
-        return block()
+        F.relu, F.add_relu, F.max_pool2d = lambda x: mask(relu(x)), lambda a, b: mask(add_relu(a, b)), pool
+        try:
+            yield self
+        finally:
+            F.relu, F.add_relu, F.max_pool2d = relu, add_relu, max_pool2d
 
     def replay(self, net):
         """Hooks on PyTorch `net` that take this branch from its first call (replay_branch)."""
@@ -382,10 +379,11 @@ class OurBranch:
             raise ValueError(f"branch replay: {left[0]} ReLU and {left[1]} max-pool calls of ours were never "
                              "reached in the reference (another architecture?)")
 
-    def report(self):
-        """One line: how many kinks went the other way in the replays, and the largest (relative)."""
-        worst = max((size for _, size in self.flips), default=0.0)
-        return f"{len(self.flips)} kink(s) on the other side, the largest {worst:.1e} of its input's RMS"
+
+def flip_report(flips):
+    """One line on replay_branch's `flips`: how many kinks went the other way, and the largest."""
+    worst = max((size for _, size in flips), default=0.0)
+    return f"{len(flips)} kink(s) on the other side, the largest {worst:.1e} of its input's RMS"
 
 
 def step_errors(model, got, ref):
@@ -412,8 +410,6 @@ def our_gradients(model, x_np, y_np, branch=None):
     """(loss, [weight gradients]) of our model on x_np and y_np in eval mode, as torch_gradients
     gives PyTorch's (float64 CPU tensors), on the device its parameters are on; `branch` (an
     OurBranch) records the forward's branch. Gradients are left zeroed afterwards."""
-    import contextlib
-
     import torch
 
     import minitorch_fft as mt

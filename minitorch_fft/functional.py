@@ -604,7 +604,8 @@ class TargetBounds:
         self._done.record()
 
     def check(self, n_classes):
-        """ValueError unless every index lies in [0, n_classes): waits for the copy alone."""
+        """ValueError unless every index lies in [0, n_classes): waits for the copy (and the work
+        queued before it), not for what was queued after."""
         self._done.synchronize()
         low, high = int(self._host[0]), int(self._host[1])
         if low < 0 or high >= n_classes:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as TF
 
-from benchmarks.harness import kinked_modules, replay_branch
+from benchmarks.harness import flip_report, kinked_modules, replay_branch
 from minitorch_fft.device import to_device
 
 
@@ -104,8 +104,7 @@ class Kinks:
 
     def report(self):
         """One line: how many kinks the two runs took differently, and the largest (relative)."""
-        worst = max((size for _, size in self.flips), default=0.0)
-        return f"{len(self.flips)} kink(s) on the other side, the largest {worst:.1e} of its input's RMS"
+        return flip_report(self.flips)
 
     def remove(self):
         for h in self._handles:
