@@ -602,11 +602,20 @@ class TargetBounds:
         self._device.get(out=self._host, blocking=False)
         self._done = cp.cuda.Event(block=False, disable_timing=True)
         self._done.record()
+        self._settled = False
+
+    def settle(self):
+        """Wait for the copy if check() never did (the step raised before its loss): CuPy's pinned
+        pool may hand the block out again as soon as this object is dropped."""
+        if not self._settled:
+            self._done.synchronize()
+            self._settled = True
 
     def check(self, n_classes):
         """ValueError unless every index lies in [0, n_classes): waits for the copy (and the work
         queued before it), not for what was queued after."""
         self._done.synchronize()
+        self._settled = True
         low, high = int(self._host[0]), int(self._host[1])
         if low < 0 or high >= n_classes:
             raise ValueError(f"targets must lie in [0, {n_classes}), got values in [{low}, {high}]")
@@ -630,6 +639,8 @@ def targets_ahead(bounds):
         yield
     finally:
         _targets_ahead = saved
+        if bounds is not None:
+            bounds.settle()
 
 
 class NLLFn(Function):

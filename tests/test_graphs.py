@@ -340,6 +340,9 @@ def test_a_loss_checks_targets_through_the_bounds_queued_for_them_and_no_others(
             asked.append(n_classes)
             raise ValueError("from the bounds")
 
+        def settle(self):
+            pass
+
     monkeypatch.setattr(F, "check_target_range", lambda t, n: ranged.append(n))
     x = mt.Tensor(np.zeros((4, 10), np.float32))
     y, other = np.array([1, 2, 3, 4]), np.array([0, 0, 0, 0])
@@ -351,6 +354,26 @@ def test_a_loss_checks_targets_through_the_bounds_queued_for_them_and_no_others(
         assert ranged == [10]
     mt.CrossEntropyCriterion()(x, y)
     assert asked == [10] and ranged == [10, 10]
+
+
+def test_bounds_never_read_are_settled_when_the_block_ends():
+    """A step that raises before its loss leaves its TargetBounds unread: targets_ahead's exit
+    settles it (waits for its copy into pinned memory), whether the block ends normally or raises."""
+    import minitorch_fft.functional as F
+    settled = []
+
+    class Bounds:
+        target = None
+
+        def settle(self):
+            settled.append(True)
+
+    with F.targets_ahead(Bounds()):
+        pass
+    with pytest.raises(RuntimeError, match="forward failed"):
+        with F.targets_ahead(Bounds()):
+            raise RuntimeError("forward failed")
+    assert settled == [True, True]
 
 
 def test_host_targets_queue_no_bounds():
