@@ -10,6 +10,11 @@ answers: is PyTorch's speed a plan we refuse (workspace, check), one we never li
 
   PYTHONPATH=. python3 benchmarks/experiments/exp_cudnn_plans.py --layer vgg16.conv1_2 --pass accgrad
   PYTHONPATH=. python3 benchmarks/experiments/exp_cudnn_plans.py --layer resnet18.1x1.64-128.s2 --pass bprop
+  PYTHONPATH=. python3 benchmarks/experiments/exp_cudnn_plans.py --geometry 128,128,512,28,1,1,0 --pass fprop --tf32
+
+--geometry S,f,f',hw,k,stride,pad names a layer outside bench_cudnn's LAYERS; --tf32 lists the plans
+of the framework's TF32 mode (TENSOR_CORE engines admitted, checked to cgemm.TF32_TOL) beside
+PyTorch's cuDNN TF32 (session 22: ResNet-50's conv14 fprop, 0.966x in table3).
 """
 import argparse
 import json
@@ -26,7 +31,10 @@ SLOW = 5   # a plan whose first run is over 5x the best median so far is not tim
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--layer", required=True, choices=list(LAYERS))
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--layer", choices=list(LAYERS))
+    where.add_argument("--geometry", help="S,f,f',hw,k,stride,pad")
+    ap.add_argument("--tf32", action="store_true")
     ap.add_argument("--pass", dest="pass_name", required=True, choices=["fprop", "bprop", "accgrad"])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", help="append the result as one JSON line to this file")
@@ -35,10 +43,15 @@ def main(argv=None):
     import cupy as cp
     import torch
 
-    from backends import config, cudnn, tuning
+    from backends import cgemm, config, cudnn, tuning
     from backends.common import geometry
 
-    S, f, fo, hw, k, s, p = LAYERS[args.layer]
+    if args.geometry:
+        args.layer = args.geometry
+        S, f, fo, hw, k, s, p = (int(v) for v in args.geometry.split(","))
+    else:
+        S, f, fo, hw, k, s, p = LAYERS[args.layer]
+    math, tol = ("tf32", cgemm.TF32_TOL) if args.tf32 else ("fp32", cudnn.CHECK_TOL)
     stride, pad = (s, s), (p, p)
     g = geometry((S, f, hw, hw), (fo, f, k, k), stride, pad)
     rng = cp.random.default_rng(7)
@@ -52,7 +65,7 @@ def main(argv=None):
     handle = cudnn._handle(cp, front)
     reference = cudnn._reference(args.pass_name, g, a, b)
     limit = config.mib_bytes("cudnn_workspace_mb")
-    graph, uids = cudnn._planned_graph(front, handle, args.pass_name, g, "fp32", UNBOUNDED, cudnn.HEURISTICS,
+    graph, uids = cudnn._planned_graph(front, handle, args.pass_name, g, math, UNBOUNDED, cudnn.HEURISTICS,
                                        every_engine=True)
     rows, best = [], [float("inf")]
     for name, index in cudnn._plan_indices(graph).items():
@@ -75,19 +88,20 @@ def main(argv=None):
                 best[0] = min(best[0], row["ms"])
         except Exception as e:  # noqa: BLE001
             row["build"] = f"run failed: {type(e).__name__}: {e}"[:80]
-        row["searchable"] = (plan.workspace <= limit and row.get("err", 1.0) <= cudnn.CHECK_TOL)
+        row["searchable"] = (plan.workspace <= limit and row.get("err", 1.0) <= tol)
         rows.append(row)
         del out
 
     fn = {"fprop": cudnn.fprop, "bprop": cudnn.bprop, "accgrad": cudnn.accgrad}[args.pass_name]
     call = {"fprop": lambda: fn(x, w, stride, pad), "bprop": lambda: fn(gy, w, x.shape, stride, pad),
             "accgrad": lambda: fn(gy, x, w.shape, stride, pad)}[args.pass_name]
-    call()
-    chosen = {key[1]: plan for key, plan in cudnn.built().items()}.get(args.pass_name)
-    ours_ms = median_ms(call, "cupy", 2, args.repeat * 2)
+    with config.override(tf32=args.tf32):
+        call()
+        chosen = cudnn.built().get(cudnn._plan_key(cp, args.pass_name, g))
+        ours_ms = median_ms(call, "cupy", 2, args.repeat * 2)
 
     torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     xt, wt, gyt = (torch.from_dlpack(t) for t in (x, w, gy))
 
@@ -101,7 +115,7 @@ def main(argv=None):
 
     rows.sort(key=lambda r: r.get("ms", float("inf")))
     print(f"# {args.layer} {args.pass_name}: ours (cudnn backend, chosen {chosen}) {ours_ms:.3f} ms, "
-          f"PyTorch strict {torch_ms:.3f} ms, ratio {torch_ms / ours_ms:.3f}; workspace bound {limit / 2**20:.0f} MiB")
+          f"PyTorch {'TF32' if args.tf32 else 'strict'} {torch_ms:.3f} ms, ratio {torch_ms / ours_ms:.3f}; workspace bound {limit / 2**20:.0f} MiB")
     print("| plan | ms | rel err vs gemm | workspace MiB | our search may take it | note |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -111,7 +125,7 @@ def main(argv=None):
               f"{r.get('build', '')} |")
     if args.json:
         with open(args.json, "a") as fh:
-            fh.write(json.dumps({"layer": args.layer, "pass": args.pass_name, "ours_ms": ours_ms,
+            fh.write(json.dumps({"layer": args.layer, "pass": args.pass_name, "tf32": args.tf32, "ours_ms": ours_ms,
                                  "torch_ms": torch_ms, "chosen": chosen, "plans": rows}) + "\n")
 
 

@@ -258,7 +258,7 @@ def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out):
         out[label] = {"host_ms": host_ms, "wall_ms": (time.perf_counter() - t0) / steps * 1e3,
                       "peak_mib": peak / 2**20, "resident_mib": before / 2**20,
                       "kept_mib": held_bytes(backends.held_on_device()) / 2**20}
-        if converted and reuse and profile_out:
+        if label == "converted, spectra reused" and profile_out:   # the eager path, as bench_pytorch runs it
             prof = cProfile.Profile()
             prof.enable()
             for _ in range(steps):
