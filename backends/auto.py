@@ -18,8 +18,8 @@ backend.
 A cached choice stands while its record timed (or skipped) every candidate of today, each at
 today's revision: one made before a backend joined (tiledfft in session 11; cuDNN installed
 since), or before a backend's code for that geometry and pass changed speed (a backend module's
-optional revision(pass_name, x_shape, w_shape, stride, padding), an int, 0 where absent), is tuned
-again.
+optional revision(pass_name, x_shape, w_shape, stride, padding, math), an int, 0 where absent;
+math is the GEMM precision, "fp32" or "tf32", whose records are apart), is tuned again.
 
 A candidate whose module offers prepare() (gemm, cudnn) is timed through the call it prepares,
 after its first (checked) run: what backends.run_pass runs on a layer's later calls, without the
@@ -143,7 +143,7 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
         _memory[key] = {"choice": candidates[0], "ms": {}, "skipped": {}, "why": "untimed"}
         return candidates[0], key
     siblings = _siblings(xp, geom, pass_name)
-    revisions = _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, padding)
+    revisions = _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, padding, cgemm.mode(xp))
 
     def tuned():
         record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp, siblings)
@@ -162,13 +162,14 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
     return record["choice"], key
 
 
-def _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, padding):
-    """{name: revision} of the candidates whose revision() for this pass and geometry is not 0."""
+def _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, padding, math):
+    """{name: revision} of the candidates whose revision() for this pass, geometry and GEMM
+    precision is not 0."""
     out = {}
     for name in candidates:
         revision = getattr(registry[name], "__dict__", {}).get("revision")   # its own, if any (a
         # test's stand-in answers every attribute through __getattr__)
-        r = revision(pass_name, x_shape, w_shape, stride, padding) if callable(revision) else 0
+        r = revision(pass_name, x_shape, w_shape, stride, padding, math) if callable(revision) else 0
         if r:
             out[name] = r
     return out

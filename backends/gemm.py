@@ -63,8 +63,9 @@ def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
     return valid_geometry(x_shape, w_shape, stride, padding) is not None
 
 
-def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
-    """auto's cue to time gemm again where its speed changed (backends.auto). 1x1 kernels without
+def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="fp32"):
+    """auto's cue to time gemm again where its speed changed (backends.auto); the same in either GEMM
+    precision (math), since gemm's GEMMs are strict in both. 1x1 kernels without
     padding: 1 since their bprop and accGrad became plain GEMMs (4197e11, 2-3x faster on ResNet-50's
     layers), 2 since each pass's form is tuned, accGrad 3 since its per-image partials are summed by
     sum_rows, strided bprop 3 while col2im placed its taps (slower: 1.02 -> 1.12 ms on ResNet-50's

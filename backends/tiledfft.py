@@ -65,23 +65,25 @@ from .common import batch_slices, check_arrays, check_output_shape, cuda_module,
 
 BASES = (8, 16, 32)
 DEVICES = ("cpu", "cuda")
-TUNE_TOL = 1e-4   # one basis against another while tuning: both far inside it when correct
+TUNE_TOL = 1e-4   # one basis against another while tuning, strict fp32: both far inside it when correct
 
 Tiling = namedtuple("Tiling", "n mh mw th tw")
 
 
 # -- what the backend takes ----------------------------------------------------------------------
 
-def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="fp32"):
     """auto's cue to time tiledfft again where its speed changed (backends.auto): fprop and bprop 1
     since the inverse stages its output in shared memory (kernels/tiledfft.cu; 7-25 % faster
     inverses, bit for bit the same results, exp_tiled_stages). accGrad's inverse is fbfft's, once a
-    weight: unchanged, 0. The basis's own tuning record is keyed by it too (_basis)."""
-    return _revision(pass_name)
+    weight: unchanged, 0. In TF32 mode (math "tf32") one more, since the bases are compared at the
+    TF32 tolerance (tuning.variant_tol; before, every basis but the default was refused there).
+    The basis's own tuning record is keyed by it too (_basis)."""
+    return _revision(pass_name, math)
 
 
-def _revision(pass_name):
-    return 0 if pass_name == "accgrad" else 1
+def _revision(pass_name, math="fp32"):
+    return (0 if pass_name == "accgrad" else 1) + (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -196,9 +198,10 @@ def _basis(xp, pass_name, g, out_hw, forced, run):
     default, options = basis(out_hw, k_hw), bases(k_hw)
     if len(options) == 1 or not tuning.enabled("tiledfft_tune", xp):
         return default
-    r = _revision(pass_name)                  # bases timed before a revision are timed again
+    r = _revision(pass_name, cgemm.mode(xp))   # bases timed before a revision are timed again
     key = tuning.key(xp, np.float32, tuple(g), pass_name, f"tiledfft_r{r}" if r else "tiledfft")
-    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default, tol=TUNE_TOL),
+    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default,
+                                                      tol=tuning.variant_tol(xp, TUNE_TOL)),
                              valid=lambda n: n in options, untuned=lambda: default)["choice"]
 
 

@@ -94,11 +94,13 @@ def matrices(m, dtype=np.float32):
 
 # -- what the backend takes ----------------------------------------------------------------------
 
-def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="fp32"):
     """auto's cue to time winograd again where its speed changed (backends.auto): accGrad 1 since its
     groups fill the GPU (GEMM_BLOCKS, accgrad_groups), 2 since the group count is tuned
-    (_per_group). The tile's own tuning record is keyed by it too."""
-    return 2 if pass_name == "accgrad" else 0
+    (_per_group). In TF32 mode (math "tf32") one more, since F(4x4) is compared with F(2x2) at the
+    TF32 tolerance (tuning.variant_tol; before, F(4x4) was always refused there, 2.1e-3 apart).
+    The tile's own tuning record is keyed by it too."""
+    return (2 if pass_name == "accgrad" else 0) + (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -169,13 +171,14 @@ def _tile(xp, pass_name, g, forced, run):
     options = variants()
     if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
         return options[0]
-    r = revision(pass_name, *_shapes(g))
+    r = revision(pass_name, *_shapes(g), cgemm.mode(xp))
     key = tuning.key(xp, np.float32, tuple(g), pass_name, f"winograd_r{r}" if r else "winograd")
-    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=options[0], tol=TUNE_TOL),
+    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=options[0],
+                                                      tol=tuning.variant_tol(xp, TUNE_TOL)),
                              valid=lambda m: m in options, untuned=lambda: options[0])["choice"]
 
 
-TUNE_TOL = 1e-4   # F(4x4) against F(2x2) while tuning: both far inside it when correct
+TUNE_TOL = 1e-4   # F(4x4) against F(2x2) while tuning, strict fp32: both far inside it when correct
 
 
 def _shapes(g):
@@ -270,9 +273,10 @@ def _per_group(xp, g, m, images, run):
         return default
     # keyed by the revision (a change to the pass times the counts again) and by the workspace,
     # whose cap on the groups shapes the options
-    key = tuning.key(xp, np.float32, tuple(g), "accgrad", f"winograd_groups_r{revision('accgrad', *_shapes(g))}"
+    key = tuning.key(xp, np.float32, tuple(g), "accgrad", f"winograd_groups_r{revision('accgrad', *_shapes(g), cgemm.mode(xp))}"
                      f"_f{m}_n{images}_ws{config.get('winograd_workspace_mb'):g}")
-    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default, tol=TUNE_TOL),
+    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default,
+                                                      tol=tuning.variant_tol(xp, TUNE_TOL)),
                              valid=lambda per: per in options, untuned=lambda: default)["choice"]
 
 

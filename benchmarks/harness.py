@@ -467,6 +467,82 @@ def _spin_kernel(spin_us):
     return _spin_kernel.kernel, np.int64(spin_us * 1e-6 * khz * 1e3)
 
 
+class StackSampler:
+    """A sampling profile of one thread's Python: another thread reads its stack every
+    `interval_s` (sys._current_frames) and counts, per source line, the samples where it was the
+    innermost frame (own) and where it was on the stack at all (within). cProfile's per-call hooks
+    cost about what the adapter's small functions cost, and inflate them; a sample costs the
+    profiled thread only the GIL hand-overs, made frequent while sampling (sys.setswitchinterval).
+
+        with StackSampler() as sampler:
+            for _ in range(50): step()
+        print(sampler.report(25))
+    """
+
+    def __init__(self, interval_s=1e-4, thread_id=None):
+        import threading
+        self.interval_s, self.thread_id = interval_s, thread_id or threading.get_ident()
+        self.own, self.within, self.samples = {}, {}, 0
+        self._stop, self._thread = threading.Event(), None
+
+    def __enter__(self):
+        import threading
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(self.interval_s / 2)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        sys.setswitchinterval(self._switch)
+        return False
+
+    def _run(self):
+        while not self._stop.wait(self.interval_s):
+            frame = sys._current_frames().get(self.thread_id)
+            if frame is not None:
+                self.sample(frame)
+
+    def sample(self, frame):
+        """Count one stack, innermost frame first."""
+        self.samples += 1
+        seen = set()
+        inner = True
+        while frame is not None:
+            code = frame.f_code
+            where = f"{code.co_filename}:{frame.f_lineno} ({code.co_name})"
+            if inner:
+                self.own[where] = self.own.get(where, 0) + 1
+                inner = False
+            func = f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})"
+            if func not in seen:   # a recursive function counts once per sample
+                seen.add(func)
+                self.within[func] = self.within.get(func, 0) + 1
+            frame = frame.f_back
+
+    def own_of(self, suffix):
+        """Own samples of the source lines whose description ends with `suffix`, e.g. "(name)"."""
+        return sum(n for where, n in self.own.items() if where.endswith(suffix))
+
+    def report(self, top=25, strip=()):
+        """Two tables as text: the source lines with the most own samples, the functions with
+        the most samples within them; paths shortened by the prefixes in `strip`."""
+        def short(where):
+            for prefix in strip:
+                where = where.replace(prefix, "")
+            return where
+        lines = [f"{self.samples} samples, one every {self.interval_s * 1e6:.0f} us",
+                 "", "share  own: innermost source line"]
+        for where, n in sorted(self.own.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"{n / max(self.samples, 1):6.1%}  {short(where)}")
+        lines += ["", "share  within: function on the stack"]
+        for where, n in sorted(self.within.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"{n / max(self.samples, 1):6.1%}  {short(where)}")
+        return "\n".join(lines)
+
+
 def median_ms(fn, lib, warmup=3, repeat=10, before=None, spin_us=None):
     """Median milliseconds of fn() over `repeat` timed calls, after `warmup` untimed ones, with
     Python's garbage collector paused (as timeit does): a collection inside a timed span stalls

@@ -114,7 +114,7 @@ def test_a_cached_choice_is_tuned_again_when_a_candidates_revision_changes(tuner
     monkeypatch.setattr(auto, "_memory", {})        # a new process, gemm revised: now the fastest
     tuning._caches.clear()
     reg["gemm"] = SlowIn("none")
-    reg["gemm"].revision = lambda pass_name, x_shape, w_shape, stride, padding: 1
+    reg["gemm"].revision = lambda pass_name, x_shape, w_shape, stride, padding, math: 1
     reg["a"] = SlowIn("accgrad")
     assert auto.pick(reg, "accgrad", **GEOM) == "gemm"
     assert next(iter(auto._memory.values()))["revisions"] == {"gemm": 1}

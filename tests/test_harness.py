@@ -3,6 +3,8 @@ timing, provenance, atomic result files; and the package's shape (no sys.path ed
 environment reads, every results file the index links to present)."""
 import json
 import re
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -235,3 +237,26 @@ def test_median_ms_pauses_the_garbage_collector():
         assert not gc.isenabled()                     # left off where it was off
     finally:
         gc.enable()
+
+
+def test_stack_sampler_finds_where_a_thread_spends_its_time():
+    from benchmarks.harness import StackSampler
+
+    def busy(seconds):
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            pass
+
+    def idle_caller():
+        busy(0.15)
+
+    switch = sys.getswitchinterval()
+    with StackSampler(interval_s=2e-3) as sampler:
+        idle_caller()
+    assert sampler.samples >= 10
+    text = sampler.report(5)
+    top_own = text.split("own: innermost source line\n")[1].splitlines()[0]
+    assert "(busy)" in top_own, text
+    callers = [n for where, n in sampler.within.items() if where.endswith("(idle_caller)")]
+    assert callers and callers[0] >= 0.8 * sampler.own_of("(busy)"), text
+    assert sys.getswitchinterval() == switch   # given back

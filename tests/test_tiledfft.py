@@ -187,6 +187,29 @@ def test_the_basis_is_tuned_again_after_a_revision(settings, tmp_path):
                                                   ("fprop", "tiledfft_r1")]
 
 
+def test_tf32_mode_compares_the_bases_at_the_tf32_tolerance(settings, tmp_path, monkeypatch):
+    """In TF32 mode every basis rounds its GEMM's operands to TF32, ~4e-4 from another basis: the
+    tuner compares them at cgemm.TF32_TOL (at 1e-4 it refused all but the default, session 22), and
+    the revision is one higher there, so records tuned the old way are timed again. The mode is
+    stood in for on the CPU (NumPy's GEMMs never round)."""
+    from backends import cgemm, tuning
+    geom = ((2, 3, 40, 40), (4, 3, 3, 3), (1, 1), (1, 1))
+    assert [tiledfft.revision(p, *geom, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [2, 2, 1]
+    tols, tune = [], tuning.tune
+    monkeypatch.setattr(tuning, "tune", lambda *a, tol, **k: tols.append(tol) or tune(*a, tol=tol, **k))
+    monkeypatch.setattr(cgemm, "mode", lambda xp: "tf32")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 2, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    settings(tiledfft_tune="on", tune_cache=str(tmp_path / "cache.json"))
+    tiledfft.fprop(x, w, padding=(1, 1))
+    assert tols == [cgemm.TF32_TOL]
+    keys = [json.loads(k) for k in json.loads((tmp_path / "cache.json").read_text())["devices"]["cpu"]]
+    assert [(k[1], k[4]) for k in keys] == [("tf32", "tiledfft_r2")]
+    monkeypatch.undo()
+    assert tuning.variant_tol(np, tiledfft.TUNE_TOL) == tiledfft.TUNE_TOL   # fp32: strict
+
+
 def test_supports():
     assert tiledfft.supports((2, 3, 224, 224), (8, 3, 3, 3), (1, 1), (1, 1))
     assert tiledfft.supports((2, 3, 224, 224), (8, 3, 5, 5), (1, 1), (2, 2))

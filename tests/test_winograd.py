@@ -104,6 +104,25 @@ def test_accgrad_groups_fill_the_gpu_and_revision_marks_it(settings):
     shapes = winograd._shapes(conv9)
     assert shapes == ((64, 512, 28, 28), (512, 512, 3, 3), (1, 1), (1, 1))
     assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [0, 0, 2]
+    # TF32 mode: one more (F(4x4) compared with F(2x2) at the TF32 tolerance since session 22)
+    assert [winograd.revision(p, *shapes, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [1, 1, 3]
+
+
+def test_tf32_mode_compares_the_tiles_at_the_tf32_tolerance(settings, tmp_path, monkeypatch):
+    """F(4x4) is ~2e-3 from F(2x2) when both GEMMs run in TF32: the tile tuner compares them at
+    cgemm.TF32_TOL there (at 1e-4 it always refused F(4x4), session 22); strict fp32 keeps 1e-4.
+    The mode is stood in for on the CPU."""
+    from backends import cgemm, tuning
+    tols, tune = [], tuning.tune
+    monkeypatch.setattr(tuning, "tune", lambda *a, tol, **k: tols.append(tol) or tune(*a, tol=tol, **k))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 2, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    settings(winograd_tune="on", tune_cache=str(tmp_path / "cache.json"))
+    winograd.fprop(x, w, padding=(1, 1))
+    monkeypatch.setattr(cgemm, "mode", lambda xp: "tf32")
+    winograd.fprop(x, w, padding=(1, 1))
+    assert tols == [winograd.TUNE_TOL, cgemm.TF32_TOL]
 
 
 def test_group_options_span_the_accuracy_rule_to_many_groups(settings):

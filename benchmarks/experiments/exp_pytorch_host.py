@@ -37,8 +37,9 @@ import io
 import pstats
 import statistics
 import time
+from pathlib import Path
 
-from benchmarks.harness import PASSES, median_ms
+from benchmarks.harness import PASSES, StackSampler, median_ms
 
 
 def host_us(fn, sync, repeat=30):
@@ -211,7 +212,7 @@ def held_bytes(objs):
     return total
 
 
-def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out):
+def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out, sample_out=None):
     """Host ms per step and peak MiB: stock, converted with and without spectra reuse; cProfile."""
     import copy
     import unittest.mock
@@ -273,6 +274,15 @@ def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out):
             pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
             with open(profile_out, "a") as f:
                 f.write(f"\nby cumulative time\n{text.getvalue()}")
+        if label == "converted, spectra reused" and sample_out:   # the same steps, sampled (no per-call hooks)
+            with StackSampler(2e-4) as sampler:
+                for _ in range(3 * steps):
+                    step()
+                sync()
+            root = str(Path(__file__).resolve().parents[2]) + "/"
+            with open(sample_out, "w") as f:
+                f.write(f"Sampled stacks of {3 * steps} converted eager steps, batch {batch}\n"
+                        + sampler.report(60, strip=(root, str(Path(torch.__file__).parents[1]) + "/")) + "\n")
         via_ops.close()
         del model, opt
         backends.cufft.release_buffers()
@@ -312,6 +322,7 @@ def main():
     ap.add_argument("--step-only", action="store_true",
                     help="the whole step only (public API alone: runs against an older tree's adapter too)")
     ap.add_argument("--profile-out", default=None, help="file for the converted step's cProfile")
+    ap.add_argument("--sample-out", default=None, help="file for a sampling profile of the converted step")
     ap.add_argument("--cpu", action="store_true",
                     help="only the eager path against torch.ops on the CPU, one small layer (no GPU needed)")
     args = ap.parse_args()
@@ -357,7 +368,7 @@ def main():
               f"{statistics.median(r[2]['eager'] - r[2]['adapter'] for r in fprops):.1f} us against the "
               f"operator's {statistics.median(r[2]['operator'] - r[2]['adapter'] for r in fprops):.1f}")
     steps, spectra = step_study(torch, pt, backends, lambda: torchvision.models.alexnet(num_classes=1000),
-                                args.batch, sync, args.steps, args.profile_out)
+                                args.batch, sync, args.steps, args.profile_out, args.sample_out)
     print(f"\ntraining step, AlexNet batch {args.batch} (host: issuing one step; wall: {args.steps} steps "
           "back to back, per step):")
     for label, r in steps.items():
