@@ -468,21 +468,30 @@ def _spin_kernel(spin_us):
 
 
 class StackSampler:
-    """A sampling profile of one thread's Python: another thread reads its stack every
-    `interval_s` (sys._current_frames) and counts, per source line, the samples where it was the
-    innermost frame (own) and where it was on the stack at all (within). cProfile's per-call hooks
-    cost about what the adapter's small functions cost, and inflate them; a sample costs the
-    profiled thread only the GIL hand-overs, made frequent while sampling (sys.setswitchinterval).
+    """A sampling profile of Python threads: another thread reads their stacks every `interval_s`
+    (sys._current_frames) and counts, per source line, the samples where it was the innermost
+    frame (own) and where it was on the stack at all (within). cProfile's per-call hooks cost
+    about what the adapter's small functions cost, and inflate them; a sample costs the profiled
+    threads only the GIL hand-overs, made frequent while sampling (sys.setswitchinterval).
 
-        with StackSampler() as sampler:
+    thread_id: the one thread to sample (default: the one entering the block); all_threads=True
+    samples every thread but the sampler's, so that work PyTorch's autograd engine runs on its
+    device threads (a CUDA backward's Python) is seen too. A stack whose innermost function is
+    one of `waits` (a thread blocked on another: the main thread in the engine's backward) is
+    not counted.
+
+        with StackSampler(all_threads=True) as sampler:
             for _ in range(50): step()
         print(sampler.report(25))
     """
 
-    def __init__(self, interval_s=1e-4, thread_id=None):
+    WAITS = ("_engine_run_backward",)
+
+    def __init__(self, interval_s=1e-4, thread_id=None, all_threads=False, waits=WAITS):
         import threading
         self.interval_s, self.thread_id = interval_s, thread_id or threading.get_ident()
-        self.own, self.within, self.samples = {}, {}, 0
+        self.all_threads, self.waits = all_threads, set(waits)
+        self.own, self.within, self.samples, self.ticks = {}, {}, 0, 0
         self._stop, self._thread = threading.Event(), None
 
     def __enter__(self):
@@ -500,13 +509,22 @@ class StackSampler:
         return False
 
     def _run(self):
+        import threading
+        me = threading.get_ident()
         while not self._stop.wait(self.interval_s):
-            frame = sys._current_frames().get(self.thread_id)
-            if frame is not None:
-                self.sample(frame)
+            self.ticks += 1
+            frames = sys._current_frames()
+            if self.all_threads:
+                for tid, frame in frames.items():
+                    if tid != me:
+                        self.sample(frame)
+            elif self.thread_id in frames:
+                self.sample(frames[self.thread_id])
 
     def sample(self, frame):
-        """Count one stack, innermost frame first."""
+        """Count one stack, innermost frame first (not where it waits on another thread)."""
+        if frame.f_code.co_name in self.waits:
+            return
         self.samples += 1
         seen = set()
         inner = True
@@ -533,7 +551,7 @@ class StackSampler:
             for prefix in strip:
                 where = where.replace(prefix, "")
             return where
-        lines = [f"{self.samples} samples, one every {self.interval_s * 1e6:.0f} us",
+        lines = [f"{self.samples} stacks counted in {self.ticks} samples, one every {self.interval_s * 1e6:.0f} us",
                  "", "share  own: innermost source line"]
         for where, n in sorted(self.own.items(), key=lambda kv: -kv[1])[:top]:
             lines.append(f"{n / max(self.samples, 1):6.1%}  {short(where)}")

@@ -63,12 +63,12 @@ Tensor = torch.Tensor
 
 # -- crossing to NumPy / CuPy and back -----------------------------------------------------------
 
-_views = None   # inside reuse_spectra(): {(device, address, shape, strides, version): array view}
+_views = None   # inside reuse_spectra(): {(device index, address, shape, strides, version): array view}
 
 
 def _key(t):
-    try:
-        return (str(t.device), t.data_ptr(), tuple(t.shape), tuple(t.stride()), t._version)
+    try:   # get_device(): the CUDA index, -1 on the CPU (the two never share an address range here)
+        return (t.get_device(), t.data_ptr(), t.shape, t.stride(), t._version)
     except RuntimeError:   # inference tensors have no version counter: never shared
         return None
 
@@ -203,13 +203,13 @@ def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):
     _check_float32(pass_name, a, b)
     args = dict(x_shape=tuple(x_shape), w_shape=tuple(w_shape), stride=tuple(stride), padding=tuple(padding))
     keep = pass_name != "accgrad"
-    if a.device.type == "cpu":
+    if a.is_cpu:
         out = backends.run_pass(backend, pass_name, _array(a, None, keep), _array(b, None, keep),
                                 *_shape_arg(pass_name, args), **args)
         return torch.from_numpy(np.ascontiguousarray(out))
-    if a.device.type != "cuda":
+    if not a.is_cuda:
         raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {a.device}")
-    cp, on, capture = _cuda_scope(a.device.index)
+    cp, on, capture = _cuda_scope(a.get_device())
     with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
         out = backends.run_pass(backend, pass_name, _array(a, cp, keep), _array(b, cp, keep),
                                 *_shape_arg(pass_name, args), **args)
@@ -415,7 +415,9 @@ class Conv2d(torch.nn.Conv2d):
     def forward(self, x):
         y = conv2d(x, self.weight, self.stride, self.padding, self.backend)
         if self.bias is not None:
-            y = y + self.bias.view(1, -1, 1, 1)
+            # in place, as nn.Conv2d's own cuDNN path adds it: no second output-sized tensor at the
+            # step's peak (y is the operator's fresh output, which its backward does not keep)
+            y.add_(self.bias.view(1, -1, 1, 1))
         return y
 
     def extra_repr(self):

@@ -260,3 +260,26 @@ def test_stack_sampler_finds_where_a_thread_spends_its_time():
     callers = [n for where, n in sampler.within.items() if where.endswith("(idle_caller)")]
     assert callers and callers[0] >= 0.8 * sampler.own_of("(busy)"), text
     assert sys.getswitchinterval() == switch   # given back
+
+
+def test_stack_sampler_sees_other_threads_and_skips_waits():
+    """all_threads: a worker thread's Python is counted (PyTorch runs a CUDA backward on its own
+    threads), and the thread that only waits for it, in a function named in `waits`, is not."""
+    import threading
+
+    from benchmarks.harness import StackSampler
+
+    def worker_spins():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.15:
+            pass
+
+    def waits_for(thread):
+        thread.join()
+
+    worker = threading.Thread(target=worker_spins)
+    with StackSampler(interval_s=2e-3, all_threads=True, waits=("_wait_for_tstate_lock", "join")) as sampler:
+        worker.start()
+        waits_for(worker)
+    assert sampler.own_of("(worker_spins)") >= 10, sampler.report(5)
+    assert not any(where.endswith("(waits_for)") for where in sampler.within), sampler.report(10)

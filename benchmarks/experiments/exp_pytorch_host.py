@@ -275,7 +275,7 @@ def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out, s
             with open(profile_out, "a") as f:
                 f.write(f"\nby cumulative time\n{text.getvalue()}")
         if label == "converted, spectra reused" and sample_out:   # the same steps, sampled (no per-call hooks)
-            with StackSampler(2e-4) as sampler:
+            with StackSampler(2e-4, all_threads=True) as sampler:   # the backward runs on the engine's thread
                 for _ in range(3 * steps):
                     step()
                 sync()
