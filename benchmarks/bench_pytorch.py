@@ -48,8 +48,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.harness import (RESULTS_DIR, TOLERANCE, median_ms, provenance, rel_error, set_tf32, setup_cudnn,
-                                slug, torch_model, write_results)
+from benchmarks.harness import (RESULTS_DIR, TOLERANCE, host_probe_ms, median_ms, provenance, rel_error, set_tf32,
+                                setup_cudnn, slug, torch_model, write_results)
 
 NETS = ("alexnet", "vgg16", "resnet50", "overfeat_fast")
 BATCH = {"alexnet": 128, "vgg16": 64, "resnet50": 128, "overfeat_fast": 128}   # as benchmarks/paper.py runs them
@@ -330,7 +330,7 @@ def main():
     meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                       cupy=cp.__version__, warmup=args.warmup, repeat=args.repeat,
                       image={net: IMAGE.get(net, 224) for net in nets},
-                      tune_cache=str(tuning.cache_path()), **cudnn_setup)
+                      tune_cache=str(tuning.cache_path()), host_probe_ms=round(host_probe_ms(), 2), **cudnn_setup)
     batches = {net: args.batch or BATCH[net] for net in nets}
     start = time.perf_counter()
 
@@ -343,7 +343,8 @@ def main():
             ("max rel err vs fp64", "max_err", ".1e"), ("where", "worst", ""),
             ("spectra reused / step", "spectra_reused", "")]
     folder = args.out / slug(meta["device"])
-    log(f"tuning cache {meta['tune_cache']}; batches {batches}")
+    log(f"tuning cache {meta['tune_cache']}; batches {batches}; host probe {meta['host_probe_ms']} ms "
+        "(harness.host_probe_ms: the converted eager rows are host-bound on a slow host)")
     suffix = (("_quick" if args.quick else "") + ("_no_reuse" if args.no_reuse else "")
               + ("_input_reuse" if args.input_reuse else ""))
     name = {net: f"bench_pytorch_{net}{suffix}" for net in nets}

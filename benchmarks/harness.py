@@ -474,6 +474,12 @@ class StackSampler:
     about what the adapter's small functions cost, and inflate them; a sample costs the profiled
     threads only the GIL hand-overs, made frequent while sampling (sys.setswitchinterval).
 
+    Biased toward calls that release the GIL (a CuPy launch, a cuBLAS call, a synchronize): a
+    sample waits for the GIL, which pure-Python code hands over only every switch interval, and a
+    releasing call at once. So it says where threads block and wait well, and where the Python
+    between those calls goes poorly: on the PyTorch adapter's AlexNet step (session 22) half the
+    samples fell on kernel launch and GEMM lines. Time the pieces for that (exp_pytorch_host).
+
     thread_id: the one thread to sample (default: the one entering the block); all_threads=True
     samples every thread but the sampler's, so that work PyTorch's autograd engine runs on its
     device threads (a CUDA backward's Python) is seen too. A stack whose innermost function is
@@ -800,6 +806,24 @@ def provenance(device, **versions):
         "platform": platform.platform(),
         **versions,
     }
+
+
+def host_probe_ms(repeat=7):
+    """Median milliseconds of a fixed pure-Python workload on this host: a measure of how fast the
+    interpreter runs here, beside results whose rows are host-bound (the PyTorch adapter's eager
+    step). Lent machines of one kind differ: the same converted AlexNet step took 5.5-6.9 ms of
+    host time on one H100 machine and 8.8-9.9 on another (session 22). Lower is faster."""
+    def work():
+        total = 0
+        for i in range(100_000):
+            total += i & 7
+        return total
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        work()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def device_identity(cp):

@@ -52,7 +52,7 @@ from pathlib import Path
 from backends import auto
 from benchmarks.harness import (BATCH, PASSES, RESULTS_DIR, TABLE4, TOLERANCE, Layer, conv_layers,  # noqa: F401
                                 distinct_conv_layers, peak_step_bytes,
-                                KINK_TOL, OurBranch, median_ms, our_gradients, provenance, set_tf32,
+                                KINK_TOL, OurBranch, host_probe_ms, median_ms, our_gradients, provenance, set_tf32,
                                 setup_cudnn, step_errors, torch_fp32_errors, torch_gradients, torch_model,
                                 write_results)
 
@@ -647,7 +647,8 @@ def main():
                       cupy=cp.__version__, batch=args.batch or "per network", warmup=args.warmup, repeat=args.repeat,
                       inner=args.inner,
                       networks=",".join(args.networks), command_line=" ".join(sys.argv[1:]),
-                      cgemm_tf32=args.cgemm_tf32, cgemm_default_mode=cgemm.mode(cp), **cudnn_setup)
+                      cgemm_tf32=args.cgemm_tf32, cgemm_default_mode=cgemm.mode(cp),
+                      host_probe_ms=round(host_probe_ms(), 2), **cudnn_setup)
     for name in (COMMANDS if args.command == "all" else [args.command]):
         fn, title = COMMANDS[name]
         with tqdm(total=len(TABLE4) if name == "table4" else len(args.networks), desc=name) as bar:

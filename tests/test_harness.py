@@ -283,3 +283,12 @@ def test_stack_sampler_sees_other_threads_and_skips_waits():
         waits_for(worker)
     assert sampler.own_of("(worker_spins)") >= 10, sampler.report(5)
     assert not any(where.endswith("(waits_for)") for where in sampler.within), sampler.report(10)
+
+
+def test_host_probe_times_the_same_work_each_call():
+    """A positive, finite median of a fixed workload, and about the same on a second call (the
+    figure is for comparing hosts, so it must not drift within one)."""
+    from benchmarks.harness import host_probe_ms
+    a, b = host_probe_ms(), host_probe_ms()
+    assert 0 < a < 1e3 and 0 < b < 1e3
+    assert max(a, b) / min(a, b) < 3

@@ -39,7 +39,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.harness import PASSES, StackSampler, median_ms
+from benchmarks.harness import PASSES, StackSampler, host_probe_ms, median_ms
 
 
 def host_us(fn, sync, repeat=30):
@@ -346,7 +346,7 @@ def main():
     torch.backends.cudnn.benchmark = True
     sync = torch.cuda.synchronize
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, cupy {cp.__version__}, "
-          f"batch {args.batch}")
+          f"batch {args.batch}, host probe {host_probe_ms():.2f} ms (harness.host_probe_ms)")
     if not args.step_only:
         print("\nunit costs, us per call (host):")
         for piece, us in unit_costs(torch, cp, pt, sync).items():
