@@ -41,7 +41,7 @@ Setting = namedtuple("Setting", "name env kind default doc keyed")
 
 SETTINGS = {s.name: s for s in (
     Setting("tf32", "MINITORCH_CGEMM_TF32", "bool", False,
-            "TF32 (1) or strict fp32 (0): the FFT backends' complex GEMM and cudnn's convolutions", True),
+            "TF32 (1) or strict fp32 (0): the FFT and Winograd backends' GEMMs and cudnn's convolutions", True),
     Setting("gemm_workspace_mb", "MINITORCH_GEMM_WORKSPACE_MB", "mib", 512.0,
             "gemm's im2col workspace; larger batches run in chunks", True),
     Setting("cufft_workspace_mb", "MINITORCH_CUFFT_WORKSPACE_MB", "mib", 2048.0,
