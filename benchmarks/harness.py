@@ -491,17 +491,20 @@ class StackSampler:
         print(sampler.report(25))
     """
 
-    WAITS = ("_engine_run_backward",)
+    # the main thread in a CUDA backward; threads parked on a lock or an event (tqdm's monitor)
+    WAITS = ("_engine_run_backward", "wait", "_wait_for_tstate_lock")
 
     def __init__(self, interval_s=1e-4, thread_id=None, all_threads=False, waits=WAITS):
         import threading
-        self.interval_s, self.thread_id = interval_s, thread_id or threading.get_ident()
+        self.interval_s, self.thread_id = interval_s, thread_id
         self.all_threads, self.waits = all_threads, set(waits)
         self.own, self.within, self.samples, self.ticks = {}, {}, 0, 0
         self._stop, self._thread = threading.Event(), None
 
     def __enter__(self):
         import threading
+        self._target = self.thread_id or threading.get_ident()   # default: the thread entering the block
+        self._stop.clear()                                       # a second block samples too (counts add up)
         self._switch = sys.getswitchinterval()
         sys.setswitchinterval(self.interval_s / 2)
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -524,8 +527,8 @@ class StackSampler:
                 for tid, frame in frames.items():
                     if tid != me:
                         self.sample(frame)
-            elif self.thread_id in frames:
-                self.sample(frames[self.thread_id])
+            elif self._target in frames:
+                self.sample(frames[self._target])
 
     def sample(self, frame):
         """Count one stack, innermost frame first (not where it waits on another thread)."""

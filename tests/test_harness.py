@@ -260,6 +260,10 @@ def test_stack_sampler_finds_where_a_thread_spends_its_time():
     callers = [n for where, n in sampler.within.items() if where.endswith("(idle_caller)")]
     assert callers and callers[0] >= 0.8 * sampler.own_of("(busy)"), text
     assert sys.getswitchinterval() == switch   # given back
+    first = sampler.samples
+    with sampler:                               # a second block adds to the counts
+        busy(0.05)
+    assert sampler.samples > first
 
 
 def test_stack_sampler_sees_other_threads_and_skips_waits():

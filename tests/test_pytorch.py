@@ -344,6 +344,33 @@ def test_conv2d_module_matches_nn_conv2d():
     assert rel_error(ours(x).detach().numpy(), stock(x).detach().numpy()) <= 1e-5
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("frozen", [False, True], ids=["all", "bias_only"])
+def test_conv2d_bias_added_in_place_has_nn_conv2ds_gradients(path, frozen, monkeypatch):
+    """Conv2d adds its bias in place on the operator's output (as nn.Conv2d's cuDNN path does):
+    the input's, weight's and bias's gradients are nn.Conv2d's on both paths, and with the weight
+    frozen (only the bias trains, so the conv's own backward is asked for the input alone)."""
+    if path == "operator":
+        monkeypatch.setattr(pt, "_eager", lambda x, weight: False)
+    torch.manual_seed(1)
+    ours = Conv2d(3, 4, 3, padding=1)
+    stock = torch.nn.Conv2d(3, 4, 3, padding=1)
+    stock.load_state_dict(ours.state_dict())
+    for m in (ours, stock):
+        m.weight.requires_grad_(not frozen)
+    x = torch.randn(2, 3, 7, 7)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    gy = torch.randn(2, 4, 7, 7)
+    for m, xi in zip((ours, stock), xs):
+        m(xi).backward(gy)
+    assert rel_error(xs[0].grad.numpy(), xs[1].grad.numpy()) <= 1e-5
+    assert rel_error(ours.bias.grad.numpy(), stock.bias.grad.numpy()) <= 1e-5
+    if frozen:
+        assert ours.weight.grad is None
+    else:
+        assert rel_error(ours.weight.grad.numpy(), stock.weight.grad.numpy()) <= 1e-5
+
+
 # -- whole networks ------------------------------------------------------------------------------
 
 NETS = {"resnet18": 64, "alexnet": 64}   # name -> input size (small: CI's CPU)

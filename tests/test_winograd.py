@@ -123,6 +123,9 @@ def test_tf32_mode_compares_the_tiles_at_the_tf32_tolerance(settings, tmp_path, 
     monkeypatch.setattr(cgemm, "mode", lambda xp: "tf32")
     winograd.fprop(x, w, padding=(1, 1))
     assert tols == [winograd.TUNE_TOL, cgemm.TF32_TOL]
+    import json
+    keys = [json.loads(k) for k in json.loads((tmp_path / "cache.json").read_text())["devices"]["cpu"]]
+    assert sorted((k[1], k[4]) for k in keys) == [("fp32", "winograd"), ("tf32", "winograd_r1")]   # TF32: revision 1
 
 
 def test_group_options_span_the_accuracy_rule_to_many_groups(settings):
