@@ -535,19 +535,16 @@ class StackSampler:
         if frame.f_code.co_name in self.waits:
             return
         self.samples += 1
-        seen = set()
-        inner = True
+        code = frame.f_code
+        where = f"{code.co_filename}:{frame.f_lineno} ({code.co_name})"
+        self.own[where] = self.own.get(where, 0) + 1
+        seen = set()                 # a recursive function counts once per sample
         while frame is not None:
             code = frame.f_code
-            where = f"{code.co_filename}:{frame.f_lineno} ({code.co_name})"
-            if inner:
-                self.own[where] = self.own.get(where, 0) + 1
-                inner = False
-            func = f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})"
-            if func not in seen:   # a recursive function counts once per sample
-                seen.add(func)
-                self.within[func] = self.within.get(func, 0) + 1
+            seen.add(f"{code.co_filename}:{code.co_firstlineno} ({code.co_name})")
             frame = frame.f_back
+        for func in seen:
+            self.within[func] = self.within.get(func, 0) + 1
 
     def own_of(self, suffix):
         """Own samples of the source lines whose description ends with `suffix`, e.g. "(name)"."""
@@ -821,12 +818,7 @@ def host_probe_ms(repeat=7):
         for i in range(100_000):
             total += i & 7
         return total
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        work()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_ms(work, "cpu", 0, repeat)
 
 
 def device_identity(cp):

@@ -23,8 +23,6 @@ def train_step(model, criterion, optimizer, x, y, reuse_spectra=True, sync=None)
     queued before the forward pass, so that check waits for what was queued before this step
     (functional.TargetBounds); host targets are checked on the host."""
     scope = backends.reuse_spectra() if reuse_spectra else contextlib.nullcontext()
-    # Targets on the GPU: their range reduced before the forward is queued, so that the loss's
-    # check does not wait for the forward pass (functional.TargetBounds)
     with scope, F.targets_ahead(F.target_bounds(y)):
         logits = model(x)
         loss = criterion(logits, y)
