@@ -349,8 +349,8 @@ def default_cache():
 def timeit(fn, xp=np, warmup=1, repeat=5, inner=1):
     """Median milliseconds of fn() over `repeat` runs, after `warmup` untimed runs.
 
-    GPU: CUDA events recorded around each run on the current stream, then waited on (a host-device
-    sync point per run). CPU: time.perf_counter. inner: fn() runs that many times back to back in
+    GPU: CUDA events recorded around each timed span on the current stream, then waited on (a
+    host-device sync point per span). CPU: time.perf_counter. inner: fn() runs that many times back to back in
     each timed span, and the time is given per run: the launches queue up as in a training step,
     so a run's launch latency no longer counts in full (on a 0.3 ms pass it hid a 6 % difference
     between two cuDNN plans, session 22).
@@ -454,6 +454,8 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
             continue
         rounds[name] = []
 
+    if inner < 1:
+        raise ValueError(f"tune: inner must be >= 1, got {inner}")
     bursts = {"inner": inner} if inner > 1 else {}
 
     def time_rounds(names, drop=None):             # interleaved: a b c, a b c, ...

@@ -248,3 +248,4 @@ def test_the_engine_search_keys_its_choices_by_its_bursts():
     g = backends.geometry((1, 2, 5, 5), (3, 2, 3, 3), (1, 1), (1, 1))
     key = cudnn.tuning_key(np, g, "fprop", "fp32", 1 << 30)
     assert key[-1] == f"cudnn@{1 << 30}B_b{cudnn.SEARCH_INNER}"
+    assert cudnn.revision("fprop", (1, 2, 5, 5), (3, 2, 3, 3), (1, 1), (1, 1), "tf32") == 1   # auto times it again

@@ -365,6 +365,8 @@ def test_tune_times_in_bursts_where_asked(monkeypatch):
     seen.clear()
     tuning.tune(["a", "b"], lambda c: np.ones(2), np)
     assert seen and all(k == {} for k in seen)
+    with pytest.raises(ValueError, match="inner must be >= 1"):
+        tuning.tune(["a", "b"], lambda c: np.ones(2), np, inner=0)
 
 
 # -- the recipe: tune(), select(), remembered() -------------------------------------------------
