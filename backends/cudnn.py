@@ -15,7 +15,8 @@ Engine search, once per (device, geometry, pass, precision), what torch.backends
 does with no limit, over a superset of its candidates: every plan cuDNN's heuristics modes A and
 B and its fallback list propose (deduplicated), plus every other engine of the graph at its
 default knobs; each plan that builds within the workspace bound runs once on the call's own data,
-is checked against `gemm` and timed by backends.tuning's recipe (a plan whose checked run is over
+is checked against `gemm` and timed by backends.tuning's recipe in bursts of SEARCH_INNER back-to-back
+runs (a plan whose checked run is over
 FIRST_RUN_CUTOFF x the best so far is not timed, one over HOPELESS x the best after a round is
 timed no more). The winner is remembered in the tuning cache as its cuDNN
 plan name, engine id and knobs, which rebuild exactly that plan on a fresh graph
@@ -74,6 +75,18 @@ HOPELESS = 1.3
 # each plan that cannot win, not seven (engine 0 at its default knobs ran 29-115x slower than the
 # best plan on VGG-16 conv4_2 and AlexNet conv2 accGrad on an H100).
 FIRST_RUN_CUTOFF, FIRST_RUN_SLACK_MS = 10, 2.0
+# Plans are timed in bursts of this many back-to-back runs (tuning.timeit's inner), as a step and
+# table3 run them: timed one run per event pair, a 0.3 ms pass's launch latency hid a 6 % difference
+# between near-tied plans (ResNet-18's conv2 TF32 fprop at 74bf06d, H100: the search had
+# eng67_k2=4_k27=4 at 0.3237 ms and eng67_k2=1_k27=8 at 0.3246; table3 gave them 0.331 and 0.312).
+SEARCH_INNER = 4   # costs 4x the runs of the timed rounds (24 a round per plan, against 6)
+
+
+def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="fp32"):
+    """auto's cue to time cudnn again (backends.auto): 1 since its plans are searched in bursts
+    (SEARCH_INNER), so a choice between cudnn and the other backends made with a plan chosen the
+    old way is made again."""
+    return 1
 HEURISTICS = ("A", "B", "FALLBACK")   # the heuristic modes whose plans are searched
 UNTUNED_HEURISTICS = ("A", "FALLBACK")  # cudnn_tune=off: the first of these plans that builds
 
@@ -427,7 +440,7 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape):
 
     # Disagreeing plans are expected here (FFT engines, default knobs), not kernel bugs: no warning.
     record = tuning.tune(list(indices), run, cp, reference=reference, reference_name="gemm", tol=tol,
-                         drop_slower=HOPELESS)
+                         drop_slower=HOPELESS, inner=SEARCH_INNER)
     return dict(record, choice=build(record["choice"]).choice)   # a lone candidate was never run
 
 
@@ -489,8 +502,9 @@ def _prepare(cp, pass_name, g, math, limit, search, a, b, out_shape):
 
 def tuning_key(cp, g, pass_name, math, limit):
     """The tuning cache's key of a pass's plan choice: the workspace bound `limit` (bytes) is in it,
-    since it decides which plans compete."""
-    return tuning.key(cp, np.float32, g, pass_name, f"cudnn@{limit}B", math=math)
+    since it decides which plans compete; "_b" since plans are timed in bursts (SEARCH_INNER), so
+    choices timed one run at a time are searched again."""
+    return tuning.key(cp, np.float32, g, pass_name, f"cudnn@{limit}B_b{SEARCH_INNER}", math=math)
 
 
 def _reference(pass_name, g, a, b):

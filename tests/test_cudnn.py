@@ -238,3 +238,14 @@ def test_auto_times_cudnn_among_the_candidates(settings, tmp_path):
     settings(auto_backends="ours")
     assert "cudnn" not in backends.auto_registry()
     assert backends.choose("auto", "fprop", xs, ws, (1, 1), (1, 1), cp) is not cudnn
+
+
+def test_the_engine_search_keys_its_choices_by_its_bursts():
+    """Plans are timed SEARCH_INNER runs back to back (a single run's launch latency hid a 6 %
+    difference between near-tied plans, session 22), and the cache key says so, so that choices
+    timed one run at a time are searched again (the search itself needs a GPU: test_search_*)."""
+    assert cudnn.SEARCH_INNER > 1
+    g = backends.geometry((1, 2, 5, 5), (3, 2, 3, 3), (1, 1), (1, 1))
+    key = cudnn.tuning_key(np, g, "fprop", "fp32", 1 << 30)
+    assert key[-1] == f"cudnn@{1 << 30}B_b{cudnn.SEARCH_INNER}"
+    assert cudnn.revision("fprop", (1, 2, 5, 5), (3, 2, 3, 3), (1, 1), (1, 1), "tf32") == 1   # auto times it again

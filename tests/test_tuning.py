@@ -342,6 +342,33 @@ def test_timeit_runs_warmup_then_takes_the_median(monkeypatch):
         tuning.timeit(lambda: None, np, warmup=0, repeat=0)
 
 
+def test_timeit_in_bursts_gives_the_time_per_run(monkeypatch):
+    """inner: fn() runs that many times back to back in each timed span (warm-up runs too), and
+    the median span is divided by it."""
+    calls = []
+    clock = iter([0.0, 0.008, 1.0, 1.004, 2.0, 2.012])    # spans of 8, 4 and 12 ms: 4 runs each
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: next(clock))
+    ms = tuning.timeit(lambda: calls.append(1), np, warmup=1, repeat=3, inner=4)
+    assert len(calls) == 4 * 4
+    assert ms == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="inner >= 1"):
+        tuning.timeit(lambda: None, np, inner=0)
+
+
+def test_tune_times_in_bursts_where_asked(monkeypatch):
+    """tune(inner=n) hands n to every timed call (cudnn's engine search asks for SEARCH_INNER);
+    the default leaves timeit's own (one run a span)."""
+    seen = []
+    monkeypatch.setattr(tuning, "timeit", lambda fn, xp, warmup, repeat, **k: (seen.append(k), fn(), 1.0)[2])
+    tuning.tune(["a", "b"], lambda c: np.ones(2), np, inner=4)
+    assert seen and all(k == {"inner": 4} for k in seen)
+    seen.clear()
+    tuning.tune(["a", "b"], lambda c: np.ones(2), np)
+    assert seen and all(k == {} for k in seen)
+    with pytest.raises(ValueError, match="inner must be >= 1"):
+        tuning.tune(["a", "b"], lambda c: np.ones(2), np, inner=0)
+
+
 # -- the recipe: tune(), select(), remembered() -------------------------------------------------
 
 @pytest.fixture
