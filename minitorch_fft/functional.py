@@ -578,8 +578,11 @@ def check_target_range(t, n_classes):
     one host-device synchronisation), the bounds only for the message when it fails."""
     xp = get_array_module(t)
     if t.size and int(xp.count_nonzero((t < 0) | (t >= n_classes))):
-        raise ValueError(f"targets must lie in [0, {n_classes}), got values in "
-                         f"[{int(t.min())}, {int(t.max())}]")
+        raise _out_of_range(n_classes, int(t.min()), int(t.max()))
+
+
+def _out_of_range(n_classes, low, high):
+    return ValueError(f"targets must lie in [0, {n_classes}), got values in [{low}, {high}]")
 
 
 class TargetBounds:
@@ -614,11 +617,10 @@ class TargetBounds:
     def check(self, n_classes):
         """ValueError unless every index lies in [0, n_classes): waits for the copy (and the work
         queued before it), not for what was queued after."""
-        self._done.synchronize()
-        self._settled = True
+        self.settle()
         low, high = int(self._host[0]), int(self._host[1])
         if low < 0 or high >= n_classes:
-            raise ValueError(f"targets must lie in [0, {n_classes}), got values in [{low}, {high}]")
+            raise _out_of_range(n_classes, low, high)
 
 
 def target_bounds(target):
@@ -632,15 +634,23 @@ def target_bounds(target):
 
 @contextlib.contextmanager
 def targets_ahead(bounds):
-    """The block's losses check `bounds.target` through `bounds` (None: as usual)."""
+    """The block's losses check `bounds.target` through `bounds` (None: as usual). Its exit settles
+    `bounds`; where the block raised, an error from settling (a sticky CUDA error raises again at
+    the event's wait) is dropped so that the block's own error is the one the caller sees."""
     global _targets_ahead
     saved, _targets_ahead = _targets_ahead, bounds
     try:
         yield
-    finally:
-        _targets_ahead = saved
+    except BaseException:
+        if bounds is not None:
+            with contextlib.suppress(Exception):
+                bounds.settle()
+        raise
+    else:
         if bounds is not None:
             bounds.settle()
+    finally:
+        _targets_ahead = saved
 
 
 class NLLFn(Function):

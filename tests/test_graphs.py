@@ -376,6 +376,26 @@ def test_bounds_never_read_are_settled_when_the_block_ends():
     assert settled == [True, True]
 
 
+def test_a_failing_settle_never_hides_the_blocks_own_error():
+    """After a sticky CUDA error the bounds' wait raises again at the block's exit: the caller sees
+    the block's error (its type intact), and a settle that fails after a clean block still raises."""
+    import minitorch_fft.functional as F
+
+    class Bounds:
+        target = None
+
+        def settle(self):
+            raise RuntimeError("sticky error, again")
+
+    with pytest.raises(MemoryError, match="the block's own"):
+        with F.targets_ahead(Bounds()):
+            raise MemoryError("the block's own")
+    with pytest.raises(RuntimeError, match="sticky error, again"):
+        with F.targets_ahead(Bounds()):
+            pass
+    assert F._targets_ahead is None
+
+
 def test_host_targets_queue_no_bounds():
     """Only 1-D integer CuPy targets get reductions queued ahead; host targets, Tensors, lists and
     float arrays go to the loss's own check (and its errors) unchanged."""

@@ -17,6 +17,11 @@ scratch buffers grown). Two views:
 
   PYTHONPATH=. MINITORCH_TUNE_CACHE=<a tuned cache> python3 benchmarks/experiments/exp_adapter_peak.py modes --net alexnet
   PYTHONPATH=. MINITORCH_TUNE_CACHE=<a tuned cache> python3 benchmarks/experiments/exp_adapter_peak.py passes --net resnet50
+  ... passes --net overfeat_fast --tf32 --modes stock inputs=False
+
+--tf32 runs the stock model in PyTorch's default (cuDNN TF32) and the converted ones in the
+framework's TF32 mode, as bench_pytorch's TF32 rows do (session 22: converted AlexNet's TF32 step
+peaked 22 MiB above the stock default model's, OverFeat-fast's 0.9 GiB in session 14).
 
 A cold tuning cache tunes in the first steps (minutes for ResNet-50); the warm-up steps absorb it.
 Session 13 ran the first versions of these views as three scripts (exp_adapter_peak_modes.py,
@@ -32,17 +37,19 @@ MiB = 2**20
 MODES = ("stock", "none", "inputs=True", "inputs=False")
 
 
-def setup(net, batch):
-    """(torch, torchvision model, batch x, labels y) with strict fp32 on both sides."""
+def setup(net, batch, precision):
+    """(torch, model as bench_pytorch builds it, batch x, labels y), PyTorch in `precision`
+    ("strict" or "tf32", harness.set_tf32)."""
     import torch
-    import torchvision
 
-    from benchmarks.harness import set_tf32, setup_cudnn
+    from benchmarks.bench_pytorch import IMAGE
+    from benchmarks.harness import set_tf32, setup_cudnn, torch_model
     setup_cudnn(torch)
-    set_tf32("strict")
+    set_tf32(precision)
     torch.manual_seed(0)
-    base = getattr(torchvision.models, net)(num_classes=1000)
-    x = torch.randn(batch, 3, 224, 224).cuda()
+    base = torch_model(net, 1000)
+    side = IMAGE.get(net, 224)
+    x = torch.randn(batch, 3, side, side).cuda()
     y = torch.randint(0, 1000, (batch,)).cuda()
     return torch, base, x, y
 
@@ -70,9 +77,9 @@ def trainer(torch, base, x, y, mode):
     return step, model
 
 
-def modes(torch, base, x, y):
+def modes(torch, base, x, y, chosen):
     from benchmarks.harness import median_ms
-    for mode in MODES:
+    for mode in chosen:
         step, model = trainer(torch, base, x, y, mode)
         res = []
         for variant in ("bench", "synced", "one step", "bench gc off"):
@@ -99,11 +106,11 @@ def modes(torch, base, x, y):
         torch.cuda.empty_cache()
 
 
-def passes(torch, base, x, y):
+def passes(torch, base, x, y, chosen):
     from backends import cufft_buffers
     from minitorch_fft import pytorch as mp
     real_run = mp._run
-    for mode in MODES:
+    for mode in chosen:
         step, model = trainer(torch, base, x, y, mode)
         marks, recording = [], [False]
 
@@ -138,9 +145,11 @@ def passes(torch, base, x, y):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             scratch = sum(b.nbytes for b in cufft_buffers._scratch_buffers.values()) / MiB
+            work = sum(_work_area_bytes(p) for p in cufft_buffers._plans.values()) / MiB
             print(f"{mode}: allocated at the step's start {torch.cuda.memory_allocated() / MiB:.0f} MiB; "
-                  f"cufft scratch {scratch:.0f} MiB in {len(cufft_buffers._scratch_buffers)} buffers, "
-                  f"{len(cufft_buffers._plans)} plans")
+                  f"cufft scratch {scratch:.0f} MiB in {len(cufft_buffers._scratch_buffers)} buffers "
+                  f"({', '.join(f'{k[0]} {b.nbytes / MiB:.0f}' for k, b in cufft_buffers._scratch_buffers.items())}), "
+                  f"{len(cufft_buffers._plans)} plans with {work:.0f} MiB of work areas")
             recording[0] = True
             step(forward_done, backward_done)
             recording[0] = False
@@ -156,15 +165,26 @@ def passes(torch, base, x, y):
         torch.cuda.empty_cache()
 
 
+def _work_area_bytes(plan):
+    """A CuPy cuFFT plan's work area (device memory it holds while cached); 0 where it has none."""
+    area = getattr(plan, "work_area", None)
+    return getattr(getattr(area, "mem", None), "size", 0) if area is not None else 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("view", choices=("modes", "passes"))
-    ap.add_argument("--net", default="alexnet", choices=("alexnet", "vgg16", "resnet50"))
+    ap.add_argument("--net", default="alexnet", choices=("alexnet", "vgg16", "resnet50", "overfeat_fast"))
     ap.add_argument("--batch", type=int, default=None, help="default: bench_pytorch's for the network")
+    ap.add_argument("--tf32", action="store_true",
+                    help="stock in PyTorch's default (cuDNN TF32), converted in the framework's TF32 mode")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     args = ap.parse_args(argv)
+    import backends
     from benchmarks.bench_pytorch import BATCH
-    torch, base, x, y = setup(args.net, args.batch or BATCH[args.net])
-    {"modes": modes, "passes": passes}[args.view](torch, base, x, y)
+    torch, base, x, y = setup(args.net, args.batch or BATCH[args.net], "tf32" if args.tf32 else "strict")
+    with backends.config.override(tf32=args.tf32):
+        {"modes": modes, "passes": passes}[args.view](torch, base, x, y, args.modes)
 
 
 if __name__ == "__main__":
