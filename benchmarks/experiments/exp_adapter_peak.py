@@ -107,7 +107,7 @@ def modes(torch, base, x, y, chosen):
 
 
 def passes(torch, base, x, y, chosen):
-    from backends import cufft_buffers
+    from backends import auto, cufft_buffers
     from minitorch_fft import pytorch as mp
     real_run = mp._run
     for mode in chosen:
@@ -159,6 +159,8 @@ def passes(torch, base, x, y, chosen):
         for raised, pass_name, w_shape, now, peak in sorted(marks, reverse=True)[:6]:
             print(f"    peak +{raised / MiB:6.0f} MiB in {pass_name:8s} w{w_shape}: allocated after {now:.0f}, "
                   f"max {peak:.0f}")
+        if mode != "stock":
+            print(auto.format_choices())
         del step, model
         gc.collect()
         cufft_buffers.release_buffers()
