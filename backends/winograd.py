@@ -32,7 +32,8 @@ and on random geometries (H100: F(2x2) at most 3.4e-6, F(4x4) 7.8e-6, its accGra
 results/nvidia-h100-80gb-hbm3/bench_winograd.md), so both are eligible for auto in fp32 mode:
 the tuner (tuning.remembered, winograd_tune) times them per geometry and pass. Setting
 winograd_f4=0 keeps F(2x2) alone (its error is about 4x smaller). A batch whose transformed
-tiles exceed winograd_workspace_mb runs in chunks.
+tiles exceed winograd_workspace_mb runs in chunks; in fprop and bprop also where they exceed twice
+the pass's own operands (or 256 MB, whichever is more; _chunks).
 
 On the CPU the same algorithm runs in NumPy: same matrices, tiling, index arithmetic and layout.
 """
@@ -99,8 +100,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     groups fill the GPU (GEMM_BLOCKS, accgrad_groups), 2 since the group count is tuned
     (_per_group). In TF32 mode (math "tf32") one more, since F(4x4) is compared with F(2x2) at the
     TF32 tolerance (tuning.variant_tol; before, F(4x4) was always refused there, 2.1e-3 apart).
-    The tile's own tuning record is keyed by it too."""
-    return (2 if pass_name == "accgrad" else 0) + (math == "tf32")
+    fprop and bprop 1 since their batch chunks are bounded by their operands too (_chunks, session
+    23). The tile's own tuning record is keyed by it too."""
+    return (2 if pass_name == "accgrad" else 1) + (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -123,9 +125,26 @@ def tiles(oh, ow, m):
     return -(-oh // m), -(-ow // m)
 
 
-def _chunks(S, per_image_floats):
-    """Slices of the batch whose transformed tiles fit winograd_workspace_mb (one image at least)."""
-    return batch_slices(S, config.mib_bytes("winograd_workspace_mb") // (4 * per_image_floats))
+TRANSIENT_FACTOR = 2             # fprop's and bprop's tiles a chunk: at most this times the pass's operands,
+TRANSIENT_FLOOR = 256 << 20      # or this many bytes where that is more (_chunks)
+
+
+def _chunks(S, per_image_floats, operand_floats=None):
+    """Slices of the batch whose transformed tiles (per_image_floats an image) fit
+    winograd_workspace_mb (one image at least). fprop and bprop also pass operand_floats, an
+    image's input and output planes: their chunks then hold at most TRANSIENT_FACTOR times the
+    pass's operands in tiles, or TRANSIENT_FLOOR bytes where that is more.
+
+    The tiles are 2.25 (F(4x4)) to 4 (F(2x2)) times the planes they come from, so a whole batch's
+    took more memory than cuDNN's kernels take beside the same operands: OverFeat-fast's conv5
+    (1024 planes, 12x12, b128) at F(4x4) held 340 MB of tiles (and as much GEMM output) for 151 MB
+    of operands, and a converted model's TF32 step peaked 102 MiB above PyTorch's there (session
+    23, benchmarks/NOTES.md). accGrad keeps the workspace's bound alone: its chunks' groups are
+    tuned (_per_group), and its peaks were not the step's."""
+    bound = config.mib_bytes("winograd_workspace_mb")
+    if operand_floats is not None:
+        bound = min(bound, max(TRANSIENT_FACTOR * 4 * S * operand_floats, TRANSIENT_FLOOR))
+    return batch_slices(S, bound // (4 * per_image_floats))
 
 
 # -- the three passes ----------------------------------------------------------------------------
@@ -209,7 +228,7 @@ def _conv(xp, x, u, pad, out_hw, m):
     fo, (oh, ow), alpha = u.shape[1], out_hw, m + R - 1
     th, tw = tiles(oh, ow, m)
     y = xp.empty((S, fo, oh, ow), dtype=np.float32)
-    for sl in _chunks(S, alpha * alpha * th * tw * (f + fo)):
+    for sl in _chunks(S, alpha * alpha * th * tw * (f + fo), f * h * w + fo * oh * ow):
         n = sl.stop - sl.start
         v = _input_transform(xp, x[sl], pad, th, tw, m)             # (alpha^2, f, n*th*tw)
         prod = cgemm.matmul(xp, u, v)                               # (alpha^2, fo, n*th*tw)

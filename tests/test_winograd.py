@@ -77,7 +77,7 @@ def test_chunks_and_accgrad_groups_match_the_reference(device, workspace_mb, gro
     x = rng.standard_normal((5, 4, 10, 12)).astype(np.float32)
     wt = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
     g = backends.geometry(x.shape, wt.shape, 1, 1)
-    chunks = len(winograd._chunks(5, 16 * 5 * 6 * 7))                     # F(2x2): 5 x 6 tiles
+    chunks = len(winograd._chunks(5, 16 * 5 * 6 * 7, 7 * 10 * 12))        # F(2x2): 5 x 6 tiles
     assert chunks == {0.01: 5, 0.026: 3, 64: 1}[workspace_mb]
     assert winograd.accgrad_groups(g, 2, -(-5 // chunks))[1] == {0.01: 1, 0.026: 2, 64: 5}[workspace_mb]
     for m in winograd.TILES:
@@ -103,9 +103,36 @@ def test_accgrad_groups_fill_the_gpu_and_revision_marks_it(settings):
     assert winograd.accgrad_groups(conv9, 4, 64) == (64, 1)
     shapes = winograd._shapes(conv9)
     assert shapes == ((64, 512, 28, 28), (512, 512, 3, 3), (1, 1), (1, 1))
-    assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [0, 0, 2]
+    # fprop and bprop at 1 since session 23 (chunks bounded by their operands)
+    assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [1, 1, 2]
     # TF32 mode: one more (F(4x4) compared with F(2x2) at the TF32 tolerance since session 22)
-    assert [winograd.revision(p, *shapes, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [1, 1, 3]
+    assert [winograd.revision(p, *shapes, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [2, 2, 3]
+
+
+def _pass_chunks(x_shape, fo, m, with_operands=True):
+    """winograd's batch chunks for a padded 3x3 layer's fprop (with its operands' bound) or accGrad."""
+    S, f, h, w = x_shape
+    th, tw = winograd.tiles(h, w, m)
+    tiles = (m + 2) ** 2 * th * tw * (f + fo)
+    return winograd._chunks(S, tiles, (f + fo) * h * w if with_operands else None)
+
+
+def test_fprop_and_bprop_chunks_hold_at_most_twice_their_operands_in_tiles(settings):
+    """OverFeat-fast's conv5 (1024 planes, 12x12, b128) at F(4x4): 340 MB of tiles for 151 MB of
+    operands, two chunks of 64 (its converted TF32 step peaked 102 MiB above PyTorch's in session 23
+    with one); accGrad keeps the workspace's bound alone (one chunk). Small layers stay whole
+    (ResNet's 14x14 256-plane layer: 151 MB, under the 256 MB floor; AlexNet's conv4 at 13x13);
+    VGG-16's conv1_2 (b64, 224x224) is bounded by the workspace (2048 MiB) as before: two chunks."""
+    settings(winograd_workspace_mb=2048.0)
+    conv5 = (128, 1024, 12, 12)
+    assert [(sl.start, sl.stop) for sl in _pass_chunks(conv5, 1024, 4)] == [(0, 64), (64, 128)]
+    assert len(_pass_chunks(conv5, 1024, 4, with_operands=False)) == 1
+    assert len(_pass_chunks((128, 256, 14, 14), 256, 4)) == 1
+    assert len(_pass_chunks((128, 384, 13, 13), 256, 4)) == 1
+    assert len(_pass_chunks((64, 64, 224, 224), 64, 4)) == 2
+    # the workspace still caps it where it is the smaller bound
+    settings(winograd_workspace_mb=64.0)
+    assert len(_pass_chunks((128, 256, 14, 14), 256, 4)) == 3
 
 
 def test_tf32_mode_compares_the_tiles_at_the_tf32_tolerance(settings, tmp_path, monkeypatch):
@@ -125,7 +152,8 @@ def test_tf32_mode_compares_the_tiles_at_the_tf32_tolerance(settings, tmp_path, 
     assert tols == [winograd.TUNE_TOL, cgemm.TF32_TOL]
     import json
     keys = [json.loads(k) for k in json.loads((tmp_path / "cache.json").read_text())["devices"]["cpu"]]
-    assert sorted((k[1], k[4]) for k in keys) == [("fp32", "winograd"), ("tf32", "winograd_r1")]   # TF32: revision 1
+    # fprop's revision 1 (session 23's chunks), one more in TF32 mode
+    assert sorted((k[1], k[4]) for k in keys) == [("fp32", "winograd_r1"), ("tf32", "winograd_r2")]
 
 
 def test_group_options_span_the_accuracy_rule_to_many_groups(settings):
