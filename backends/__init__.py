@@ -240,8 +240,9 @@ def _prepare(name, pass_name, backend, args, xp, x_shape, w_shape, stride, paddi
             _Prepared(xp, run, backend, pass_name, args, record, _output_bytes(g, pass_name))
 
 
-# Which later pass takes each spectrum a pass computes (backends/reuse.py's table).
-_CONSUMER = {"fprop": {"x": "accgrad", "w": "bprop"}, "bprop": {"gy": "accgrad"}, "accgrad": {}}
+# Which later pass takes each spectrum a pass computes (backends/reuse.py's table). accGrad's gy
+# goes to bprop where a caller runs bprop after it (the PyTorch adapter: later=("bprop",)).
+_CONSUMER = {"fprop": {"x": "accgrad", "w": "bprop"}, "bprop": {"gy": "accgrad"}, "accgrad": {"gy": "bprop"}}
 
 
 def _kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding):

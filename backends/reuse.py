@@ -30,11 +30,14 @@ Hazards:
 - Only whole-batch spectra are shared; a pass that splits its batch into chunks computes each
   chunk's spectrum and keeps none.
 - A spectrum is handed out once more, then dropped: in a step each has one later consumer (w in
-  bprop, x and gy in accGrad), and dropping it there keeps alive only the spectra still to come.
+  bprop, x in accGrad, gy in the second of the backward passes: accGrad in the framework's
+  layers, bprop in the PyTorch adapter's), and dropping it there keeps alive only the spectra
+  still to come.
 - A spectrum nobody will ask for is not kept at all. backends.run_pass says, through keeping(),
   which roles a pass may keep: fprop x and w, bprop gy, each only where the layer's later pass
   that would take it runs (its input wants a gradient) and runs on the same backend (under auto
-  it may run elsewhere); accGrad nothing. A layer's weight spectrum is kept only where the
+  it may run elsewhere); accGrad gy only where its caller runs bprop after it (the PyTorch
+  adapter does), else nothing. A layer's weight spectrum is kept only where the
   reuse_weight_spectra setting asks (off by default: memory, see backends._kept_roles); then
   bprop computes its own, and a step saves 2 forward FFTs per layer instead of 3. Backend
   functions called directly (not through run_pass) keep every spectrum, as before.

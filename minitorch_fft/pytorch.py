@@ -4,8 +4,10 @@
     model = convert(torchvision.models.alexnet())      # every nn.Conv2d it can serve, in place
 
 `torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend)` runs the framework's fprop
-(bias is added outside, as in the backends); its backward runs bprop and accGrad as two more
-operators, each only where its input needs a gradient. Every pass goes through
+(bias is added outside, as in the backends); its backward runs accGrad and bprop as two more
+operators, each only where its input needs a gradient, accGrad first (the input gradient, usually
+the larger output, is then not alive during accGrad's workspace, often the larger one: the
+comment above EagerConv2d). Every pass goes through
 backends.run_pass, so `auto` tunes per geometry and pass with the framework's tuning cache, and
 `backends.config` settings apply (`with backends.config.override(tf32=True):` is the TF32 mode).
 conv2d() and Conv2d call the operator where something traces them (torch.compile, make_fx,
@@ -39,7 +41,7 @@ block keeps its storage from being reused at the same address. It is not safe, a
 not the default, where a change bypasses the version counter (writes through `.data`, a DLPack or
 NumPy alias, a CUDA graph replay): the key would match a stale spectrum, as autograd's own check
 would miss it. Memory: by default (inputs=False) no spectrum lives from forward to backward, where
-a step's memory peaks: bprop's gradOutput spectrum serves accGrad and nothing else is kept.
+a step's memory peaks: accGrad's gradOutput spectrum serves bprop and nothing else is kept.
 reuse_spectra(inputs=True) also keeps each layer's input spectrum for its accGrad: more memory, and
 not reliably faster (converted AlexNet b128 on an H100, session 13: peak 1706 against 1417 MiB,
 the stock model's 1499; a step 9.0 against 9.6 ms measured alone, 9.82 against 9.76 in
@@ -198,21 +200,25 @@ def _cuda_scope(index):
     return cp, on, cgemm.capturing(handle)
 
 
-def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding):
-    """One pass of backends.run_pass on tensors a, b (same device, float32); a new tensor."""
+def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None):
+    """One pass of backends.run_pass on tensors a, b (same device, float32); a new tensor.
+    later: the layer's passes still to run on these tensors in this step (run_pass's argument:
+    which spectra this pass keeps for them, inside reuse_spectra()); None is fprop's, after which
+    both backward passes may run. A view of `a` is held for a later pass that takes it (fprop's x
+    for accGrad, accGrad's gy for bprop), of `b` only in fprop (w, for bprop): _array."""
     _check_float32(pass_name, a, b)
     args = dict(x_shape=tuple(x_shape), w_shape=tuple(w_shape), stride=tuple(stride), padding=tuple(padding))
-    keep = pass_name != "accgrad"
+    keep_a, keep_b = (True, True) if later is None else (bool(later), False)
     if a.is_cpu:
-        out = backends.run_pass(backend, pass_name, _array(a, None, keep), _array(b, None, keep),
-                                *_shape_arg(pass_name, args), **args)
+        out = backends.run_pass(backend, pass_name, _array(a, None, keep_a), _array(b, None, keep_b),
+                                *_shape_arg(pass_name, args), **args, later=later)
         return torch.from_numpy(np.ascontiguousarray(out))
     if not a.is_cuda:
         raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {a.device}")
     cp, on, capture = _cuda_scope(a.get_device())
     with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
-        out = backends.run_pass(backend, pass_name, _array(a, cp, keep), _array(b, cp, keep),
-                                *_shape_arg(pass_name, args), **args)
+        out = backends.run_pass(backend, pass_name, _array(a, cp, keep_a), _array(b, cp, keep_b),
+                                *_shape_arg(pass_name, args), **args, later=later)
         return _from_cupy(cp.ascontiguousarray(out))
 
 
@@ -244,14 +250,14 @@ def _conv2d(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[
 def _conv2d_bprop(gy: Tensor, weight: Tensor, x_shape: Sequence[int], stride: Sequence[int],
                   padding: Sequence[int], backend: str) -> Tensor:
     """gx (S, f, h, w) from gy (S, f', oh, ow): bprop."""
-    return _run("bprop", backend, gy, weight, x_shape, weight.shape, stride, padding)
+    return _run("bprop", backend, gy, weight, x_shape, weight.shape, stride, padding, later=())
 
 
 @torch.library.custom_op("minitorch_fft::conv2d_accgrad", mutates_args=())
 def _conv2d_accgrad(gy: Tensor, x: Tensor, w_shape: Sequence[int], stride: Sequence[int],
                     padding: Sequence[int], backend: str) -> Tensor:
     """gw (f', f, kh, kw) from gy and x, summed over the batch: accGrad."""
-    return _run("accgrad", backend, gy, x, x.shape, w_shape, stride, padding)
+    return _run("accgrad", backend, gy, x, x.shape, w_shape, stride, padding, later=())
 
 
 def _out_size(size, k, s, p):
@@ -287,14 +293,16 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, gy):
-    """bprop for x's gradient and accGrad for the weight's, each only where it is wanted."""
+    """accGrad for the weight's gradient, then bprop for x's, each only where it is wanted. The two
+    operators share no spectrum (neither knows whether the other runs): this path is the traced
+    one (torch.compile, which plans its own memory), where reuse_spectra() is not entered."""
     x, weight = ctx.saved_tensors
     stride, padding, backend = ctx.geometry
     gx = gw = None
-    if ctx.needs_input_grad[0]:
-        gx = torch.ops.minitorch_fft.conv2d_bprop(gy, weight, list(x.shape), stride, padding, backend)
     if ctx.needs_input_grad[1]:
         gw = torch.ops.minitorch_fft.conv2d_accgrad(gy, x, list(weight.shape), stride, padding, backend)
+    if ctx.needs_input_grad[0]:
+        gx = torch.ops.minitorch_fft.conv2d_bprop(gy, weight, list(x.shape), stride, padding, backend)
     return gx, gw, None, None, None
 
 
@@ -310,8 +318,16 @@ for _device in ("cpu", "cuda"):
 # FakeTensorMode and other dispatch modes, functorch's transforms) gets torch.ops, as do direct
 # callers of torch.ops.minitorch_fft.conv2d. Both end in _run, so they compute the same thing.
 
+# A layer's backward runs accGrad before bprop. In a step the memory peaks in the backward, and
+# there the order decides what is alive beside each pass's workspace: bprop first keeps its output
+# (the input gradient, as large as the layer's input) alive through accGrad, whose FFT workspace
+# holds both operands' spectra and the weight's (AlexNet b128's features.8 in TF32 mode: 207 MB
+# beside a 33 MB input gradient, the converted step 22 MiB above the stock model's peak, session
+# 23); accGrad first keeps only the weight gradient alive through bprop.
+
+
 class EagerConv2d(torch.autograd.Function):
-    """The operator's forward and backward as an autograd.Function: fprop, then bprop and accGrad
+    """The operator's forward and backward as an autograd.Function: fprop, then accGrad and bprop
     each only where its input needs a gradient (the profiler lists it by this name)."""
 
     @staticmethod
@@ -329,11 +345,13 @@ class EagerConv2d(torch.autograd.Function):
             return _backward(ctx, gy)
         x, weight = ctx.saved_tensors
         stride, padding, backend = ctx.geometry
+        need_x, need_w = ctx.needs_input_grad[:2]
         gx = gw = None
-        if ctx.needs_input_grad[0]:
-            gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding)
-        if ctx.needs_input_grad[1]:
-            gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding)
+        if need_w:   # first (the comment above); gy's spectrum kept for bprop where it runs next
+            gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding,
+                      later=("bprop",) if need_x else ())
+        if need_x:
+            gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
         return gx, gw, None, None, None
 
 

@@ -249,8 +249,8 @@ def test_no_second_derivative_on_either_path(path):
 @pytest.mark.parametrize("device", DEVICES)
 def test_spectra_are_shared_across_the_autograd_boundary(device, settings):
     """One cufft layer's step in a reuse_spectra() block: fprop's weight spectrum serves bprop,
-    fprop's x and bprop's gy serve accGrad (3 hits; inputs=False: not x's), with the same
-    gradients as without. cufft's
+    fprop's x serves accGrad and accGrad's gy serves bprop (3 hits; inputs=False: not x's), with
+    the same gradients as without. cufft's
     own tuning is off: a tuned pass may pick its own basis, and then shares nothing (reuse.py).
     Weight spectra kept (reuse_weight_spectra; off by default, saving memory)."""
     settings(cufft_tune="off", reuse_weight_spectra=True)
@@ -268,6 +268,46 @@ def test_spectra_are_shared_across_the_autograd_boundary(device, settings):
     for other in grads[1:]:
         for a, b in zip(grads[0], other):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", ["eager", "operator"])
+def test_backward_runs_accgrad_before_bprop_and_holds_nothing_after(device, path, settings, monkeypatch):
+    """A layer's backward: accGrad, then bprop (the input gradient is not alive beside accGrad's
+    workspace; the comment above EagerConv2d), on both paths. Eagerly in a reuse_spectra() block,
+    accGrad keeps gy's spectrum for bprop and nothing else (run_pass's `later`), and after the
+    backward the block holds no view; the traced path's two operators share nothing. The gradients
+    are those of the order before (bprop first), which the operators give when called so."""
+    settings(cufft_tune="off")
+    x, w, stride, padding = operands(STRIDE1[0], device)
+    calls = []
+    real = pt.backends.run_pass
+
+    def run_pass(name, pass_name, *args, later=None, **kw):
+        calls.append((pass_name, later))
+        return real(name, pass_name, *args, later=later, **kw)
+
+    monkeypatch.setattr(pt.backends, "run_pass", run_pass)
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    with reuse_spectra() as cache:
+        if path == "eager":
+            y = conv2d(xs, ws, stride, padding, "cufft")
+        else:
+            y = torch.ops.minitorch_fft.conv2d(xs, ws, list(stride), list(padding), "cufft")
+        y.square().sum().backward()
+        assert pt._views == {}
+    gy = 2 * y.detach()
+    hits = sorted(k.role for k in cache.hit_keys)
+    if path == "eager":
+        assert calls == [("fprop", None), ("accgrad", ("bprop",)), ("bprop", ())]
+        assert hits == ["gy"]                 # inputs=False: no x; weight spectra not kept by default
+    else:
+        assert calls == [("fprop", None), ("accgrad", ()), ("bprop", ())]
+        assert hits == []
+    monkeypatch.setattr(pt.backends, "run_pass", real)
+    gx = torch.ops.minitorch_fft.conv2d_bprop(gy, w, list(x.shape), list(stride), list(padding), "cufft")
+    gw = torch.ops.minitorch_fft.conv2d_accgrad(gy, x, list(w.shape), list(stride), list(padding), "cufft")
+    assert torch.equal(xs.grad, gx) and torch.equal(ws.grad, gw)
 
 
 @pytest.mark.parametrize("device", DEVICES)
