@@ -114,9 +114,9 @@ def passes(torch, base, x, y, chosen):
         step, model = trainer(torch, base, x, y, mode)
         marks, recording = [], [False]
 
-        def run(pass_name, backend, a, b, *rest):   # mp._run(pass, backend, a, b, x_shape, w_shape, ...)
+        def run(pass_name, backend, a, b, *rest, **kw):   # mp._run(pass, backend, a, b, x_shape, w_shape, ...)
             before = torch.cuda.max_memory_allocated()
-            out = real_run(pass_name, backend, a, b, *rest)
+            out = real_run(pass_name, backend, a, b, *rest, **kw)
             if recording[0]:
                 torch.cuda.synchronize()
                 marks.append((torch.cuda.max_memory_allocated() - before, pass_name, tuple(rest[1]),
