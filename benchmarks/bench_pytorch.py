@@ -18,7 +18,7 @@ with momentum. Rows per network:
 each eager and captured as one CUDA graph (torch.cuda.graph, replayed on the same static batch),
 and with --compile also under torch.compile (inductor). The converted rows share spectra across a
 layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward, its default:
-no spectrum held from forward to backward, bprop's gradOutput spectrum serving accGrad); --no-reuse
+no spectrum held from forward to backward, accGrad's gradOutput spectrum serving bprop); --no-reuse
 leaves that out (result files *_no_reuse); --input-reuse also keeps each layer's input spectrum
 from forward for accGrad (reuse_spectra(inputs=True): faster, and on AlexNet b128 310 MiB more at
 the step's peak, above stock's; benchmarks/NOTES.md sessions 11-13; result files *_input_reuse).

@@ -713,9 +713,10 @@ class Conv2dFn(Function):
         return y
 
     def _run(self, pass_name, *arrays):
-        # every spectrum's consumer comes after the pass that made it, so backward's passes will do
+        # the passes still to come on these arrays (bprop, then accGrad): spectra are kept for them alone
+        later = self.later if pass_name == "fprop" else self.later[self.later.index(pass_name) + 1:]
         return backends.run_pass(self.backend, pass_name, *arrays, x_shape=self.x.shape, w_shape=self.w.shape,
-                                 stride=self.stride, padding=self.padding, later=self.later)
+                                 stride=self.stride, padding=self.padding, later=later)
 
     def backward(self, g):
         x, w = self.x, self.w

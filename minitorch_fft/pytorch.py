@@ -45,7 +45,7 @@ a step's memory peaks: accGrad's gradOutput spectrum serves bprop and nothing el
 reuse_spectra(inputs=True) also keeps each layer's input spectrum for its accGrad: more memory, and
 not reliably faster (converted AlexNet b128 on an H100, session 13: peak 1706 against 1417 MiB,
 the stock model's 1499; a step 9.0 against 9.6 ms measured alone, 9.82 against 9.76 in
-bench_pytorch's run). A view is held only until its last pass (accGrad takes gy and x last). Keep
+bench_pytorch's run). A view is held only until its last pass (accGrad takes x last, bprop gy and w). Keep
 the block outside a torch.compile'd function (Dynamo does not trace it).
 """
 import contextlib
@@ -78,9 +78,9 @@ def _key(t):
 def _array(t, cp, keep=True):
     """t as a NumPy (cp None) or CuPy array on the same memory: the same view object for the same
     tensor state inside reuse_spectra(), so that reuse.py's identity key finds its spectrum. keep
-    False: no later pass takes t (accGrad is the last of a layer's passes), so a new view is not
-    held (it would keep t alive until the block ends: the first layer's gradOutput, 95 MiB on
-    AlexNet b128)."""
+    False: no later pass takes t (bprop is the last of a layer's passes, accGrad where no bprop
+    follows), so a new view is not held (it would keep t alive until the block ends: the first
+    layer's gradOutput, 95 MiB on AlexNet b128)."""
     t = t.detach().contiguous()          # a no-op for the contiguous tensors autograd passes here
     key = None if _views is None else _key(t)
     if key is not None and key in _views:

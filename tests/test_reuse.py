@@ -298,6 +298,29 @@ class _OutOfMemory:
         raise MemoryError("out of memory (stub)")
 
 
+@pytest.mark.parametrize("name", FFT_BACKENDS)
+def test_a_layers_accgrad_keeps_nothing_when_its_bprop_ran_first(name, monkeypatch):
+    """The framework's layers run bprop, then accGrad: accGrad's gy spectrum has no consumer left
+    (the PyTorch adapter's order, accGrad first, is the one that keeps it for bprop). Where accGrad
+    computes gy's spectrum again (bprop's was dropped: an out-of-memory fallback, or a cufft basis
+    tuned apart), the block must not hold it until it ends."""
+    real = backends.run_pass
+
+    def run_pass(backend, pass_name, *args, **kwargs):
+        if pass_name == "accgrad":
+            reuse.drop()
+        return real(backend, pass_name, *args, **kwargs)
+
+    monkeypatch.setattr(backends, "run_pass", run_pass)
+    x, w, gy = operands(padding=(1, 1))
+    layer = mt.SpatialConvolution(w.shape[1], w.shape[0], w.shape[2:], padding=(1, 1), backend=name)
+    layer.weight.data = w
+    with backends.reuse_spectra() as cache:
+        y = layer(mt.Tensor(x, requires_grad=True))
+        (y * mt.Tensor(gy)).sum().backward()
+        assert len(cache) == 0
+
+
 def test_out_of_memory_fallback_drops_the_steps_spectra(monkeypatch):
     monkeypatch.setitem(backends._REGISTRY, "oom_stub", _OutOfMemory)
     monkeypatch.setattr(backends, "_warned", set())
