@@ -80,6 +80,8 @@ FIRST_RUN_CUTOFF, FIRST_RUN_SLACK_MS = 10, 2.0
 # between near-tied plans (ResNet-18's conv2 TF32 fprop at 74bf06d, H100: the search had
 # eng67_k2=4_k27=4 at 0.3237 ms and eng67_k2=1_k27=8 at 0.3246; table3 gave them 0.331 and 0.312).
 SEARCH_INNER = 4   # costs 4x the runs of the timed rounds (24 a round per plan, against 6)
+HEURISTICS = ("A", "B", "FALLBACK")   # the heuristic modes whose plans are searched
+UNTUNED_HEURISTICS = ("A", "FALLBACK")  # cudnn_tune=off: the first of these plans that builds
 
 
 def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="fp32"):
@@ -87,8 +89,6 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     (SEARCH_INNER), so a choice between cudnn and the other backends made with a plan chosen the
     old way is made again."""
     return 1
-HEURISTICS = ("A", "B", "FALLBACK")   # the heuristic modes whose plans are searched
-UNTUNED_HEURISTICS = ("A", "FALLBACK")  # cudnn_tune=off: the first of these plans that builds
 
 
 @functools.lru_cache(maxsize=None)

@@ -423,6 +423,8 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
         raise ValueError("tune: no candidates")
     if len(candidates) == 1:
         return {"choice": candidates[0], "ms": {}, "skipped": {}, "why": "only candidate"}
+    if inner < 1:
+        raise ValueError(f"tune: inner must be >= 1, got {inner}")
     by_label = {label(c): c for c in candidates}
     if len(by_label) != len(candidates):
         raise ValueError(f"tune: candidate labels are not unique: {[label(c) for c in candidates]}")
@@ -454,9 +456,7 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
             continue
         rounds[name] = []
 
-    if inner < 1:
-        raise ValueError(f"tune: inner must be >= 1, got {inner}")
-    bursts = {"inner": inner} if inner > 1 else {}
+    bursts = {"inner": inner} if inner > 1 else {}   # timeit(fn, xp, warmup, repeat) otherwise, as stubs take it
 
     def time_rounds(names, drop=None):             # interleaved: a b c, a b c, ...
         for _ in range(ROUNDS):

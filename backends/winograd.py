@@ -292,8 +292,9 @@ def _per_group(xp, g, m, images, run):
         return default
     # keyed by the revision (a change to the pass times the counts again) and by the workspace,
     # whose cap on the groups shapes the options
-    key = tuning.key(xp, np.float32, tuple(g), "accgrad", f"winograd_groups_r{revision('accgrad', *_shapes(g), cgemm.mode(xp))}"
-                     f"_f{m}_n{images}_ws{config.get('winograd_workspace_mb'):g}")
+    r = revision("accgrad", *_shapes(g), cgemm.mode(xp))
+    key = tuning.key(xp, np.float32, tuple(g), "accgrad",
+                     f"winograd_groups_r{r}_f{m}_n{images}_ws{config.get('winograd_workspace_mb'):g}")
     return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default,
                                                       tol=tuning.variant_tol(xp, TUNE_TOL)),
                              valid=lambda per: per in options, untuned=lambda: default)["choice"]
