@@ -10,6 +10,9 @@
 # (tables) and its log. TABLE3_RUNS=3 times each network three times: each layer-pass's median,
 # summed (session 15: a layer-pass of one run now and then 2-6x slower than in the others, ours and
 # cuDNN's alike, e.g. ResNet-18's conv12 fprop 1.62 ms against 0.27).
+# TABLE3_S and STEP_S set the two limits (330 and 230 s, a call's 10 minutes between them): VGG-16's
+# table3 with --tf32 and 3 runs needs TABLE3_S=570 --no-step on a fresh cache (session 24: cut at
+# 330 s; 252 s with a warm one); TABLE3_S=1 runs the step alone.
 #   MINITORCH_COMMIT=<sha sent> TUNE=.dev/tune/autotune.json bash benchmarks/gpu_tables.sh vgg16 [--tf32] [--no-step] [--ours]
 set -uo pipefail
 cd "$(dirname "$0")/.."
