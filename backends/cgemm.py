@@ -301,7 +301,6 @@ def _libcublas():
 GemmPlan = namedtuple("GemmPlan", "p q r count out_shape op_a op_b lda ldb stride_a stride_b dtype one zero")
 
 
-@functools.lru_cache(maxsize=1024)
 def _cublas_paths():
     """The distinct libcublas files mapped into this process (CuPy's loaded first), in map order.
     GraphHandle creates its handle and calls its GEMMs through the first: one library either way."""
@@ -316,6 +315,7 @@ def _cublas_paths():
     return paths
 
 
+@functools.lru_cache(maxsize=1024)
 def _gemm_plan(a_shape, b_shape, dtype, op_a, op_b):
     """The cuBLAS arguments of op_a(a) @ op_b(b) for C-contiguous operands of these shapes.
 
