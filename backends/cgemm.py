@@ -52,8 +52,6 @@ _CUDA_R_32F, _CUDA_C_32F = 0, 4
 _CUBLAS_COMPUTE_32F = 68
 _CUBLAS_COMPUTE_32F_FAST_TF32 = 77
 _CUBLAS_GEMM_DEFAULT = -1
-_CUBLAS_DEFAULT_MATH = 0   # cublasMath_t: no TF32 unless the compute type asks (BorrowedHandle)
-
 
 def tf32_enabled():
     """Whether the complex GEMM runs in TF32 on the GPU: the tf32 setting (backends.config:
@@ -198,30 +196,6 @@ def capturing(handle):
         _capture = saved
 
 
-class BorrowedHandle:
-    """A cuBLAS handle another library made and keeps (PyTorch's, bound by it to the capture
-    stream with its own workspace), for capturing(): the GEMMs of a captured pass go to it, so the
-    graph holds no workspace of ours beside the one the owner's GEMMs already use. Its math mode is
-    set to cuBLAS's default first, so an fp32 GEMM stays fp32 whatever the owner set (PyTorch sets
-    TF32 math where torch.backends.cuda.matmul.allow_tf32 is on, and sets it again on its next
-    GEMM); the TF32 mode comes from the compute type alone. Only where shares_library(): a handle
-    is a pointer into the library that made it."""
-
-    def __init__(self, ptr):
-        import ctypes
-        self.ptr, self._lib = ptr, _libcublas()
-        _check(self._lib.cublasSetMathMode(ctypes.c_void_p(ptr), _CUBLAS_DEFAULT_MATH), "cublasSetMathMode")
-
-    def gemm(self, *args):
-        _check(self._lib.cublasGemmStridedBatchedEx(*args), "cublasGemmStridedBatchedEx")
-
-
-def shares_library():
-    """Whether this process has one libcublas loaded (CuPy's is the one PyTorch links), so that a
-    handle made by either takes the other's calls (BorrowedHandle)."""
-    return len(_cublas_paths()) == 1
-
-
 class GraphHandle:
     """A cuBLAS handle bound to one stream, with its own workspace (an array the caller keeps
     alive: allocate it from the graph's memory pool); `gemm` has cupy_backends' argument order.
@@ -279,40 +253,33 @@ def _libcublas():
     state are shared), with the argument types of the few functions used here."""
     import ctypes
 
-    paths = _cublas_paths()
-    if not paths:
+    import cupy as cp
+    cp.cuda.device.get_cublas_handle()            # makes CuPy load the library
+    path = None
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            name = line.rsplit(None, 1)[-1]
+            if "/libcublas.so" in name:
+                path = name
+                break
+    if path is None:
         raise RuntimeError("CUDA graphs: libcublas is not loaded in this process (looked for it in "
                            "/proc/self/maps after CuPy's first cuBLAS use)")
-    lib = ctypes.CDLL(paths[0])
+    lib = ctypes.CDLL(path)
     vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
     lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
     lib.cublasDestroy_v2.argtypes = [vp]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
-    lib.cublasSetMathMode.argtypes = [vp, i]
     lib.cublasGemmStridedBatchedEx.argtypes = [
         vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i]
     for f in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
-              "cublasSetMathMode", "cublasGemmStridedBatchedEx"):
+              "cublasGemmStridedBatchedEx"):
         getattr(lib, f).restype = i
     return lib
 
 
 GemmPlan = namedtuple("GemmPlan", "p q r count out_shape op_a op_b lda ldb stride_a stride_b dtype one zero")
-
-
-def _cublas_paths():
-    """The distinct libcublas files mapped into this process (CuPy's loaded first), in map order.
-    GraphHandle creates its handle and calls its GEMMs through the first: one library either way."""
-    import cupy as cp
-    cp.cuda.device.get_cublas_handle()            # makes CuPy load the library
-    paths = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            name = line.rsplit(None, 1)[-1]
-            if "/libcublas.so" in name and name not in paths:
-                paths.append(name)
-    return paths
 
 
 @functools.lru_cache(maxsize=1024)

@@ -20,11 +20,10 @@ array keeps alive) and a result comes back through a DLPack capsule; CPU tensors
 would). Neither direction orders streams: a pass runs on PyTorch's current stream, as PyTorch's
 own operators do (a CuPy ExternalStream), and allocates from PyTorch's caching allocator, so it
 orders with PyTorch's work, counts in torch.cuda.max_memory_allocated(), and can be captured by
-torch.cuda.graph (the allocations then come from the graph's private pool; CuPy refuses cuBLAS
-calls in a capture, so the GEMMs go to PyTorch's own cuBLAS handle, bound by PyTorch to the
-capture stream with the workspace its own GEMMs there use, backends.cgemm.BorrowedHandle; where
-PyTorch's libcublas is not CuPy's, to a handle of ours, cgemm.GraphHandle, made at the device's
-first eager pass, with a 32 MiB workspace from the first capture's pool). Capture after one eager
+torch.cuda.graph (the allocations then come from the graph's private pool; the GEMMs go to a
+cuBLAS handle made at the device's first eager pass and bound to the capture stream,
+backends.cgemm.GraphHandle, since CuPy refuses cuBLAS calls in a capture; its 32 MiB workspace is
+taken from the first capture's pool, so eager steps never hold it). Capture after one eager
 step: `auto` times the backends and cuFFT plans are made at a layer's first call, which a
 capture cannot hold. The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
 
@@ -51,7 +50,6 @@ the block outside a torch.compile'd function (Dynamo does not trace it).
 """
 import contextlib
 import logging
-import threading
 import warnings
 from typing import Sequence
 
@@ -134,8 +132,7 @@ def reuse_spectra(inputs=False):
 
 
 _cupy = None
-_ready = set()        # (device index, thread) that ran an eager pass: its capture handle is made
-_graph_handles = {}   # device index -> cgemm.GraphHandle, where PyTorch's cuBLAS handle cannot serve
+_graph_handles = {}   # device index -> cgemm.GraphHandle, made at the device's first eager pass
 _streams = {}         # (device index, stream pointer) -> _Stream: made once per PyTorch stream
 _NOT_CAPTURING = contextlib.nullcontext()
 
@@ -169,8 +166,7 @@ def _cuda_scope(index):
     the caller enters `with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:`.
     Per call this is two dict look-ups and two C calls: the stream's raw pointer (a Stream object,
     torch.cuda.current_stream(), costs 5.5 us) and whether it is being captured. While it is, the
-    GEMMs go to a cuBLAS handle bound to it (capture: cgemm.capturing; CuPy refuses its own):
-    PyTorch's (_torch_handle_capture), or ours where the two libraries differ."""
+    GEMMs go to a cuBLAS handle bound to it (capture: cgemm.capturing; CuPy refuses its own)."""
     global _cupy
     if _cupy is None:
         import cupy
@@ -180,30 +176,19 @@ def _cuda_scope(index):
     on = _streams.get((index, ptr))
     if on is None:
         on = _streams[index, ptr] = _Stream(cp, index, ptr)
-    if not torch.cuda.is_current_stream_capturing():
-        where = (index, threading.get_ident())
-        if where not in _ready:
-            # The handle a capture will use is made now: cublasCreate allocates, which a capture
-            # cannot hold. PyTorch's own for this thread (a backward runs on autograd's), where
-            # PyTorch's libcublas is CuPy's; this also binds PyTorch's workspace for this stream,
-            # which any PyTorch GEMM here (nn.Linear) holds anyway. Otherwise one of ours, once per
-            # device, without a workspace: eager passes never use it, and its 32 MiB were the
-            # converted ResNet-50's eager step peak over the stock model's (+22 MiB, session 14).
-            with on.device, on.stream:
-                if cgemm.shares_library():
-                    torch.cuda.current_blas_handle()
-                elif index not in _graph_handles:
-                    _graph_handles[index] = cgemm.GraphHandle(ptr, None)
-            _ready.add(where)
-        return cp, on, _NOT_CAPTURING
-    if (index, threading.get_ident()) not in _ready:
-        raise RuntimeError("minitorch_fft.conv2d: first pass on this GPU and thread inside a CUDA graph "
-                           "capture; run one eager step first, forward and backward (auto tunes, cuFFT "
-                           "plans and the cuBLAS handle are made at a layer's first call, which a capture "
-                           "cannot hold; a backward runs on autograd's own thread)")
     handle = _graph_handles.get(index)
+    if not torch.cuda.is_current_stream_capturing():
+        if handle is None:
+            # cublasCreate allocates, so the capture handle is made eagerly, without a workspace:
+            # eager passes never use it, and its 32 MiB were the converted ResNet-50's eager step
+            # peak over the stock model's (+22 MiB, benchmarks/NOTES.md, session 14)
+            with on.device, on.stream:
+                _graph_handles[index] = cgemm.GraphHandle(ptr, None)
+        return cp, on, _NOT_CAPTURING
     if handle is None:
-        return cp, on, _torch_handle_capture()
+        raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
+                           "run one eager step first (auto tunes, cuFFT plans and the cuBLAS handle are "
+                           "made at a layer's first call, which a capture cannot hold)")
     if handle.stream_ptr != ptr:
         handle.bind(ptr)
     if handle.workspace is None:
@@ -213,18 +198,6 @@ def _cuda_scope(index):
         workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
         handle.set_workspace(_cupy_bytes(workspace, cp))
     return cp, on, cgemm.capturing(handle)
-
-
-@contextlib.contextmanager
-def _torch_handle_capture():
-    """A captured pass's GEMMs on PyTorch's own cuBLAS handle for this thread, which
-    torch.cuda.current_blas_handle() binds to the current (capture) stream with PyTorch's
-    workspace for it, the one nn.Linear's GEMMs in the same capture use: the graph holds no
-    workspace of ours (converted AlexNet b128's fp32 CUDA-graph step: peak 1485 -> 1451 MiB, the
-    stock model's 1564; session 24). Entered inside the pass's device context: PyTorch takes the
-    runtime's current device."""
-    with cgemm.capturing(cgemm.BorrowedHandle(torch.cuda.current_blas_handle())):
-        yield
 
 
 def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None):
