@@ -222,6 +222,23 @@ def test_peak_step_bytes_measures_cupy_as_pytorch_measures_itself():
     assert ours["reserved"] >= ours["peak"] and keep.nbytes == t_keep.numel()
 
 
+@pytest.mark.gpu
+def test_peak_step_bytes_counts_a_graph_pool_whole():
+    """A CUDA graph's own pool (GraphedStep.pool) holds its graph's buffers, free in the pool's
+    books once the capture's arrays are dropped, yet written by every replay: a step that only
+    replays counts every byte of it, beside what it allocates from the default pool."""
+    import cupy as cp
+    graph_pool = cp.cuda.MemoryPool()
+    with cp.cuda.using_allocator(graph_pool.malloc):
+        kept = cp.empty(1 << 20, dtype=np.uint8)       # in use, as a graph's static output is
+        cp.empty(3 << 20, dtype=np.uint8)              # an intermediate buffer: free again here
+    assert graph_pool.total_bytes() == 4 << 20 and graph_pool.used_bytes() == 1 << 20
+    before = cp.get_default_memory_pool().used_bytes()
+    out = harness.peak_step_bytes(lambda: cp.empty(2 << 20, dtype=np.uint8), "cupy", [graph_pool])
+    assert out["peak"] - before == (4 << 20) + (2 << 20) and kept.nbytes == 1 << 20
+    assert out["reserved"] >= out["peak"] - before
+
+
 def test_median_ms_pauses_the_garbage_collector():
     """The collector is off inside every call median_ms makes (a collection would stall the host
     inside a timed span) and back as it was afterwards."""
