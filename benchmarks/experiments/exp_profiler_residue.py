@@ -22,7 +22,7 @@ TEARDOWN_CUPTI=1:
 """
 import argparse
 
-from benchmarks.harness import median_ms, set_tf32, torch_model
+from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
 
 def main():
@@ -42,6 +42,7 @@ def main():
     from backends import cgemm
     from benchmarks.paper import kernel_fraction
 
+    setup_cudnn(torch)   # benchmark mode, full search, PyTorch's TF32 defaults recorded for set_tf32
     print(f"{args.label} torch {torch.__version__}", flush=True)
     table = []
     for net in args.nets.split(","):
