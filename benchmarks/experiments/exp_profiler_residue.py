@@ -21,6 +21,7 @@ TEARDOWN_CUPTI=1:
       --nets alexnet,resnet18 --label TEARDOWN_CUPTI=1
 """
 import argparse
+import gc
 
 from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
@@ -30,6 +31,7 @@ def main():
     ap.add_argument("--nets", default="alexnet,resnet18")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10, help="timed steps per median")
+    ap.add_argument("--no-profile", action="store_true", help="no profiler sessions between the rounds")
     ap.add_argument("--label", default="", help="printed above the table (e.g. the TEARDOWN_CUPTI setting)")
     args = ap.parse_args()
 
@@ -44,7 +46,19 @@ def main():
 
     setup_cudnn(torch)   # benchmark mode, full search, PyTorch's TF32 defaults recorded for set_tf32
     print(f"{args.label} torch {torch.__version__}", flush=True)
-    table = []
+    table, diag = [], []
+    pool = cp.get_default_memory_pool()
+
+    class Allocs(cp.cuda.MemoryHook):
+        name = "exp_profiler_residue"
+
+        def __init__(self):
+            self.count, self.bytes = 0, 0
+
+        def alloc_preprocess(self, device_id, mem_size):   # a cudaMalloc (the pool's miss)
+            self.count += 1
+            self.bytes += mem_size
+
     for net in args.nets.split(","):
         shape = (args.batch,) + models.input_shape(net)
         x_np = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
@@ -86,20 +100,31 @@ def main():
         graph_step()
         steps["ours strict, CUDA graph"] = (graph_step, "cupy")
         times = {name: [] for name in steps}
+        hook = Allocs()
 
         def round_():
             for name, (fn, lib) in steps.items():
                 times[name].append(median_ms(fn, lib, 2, args.steps))
+                if name.startswith("ours") and "graph" not in name:   # what else the step does
+                    issue = median_ms(fn, "cpu", 0, 5, before=cp.cuda.Device().synchronize)
+                    hook.count = hook.bytes = 0
+                    with hook:
+                        for _ in range(3):
+                            fn()
+                    cp.cuda.Device().synchronize()
+                    diag.append((net, len(times[name]), name, issue, hook.count / 3, hook.bytes / 3 / 2**20,
+                                 gc.collect(), pool.total_bytes() / 2**30))
         round_()
         round_()
-        frac1 = kernel_fraction(steps["ours strict"][0])
+        frac1 = None if args.no_profile else kernel_fraction(steps["ours strict"][0])
         round_()
         round_()
-        frac2 = kernel_fraction(graph_step)
+        frac2 = None if args.no_profile else kernel_fraction(graph_step)
         round_()
         set_tf32("strict")
-        print(f"{net}: kernel fraction of our strict eager step {frac1:.1%} (first session), of its graph "
-              f"{frac2:.1%} (second)", flush=True)
+        if not args.no_profile:
+            print(f"{net}: kernel fraction of our strict eager step {frac1:.1%} (first session), of its graph "
+                  f"{frac2:.1%} (second)", flush=True)
         for name, t in times.items():
             table.append((net, name, *t))
         del model, opt, graphed, tm, topt
@@ -111,6 +136,10 @@ def main():
     for net, name, *t in table:
         ratio = (t[2] + t[3]) / (t[0] + t[1])
         print(f"{net:10}{name:26}" + "".join(f"{v:8.2f}" for v in t) + f"{ratio:11.3f}")
+    print(f"\n{'net':10}{'round':>6} {'step':18}{'issue ms':>9}{'mallocs/step':>13}{'MiB/step':>9}"
+          f"{'gc found':>9}{'pool GiB':>9}")
+    for net, r, name, issue, n, mib, found, gib in diag:
+        print(f"{net:10}{r:6d} {name:18}{issue:9.2f}{n:13.1f}{mib:9.1f}{found:9d}{gib:9.2f}")
 
 
 if __name__ == "__main__":
