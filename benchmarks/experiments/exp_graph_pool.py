@@ -1,0 +1,84 @@
+"""Experiment (not a benchmark of record): what fills a CUDA graph's own pool (GraphedStep.pool)?
+
+Once harness.peak_step_bytes counted a graph's pool whole (session 25), paper.step's graph rows
+read well over their eager steps' peaks: AlexNet 2.03 against 1.33 GiB, ResNet-18 3.61 against
+2.66 (H100, d9c6d52). Per network this reports, in MiB: the eager step's own transient (its peak
+less what was in use before it), then, for the capture: the bytes in use in the graph's pool at
+its high-water mark (the allocations the captured step holds at once), the pool's size after the
+capture (what it took from the device: the high-water mark plus what it could not reuse), its
+free blocks, and the number and bytes of the device allocations (cudaMalloc) it made.
+
+  MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_graph_pool --nets alexnet,resnet18
+"""
+import argparse
+
+from benchmarks.harness import peak_step_bytes, pool_peak
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nets", default="alexnet,resnet18")
+    ap.add_argument("--batch", type=int, default=128)
+    args = ap.parse_args()
+
+    import cupy as cp
+    import numpy as np
+
+    import minitorch_fft as mt
+    import models
+    from backends import cgemm
+
+    class Mallocs(cp.cuda.MemoryHook):
+        name = "exp_graph_pool"
+
+        def __init__(self):
+            self.sizes = []
+
+        def alloc_preprocess(self, device_id, mem_size):   # a cudaMalloc (a pool's miss)
+            self.sizes.append(mem_size)
+
+    mib = 2.0**20
+    rows = []
+    for net in args.nets.split(","):
+        for tf32 in (False, True):
+            shape = (args.batch,) + models.input_shape(net)
+            mt.manual_seed(0)
+            model = models.get(net, num_classes=1000, backend="auto").to("cuda")
+            opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            crit = mt.CrossEntropyCriterion()
+            x = mt.Tensor(cp.asarray(np.random.default_rng(0).standard_normal(shape, dtype=np.float32)))
+            y_np = np.random.default_rng(1).integers(0, 1000, args.batch)
+            y = cp.asarray(y_np)
+
+            def step():
+                with cgemm.tf32(tf32):
+                    mt.train_step(model, crit, opt, x, y)
+            step()
+            step()
+            cp.cuda.Device().synchronize()
+            before = cp.get_default_memory_pool().used_bytes()
+            eager = peak_step_bytes(step, "cupy")["peak"] - before
+            graphed = mt.graphs.GraphedStep(model, crit, opt)
+            with cgemm.tf32(tf32):
+                graphed(x, y_np)                           # eager
+                mallocs = Mallocs()
+                with pool_peak([graphed.pool]) as hook, mallocs:
+                    graphed(x, y_np)                       # captures, then replays
+            cp.cuda.Device().synchronize()
+            pool = graphed.pool
+            rows.append((net, "TF32 mode" if tf32 else "strict", eager / mib, hook.peak / mib,
+                         pool.total_bytes() / mib, pool.used_bytes() / mib, pool.n_free_blocks(),
+                         len(mallocs.sizes), sum(mallocs.sizes) / mib,
+                         sorted(mallocs.sizes, reverse=True)[:6]))
+            print(rows[-1], flush=True)
+            del model, opt, graphed, x, y
+            cp.get_default_memory_pool().free_all_blocks()
+    print(f"\n{'net':10}{'mode':11}{'eager MiB':>10}{'capture hw':>11}{'pool MiB':>9}{'used':>8}{'free blk':>9}"
+          f"{'mallocs':>8}{'MiB':>8}  largest (MiB)")
+    for net, mode, eager, hw, total, used, free, n, nbytes, largest in rows:
+        print(f"{net:10}{mode:11}{eager:10.0f}{hw:11.0f}{total:9.0f}{used:8.0f}{free:9d}{n:8d}{nbytes:8.0f}  "
+              + " ".join(f"{s / mib:.0f}" for s in largest))
+
+
+if __name__ == "__main__":
+    main()
