@@ -10,11 +10,7 @@ with one cudaGraphLaunch.
 A graph replays fixed addresses with fixed kernel arguments, which decides how this works:
 - Inputs go through static buffers: each call copies its batch into them, then launches.
 - Memory the step allocates comes from a pool of the graph's own (cupy.cuda.MemoryPool), never
-  used for anything else, so no array allocated outside can land where the graph writes. A fresh
-  pool makes a device allocation for each block it cannot carve from its free ones, and came out
-  1.5-1.6x the captured step's high-water mark on AlexNet and ResNet-18 (exp_graph_pool, session
-  25); where it comes out over SEED_SLACK x that mark, the step is captured again into one free
-  block of the mark's size, which the capture's allocations split and merge back into. Memory a
+  used for anything else, so no array allocated outside can land where the graph writes. Memory a
   backend keeps across calls (cufft's scratch buffers and plans) is held by the graph as well, so
   a buffer that grows later or a plan evicted from its cache is not freed under it.
 - The parameters, the module buffers (BatchNorm's running statistics), the optimiser's momentum
@@ -40,9 +36,6 @@ from .device import get_array_module
 from .tensor import Tensor
 from .training import train_step
 
-SEED_SLACK = 1.1   # a capture whose pool grew past this x its high-water mark is captured again
-
-
 
 class GraphedStep:
     """step = GraphedStep(model, criterion, optimizer); loss, logits = step(x, y)
@@ -50,11 +43,7 @@ class GraphedStep:
     One training step per call (forward, backward, optimiser update, in train.py's order), on the
     GPU (sync: a distributed.GradientSync, for data-parallel training). x: float32 (batch, ...) and y: integer (batch,) class indices, CuPy or NumPy arrays (or a
     Tensor for x), the same shapes at every call. Returns the loss (0-d) and the logits as CuPy
-    arrays of their own (copies: the graph's buffers are overwritten by the next replay).
-
-    After a capture: `pool` is the graph's memory pool, `high_water` the most bytes the captured
-    step held at once, `pool_seeded` whether it was captured a second time into one block of that
-    size (SEED_SLACK)."""
+    arrays of their own (copies: the graph's buffers are overwritten by the next replay)."""
 
     def __init__(self, model, criterion, optimizer, reuse_spectra=True, warmup=1, sync=None):
         params = model.parameters()
@@ -69,7 +58,6 @@ class GraphedStep:
         self.reuse_spectra, self.warmup, self.sync = reuse_spectra, warmup, sync
         self._modules = model.modules()
         self.calls = self.captures = 0
-        self.high_water, self.pool_seeded = 0, False
         self._eager_left = warmup      # eager steps before the next capture
         self.stream = cp.cuda.Stream(non_blocking=True)   # the legacy stream cannot be captured
         self.pool = cp.cuda.MemoryPool()
@@ -161,6 +149,7 @@ class GraphedStep:
     def _capture(self, x, key):
         import cupyx
 
+        import backends
         from backends import cgemm
         cp = self.cp
         self.graph = None                                   # the old graph's memory is free again
@@ -170,35 +159,11 @@ class GraphedStep:
             self._pinned, self._staged = cupyx.empty_pinned(x.shape[:1], np.int64), None
         s = self.stream
         s.wait_event(cp.cuda.get_current_stream().record())
-        if self.handle is None:
-            with cp.cuda.using_allocator(self.pool.malloc):
-                self.handle = cgemm.GraphHandle(s.ptr, cp.empty(cgemm.GRAPH_WORKSPACE_BYTES, np.uint8))
-        before = self.pool.total_bytes()
-        high = self._record(key)
-        grown = self.pool.total_bytes() - before
-        self.pool_seeded = grown > SEED_SLACK * high
-        if self.pool_seeded:
-            # Captured again into one block of the high-water mark's size (nothing ran yet: a
-            # graph's kernels run at its launches; the step keeps no host state of its own)
-            self.graph = self.loss = self.logits = None
-            self._held = []
-            self.pool.free_all_blocks()
-            with s:
-                self.pool.malloc(high)                      # returned at once: one free block
-            self.high_water = self._record(key)
-        else:
-            self.high_water = high
-        self.captures += 1
-
-    def _record(self, key):
-        """Capture one step on the graph's stream into its pool; the high-water mark (bytes) of
-        what the step held at once, allocated in the capture."""
-        import backends
-        from backends import cgemm
-        cp, s, opt = self.cp, self.stream, self.optimizer
+        opt = self.optimizer
         velocity = list(opt.velocity)          # a buffer made in the capture is never initialised
-        mark = _HighWater.make(cp)
-        with cp.cuda.using_allocator(self.pool.malloc), mark:
+        with cp.cuda.using_allocator(self.pool.malloc):
+            if self.handle is None:
+                self.handle = cgemm.GraphHandle(s.ptr, cp.empty(cgemm.GRAPH_WORKSPACE_BYTES, np.uint8))
             with s, cgemm.capturing(self.handle), _prechecked_targets(), \
                     backends.cufft.keeping_retired() as retired:
                 s.begin_capture()
@@ -219,31 +184,7 @@ class GraphedStep:
         self.graph, self.key = graph, key
         # buffers and plans the graph's addresses point into, those evicted during the capture too
         self._held = backends.held_on_device() + retired
-        return mark.peak
-
-
-class _HighWater:
-    """`with _HighWater.make(cp) as mark:` the most bytes CuPy's pools had handed out at once
-    inside the block, counted from zero (a cupy MemoryHook: this thread's allocations only)."""
-
-    @staticmethod
-    def make(cp):
-        class Hook(cp.cuda.MemoryHook):
-            name = "minitorch_graph_high_water"
-
-            def __init__(self):
-                self.live = self.peak = 0
-                self.sizes = {}
-
-            def malloc_postprocess(self, mem_ptr, mem_size, **_):
-                if mem_ptr:
-                    self.sizes[mem_ptr] = mem_size
-                    self.live += mem_size
-                    self.peak = max(self.peak, self.live)
-
-            def free_postprocess(self, mem_ptr, mem_size, **_):
-                self.live -= self.sizes.pop(mem_ptr, 0)
-        return Hook()
+        self.captures += 1
 
 
 def _settings(module):

@@ -279,23 +279,6 @@ def test_graphed_training_equals_eager_training(backend):
 
 
 @pytest.mark.gpu
-def test_a_step_captured_again_into_one_block_trains_as_eager(monkeypatch):
-    """SEED_SLACK 0 captures the step a second time, into one free block of the first capture's
-    high-water mark: the weights and losses of eager training, and a pool of that block, the
-    cuBLAS workspace and at most as much again (gemm keeps nothing across calls)."""
-    from backends import cgemm
-    monkeypatch.setattr(mt.graphs, "SEED_SLACK", 0.0)
-    batches = _batches(5)
-    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
-    graph_w, graph_loss, step = _train("gemm", batches, graphed=True)
-    assert step.captures == 1 and step.pool_seeded and step.high_water > 0
-    np.testing.assert_allclose(graph_loss, eager_loss, rtol=1e-5)
-    for g, e in zip(graph_w, eager_w):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
-    assert step.pool.total_bytes() <= cgemm.GRAPH_WORKSPACE_BYTES + 2 * step.high_water
-
-
-@pytest.mark.gpu
 def test_replays_draw_new_dropout_masks():
     import cupy as cp
     batches = _batches(4)

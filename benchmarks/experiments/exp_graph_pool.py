@@ -6,9 +6,7 @@ read well over their eager steps' peaks: AlexNet 2.03 against 1.33 GiB, ResNet-1
 less what was in use before it), then, for the capture: the bytes in use in the graph's pool at
 its high-water mark (the allocations the captured step holds at once), the pool's size after the
 capture (what it took from the device: the high-water mark plus what it could not reuse), its
-free blocks, and the number and bytes of the device allocations (cudaMalloc) it made. Since
-session 25 a capture whose pool grew past graphs.SEED_SLACK x its high-water mark is captured
-again into one block of that size ("seeded"); --no-seed turns that off for a before/after.
+free blocks, and the number and bytes of the device allocations (cudaMalloc) it made.
 
   MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_graph_pool --nets alexnet,resnet18
 """
@@ -21,7 +19,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", default="alexnet,resnet18")
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--no-seed", action="store_true", help="never capture again into one block")
     args = ap.parse_args()
 
     import cupy as cp
@@ -30,8 +27,6 @@ def main():
     import minitorch_fft as mt
     import models
     from backends import cgemm
-    if args.no_seed:
-        mt.graphs.SEED_SLACK = float("inf")
 
     class Mallocs(cp.cuda.MemoryHook):
         name = "exp_graph_pool"
@@ -73,16 +68,15 @@ def main():
             pool = graphed.pool
             rows.append((net, "TF32 mode" if tf32 else "strict", eager / mib, hook.peak / mib,
                          pool.total_bytes() / mib, pool.used_bytes() / mib, pool.n_free_blocks(),
-                         len(mallocs.sizes), sum(mallocs.sizes) / mib, graphed.pool_seeded,
+                         len(mallocs.sizes), sum(mallocs.sizes) / mib,
                          sorted(mallocs.sizes, reverse=True)[:6]))
             print(rows[-1], flush=True)
             del model, opt, graphed, x, y
             cp.get_default_memory_pool().free_all_blocks()
     print(f"\n{'net':10}{'mode':11}{'eager MiB':>10}{'capture hw':>11}{'pool MiB':>9}{'used':>8}{'free blk':>9}"
-          f"{'mallocs':>8}{'MiB':>8}{'seeded':>7}  largest (MiB)")
-    for net, mode, eager, hw, total, used, free, n, nbytes, seeded, largest in rows:
-        print(f"{net:10}{mode:11}{eager:10.0f}{hw:11.0f}{total:9.0f}{used:8.0f}{free:9d}{n:8d}{nbytes:8.0f}"
-              f"{str(seeded):>7}  "
+          f"{'mallocs':>8}{'MiB':>8}  largest (MiB)")
+    for net, mode, eager, hw, total, used, free, n, nbytes, largest in rows:
+        print(f"{net:10}{mode:11}{eager:10.0f}{hw:11.0f}{total:9.0f}{used:8.0f}{free:9d}{n:8d}{nbytes:8.0f}  "
               + " ".join(f"{s / mib:.0f}" for s in largest))
 
 
