@@ -6,7 +6,10 @@ read well over their eager steps' peaks: AlexNet 2.03 against 1.33 GiB, ResNet-1
 less what was in use before it), then, for the capture: the bytes in use in the graph's pool at
 its high-water mark (the allocations the captured step holds at once), the pool's size after the
 capture (what it took from the device: the high-water mark plus what it could not reuse), its
-free blocks, and the number and bytes of the device allocations (cudaMalloc) it made.
+free blocks, and the number and bytes of the device allocations (cudaMalloc) it made. A second
+table follows the default pool: its bytes in use before the eager step and at the graph's replay,
+the graph's static input, and what the graph holds of the backends' (scratch buffers and cuFFT
+plans, those retired from the caches during the capture among them).
 
   MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_graph_pool --nets alexnet,resnet18
 """
@@ -26,6 +29,7 @@ def main():
 
     import minitorch_fft as mt
     import models
+    import backends
     from backends import cgemm
 
     class Mallocs(cp.cuda.MemoryHook):
@@ -38,7 +42,7 @@ def main():
             self.sizes.append(mem_size)
 
     mib = 2.0**20
-    rows = []
+    rows, shares = [], []
     for net in args.nets.split(","):
         for tf32 in (False, True):
             shape = (args.batch,) + models.input_shape(net)
@@ -66,6 +70,14 @@ def main():
                     graphed(x, y_np)                       # captures, then replays
             cp.cuda.Device().synchronize()
             pool = graphed.pool
+            arrays = [h for h in graphed._held if isinstance(h, cp.ndarray)]
+            plans = [h for h in graphed._held if not isinstance(h, cp.ndarray)]
+            work = sum(getattr(getattr(p, "work_area", None), "mem", None).size
+                       for p in plans if getattr(p, "work_area", None) is not None)
+            shares.append((net, "TF32 mode" if tf32 else "strict", before / mib,
+                           cp.get_default_memory_pool().used_bytes() / mib, graphed.x.nbytes / mib,
+                           sum(a.nbytes for a in arrays) / mib, len(plans), work / mib,
+                           len(graphed._held) - len(backends.held_on_device())))
             rows.append((net, "TF32 mode" if tf32 else "strict", eager / mib, hook.peak / mib,
                          pool.total_bytes() / mib, pool.used_bytes() / mib, pool.n_free_blocks(),
                          len(mallocs.sizes), sum(mallocs.sizes) / mib,
@@ -78,6 +90,10 @@ def main():
     for net, mode, eager, hw, total, used, free, n, nbytes, largest in rows:
         print(f"{net:10}{mode:11}{eager:10.0f}{hw:11.0f}{total:9.0f}{used:8.0f}{free:9d}{n:8d}{nbytes:8.0f}  "
               + " ".join(f"{s / mib:.0f}" for s in largest))
+    print(f"\n{'net':10}{'mode':11}{'default before':>15}{'at replay':>10}{'static x':>9}{'held arrays':>12}"
+          f"{'plans':>6}{'work MiB':>9}{'retired':>8}")
+    for net, mode, before, after, xs, arr, n_plans, work, retired in shares:
+        print(f"{net:10}{mode:11}{before:15.0f}{after:10.0f}{xs:9.0f}{arr:12.0f}{n_plans:6d}{work:9.0f}{retired:8d}")
 
 
 if __name__ == "__main__":
