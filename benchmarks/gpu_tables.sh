@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 # The step's kernel fractions run torch.profiler after its rows are timed; Kineto's CUPTI stays
-# subscribed after a session unless TEARDOWN_CUPTI=1, and our eager steps ran 8-13 % slower then
+# subscribed after a session unless TEARDOWN_CUPTI=1, and our strict eager steps ran 8-13 % slower then
 # (exp_profiler_residue, session 25). With it, a later session re-initialises CUPTI (checked
 # beside live CUDA graphs, CUDA 13).
 export TEARDOWN_CUPTI=${TEARDOWN_CUPTI:-1}

@@ -366,7 +366,7 @@ def step(args, bar):
                           "float32")
         rows.append(step_row(net, batch, impl, our_step, n_steps, **verdict))
         # Each row's share of time in GPU kernels is measured once all of our rows are timed: a
-        # torch.profiler session left our later eager steps 8-13 % slower in the same process
+        # torch.profiler session left our later strict eager steps 8-13 % slower in the same process
         # (CUPTI stays subscribed unless TEARDOWN_CUPTI=1; exp_profiler_residue, session 25)
         profiled = [(rows[-1], our_step)]
         # The same step captured as one CUDA graph (minitorch_fft.graphs) and replayed, the
@@ -389,8 +389,7 @@ def step(args, bar):
         if args.cgemm_tf32:
             rows += tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures,
                                    profiled)
-        for row, fn in profiled:
-            row["kernel_fraction"] = kernel_fraction(fn)
+        add_kernel_fractions(profiled)   # a function: no loop variable keeps the last graph alive
         del model, opt, graphed, profiled
         cp.get_default_memory_pool().free_all_blocks()
         # PyTorch, same architecture
@@ -562,6 +561,14 @@ def graph_check(model, opt, crit, graphed, x, y, y_np):
         errs.append(float(cp.linalg.norm(g - e)) / max(float(cp.linalg.norm(e)), 1e-30))
     restore()
     return max(errs)
+
+
+def add_kernel_fractions(profiled):
+    """row["kernel_fraction"] = kernel_fraction(fn) for each (row, fn) in `profiled`, which is
+    emptied: the steps (and the CUDA graphs they replay) are the caller's to drop."""
+    for row, fn in profiled:
+        row["kernel_fraction"] = kernel_fraction(fn)
+    profiled.clear()
 
 
 def kernel_fraction(fn, steps=3):

@@ -44,7 +44,8 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_host", "benchmarks.experiments.exp_layout",
                 "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error",
                 "benchmarks.experiments.exp_pytorch_host", "benchmarks.experiments.exp_gemm_1x1",
-                "benchmarks.experiments.exp_adapter_peak")
+                "benchmarks.experiments.exp_adapter_peak", "benchmarks.experiments.exp_profiler_residue",
+                "benchmarks.experiments.exp_graph_pool")
 
 
 def test_paper_result_files_are_one_per_network_set_and_step_candidate_set(settings):
@@ -55,6 +56,32 @@ def test_paper_result_files_are_one_per_network_set_and_step_candidate_set(setti
     settings(auto_backends="ours")               # the "ours alone" step beside the full one
     assert paper.result_stem("step", ["vgg16"]) == "paper_step_vgg16_auto_ours"
     assert paper.result_stem("table3", ["vgg16"]) == "paper_table3_vgg16"   # table3 has both rows
+
+
+def test_paper_step_profiles_its_rows_after_timing_and_lets_their_steps_go(monkeypatch):
+    """add_kernel_fractions gives each row its step's fraction and keeps no step (a step closes
+    over its CUDA graph, which must not outlive the network's rows)."""
+    import gc
+    import weakref
+
+    from benchmarks import paper
+    monkeypatch.setattr(paper, "kernel_fraction", lambda fn: fn())
+
+    class Step:
+        def __init__(self, fraction):
+            self.fraction = fraction
+
+        def __call__(self):
+            return self.fraction
+    steps = [Step(0.5), Step(0.9)]
+    alive = [weakref.ref(s) for s in steps]
+    rows = [{"implementation": "eager"}, {"implementation": "graph"}]
+    profiled = list(zip(rows, steps))
+    del steps
+    paper.add_kernel_fractions(profiled)
+    assert [r["kernel_fraction"] for r in rows] == [0.5, 0.9] and profiled == []
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None]
 
 
 def test_exp_gemm_1x1_forms_match_float64_on_the_cpu(tmp_path):
