@@ -734,6 +734,23 @@ def pool_peak(pools):
     return PoolPeak(sum(p.used_bytes() for p in pools))
 
 
+def pool_misses():
+    """`with pool_misses() as misses:` misses.sizes, the bytes of each device allocation
+    (cudaMalloc: a CuPy pool's miss) made inside the block (a cupy MemoryHook: this thread's)."""
+    import cupy
+
+    class PoolMisses(cupy.cuda.MemoryHook):
+        name = "minitorch_pool_misses"
+
+        def __init__(self):
+            self.sizes = []
+
+        def alloc_preprocess(self, device_id, mem_size):
+            self.sizes.append(mem_size)
+
+    return PoolMisses()
+
+
 def poisoned(fn):
     """fn() with every CuPy allocation it makes filled with 0xFF bytes (NaN as float32) first.
 

@@ -15,7 +15,7 @@ plans, those retired from the caches during the capture among them).
 """
 import argparse
 
-from benchmarks.harness import peak_step_bytes, pool_peak
+from benchmarks.harness import peak_step_bytes, pool_misses, pool_peak
 
 
 def main():
@@ -31,15 +31,6 @@ def main():
     import models
     import backends
     from backends import cgemm
-
-    class Mallocs(cp.cuda.MemoryHook):
-        name = "exp_graph_pool"
-
-        def __init__(self):
-            self.sizes = []
-
-        def alloc_preprocess(self, device_id, mem_size):   # a cudaMalloc (a pool's miss)
-            self.sizes.append(mem_size)
 
     mib = 2.0**20
     rows, shares = [], []
@@ -65,7 +56,7 @@ def main():
             graphed = mt.graphs.GraphedStep(model, crit, opt)
             with cgemm.tf32(tf32):
                 graphed(x, y_np)                           # eager
-                mallocs = Mallocs()
+                mallocs = pool_misses()
                 with pool_peak([graphed.pool]) as hook, mallocs:
                     graphed(x, y_np)                       # captures, then replays
             cp.cuda.Device().synchronize()

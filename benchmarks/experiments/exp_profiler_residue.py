@@ -23,7 +23,7 @@ TEARDOWN_CUPTI=1:
 import argparse
 import gc
 
-from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
+from benchmarks.harness import median_ms, pool_misses, set_tf32, setup_cudnn, torch_model
 
 
 def main():
@@ -48,16 +48,6 @@ def main():
     print(f"{args.label} torch {torch.__version__}", flush=True)
     table, diag = [], []
     pool = cp.get_default_memory_pool()
-
-    class Allocs(cp.cuda.MemoryHook):
-        name = "exp_profiler_residue"
-
-        def __init__(self):
-            self.count, self.bytes = 0, 0
-
-        def alloc_preprocess(self, device_id, mem_size):   # a cudaMalloc (the pool's miss)
-            self.count += 1
-            self.bytes += mem_size
 
     for net in args.nets.split(","):
         shape = (args.batch,) + models.input_shape(net)
@@ -100,19 +90,18 @@ def main():
         graph_step()
         steps["ours strict, CUDA graph"] = (graph_step, "cupy")
         times = {name: [] for name in steps}
-        hook = Allocs()
 
         def round_():
             for name, (fn, lib) in steps.items():
                 times[name].append(median_ms(fn, lib, 2, args.steps))
                 if name.startswith("ours") and "graph" not in name:   # what else the step does
                     issue = median_ms(fn, "cpu", 0, 5, before=cp.cuda.Device().synchronize)
-                    hook.count = hook.bytes = 0
+                    hook = pool_misses()
                     with hook:
                         for _ in range(3):
                             fn()
                     cp.cuda.Device().synchronize()
-                    diag.append((net, len(times[name]), name, issue, hook.count / 3, hook.bytes / 3 / 2**20,
+                    diag.append((net, len(times[name]), name, issue, len(hook.sizes) / 3, sum(hook.sizes) / 3 / 2**20,
                                  gc.collect(), pool.total_bytes() / 2**30))
         round_()
         round_()

@@ -28,7 +28,7 @@ import os
 import pstats
 import time
 
-from benchmarks.harness import median_ms
+from benchmarks.harness import median_ms, pool_misses
 
 
 def thread_cpu():
@@ -77,16 +77,6 @@ def main():
     kept, rows = [], []
     pool = cp.get_default_memory_pool()
 
-    class Allocs(cp.cuda.MemoryHook):
-        name = "exp_step_host"
-
-        def __init__(self):
-            self.count, self.bytes = 0, 0
-
-        def alloc_preprocess(self, device_id, mem_size):   # a cudaMalloc (the pool's miss)
-            self.count += 1
-            self.bytes += mem_size
-
     for mode in args.modes.split(","):
         tf32 = mode == "tf32"
 
@@ -103,7 +93,7 @@ def main():
         ms = median_ms(step, "cupy", 1, args.steps)
         issue = median_ms(step, "cpu", 0, args.steps, before=cp.cuda.Device().synchronize)
         burst = median_ms(lambda: [step() for _ in range(5)], "cupy", 1, max(3, args.steps // 5)) / 5
-        hook = Allocs()
+        hook = pool_misses()
         cp.cuda.Device().synchronize()
         with hook:
             for _ in range(3):
@@ -137,8 +127,8 @@ def main():
             pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(args.top)
             print(f"=== {args.net} {mode}: by cumulative time ===")
             print(text.getvalue())
-        rows.append((mode, first_s, ms, burst, issue, hook.count / 3, hook.bytes / 3 / 2**20, pool.n_free_blocks(),
-                     pool.total_bytes() / 2**30))
+        rows.append((mode, first_s, ms, burst, issue, len(hook.sizes) / 3, sum(hook.sizes) / 3 / 2**20,
+                     pool.n_free_blocks(), pool.total_bytes() / 2**30))
         if mode == "strict" and not args.no_graph:   # as paper.step: the strict graph stays alive
             graphed = mt.graphs.GraphedStep(model, crit, opt)
             for _ in range(2):
