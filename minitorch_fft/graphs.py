@@ -43,6 +43,7 @@ from .tensor import Tensor
 from .training import train_step
 
 ARENA = True   # capture into a planned arena (False: the graph's pool as the capture asks)
+ARENA_GAIN = 1.0   # the plan is used where its arena is under this x the first capture's growth
 ALIGN = 512    # CuPy's pool rounds every block to this; so does the arena
 
 
@@ -73,6 +74,7 @@ class GraphedStep:
         self.graph = self.key = self.x = self.y = self.handle = None
         self.loss = self.logits = self.n_classes = self._pinned = self._staged = None
         self._held, self._arena = [], None
+        self.records, self.arena_plan = 0, None   # captures made last time; (arena, pool growth) bytes
 
     # -- the step itself ----------------------------------------------------------------------
     def _step(self, x, y):
@@ -171,25 +173,38 @@ class GraphedStep:
             with cp.cuda.using_allocator(self.pool.malloc):
                 self.handle = cgemm.GraphHandle(s.ptr, cp.empty(cgemm.GRAPH_WORKSPACE_BYTES, np.uint8))
         self._arena = None
+        self.pool.free_all_blocks()           # what an earlier graph left: the growth below is this one's
         before = self.pool.total_bytes()
-        lifetimes = _Lifetimes.make(cp)
+        self.records = 0
+        if not ARENA or self.sync is not None:
+            # not with a data-parallel sync: its all-reduce runs on a stream of its own, and the
+            # plan knows one stream's order only
+            self._record(key, self.pool.malloc)
+            self.captures += 1
+            return
+        lifetimes = _Lifetimes.make(cp, self.pool.malloc)
         with lifetimes:
             self._record(key, self.pool.malloc)
-        offsets, size = plan_arena(lifetimes.blocks)
-        # not with a data-parallel sync: its all-reduce runs on a stream of its own, and the plan
-        # knows one stream's order only
-        if ARENA and self.sync is None and size < self.pool.total_bytes() - before:
+            grown, ended = self.pool.total_bytes() - before, lifetimes.tick
             self._drop_graph()
-            arena = self.pool.malloc(size)
-            planned = _Planned(cp, arena, lifetimes.blocks, offsets, self.pool.malloc)
+        # blocks still held after the drop belong to the backends' caches (cuFFT plans, scratch
+        # buffers made in this capture): the next capture finds them made and asks for none of them
+        blocks = _expected(lifetimes.blocks, ended)
+        offsets, size = plan_arena(blocks)
+        self.arena_plan = (size, grown)
+        if size < ARENA_GAIN * grown:
+            with s:
+                arena = self.pool.malloc(size)
+            planned = _Planned(cp, arena, blocks, offsets, self.pool.malloc)
             self._record(key, planned.malloc)
             if planned.matched():
                 self._arena = arena
-            else:                             # the second capture went another way: no plan
-                self._drop_graph()
-                del arena, planned
-                self.pool.free_all_blocks()
-                self._record(key, self.pool.malloc)
+                self.captures += 1
+                return
+            self._drop_graph()                # the second capture went another way: no plan
+            del arena, planned
+            self.pool.free_all_blocks()
+        self._record(key, self.pool.malloc)
         self.captures += 1
 
     def _drop_graph(self):
@@ -203,6 +218,7 @@ class GraphedStep:
         import backends
         from backends import cgemm
         cp, s, opt = self.cp, self.stream, self.optimizer
+        self.records += 1
         velocity = list(opt.velocity)          # a buffer made in the capture is never initialised
         with cp.cuda.using_allocator(malloc):
             with s, cgemm.capturing(self.handle), _prechecked_targets(), \
@@ -234,53 +250,69 @@ def plan_arena(blocks, align=ALIGN):
     (its memory may be used outside the graph). Largest first, each at the lowest offset free over
     its lifetime: the greedy-by-size rule of offline memory planners. Offsets and sizes are
     multiples of `align`."""
-    spans = [(-1, float("inf")) if end is None else (start, end) for _, start, end in blocks]
-    sizes = [-(-n // align) * align for n, _, _ in blocks]
-    offsets, placed = [0] * len(blocks), []
-    for i in sorted(range(len(blocks)), key=lambda i: (-sizes[i], spans[i][0])):
-        start, end = spans[i]
+    n = len(blocks)
+    sizes = np.array([-(-b[0] // align) * align for b in blocks], dtype=np.int64)
+    start = np.array([-1 if b[2] is None else b[1] for b in blocks], dtype=np.float64)
+    end = np.array([np.inf if b[2] is None else b[2] for b in blocks], dtype=np.float64)
+    lo, hi = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    placed = np.zeros(n, dtype=bool)
+    for i in sorted(range(n), key=lambda i: (-sizes[i], start[i])):
+        busy = placed & (start < end[i]) & (start[i] < end)
         offset = 0
-        for lo, hi in sorted((lo, hi) for lo, hi, a, b in placed if a < end and start < b):
-            if offset + sizes[i] <= lo:
-                break
-            offset = max(offset, hi)
-        offsets[i] = offset
-        placed.append((offset, offset + sizes[i], start, end))
-    return offsets, max((hi for _, hi, _, _ in placed), default=0)
+        if busy.any():
+            order = np.argsort(lo[busy], kind="stable")
+            b_lo, b_hi = lo[busy][order], hi[busy][order]
+            reach = np.concatenate(([0], np.maximum.accumulate(b_hi)))   # highest end below each
+            fits = np.nonzero(b_lo - reach[:-1] >= sizes[i])[0]
+            offset = int(reach[fits[0]]) if fits.size else int(reach[-1])
+        lo[i], hi[i], placed[i] = offset, offset + sizes[i], True
+    return [int(v) for v in lo], int(hi.max()) if n else 0
+
+
+def _expected(blocks, ended):
+    """The blocks a second capture of the same step asks for, in order, on a clock of its own:
+    those the first capture let go by the time its graph was dropped (a block held past that is
+    a cache's, made once); one let go only with the graph (loss, logits, what the graph held) is
+    alive at the end."""
+    kept = [[n, a, None if b > ended else b] for n, a, b in blocks if b is not None]
+    times = sorted({t for _, a, b in kept for t in (a, b) if t is not None})
+    renumber = {t: k for k, t in enumerate(times)}
+    return [[n, renumber[a], None if b is None else renumber[b]] for n, a, b in kept]
 
 
 class _Lifetimes:
-    """`with _Lifetimes.make(cp) as rec:` rec.blocks, [bytes, start, end] of each block CuPy's
-    pools hand out inside the block (end None while alive), on a clock that ticks at each hand-out
-    and return (a cupy MemoryHook: this thread's only)."""
+    """`with _Lifetimes.make(cp, malloc) as rec:` rec.blocks, [bytes, start, end] of each block
+    handed out inside the block while `malloc` is CuPy's allocator (end None while alive), on a
+    clock (rec.tick) that ticks at each hand-out and return (a cupy MemoryHook: this thread's)."""
 
     @staticmethod
-    def make(cp):
+    def make(cp, malloc):
         class Hook(cp.cuda.MemoryHook):
             name = "minitorch_graph_lifetimes"
 
             def __init__(self):
-                self.blocks, self._open, self._tick = [], {}, 0
+                self.blocks, self._open, self.tick = [], {}, 0
 
             def malloc_postprocess(self, mem_ptr, mem_size, **_):
-                if mem_ptr:
+                if mem_ptr and cp.cuda.get_allocator() == malloc:
                     self._open[mem_ptr] = len(self.blocks)
-                    self.blocks.append([mem_size, self._tick, None])
-                    self._tick += 1
+                    self.blocks.append([mem_size, self.tick, None])
+                    self.tick += 1
 
             def free_postprocess(self, mem_ptr, **_):
                 i = self._open.pop(mem_ptr, None)
                 if i is not None:
-                    self.blocks[i][2] = self._tick
-                    self._tick += 1
+                    self.blocks[i][2] = self.tick
+                    self.tick += 1
         return Hook()
 
 
 class _Planned:
     """The second capture's allocator: the i-th request gets the i-th block's place in `arena`
-    where its size is the first capture's; every request from the first that differs on goes to
-    `fallback`. matched(): every block came from the plan and each was let go at the moment, on
-    the same clock, that the first capture let its twin go (only then does the layout hold)."""
+    where its size and moment are the first capture's; from the first request or return that
+    differs on, every request goes to `fallback` (a block handed out before then stays where the
+    plan put it, and nothing planned after it is handed out). matched(): every block came from the
+    plan and each was let go at the moment its twin was (only then does the layout hold)."""
 
     def __init__(self, cp, arena, blocks, offsets, fallback):
         self.cp, self.arena, self.blocks, self.offsets, self.fallback = cp, arena, blocks, offsets, fallback
@@ -291,8 +323,8 @@ class _Planned:
             return self.fallback(size)
         i = len(self.seen)
         rounded = -(-size // ALIGN) * ALIGN
-        if self._off_plan or i >= len(self.blocks) or self.blocks[i][0] != rounded:
-            self._off_plan = True
+        if self._off_plan or i >= len(self.blocks) or self.blocks[i][:2] != [rounded, self._tick]:
+            self._off_plan = True             # from here on the layout cannot be trusted
             return self.fallback(size)
         self.seen.append([rounded, self._tick, None])
         self._tick += 1
@@ -301,6 +333,8 @@ class _Planned:
         return self.cp.cuda.MemoryPointer(mem, 0)
 
     def freed(self, i):
+        if self.blocks[i][2] != self._tick:
+            self._off_plan = True             # let go at another moment than its twin
         self.seen[i][2] = self._tick
         self._tick += 1
 

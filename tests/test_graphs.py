@@ -541,9 +541,10 @@ def test_planned_blocks_alive_together_never_share_a_byte(seed):
         for j in range(i):
             if _overlap(spans[i], spans[j]):
                 assert not _overlap(places[i], places[j]), (blocks[i], blocks[j])
-    # never less than the most bytes alive at one moment
+    # never less than the most bytes alive at one moment, and not far above it on these cases
+    # (a planner that shared nothing would take every byte: several times more)
     live = max(sum(hi - lo for (lo, hi), (a, b) in zip(places, spans) if a <= t < b) for t in range(-1, 240))
-    assert size >= live
+    assert live <= size <= 1.25 * live, (size, live, sum(hi - lo for lo, hi in places))
 
 
 def test_a_plan_of_nested_lifetimes_takes_the_most_bytes_alive_at_once():
@@ -594,28 +595,40 @@ def test_a_second_capture_that_matches_the_first_gets_the_plan():
     assert [h.ptr - _Arena.ptr for h in held if h is not None] == [offsets[2]]
 
 
-@pytest.mark.parametrize("script", [
-    [("a", 1000), ("a", 2000), ("f", 1), ("a", 600), ("f", 0)],     # another size
-    [("a", 1000), ("a", 600), ("a", 600), ("f", 1), ("f", 0)],      # a block let go later
-    [("a", 1000), ("a", 600), ("f", 1), ("f", 0)],                  # a block fewer
+@pytest.mark.parametrize("script, planned_blocks", [
+    ([("a", 1000), ("a", 2000), ("f", 1), ("a", 600), ("f", 0)], 1),     # another size
+    ([("a", 1000), ("a", 600), ("a", 600), ("f", 1), ("f", 0)], 2),      # a block let go later
+    ([("a", 1000), ("a", 600), ("f", 1), ("f", 0)], 2),                  # a block fewer
 ])
-def test_a_second_capture_that_goes_another_way_is_not_matched(script):
-    blocks = [[1024, 0, 4], [1024, 1, 2], [1024, 3, None]]
+def test_a_second_capture_that_goes_another_way_leaves_the_plan_at_once(script, planned_blocks):
+    """The third request of the second script has the planned size but comes while block 1, which
+    the plan let go before it, is still alive: it must not get the place block 1 shares with it."""
+    blocks = [[1024, 0, 4], [1024, 1, 2], [1024, 3, 5]]
     offsets, _ = mt.graphs.plan_arena(blocks)
+    assert offsets[1] == offsets[2]                  # the plan lets them share
     fallback = []
     planned = mt.graphs._Planned(_FakeCp, _Arena, blocks, offsets, lambda n: fallback.append(n))
     _replay(planned, script)
-    assert not planned.matched()
+    assert not planned.matched() and len(planned.seen) == planned_blocks
+
+
+def test_what_a_second_capture_asks_for_leaves_out_the_caches_and_keeps_the_end():
+    # block 2 is still held after the graph is dropped (a cache's); block 3 went with the graph
+    blocks = [[1024, 0, 5], [512, 1, 2], [512, 3, None], [2048, 4, 7]]
+    assert mt.graphs._expected(blocks, 6) == [[1024, 0, 4], [512, 1, 2], [2048, 3, None]]
 
 
 @pytest.mark.gpu
-def test_a_step_captured_into_its_planned_arena_trains_as_eager():
-    """A net whose capture the plan serves: the arena is used, and six steps (one eager, one
-    capture, replays) give eager training's weights and losses."""
+@pytest.mark.parametrize("backend", ["gemm", "auto"])
+def test_a_step_captured_into_its_planned_arena_trains_as_eager(backend, monkeypatch):
+    """With the plan taken whatever it saves (ARENA_GAIN), the second capture runs from the arena,
+    and six steps (one eager, two captures, replays) give eager training's weights and losses."""
+    monkeypatch.setattr(mt.graphs, "ARENA_GAIN", float("inf"))
     batches = _batches(6, S=64)
-    eager_w, eager_loss, _ = _train("auto", batches, graphed=False)
-    graph_w, graph_loss, step = _train("auto", batches, graphed=True)
-    assert step._arena is not None and step.captures == 1
+    eager_w, eager_loss, _ = _train(backend, batches, graphed=False)
+    graph_w, graph_loss, step = _train(backend, batches, graphed=True)
+    size, grown = step.arena_plan
+    assert step._arena is not None and step.records == 2 and step.captures == 1, (size, grown)
     np.testing.assert_allclose(graph_loss, eager_loss, rtol=1e-5)
     for g, e in zip(graph_w, eager_w):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
