@@ -436,6 +436,7 @@ def step(args, bar):
             ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"), ("x PyTorch strict", "x_strict", ".2f"),
             ("x PyTorch TF32", "x_tf32", ".2f"),
             ("peak GiB (allocated)", "peak_gib", ".2f"), ("reserved GiB", "reserved_gib", ".2f"),
+            ("in use at start GiB", "held_gib", ".2f"), ("graph pool GiB", "graph_pool_gib", ".2f"),
             ("time in GPU kernels", "kernel_fraction", ".1%"), ("graph vs eager", "graph_vs_eager", ".1e"),
             ("worst tensor", "worst_tensor", ""), ("its rel err vs fp64", "max_err", ".1e"),
             ("PyTorch fp32's largest", "torch_fp32_max_err", ".1e"), ("bound", "bound", ".1e"),
@@ -446,12 +447,19 @@ def step(args, bar):
 def step_row(net, batch, label, fn, n_steps, pools=(), **extra):
     """One step row of ours: fn timed (CUDA events, median of n_steps) and its peak memory
     (harness.peak_step_bytes, the pools a graph allocates from too), with `extra` fields. Its
-    share of time in GPU kernels (kernel_fraction) is the caller's to add once every row is timed."""
+    share of time in GPU kernels (kernel_fraction) is the caller's to add once every row is timed.
+    The peak's two parts are kept too: what the default pool holds in use as the step starts
+    (parameters, gradients, momentum, a graph's static input, buffers kept across steps) and the
+    size of the graphs' own pools (`pools`, counted whole; None for an eager row)."""
+    import cupy as cp
     ms = median_ms(fn, "cupy", 1, n_steps)
+    cp.cuda.Device().synchronize()
+    held = cp.get_default_memory_pool().used_bytes()
     mem = peak_step_bytes(fn, "cupy", pools)
     return {"network": net, "batch": batch, "implementation": label, "step_ms": ms,
             "images_per_s": batch / ms * 1e3, "peak_gib": mem["peak"] / 2.0**30,
-            "reserved_gib": mem["reserved"] / 2.0**30, **extra}
+            "reserved_gib": mem["reserved"] / 2.0**30, "held_gib": held / 2.0**30,
+            "graph_pool_gib": sum(p.total_bytes() for p in pools) / 2.0**30 if pools else None, **extra}
 
 
 def branch_errors(model, net, x_np, y_np, tf32):
