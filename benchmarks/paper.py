@@ -384,7 +384,7 @@ def step(args, bar):
             failures.append(f"{net} {impl}, CUDA graph: one replayed step differs from the same "
                             f"step run eagerly by {graph_err:.1e} (relative; bound {GRAPH_TOL:.0e})")
         rows.append(step_row(net, batch, f"{impl}, CUDA graph", graph_step, n_steps, [graphed.pool],
-                             graph_captures=graphed.captures, graph_vs_eager=graph_err))
+                             graph_vs_eager=graph_err, **graph_fields(graphed)))
         profiled.append((rows[-1], graph_step))
         if args.cgemm_tf32:
             rows += tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures,
@@ -437,6 +437,7 @@ def step(args, bar):
             ("x PyTorch TF32", "x_tf32", ".2f"),
             ("peak GiB (allocated)", "peak_gib", ".2f"), ("reserved GiB", "reserved_gib", ".2f"),
             ("in use at start GiB", "held_gib", ".2f"), ("graph pool GiB", "graph_pool_gib", ".2f"),
+            ("pool unplanned GiB", "graph_unplanned_gib", ".2f"),
             ("time in GPU kernels", "kernel_fraction", ".1%"), ("graph vs eager", "graph_vs_eager", ".1e"),
             ("worst tensor", "worst_tensor", ""), ("its rel err vs fp64", "max_err", ".1e"),
             ("PyTorch fp32's largest", "torch_fp32_max_err", ".1e"), ("bound", "bound", ".1e"),
@@ -460,6 +461,13 @@ def step_row(net, batch, label, fn, n_steps, pools=(), **extra):
             "images_per_s": batch / ms * 1e3, "peak_gib": mem["peak"] / 2.0**30,
             "reserved_gib": mem["reserved"] / 2.0**30, "held_gib": held / 2.0**30,
             "graph_pool_gib": sum(p.total_bytes() for p in pools) / 2.0**30 if pools else None, **extra}
+
+
+def graph_fields(graphed):
+    """A graph row's record of its captures: how many, and the bytes its pool grew by in the first
+    capture of the last (what the pool would hold without the planned arena; graphs.ARENA)."""
+    plan = graphed.arena_plan
+    return {"graph_captures": graphed.captures, "graph_unplanned_gib": plan[1] / 2.0**30 if plan else None}
 
 
 def branch_errors(model, net, x_np, y_np, tf32):
@@ -526,7 +534,7 @@ def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps
     graph_step()
     graph_step()
     rows.append(step_row(net, batch, f"{impl}, CUDA graph, TF32 mode", graph_step, n_steps, [graphed.pool],
-                         graph_captures=graphed.captures))
+                         **graph_fields(graphed)))
     profiled.append((rows[-1], graph_step))
     return rows
 
