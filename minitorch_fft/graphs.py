@@ -75,6 +75,7 @@ class GraphedStep:
         self.loss = self.logits = self.n_classes = self._pinned = self._staged = None
         self._held, self._arena = [], None
         self.records, self.arena_plan = 0, None   # captures made last time; (arena, pool growth) bytes
+        self.plan_miss = None                     # why the last plan was not taken (_Planned.miss)
 
     # -- the step itself ----------------------------------------------------------------------
     def _step(self, x, y):
@@ -172,7 +173,7 @@ class GraphedStep:
         if self.handle is None:
             with cp.cuda.using_allocator(self.pool.malloc):
                 self.handle = cgemm.GraphHandle(s.ptr, cp.empty(cgemm.GRAPH_WORKSPACE_BYTES, np.uint8))
-        self._arena = None
+        self._arena = self.plan_miss = None
         self.pool.free_all_blocks()           # what an earlier graph left: the growth below is this one's
         before = self.pool.total_bytes()
         self.records = 0
@@ -201,6 +202,7 @@ class GraphedStep:
                 self._arena = arena
                 self.captures += 1
                 return
+            self.plan_miss = planned.miss
             self._drop_graph()                # the second capture went another way: no plan
             del arena, planned
             self.pool.free_all_blocks()
@@ -317,6 +319,11 @@ class _Planned:
     def __init__(self, cp, arena, blocks, offsets, fallback):
         self.cp, self.arena, self.blocks, self.offsets, self.fallback = cp, arena, blocks, offsets, fallback
         self.seen, self._tick, self._off_plan = [], 0, False
+        self.miss = None                      # where the second capture first went another way
+
+    def _leave(self, why):
+        if not self._off_plan:
+            self._off_plan, self.miss = True, why
 
     def malloc(self, size):
         if size == 0:
@@ -324,7 +331,9 @@ class _Planned:
         i = len(self.seen)
         rounded = -(-size // ALIGN) * ALIGN
         if self._off_plan or i >= len(self.blocks) or self.blocks[i][:2] != [rounded, self._tick]:
-            self._off_plan = True             # from here on the layout cannot be trusted
+            # from here on the layout cannot be trusted
+            self._leave(f"request {i}: {rounded} B at t={self._tick}, planned "
+                        + (f"{self.blocks[i][0]} B at t={self.blocks[i][1]}" if i < len(self.blocks) else "none"))
             return self.fallback(size)
         self.seen.append([rounded, self._tick, None])
         self._tick += 1
@@ -333,12 +342,14 @@ class _Planned:
         return self.cp.cuda.MemoryPointer(mem, 0)
 
     def freed(self, i):
-        if self.blocks[i][2] != self._tick:
-            self._off_plan = True             # let go at another moment than its twin
+        if self.blocks[i][2] != self._tick:   # let go at another moment than its twin
+            self._leave(f"block {i} ({self.blocks[i][0]} B) let go at t={self._tick}, planned t={self.blocks[i][2]}")
         self.seen[i][2] = self._tick
         self._tick += 1
 
     def matched(self):
+        if not self._off_plan and len(self.seen) < len(self.blocks):
+            self._leave(f"{len(self.seen)} of {len(self.blocks)} planned blocks asked for")
         return not self._off_plan and self.seen == [list(b) for b in self.blocks]
 
 

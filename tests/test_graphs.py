@@ -628,7 +628,7 @@ def test_a_step_captured_into_its_planned_arena_trains_as_eager(backend, monkeyp
     eager_w, eager_loss, _ = _train(backend, batches, graphed=False)
     graph_w, graph_loss, step = _train(backend, batches, graphed=True)
     size, grown = step.arena_plan
-    assert step._arena is not None and step.records == 2 and step.captures == 1, (size, grown)
+    assert step._arena is not None and step.records == 2 and step.captures == 1, (size, grown, step.plan_miss)
     np.testing.assert_allclose(graph_loss, eager_loss, rtol=1e-5)
     for g, e in zip(graph_w, eager_w):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)

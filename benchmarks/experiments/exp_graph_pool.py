@@ -88,10 +88,10 @@ def main():
                              len(mallocs.sizes), sum(mallocs.sizes) / mib, graphed.records,
                              graphed._arena is not None, plan[0] / mib, seconds,
                              sorted(mallocs.sizes, reverse=True)[:6]))
-                print(rows[-1], flush=True)
+                print(rows[-1], "plan missed:" if graphed.plan_miss else "", graphed.plan_miss or "", flush=True)
                 del graphed
                 cp.get_default_memory_pool().free_all_blocks()
-            del model, opt, graphed, x, y
+            del model, opt, x, y
             cp.get_default_memory_pool().free_all_blocks()
     print(f"\n{'net':10}{'mode, arena':15}{'eager MiB':>10}{'capture hw':>11}{'pool MiB':>9}{'used':>8}{'free blk':>9}"
           f"{'mallocs':>8}{'MiB':>8}{'captures':>9}{'planned':>8}{'plan MiB':>9}{'capture s':>10}  largest (MiB)")
