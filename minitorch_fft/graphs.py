@@ -188,9 +188,12 @@ class GraphedStep:
             self._record(key, self.pool.malloc)
             grown, ended = self.pool.total_bytes() - before, lifetimes.tick
             self._drop_graph()
-        # blocks still held after the drop belong to the backends' caches (cuFFT plans, scratch
-        # buffers made in this capture): the next capture finds them made and asks for none of them
-        blocks = _expected(lifetimes.blocks, ended)
+        # blocks the backends' caches hold after the drop (cuFFT plans, scratch buffers made in this
+        # capture): the next capture finds them made and asks for none of them. The others still
+        # held (the parameters' gradients) it asks for again, and they live on past it.
+        import backends
+        cached = _pointers(backends.held_on_device())
+        blocks = _expected(lifetimes.blocks, ended, [p in cached for p in lifetimes.ptrs])
         offsets, size = plan_arena(blocks)
         self.arena_plan = (size, grown)
         if size < ARENA_GAIN * grown:
@@ -201,6 +204,7 @@ class GraphedStep:
             if planned.matched():
                 self._arena = arena
                 self.captures += 1
+                self.pool.free_all_blocks()   # the first capture's gradients, replaced by the second's
                 return
             self.plan_miss = planned.miss
             self._drop_graph()                # the second capture went another way: no plan
@@ -271,20 +275,33 @@ def plan_arena(blocks, align=ALIGN):
     return [int(v) for v in lo], int(hi.max()) if n else 0
 
 
-def _expected(blocks, ended):
+def _expected(blocks, ended, cached):
     """The blocks a second capture of the same step asks for, in order, on a clock of its own:
-    those the first capture let go by the time its graph was dropped (a block held past that is
-    a cache's, made once); one let go only with the graph (loss, logits, what the graph held) is
-    alive at the end."""
-    kept = [[n, a, None if b > ended else b] for n, a, b in blocks if b is not None]
+    all but those a cache holds after the first capture's graph was dropped (`cached`, one flag a
+    block: made once). One let go only with the graph (loss, logits, what the graph held) or not
+    at all (a parameter's gradient) is alive at the end."""
+    kept = [[n, a, None if b is None or b > ended else b]
+            for (n, a, b), in_cache in zip(blocks, cached) if not (b is None and in_cache)]
     times = sorted({t for _, a, b in kept for t in (a, b) if t is not None})
     renumber = {t: k for k, t in enumerate(times)}
     return [[n, renumber[a], None if b is None else renumber[b]] for n, a, b in kept]
 
 
+def _pointers(held):
+    """The device addresses of the allocations behind `held` (arrays, and cuFFT plans' work areas)."""
+    found = set()
+    for h in held:
+        for pointer in (getattr(h, "data", None), getattr(h, "work_area", None)):
+            mem = getattr(pointer, "mem", None)
+            if mem is not None:
+                found.add(mem.ptr)
+    return found
+
+
 class _Lifetimes:
     """`with _Lifetimes.make(cp, malloc) as rec:` rec.blocks, [bytes, start, end] of each block
-    handed out inside the block while `malloc` is CuPy's allocator (end None while alive), on a
+    handed out inside the block while `malloc` is CuPy's allocator (end None while alive), and
+    rec.ptrs their addresses, on a
     clock (rec.tick) that ticks at each hand-out and return (a cupy MemoryHook: this thread's)."""
 
     @staticmethod
@@ -293,12 +310,13 @@ class _Lifetimes:
             name = "minitorch_graph_lifetimes"
 
             def __init__(self):
-                self.blocks, self._open, self.tick = [], {}, 0
+                self.blocks, self.ptrs, self._open, self.tick = [], [], {}, 0
 
             def malloc_postprocess(self, mem_ptr, mem_size, **_):
                 if mem_ptr and cp.cuda.get_allocator() == malloc:
                     self._open[mem_ptr] = len(self.blocks)
                     self.blocks.append([mem_size, self.tick, None])
+                    self.ptrs.append(mem_ptr)
                     self.tick += 1
 
             def free_postprocess(self, mem_ptr, **_):
