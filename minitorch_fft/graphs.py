@@ -276,11 +276,12 @@ def plan_arena(blocks, align=ALIGN):
 
 
 def _expected(blocks, ended, cached):
-    """The blocks a second capture of the same step asks for, in order, on a clock of its own:
+    """The blocks a second capture of the same step asks for, in order, on a clock of its own
+    (`ended`: the first tick after the first capture's step, where the drop of its graph began):
     all but those a cache holds after the first capture's graph was dropped (`cached`, one flag a
     block: made once). One let go only with the graph (loss, logits, what the graph held) or not
     at all (a parameter's gradient) is alive at the end."""
-    kept = [[n, a, None if b is None or b > ended else b]
+    kept = [[n, a, None if b is None or b >= ended else b]
             for (n, a, b), in_cache in zip(blocks, cached) if not (b is None and in_cache)]
     times = sorted({t for _, a, b in kept for t in (a, b) if t is not None})
     renumber = {t: k for k, t in enumerate(times)}
@@ -368,7 +369,10 @@ class _Planned:
     def matched(self):
         if not self._off_plan and len(self.seen) < len(self.blocks):
             self._leave(f"{len(self.seen)} of {len(self.blocks)} planned blocks asked for")
-        return not self._off_plan and self.seen == [list(b) for b in self.blocks]
+        for i, (seen, planned) in enumerate(zip(self.seen, self.blocks)):
+            if seen != list(planned):
+                self._leave(f"block {i} ({seen[0]} B) alive at the end, planned to be let go at t={planned[2]}")
+        return not self._off_plan
 
 
 class _BlockOwner:

@@ -613,11 +613,11 @@ def test_a_second_capture_that_goes_another_way_leaves_the_plan_at_once(script, 
 
 
 def test_what_a_second_capture_asks_for_leaves_out_the_caches_and_keeps_the_end():
-    # after the graph is dropped, block 2 is still held by a cache and block 4 by a parameter (its
-    # gradient, made again by the next capture); block 3 went with the graph
+    # after the graph is dropped (from t=7 on), block 2 is still held by a cache and block 4 by a
+    # parameter (its gradient, made again by the next capture); block 3 went first with the graph
     blocks = [[1024, 0, 5], [512, 1, 2], [512, 3, None], [2048, 4, 7], [512, 6, None]]
     cached = [False, False, True, False, False]
-    assert mt.graphs._expected(blocks, 6, cached) == [[1024, 0, 4], [512, 1, 2], [2048, 3, None],
+    assert mt.graphs._expected(blocks, 7, cached) == [[1024, 0, 4], [512, 1, 2], [2048, 3, None],
                                                       [512, 5, None]]
 
 
