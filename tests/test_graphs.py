@@ -534,7 +534,7 @@ def test_planned_blocks_alive_together_never_share_a_byte(seed):
         end = None if r.random() < 0.1 else start + int(r.integers(1, 40))
         blocks.append((int(r.integers(1, 5000)), start, end))
     offsets, size = mt.graphs.plan_arena(blocks, align=512)
-    spans = [(-1, np.inf) if e is None else (s, e) for _, s, e in blocks]
+    spans = [(s, np.inf if e is None else e) for _, s, e in blocks]
     places = [(o, o + -(-n // 512) * 512) for o, (n, _, _) in zip(offsets, blocks)]
     assert all(o % 512 == 0 for o in offsets) and max(hi for _, hi in places) == size
     for i in range(len(blocks)):
@@ -551,7 +551,9 @@ def test_a_plan_of_nested_lifetimes_takes_the_most_bytes_alive_at_once():
     # a step's typical shape: activations kept for the backward, scratch freed at once
     blocks = [(4096, 0, 9), (1024, 1, 2), (2048, 3, 8), (1024, 4, 5), (512, 6, 7), (512, 8, None)]
     offsets, size = mt.graphs.plan_arena(blocks, align=512)
-    assert size == 4096 + 2048 + 1024 + 512     # the widest moment (t=4), plus the block kept after
+    assert size == 4096 + 2048 + 1024           # the widest moment (t=4)
+    # the block kept after the capture (a gradient) takes bytes a block let go before it started
+    assert offsets[5] in (offsets[2], offsets[3], offsets[4])
 
 
 class _FakeCuda:
