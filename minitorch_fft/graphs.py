@@ -255,26 +255,39 @@ def plan_arena(blocks, align=ALIGN):
     alive at the same moment never share a byte. A block alive after the capture (a gradient, the
     loss) is alive from its start on: before it, a replay may use its bytes for a block let go
     earlier in the step, as CuPy's pool does in a capture (session 26: counted alive from the
-    beginning, AlexNet's gradients kept its plan at 860 MiB against 694 in use at once). Largest
-    first, each at the lowest offset free over its lifetime: the greedy-by-size rule of offline
-    memory planners. Offsets and sizes are multiples of `align`."""
+    beginning, AlexNet's gradients kept its plan at 860 MiB against 694 in use at once). Each
+    block in turn goes to the lowest offset free over its lifetime, the turns in the orders of
+    offline memory planners (largest first, longest-lived first, largest size x lifetime first,
+    and the order of the requests, as the pool itself did): the smallest arena of these. Offsets
+    and sizes are multiples of `align`."""
     n = len(blocks)
+    if n == 0:
+        return [], 0
     sizes = np.array([-(-b[0] // align) * align for b in blocks], dtype=np.int64)
     start = np.array([b[1] for b in blocks], dtype=np.float64)
     end = np.array([np.inf if b[2] is None else b[2] for b in blocks], dtype=np.float64)
+    life = np.minimum(end, start.max() + 1) - start
+    orders = [np.lexsort((start, -sizes)), np.lexsort((-sizes, -life)), np.lexsort((start, -sizes * life)),
+              np.argsort(start, kind="stable")]
+    return min((_first_fit(sizes, start, end, order) for order in orders), key=lambda plan: plan[1])
+
+
+def _first_fit(sizes, start, end, order):
+    """plan_arena's placement, the blocks taken in `order`: (offsets, arena bytes)."""
+    n = len(sizes)
     lo, hi = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     placed = np.zeros(n, dtype=bool)
-    for i in sorted(range(n), key=lambda i: (-sizes[i], start[i])):
+    for i in order:
         busy = placed & (start < end[i]) & (start[i] < end)
         offset = 0
         if busy.any():
-            order = np.argsort(lo[busy], kind="stable")
-            b_lo, b_hi = lo[busy][order], hi[busy][order]
+            by_offset = np.argsort(lo[busy], kind="stable")
+            b_lo, b_hi = lo[busy][by_offset], hi[busy][by_offset]
             reach = np.concatenate(([0], np.maximum.accumulate(b_hi)))   # highest end below each
             fits = np.nonzero(b_lo - reach[:-1] >= sizes[i])[0]
             offset = int(reach[fits[0]]) if fits.size else int(reach[-1])
         lo[i], hi[i], placed[i] = offset, offset + sizes[i], True
-    return [int(v) for v in lo], int(hi.max()) if n else 0
+    return [int(v) for v in lo], int(hi.max())
 
 
 def _expected(blocks, ended, cached):

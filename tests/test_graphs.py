@@ -547,6 +547,19 @@ def test_planned_blocks_alive_together_never_share_a_byte(seed):
     assert live <= size <= 1.25 * live, (size, live, sum(hi - lo for lo, hi in places))
 
 
+def test_the_plan_is_the_smallest_of_its_orders():
+    r = np.random.default_rng(7)
+    blocks = [(int(r.integers(1, 5000)), int(s), None if r.random() < 0.1 else int(s) + int(r.integers(1, 40)))
+              for s in r.integers(0, 200, 80)]
+    _, size = mt.graphs.plan_arena(blocks, align=512)
+    sizes = np.array([-(-b[0] // 512) * 512 for b in blocks])
+    start = np.array([b[1] for b in blocks], dtype=float)
+    end = np.array([np.inf if b[2] is None else b[2] for b in blocks], dtype=float)
+    largest_first = mt.graphs._first_fit(sizes, start, end, np.lexsort((start, -sizes)))[1]
+    in_request_order = mt.graphs._first_fit(sizes, start, end, np.argsort(start, kind="stable"))[1]
+    assert size <= min(largest_first, in_request_order)
+
+
 def test_a_plan_of_nested_lifetimes_takes_the_most_bytes_alive_at_once():
     # a step's typical shape: activations kept for the backward, scratch freed at once
     blocks = [(4096, 0, 9), (1024, 1, 2), (2048, 3, 8), (1024, 4, 5), (512, 6, 7), (512, 8, None)]
