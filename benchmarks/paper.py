@@ -384,7 +384,7 @@ def step(args, bar):
             failures.append(f"{net} {impl}, CUDA graph: one replayed step differs from the same "
                             f"step run eagerly by {graph_err:.1e} (relative; bound {GRAPH_TOL:.0e})")
         rows.append(step_row(net, batch, f"{impl}, CUDA graph", graph_step, n_steps, [graphed.pool],
-                             graph_captures=graphed.captures, graph_vs_eager=graph_err))
+                             graph_vs_eager=graph_err, **graph_fields(graphed)))
         profiled.append((rows[-1], graph_step))
         if args.cgemm_tf32:
             rows += tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures,
@@ -436,6 +436,8 @@ def step(args, bar):
             ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"), ("x PyTorch strict", "x_strict", ".2f"),
             ("x PyTorch TF32", "x_tf32", ".2f"),
             ("peak GiB (allocated)", "peak_gib", ".2f"), ("reserved GiB", "reserved_gib", ".2f"),
+            ("in use at start GiB", "held_gib", ".2f"), ("graph pool GiB", "graph_pool_gib", ".2f"),
+            ("pool unplanned GiB", "graph_unplanned_gib", ".2f"),
             ("time in GPU kernels", "kernel_fraction", ".1%"), ("graph vs eager", "graph_vs_eager", ".1e"),
             ("worst tensor", "worst_tensor", ""), ("its rel err vs fp64", "max_err", ".1e"),
             ("PyTorch fp32's largest", "torch_fp32_max_err", ".1e"), ("bound", "bound", ".1e"),
@@ -446,12 +448,26 @@ def step(args, bar):
 def step_row(net, batch, label, fn, n_steps, pools=(), **extra):
     """One step row of ours: fn timed (CUDA events, median of n_steps) and its peak memory
     (harness.peak_step_bytes, the pools a graph allocates from too), with `extra` fields. Its
-    share of time in GPU kernels (kernel_fraction) is the caller's to add once every row is timed."""
+    share of time in GPU kernels (kernel_fraction) is the caller's to add once every row is timed.
+    The peak's two parts are kept too: what the default pool holds in use as the step starts
+    (parameters, gradients, momentum, a graph's static input, buffers kept across steps) and the
+    size of the graphs' own pools (`pools`, counted whole; None for an eager row)."""
+    import cupy as cp
     ms = median_ms(fn, "cupy", 1, n_steps)
+    cp.cuda.Device().synchronize()
+    held = cp.get_default_memory_pool().used_bytes()
     mem = peak_step_bytes(fn, "cupy", pools)
     return {"network": net, "batch": batch, "implementation": label, "step_ms": ms,
             "images_per_s": batch / ms * 1e3, "peak_gib": mem["peak"] / 2.0**30,
-            "reserved_gib": mem["reserved"] / 2.0**30, **extra}
+            "reserved_gib": mem["reserved"] / 2.0**30, "held_gib": held / 2.0**30,
+            "graph_pool_gib": sum(p.total_bytes() for p in pools) / 2.0**30 if pools else None, **extra}
+
+
+def graph_fields(graphed):
+    """A graph row's record of its captures: how many, and the bytes its pool grew by in the first
+    capture of the last (what the pool would hold without the planned arena; graphs.ARENA)."""
+    plan = graphed.arena_plan
+    return {"graph_captures": graphed.captures, "graph_unplanned_gib": plan[1] / 2.0**30 if plan else None}
 
 
 def branch_errors(model, net, x_np, y_np, tf32):
@@ -518,7 +534,7 @@ def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps
     graph_step()
     graph_step()
     rows.append(step_row(net, batch, f"{impl}, CUDA graph, TF32 mode", graph_step, n_steps, [graphed.pool],
-                         graph_captures=graphed.captures))
+                         **graph_fields(graphed)))
     profiled.append((rows[-1], graph_step))
     return rows
 
@@ -530,7 +546,8 @@ GRAPH_TOL = 1e-4   # a replayed step against the same step run eagerly (rounding
 def graph_check(model, opt, crit, graphed, x, y, y_np):
     """The largest relative difference between one replay of `graphed` and the same step run
     eagerly from the same weights, momentum and dropout stream: the loss, and each parameter's
-    update. The state is restored in place between the two (the graph keeps its addresses)."""
+    update. The state is restored in place between the two (the graph keeps its addresses), and
+    the gradients are the graph's again at the end."""
     import cupy as cp
 
     import minitorch_fft as mt
@@ -554,12 +571,17 @@ def graph_check(model, opt, crit, graphed, x, y, y_np):
         graph_loss, _ = graphed(x, y_np)
         graph_updates = [p.data - b for p, b in zip(params, before)]
         restore()
+        graph_grads = [p.grad for p in params]
         loss, _ = mt.train_step(model, crit, opt, x, y)
     errs = [abs(float(graph_loss) - float(loss.data)) / abs(float(loss.data))]
     for p, b, g in zip(params, before, graph_updates):
         e = p.data - b
         errs.append(float(cp.linalg.norm(g - e)) / max(float(cp.linalg.norm(e)), 1e-30))
     restore()
+    # the gradients point into the graph's memory again, as after a replay: the eager step's
+    # (in the default pool) would be counted in the graph row's peak (AlexNet's 0.23 GiB, session 26)
+    for p, g in zip(params, graph_grads):
+        p.grad = g
     return max(errs)
 
 

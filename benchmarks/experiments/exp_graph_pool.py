@@ -11,6 +11,10 @@ table follows the default pool: its bytes in use before the eager step and at th
 the graph's static input, and what the graph holds of the backends' (scratch buffers and cuFFT
 plans, those retired from the caches during the capture among them).
 
+Each network and mode is captured twice on the same model, the graph's memory as the capture asks
+(graphs.ARENA off) and from the planned arena (on, session 26), with the captures made and the
+host seconds the capturing call took.
+
   MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_graph_pool --nets alexnet,resnet18
 """
 import argparse
@@ -22,7 +26,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nets", default="alexnet,resnet18")
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--arena", default="off,on", help="graphs.ARENA settings to compare, in order")
     args = ap.parse_args()
+
+    import time
 
     import cupy as cp
     import numpy as np
@@ -30,7 +37,7 @@ def main():
     import minitorch_fft as mt
     import models
     import backends
-    from backends import cgemm
+    from backends import cgemm, cufft_buffers
 
     mib = 2.0**20
     rows, shares = [], []
@@ -53,38 +60,49 @@ def main():
             cp.cuda.Device().synchronize()
             before = cp.get_default_memory_pool().used_bytes()
             eager = peak_step_bytes(step, "cupy")["peak"] - before
-            graphed = mt.graphs.GraphedStep(model, crit, opt)
-            with cgemm.tf32(tf32):
-                graphed(x, y_np)                           # eager
-                mallocs = pool_misses()
-                with pool_peak([graphed.pool]) as hook, mallocs:
-                    graphed(x, y_np)                       # captures, then replays
-            cp.cuda.Device().synchronize()
-            pool = graphed.pool
-            arrays = [h for h in graphed._held if isinstance(h, cp.ndarray)]
-            plans = [h for h in graphed._held if not isinstance(h, cp.ndarray)]
-            work = sum(getattr(getattr(p, "work_area", None), "mem", None).size
-                       for p in plans if getattr(p, "work_area", None) is not None)
-            shares.append((net, "TF32 mode" if tf32 else "strict", before / mib,
-                           cp.get_default_memory_pool().used_bytes() / mib, graphed.x.nbytes / mib,
-                           sum(a.nbytes for a in arrays) / mib, len(plans), work / mib,
-                           len(graphed._held) - len(backends.held_on_device())))
-            rows.append((net, "TF32 mode" if tf32 else "strict", eager / mib, hook.peak / mib,
-                         pool.total_bytes() / mib, pool.used_bytes() / mib, pool.n_free_blocks(),
-                         len(mallocs.sizes), sum(mallocs.sizes) / mib,
-                         sorted(mallocs.sizes, reverse=True)[:6]))
-            print(rows[-1], flush=True)
-            del model, opt, graphed, x, y
+            for arena in args.arena.split(","):
+                mt.graphs.ARENA = arena == "on"
+                cufft_buffers.release_buffers()   # each capture starts alike: its eager call rebuilds them
+                graphed = mt.graphs.GraphedStep(model, crit, opt)
+                with cgemm.tf32(tf32):
+                    graphed(x, y_np)                           # eager
+                    mallocs = pool_misses()
+                    t0 = time.perf_counter()
+                    with pool_peak([graphed.pool]) as hook, mallocs:
+                        graphed(x, y_np)                       # captures, then replays
+                    cp.cuda.Device().synchronize()
+                    seconds = time.perf_counter() - t0
+                pool = graphed.pool
+                arrays = [h for h in graphed._held if isinstance(h, cp.ndarray)]
+                plans = [h for h in graphed._held if not isinstance(h, cp.ndarray)]
+                work = sum(getattr(getattr(p, "work_area", None), "mem", None).size
+                           for p in plans if getattr(p, "work_area", None) is not None)
+                label = ("TF32 mode" if tf32 else "strict") + f" {arena}"
+                shares.append((net, label, before / mib,
+                               cp.get_default_memory_pool().used_bytes() / mib, graphed.x.nbytes / mib,
+                               sum(a.nbytes for a in arrays) / mib, len(plans), work / mib,
+                               len(graphed._held) - len(backends.held_on_device())))
+                plan = graphed.arena_plan or (0, 0)
+                rows.append((net, label, eager / mib, hook.peak / mib,
+                             pool.total_bytes() / mib, pool.used_bytes() / mib, pool.n_free_blocks(),
+                             len(mallocs.sizes), sum(mallocs.sizes) / mib, graphed.records,
+                             graphed._arena is not None, plan[0] / mib, seconds,
+                             sorted(mallocs.sizes, reverse=True)[:6]))
+                print(rows[-1], "plan missed:" if graphed.plan_miss else "", graphed.plan_miss or "", flush=True)
+                del graphed
+                cp.get_default_memory_pool().free_all_blocks()
+            del model, opt, x, y
             cp.get_default_memory_pool().free_all_blocks()
-    print(f"\n{'net':10}{'mode':11}{'eager MiB':>10}{'capture hw':>11}{'pool MiB':>9}{'used':>8}{'free blk':>9}"
-          f"{'mallocs':>8}{'MiB':>8}  largest (MiB)")
-    for net, mode, eager, hw, total, used, free, n, nbytes, largest in rows:
-        print(f"{net:10}{mode:11}{eager:10.0f}{hw:11.0f}{total:9.0f}{used:8.0f}{free:9d}{n:8d}{nbytes:8.0f}  "
+    print(f"\n{'net':10}{'mode, arena':15}{'eager MiB':>10}{'capture hw':>11}{'pool MiB':>9}{'used':>8}{'free blk':>9}"
+          f"{'mallocs':>8}{'MiB':>8}{'captures':>9}{'planned':>8}{'plan MiB':>9}{'capture s':>10}  largest (MiB)")
+    for net, mode, eager, hw, total, used, free, n, nbytes, records, planned, plan, seconds, largest in rows:
+        print(f"{net:10}{mode:15}{eager:10.0f}{hw:11.0f}{total:9.0f}{used:8.0f}{free:9d}{n:8d}{nbytes:8.0f}"
+              f"{records:9d}{str(planned):>8}{plan:9.0f}{seconds:10.2f}  "
               + " ".join(f"{s / mib:.0f}" for s in largest))
-    print(f"\n{'net':10}{'mode':11}{'default before':>15}{'at replay':>10}{'static x':>9}{'held arrays':>12}"
+    print(f"\n{'net':10}{'mode, arena':15}{'default before':>15}{'at replay':>10}{'static x':>9}{'held arrays':>12}"
           f"{'plans':>6}{'work MiB':>9}{'retired':>8}")
     for net, mode, before, after, xs, arr, n_plans, work, retired in shares:
-        print(f"{net:10}{mode:11}{before:15.0f}{after:10.0f}{xs:9.0f}{arr:12.0f}{n_plans:6d}{work:9.0f}{retired:8d}")
+        print(f"{net:10}{mode:15}{before:15.0f}{after:10.0f}{xs:9.0f}{arr:12.0f}{n_plans:6d}{work:9.0f}{retired:8d}")
 
 
 if __name__ == "__main__":
