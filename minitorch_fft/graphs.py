@@ -196,9 +196,16 @@ class GraphedStep:
         blocks = _expected(lifetimes.blocks, ended, [p in cached for p in lifetimes.ptrs])
         offsets, size = plan_arena(blocks)
         self.arena_plan = (size, grown)
+        arena = None
         if size < ARENA_GAIN * grown:
-            with s:
-                arena = self.pool.malloc(size)
+            try:
+                with s:
+                    arena = self.pool.malloc(size)
+            except cp.cuda.memory.OutOfMemoryError:
+                # one region of `size` bytes is not to be had (the first capture's gradients are
+                # still held): the pool's smaller blocks may be, as in the first capture
+                self.plan_miss = f"no {size} B free in one piece for the arena"
+        if arena is not None:
             planned = _Planned(cp, arena, blocks, offsets, self.pool.malloc)
             self._record(key, planned.malloc)
             if planned.matched():

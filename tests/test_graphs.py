@@ -670,3 +670,34 @@ def test_a_step_captured_into_its_planned_arena_trains_as_eager(backend, monkeyp
     np.testing.assert_allclose(graph_loss, eager_loss, rtol=1e-5)
     for g, e in zip(graph_w, eager_w):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_capture_with_no_room_for_its_arena_falls_back_to_the_pool(monkeypatch):
+    """An arena that cannot be allocated leaves the plan, not the step: the graph is captured from
+    the pool (a third record) and trains as eager."""
+    import cupy as cp
+    monkeypatch.setattr(mt.graphs, "ARENA_GAIN", float("inf"))
+    seen = {}
+
+    class Pool(cp.cuda.MemoryPool):     # GraphedStep's pool, refusing the arena's one allocation
+        def malloc(self, size):
+            if size == seen.get("arena"):
+                raise cp.cuda.memory.OutOfMemoryError(size, 0, 0)
+            return super().malloc(size)
+
+    plan = mt.graphs.plan_arena
+
+    def plan_and_note(blocks, align=mt.graphs.ALIGN):
+        offsets, size = plan(blocks, align)
+        seen["arena"] = size
+        return offsets, size
+    monkeypatch.setattr(mt.graphs, "plan_arena", plan_and_note)
+    monkeypatch.setattr(cp.cuda, "MemoryPool", Pool)
+    batches = _batches(6, S=64)
+    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
+    graph_w, graph_loss, step = _train("gemm", batches, graphed=True)
+    assert step._arena is None and step.records == 2 and "arena" in step.plan_miss
+    np.testing.assert_allclose(graph_loss, eager_loss, rtol=1e-5)
+    for g, e in zip(graph_w, eager_w):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
