@@ -636,6 +636,24 @@ def test_what_a_second_capture_asks_for_leaves_out_the_caches_and_keeps_the_end(
                                                       [512, 5, None]]
 
 
+def test_a_capture_thrown_away_gives_the_momentum_buffers_back():
+    """A momentum buffer the thrown-away capture made was never initialised: the next capture must
+    make it again (and initialise it), not read it."""
+    class Pool:
+        freed = 0
+
+        def free_all_blocks(self):
+            self.freed += 1
+    step = object.__new__(mt.graphs.GraphedStep)         # its CPU-side state only
+    step.optimizer = mt.optim.SGD([mt.Parameter(np.zeros(3, np.float32))], lr=0.1, momentum=0.9)
+    step.pool, step.graph, step.loss, step.logits, step._held = Pool(), object(), 1, 2, [3]
+    before = list(step.optimizer.velocity)
+    step.optimizer.velocity[0] = np.full(3, np.nan, np.float32)   # made in the capture, never written
+    step._drop_graph(before)
+    assert step.optimizer.velocity == [None] and step.graph is None and step._held == []
+    assert step.pool.freed == 1
+
+
 def test_the_caches_pointers_are_their_arrays_and_plans_work_areas():
     class Mem:
         def __init__(self, ptr):
