@@ -219,7 +219,7 @@ class GraphedStep:
             self.plan_miss = planned.miss
             self._drop_graph(velocity)        # the second capture went another way: no plan
             for p in self.optimizer.params:
-                p.grad = None                 # views of the arena, never written
+                p.grad = None                 # the second capture's, views of the arena, never written
             del arena, planned
             self.pool.free_all_blocks()
         self._record(key, self.pool.malloc)
