@@ -183,11 +183,12 @@ class GraphedStep:
             self._record(key, self.pool.malloc)
             self.captures += 1
             return
+        velocity = list(self.optimizer.velocity)
         lifetimes = _Lifetimes.make(cp, self.pool.malloc)
         with lifetimes:
             self._record(key, self.pool.malloc)
             grown, ended = self.pool.total_bytes() - before, lifetimes.tick
-            self._drop_graph()
+            self._drop_graph(velocity)
         # blocks the backends' caches hold after the drop (cuFFT plans, scratch buffers made in this
         # capture): the next capture finds them made and asks for none of them. The others still
         # held (the parameters' gradients) it asks for again, and they live on past it.
@@ -196,9 +197,18 @@ class GraphedStep:
         blocks = _expected(lifetimes.blocks, ended, [p in cached for p in lifetimes.ptrs])
         offsets, size = plan_arena(blocks)
         self.arena_plan = (size, grown)
+        for p in self.optimizer.params:       # the first capture's, never written: the second
+            p.grad = None                     # makes its own (and the arena needs the room)
+        arena = None
         if size < ARENA_GAIN * grown:
-            with s:
-                arena = self.pool.malloc(size)
+            try:
+                with s:
+                    arena = self.pool.malloc(size)
+            except cp.cuda.memory.OutOfMemoryError:
+                # the device has not `size` bytes free: the pool may still find the step its
+                # blocks one by one, reusing what it frees as the first capture did
+                self.plan_miss = f"no room for the {size} B arena"
+        if arena is not None:
             planned = _Planned(cp, arena, blocks, offsets, self.pool.malloc)
             self._record(key, planned.malloc)
             if planned.matched():
@@ -207,16 +217,21 @@ class GraphedStep:
                 self.pool.free_all_blocks()   # the first capture's gradients, replaced by the second's
                 return
             self.plan_miss = planned.miss
-            self._drop_graph()                # the second capture went another way: no plan
+            self._drop_graph(velocity)        # the second capture went another way: no plan
+            for p in self.optimizer.params:
+                p.grad = None                 # the second capture's, views of the arena, never written
             del arena, planned
             self.pool.free_all_blocks()
         self._record(key, self.pool.malloc)
         self.captures += 1
 
-    def _drop_graph(self):
-        """Forget a graph that never ran, and let its pool's free blocks go."""
+    def _drop_graph(self, velocity):
+        """Forget a graph that never ran, and let its pool's free blocks go. The optimiser's
+        momentum buffers are `velocity` again: one the capture made was never initialised, and a
+        later capture that found it would bake in reading it."""
         self.graph = self.loss = self.logits = None
         self._held = []
+        self.optimizer.velocity = list(velocity)
         self.pool.free_all_blocks()
 
     def _record(self, key, malloc):
