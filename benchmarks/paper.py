@@ -596,13 +596,14 @@ def add_kernel_fractions(profiled):
     profiled.clear()
 
 
-def kernel_fraction(fn, steps=3):
+def kernel_fraction(fn, steps=3, warmup=2):
     """Share of a step's wall time that the GPU spends in kernels (CUPTI through torch.profiler,
-    which sees CuPy's kernels too: it traces the whole CUDA context), after one step outside the
-    profile (a released graph captures again there)."""
+    which sees CuPy's kernels too: it traces the whole CUDA context), after `warmup` steps outside
+    the profile (a released graph runs one eager step, then captures again)."""
     import cupy as cp
     from torch.profiler import ProfilerActivity, profile
-    fn()
+    for _ in range(warmup):
+        fn()
     cp.cuda.Device().synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()

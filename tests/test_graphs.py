@@ -675,7 +675,7 @@ def test_a_step_captured_into_its_planned_arena_trains_as_eager(backend, monkeyp
 @pytest.mark.gpu
 def test_a_released_graph_gives_its_memory_back_and_captures_again():
     """release() empties the graph's pool (only blocks the backends' caches keep may stay), and the
-    steps after it, captured again, train as eager."""
+    steps after it (one eager, then a new capture) train as eager."""
     batches = _batches(6, S=64)
     eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
     import cupy as cp
