@@ -124,6 +124,22 @@ class GraphedStep:
         self.calls += 1
         return out
 
+    def release(self):
+        """Let go of the graph and the device memory it holds: its pool (the arena; blocks the
+        backends' caches made in a capture stay until the caches drop them), its static
+        input and targets, the backend buffers kept for it and the cuBLAS workspace. The
+        parameters' gradients point into that memory after a replay: they become None. The next
+        call runs one eager step (a batch of a new shape may need tuning and cuFFT plans, which a
+        capture cannot make), then captures again."""
+        self.cp.cuda.Device().synchronize()      # nothing the graph launched still runs
+        self.graph = self.key = self.loss = self.logits = None
+        self.x = self.y = self._pinned = self._staged = self.handle = None
+        self._held, self._arena = [], None
+        for p in self.optimizer.params:
+            p.grad = None
+        self._eager_left = max(self._eager_left, 1)
+        self.pool.free_all_blocks()
+
     def _inputs(self, x, y):
         """x as a float32 CuPy array, y as given (NumPy or CuPy), both of the first call's shapes;
         y's values checked here, outside the graph (once a warm-up step has shown the number of

@@ -720,3 +720,29 @@ def test_a_capture_with_no_room_for_its_arena_falls_back_to_the_pool(monkeypatch
     np.testing.assert_allclose(graph_loss, eager_loss, rtol=1e-5)
     for g, e in zip(graph_w, eager_w):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_released_graph_gives_its_memory_back_and_captures_again():
+    """release() empties the graph's pool (only blocks the backends' caches keep may stay), and the
+    steps after it (one eager, then a new capture) train as eager."""
+    batches = _batches(6, S=64)
+    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
+    import cupy as cp
+    mt.manual_seed(0)
+    model = _net("gemm").to("cuda")
+    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    crit = mt.CrossEntropyCriterion()
+    step = mt.graphs.GraphedStep(model, crit, opt)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if i == 3:
+            held = step.pool.total_bytes()
+            step.release()
+            assert step.graph is None and step.pool.total_bytes() < held
+            assert all(p.grad is None for p in opt.params)
+        losses.append(float(step(cp.asarray(x), y)[0]))
+    assert step.captures == 2
+    np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
+    for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
