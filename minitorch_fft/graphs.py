@@ -11,7 +11,8 @@ A graph replays fixed addresses with fixed kernel arguments, which decides how t
 - Inputs go through static buffers: each call copies its batch into them, then launches. Where
   the caller passes the very array of the warm-up step again at the capture, the graph reads that
   array in place instead (`borrowed`; no copy, and no second copy of the batch on the device)
-  for as long as the calls pass an array at its address.
+  for as long as the calls pass an array at its address. The replay reads it until the step ends:
+  refill it in order on the caller's stream (as a copy or kernel there is), not from another.
 - Memory the step allocates comes from a pool of the graph's own (cupy.cuda.MemoryPool), never
   used for anything else, so no array allocated outside can land where the graph writes. A pool
   that grows as the capture asks came out 1.3-2.2x the bytes the step held at once (AlexNet,
@@ -117,7 +118,7 @@ class GraphedStep:
             return loss, logits
         if self.borrowed and (x.data.ptr != self.x.data.ptr or not x.flags.c_contiguous):
             # a batch in another array: from now on through a static buffer of the graph's own
-            self.x, self.borrowed, self.graph = None, False, None
+            self.x, self.borrowed, self.graph = cp.empty(x.shape, np.float32), False, None
         if self.graph is None:
             self._capture(x, self._graph_key())
         current = cp.cuda.get_current_stream()
@@ -173,16 +174,18 @@ class GraphedStep:
         from backends import cgemm
         cp = self.cp
         self.graph = self.loss = self.logits = None         # the old graph's memory is free again
+        last_x, self._last_x = self._last_x, None
         if self.x is None:                                  # static inputs (the default pool)
             # The caller's array itself where it passes the same one again (a buffer it refills in
             # place, or one batch timed over and over): the graph reads it where it is, held so
             # that its memory stays its own, and a call with another array switches to a copy.
-            # The graph never writes it.
-            self.borrowed = (x is self._last_x and x.flags.c_contiguous)
+            # The graph never writes it. It reads it all through the step (the first layer's
+            # weight gradient comes last), so a refill must follow the call on its stream.
+            self.borrowed = (x is last_x and x.flags.c_contiguous)
+            del last_x                                      # not held beside a static buffer
             self.x = x if self.borrowed else cp.empty(x.shape, np.float32)
             self.y = cp.zeros(x.shape[:1], np.int64)        # valid class indices while capturing
             self._pinned, self._staged = cupyx.empty_pinned(x.shape[:1], np.int64), None
-        self._last_x = None
         s = self.stream
         s.wait_event(cp.cuda.get_current_stream().record())
         if self.handle is None:
