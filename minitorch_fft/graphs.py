@@ -174,15 +174,15 @@ class GraphedStep:
         from backends import cgemm
         cp = self.cp
         self.graph = self.loss = self.logits = None         # the old graph's memory is free again
-        last_x, self._last_x = self._last_x, None
+        borrow = x is self._last_x and x.flags.c_contiguous
+        self._last_x = None                                 # not held beside a static buffer
         if self.x is None:                                  # static inputs (the default pool)
             # The caller's array itself where it passes the same one again (a buffer it refills in
             # place, or one batch timed over and over): the graph reads it where it is, held so
             # that its memory stays its own, and a call with another array switches to a copy.
             # The graph never writes it. It reads it all through the step (the first layer's
             # weight gradient comes last), so a refill must follow the call on its stream.
-            self.borrowed = (x is last_x and x.flags.c_contiguous)
-            del last_x                                      # not held beside a static buffer
+            self.borrowed = borrow
             self.x = x if self.borrowed else cp.empty(x.shape, np.float32)
             self.y = cp.zeros(x.shape[:1], np.int64)        # valid class indices while capturing
             self._pinned, self._staged = cupyx.empty_pinned(x.shape[:1], np.int64), None
