@@ -746,3 +746,40 @@ def test_a_released_graph_gives_its_memory_back_and_captures_again():
     np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
     for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_buffer_refilled_in_place_is_read_where_it_is_and_another_array_switches_to_a_copy():
+    """A caller that refills one device array passes the very array of the warm-up step at the
+    capture: the graph reads it in place (no copy), sees each refill, and trains as eager; a call
+    with another array switches to a buffer of the graph's own, and the training stays eager's."""
+    import cupy as cp
+    batches = _batches(6, S=64)
+    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
+    mt.manual_seed(0)
+    model = _net("gemm").to("cuda")
+    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    step = mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt)
+    buf = cp.empty(batches[0][0].shape, np.float32)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if i < 4:
+            buf[...] = cp.asarray(x)
+            losses.append(float(step(buf, y)[0]))
+            if i == 1:
+                assert step.borrowed and step.x is buf
+        else:
+            losses.append(float(step(cp.asarray(x), y)[0]))
+            assert not step.borrowed and step.x is not buf
+    np.testing.assert_array_equal(buf.get(), batches[3][0])       # never written by the graph
+    np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
+    for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_a_new_array_each_call_goes_through_the_static_buffer():
+    """Arrays made afresh each call (the pool may hand back one address) are copied, never borrowed."""
+    batches = _batches(4, S=16)
+    _, _, step = _train("gemm", batches, graphed=True)
+    assert not step.borrowed and step.captures == 1
