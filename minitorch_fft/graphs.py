@@ -137,13 +137,14 @@ class GraphedStep:
     def release(self):
         """Let go of the graph and the device memory it holds: its pool (the arena; blocks the
         backends' caches made in a capture stay until the caches drop them), its static
-        input and targets, the backend buffers kept for it and the cuBLAS workspace. The
+        input (or the caller's array it read in place) and targets, the backend buffers kept for it and the cuBLAS workspace. The
         parameters' gradients point into that memory after a replay: they become None. The next
         call runs one eager step (a batch of a new shape may need tuning and cuFFT plans, which a
         capture cannot make), then captures again."""
         self.cp.cuda.Device().synchronize()      # nothing the graph launched still runs
         self.graph = self.key = self.loss = self.logits = None
-        self.x = self.y = self._pinned = self._staged = self.handle = None
+        self.x = self.y = self._pinned = self._staged = self.handle = self._last_x = None
+        self.borrowed = False                    # a caller's input is not held past this
         self._held, self._arena = [], None
         for p in self.optimizer.params:
             p.grad = None

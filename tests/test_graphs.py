@@ -772,6 +772,7 @@ def test_a_buffer_refilled_in_place_is_read_where_it_is_and_another_array_switch
             losses.append(float(step(cp.asarray(x), y)[0]))
             assert not step.borrowed and step.x is not buf
     np.testing.assert_array_equal(buf.get(), batches[3][0])       # never written by the graph
+    assert step._last_x is None
     np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
     for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
@@ -783,3 +784,29 @@ def test_a_new_array_each_call_goes_through_the_static_buffer():
     batches = _batches(4, S=16)
     _, _, step = _train("gemm", batches, graphed=True)
     assert not step.borrowed and step.captures == 1
+
+
+@pytest.mark.gpu
+def test_a_released_graph_lets_go_of_the_array_it_read_in_place():
+    """release() on a graph reading the caller's array in place drops it; the next calls (an eager
+    step, a capture) with the same array borrow it again and train as eager."""
+    import cupy as cp
+    batches = _batches(6, S=64)
+    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
+    mt.manual_seed(0)
+    model = _net("gemm").to("cuda")
+    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    step = mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt)
+    buf = cp.empty(batches[0][0].shape, np.float32)
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        if i == 3:
+            assert step.borrowed
+            step.release()
+            assert not step.borrowed and step.x is None and step._last_x is None
+        buf[...] = cp.asarray(x)
+        losses.append(float(step(buf, y)[0]))
+    assert step.borrowed and step.x is buf and step.captures == 2
+    np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
+    for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
