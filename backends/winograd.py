@@ -147,6 +147,16 @@ def _chunks(S, per_image_floats, operand_floats=None):
     return batch_slices(S, bound // (4 * per_image_floats))
 
 
+def _conv_chunks(S, f, fo, in_hw, out_hw, m, operands=True):
+    """_chunks of a pass at F(m x m) from f planes of in_hw to fo planes of out_hw: an image's
+    tiles are alpha^2 times the output's tile count times (f + fo) floats; with `operands`
+    (fprop, bprop) the images' own planes bound them too."""
+    alpha = m + R - 1
+    th, tw = tiles(*out_hw, m)
+    planes = f * in_hw[0] * in_hw[1] + fo * out_hw[0] * out_hw[1]
+    return _chunks(S, alpha * alpha * th * tw * (f + fo), planes if operands else None)
+
+
 # -- the three passes ----------------------------------------------------------------------------
 
 def fprop(x, w, stride=(1, 1), padding=(0, 0), tile=None):
@@ -225,10 +235,10 @@ def _conv(xp, x, u, pad, out_hw, m):
     """y (S, fo, oh, ow): x (S, f, h, w) correlated with the filters whose transform is u
     (alpha^2, fo, f), x read at offset -pad (zeros outside it), every output tile clipped."""
     S, f, h, w = x.shape
-    fo, (oh, ow), alpha = u.shape[1], out_hw, m + R - 1
+    fo, (oh, ow) = u.shape[1], out_hw
     th, tw = tiles(oh, ow, m)
     y = xp.empty((S, fo, oh, ow), dtype=np.float32)
-    for sl in _chunks(S, alpha * alpha * th * tw * (f + fo), f * h * w + fo * oh * ow):
+    for sl in _conv_chunks(S, f, fo, (h, w), (oh, ow), m):
         n = sl.stop - sl.start
         v = _input_transform(xp, x[sl], pad, th, tw, m)             # (alpha^2, f, n*th*tw)
         prod = cgemm.matmul(xp, u, v)                               # (alpha^2, fo, n*th*tw)
@@ -303,9 +313,7 @@ def _per_group(xp, g, m, images, run):
 def _accgrad(xp, gy, x, g, m):
     """gw = G^T [sum over tiles of Z V^T] G: each group's sum by the GEMM (the chunks' added into
     it), the groups' sums and the transform in float64; the images a group, tuned (_per_group)."""
-    alpha = m + R - 1
-    th, tw = tiles(g.oh, g.ow, m)
-    chunks = _chunks(g.S, alpha * alpha * th * tw * (g.f + g.fo))
+    chunks = _conv_chunks(g.S, g.f, g.fo, (g.h, g.w), (g.oh, g.ow), m, operands=False)
     images = chunks[0].stop - chunks[0].start
     run = lambda per: _accgrad_grouped(xp, gy, x, g, m, chunks, per)   # noqa: E731
     return run(_per_group(xp, g, m, images, run))

@@ -386,6 +386,9 @@ def step(args, bar):
         rows.append(step_row(net, batch, f"{impl}, CUDA graph", graph_step, n_steps, [graphed.pool],
                              graph_vs_eager=graph_err, **graph_fields(graphed)))
         profiled.append((rows[-1], graph_step))
+        # The TF32-mode rows without the strict graph on the device (its static input was counted in
+        # the TF32 graph row, its pool was not: session 26); its kernel fraction captures it again
+        graphed.release()
         if args.cgemm_tf32:
             rows += tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures,
                                    profiled)
@@ -593,11 +596,14 @@ def add_kernel_fractions(profiled):
     profiled.clear()
 
 
-def kernel_fraction(fn, steps=3):
+def kernel_fraction(fn, steps=3, warmup=2):
     """Share of a step's wall time that the GPU spends in kernels (CUPTI through torch.profiler,
-    which sees CuPy's kernels too: it traces the whole CUDA context)."""
+    which sees CuPy's kernels too: it traces the whole CUDA context), after `warmup` steps outside
+    the profile (a released graph runs one eager step, then captures again)."""
     import cupy as cp
     from torch.profiler import ProfilerActivity, profile
+    for _ in range(warmup):
+        fn()
     cp.cuda.Device().synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()

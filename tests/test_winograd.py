@@ -112,9 +112,7 @@ def test_accgrad_groups_fill_the_gpu_and_revision_marks_it(settings):
 def _pass_chunks(x_shape, fo, m, with_operands=True):
     """winograd's batch chunks for a padded 3x3 layer's fprop (with its operands' bound) or accGrad."""
     S, f, h, w = x_shape
-    th, tw = winograd.tiles(h, w, m)
-    tiles = (m + 2) ** 2 * th * tw * (f + fo)
-    return winograd._chunks(S, tiles, (f + fo) * h * w if with_operands else None)
+    return winograd._conv_chunks(S, f, fo, (h, w), (h, w), m, operands=with_operands)
 
 
 def test_fprop_and_bprop_chunks_hold_at_most_twice_their_operands_in_tiles(settings):

@@ -18,8 +18,9 @@ host seconds the capturing call took.
   MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_graph_pool --nets alexnet,resnet18
 """
 import argparse
+import json
 
-from benchmarks.harness import peak_step_bytes, pool_misses, pool_peak
+from benchmarks.harness import peak_step_bytes, pool_misses, pool_peak, write_text
 
 
 def main():
@@ -27,6 +28,8 @@ def main():
     ap.add_argument("--nets", default="alexnet,resnet18")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--arena", default="off,on", help="graphs.ARENA settings to compare, in order")
+    ap.add_argument("--dump", metavar="FILE", help="write the blocks each plan was made from ([bytes, start, "
+                    "end] per network and mode, JSON) here, to tune the placement offline")
     args = ap.parse_args()
 
     import time
@@ -41,6 +44,12 @@ def main():
 
     mib = 2.0**20
     rows, shares = [], []
+    planned, plan_arena = {}, mt.graphs.plan_arena
+
+    def noting_plan_arena(blocks, *rest):     # what each plan was made from, for --dump
+        planned[current] = [list(b) for b in blocks]
+        return plan_arena(blocks, *rest)
+    mt.graphs.plan_arena = noting_plan_arena
     for net in args.nets.split(","):
         for tf32 in (False, True):
             shape = (args.batch,) + models.input_shape(net)
@@ -62,6 +71,7 @@ def main():
             eager = peak_step_bytes(step, "cupy")["peak"] - before
             for arena in args.arena.split(","):
                 mt.graphs.ARENA = arena == "on"
+                current = f"{net} {'TF32 mode' if tf32 else 'strict'}"
                 cufft_buffers.release_buffers()   # each capture starts alike: its eager call rebuilds them
                 graphed = mt.graphs.GraphedStep(model, crit, opt)
                 with cgemm.tf32(tf32):
@@ -93,6 +103,9 @@ def main():
                 cp.get_default_memory_pool().free_all_blocks()
             del model, opt, x, y
             cp.get_default_memory_pool().free_all_blocks()
+    if args.dump:
+        write_text(args.dump, json.dumps(planned))
+        print(f"planned blocks: {args.dump}")
     print(f"\n{'net':10}{'mode, arena':15}{'eager MiB':>10}{'capture hw':>11}{'pool MiB':>9}{'used':>8}{'free blk':>9}"
           f"{'mallocs':>8}{'MiB':>8}{'captures':>9}{'planned':>8}{'plan MiB':>9}{'capture s':>10}  largest (MiB)")
     for net, mode, eager, hw, total, used, free, n, nbytes, records, planned, plan, seconds, largest in rows:
