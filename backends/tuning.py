@@ -200,6 +200,10 @@ class TuneCache:
         device, *rest = key
         return self._devices.get(device, {}).get(_entry_name(rest))
 
+    def devices(self):
+        """The device names the cache holds choices for, sorted."""
+        return sorted(self._devices)
+
     def put(self, key, value):
         """Store `value` (JSON-able) for `key`, in memory and on disk."""
         try:

@@ -4,7 +4,8 @@
 # TF32 through PyTorch), then the training step (eager and CUDA graph, PyTorch strict and TF32,
 # peak memory). Tuning every candidate afresh is most of the time (session 11: VGG-16's table3 with
 # the TF32 row ran past 285 s, ResNet-50's past 260 s), so the tuning cache is read from $TUNE and
-# written back into $OUT: carry it from call to call. --tf32 adds the `auto TF32` rows, table3's
+# written back into $OUT: carry it from call to call (`python -m benchmarks.tune_coverage $TUNE`, on the
+# CPU, says which networks' choices it holds). --tf32 adds the `auto TF32` rows, table3's
 # and the step's (the framework's TF32 mode, its own tuning). --ours adds the step over our own algorithms alone (MINITORCH_AUTO_BACKENDS=ours, issue 18's
 # headline; its own result file). Each step has a time limit; what it finished is in $OUT/results.tgz
 # (tables) and its log. TABLE3_RUNS=3 times each network three times: each layer-pass's median,

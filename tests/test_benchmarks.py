@@ -45,7 +45,7 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error",
                 "benchmarks.experiments.exp_pytorch_host", "benchmarks.experiments.exp_gemm_1x1",
                 "benchmarks.experiments.exp_adapter_peak", "benchmarks.experiments.exp_profiler_residue",
-                "benchmarks.experiments.exp_graph_pool")
+                "benchmarks.experiments.exp_graph_pool", "benchmarks.tune_coverage")
 
 
 def test_paper_result_files_are_one_per_network_set_and_step_candidate_set(settings):
@@ -846,3 +846,41 @@ def test_bench_pytorch_overfeat_fast_runs_at_its_image_size():
     side = IMAGE["overfeat_fast"]
     with torch.no_grad():
         assert model.eval()(torch.randn(1, 3, side, side)).shape == (1, 1000)
+
+
+def test_tune_coverage_counts_the_choices_a_step_asks_for(tmp_path, capsys):
+    from backends import auto, tuning
+    from benchmarks import tune_coverage
+    device = "NVIDIA H100 80GB HBM3"
+    cache = tuning.TuneCache(tmp_path / "tune.json")
+    layers = distinct_conv_layers("alexnet", 128)
+    name, x, w, s, p, _ = layers[1]          # conv2: its three passes, in fp32 only
+    geometry = tuple(int(v) for v in auto._geometry_key(x, w, s, p))
+    for pass_name in ("fprop", "bprop", "accgrad"):
+        cache.put((device, "float32", "fp32", geometry, pass_name, "auto"), {"choice": "fbfft"})
+    cache.put((device, "float32", "fp32", geometry, "fprop", "auto[ours]"), {"choice": "fbfft"})  # another label
+    found = tune_coverage.coverage(tuning.TuneCache(tmp_path / "tune.json"), device, "alexnet", 128)
+    # five distinct layers, three passes each, less conv1's bprop (the image's gradient is never asked for)
+    assert found["fp32"][:2] == (3, 14) and found["tf32"][:2] == (0, 14)
+    assert ("conv1", "bprop") not in found["tf32"][2] and ("conv1", "fprop") in found["tf32"][2]
+    assert (name, "fprop") not in found["fp32"][2] and (name, "fprop") in found["tf32"][2]
+    assert tune_coverage.main([str(tmp_path / "tune.json"), "--networks", "alexnet"]) == 0
+    table = capsys.readouterr().out
+    assert f"| {device} | alexnet | 128 | 3 / 14 | 0 / 14 | fp32 conv1 fprop |" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--networks", "lenet"], "unknown network(s) lenet"),
+    (["--device", "NVIDIA A100"], "holds no choices for 'NVIDIA A100'"),
+])
+def test_tune_coverage_names_what_it_cannot_read(tmp_path, capsys, args, message):
+    from backends import tuning
+    from benchmarks import tune_coverage
+    tuning.TuneCache(tmp_path / "tune.json").put(("NVIDIA H100 80GB HBM3", "float32", "fp32", (1,) * 11, "fprop",
+                                                  "auto"), {"choice": "gemm"})
+    with pytest.raises(SystemExit):
+        tune_coverage.main([str(tmp_path / "tune.json")] + args)
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tune_coverage.main([str(tmp_path / "missing.json")])
+    assert "holds no tuning choices" in capsys.readouterr().err

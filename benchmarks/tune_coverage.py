@@ -1,0 +1,80 @@
+"""Which of the zoo networks' `auto` choices a tuning cache holds, per device and GEMM precision.
+
+A choice the cache lacks is tuned afresh by the next run, and tuning every candidate is most of a
+benchmark's time on a lent GPU: ResNet-50's training step ran 235 s without finishing its first
+row in session 27, with a carried cache that held 28 of its 138 choices. Check a cache before
+carrying it:
+
+    python -m benchmarks.tune_coverage .dev/tune/autotune.json [--networks alexnet,resnet50]
+        [--device "NVIDIA H100 80GB HBM3"] [--label auto]
+
+Runs on the CPU (the layers' geometries are traced there); nothing is written.
+"""
+import argparse
+import sys
+
+from backends import auto, tuning
+from benchmarks.harness import PASSES, distinct_conv_layers
+from benchmarks.paper import NETWORKS
+
+PRECISIONS = ("fp32", "tf32")
+
+
+def coverage(cache, device, net, batch, label="auto"):
+    """{precision: (held, wanted, [missing (layer name, pass)])}: the choices a training step of
+    `net` at `batch` asks for (each distinct convolution's passes) that `cache` (a
+    tuning.TuneCache) holds for `device`, keyed by `label` ("auto", or "auto[...]" for a
+    restricted candidate set)."""
+    out = {}
+    layers = distinct_conv_layers(net, batch)
+    # a training step never asks for the input image's gradient: the first layer's bprop runs
+    # only where a later layer shares its geometry
+    passes = [[p for p in PASSES if not (i == 0 and count == 1 and p == "bprop")]
+              for i, (*_, count) in enumerate(layers)]
+    for math in PRECISIONS:
+        missing = []
+        for (name, x_shape, w_shape, stride, padding, _), wanted_passes in zip(layers, passes):
+            geometry = auto._geometry_key(x_shape, w_shape, stride, padding)
+            for pass_name in wanted_passes:
+                key = (device, "float32", math, tuple(int(v) for v in geometry), pass_name, label)
+                if cache.get(key) is None:
+                    missing.append((name, pass_name))
+        wanted = sum(map(len, passes))
+        out[math] = (wanted - len(missing), wanted, missing)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cache", help="a tuning cache (the file $MINITORCH_TUNE_CACHE names)")
+    ap.add_argument("--networks", default=",".join(NETWORKS),
+                    help=f"comma-separated, of {', '.join(NETWORKS)} (default: all)")
+    ap.add_argument("--device", help="the device name as the cache spells it (default: each device in it)")
+    ap.add_argument("--label", default="auto", help='the choices\' backend field: "auto" (default), or '
+                    '"auto[ours]" for auto over our own algorithms alone')
+    args = ap.parse_args(argv)
+    nets = [n.strip() for n in args.networks.split(",") if n.strip()]
+    unknown = [n for n in nets if n not in NETWORKS]
+    if unknown or not nets:
+        ap.error(f"unknown network(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(NETWORKS)}")
+    cache = tuning.TuneCache(args.cache)
+    held = cache.devices()
+    if not held:
+        ap.error(f"{args.cache} holds no tuning choices (missing, empty, or not a tuning cache)")
+    devices = [args.device] if args.device else held
+    if args.device and args.device not in held:
+        ap.error(f"{args.cache} holds no choices for {args.device!r}; it holds: {', '.join(held)}")
+    print(f"| device | network | batch | {' | '.join(f'{m} held' for m in PRECISIONS)} | first missing |")
+    print("|---|---|---|" + "---|" * len(PRECISIONS) + "---|")
+    for device in devices:
+        for net in nets:
+            batch = NETWORKS[net][0]
+            found = coverage(cache, device, net, batch, args.label)
+            first = next((f"{m} {name} {p}" for m in PRECISIONS for name, p in found[m][2]), "")
+            counts = " | ".join(f"{found[m][0]} / {found[m][1]}" for m in PRECISIONS)
+            print(f"| {device} | {net} | {batch} | {counts} | {first} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
