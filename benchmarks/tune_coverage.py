@@ -2,13 +2,15 @@
 
 A choice the cache lacks is tuned afresh by the next run, and tuning every candidate is most of a
 benchmark's time on a lent GPU: ResNet-50's training step ran 235 s without finishing its first
-row in session 27, with a carried cache that held 28 of its 138 choices. Check a cache before
-carrying it:
+row in session 27, with a carried cache that held 14 of the 68 its step asks for in each
+precision. Check a cache before carrying it:
 
     python -m benchmarks.tune_coverage .dev/tune/autotune.json [--networks alexnet,resnet50]
-        [--device "NVIDIA H100 80GB HBM3"] [--label auto]
+        [--device "NVIDIA H100 80GB HBM3"] [--label auto] [--batch N]
 
-Runs on the CPU (the layers' geometries are traced there); nothing is written.
+Runs on the CPU (the layers' geometries are traced there); nothing is written. "Held" counts
+records in tune()'s format; auto may still tune one again where its choice is no longer a
+candidate (a backend changed, a setting restricts the set), so it is an upper bound.
 """
 import argparse
 import sys
@@ -37,7 +39,7 @@ def coverage(cache, device, net, batch, label="auto"):
             geometry = auto._geometry_key(x_shape, w_shape, stride, padding)
             for pass_name in wanted_passes:
                 key = (device, "float32", math, tuple(int(v) for v in geometry), pass_name, label)
-                if cache.get(key) is None:
+                if not tuning.is_record(cache.get(key)):
                     missing.append((name, pass_name))
         wanted = sum(map(len, passes))
         out[math] = (wanted - len(missing), wanted, missing)
@@ -50,6 +52,8 @@ def main(argv=None):
     ap.add_argument("--networks", default=",".join(NETWORKS),
                     help=f"comma-separated, of {', '.join(NETWORKS)} (default: all)")
     ap.add_argument("--device", help="the device name as the cache spells it (default: each device in it)")
+    ap.add_argument("--batch", type=int, help="every network at this batch (default: the benchmarks' own, "
+                    "VGG-16 64, the others 128), as `paper step --batch`")
     ap.add_argument("--label", default="auto", help='the choices\' backend field: "auto" (default), or '
                     '"auto[ours]" for auto over our own algorithms alone')
     args = ap.parse_args(argv)
@@ -57,10 +61,13 @@ def main(argv=None):
     unknown = [n for n in nets if n not in NETWORKS]
     if unknown or not nets:
         ap.error(f"unknown network(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(NETWORKS)}")
+    if args.batch is not None and args.batch < 1:
+        ap.error(f"--batch must be at least 1, got {args.batch}")
     cache = tuning.TuneCache(args.cache)
     held = cache.devices()
     if not held:
-        ap.error(f"{args.cache} holds no tuning choices (missing, empty, or not a tuning cache)")
+        ap.error(f"{args.cache} holds no tuning choices (missing, empty, of another format version, "
+                 "or not a tuning cache)")
     devices = [args.device] if args.device else held
     if args.device and args.device not in held:
         ap.error(f"{args.cache} holds no choices for {args.device!r}; it holds: {', '.join(held)}")
@@ -68,7 +75,7 @@ def main(argv=None):
     print("|---|---|---|" + "---|" * len(PRECISIONS) + "---|")
     for device in devices:
         for net in nets:
-            batch = NETWORKS[net][0]
+            batch = args.batch or NETWORKS[net][0]
             found = coverage(cache, device, net, batch, args.label)
             first = next((f"{m} {name} {p}" for m in PRECISIONS for name, p in found[m][2]), "")
             counts = " | ".join(f"{found[m][0]} / {found[m][1]}" for m in PRECISIONS)

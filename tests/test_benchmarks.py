@@ -848,17 +848,24 @@ def test_bench_pytorch_overfeat_fast_runs_at_its_image_size():
         assert model.eval()(torch.randn(1, 3, side, side)).shape == (1, 1000)
 
 
-def test_tune_coverage_counts_the_choices_a_step_asks_for(tmp_path, capsys):
-    from backends import auto, tuning
+def test_tune_coverage_counts_the_choices_a_step_asks_for(tmp_path, capsys, monkeypatch):
+    import numpy as np
+
+    from backends import auto, config, tuning
     from benchmarks import tune_coverage
     device = "NVIDIA H100 80GB HBM3"
+    monkeypatch.setattr(tuning, "device_name", lambda xp: device)
     cache = tuning.TuneCache(tmp_path / "tune.json")
     layers = distinct_conv_layers("alexnet", 128)
-    name, x, w, s, p, _ = layers[1]          # conv2: its three passes, in fp32 only
-    geometry = tuple(int(v) for v in auto._geometry_key(x, w, s, p))
+    name, x, w, s, p, _ = layers[1]          # conv2: its three passes, in fp32 only, keyed as auto keys them
+    geometry = auto._geometry_key(x, w, s, p)
+    record = {"choice": "fbfft", "ms": {"fbfft": 1.0}, "skipped": {}, "why": "fastest"}
     for pass_name in ("fprop", "bprop", "accgrad"):
-        cache.put((device, "float32", "fp32", geometry, pass_name, "auto"), {"choice": "fbfft"})
-    cache.put((device, "float32", "fp32", geometry, "fprop", "auto[ours]"), {"choice": "fbfft"})  # another label
+        cache.put(tuning.key(np, np.float32, geometry, pass_name, auto.label(), math="fp32"), record)
+    with config.override(auto_backends="ours"):                             # another label
+        cache.put(tuning.key(np, np.float32, geometry, "fprop", auto.label(), math="tf32"), record)
+    cache.put(tuning.key(np, np.float32, auto._geometry_key(*layers[2][1:5]), "fprop", auto.label(), math="fp32"),
+              {"choice": "gemm"})                                          # not in tune()'s format
     found = tune_coverage.coverage(tuning.TuneCache(tmp_path / "tune.json"), device, "alexnet", 128)
     # five distinct layers, three passes each, less conv1's bprop (the image's gradient is never asked for)
     assert found["fp32"][:2] == (3, 14) and found["tf32"][:2] == (0, 14)
@@ -878,6 +885,9 @@ def test_tune_coverage_names_what_it_cannot_read(tmp_path, capsys, args, message
     from benchmarks import tune_coverage
     tuning.TuneCache(tmp_path / "tune.json").put(("NVIDIA H100 80GB HBM3", "float32", "fp32", (1,) * 11, "fprop",
                                                   "auto"), {"choice": "gemm"})
+    with pytest.raises(SystemExit):
+        tune_coverage.main([str(tmp_path / "tune.json"), "--batch", "0"])
+    assert "--batch must be at least 1, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         tune_coverage.main([str(tmp_path / "tune.json")] + args)
     assert message in capsys.readouterr().err
