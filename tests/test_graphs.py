@@ -252,6 +252,22 @@ def _train(backend, batches, graphed, lr_at=None):
     return [p.numpy() for p in model.parameters()], losses, step
 
 
+def _graphed_beside_eager(batches):
+    """(eager weights, eager losses, model, optimiser, GraphedStep): the reference of _train's eager
+    run on `batches`, and a fresh gemm model from the same seed with a GraphedStep of its own."""
+    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
+    mt.manual_seed(0)
+    model = _net("gemm").to("cuda")
+    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
+    return eager_w, eager_loss, model, opt, mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt)
+
+
+def _assert_trained_as_eager(model, losses, eager_w, eager_loss):
+    np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
+    for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.gpu
 def test_gpu_dropout_matches_the_reference_bit_for_bit():
     import cupy as cp
@@ -771,14 +787,9 @@ def test_a_capture_with_no_room_for_its_arena_falls_back_to_the_pool(monkeypatch
 def test_a_released_graph_gives_its_memory_back_and_captures_again():
     """release() empties the graph's pool (only blocks the backends' caches keep may stay), and the
     steps after it (one eager, then a new capture) train as eager."""
-    batches = _batches(6, S=64)
-    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
     import cupy as cp
-    mt.manual_seed(0)
-    model = _net("gemm").to("cuda")
-    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-    crit = mt.CrossEntropyCriterion()
-    step = mt.graphs.GraphedStep(model, crit, opt)
+    batches = _batches(6, S=64)
+    eager_w, eager_loss, model, opt, step = _graphed_beside_eager(batches)
     losses = []
     for i, (x, y) in enumerate(batches):
         if i == 3:
@@ -788,9 +799,7 @@ def test_a_released_graph_gives_its_memory_back_and_captures_again():
             assert all(p.grad is None for p in opt.params)
         losses.append(float(step(cp.asarray(x), y)[0]))
     assert step.captures == 2
-    np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
-    for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    _assert_trained_as_eager(model, losses, eager_w, eager_loss)
 
 
 @pytest.mark.gpu
@@ -800,11 +809,7 @@ def test_a_buffer_refilled_in_place_is_read_where_it_is_and_another_array_switch
     with another array switches to a buffer of the graph's own, and the training stays eager's."""
     import cupy as cp
     batches = _batches(6, S=64)
-    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
-    mt.manual_seed(0)
-    model = _net("gemm").to("cuda")
-    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-    step = mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt)
+    eager_w, eager_loss, model, _, step = _graphed_beside_eager(batches)
     buf = cp.empty(batches[0][0].shape, np.float32)
     losses = []
     for i, (x, y) in enumerate(batches):
@@ -818,9 +823,7 @@ def test_a_buffer_refilled_in_place_is_read_where_it_is_and_another_array_switch
             assert not step.borrowed and step.x is not buf
     np.testing.assert_array_equal(buf.get(), batches[3][0])       # never written by the graph
     assert step._last_x is None
-    np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
-    for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    _assert_trained_as_eager(model, losses, eager_w, eager_loss)
 
 
 @pytest.mark.gpu
@@ -837,11 +840,7 @@ def test_a_released_graph_lets_go_of_the_array_it_read_in_place():
     step, a capture) with the same array borrow it again and train as eager."""
     import cupy as cp
     batches = _batches(6, S=64)
-    eager_w, eager_loss, _ = _train("gemm", batches, graphed=False)
-    mt.manual_seed(0)
-    model = _net("gemm").to("cuda")
-    opt = mt.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
-    step = mt.graphs.GraphedStep(model, mt.CrossEntropyCriterion(), opt)
+    eager_w, eager_loss, model, _, step = _graphed_beside_eager(batches)
     buf = cp.empty(batches[0][0].shape, np.float32)
     losses = []
     for i, (x, y) in enumerate(batches):
@@ -852,6 +851,4 @@ def test_a_released_graph_lets_go_of_the_array_it_read_in_place():
         buf[...] = cp.asarray(x)
         losses.append(float(step(buf, y)[0]))
     assert step.borrowed and step.x is buf and step.captures == 2
-    np.testing.assert_allclose(losses, eager_loss, rtol=1e-5)
-    for g, e in zip([p.numpy() for p in model.parameters()], eager_w):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    _assert_trained_as_eager(model, losses, eager_w, eager_loss)
