@@ -93,6 +93,14 @@ class FakeCupy(types.ModuleType):
     def __getattr__(self, name):
         return getattr(np, name)
 
+    @staticmethod
+    def empty(shape, dtype=np.float32, order="C"):
+        """Device memory nobody wrote reads as NaN, not as whatever the host heap held: a
+        plan that reads a slot it should not gives NaN every run, never a result by chance."""
+        a = np.empty(shape, dtype, order)
+        a[...] = np.nan if a.dtype.kind in "fc" else 0
+        return a
+
 
 @pytest.fixture
 def gpu_branch(monkeypatch, settings):
@@ -179,4 +187,7 @@ def test_a_swapped_stride_is_caught(gpu_branch, rng):
     finally:
         FakePlan.__init__ = real
         cufft.DEFAULT_LAYOUT = "copy"
-    assert np.abs(right - wrong).max() > 1e-2 * np.abs(right).max()
+    # The swapped plan reads slots nothing wrote (NaN, see FakeCupy.empty): allclose, unlike
+    # max(|right - wrong|) > tol, counts NaN as a difference.
+    assert wrong.shape == right.shape
+    assert not np.allclose(wrong, right, rtol=0, atol=1e-2 * np.abs(right).max())
