@@ -5,7 +5,8 @@
 # peak memory). Tuning every candidate afresh is most of the time (session 11: VGG-16's table3 with
 # the TF32 row ran past 285 s, ResNet-50's past 260 s), so the tuning cache is read from $TUNE and
 # written back into $OUT: carry it from call to call (`python -m benchmarks.tune_coverage $TUNE`, on the
-# CPU, says which networks' choices it holds). --tf32 adds the `auto TF32` rows, table3's
+# CPU, says which networks' choices it holds; `python -m benchmarks.tune_zoo $TUNE --networks N
+# --seconds 540`, on the GPU, fills in what it lacks, in a call of its own). --tf32 adds the `auto TF32` rows, table3's
 # and the step's (the framework's TF32 mode, its own tuning). --ours adds the step over our own algorithms alone (MINITORCH_AUTO_BACKENDS=ours, issue 18's
 # headline; its own result file). Each step has a time limit; what it finished is in $OUT/results.tgz
 # (tables) and its log. TABLE3_RUNS=3 times each network three times: each layer-pass's median,

@@ -329,6 +329,20 @@ def step_verdict(errors, yardstick, cap=STEP_CAP):
     return worst, bound, errors[worst] <= bound
 
 
+class Phases:
+    """A line on stderr as each phase of a network's step benchmark starts, with the seconds since
+    the network's first: a run its time limit cut names the phase it was in and when that began
+    (session 27: ResNet-50's step ran 235 s without a row, and its log said nothing of where)."""
+
+    def __init__(self, net, write=None):
+        from tqdm import tqdm
+        self.net, self.start = net, time.perf_counter()
+        self.write = write or (lambda line: tqdm.write(line, file=sys.stderr))
+
+    def __call__(self, what):
+        self.write(f"step {self.net} +{time.perf_counter() - self.start:.1f} s: {what}")
+
+
 def step(args, bar):
     """A full training step (forward, backward, SGD update), batch S, 1000 classes."""
     import cupy as cp
@@ -350,6 +364,7 @@ def step(args, bar):
         # under =ours, the "ours alone" step)
         impl = f"minitorch {auto.label()}"
         bar.set_postfix_str(f"{net} {impl}")
+        phase = Phases(net)
         mt.manual_seed(args.seed)
         model = models.get(net, num_classes=1000, backend="auto").to("cuda")
         opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -360,10 +375,13 @@ def step(args, bar):
             with cgemm.tf32(False):  # strict fp32, whatever the environment
                 mt.train_step(model, crit, opt, x, y)
 
+        phase(f"{impl} strict: the first step (tunes what the cache lacks)")
         our_step()  # tunes every layer and pass
+        phase("strict: checked against PyTorch float64")
         # checked as timed: the whole batch, strict fp32, the tuned choices
         verdict = checked(failures, f"{net} {impl} step", *branch_errors(model, net, x_np, y_np, tf32=False),
                           "float32")
+        phase("strict eager: timed")
         rows.append(step_row(net, batch, impl, our_step, n_steps, **verdict))
         # Each row's share of time in GPU kernels is measured once all of our rows are timed: a
         # torch.profiler session left our later strict eager steps 8-13 % slower in the same process
@@ -377,6 +395,7 @@ def step(args, bar):
         def graph_step():
             with cgemm.tf32(False):
                 graphed(x, y_np)
+        phase("strict CUDA graph: captured, checked, timed")
         graph_step()
         graph_step()
         graph_err = graph_check(model, opt, crit, graphed, x, y, y_np)
@@ -391,13 +410,15 @@ def step(args, bar):
         graphed.release()
         if args.cgemm_tf32:
             rows += tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures,
-                                   profiled)
+                                   profiled, phase)
+        phase("kernel fractions (torch.profiler)")
         add_kernel_fractions(profiled)   # a function: no loop variable keeps the last graph alive
         del model, opt, graphed, profiled
         cp.get_default_memory_pool().free_all_blocks()
         # PyTorch, same architecture
         for mode in ("strict", "tf32"):
             bar.set_postfix_str(f"{net} torch {mode}")
+            phase(f"PyTorch {mode}: cuDNN's search, timed")
             set_tf32(mode)
             tm = torch_model(net, 1000).cuda()
             topt = torch.optim.SGD(tm.parameters(), lr=0.01, momentum=0.9)
@@ -417,6 +438,7 @@ def step(args, bar):
             del tm, topt
             torch.cuda.empty_cache()
         set_tf32("strict")
+        phase("done")
         strict = next(r for r in rows if r["network"] == net and r["implementation"] == "PyTorch cuDNN strict")
         tf32 = next(r for r in rows if r["network"] == net and r["implementation"] == "PyTorch cuDNN tf32")
         for r in rows:
@@ -512,21 +534,26 @@ def checked(failures, what, errors, yardstick, flips, yardstick_name, cap=STEP_C
             "kink_max": max((size for _, size in flips), default=0.0)}
 
 
-def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures, profiled):
+def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps, failures, profiled,
+                   phase=lambda what: None):
     """--cgemm-tf32: the same step in the framework's TF32 mode (cudnn's convolutions and the FFT
     backends' GEMM on TF32; tuned in that mode, its own records), eager and as a CUDA graph. The
     eager step is checked against float64 on the weights it starts from, the bound as the strict
     row's but from PyTorch's own TF32 errors. Each row and the step it timed go into `profiled`
-    (the caller measures their kernel fractions, and then drops the graph)."""
+    (the caller measures their kernel fractions, and then drops the graph); `phase` (Phases) is
+    told as each part starts."""
     import minitorch_fft as mt
     from backends import cgemm
 
     def tf32_step():
         with cgemm.tf32(True):
             mt.train_step(model, crit, opt, x, y)
+    phase("TF32 mode: the first step (tunes what the cache lacks)")
     tf32_step()   # tunes every layer and pass in TF32 mode
+    phase("TF32 mode: checked against PyTorch float64")
     verdict = checked(failures, f"{net} {impl} TF32 mode step", *branch_errors(model, net, x_np, y_np, tf32=True),
                       "TF32", TF32_STEP_CAP, TOLERANCE["tf32"])   # TF32 inputs: flips up to 4.6e-3 (ResNet-50)
+    phase("TF32 mode eager: timed")
     rows = [step_row(net, batch, f"{impl}, TF32 mode", tf32_step, n_steps, **verdict)]
     profiled.append((rows[-1], tf32_step))
     graphed = mt.graphs.GraphedStep(model, crit, opt)   # captured in TF32 mode (the settings key it)
@@ -534,6 +561,7 @@ def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps
     def graph_step():
         with cgemm.tf32(True):
             graphed(x, y_np)
+    phase("TF32 mode CUDA graph: captured, timed")
     graph_step()
     graph_step()
     rows.append(step_row(net, batch, f"{impl}, CUDA graph, TF32 mode", graph_step, n_steps, [graphed.pool],

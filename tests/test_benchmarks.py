@@ -45,7 +45,7 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error",
                 "benchmarks.experiments.exp_pytorch_host", "benchmarks.experiments.exp_gemm_1x1",
                 "benchmarks.experiments.exp_adapter_peak", "benchmarks.experiments.exp_profiler_residue",
-                "benchmarks.experiments.exp_graph_pool", "benchmarks.tune_coverage")
+                "benchmarks.experiments.exp_graph_pool", "benchmarks.tune_coverage", "benchmarks.tune_zoo")
 
 
 def test_paper_result_files_are_one_per_network_set_and_step_candidate_set(settings):
@@ -894,3 +894,100 @@ def test_tune_coverage_names_what_it_cannot_read(tmp_path, capsys, args, message
     with pytest.raises(SystemExit):
         tune_coverage.main([str(tmp_path / "missing.json")])
     assert "holds no tuning choices" in capsys.readouterr().err
+
+
+def test_tune_zoo_orders_choices_as_a_step_asks_for_them():
+    """Forward fprops first, then from the last layer back each layer's bprop before its accGrad."""
+    from benchmarks.tune_zoo import step_order
+    names = ["conv1", "conv2", "conv3"]
+    missing = [(n, p) for n in names for p in ("fprop", "bprop", "accgrad") if (n, p) != ("conv1", "bprop")]
+    assert step_order(missing[::-1], names) == [
+        ("conv1", "fprop"), ("conv2", "fprop"), ("conv3", "fprop"), ("conv3", "bprop"), ("conv3", "accgrad"),
+        ("conv2", "bprop"), ("conv2", "accgrad"), ("conv1", "accgrad")]
+
+
+TINY_NET = [("conv1", (2, 3, 10, 10), (4, 3, 3, 3), (1, 1), (1, 1), 1),
+            ("conv2", (2, 4, 10, 10), (5, 4, 3, 3), (1, 1), (1, 1), 2)]
+
+
+@pytest.fixture
+def tiny_zoo(monkeypatch, settings):
+    """tune_zoo and tune_coverage on two small layers standing for AlexNet's, tuned on the CPU
+    (auto_tune on), with no choice remembered from earlier tests."""
+    from backends import auto
+    from benchmarks import harness, tune_coverage
+    for module in (harness, tune_coverage):
+        monkeypatch.setattr(module, "distinct_conv_layers", lambda net, batch: list(TINY_NET))
+    monkeypatch.setattr(auto, "_memory", {})
+    monkeypatch.setattr(auto, "_fast", {})
+    settings(auto_tune="on")
+
+
+def test_tune_zoo_tunes_what_the_cache_lacks_and_keeps_it(tmp_path, capsys, monkeypatch, tiny_zoo):
+    """Every choice the step asks for lands in the file, in step order; a second run tunes nothing;
+    tune_coverage (an independent count, from the file) agrees."""
+    import backends
+    from backends import auto, tuning
+    from benchmarks import tune_coverage, tune_zoo
+    asked, real = [], backends.choose
+
+    def choose(name, pass_name, x_shape, *rest, **kwargs):
+        asked.append((tuple(x_shape), pass_name))
+        return real(name, pass_name, x_shape, *rest, **kwargs)
+    monkeypatch.setattr(backends, "choose", choose)
+    cache = tmp_path / "sub" / "tune.json"
+    assert tune_zoo.main([str(cache), "--networks", "alexnet", "--precisions", "fp32"]) == 0
+    conv1, conv2 = (layer[1] for layer in TINY_NET)
+    assert asked == [(conv1, "fprop"), (conv2, "fprop"), (conv2, "bprop"), (conv2, "accgrad"), (conv1, "accgrad")]
+    assert "| alexnet | fp32 | 0 | 5 | 5 | 5 |" in capsys.readouterr().out
+    found = tune_coverage.coverage(tuning.TuneCache(cache), "cpu", "alexnet", 128)
+    assert found["fp32"] == (5, 5, [])
+    monkeypatch.setattr(auto, "_memory", {})       # a new process: only the file remembers
+    monkeypatch.setattr(auto, "_fast", {})
+    asked.clear()
+    assert tune_zoo.main([str(cache), "--networks", "alexnet", "--precisions", "fp32"]) == 0
+    assert asked == [] and "| alexnet | fp32 | 5 | 0 | 5 | 5 |" in capsys.readouterr().out
+
+
+def test_tune_zoo_stops_at_its_time_limit_and_says_so(tmp_path, capsys, tiny_zoo):
+    from benchmarks import tune_zoo
+    assert tune_zoo.main([str(tmp_path / "tune.json"), "--networks", "alexnet", "--precisions", "fp32",
+                          "--seconds", "1e-9"]) == 3
+    captured = capsys.readouterr()
+    assert "| alexnet | fp32 | 0 | 0 | 0 | 5 |" in captured.out
+    assert "stopped after" in captured.err and "run it again to go on" in captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--networks", "lenet"], "unknown network(s) lenet"),
+    (["--precisions", "fp16"], "--precisions takes fp32 and tf32"),
+    (["--seconds", "0"], "--seconds must be positive, got 0.0"),
+    (["--batch", "0"], "--batch must be at least 1, got 0"),
+    (["--precisions", "tf32"], "tf32 is a GPU precision"),
+    (["--precisions", "fp32", "--backends", "gemm,nosuch"], "nosuch"),
+    ([], "tf32 is a GPU precision"),                  # the default asks for both
+    (["--precisions", "fp32", "--untuned"], "on the CPU auto times nothing unless MINITORCH_AUTO_TUNE=on"),
+])
+def test_tune_zoo_refuses_what_it_cannot_do(tmp_path, capsys, settings, args, message):
+    from benchmarks import tune_zoo
+    settings(auto_tune="off" if "--untuned" in args else "on")
+    args = [a for a in args if a != "--untuned"]
+    with pytest.raises(SystemExit):
+        tune_zoo.main([str(tmp_path / "tune.json"), *args])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "tune.json").exists()
+
+
+def test_paper_step_phases_say_what_started_and_when(monkeypatch):
+    """A step cut by its time limit names the phase it was in: each line is written as the phase
+    starts, with the seconds since the network's first."""
+    from benchmarks import paper
+    clock = iter([100.0, 100.0, 112.34, 250.0])
+    monkeypatch.setattr(paper.time, "perf_counter", lambda: next(clock))
+    lines = []
+    phase = paper.Phases("resnet50", write=lines.append)
+    phase("strict: the first step")
+    phase("strict: checked")
+    phase("done")
+    assert lines == ["step resnet50 +0.0 s: strict: the first step", "step resnet50 +12.3 s: strict: checked",
+                     "step resnet50 +150.0 s: done"]

@@ -1,0 +1,156 @@
+"""Tune ahead: every `auto` choice a zoo network's training step asks for, into a tuning cache.
+
+A benchmark that finds its choices in the cache times; one that does not tunes first, and tuning
+every candidate is most of its time on a lent GPU (session 27: ResNet-50's step ran 235 s without
+finishing its first row, its carried cache holding 14 of the 68 choices per precision). This
+tunes only what the cache lacks (benchmarks.tune_coverage's count), in the order a training step
+asks (the forward's fprops, then each layer's bprop and accGrad from the last layer back, so a tie
+between FFT backends goes the way it would in the step), and every choice is written to the cache
+as it is made: a run stopped by --seconds or a timeout keeps what it finished, and the next run
+goes on from there.
+
+    python -m benchmarks.tune_zoo .dev/tune/autotune.json --networks resnet50 [--precisions fp32,tf32]
+        [--seconds 540] [--backends ours] [--batch N]
+
+On a GPU (CuPy). On the CPU auto times nothing unless MINITORCH_AUTO_TUNE=on, and there is one
+precision (fp32): the CPU run exists for the tests. The last stdout lines are a table: per network
+and precision, the choices held before, tuned now, and still missing.
+"""
+import argparse
+import sys
+import time
+
+from tqdm import tqdm
+
+import backends
+from backends import auto, cgemm, config, tuning
+from benchmarks.paper import NETWORKS
+from benchmarks.tune_coverage import PRECISIONS, coverage
+
+
+def step_order(missing, layer_names):
+    """`missing` [(layer name, pass)] sorted as a training step asks for them: every fprop in
+    layer order, then from the last layer back each layer's bprop before its accGrad."""
+    index = {name: i for i, name in enumerate(layer_names)}
+
+    def when(item):
+        name, pass_name = item
+        if pass_name == "fprop":
+            return (0, index[name], 0)
+        return (1, -index[name], 0 if pass_name == "bprop" else 1)
+    return sorted(missing, key=when)
+
+
+def plan(cache, device, nets, precisions, batch_of, label):
+    """[(net, precision, [(layer name, x_shape, w_shape, stride, padding, pass)])]: what each
+    network lacks in `cache`, in step order, and {(net, precision): (held, wanted)}."""
+    from benchmarks.harness import distinct_conv_layers
+    todo, counts = [], {}
+    for net in nets:
+        batch = batch_of(net)
+        layers = {name: (x, w, s, p) for name, x, w, s, p, _ in distinct_conv_layers(net, batch)}
+        found = coverage(cache, device, net, batch, label)
+        for math in precisions:
+            held, wanted, missing = found[math]
+            counts[(net, math)] = (held, wanted)
+            todo.append((net, math, [(name, *layers[name], p) for name, p in step_order(missing, list(layers))]))
+    return todo, counts
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cache", help="the tuning cache to fill (made if missing; never replaced if it is not one)")
+    ap.add_argument("--networks", default=",".join(NETWORKS),
+                    help=f"comma-separated, of {', '.join(NETWORKS)} (default: all)")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS),
+                    help="comma-separated GEMM precisions to tune, of fp32 (strict) and tf32 (the TF32 mode)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="start no new choice after this many seconds (a choice under way finishes)")
+    ap.add_argument("--backends", default=None,
+                    help="auto's candidate set, as MINITORCH_AUTO_BACKENDS (ours: our own algorithms alone)")
+    ap.add_argument("--batch", type=int, help="every network at this batch (default: the benchmarks' own)")
+    args = ap.parse_args(argv)
+    nets = [n.strip() for n in args.networks.split(",") if n.strip()]
+    unknown = [n for n in nets if n not in NETWORKS]
+    if unknown or not nets:
+        ap.error(f"unknown network(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(NETWORKS)}")
+    precisions = [m.strip() for m in args.precisions.split(",") if m.strip()]
+    if not precisions or any(m not in PRECISIONS for m in precisions):
+        ap.error(f"--precisions takes {' and '.join(PRECISIONS)}, comma-separated; got {args.precisions!r}")
+    if args.batch is not None and args.batch < 1:
+        ap.error(f"--batch must be at least 1, got {args.batch}")
+    if args.seconds is not None and not args.seconds > 0:
+        ap.error(f"--seconds must be positive, got {args.seconds}")
+    xp = _array_module()
+    if xp.__name__ == "numpy":
+        if "tf32" in precisions:
+            ap.error("tf32 is a GPU precision: on the CPU only --precisions fp32 can be tuned")
+        if not tuning.enabled("auto_tune", xp):
+            ap.error("no GPU (CuPy) here, and on the CPU auto times nothing unless MINITORCH_AUTO_TUNE=on")
+    settings = {"tune_cache": args.cache}
+    if args.backends is not None:
+        settings["auto_backends"] = args.backends
+    try:
+        with config.override(**settings):   # a bad --backends is refused by name, before any work
+            backends.auto_registry()
+    except ValueError as e:
+        ap.error(str(e))
+    with config.override(**settings):
+        return _tune_all(xp, nets, precisions, args)
+
+
+def _array_module():
+    """CuPy where a CUDA device answers, else NumPy."""
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+        return cupy
+    except Exception:
+        import numpy
+        return numpy
+
+
+def _tune_all(xp, nets, precisions, args):
+    start = time.perf_counter()
+    cache = tuning.default_cache()
+    device, label = tuning.device_name(xp), auto.label()
+    todo, counts = plan(cache, device, nets, precisions, lambda n: args.batch or NETWORKS[n][0], label)
+    tuned = {key: 0 for key in counts}
+    stopped = None
+    total = sum(len(items) for *_, items in todo)
+    print(f"tune_zoo: {device}, {label}, cache {cache.path}: {total} choices to tune", file=sys.stderr)
+    with tqdm(total=total, desc="tuning", unit="choice", file=sys.stderr) as bar:
+        for net, math, items in todo:
+            with cgemm.tf32(math == "tf32"):
+                for name, x_shape, w_shape, stride, padding, pass_name in items:
+                    if args.seconds is not None and time.perf_counter() - start > args.seconds:
+                        stopped = f"stopped after {time.perf_counter() - start:.0f} s (--seconds {args.seconds:g})"
+                        break
+                    bar.set_postfix_str(f"{net} {math} {name} {pass_name}")
+                    backends.choose("auto", pass_name, x_shape, w_shape, stride, padding, xp=xp)
+                    tuned[(net, math)] += 1
+                    bar.update(1)
+            if stopped:
+                break
+    # counted again from the file: what a later run will find, whatever this one believes it wrote
+    _, after = plan(tuning.TuneCache(cache.path), device, nets, precisions,
+                    lambda n: args.batch or NETWORKS[n][0], label)
+    print(f"| network | precision | held before | tuned now | held now | wanted | ({device}, {label}, "
+          f"{time.perf_counter() - start:.0f} s) |")
+    print("|---|---|---|---|---|---|---|")
+    for (net, math), (held, wanted) in counts.items():
+        print(f"| {net} | {math} | {held} | {tuned[(net, math)]} | {after[(net, math)][0]} | {wanted} | |")
+    if stopped:
+        print(f"tune_zoo: {stopped}; run it again to go on", file=sys.stderr)
+        return 3
+    missing = sum(wanted - held for held, wanted in after.values())
+    if missing:
+        print(f"tune_zoo: {missing} choice(s) still missing from {cache.path} after tuning: a pass with "
+              "one candidate is never written, and a cache that cannot be written says why above",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
