@@ -16,7 +16,8 @@ with momentum. Rows per network:
   converted TF32        the same with the FFT backends' complex GEMM on TF32
                         (backends.config override tf32=True); the rest as PyTorch's default
 each eager and captured as one CUDA graph (torch.cuda.graph, replayed on the same static batch),
-and with --compile also under torch.compile (inductor). The converted rows share spectra across a
+and with --compile also under torch.compile (inductor; those rows after every eager and graph row,
+inductor's compile workers shut before each is timed: row_rounds). The converted rows share spectra across a
 layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward, its default:
 no spectrum held from forward to backward, accGrad's gradOutput spectrum serving bprop); --no-reuse
 leaves that out (result files *_no_reuse); --input-reuse also keeps each layer's input spectrum
@@ -71,6 +72,15 @@ IMPLS = {  # --impls name: (label, converted, precision "strict" | "tf32"); each
     "tf32": ("converted TF32", True, "tf32"),
 }
 STOCK_OF = {"fp32": "strict", "tf32": "default"}   # the stock row a converted one is judged against
+
+
+def row_rounds(impls, compile_rows):
+    """[(impl name, compiled)] in the order run_network makes rows: every implementation's eager and
+    graph rows first, then, with --compile, every compiled row. Compiled rows used to follow each
+    implementation's own, and the converted eager rows that ran after a compiled stock row took 1.6x
+    longer than without --compile (15.76 against 9.74 ms, AlexNet at a0eb958, session 14; not
+    explained: inductor's compile workers or Dynamo's state were the candidates)."""
+    return [(name, False) for name in impls] + [(name, True) for name in impls if compile_rows]
 
 
 def conv_weights(model):
@@ -136,7 +146,8 @@ def run_network(net, args, log):
     _free(torch)
     floor = torch.cuda.memory_allocated()   # the batch: every row's
     rows, failures, yardstick = [], [], {}
-    for label, converted, precision in (IMPLS[name] for name in args.impls):
+    for name, compiled in row_rounds(args.impls, args.compile):
+        label, converted, precision = IMPLS[name]
         t0 = time.perf_counter()
         first = len(rows)
         leftover = torch.cuda.memory_allocated() - floor   # earlier rows' (after _free): not this row's
@@ -171,16 +182,17 @@ def run_network(net, args, log):
                                     f"{bound:.1e} ({STEP_FACTOR} x stock PyTorch's in the same precision)")
             common = {"network": net, "implementation": label, "precision": precision, "converted": converted,
                       "max_err": err, "worst": worst, "leftover_mib": leftover / 2**20}
-            ms, peak = timed_row(step, args, 0, leftover)
-            rows.append({**common, "mode": "eager", "step_ms": ms, "images_per_s": args.batch / ms * 1e3,
-                         "peak_mib": peak, "spectra_reused": shared.get("hits")})
-            log(f"{net:9s} {label:30s} eager {ms:8.2f} ms  peak {peak:8.0f} MiB  err {err:.1e} ({worst})  "
-                f"check+tuning {tuned_s:.1f} s  spectra reused {shared.get('hits')}  "
-                f"(earlier rows' leftover {leftover / 2**20:.0f} MiB, not counted)")
-            if not args.no_graphs:
-                rows.append({**common, **_graph_row(step, args, net, label, log, leftover)})
-            if args.compile:
+            if compiled:
                 rows.append({**common, **_compiled_row(model, opt, scope, x, y, args, net, label, log, leftover)})
+            else:
+                ms, peak = timed_row(step, args, 0, leftover)
+                rows.append({**common, "mode": "eager", "step_ms": ms, "images_per_s": args.batch / ms * 1e3,
+                             "peak_mib": peak, "spectra_reused": shared.get("hits")})
+                log(f"{net:9s} {label:30s} eager {ms:8.2f} ms  peak {peak:8.0f} MiB  err {err:.1e} ({worst})  "
+                    f"check+tuning {tuned_s:.1f} s  spectra reused {shared.get('hits')}  "
+                    f"(earlier rows' leftover {leftover / 2**20:.0f} MiB, not counted)")
+                if not args.no_graphs:
+                    rows.append({**common, **_graph_row(step, args, net, label, log, leftover)})
             del model, opt, step
             _free(torch)
         row_s = (time.perf_counter() - t0) / (len(rows) - first)
@@ -268,9 +280,20 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
     t0 = time.perf_counter()
     step()
     compile_s = time.perf_counter() - t0
+    _stop_compile_workers()
     ms, peak = timed_row(step, args, 0, leftover)
     log(f"{net:9s} {label:30s} compiled {ms:8.2f} ms  peak {peak:8.0f} MiB  (compile {compile_s:.0f} s)")
     return {"mode": "torch.compile", "step_ms": ms, "images_per_s": args.batch / ms * 1e3, "peak_mib": peak}
+
+
+def _stop_compile_workers():
+    """Shut inductor's compile-worker processes once a model is compiled: idle or not, they are not
+    to share the host with the timed steps (the eager adapter is host-bound on lent machines)."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:            # another PyTorch: nothing to shut
+        return
+    shutdown_compile_workers()
 
 
 def _free(torch):

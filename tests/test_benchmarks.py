@@ -991,3 +991,13 @@ def test_paper_step_phases_say_what_started_and_when(monkeypatch):
     phase("done")
     assert lines == ["step resnet50 +0.0 s: strict: the first step", "step resnet50 +12.3 s: strict: checked",
                      "step resnet50 +150.0 s: done"]
+
+
+def test_bench_pytorch_times_compiled_rows_after_every_eager_one():
+    """With --compile, no eager or graph row runs after a compiled one (session 14: the converted
+    eager rows after a compiled stock row ran 1.6x slower)."""
+    from benchmarks.bench_pytorch import row_rounds
+    impls = ["strict", "default", "fp32", "tf32"]
+    assert row_rounds(impls, False) == [(name, False) for name in impls]
+    order = row_rounds(impls, True)
+    assert order == [(name, False) for name in impls] + [(name, True) for name in impls]
