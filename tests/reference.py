@@ -25,6 +25,7 @@ def rel_error(got, ref):
     ref = np.asarray(ref, dtype=np.float64)
     assert got.shape == ref.shape, f"shape {got.shape} != reference {ref.shape}"
     assert np.all(np.isfinite(got)), "non-finite values in the result"
+    assert np.all(np.isfinite(ref)), "non-finite values in the reference"   # else every error is NaN
     den = np.linalg.norm(ref)
     return float(np.linalg.norm(got - ref) / den) if den else float(np.linalg.norm(got))
 

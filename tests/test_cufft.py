@@ -131,14 +131,18 @@ def test_results_are_float32_of_the_input_kind(rng, device):
     assert type(y) is type(xd) and get_array_module(y) is get_array_module(xd)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# The same examples every run, each with data of its own: with a new seed per run and one generator
+# shared by the examples, about one CI run in 400 drew a one-term weight gradient (S = f = fo = 1, a
+# 1x1 kernel) whose products cancel past the relative tolerance, and no rerun could replay it.
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(S=st.integers(1, 3), f=st.integers(1, 3), fo=st.integers(1, 3), h=st.integers(1, 9),
        w=st.integers(1, 9), kh=st.integers(1, 6), kw=st.integers(1, 6), ph=st.integers(0, 3),
        pw=st.integers(0, 3))
-def test_random_geometries(rng, S, f, fo, h, w, kh, kw, ph, pw):
+def test_random_geometries(S, f, fo, h, w, kh, kw, ph, pw):
     if kh > h + 2 * ph or kw > w + 2 * pw:
         return  # not a valid convolution; supports() says so (test_supports)
-    check(rng, (S, f, h, w), (fo, f, kh, kw), (ph, pw))
+    check(np.random.default_rng([S, f, fo, h, w, kh, kw, ph, pw]), (S, f, h, w), (fo, f, kh, kw), (ph, pw))
 
 
 # -- capability and argument checks ---------------------------------------------------------

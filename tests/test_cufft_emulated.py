@@ -101,6 +101,9 @@ class FakeCupy(types.ModuleType):
         a[...] = np.nan if a.dtype.kind in "fc" else 0
         return a
 
+    def empty_like(self, a, dtype=None):
+        return self.empty(a.shape, a.dtype if dtype is None else dtype)
+
 
 @pytest.fixture
 def gpu_branch(monkeypatch, settings):
