@@ -135,11 +135,11 @@ def _tune_all(xp, nets, precisions, args):
     # counted again from the file: what a later run will find, whatever this one believes it wrote
     _, after = plan(tuning.TuneCache(cache.path), device, nets, precisions,
                     lambda n: args.batch or NETWORKS[n][0], label)
-    print(f"| network | precision | held before | tuned now | held now | wanted | ({device}, {label}, "
-          f"{time.perf_counter() - start:.0f} s) |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"{device}, {label}, {cache.path}: {time.perf_counter() - start:.0f} s")
+    print("| network | precision | held before | tuned now | held now | wanted |")
+    print("|---|---|---|---|---|---|")
     for (net, math), (held, wanted) in counts.items():
-        print(f"| {net} | {math} | {held} | {tuned[(net, math)]} | {after[(net, math)][0]} | {wanted} | |")
+        print(f"| {net} | {math} | {held} | {tuned[(net, math)]} | {after[(net, math)][0]} | {wanted} |")
     if stopped:
         print(f"tune_zoo: {stopped}; run it again to go on", file=sys.stderr)
         return 3
