@@ -43,9 +43,10 @@ def step_order(missing, layer_names):
 
 def plan(cache, device, nets, precisions, batch_of, label):
     """[(net, precision, [(layer name, x_shape, w_shape, stride, padding, pass)])]: what each
-    network lacks in `cache`, in step order, and {(net, precision): (held, wanted)}."""
+    network lacks in `cache`, in step order, and {(net, precision): (held, wanted)}. A choice two
+    networks share (ResNet-18's and ResNet-50's stem) is listed under the first only."""
     from benchmarks.harness import distinct_conv_layers
-    todo, counts = [], {}
+    todo, counts, listed = [], {}, set()
     for net in nets:
         batch = batch_of(net)
         layers = {name: (x, w, s, p) for name, x, w, s, p, _ in distinct_conv_layers(net, batch)}
@@ -53,7 +54,13 @@ def plan(cache, device, nets, precisions, batch_of, label):
         for math in precisions:
             held, wanted, missing = found[math]
             counts[(net, math)] = (held, wanted)
-            todo.append((net, math, [(name, *layers[name], p) for name, p in step_order(missing, list(layers))]))
+            items = []
+            for name, pass_name in step_order(missing, list(layers)):
+                key = (math, auto._geometry_key(*layers[name]), pass_name)
+                if key not in listed:
+                    listed.add(key)
+                    items.append((name, *layers[name], pass_name))
+            todo.append((net, math, items))
     return todo, counts
 
 

@@ -1001,3 +1001,16 @@ def test_bench_pytorch_times_compiled_rows_after_every_eager_one():
     assert row_rounds(impls, False) == [(name, False) for name in impls]
     order = row_rounds(impls, True)
     assert order == [(name, False) for name in impls] + [(name, True) for name in impls]
+
+
+def test_tune_zoo_tunes_a_choice_two_networks_share_once(tmp_path, capsys, monkeypatch, tiny_zoo):
+    """The same layers under two network names (as ResNet-18 and ResNet-50 share their stem): each
+    choice is tuned and counted once, under the first network, and both are complete after."""
+    import backends
+    from benchmarks import tune_zoo
+    asked, real = [], backends.choose
+    monkeypatch.setattr(backends, "choose", lambda *a, **k: asked.append(a[:2]) or real(*a, **k))
+    assert tune_zoo.main([str(tmp_path / "tune.json"), "--networks", "alexnet,resnet18", "--precisions", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert len(asked) == 5
+    assert "| alexnet | fp32 | 0 | 5 | 5 | 5 |" in out and "| resnet18 | fp32 | 0 | 0 | 5 | 5 |" in out
