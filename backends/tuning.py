@@ -204,6 +204,20 @@ class TuneCache:
         """The device names the cache holds choices for, sorted."""
         return sorted(self._devices)
 
+    def unwritable(self):
+        """Why put() could not reach the file, or None: the file is not a tuning cache this code
+        wrote (never replaced), or the folder it would be written in is missing and cannot be
+        made, or is not writable. For a caller about to spend minutes tuning (put() itself only
+        warns, and keeps the choices in memory)."""
+        folder = self._target().parent
+        while not folder.exists() and folder != folder.parent:   # put() makes the missing folders
+            folder = folder.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            return f"cannot write in {folder}"
+        if self._read(warn=False)[1] == "foreign":
+            return f"{self.path} is not a tuning cache this code wrote, and is never replaced"
+        return None
+
     def put(self, key, value):
         """Store `value` (JSON-able) for `key`, in memory and on disk."""
         try:

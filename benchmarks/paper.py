@@ -334,13 +334,13 @@ class Phases:
     the network's first: a run its time limit cut names the phase it was in and when that began
     (session 27: ResNet-50's step ran 235 s without a row, and its log said nothing of where)."""
 
-    def __init__(self, net, write=None):
+    def __init__(self, net, write=None, clock=time.perf_counter):
         from tqdm import tqdm
-        self.net, self.start = net, time.perf_counter()
+        self.net, self.clock, self.start = net, clock, clock()
         self.write = write or (lambda line: tqdm.write(line, file=sys.stderr))
 
     def __call__(self, what):
-        self.write(f"step {self.net} +{time.perf_counter() - self.start:.1f} s: {what}")
+        self.write(f"step {self.net} +{self.clock() - self.start:.1f} s: {what}")
 
 
 def step(args, bar):

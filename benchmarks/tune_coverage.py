@@ -22,27 +22,32 @@ from benchmarks.paper import NETWORKS
 PRECISIONS = ("fp32", "tf32")
 
 
+def step_choices(net, batch):
+    """[(layer name, x_shape, w_shape, stride, padding, pass)]: the `auto` choices a training step
+    of `net` at `batch` asks for, each distinct convolution's passes in layer order. A training
+    step never asks for the input image's gradient: the first layer's bprop is left out, unless a
+    later layer shares its geometry."""
+    return [(name, x_shape, w_shape, stride, padding, pass_name)
+            for i, (name, x_shape, w_shape, stride, padding, count) in enumerate(distinct_conv_layers(net, batch))
+            for pass_name in PASSES if not (i == 0 and count == 1 and pass_name == "bprop")]
+
+
+def choice_key(device, math, x_shape, w_shape, stride, padding, pass_name, label="auto"):
+    """The tuning cache's key of auto's choice for one pass, as auto._pick makes it (tuning.key)."""
+    geometry = auto._geometry_key(x_shape, w_shape, stride, padding)
+    return (device, "float32", math, tuple(int(v) for v in geometry), pass_name, label)
+
+
 def coverage(cache, device, net, batch, label="auto"):
     """{precision: (held, wanted, [missing (layer name, pass)])}: the choices a training step of
-    `net` at `batch` asks for (each distinct convolution's passes) that `cache` (a
-    tuning.TuneCache) holds for `device`, keyed by `label` ("auto", or "auto[...]" for a
-    restricted candidate set)."""
+    `net` at `batch` asks for (step_choices) that `cache` (a tuning.TuneCache) holds for `device`,
+    keyed by `label` ("auto", or "auto[...]" for a restricted candidate set)."""
     out = {}
-    layers = distinct_conv_layers(net, batch)
-    # a training step never asks for the input image's gradient: the first layer's bprop runs
-    # only where a later layer shares its geometry
-    passes = [[p for p in PASSES if not (i == 0 and count == 1 and p == "bprop")]
-              for i, (*_, count) in enumerate(layers)]
+    wanted = step_choices(net, batch)
     for math in PRECISIONS:
-        missing = []
-        for (name, x_shape, w_shape, stride, padding, _), wanted_passes in zip(layers, passes):
-            geometry = auto._geometry_key(x_shape, w_shape, stride, padding)
-            for pass_name in wanted_passes:
-                key = (device, "float32", math, tuple(int(v) for v in geometry), pass_name, label)
-                if not tuning.is_record(cache.get(key)):
-                    missing.append((name, pass_name))
-        wanted = sum(map(len, passes))
-        out[math] = (wanted - len(missing), wanted, missing)
+        missing = [(name, pass_name) for name, *geom, pass_name in wanted
+                   if not tuning.is_record(cache.get(choice_key(device, math, *geom, pass_name, label)))]
+        out[math] = (len(wanted) - len(missing), len(wanted), missing)
     return out
 
 

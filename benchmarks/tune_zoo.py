@@ -3,18 +3,22 @@
 A benchmark that finds its choices in the cache times; one that does not tunes first, and tuning
 every candidate is most of its time on a lent GPU (session 27: ResNet-50's step ran 235 s without
 finishing its first row, its carried cache holding 14 of the 68 choices per precision). This
-tunes only what the cache lacks (benchmarks.tune_coverage's count), in the order a training step
+asks auto for every choice of the step (benchmarks.tune_coverage's list) in the order the step
 asks (the forward's fprops, then each layer's bprop and accGrad from the last layer back, so a tie
-between FFT backends goes the way it would in the step), and every choice is written to the cache
-as it is made: a run stopped by --seconds or a timeout keeps what it finished, and the next run
-goes on from there.
+between FFT backends goes the way it would in the step). A choice the cache holds costs a look-up,
+unless auto would tune it again (a candidate its record never timed, a backend's revision since):
+then it is tuned here, as the step would. Every choice is written to the cache as it is made: a
+run stopped by --seconds or a timeout keeps what it finished, and the next run goes on from there.
+A cache it could not write (not a tuning cache, a folder it cannot write in) is refused first.
 
     python -m benchmarks.tune_zoo .dev/tune/autotune.json --networks resnet50 [--precisions fp32,tf32]
         [--seconds 540] [--backends ours] [--batch N]
 
 On a GPU (CuPy). On the CPU auto times nothing unless MINITORCH_AUTO_TUNE=on, and there is one
 precision (fp32): the CPU run exists for the tests. The last stdout lines are a table: per network
-and precision, the choices held before, tuned now, and still missing.
+and precision, the choices the file held before (records in tune()'s format: an upper bound, as
+tune_coverage's), those tuned now, and those it holds after. Exit 0: every choice held; 3: stopped
+by --seconds; 1: some still missing.
 """
 import argparse
 import sys
@@ -25,11 +29,11 @@ from tqdm import tqdm
 import backends
 from backends import auto, cgemm, config, tuning
 from benchmarks.paper import NETWORKS
-from benchmarks.tune_coverage import PRECISIONS, coverage
+from benchmarks.tune_coverage import PRECISIONS, choice_key, coverage, step_choices
 
 
-def step_order(missing, layer_names):
-    """`missing` [(layer name, pass)] sorted as a training step asks for them: every fprop in
+def step_order(choices, layer_names):
+    """`choices` [(layer name, pass)] sorted as a training step asks for them: every fprop in
     layer order, then from the last layer back each layer's bprop before its accGrad."""
     index = {name: i for i, name in enumerate(layer_names)}
 
@@ -38,30 +42,27 @@ def step_order(missing, layer_names):
         if pass_name == "fprop":
             return (0, index[name], 0)
         return (1, -index[name], 0 if pass_name == "bprop" else 1)
-    return sorted(missing, key=when)
+    return sorted(choices, key=when)
 
 
-def plan(cache, device, nets, precisions, batch_of, label):
-    """[(net, precision, [(layer name, x_shape, w_shape, stride, padding, pass)])]: what each
-    network lacks in `cache`, in step order, and {(net, precision): (held, wanted)}. A choice two
-    networks share (ResNet-18's and ResNet-50's stem) is listed under the first only."""
-    from benchmarks.harness import distinct_conv_layers
-    todo, counts, listed = [], {}, set()
+def plan(device, nets, precisions, batch_of, label):
+    """[(net, precision, [(layer name, x_shape, w_shape, stride, padding, pass, cache key)])]:
+    every choice each network's step asks for, in step order. A choice two networks share
+    (ResNet-18's and ResNet-50's stem) is listed under the first only."""
+    todo, listed = [], set()
     for net in nets:
-        batch = batch_of(net)
-        layers = {name: (x, w, s, p) for name, x, w, s, p, _ in distinct_conv_layers(net, batch)}
-        found = coverage(cache, device, net, batch, label)
+        wanted = step_choices(net, batch_of(net))
+        geometry = {name: tuple(geom) for name, *geom, _ in wanted}
+        order = step_order([(name, pass_name) for name, *_, pass_name in wanted], list(geometry))
         for math in precisions:
-            held, wanted, missing = found[math]
-            counts[(net, math)] = (held, wanted)
             items = []
-            for name, pass_name in step_order(missing, list(layers)):
-                key = (math, auto._geometry_key(*layers[name]), pass_name)
+            for name, pass_name in order:
+                key = choice_key(device, math, *geometry[name], pass_name, label)
                 if key not in listed:
                     listed.add(key)
-                    items.append((name, *layers[name], pass_name))
+                    items.append((name, *geometry[name], pass_name, key))
             todo.append((net, math, items))
-    return todo, counts
+    return todo
 
 
 def main(argv=None):
@@ -89,11 +90,11 @@ def main(argv=None):
     if args.seconds is not None and not args.seconds > 0:
         ap.error(f"--seconds must be positive, got {args.seconds}")
     xp = _array_module()
-    if xp.__name__ == "numpy":
-        if "tf32" in precisions:
-            ap.error("tf32 is a GPU precision: on the CPU only --precisions fp32 can be tuned")
-        if not tuning.enabled("auto_tune", xp):
-            ap.error("no GPU (CuPy) here, and on the CPU auto times nothing unless MINITORCH_AUTO_TUNE=on")
+    if xp.__name__ == "numpy" and "tf32" in precisions:
+        ap.error("tf32 is a GPU precision: on the CPU only --precisions fp32 can be tuned")
+    if not tuning.enabled("auto_tune", xp):
+        ap.error("auto times nothing here: MINITORCH_AUTO_TUNE is off" if xp.__name__ != "numpy" else
+                 "no GPU (CuPy) here, and on the CPU auto times nothing unless MINITORCH_AUTO_TUNE=on")
     settings = {"tune_cache": args.cache}
     if args.backends is not None:
         settings["auto_backends"] = args.backends
@@ -102,6 +103,9 @@ def main(argv=None):
             backends.auto_registry()
     except ValueError as e:
         ap.error(str(e))
+    why = tuning.TuneCache(args.cache).unwritable()
+    if why is not None:
+        ap.error(f"the choices would stay in memory and be lost: {why}")
     with config.override(**settings):
         return _tune_all(xp, nets, precisions, args)
 
@@ -121,40 +125,45 @@ def _tune_all(xp, nets, precisions, args):
     start = time.perf_counter()
     cache = tuning.default_cache()
     device, label = tuning.device_name(xp), auto.label()
-    todo, counts = plan(cache, device, nets, precisions, lambda n: args.batch or NETWORKS[n][0], label)
-    tuned = {key: 0 for key in counts}
+    batch_of = lambda net: args.batch or NETWORKS[net][0]   # noqa: E731
+    before = {net: coverage(cache, device, net, batch_of(net), label) for net in nets}
+    todo = plan(device, nets, precisions, batch_of, label)
+    tuned = {(net, math): 0 for net, math, _ in todo}
     stopped = None
     total = sum(len(items) for *_, items in todo)
-    print(f"tune_zoo: {device}, {label}, cache {cache.path}: {total} choices to tune", file=sys.stderr)
+    print(f"tune_zoo: {device}, {label}, cache {cache.path}: {total} choices to find or tune", file=sys.stderr)
     with tqdm(total=total, desc="tuning", unit="choice", file=sys.stderr) as bar:
         for net, math, items in todo:
             with cgemm.tf32(math == "tf32"):
-                for name, x_shape, w_shape, stride, padding, pass_name in items:
+                for name, x_shape, w_shape, stride, padding, pass_name, key in items:
                     if args.seconds is not None and time.perf_counter() - start > args.seconds:
                         stopped = f"stopped after {time.perf_counter() - start:.0f} s (--seconds {args.seconds:g})"
                         break
                     bar.set_postfix_str(f"{net} {math} {name} {pass_name}")
+                    # every choice, held or not, as the step asks: a held record auto would tune
+                    # again (a candidate it never timed, a backend's revision since) is tuned here
+                    old = cache.get(key)
                     backends.choose("auto", pass_name, x_shape, w_shape, stride, padding, xp=xp)
-                    tuned[(net, math)] += 1
+                    tuned[(net, math)] += cache.get(key) is not old
                     bar.update(1)
             if stopped:
                 break
     # counted again from the file: what a later run will find, whatever this one believes it wrote
-    _, after = plan(tuning.TuneCache(cache.path), device, nets, precisions,
-                    lambda n: args.batch or NETWORKS[n][0], label)
+    after = {net: coverage(tuning.TuneCache(cache.path), device, net, batch_of(net), label) for net in nets}
     print(f"{device}, {label}, {cache.path}: {time.perf_counter() - start:.0f} s")
     print("| network | precision | held before | tuned now | held now | wanted |")
     print("|---|---|---|---|---|---|")
-    for (net, math), (held, wanted) in counts.items():
-        print(f"| {net} | {math} | {held} | {tuned[(net, math)]} | {after[(net, math)][0]} | {wanted} |")
+    for net, math, _ in todo:
+        held, wanted, _ = before[net][math]
+        print(f"| {net} | {math} | {held} | {tuned[(net, math)]} | {after[net][math][0]} | {wanted} |")
     if stopped:
         print(f"tune_zoo: {stopped}; run it again to go on", file=sys.stderr)
         return 3
-    missing = sum(wanted - held for held, wanted in after.values())
+    missing = sum(wanted - held for found in after.values() for math, (held, wanted, _) in found.items()
+                  if math in precisions)
     if missing:
-        print(f"tune_zoo: {missing} choice(s) still missing from {cache.path} after tuning: a pass with "
-              "one candidate is never written, and a cache that cannot be written says why above",
-              file=sys.stderr)
+        print(f"tune_zoo: {missing} choice(s) still missing from {cache.path} after tuning (a pass with one "
+              "candidate is never written; a cache write that failed warned above)", file=sys.stderr)
         return 1
     return 0
 

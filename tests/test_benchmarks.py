@@ -913,21 +913,31 @@ TINY_NET = [("conv1", (2, 3, 10, 10), (4, 3, 3, 3), (1, 1), (1, 1), 1),
 @pytest.fixture
 def tiny_zoo(monkeypatch, settings):
     """tune_zoo and tune_coverage on two small layers standing for AlexNet's, tuned on the CPU
-    (auto_tune on), with no choice remembered from earlier tests."""
+    (auto_tune on; NumPy also where a GPU answers), with no choice remembered from earlier tests."""
+    import numpy as np
+
     from backends import auto
-    from benchmarks import harness, tune_coverage
-    for module in (harness, tune_coverage):
-        monkeypatch.setattr(module, "distinct_conv_layers", lambda net, batch: list(TINY_NET))
+    from benchmarks import tune_coverage, tune_zoo
+    monkeypatch.setattr(tune_coverage, "distinct_conv_layers", lambda net, batch: list(TINY_NET))
+    monkeypatch.setattr(tune_zoo, "_array_module", lambda: np)
     monkeypatch.setattr(auto, "_memory", {})
     monkeypatch.setattr(auto, "_fast", {})
     settings(auto_tune="on")
 
 
-def test_tune_zoo_tunes_what_the_cache_lacks_and_keeps_it(tmp_path, capsys, monkeypatch, tiny_zoo):
-    """Every choice the step asks for lands in the file, in step order; a second run tunes nothing;
-    tune_coverage (an independent count, from the file) agrees."""
-    import backends
+def _a_new_process(monkeypatch):
+    """auto's in-process memory and the cache objects gone: only the cache file remembers."""
     from backends import auto, tuning
+    monkeypatch.setattr(auto, "_memory", {})
+    monkeypatch.setattr(auto, "_fast", {})
+    monkeypatch.setattr(tuning, "_caches", {})
+
+
+def test_tune_zoo_tunes_what_the_cache_lacks_and_keeps_it(tmp_path, capsys, monkeypatch, tiny_zoo):
+    """Every choice the step asks for lands in the file, in step order; a second run finds them
+    all and tunes nothing; tune_coverage (an independent count, from the file) agrees."""
+    import backends
+    from backends import tuning
     from benchmarks import tune_coverage, tune_zoo
     asked, real = [], backends.choose
 
@@ -938,15 +948,40 @@ def test_tune_zoo_tunes_what_the_cache_lacks_and_keeps_it(tmp_path, capsys, monk
     cache = tmp_path / "sub" / "tune.json"
     assert tune_zoo.main([str(cache), "--networks", "alexnet", "--precisions", "fp32"]) == 0
     conv1, conv2 = (layer[1] for layer in TINY_NET)
-    assert asked == [(conv1, "fprop"), (conv2, "fprop"), (conv2, "bprop"), (conv2, "accgrad"), (conv1, "accgrad")]
+    steps = [(conv1, "fprop"), (conv2, "fprop"), (conv2, "bprop"), (conv2, "accgrad"), (conv1, "accgrad")]
+    assert asked == steps
     assert "| alexnet | fp32 | 0 | 5 | 5 | 5 |" in capsys.readouterr().out
     found = tune_coverage.coverage(tuning.TuneCache(cache), "cpu", "alexnet", 128)
     assert found["fp32"] == (5, 5, [])
-    monkeypatch.setattr(auto, "_memory", {})       # a new process: only the file remembers
-    monkeypatch.setattr(auto, "_fast", {})
+    written = cache.read_bytes()
+    _a_new_process(monkeypatch)
     asked.clear()
     assert tune_zoo.main([str(cache), "--networks", "alexnet", "--precisions", "fp32"]) == 0
-    assert asked == [] and "| alexnet | fp32 | 5 | 0 | 5 | 5 |" in capsys.readouterr().out
+    assert asked == steps and "| alexnet | fp32 | 5 | 0 | 5 | 5 |" in capsys.readouterr().out
+    assert cache.read_bytes() == written
+
+
+def test_tune_zoo_tunes_again_what_auto_would(tmp_path, capsys, monkeypatch, tiny_zoo):
+    """A held record that never timed one of today's candidates (made before a backend joined)
+    counts as held, but auto would tune it again in the step: tune_zoo tunes it now."""
+    import json
+
+    from benchmarks import tune_zoo
+    cache = tmp_path / "tune.json"
+    assert tune_zoo.main([str(cache), "--networks", "alexnet", "--precisions", "fp32"]) == 0
+    data = json.loads(cache.read_text())
+    for entries in data["devices"].values():
+        for record in entries.values():
+            if isinstance(record, dict) and isinstance(record.get("ms"), dict) and len(record["ms"]) > 1:
+                record["ms"] = {record["choice"]: record["ms"][record["choice"]]}   # the others never timed
+                record["skipped"] = {}
+    cache.write_text(json.dumps(data))
+    _a_new_process(monkeypatch)
+    capsys.readouterr()
+    assert tune_zoo.main([str(cache), "--networks", "alexnet", "--precisions", "fp32"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| alexnet |"))
+    held, tuned = (int(v) for v in row.split("|")[3:5])
+    assert held == 5 and tuned > 0
 
 
 def test_tune_zoo_stops_at_its_time_limit_and_says_so(tmp_path, capsys, tiny_zoo):
@@ -964,12 +999,15 @@ def test_tune_zoo_stops_at_its_time_limit_and_says_so(tmp_path, capsys, tiny_zoo
     (["--seconds", "0"], "--seconds must be positive, got 0.0"),
     (["--batch", "0"], "--batch must be at least 1, got 0"),
     (["--precisions", "tf32"], "tf32 is a GPU precision"),
-    (["--precisions", "fp32", "--backends", "gemm,nosuch"], "nosuch"),
     ([], "tf32 is a GPU precision"),                  # the default asks for both
+    (["--precisions", "fp32", "--backends", "gemm,nosuch"], "nosuch"),
     (["--precisions", "fp32", "--untuned"], "on the CPU auto times nothing unless MINITORCH_AUTO_TUNE=on"),
 ])
-def test_tune_zoo_refuses_what_it_cannot_do(tmp_path, capsys, settings, args, message):
+def test_tune_zoo_refuses_what_it_cannot_do(tmp_path, capsys, monkeypatch, settings, args, message):
+    import numpy as np
+
     from benchmarks import tune_zoo
+    monkeypatch.setattr(tune_zoo, "_array_module", lambda: np)
     settings(auto_tune="off" if "--untuned" in args else "on")
     args = [a for a in args if a != "--untuned"]
     with pytest.raises(SystemExit):
@@ -978,14 +1016,47 @@ def test_tune_zoo_refuses_what_it_cannot_do(tmp_path, capsys, settings, args, me
     assert not (tmp_path / "tune.json").exists()
 
 
-def test_paper_step_phases_say_what_started_and_when(monkeypatch):
+@pytest.mark.parametrize("place", ["foreign", "under a file"])
+def test_tune_zoo_refuses_a_cache_it_could_not_write_before_tuning(tmp_path, capsys, monkeypatch, tiny_zoo, place):
+    """Minutes of tuning into a cache that keeps them in memory only would be lost: refused first."""
+    import backends
+    from benchmarks import tune_zoo
+    monkeypatch.setattr(backends, "choose", lambda *a, **k: pytest.fail("tuned before refusing"))
+    if place == "foreign":
+        cache = tmp_path / "notes.json"
+        cache.write_text('{"mine": 1}')
+    else:
+        (tmp_path / "a_file").write_text("x")
+        cache = tmp_path / "a_file" / "sub" / "tune.json"
+    with pytest.warns(UserWarning, match="untouched"), pytest.raises(SystemExit):   # the cache's own word
+        tune_zoo.main([str(cache), "--networks", "alexnet", "--precisions", "fp32"])
+    err = capsys.readouterr().err
+    assert "the choices would stay in memory and be lost" in err
+    assert ("is not a tuning cache this code wrote" if place == "foreign" else "cannot write in") in err
+    if place == "foreign":
+        assert cache.read_text() == '{"mine": 1}'
+
+
+def test_tune_zoo_tunes_a_choice_two_networks_share_once(tmp_path, capsys, monkeypatch, tiny_zoo):
+    """The same layers under two network names (as ResNet-18 and ResNet-50 share their stem): each
+    choice is asked for and counted once, under the first network, and both are complete after."""
+    import backends
+    from benchmarks import tune_zoo
+    asked, real = [], backends.choose
+    monkeypatch.setattr(backends, "choose", lambda *a, **k: asked.append(a[:2]) or real(*a, **k))
+    assert tune_zoo.main([str(tmp_path / "tune.json"), "--networks", "alexnet,resnet18", "--precisions", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert len(asked) == 5
+    assert "| alexnet | fp32 | 0 | 5 | 5 | 5 |" in out and "| resnet18 | fp32 | 0 | 0 | 5 | 5 |" in out
+
+
+def test_paper_step_phases_say_what_started_and_when():
     """A step cut by its time limit names the phase it was in: each line is written as the phase
     starts, with the seconds since the network's first."""
     from benchmarks import paper
     clock = iter([100.0, 100.0, 112.34, 250.0])
-    monkeypatch.setattr(paper.time, "perf_counter", lambda: next(clock))
     lines = []
-    phase = paper.Phases("resnet50", write=lines.append)
+    phase = paper.Phases("resnet50", write=lines.append, clock=lambda: next(clock))
     phase("strict: the first step")
     phase("strict: checked")
     phase("done")
@@ -1001,16 +1072,3 @@ def test_bench_pytorch_times_compiled_rows_after_every_eager_one():
     assert row_rounds(impls, False) == [(name, False) for name in impls]
     order = row_rounds(impls, True)
     assert order == [(name, False) for name in impls] + [(name, True) for name in impls]
-
-
-def test_tune_zoo_tunes_a_choice_two_networks_share_once(tmp_path, capsys, monkeypatch, tiny_zoo):
-    """The same layers under two network names (as ResNet-18 and ResNet-50 share their stem): each
-    choice is tuned and counted once, under the first network, and both are complete after."""
-    import backends
-    from benchmarks import tune_zoo
-    asked, real = [], backends.choose
-    monkeypatch.setattr(backends, "choose", lambda *a, **k: asked.append(a[:2]) or real(*a, **k))
-    assert tune_zoo.main([str(tmp_path / "tune.json"), "--networks", "alexnet,resnet18", "--precisions", "fp32"]) == 0
-    out = capsys.readouterr().out
-    assert len(asked) == 5
-    assert "| alexnet | fp32 | 0 | 5 | 5 | 5 |" in out and "| resnet18 | fp32 | 0 | 0 | 5 | 5 |" in out

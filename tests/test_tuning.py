@@ -635,3 +635,19 @@ def test_cufft_on_nan_data_runs_untuned_and_tunes_later(monkeypatch, tmp_path, s
     x[0, 0, 4, 4] = 0.0
     cufft.fprop(x, w, padding=(1, 1))
     assert (tmp_path / "t.json").exists()                            # finite data tunes
+
+
+def test_unwritable_says_why_a_cache_would_stay_in_memory(tmp_path):
+    from backends import tuning
+    assert tuning.TuneCache(tmp_path / "new" / "deeper" / "tune.json").unwritable() is None   # folders made
+    cache = tmp_path / "tune.json"
+    tuning.TuneCache(cache).put(("cpu", "float32", "fp32", (1,) * 11, "fprop", "auto"), {"choice": "gemm"})
+    assert tuning.TuneCache(cache).unwritable() is None
+    (tmp_path / "notes.json").write_text("[1, 2]")
+    with pytest.warns(UserWarning, match="untouched"):
+        foreign = tuning.TuneCache(tmp_path / "notes.json")
+    assert "is not a tuning cache this code wrote" in foreign.unwritable()
+    (tmp_path / "a_file").write_text("x")
+    with pytest.warns(UserWarning, match="cannot be opened"):
+        under = tuning.TuneCache(tmp_path / "a_file" / "tune.json")
+    assert under.unwritable() == f"cannot write in {tmp_path / 'a_file'}"
