@@ -4,10 +4,11 @@
     model = convert(torchvision.models.alexnet())      # every nn.Conv2d it can serve, in place
 
 `torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend)` runs the framework's fprop
-(bias is added outside, as in the backends); its backward runs accGrad and bprop as two more
-operators, each only where its input needs a gradient, accGrad first (the input gradient, usually
-the larger output, is then not alive during accGrad's workspace, often the larger one: the
-comment above EagerConv2d). Every pass goes through
+(bias is added outside, as in the backends); its backward runs accGrad and bprop, each only where
+its input needs a gradient, accGrad first (the input gradient, usually the larger output, is then
+not alive during accGrad's workspace, often the larger one: the comment above EagerConv2d): one
+more operator for each, or conv2d_grads for both, which lets bprop take accGrad's gradOutput
+spectrum. Every pass goes through
 backends.run_pass, so `auto` tunes per geometry and pass with the framework's tuning cache, and
 `backends.config` settings apply (`with backends.config.override(tf32=True):` is the TF32 mode).
 conv2d() and Conv2d call the operator where something traces them (torch.compile, make_fx,
@@ -260,6 +261,20 @@ def _conv2d_accgrad(gy: Tensor, x: Tensor, w_shape: Sequence[int], stride: Seque
     return _run("accgrad", backend, gy, x, x.shape, w_shape, stride, padding, later=())
 
 
+@torch.library.custom_op("minitorch_fft::conv2d_grads", mutates_args=())
+def _conv2d_grads(gy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
+                  backend: str) -> tuple[Tensor, Tensor]:
+    """(gx, gw): accGrad, then bprop on the gradOutput spectrum accGrad made, where both gradients
+    are wanted. The traced backward's one operator for both passes: it shares what the eager
+    backward shares inside reuse_spectra() (accGrad's gy spectrum serves bprop), which two
+    operators could not (neither knows the other runs): in the caller's reuse_spectra() block if one
+    is open (an untraced call), else in a block of its own, which ends with the call."""
+    with reuse_spectra(inputs=False) if _views is None else contextlib.nullcontext():
+        gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding, later=("bprop",))
+        gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
+    return gx, gw
+
+
 def _out_size(size, k, s, p):
     return (size + 2 * p - k) // s + 1   # SymInt arithmetic under dynamic shapes
 
@@ -286,6 +301,13 @@ def _(gy, x, w_shape, stride, padding, backend):
     return gy.new_empty(w_shape)
 
 
+@_conv2d_grads.register_fake
+def _(gy, x, weight, stride, padding, backend):
+    _check_float32("accgrad", gy, x)
+    _check_float32("bprop", gy, weight)
+    return gy.new_empty(x.shape), gy.new_empty(weight.shape)
+
+
 def _setup_context(ctx, inputs, output):
     x, weight, stride, padding, backend = inputs
     ctx.save_for_backward(x, weight)
@@ -293,11 +315,14 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, gy):
-    """accGrad for the weight's gradient, then bprop for x's, each only where it is wanted. The two
-    operators share no spectrum (neither knows whether the other runs): this path is the traced
-    one (torch.compile, which plans its own memory), where reuse_spectra() is not entered."""
+    """accGrad for the weight's gradient, then bprop for x's, each only where it is wanted: both in
+    one operator (conv2d_grads, sharing gy's spectrum) where both are. This path is the traced one
+    (torch.compile, which plans its own memory), where the caller's reuse_spectra() is not entered."""
     x, weight = ctx.saved_tensors
     stride, padding, backend = ctx.geometry
+    if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
+        gx, gw = torch.ops.minitorch_fft.conv2d_grads(gy, x, weight, stride, padding, backend)
+        return gx, gw, None, None, None
     gx = gw = None
     if ctx.needs_input_grad[1]:
         gw = torch.ops.minitorch_fft.conv2d_accgrad(gy, x, list(weight.shape), stride, padding, backend)

@@ -621,6 +621,19 @@ def test_the_search_stops_at_the_most_alive_at_once():
     assert len(calls) == 4        # the four orders, no search
 
 
+def test_no_search_past_plan_many_blocks(monkeypatch):
+    blocks = _trace("alexnet strict")          # 131 blocks, over its bound after the four orders
+    calls = []
+    first_fit = mt.graphs._first_fit
+    monkeypatch.setattr(mt.graphs, "_first_fit", lambda *a: calls.append(1) or first_fit(*a))
+    searched = mt.graphs.plan_arena(blocks)
+    assert len(calls) > 4
+    calls.clear()
+    monkeypatch.setattr(mt.graphs, "PLAN_MANY", len(blocks) - 1)
+    alone = mt.graphs.plan_arena(blocks)
+    assert len(calls) == 4 and searched[1] < alone[1]
+
+
 def test_a_plan_of_nested_lifetimes_takes_the_most_bytes_alive_at_once():
     # a step's typical shape: activations kept for the backward, scratch freed at once
     blocks = [(4096, 0, 9), (1024, 1, 2), (2048, 3, 8), (1024, 4, 5), (512, 6, 7), (512, 8, None)]

@@ -2,6 +2,7 @@
 convolution in float64 (the independent reference), through opcheck, torch.compile and, on the
 GPU, CUDA graphs and the profiler. Both ways in: the eager path (conv2d's EagerConv2d) and the
 operator (torch.ops.minitorch_fft.conv2d, what tracing and torch.compile see)."""
+import contextlib
 import copy
 import logging
 
@@ -84,6 +85,8 @@ def test_opcheck(case, device):
                           (gy, w.detach(), list(x.shape), list(stride), list(padding), "auto"))
     torch.library.opcheck(torch.ops.minitorch_fft.conv2d_accgrad,
                           (gy, x.detach(), list(w.shape), list(stride), list(padding), "auto"))
+    torch.library.opcheck(torch.ops.minitorch_fft.conv2d_grads,
+                          (gy, x.detach(), w.detach(), list(stride), list(padding), "auto"))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -165,7 +168,11 @@ def test_eager_calls_skip_the_dispatcher():
     assert "EagerConv2d" in names and any("EagerConv2dBackward" in n for n in names)
     assert not any(n.startswith("minitorch_fft::") for n in names), sorted(names)
     names = profiled_names(lambda: call("operator", x, w, stride, padding).sum().backward())
-    assert {"minitorch_fft::conv2d", "minitorch_fft::conv2d_bprop", "minitorch_fft::conv2d_accgrad"} <= names
+    assert {"minitorch_fft::conv2d", "minitorch_fft::conv2d_grads"} <= names    # both gradients: one operator
+    names = profiled_names(lambda: call("operator", x, w.detach(), stride, padding).sum().backward())
+    assert "minitorch_fft::conv2d_bprop" in names and "minitorch_fft::conv2d_grads" not in names
+    names = profiled_names(lambda: call("operator", x.detach(), w, stride, padding).sum().backward())
+    assert "minitorch_fft::conv2d_accgrad" in names and "minitorch_fft::conv2d_grads" not in names
 
 
 def test_traced_calls_take_the_operator():
@@ -276,8 +283,9 @@ def test_backward_runs_accgrad_before_bprop_and_holds_nothing_after(device, path
     """A layer's backward: accGrad, then bprop (the input gradient is not alive beside accGrad's
     workspace; the comment above EagerConv2d), on both paths. Eagerly in a reuse_spectra() block,
     accGrad keeps gy's spectrum for bprop and nothing else (run_pass's `later`), and after the
-    backward the block holds no view; the traced path's two operators share nothing. The gradients
-    are those of the order before (bprop first), which the operators give when called so."""
+    backward the block holds no view; so does the traced path's conv2d_grads, in the caller's block,
+    or without one in a block of its own. The gradients are those of the order before (bprop
+    first), which the single-pass operators give when called so."""
     settings(cufft_tune="off")
     x, w, stride, padding = operands(STRIDE1[0], device)
     calls = []
@@ -288,6 +296,14 @@ def test_backward_runs_accgrad_before_bprop_and_holds_nothing_after(device, path
         return real(name, pass_name, *args, later=later, **kw)
 
     monkeypatch.setattr(pt.backends, "run_pass", run_pass)
+    inner, real_block = [], pt.reuse_spectra
+
+    @contextlib.contextmanager
+    def block(**kw):
+        with real_block(**kw) as cache:
+            inner.append(cache)
+            yield cache
+    monkeypatch.setattr(pt, "reuse_spectra", block)    # the one conv2d_grads enters
     xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
     with reuse_spectra() as cache:
         if path == "eager":
@@ -298,12 +314,12 @@ def test_backward_runs_accgrad_before_bprop_and_holds_nothing_after(device, path
         assert pt._views == {}
     gy = 2 * y.detach()
     hits = sorted(k.role for k in cache.hit_keys)
-    if path == "eager":
-        assert calls == [("fprop", None), ("accgrad", ("bprop",)), ("bprop", ())]
-        assert hits == ["gy"]                 # inputs=False: no x; weight spectra not kept by default
-    else:
-        assert calls == [("fprop", None), ("accgrad", ()), ("bprop", ())]
-        assert hits == []
+    assert calls == [("fprop", None), ("accgrad", ("bprop",)), ("bprop", ())]
+    assert hits == ["gy"] and inner == []     # inputs=False: no x; weight spectra not kept by default
+    if path == "operator":                    # no block open: conv2d_grads shares in one of its own
+        xs.grad = ws.grad = None
+        torch.ops.minitorch_fft.conv2d(xs, ws, list(stride), list(padding), "cufft").square().sum().backward()
+        assert [sorted(k.role for k in c.hit_keys) for c in inner] == [["gy"]] and pt._views is None
     monkeypatch.setattr(pt.backends, "run_pass", real)
     gx = torch.ops.minitorch_fft.conv2d_bprop(gy, w, list(x.shape), list(stride), list(padding), "cufft")
     gw = torch.ops.minitorch_fft.conv2d_accgrad(gy, x, list(w.shape), list(stride), list(padding), "cufft")
@@ -564,7 +580,9 @@ def test_torch_compile_fullgraph(device, strict_fp32):
         ops = torch.ops.minitorch_fft
         forward, backward = graphs
         assert ops.conv2d.default in forward
-        assert {ops.conv2d_bprop.default, ops.conv2d_accgrad.default} <= backward
+        # the first layer: accGrad alone; the second: both gradients, one operator
+        assert {ops.conv2d_accgrad.default, ops.conv2d_grads.default} <= backward
+        assert ops.conv2d_bprop.default not in backward
 
 
 # -- GPU: CUDA graphs, no copies, streams ---------------------------------------------------------
