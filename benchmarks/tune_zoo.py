@@ -18,11 +18,12 @@ On a GPU (CuPy). On the CPU auto times nothing unless MINITORCH_AUTO_TUNE=on, an
 precision (fp32): the CPU run exists for the tests. The last stdout lines are a table: per network
 and precision, the choices the file held before (records in tune()'s format: an upper bound, as
 tune_coverage's), those tuned now, and those it holds after. Exit 0: every choice held; 3: stopped
-by --seconds; 1: some still missing.
+by --seconds; 1: some still missing, or a choice failed (its traceback, then the table).
 """
 import argparse
 import sys
 import time
+import traceback
 
 from tqdm import tqdm
 
@@ -132,22 +133,28 @@ def _tune_all(xp, nets, precisions, args):
     stopped = None
     total = sum(len(items) for *_, items in todo)
     print(f"tune_zoo: {device}, {label}, cache {cache.path}: {total} choices to find or tune", file=sys.stderr)
-    with tqdm(total=total, desc="tuning", unit="choice", file=sys.stderr) as bar:
-        for net, math, items in todo:
-            with cgemm.tf32(math == "tf32"):
-                for name, x_shape, w_shape, stride, padding, pass_name, key in items:
-                    if args.seconds is not None and time.perf_counter() - start > args.seconds:
-                        stopped = f"stopped after {time.perf_counter() - start:.0f} s (--seconds {args.seconds:g})"
-                        break
-                    bar.set_postfix_str(f"{net} {math} {name} {pass_name}")
-                    # every choice, held or not, as the step asks: a held record auto would tune
-                    # again (a candidate it never timed, a backend's revision since) is tuned here
-                    old = cache.get(key)
-                    backends.choose("auto", pass_name, x_shape, w_shape, stride, padding, xp=xp)
-                    tuned[(net, math)] += cache.get(key) is not old
-                    bar.update(1)
-            if stopped:
-                break
+    current = failed = None
+    try:
+        with tqdm(total=total, desc="tuning", unit="choice", file=sys.stderr) as bar:
+            for net, math, items in todo:
+                with cgemm.tf32(math == "tf32"):
+                    for name, x_shape, w_shape, stride, padding, pass_name, key in items:
+                        if args.seconds is not None and time.perf_counter() - start > args.seconds:
+                            stopped = f"stopped after {time.perf_counter() - start:.0f} s (--seconds {args.seconds:g})"
+                            break
+                        current = f"{net} {math} {name} {pass_name}"
+                        bar.set_postfix_str(current)
+                        # every choice, held or not, as the step asks: a held record auto would tune
+                        # again (a candidate it never timed, a backend's revision since) is tuned here
+                        old = cache.get(key)
+                        backends.choose("auto", pass_name, x_shape, w_shape, stride, padding, xp=xp)
+                        tuned[(net, math)] += cache.get(key) is not old
+                        bar.update(1)
+                if stopped:
+                    break
+    except Exception:  # noqa: BLE001 - said with its traceback, after the table of what was done
+        traceback.print_exc()
+        failed = current
     # counted again from the file: what a later run will find, whatever this one believes it wrote
     after = {net: coverage(tuning.TuneCache(cache.path), device, net, batch_of(net), label) for net in nets}
     print(f"{device}, {label}, {cache.path}: {time.perf_counter() - start:.0f} s")
@@ -156,6 +163,10 @@ def _tune_all(xp, nets, precisions, args):
     for net, math, _ in todo:
         held, wanted, _ = before[net][math]
         print(f"| {net} | {math} | {held} | {tuned[(net, math)]} | {after[net][math][0]} | {wanted} |")
+    if failed is not None:
+        print(f"tune_zoo: failed at {failed} (the traceback above); the choices made before it are in "
+              f"{cache.path}", file=sys.stderr)
+        return 1
     if stopped:
         print(f"tune_zoo: {stopped}; run it again to go on", file=sys.stderr)
         return 3

@@ -1072,3 +1072,26 @@ def test_bench_pytorch_times_compiled_rows_after_every_eager_one():
     assert row_rounds(impls, False) == [(name, False) for name in impls]
     order = row_rounds(impls, True)
     assert order == [(name, False) for name in impls] + [(name, True) for name in impls]
+
+
+def test_tune_zoo_keeps_what_it_made_when_a_choice_fails(tmp_path, capsys, monkeypatch, tiny_zoo):
+    """A choice that raises (every backend failed) ends the run with its traceback, the table of what
+    was done, and exit 1; the choices made before it are in the file."""
+    import backends
+    from backends import tuning
+    from benchmarks import tune_coverage, tune_zoo
+    real, calls = backends.choose, []
+
+    def choose(*a, **k):
+        calls.append(a[:2])
+        if len(calls) == 3:
+            raise RuntimeError("auto: every backend failed")
+        return real(*a, **k)
+    monkeypatch.setattr(backends, "choose", choose)
+    cache = tmp_path / "tune.json"
+    assert tune_zoo.main([str(cache), "--networks", "alexnet", "--precisions", "fp32"]) == 1
+    captured = capsys.readouterr()
+    assert "| alexnet | fp32 | 0 | 2 | 2 | 5 |" in captured.out
+    assert "RuntimeError: auto: every backend failed" in captured.err
+    assert "failed at alexnet fp32 conv2 bprop" in captured.err
+    assert tune_coverage.coverage(tuning.TuneCache(cache), "cpu", "alexnet", 128)["fp32"][0] == 2
