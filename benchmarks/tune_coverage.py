@@ -51,23 +51,34 @@ def coverage(cache, device, net, batch, label="auto"):
     return out
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("cache", help="a tuning cache (the file $MINITORCH_TUNE_CACHE names)")
+def add_network_arguments(ap):
+    """--networks and --batch, as this tool and tune_zoo take them (networks() reads them back)."""
     ap.add_argument("--networks", default=",".join(NETWORKS),
                     help=f"comma-separated, of {', '.join(NETWORKS)} (default: all)")
-    ap.add_argument("--device", help="the device name as the cache spells it (default: each device in it)")
     ap.add_argument("--batch", type=int, help="every network at this batch (default: the benchmarks' own, "
                     "VGG-16 64, the others 128), as `paper step --batch`")
-    ap.add_argument("--label", default="auto", help='the choices\' backend field: "auto" (default), or '
-                    '"auto[ours]" for auto over our own algorithms alone')
-    args = ap.parse_args(argv)
+
+
+def networks(ap, args):
+    """The network names add_network_arguments' options give, checked (ap.error otherwise)."""
     nets = [n.strip() for n in args.networks.split(",") if n.strip()]
     unknown = [n for n in nets if n not in NETWORKS]
     if unknown or not nets:
         ap.error(f"unknown network(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(NETWORKS)}")
     if args.batch is not None and args.batch < 1:
         ap.error(f"--batch must be at least 1, got {args.batch}")
+    return nets
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cache", help="a tuning cache (the file $MINITORCH_TUNE_CACHE names)")
+    add_network_arguments(ap)
+    ap.add_argument("--device", help="the device name as the cache spells it (default: each device in it)")
+    ap.add_argument("--label", default="auto", help='the choices\' backend field: "auto" (default), or '
+                    '"auto[ours]" for auto over our own algorithms alone')
+    args = ap.parse_args(argv)
+    nets = networks(ap, args)
     cache = tuning.TuneCache(args.cache)
     held = cache.devices()
     if not held:

@@ -30,7 +30,8 @@ from tqdm import tqdm
 import backends
 from backends import auto, cgemm, config, tuning
 from benchmarks.paper import NETWORKS
-from benchmarks.tune_coverage import PRECISIONS, choice_key, coverage, step_choices
+from benchmarks.tune_coverage import (PRECISIONS, add_network_arguments, choice_key, coverage, networks,
+                                      step_choices)
 
 
 def step_order(choices, layer_names):
@@ -69,25 +70,18 @@ def plan(device, nets, precisions, batch_of, label):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("cache", help="the tuning cache to fill (made if missing; never replaced if it is not one)")
-    ap.add_argument("--networks", default=",".join(NETWORKS),
-                    help=f"comma-separated, of {', '.join(NETWORKS)} (default: all)")
+    add_network_arguments(ap)
     ap.add_argument("--precisions", default=",".join(PRECISIONS),
                     help="comma-separated GEMM precisions to tune, of fp32 (strict) and tf32 (the TF32 mode)")
     ap.add_argument("--seconds", type=float, default=None,
                     help="start no new choice after this many seconds (a choice under way finishes)")
     ap.add_argument("--backends", default=None,
                     help="auto's candidate set, as MINITORCH_AUTO_BACKENDS (ours: our own algorithms alone)")
-    ap.add_argument("--batch", type=int, help="every network at this batch (default: the benchmarks' own)")
     args = ap.parse_args(argv)
-    nets = [n.strip() for n in args.networks.split(",") if n.strip()]
-    unknown = [n for n in nets if n not in NETWORKS]
-    if unknown or not nets:
-        ap.error(f"unknown network(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(NETWORKS)}")
+    nets = networks(ap, args)
     precisions = [m.strip() for m in args.precisions.split(",") if m.strip()]
     if not precisions or any(m not in PRECISIONS for m in precisions):
         ap.error(f"--precisions takes {' and '.join(PRECISIONS)}, comma-separated; got {args.precisions!r}")
-    if args.batch is not None and args.batch < 1:
-        ap.error(f"--batch must be at least 1, got {args.batch}")
     if args.seconds is not None and not args.seconds > 0:
         ap.error(f"--seconds must be positive, got {args.seconds}")
     xp = _array_module()
