@@ -36,6 +36,12 @@ for arg in "$@"; do
         *) echo "unknown option $arg" >&2; exit 2 ;;
     esac
 done
+# A TUNE that names no file is a mistake, not a cold start: refused before any work (session 29 lost a
+# call's tuning to one, a path built from a variable the same command line had just changed)
+if [ -n "${TUNE:-}" ] && [ ! -f "$TUNE" ]; then
+    echo "gpu_tables.sh: TUNE=$TUNE is not a file (leave TUNE unset to tune afresh)" >&2
+    exit 2
+fi
 nvidia-smi -L | tee "$out/device.txt"
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
 export MINITORCH_TUNE_CACHE=/tmp/minitorch_tune.json

@@ -1095,3 +1095,18 @@ def test_tune_zoo_keeps_what_it_made_when_a_choice_fails(tmp_path, capsys, monke
     assert "RuntimeError: auto: every backend failed" in captured.err
     assert "failed at alexnet fp32 conv2 bprop" in captured.err
     assert tune_coverage.coverage(tuning.TuneCache(cache), "cpu", "alexnet", 128)["fp32"][0] == 2
+
+
+def test_gpu_tables_refuses_a_tune_cache_that_is_not_there(tmp_path):
+    """TUNE naming no file stops gpu_tables.sh before any work (no device.txt written, nothing
+    tuned afresh in its place), with the path in the message; a bad option too."""
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path), "TUNE": str(tmp_path / "missing.json")}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_tables.sh"), "alexnet"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert f"TUNE={tmp_path / 'missing.json'} is not a file" in run.stderr
+    assert list(tmp_path.iterdir()) == []
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_tables.sh"), "alexnet", "--bogus"],
+                         env={**env, "TUNE": ""}, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "unknown option --bogus" in run.stderr
+    assert list(tmp_path.iterdir()) == []
