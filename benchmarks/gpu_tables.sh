@@ -45,7 +45,7 @@ fi
 nvidia-smi -L | tee "$out/device.txt"
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
 export MINITORCH_TUNE_CACHE=/tmp/minitorch_tune.json
-[ -n "${TUNE:-}" ] && [ -f "$TUNE" ] && cp "$TUNE" "$MINITORCH_TUNE_CACHE"
+[ -n "${TUNE:-}" ] && cp "$TUNE" "$MINITORCH_TUNE_CACHE"   # a file: checked above
 # what the carried cache holds of this network's choices (the rest is tuned afresh: the long part)
 python3 -m benchmarks.tune_coverage "$MINITORCH_TUNE_CACHE" --networks "$net" 2>&1 | tail -n 1
 results=/tmp/minitorch_results
