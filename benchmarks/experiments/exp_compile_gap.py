@@ -1,0 +1,189 @@
+"""Experiment (not a benchmark of record): why torch.compile slows the converted model down.
+
+Session 29 (H100, f94d36c, bench_pytorch --nets alexnet --impls strict,fp32 --compile): converted
+AlexNet b128 took 9.25 ms a step eagerly and 10.84 compiled, where PyTorch strict took 12.63 and
+13.04; compiled, the converted step's peak was 1630 MiB against the stock model's 1570 (eagerly
+under it). This runs four rows in one process, as bench_pytorch builds them (stock strict and
+converted fp32, each eager and compiled with inductor, compiled rows last) and reports per row:
+
+- the step's median time (CUDA events) and its issue time (the host clock around a step started
+  on an idle GPU, nothing synchronised inside: where it is near the step's time, the step is
+  host-bound);
+- the GPU's kernel time a step (torch.profiler, its kernels' device time summed), the kernels
+  with the most time and the host operators with the most own time;
+- the step's peak (torch.cuda.max_memory_allocated, less what was allocated before the step) and
+  what is alive at that peak: one step recorded with torch.cuda.memory._record_memory_history,
+  its allocations replayed to the peak, grouped by the innermost frame outside torch and CuPy
+  (inductor's generated code names its line; ours names the backend).
+
+With --output-code, inductor's generated code for the converted model goes to stderr
+(TORCH_LOGS=output_code for that compile only).
+
+  python -m benchmarks.experiments.exp_compile_gap --net alexnet --batch 128 2> code.log
+"""
+import argparse
+import contextlib
+import copy
+import time
+from collections import Counter
+
+from benchmarks.harness import median_ms, set_tf32, torch_model
+
+LIBRARY_PARTS = ("/torch/", "/cupy/", "/cupy_backends/", "/contextlib.py", "/functools.py", "<frozen")
+
+
+def alive_at_peak(trace):
+    """(peak bytes above the trace's start, {where: bytes}) from a caching-allocator trace (the
+    device_traces list of torch.cuda.memory._snapshot()): allocations replayed in order, frees at
+    free_requested, the allocations alive at the highest point grouped by where()."""
+    alive, total, peak, at_peak = {}, 0, 0, {}
+    for event in trace:
+        action = event["action"]
+        if action == "alloc":
+            alive[event["addr"]] = event
+            total += event["size"]
+        elif action == "free_requested" and event["addr"] in alive:
+            total -= alive.pop(event["addr"])["size"]
+        else:
+            continue
+        if total > peak:
+            peak, at_peak = total, dict(alive)
+    groups = Counter()
+    for event in at_peak.values():
+        groups[where(event.get("frames", ()))] += event["size"]
+    return peak, groups
+
+
+def where(frames):
+    """The innermost frame outside PyTorch, CuPy and the standard library, as file:line function."""
+    for f in frames:
+        name = f.get("filename", "")
+        if not any(part in name for part in LIBRARY_PARTS):
+            short = "inductor " + name.rsplit("/", 1)[-1][:12] if "torchinductor" in name else name.rsplit("/", 1)[-1]
+            return f"{short}:{f.get('line')} {f.get('name')}"
+    return "(torch or CuPy only)"
+
+
+def profile_step(step, steps, top):
+    """(kernel ms a step, [(kernel, ms a step)], [(host op, own ms a step)]) over `steps` steps."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels, host = Counter(), Counter()
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[e.name[:70]] += e.device_time_total / 1e3 / steps
+        else:
+            host[e.name[:70]] += e.self_cpu_time_total / 1e3 / steps
+    return sum(kernels.values()), kernels.most_common(top), host.most_common(top)
+
+
+def memory_at_peak(step):
+    """(peak MiB of one step above what was allocated before it, [(where, MiB)])."""
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+    try:
+        step()
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snapshot["device_traces"][torch.cuda.current_device()]
+    peak, groups = alive_at_peak(trace)
+    return peak / 2**20, [(w, b / 2**20) for w, b in groups.most_common(12)]
+
+
+def issue_ms(step, repeat):
+    import statistics
+
+    import torch
+    times = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--net", default="alexnet")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per row")
+    ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--output-code", action="store_true", help="inductor's code for the converted model, to stderr")
+    args = ap.parse_args()
+
+    import torch
+
+    from minitorch_fft.pytorch import convert, reuse_spectra
+    set_tf32("strict")
+    torch.manual_seed(0)
+    base = torch_model(args.net, 1000)
+    side = 231 if args.net == "overfeat_fast" else 224
+    x = torch.randn(args.batch, 3, side, side, device="cuda")
+    y = torch.randint(0, 1000, (args.batch,), device="cuda")
+    summary = []
+    for label, converted, compiled in [("stock eager", False, False), ("converted eager", True, False),
+                                       ("stock compiled", False, True), ("converted compiled", True, True)]:
+        model = copy.deepcopy(base).cuda()
+        if converted:
+            convert(model)
+        run = torch.compile(model) if compiled else model
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        scope = reuse_spectra if converted else contextlib.nullcontext
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            with scope():
+                torch.nn.functional.cross_entropy(run(x), y).backward()
+            opt.step()
+        if compiled and converted and args.output_code:
+            torch._logging.set_logs(output_code=True)
+        t0 = time.perf_counter()
+        step()                                       # tunes (auto), compiles
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - t0
+        torch._logging.set_logs()
+        if compiled:
+            from torch._inductor.async_compile import shutdown_compile_workers
+            shutdown_compile_workers()
+        for _ in range(3):
+            step()
+        ms = median_ms(step, "torch", 0, args.steps)
+        issue = issue_ms(step, args.steps)
+        kernel_ms, kernels, host = profile_step(step, 5, args.top)
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak_mib = (torch.cuda.max_memory_allocated() - before) / 2**20
+        replayed_mib, groups = memory_at_peak(step)
+        print(f"\n## {label}: step {ms:.2f} ms, issue {issue:.2f} ms, kernels {kernel_ms:.2f} ms, "
+              f"peak {peak_mib:.0f} MiB above the step's start (replayed {replayed_mib:.0f}), first step {first_s:.1f} s")
+        print("kernels (ms a step):")
+        for name, v in kernels:
+            print(f"  {v:7.3f}  {name}")
+        print("host operators (own ms a step):")
+        for name, v in host:
+            print(f"  {v:7.3f}  {name}")
+        print("alive at the peak (MiB), by where it was allocated:")
+        for w, mib in groups:
+            print(f"  {mib:8.1f}  {w}")
+        summary.append((label, ms, issue, kernel_ms, peak_mib))
+        del model, run, opt, step
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    print(f"\n| {args.net} b{args.batch} | step ms | issue ms | kernels ms | peak MiB |\n|---|---|---|---|---|")
+    for label, ms, issue, kernel_ms, peak in summary:
+        print(f"| {label} | {ms:.2f} | {issue:.2f} | {kernel_ms:.2f} | {peak:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
