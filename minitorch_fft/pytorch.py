@@ -3,12 +3,12 @@
     from minitorch_fft.pytorch import convert
     model = convert(torchvision.models.alexnet())      # every nn.Conv2d it can serve, in place
 
-`torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend)` runs the framework's fprop
-(bias is added outside, as in the backends); its backward runs accGrad and bprop, each only where
-its input needs a gradient, accGrad first (the input gradient, usually the larger output, is then
-not alive during accGrad's workspace, often the larger one: the comment above EagerConv2d): one
-more operator for each, or conv2d_grads for both, which lets bprop take accGrad's gradOutput
-spectrum. Every pass goes through
+`torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend, bias=None)` runs the framework's
+fprop and adds the bias (the backends compute none); its backward is one more operator,
+conv2d_grads, which gives the bias's gradient first and then runs accGrad and bprop, each only
+where its input needs a gradient, accGrad first (the input gradient, usually the larger output, is
+then not alive during accGrad's workspace, often the larger one: the comment above EagerConv2d),
+bprop on accGrad's gradOutput spectrum (conv2d_bprop and conv2d_accgrad run one pass each). Every pass goes through
 backends.run_pass, so `auto` tunes per geometry and pass with the framework's tuning cache, and
 `backends.config` settings apply (`with backends.config.override(tf32=True):` is the TF32 mode).
 conv2d() and Conv2d call the operator where something traces them (torch.compile, make_fx,
@@ -52,7 +52,7 @@ the block outside a torch.compile'd function (Dynamo does not trace it).
 import contextlib
 import logging
 import warnings
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -242,9 +242,12 @@ def _check_float32(what, *tensors):
 # -- the operators ------------------------------------------------------------------------------
 
 @torch.library.custom_op("minitorch_fft::conv2d", mutates_args=())
-def _conv2d(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int], backend: str) -> Tensor:
-    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with weight (f', f, kh, kw): fprop."""
-    return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding)
+def _conv2d(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int], backend: str,
+            bias: Optional[Tensor] = None) -> Tensor:
+    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with weight (f', f, kh, kw), plus bias (f')
+    if given: fprop, the bias added in place on its fresh output."""
+    _check_bias(x, weight, bias)
+    return _add_bias(_run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding), bias)
 
 
 @torch.library.custom_op("minitorch_fft::conv2d_bprop", mutates_args=())
@@ -263,16 +266,44 @@ def _conv2d_accgrad(gy: Tensor, x: Tensor, w_shape: Sequence[int], stride: Seque
 
 @torch.library.custom_op("minitorch_fft::conv2d_grads", mutates_args=())
 def _conv2d_grads(gy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int],
-                  backend: str) -> tuple[Tensor, Tensor]:
-    """(gx, gw): accGrad, then bprop on the gradOutput spectrum accGrad made, where both gradients
-    are wanted. The traced backward's one operator for both passes: it shares what the eager
-    backward shares inside reuse_spectra() (accGrad's gy spectrum serves bprop), which two
-    operators could not (neither knows the other runs): in the caller's reuse_spectra() block if one
-    is open (an untraced call), else in a block of its own, which ends with the call."""
-    with reuse_spectra(inputs=False) if _views is None else contextlib.nullcontext():
-        gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding, later=("bprop",))
-        gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
-    return gx, gw
+                  backend: str, output_mask: Sequence[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """(gx, gw, gb), those output_mask asks for (the others empty): the bias's gradient (gy summed
+    over batch and space), then accGrad, then bprop on the gradOutput spectrum accGrad made. The
+    traced backward's one operator: it shares what the eager backward shares inside
+    reuse_spectra() (accGrad's gy spectrum serves bprop), which one operator a pass could not
+    (neither knows the other runs): in the caller's reuse_spectra() block if one is open (an
+    untraced call), else in a block of its own, which ends with the call. The bias's gradient is
+    its too, and first, so that nothing but gy is alive for it beside the passes' workspaces: as a
+    reduction of the compiled graph's, inductor ran it after the layer's accGrad and kept the
+    tensors it reads alive through it (converted AlexNet b128, H200, session 30: the ReLU's output
+    and a second copy of conv1's gradOutput, 190 MiB, the compiled step's peak above the stock
+    model's)."""
+    want_x, want_w, want_b = output_mask
+    gb = gy.sum((0, 2, 3)) if want_b else gy.new_empty(0)
+    gx, gw = gy.new_empty(0), gy.new_empty(0)     # the unwanted ones: empty, and not one tensor twice
+    with reuse_spectra(inputs=False) if _views is None and want_x and want_w else contextlib.nullcontext():
+        if want_w:
+            gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding,
+                      later=("bprop",) if want_x else ())
+        if want_x:
+            gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
+    return gx, gw, gb
+
+
+def _check_bias(x, weight, bias):
+    """A bias, if any, is float32 on x's device with one value per output plane (before any pass)."""
+    if bias is None:
+        return
+    _check_float32("fprop", x, bias)
+    if tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"minitorch_fft.conv2d: bias of shape {tuple(bias.shape)} for a weight of shape "
+                         f"{tuple(weight.shape)}: it takes one value per output plane, ({weight.shape[0]},)")
+
+
+def _add_bias(y, bias):
+    if bias is not None:
+        y.add_(bias.view(1, -1, 1, 1))
+    return y
 
 
 def _out_size(size, k, s, p):
@@ -280,8 +311,9 @@ def _out_size(size, k, s, p):
 
 
 @_conv2d.register_fake
-def _(x, weight, stride, padding, backend):
+def _(x, weight, stride, padding, backend, bias=None):
     _check_float32("fprop", x, weight)
+    _check_bias(x, weight, bias)
     torch._check(x.dim() == 4 and weight.dim() == 4 and x.shape[1] == weight.shape[1],
                  lambda: f"conv2d: input {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
     oh = _out_size(x.shape[2], weight.shape[2], stride[0], padding[0])
@@ -302,33 +334,34 @@ def _(gy, x, w_shape, stride, padding, backend):
 
 
 @_conv2d_grads.register_fake
-def _(gy, x, weight, stride, padding, backend):
+def _(gy, x, weight, stride, padding, backend, output_mask):
     _check_float32("accgrad", gy, x)
     _check_float32("bprop", gy, weight)
-    return gy.new_empty(x.shape), gy.new_empty(weight.shape)
+    want_x, want_w, want_b = output_mask
+    return (gy.new_empty(x.shape if want_x else 0), gy.new_empty(weight.shape if want_w else 0),
+            gy.new_empty(weight.shape[0] if want_b else 0))
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, stride, padding, backend = inputs
+    x, weight, stride, padding, backend, bias = inputs
     ctx.save_for_backward(x, weight)
     ctx.geometry = (list(stride), list(padding), backend)
 
 
 def _backward(ctx, gy):
-    """accGrad for the weight's gradient, then bprop for x's, each only where it is wanted: both in
-    one operator (conv2d_grads, sharing gy's spectrum) where both are. This path is the traced one
-    (torch.compile, which plans its own memory), where the caller's reuse_spectra() is not entered."""
+    """The gradients of (x, weight, bias) that are wanted, from one operator, conv2d_grads: the
+    bias's, accGrad's and then bprop's (the comment above EagerConv2d). This path is the traced one
+    (torch.compile, which plans its own memory), where the caller's reuse_spectra() is not entered.
+    Gradients for the operator's inputs, in their order: x, weight, stride, padding, backend, bias."""
     x, weight = ctx.saved_tensors
     stride, padding, backend = ctx.geometry
-    if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
-        gx, gw = torch.ops.minitorch_fft.conv2d_grads(gy, x, weight, stride, padding, backend)
-        return gx, gw, None, None, None
-    gx = gw = None
-    if ctx.needs_input_grad[1]:
-        gw = torch.ops.minitorch_fft.conv2d_accgrad(gy, x, list(weight.shape), stride, padding, backend)
-    if ctx.needs_input_grad[0]:
-        gx = torch.ops.minitorch_fft.conv2d_bprop(gy, weight, list(x.shape), stride, padding, backend)
-    return gx, gw, None, None, None
+    need = ctx.needs_input_grad       # without bias, a call to the operator that left it out has 5
+    mask = [need[0], need[1], len(need) > 5 and need[5]]
+    if not any(mask):
+        return (None,) * len(need)
+    grads = torch.ops.minitorch_fft.conv2d_grads(gy, x, weight, stride, padding, backend, mask)
+    gx, gw, gb = (g if wanted else None for g, wanted in zip(grads, mask))
+    return (gx, gw, None, None, None, gb)[:len(need)]
 
 
 _conv2d.register_autograd(_backward, setup_context=_setup_context)
@@ -352,14 +385,16 @@ for _device in ("cpu", "cuda"):
 
 
 class EagerConv2d(torch.autograd.Function):
-    """The operator's forward and backward as an autograd.Function: fprop, then accGrad and bprop
-    each only where its input needs a gradient (the profiler lists it by this name)."""
+    """The operator's forward and backward as an autograd.Function, its arguments in the operator's
+    order: fprop (and the bias), then the bias's gradient, accGrad and bprop, each only where its
+    input needs a gradient (the profiler lists it by this name)."""
 
     @staticmethod
-    def forward(ctx, x, weight, stride, padding, backend):
+    def forward(ctx, x, weight, stride, padding, backend, bias):
+        _check_bias(x, weight, bias)
         ctx.save_for_backward(x, weight)
         ctx.geometry = (stride, padding, backend)   # lists, as _setup_context keeps them
-        return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding)
+        return _add_bias(_run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding), bias)
 
     @staticmethod
     def backward(ctx, gy):
@@ -370,50 +405,51 @@ class EagerConv2d(torch.autograd.Function):
             return _backward(ctx, gy)
         x, weight = ctx.saved_tensors
         stride, padding, backend = ctx.geometry
-        need_x, need_w = ctx.needs_input_grad[:2]
+        need_x, need_w, *_, need_b = ctx.needs_input_grad
+        gb = gy.sum((0, 2, 3)) if need_b else None
         gx = gw = None
         if need_w:   # first (the comment above); gy's spectrum kept for bprop where it runs next
             gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding,
                       later=("bprop",) if need_x else ())
         if need_x:
             gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
-        return gx, gw, None, None, None
+        return gx, gw, None, None, None, gb
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _eager(x, weight):
-    """Whether a call may run EagerConv2d: plain CPU or CUDA tensors, and nothing that must see
-    the operator (Dynamo first: it then folds the rest away; a dispatch mode such as FakeTensorMode
-    or make_fx's; a torch function mode; functorch's vmap/grad; the JIT tracer)."""
+def _eager(*tensors):
+    """Whether a call may run EagerConv2d: plain CPU or CUDA tensors (a bias of None aside), and
+    nothing that must see the operator (Dynamo first: it then folds the rest away; a dispatch mode
+    such as FakeTensorMode or make_fx's; a torch function mode; functorch's vmap/grad; the JIT tracer)."""
     return (not torch.compiler.is_compiling()
-            and type(x) in _PLAIN and type(weight) in _PLAIN and (x.is_cuda or x.is_cpu)
+            and all(t is None or type(t) in _PLAIN for t in tensors) and (tensors[0].is_cuda or tensors[0].is_cpu)
             and not torch._C._len_torch_dispatch_stack()
             and not torch._C._is_torch_function_mode_enabled()
             and torch._C._functorch.peek_interpreter_stack() is None
             and not torch._C._get_tracing_state())
 
 
-def _autocast(x, weight):
-    """(x, weight) as the operator's autocast rule hands them on (torch.library.register_autocast
+def _autocast(*tensors):
+    """The tensors as the operator's autocast rule hands them on (torch.library.register_autocast
     to float32, below): under autocast for their device type, floating-point tensors other than
-    float64 cast to float32, differentiably."""
-    kind = x.device.type
+    float64 cast to float32, differentiably (None, a missing bias, stays None)."""
+    kind = tensors[0].device.type
     if not torch.is_autocast_enabled(kind):
-        return x, weight
-    return tuple(t.float() if t.is_floating_point() and t.dtype != torch.float64 and t.device.type == kind else t
-                 for t in (x, weight))
+        return tensors
+    return tuple(t.float() if t is not None and t.is_floating_point() and t.dtype != torch.float64
+                 and t.device.type == kind else t for t in tensors)
 
 
-def conv2d(x, weight, stride=1, padding=0, backend="auto"):
-    """torch.ops.minitorch_fft.conv2d with int-or-pair stride and padding (no bias); an eager call
-    runs EagerConv2d instead, the same passes without the dispatcher."""
+def conv2d(x, weight, stride=1, padding=0, backend="auto", bias=None):
+    """torch.ops.minitorch_fft.conv2d with int-or-pair stride and padding, and the bias (f') added
+    if given; an eager call runs EagerConv2d instead, the same passes without the dispatcher."""
     stride, padding = _pair(stride), _pair(padding)
-    if _eager(x, weight):
-        x, weight = _autocast(x, weight)
-        return EagerConv2d.apply(x, weight, stride, padding, backend)
-    return torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend)
+    if _eager(x, weight, bias):
+        x, weight, bias = _autocast(x, weight, bias)
+        return EagerConv2d.apply(x, weight, stride, padding, backend, bias)
+    return torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend, bias)
 
 
 def _pair(v):
@@ -456,12 +492,10 @@ class Conv2d(torch.nn.Conv2d):
         self.backend = backend
 
     def forward(self, x):
-        y = conv2d(x, self.weight, self.stride, self.padding, self.backend)
-        if self.bias is not None:
-            # in place, as nn.Conv2d's own cuDNN path adds it: no second output-sized tensor at the
-            # step's peak (y is the operator's fresh output, which its backward does not keep)
-            y.add_(self.bias.view(1, -1, 1, 1))
-        return y
+        # the bias goes into the operator, which adds it in place on its fresh output (as
+        # nn.Conv2d's cuDNN path does: no second output-sized tensor) and returns its gradient
+        # from the layer's backward operator (conv2d_grads: why)
+        return conv2d(x, self.weight, self.stride, self.padding, self.backend, self.bias)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, backend={self.backend!r}"

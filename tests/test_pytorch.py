@@ -36,11 +36,11 @@ def operands(case, device, seed=0):
     return x.to(device), wt.to(device), stride, padding
 
 
-def call(path, x, w, stride, padding, backend="auto"):
+def call(path, x, w, stride, padding, backend="auto", bias=None):
     """conv2d's eager path, or the registered operator called directly."""
     if path == "eager":
-        return conv2d(x, w, stride, padding, backend)
-    return torch.ops.minitorch_fft.conv2d(x, w, list(stride), list(padding), backend)
+        return conv2d(x, w, stride, padding, backend, bias)
+    return torch.ops.minitorch_fft.conv2d(x, w, list(stride), list(padding), backend, bias)
 
 
 def check_against_float64(case, backend, device, path="eager", tol=1e-5):
@@ -85,8 +85,12 @@ def test_opcheck(case, device):
                           (gy, w.detach(), list(x.shape), list(stride), list(padding), "auto"))
     torch.library.opcheck(torch.ops.minitorch_fft.conv2d_accgrad,
                           (gy, x.detach(), list(w.shape), list(stride), list(padding), "auto"))
-    torch.library.opcheck(torch.ops.minitorch_fft.conv2d_grads,
-                          (gy, x.detach(), w.detach(), list(stride), list(padding), "auto"))
+    for mask in ([True, True, True], [True, False, False], [False, True, True], [False, False, True]):
+        torch.library.opcheck(torch.ops.minitorch_fft.conv2d_grads,
+                              (gy, x.detach(), w.detach(), list(stride), list(padding), "auto", mask))
+    bias = torch.randn(w.shape[0], device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.minitorch_fft.conv2d, (x.detach().requires_grad_(), w.detach(),
+                                                            list(stride), list(padding), "auto", bias))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -113,6 +117,10 @@ def test_bad_input_says_why(path):
         call(path, x, w, stride, padding, "no_such_backend")
     with pytest.raises(ValueError, match="channel mismatch"):
         call(path, x, w[:, :2], stride, padding)
+    with pytest.raises(ValueError, match=rf"bias of shape \(3,\).*one value per output plane, \({w.shape[0]},\)"):
+        call(path, x, w, stride, padding, bias=torch.zeros(3))
+    with pytest.raises(TypeError, match="float32"):
+        call(path, x, w, stride, padding, bias=torch.zeros(w.shape[0], dtype=torch.float64))
     with pytest.raises(ValueError, match="unknown convolution backend"):
         Conv2d(3, 4, 3, backend="nope")
     with pytest.raises(ValueError, match="groups=3"):
@@ -167,12 +175,10 @@ def test_eager_calls_skip_the_dispatcher():
     names = profiled_names(step)
     assert "EagerConv2d" in names and any("EagerConv2dBackward" in n for n in names)
     assert not any(n.startswith("minitorch_fft::") for n in names), sorted(names)
-    names = profiled_names(lambda: call("operator", x, w, stride, padding).sum().backward())
-    assert {"minitorch_fft::conv2d", "minitorch_fft::conv2d_grads"} <= names    # both gradients: one operator
-    names = profiled_names(lambda: call("operator", x, w.detach(), stride, padding).sum().backward())
-    assert "minitorch_fft::conv2d_bprop" in names and "minitorch_fft::conv2d_grads" not in names
-    names = profiled_names(lambda: call("operator", x.detach(), w, stride, padding).sum().backward())
-    assert "minitorch_fft::conv2d_accgrad" in names and "minitorch_fft::conv2d_grads" not in names
+    for xi, wi in ((x, w), (x, w.detach()), (x.detach(), w)):   # whichever gradients: one operator
+        names = profiled_names(lambda: call("operator", xi, wi, stride, padding).sum().backward())
+        assert {"minitorch_fft::conv2d", "minitorch_fft::conv2d_grads"} <= names
+        assert not {"minitorch_fft::conv2d_bprop", "minitorch_fft::conv2d_accgrad"} & names
 
 
 def test_traced_calls_take_the_operator():
@@ -403,11 +409,11 @@ def test_conv2d_module_matches_nn_conv2d():
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("frozen", [False, True], ids=["all", "bias_only"])
 def test_conv2d_bias_added_in_place_has_nn_conv2ds_gradients(path, frozen, monkeypatch):
-    """Conv2d adds its bias in place on the operator's output (as nn.Conv2d's cuDNN path does):
-    the input's, weight's and bias's gradients are nn.Conv2d's on both paths, and with the weight
-    frozen (only the bias trains, so the conv's own backward is asked for the input alone)."""
+    """Conv2d's bias goes into the operator, which adds it in place on its output (as nn.Conv2d's
+    cuDNN path does): the input's, weight's and bias's gradients are nn.Conv2d's on both paths, and
+    with the weight frozen (the backward then asked for the input's and the bias's alone)."""
     if path == "operator":
-        monkeypatch.setattr(pt, "_eager", lambda x, weight: False)
+        monkeypatch.setattr(pt, "_eager", lambda *tensors: False)
     torch.manual_seed(1)
     ours = Conv2d(3, 4, 3, padding=1)
     stock = torch.nn.Conv2d(3, 4, 3, padding=1)
@@ -580,9 +586,9 @@ def test_torch_compile_fullgraph(device, strict_fp32):
         ops = torch.ops.minitorch_fft
         forward, backward = graphs
         assert ops.conv2d.default in forward
-        # the first layer: accGrad alone; the second: both gradients, one operator
-        assert {ops.conv2d_accgrad.default, ops.conv2d_grads.default} <= backward
-        assert ops.conv2d_bprop.default not in backward
+        # every layer's gradients (the first's without bprop): one operator each
+        assert ops.conv2d_grads.default in backward
+        assert not {ops.conv2d_accgrad.default, ops.conv2d_bprop.default} & backward
 
 
 # -- GPU: CUDA graphs, no copies, streams ---------------------------------------------------------
@@ -590,7 +596,7 @@ def test_torch_compile_fullgraph(device, strict_fp32):
 def use_path(monkeypatch, path):
     """Conv2d's calls on the eager path, or (for "operator") through torch.ops as if traced."""
     if path == "operator":
-        monkeypatch.setattr(pt, "_eager", lambda x, weight: False)
+        monkeypatch.setattr(pt, "_eager", lambda *tensors: False)
 
 
 @pytest.mark.gpu
