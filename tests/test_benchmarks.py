@@ -819,6 +819,36 @@ def test_bench_pytorch_names_each_missed_target():
     assert "peak 1100 MiB against stock's 1000 MiB" in missed[1]
     lines, missed = shortfalls("vgg16", rows)      # 1.0x for fp32 only; no TF32 speed target there
     assert missed == [lines[2]] and len(lines) == 3
+    rows[2]["vs_stock_steady"] = 1.54              # back to back: reported beside, never judged
+    lines, missed = shortfalls("alexnet", rows)
+    assert "1.25x PyTorch fp32 strict (target >= 1.3x): SHORTFALL (back to back, not judged: 1.54x)" in lines[0]
+    assert missed == [lines[0], lines[3]]
+
+
+def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
+    """timed_row(): the single-step median, then bursts of BURST steps with no wait inside one,
+    per step; the peak over both, less what earlier rows left."""
+    import argparse
+
+    import torch
+
+    from benchmarks import bench_pytorch
+    calls, timed = [], []
+
+    def median_ms(fn, lib, warmup, repeat):
+        before = len(calls)
+        fn()
+        timed.append((len(calls) - before, repeat))
+        return 10.0 * (len(calls) - before)      # 10 ms a step
+    monkeypatch.setattr(bench_pytorch, "median_ms", median_ms)
+    for name, value in (("synchronize", None), ("reset_peak_memory_stats", None)):
+        monkeypatch.setattr(torch.cuda, name, lambda value=value: value)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 300 * 2**20)
+    args = argparse.Namespace(warmup=2, repeat=10)
+    ms, steady, peak = bench_pytorch.timed_row(lambda: calls.append(1), args, 0, 100 * 2**20)
+    assert timed == [(1, 10), (bench_pytorch.BURST, 3)]      # one step a call; BURST a burst, 3 bursts at least
+    assert len(calls) == 2 + 1 + bench_pytorch.BURST         # warm-up, one single, one burst (the stub's)
+    assert (ms, steady, peak) == (10.0, 10.0, 200.0)
 
 
 def test_bench_pytorch_estimates_from_its_last_result(tmp_path):
