@@ -28,8 +28,10 @@ Each row gives two times a step: the median of single steps, each waited for (CU
 wait after every step: the step's latency from an idle GPU, which the targets judge), and "back to
 back", the median over bursts of BURST steps queued without a wait, per step (what a training loop
 that does not read its loss every step runs at: the host queues the next step while the GPU works,
-which hides a host-heavy step's issue time; converted AlexNet on a slow-host H200, session 30:
-1.13x strict single, 1.54x back to back in exp_pytorch_host).
+which hides a host-heavy step's issue time), and the host's time to issue one step on a drained GPU
+("issue ms": where it nears the step's, the row is host-bound). Converted AlexNet on an H200,
+session 30: 1.14x strict single, 1.10x back to back here, 1.54x in exp_pytorch_host's process,
+which issued the same step in 6.4 ms of host where others took ~10 (benchmarks/NOTES.md).
 
 Before timing, each row's loss and conv weight gradients (dropout off, BatchNorm on the batch's
 statistics) are checked against the stock model in float64 on the same weights and batch;
@@ -126,9 +128,11 @@ def check(model, x, y, reference):
 
 
 def timed_row(step, args, peak_from, leftover):
-    """(median ms of single steps, median ms a step back to back, peak MiB) of step() after warm-up:
-    the second over bursts of BURST steps with no wait between them (module docstring); the peak
-    over both, less `leftover` bytes (what earlier rows left allocated)."""
+    """(median ms of single steps, median ms a step back to back, median issue ms, peak MiB) of
+    step() after warm-up: the second over bursts of BURST steps with no wait between them (module
+    docstring), the third the host's time to issue one step on a drained GPU (where it nears the
+    step's time, the row is host-bound); the peak over all, less `leftover` bytes (what earlier
+    rows left allocated)."""
     import torch
     for _ in range(args.warmup):
         step()
@@ -140,7 +144,9 @@ def timed_row(step, args, peak_from, leftover):
         for _ in range(BURST):
             step()
     steady = median_ms(burst, "torch", 0, max(3, args.repeat // BURST)) / BURST
-    return ms, steady, (max(torch.cuda.max_memory_allocated(), peak_from) - leftover) / 2**20
+    issue = median_ms(step, "cpu", 0, args.repeat, before=torch.cuda.synchronize)
+    torch.cuda.synchronize()
+    return ms, steady, issue, (max(torch.cuda.max_memory_allocated(), peak_from) - leftover) / 2**20
 
 
 def run_network(net, args, log):
@@ -199,11 +205,12 @@ def run_network(net, args, log):
             if compiled:
                 rows.append({**common, **_compiled_row(model, opt, scope, x, y, args, net, label, log, leftover)})
             else:
-                ms, steady, peak = timed_row(step, args, 0, leftover)
-                rows.append({**common, "mode": "eager", "step_ms": ms, "steady_ms": steady,
+                ms, steady, issue, peak = timed_row(step, args, 0, leftover)
+                rows.append({**common, "mode": "eager", "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
                              "images_per_s": args.batch / ms * 1e3, "peak_mib": peak,
                              "spectra_reused": shared.get("hits")})
-                log(f"{net:9s} {label:30s} eager {ms:8.2f} ms ({steady:.2f} back to back)  peak {peak:8.0f} MiB  "
+                log(f"{net:9s} {label:30s} eager {ms:8.2f} ms ({steady:.2f} back to back, issue {issue:.2f})  "
+                    f"peak {peak:8.0f} MiB  "
                     f"err {err:.1e} ({worst})  "
                     f"check+tuning {tuned_s:.1f} s  spectra reused {shared.get('hits')}  "
                     f"(earlier rows' leftover {leftover / 2**20:.0f} MiB, not counted)")
@@ -281,11 +288,12 @@ def _graph_row(step, args, net, label, log, leftover):
     with torch.cuda.graph(graph):
         step()
     peak_capture = torch.cuda.max_memory_allocated()
-    ms, steady, peak = timed_row(graph.replay, args, peak_capture, leftover)
-    log(f"{net:9s} {label:30s} graph {ms:8.2f} ms ({steady:.2f} back to back)  peak {peak:8.0f} MiB")
+    ms, steady, issue, peak = timed_row(graph.replay, args, peak_capture, leftover)
+    log(f"{net:9s} {label:30s} graph {ms:8.2f} ms ({steady:.2f} back to back, issue {issue:.2f})  "
+        f"peak {peak:8.0f} MiB")
     del graph
-    return {"mode": "CUDA graph", "step_ms": ms, "steady_ms": steady, "images_per_s": args.batch / ms * 1e3,
-            "peak_mib": peak}
+    return {"mode": "CUDA graph", "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
+            "images_per_s": args.batch / ms * 1e3, "peak_mib": peak}
 
 
 def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
@@ -302,11 +310,11 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
     step()
     compile_s = time.perf_counter() - t0
     _stop_compile_workers()
-    ms, steady, peak = timed_row(step, args, 0, leftover)
-    log(f"{net:9s} {label:30s} compiled {ms:8.2f} ms ({steady:.2f} back to back)  peak {peak:8.0f} MiB  "
-        f"(compile {compile_s:.0f} s)")
-    return {"mode": "torch.compile", "step_ms": ms, "steady_ms": steady, "images_per_s": args.batch / ms * 1e3,
-            "peak_mib": peak}
+    ms, steady, issue, peak = timed_row(step, args, 0, leftover)
+    log(f"{net:9s} {label:30s} compiled {ms:8.2f} ms ({steady:.2f} back to back, issue {issue:.2f})  "
+        f"peak {peak:8.0f} MiB  (compile {compile_s:.0f} s)")
+    return {"mode": "torch.compile", "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
+            "images_per_s": args.batch / ms * 1e3, "peak_mib": peak}
 
 
 def _stop_compile_workers():
@@ -387,6 +395,7 @@ def main():
             ("step ms", "step_ms", ".2f"), ("images/s", "images_per_s", ".0f"),
             ("speed-up vs stock, same precision and mode", "vs_stock", ".2f"),
             ("back to back ms", "steady_ms", ".2f"), ("back to back vs stock", "vs_stock_steady", ".2f"),
+            ("issue ms", "issue_ms", ".2f"),
             ("peak MiB", "peak_mib", ".0f"),
             ("max rel err vs fp64", "max_err", ".1e"), ("where", "worst", ""),
             ("spectra reused / step", "spectra_reused", "")]

@@ -827,7 +827,8 @@ def test_bench_pytorch_names_each_missed_target():
 
 def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     """timed_row(): the single-step median, then bursts of BURST steps with no wait inside one,
-    per step; the peak over both, less what earlier rows left."""
+    per step, then the host's issue time of one step on a drained GPU; the peak over all, less what
+    earlier rows left."""
     import argparse
 
     import torch
@@ -835,20 +836,24 @@ def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     from benchmarks import bench_pytorch
     calls, timed = [], []
 
-    def median_ms(fn, lib, warmup, repeat):
-        before = len(calls)
+    def median_ms(fn, lib, warmup, repeat, before=None):
+        if before is not None:
+            before()
+        start = len(calls)
         fn()
-        timed.append((len(calls) - before, repeat))
-        return 10.0 * (len(calls) - before)      # 10 ms a step
+        timed.append((lib, len(calls) - start, repeat, before))
+        return 10.0 * (len(calls) - start) if lib == "torch" else 4.0   # 10 ms a step; issued in 4
     monkeypatch.setattr(bench_pytorch, "median_ms", median_ms)
     for name, value in (("synchronize", None), ("reset_peak_memory_stats", None)):
         monkeypatch.setattr(torch.cuda, name, lambda value=value: value)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 300 * 2**20)
     args = argparse.Namespace(warmup=2, repeat=10)
-    ms, steady, peak = bench_pytorch.timed_row(lambda: calls.append(1), args, 0, 100 * 2**20)
-    assert timed == [(1, 10), (bench_pytorch.BURST, 3)]      # one step a call; BURST a burst, 3 bursts at least
-    assert len(calls) == 2 + 1 + bench_pytorch.BURST         # warm-up, one single, one burst (the stub's)
-    assert (ms, steady, peak) == (10.0, 10.0, 200.0)
+    ms, steady, issue, peak = bench_pytorch.timed_row(lambda: calls.append(1), args, 0, 100 * 2**20)
+    burst = bench_pytorch.BURST
+    # one step a call; BURST a burst, 3 bursts at least; the issue time on the host clock, drained first
+    assert timed == [("torch", 1, 10, None), ("torch", burst, 3, None), ("cpu", 1, 10, torch.cuda.synchronize)]
+    assert len(calls) == 2 + 1 + burst + 1                   # warm-up, then one call of each (the stub's)
+    assert (ms, steady, issue, peak) == (10.0, 10.0, 4.0, 200.0)
 
 
 def test_bench_pytorch_estimates_from_its_last_result(tmp_path):
