@@ -145,7 +145,6 @@ def timed_row(step, args, peak_from, leftover):
             step()
     steady = median_ms(burst, "torch", 0, max(3, args.repeat // BURST)) / BURST
     issue = median_ms(step, "cpu", 0, args.repeat, before=torch.cuda.synchronize)
-    torch.cuda.synchronize()
     return ms, steady, issue, (max(torch.cuda.max_memory_allocated(), peak_from) - leftover) / 2**20
 
 

@@ -27,6 +27,7 @@ import copy
 import time
 from collections import Counter
 
+from benchmarks.bench_pytorch import IMAGE
 from benchmarks.harness import median_ms, set_tf32, torch_model
 
 LIBRARY_PARTS = ("/torch/", "/cupy/", "/cupy_backends/", "/contextlib.py", "/functools.py", "<frozen")
@@ -99,20 +100,6 @@ def memory_at_peak(step):
     return peak / 2**20, [(w, b / 2**20) for w, b in groups.most_common(12)]
 
 
-def issue_ms(step, repeat):
-    import statistics
-
-    import torch
-    times = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(times)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--net", default="alexnet")
@@ -128,7 +115,7 @@ def main():
     set_tf32("strict")
     torch.manual_seed(0)
     base = torch_model(args.net, 1000)
-    side = 231 if args.net == "overfeat_fast" else 224
+    side = IMAGE.get(args.net, 224)
     x = torch.randn(args.batch, 3, side, side, device="cuda")
     y = torch.randint(0, 1000, (args.batch,), device="cuda")
     summary = []
@@ -159,7 +146,8 @@ def main():
         for _ in range(3):
             step()
         ms = median_ms(step, "torch", 0, args.steps)
-        issue = issue_ms(step, args.steps)
+        issue = median_ms(step, "cpu", 0, args.steps, before=torch.cuda.synchronize)
+        torch.cuda.synchronize()
         kernel_ms, kernels, host = profile_step(step, 5, args.top)
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()

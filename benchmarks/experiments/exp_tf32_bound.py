@@ -35,6 +35,7 @@ import unittest.mock
 
 import numpy as np
 
+from benchmarks.bench_pytorch import IMAGE
 from benchmarks.harness import distinct_conv_layers, meta_lines, provenance, reference64, rel_error
 
 BACKENDS = ("fbfft", "cufft", "tiledfft", "winograd", "polyphase")
@@ -116,7 +117,7 @@ def step_layers(net, batch, seed, device="cpu"):
     convs = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Conv2d)]
     hooks = [m.register_forward_hook(keep) for _, m in convs]
     g = torch.Generator().manual_seed(seed)
-    side = 231 if net == "overfeat_fast" else 224
+    side = IMAGE.get(net, 224)
     x = torch.randn(batch, 3, side, side, generator=g, dtype=torch.float64).to(device)
     y = torch.randint(0, 1000, (batch,), generator=g).to(device)
     torch.nn.functional.cross_entropy(model(x), y).backward()
