@@ -278,15 +278,21 @@ def _conv2d_grads(gy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], 
     tensors it reads alive through it (converted AlexNet b128, H200, session 30: the ReLU's output
     and a second copy of conv1's gradOutput, 190 MiB, the compiled step's peak above the stock
     model's)."""
-    want_x, want_w, want_b = output_mask
-    gb = gy.sum((0, 2, 3)) if want_b else gy.new_empty(0)
-    gx, gw = gy.new_empty(0), gy.new_empty(0)     # the unwanted ones: empty, and not one tensor twice
+    want_x, want_w, _ = output_mask
     with reuse_spectra(inputs=False) if _views is None and want_x and want_w else contextlib.nullcontext():
-        if want_w:
-            gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding,
-                      later=("bprop",) if want_x else ())
-        if want_x:
-            gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
+        grads = _grads(gy, x, weight, stride, padding, backend, *output_mask)
+    return tuple(gy.new_empty(0) if g is None else g for g in grads)   # the unwanted: empty, each its own
+
+
+def _grads(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
+    """(gx, gw, gb), None where not wanted: the bias's gradient, then accGrad (keeping gy's spectrum
+    for bprop where it runs next, inside reuse_spectra()), then bprop. Both paths' backward."""
+    gb = gy.sum((0, 2, 3)) if want_b else None
+    gx = gw = None
+    if want_w:   # first: the comment above EagerConv2d
+        gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding, later=("bprop",) if want_x else ())
+    if want_x:
+        gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
     return gx, gw, gb
 
 
@@ -406,13 +412,7 @@ class EagerConv2d(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         stride, padding, backend = ctx.geometry
         need_x, need_w, *_, need_b = ctx.needs_input_grad
-        gb = gy.sum((0, 2, 3)) if need_b else None
-        gx = gw = None
-        if need_w:   # first (the comment above); gy's spectrum kept for bprop where it runs next
-            gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding,
-                      later=("bprop",) if need_x else ())
-        if need_x:
-            gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
+        gx, gw, gb = _grads(gy, x, weight, stride, padding, backend, need_x, need_w, need_b)
         return gx, gw, None, None, None, gb
 
 
