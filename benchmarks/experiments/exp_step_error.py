@@ -88,7 +88,10 @@ def tf32_study(args):
     import minitorch_fft as mt
     import models
     from backends import auto, config, tuning
+    from benchmarks.harness import setup_cudnn
     from benchmarks.paper import branch_errors
+    import torch
+    setup_cudnn(torch)                              # records PyTorch's TF32 defaults: the yardstick's mode
     without = tuple(b for b in auto.PREFERENCE if b != "winograd")
     rows, bounds = [], []
     for net in args.nets.split(","):
