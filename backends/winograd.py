@@ -31,7 +31,8 @@ Variants: both are within 1e-5 of float64 on every 3x3 stride-1 layer of VGG-16 
 and on random geometries (H100: F(2x2) at most 3.4e-6, F(4x4) 7.8e-6, its accGrad the largest;
 results/nvidia-h100-80gb-hbm3/bench_winograd.md), so both are eligible for auto in fp32 mode:
 the tuner (tuning.remembered, winograd_tune) times them per geometry and pass. Setting
-winograd_f4=0 keeps F(2x2) alone (its error is about 4x smaller). A batch whose transformed
+winograd_f4=0 keeps F(2x2) alone (its error is about 4x smaller). In TF32 mode F(2x2) runs
+alone: on TF32 GEMMs F(4x4) is 7x a direct TF32 convolution's error (variants). A batch whose transformed
 tiles exceed winograd_workspace_mb runs in chunks; in fprop and bprop also where they exceed twice
 the pass's own operands (or 256 MB, whichever is more; _chunks).
 
@@ -98,11 +99,12 @@ def matrices(m, dtype=np.float32):
 def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="fp32"):
     """auto's cue to time winograd again where its speed changed (backends.auto): accGrad 1 since its
     groups fill the GPU (GEMM_BLOCKS, accgrad_groups), 2 since the group count is tuned
-    (_per_group). In TF32 mode (math "tf32") one more, since F(4x4) is compared with F(2x2) at the
-    TF32 tolerance (tuning.variant_tol; before, F(4x4) was always refused there, 2.1e-3 apart).
-    fprop and bprop 1 since their batch chunks are bounded by their operands too (_chunks, session
-    23). The tile's own tuning record is keyed by it too."""
-    return (2 if pass_name == "accgrad" else 1) + (math == "tf32")
+    (_per_group). In TF32 mode (math "tf32") two more: one since session 22 compared F(4x4) with
+    F(2x2) at the TF32 tolerance, one since session 31 runs F(2x2) alone there (variants): the
+    choices timed with F(4x4) are timed again. fprop and bprop 1 since their batch chunks are
+    bounded by their operands too (_chunks, session 23). The tile's own tuning record is keyed by
+    it too."""
+    return (2 if pass_name == "accgrad" else 1) + 2 * (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -186,9 +188,17 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), tile=None):
     return run(_tile(xp, "accgrad", g, tile, run))
 
 
-def variants():
-    """The tile sizes auto may use: F(2x2); F(4x4) too where the winograd_f4 setting is on."""
-    return TILES if config.get("winograd_f4") else (2,)
+def variants(math="fp32"):
+    """The tile sizes auto may use: F(2x2); F(4x4) too where the winograd_f4 setting is on and the
+    GEMMs are strict fp32 (math, cgemm.mode).
+
+    Not in TF32 mode: its transforms scale what the GEMMs' TF32 rounding leaves. Session 31 (H200,
+    OverFeat-fast's layers at b128): F(4x4) on TF32 GEMMs was 2.1e-3 from float64 in every pass on
+    random operands, 7x a direct TF32 convolution's 2.9e-4 (F(2x2): 5e-4), and in the TF32 step
+    (auto had put its two 1024-plane layers on F(4x4)) the gradients were 3.0-4.4e-3 from float64
+    where the check allows twice PyTorch TF32's 1.0e-3; with F(2x2) alone, 8.2e-4
+    (benchmarks/experiments/exp_tf32_bound.py --gpu, exp_step_error.py --tf32)."""
+    return TILES if config.get("winograd_f4") and math != "tf32" else (2,)
 
 
 def _tile(xp, pass_name, g, forced, run):
@@ -197,7 +207,7 @@ def _tile(xp, pass_name, g, forced, run):
         if forced not in TILES:
             raise ValueError(f"winograd tile must be one of {TILES}, got {forced!r}")
         return forced
-    options = variants()
+    options = variants(cgemm.mode(xp))
     if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
         return options[0]
     r = revision(pass_name, *_shapes(g), cgemm.mode(xp))
