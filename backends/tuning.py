@@ -120,8 +120,9 @@ def _cuda_device_name(device_id):
 def variant_tol(xp, strict_tol):
     """The tolerance a backend's tuner compares one variant's output with another's at (tiledfft's
     bases, winograd's group counts; winograd's tiles until session 31, which runs F(2x2) alone in
-    TF32 mode): strict_tol in fp32, cgemm.TF32_TOL where the GEMMs run in TF32 (both sides then round their operands to TF32, ~4e-4 apart on VGG-16's layers, and
-    a strict 1e-4 refused every variant but the default: session 22)."""
+    TF32 mode): strict_tol in fp32, cgemm.TF32_TOL where the GEMMs run in TF32 (both sides then
+    round their operands to TF32, ~4e-4 apart on VGG-16's layers, and a strict 1e-4 refused every
+    variant but the default: session 22)."""
     return cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else strict_tol
 
 

@@ -1145,3 +1145,17 @@ def test_gpu_tables_refuses_a_tune_cache_that_is_not_there(tmp_path):
                          env={**env, "TUNE": ""}, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "unknown option --bogus" in run.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_exp_step_error_tf32_rows_are_settings_the_config_takes():
+    """exp_step_error --tf32's rows: auto as tuned, winograd at F(2x2), and every default candidate
+    but winograd; each row's settings are ones config.override accepts (checked before a GPU run)."""
+    from backends import auto, config
+    from benchmarks.experiments import exp_step_error
+    rows = exp_step_error.tf32_rows()
+    assert list(rows) == ["auto", "auto, winograd F(2x2) only", "auto without winograd"]
+    without = rows["auto without winograd"]["auto_backends"]
+    assert "winograd" not in without and set(without) | {"winograd"} == set(auto.PREFERENCE)
+    for settings in rows.values():
+        with config.override(**settings):
+            assert all(config.get(k) == v for k, v in settings.items())

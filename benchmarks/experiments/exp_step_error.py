@@ -73,34 +73,32 @@ def main():
     print(paths[1].read_text())
 
 
-# auto's candidates in each TF32 row: settings overridden for the model's whole step
-TF32_ROWS = {
-    "auto": {},
-    "auto, winograd F(2x2) only": {"winograd_f4": False},
-    "auto without winograd": {"auto_backends": "without winograd"},
-}
+def tf32_rows():
+    """{row: settings}: auto's candidates in each TF32 row, overridden for the model's whole step."""
+    from backends import auto
+    return {"auto": {},
+            "auto, winograd F(2x2) only": {"winograd_f4": False},
+            "auto without winograd": {"auto_backends": tuple(b for b in auto.PREFERENCE if b != "winograd")}}
 
 
 def tf32_study(args):
     import cupy as cp
     import numpy as np
+    import torch
 
     import minitorch_fft as mt
     import models
     from backends import auto, config, tuning
     from benchmarks.harness import setup_cudnn
     from benchmarks.paper import branch_errors
-    import torch
     setup_cudnn(torch)                              # records PyTorch's TF32 defaults: the yardstick's mode
-    without = tuple(b for b in auto.PREFERENCE if b != "winograd")
-    rows, bounds = [], []
+    rows, bounds, row_settings = [], [], tf32_rows()
     for net in args.nets.split(","):
         shape = (args.batch,) + models.input_shape(net)
         x_np = np.random.default_rng(args.seed).standard_normal(shape, dtype=np.float32)
         y_np = np.random.default_rng(args.seed + 1).integers(0, 1000, args.batch)
         errors, yardstick = {}, None
-        for label, settings in TF32_ROWS.items():
-            settings = {k: (without if v == "without winograd" else v) for k, v in settings.items()}
+        for label, settings in row_settings.items():
             mt.manual_seed(args.seed)                   # the same initial weights for every row
             model = models.get(net, num_classes=1000, backend="auto").to("cuda")
             with config.override(**settings):
@@ -117,11 +115,11 @@ def tf32_study(args):
             rows.append({"network": net, "tensor": name, **{k: errors[k][name] for k in errors},
                          "torch_tf32": yardstick[name]})
     cols = [("network", "network", ""), ("tensor", "tensor", "")]
-    cols += [(f"{k} err", k, ".1e") for k in TF32_ROWS] + [("PyTorch TF32 err", "torch_tf32", ".1e")]
+    cols += [(f"{k} err", k, ".1e") for k in row_settings] + [("PyTorch TF32 err", "torch_tf32", ".1e")]
     print(auto.format_choices(), flush=True)      # each row's choices, keyed apart by candidate set
     meta = provenance(tuning.device_name(cp), cupy=cp.__version__, batch=args.batch, seed=args.seed)
     paths = write_results("exp_step_error_tf32", meta, rows, cols,
-                          "Experiment: the TF32 mode's training-step gradients against float64, with and without winograd",
+                          "Experiment: the TF32 mode's step gradients against float64, with and without winograd",
                           "Relative error (2-norm) against PyTorch float64 on the same weights, batch and labels, "
                           "eval mode, at initialisation, as paper.py step checks the TF32 mode (PyTorch takes our "
                           "forward's branch at every ReLU and max-pool). Rows of auto: its tuned candidates; with "

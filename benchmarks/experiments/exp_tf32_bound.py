@@ -24,6 +24,10 @@ check's gradients are made. With --gpu the same runs on CuPy operands, and besid
 backend runs in the real TF32 mode ("<backend> gpu": cuBLAS's TF32 GEMMs) and PyTorch's cuDNN runs
 the pass with TF32 on ("cudnn gpu"): whether the GPU's TF32 arithmetic is what the emulation says.
 
+winograd's tile is tuned on the GPU only: on the CPU it is F(2x2), so session 30's CPU runs said
+nothing of F(4x4), which the GPU's tuner had picked for OverFeat-fast's 1024-plane layers in TF32
+mode (2.1e-3, 7x direct TF32, on the GPU: session 31, which took F(4x4) out of TF32 mode).
+
   python -m benchmarks.experiments.exp_tf32_bound --nets overfeat_fast --batch 8
   python -m benchmarks.experiments.exp_tf32_bound --nets alexnet,resnet18 --batch 4 --passes accgrad
   python -m benchmarks.experiments.exp_tf32_bound --nets overfeat_fast --batch 4 --real
