@@ -148,6 +148,19 @@ def timed_row(step, args, peak_from, leftover):
     return ms, steady, issue, (max(torch.cuda.max_memory_allocated(), peak_from) - leftover) / 2**20
 
 
+def timed_fields(mode, timed, batch):
+    """A row's fields from timed_row's (ms, back to back ms, issue ms, peak MiB), in `mode`."""
+    ms, steady, issue, peak = timed
+    return {"mode": mode, "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
+            "images_per_s": batch / ms * 1e3, "peak_mib": peak}
+
+
+def timed_text(timed):
+    """timed_row's result as a log line gives it."""
+    ms, steady, issue, peak = timed
+    return f"{ms:8.2f} ms ({steady:.2f} back to back, issue {issue:.2f})  peak {peak:8.0f} MiB"
+
+
 def run_network(net, args, log):
     import torch
 
@@ -204,13 +217,10 @@ def run_network(net, args, log):
             if compiled:
                 rows.append({**common, **_compiled_row(model, opt, scope, x, y, args, net, label, log, leftover)})
             else:
-                ms, steady, issue, peak = timed_row(step, args, 0, leftover)
-                rows.append({**common, "mode": "eager", "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
-                             "images_per_s": args.batch / ms * 1e3, "peak_mib": peak,
+                timed = timed_row(step, args, 0, leftover)
+                rows.append({**common, **timed_fields("eager", timed, args.batch),
                              "spectra_reused": shared.get("hits")})
-                log(f"{net:9s} {label:30s} eager {ms:8.2f} ms ({steady:.2f} back to back, issue {issue:.2f})  "
-                    f"peak {peak:8.0f} MiB  "
-                    f"err {err:.1e} ({worst})  "
+                log(f"{net:9s} {label:30s} eager {timed_text(timed)}  err {err:.1e} ({worst})  "
                     f"check+tuning {tuned_s:.1f} s  spectra reused {shared.get('hits')}  "
                     f"(earlier rows' leftover {leftover / 2**20:.0f} MiB, not counted)")
                 if not args.no_graphs:
@@ -287,12 +297,10 @@ def _graph_row(step, args, net, label, log, leftover):
     with torch.cuda.graph(graph):
         step()
     peak_capture = torch.cuda.max_memory_allocated()
-    ms, steady, issue, peak = timed_row(graph.replay, args, peak_capture, leftover)
-    log(f"{net:9s} {label:30s} graph {ms:8.2f} ms ({steady:.2f} back to back, issue {issue:.2f})  "
-        f"peak {peak:8.0f} MiB")
+    timed = timed_row(graph.replay, args, peak_capture, leftover)
+    log(f"{net:9s} {label:30s} graph {timed_text(timed)}")
     del graph
-    return {"mode": "CUDA graph", "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
-            "images_per_s": args.batch / ms * 1e3, "peak_mib": peak}
+    return timed_fields("CUDA graph", timed, args.batch)
 
 
 def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
@@ -309,11 +317,9 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
     step()
     compile_s = time.perf_counter() - t0
     _stop_compile_workers()
-    ms, steady, issue, peak = timed_row(step, args, 0, leftover)
-    log(f"{net:9s} {label:30s} compiled {ms:8.2f} ms ({steady:.2f} back to back, issue {issue:.2f})  "
-        f"peak {peak:8.0f} MiB  (compile {compile_s:.0f} s)")
-    return {"mode": "torch.compile", "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
-            "images_per_s": args.batch / ms * 1e3, "peak_mib": peak}
+    timed = timed_row(step, args, 0, leftover)
+    log(f"{net:9s} {label:30s} compiled {timed_text(timed)}  (compile {compile_s:.0f} s)")
+    return timed_fields("torch.compile", timed, args.batch)
 
 
 def _stop_compile_workers():
