@@ -54,7 +54,8 @@ SETTINGS = {s.name: s for s in (
             "winograd's transformed tiles at most (fprop, bprop: and 2x their operands); larger batches in chunks",
             True),
     Setting("winograd_f4", "MINITORCH_WINOGRAD_F4", "bool", True,
-            "winograd may use F(4x4,3x3) (1; within 8e-6 of float64 on the zoo's layers), or F(2x2,3x3) only (0)",
+            "winograd may use F(4x4,3x3) in strict fp32 (1; within 8e-6 of float64 on the zoo's layers; "
+            "TF32 mode runs F(2x2) alone), or F(2x2,3x3) only (0)",
             True),
     Setting("cudnn_workspace_mb", "MINITORCH_CUDNN_WORKSPACE_MB", "mib", 4096.0,
             "cudnn's workspace: cuDNN plans needing more are not used", True),
