@@ -102,9 +102,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     (_per_group). In TF32 mode (math "tf32") two more: one since session 22 compared F(4x4) with
     F(2x2) at the TF32 tolerance, one since session 31 runs F(2x2) alone there (variants): the
     choices timed with F(4x4) are timed again. fprop and bprop 1 since their batch chunks are
-    bounded by their operands too (_chunks, session 23). The tile's own tuning record is keyed by
-    it too."""
-    return (2 if pass_name == "accgrad" else 1) + 2 * (math == "tf32")
+    bounded by their operands too (_chunks, session 23); accGrad 3 since its chunks and partial
+    sums are too (session 32). The tile's own tuning record is keyed by it too."""
+    return (3 if pass_name == "accgrad" else 1) + 2 * (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -127,36 +127,41 @@ def tiles(oh, ow, m):
     return -(-oh // m), -(-ow // m)
 
 
-TRANSIENT_FACTOR = 2             # fprop's and bprop's tiles a chunk: at most this times the pass's operands,
+TRANSIENT_FACTOR = 2             # a chunk's tiles: at most this times the pass's operands,
 TRANSIENT_FLOOR = 256 << 20      # or this many bytes where that is more (_chunks)
 
 
-def _chunks(S, per_image_floats, operand_floats=None):
+def _chunks(S, per_image_floats, operand_floats):
     """Slices of the batch whose transformed tiles (per_image_floats an image) fit
-    winograd_workspace_mb (one image at least). fprop and bprop also pass operand_floats, an
-    image's input and output planes: their chunks then hold at most TRANSIENT_FACTOR times the
-    pass's operands in tiles, or TRANSIENT_FLOOR bytes where that is more.
+    winograd_workspace_mb (one image at least) and hold at most TRANSIENT_FACTOR times the pass's
+    operands (operand_floats an image: its input and output planes), or TRANSIENT_FLOOR bytes
+    where that is more.
 
     The tiles are 2.25 (F(4x4)) to 4 (F(2x2)) times the planes they come from, so a whole batch's
     took more memory than cuDNN's kernels take beside the same operands: OverFeat-fast's conv5
     (1024 planes, 12x12, b128) at F(4x4) held 340 MB of tiles (and as much GEMM output) for 151 MB
     of operands, and a converted model's TF32 step peaked 102 MiB above PyTorch's there (session
-    23, benchmarks/NOTES.md). accGrad keeps the workspace's bound alone: its chunks' groups are
-    tuned (_per_group), and its peaks were not the step's."""
-    bound = config.mib_bytes("winograd_workspace_mb")
-    if operand_floats is not None:
-        bound = min(bound, max(TRANSIENT_FACTOR * 4 * S * operand_floats, TRANSIENT_FLOOR))
+    23, benchmarks/NOTES.md). accGrad, whose operands are the same planes (x and gy), kept the
+    workspace's bound alone until F(2x2) became the TF32 mode's only tile (session 31): its
+    whole-batch tiles there (604 MB) and its partial sums (_group_cap) put the converted TF32 step
+    ~600 MiB above PyTorch's; since session 32 it is bounded like the others."""
+    bound = min(config.mib_bytes("winograd_workspace_mb"),
+                max(TRANSIENT_FACTOR * 4 * S * operand_floats, TRANSIENT_FLOOR))
     return batch_slices(S, bound // (4 * per_image_floats))
 
 
-def _conv_chunks(S, f, fo, in_hw, out_hw, m, operands=True):
+def _conv_chunks(S, f, fo, in_hw, out_hw, m):
     """_chunks of a pass at F(m x m) from f planes of in_hw to fo planes of out_hw: an image's
-    tiles are alpha^2 times the output's tile count times (f + fo) floats; with `operands`
-    (fprop, bprop) the images' own planes bound them too."""
+    tiles are alpha^2 times the output's tile count times (f + fo) floats, bounded by the
+    workspace and by the images' own planes."""
     alpha = m + R - 1
     th, tw = tiles(*out_hw, m)
-    planes = f * in_hw[0] * in_hw[1] + fo * out_hw[0] * out_hw[1]
-    return _chunks(S, alpha * alpha * th * tw * (f + fo), planes if operands else None)
+    return _chunks(S, alpha * alpha * th * tw * (f + fo), _planes(f, fo, in_hw, out_hw))
+
+
+def _planes(f, fo, in_hw, out_hw):
+    """Floats of one image's input and output planes: a pass's operands an image."""
+    return f * in_hw[0] * in_hw[1] + fo * out_hw[0] * out_hw[1]
 
 
 # -- the three passes ----------------------------------------------------------------------------
@@ -253,6 +258,7 @@ def _conv(xp, x, u, pad, out_hw, m):
         v = _input_transform(xp, x[sl], pad, th, tw, m)             # (alpha^2, f, n*th*tw)
         prod = cgemm.matmul(xp, u, v)                               # (alpha^2, fo, n*th*tw)
         y[sl] = _output_transform(xp, prod, n, oh, ow, m)
+        del v, prod                 # freed before the next chunk's are made, not after
     return y
 
 
@@ -277,16 +283,36 @@ def accgrad_groups(g, m, images):
     session 16). On small matrices the rule asks for more groups than pays (ResNet's 64 planes:
     26 groups 0.70 ms, 8-16 groups 0.61-0.62; tiledfft wins there anyway), so where winograd_tune
     tunes, the count is tuned per geometry among group_options (_per_group); this rule is the
-    untuned choice. The partial sums (groups, alpha^2, f', f) stay under a quarter of the
-    workspace."""
+    untuned choice. The partial sums (groups, alpha^2, f', f) stay under _group_cap."""
     per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
     alpha2 = (m + R - 1) ** 2
-    part_bytes = 4 * alpha2 * g.fo * g.f
-    most = max(1, config.mib_bytes("winograd_workspace_mb") // 4 // part_bytes)
+    most = _most_groups(g, m)
     fill = -(-GEMM_BLOCKS // (alpha2 * -(-g.fo // 128) * -(-g.f // 128)))    # groups that fill the GPU
     per_group = max(1, min(GROUP_TILES // per_image, -(-images // fill)), -(-images // most))
     per_group = min(images, per_group)
     return per_group, -(-images // per_group)
+
+
+GROUP_FLOOR = 64 << 20   # accGrad's partial sums may take this much whatever the operands (_group_cap)
+
+
+def _group_cap(g):
+    """Bytes accGrad's partial sums may take: a quarter of the workspace, and no more than the
+    pass's operands (x and gy, the whole batch's) or GROUP_FLOOR where that is more: small layers'
+    sums keep the groups that fill the GPU (ResNet's 512 planes at 7x7, b128: 26 MB of operands,
+    16 MiB of sums a group at F(2x2)).
+
+    The second bound is session 32's. In TF32 mode, where F(2x2) is the only tile, OverFeat-fast's
+    conv5 (1024 planes, 12x12, b128) had tuned 8 groups: 512 MiB of sums for 151 MB of operands,
+    beside 604 MB of tiles. The converted TF32 step peaked 613 MiB above F(4x4)'s, and above
+    PyTorch's (session 31, benchmarks/NOTES.md)."""
+    operands = 4 * g.S * _planes(g.f, g.fo, (g.h, g.w), (g.oh, g.ow))
+    return min(config.mib_bytes("winograd_workspace_mb") // 4, max(operands, GROUP_FLOOR))
+
+
+def _most_groups(g, m):
+    """The most groups whose partial sums (alpha^2 f' x f matrices each) fit _group_cap; one at least."""
+    return max(1, _group_cap(g) // (4 * (m + R - 1) ** 2 * g.fo * g.f))
 
 
 def group_options(g, m, images):
@@ -294,8 +320,7 @@ def group_options(g, m, images):
     rule's (GROUP_TILES tiles a group at most, and the workspace's cap on the groups), then 2, 4,
     8 and 16 times as many groups, and accgrad_groups' own pick; largest groups first."""
     per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
-    part_bytes = 4 * (m + R - 1) ** 2 * g.fo * g.f
-    fewest = -(-images // max(1, config.mib_bytes("winograd_workspace_mb") // 4 // part_bytes))
+    fewest = -(-images // _most_groups(g, m))
     base = min(images, max(1, GROUP_TILES // per_image, fewest))
     options = {max(fewest, 1, -(-base // k)) for k in (1, 2, 4, 8, 16)}
     options.add(accgrad_groups(g, m, images)[0])
@@ -323,7 +348,7 @@ def _per_group(xp, g, m, images, run):
 def _accgrad(xp, gy, x, g, m):
     """gw = G^T [sum over tiles of Z V^T] G: each group's sum by the GEMM (the chunks' added into
     it), the groups' sums and the transform in float64; the images a group, tuned (_per_group)."""
-    chunks = _conv_chunks(g.S, g.f, g.fo, (g.h, g.w), (g.oh, g.ow), m, operands=False)
+    chunks = _conv_chunks(g.S, g.f, g.fo, (g.h, g.w), (g.oh, g.ow), m)
     images = chunks[0].stop - chunks[0].start
     run = lambda per: _accgrad_grouped(xp, gy, x, g, m, chunks, per)   # noqa: E731
     return run(_per_group(xp, g, m, images, run))
@@ -341,6 +366,7 @@ def _accgrad_grouped(xp, gy, x, g, m, chunks, per_group):
         v = _input_transform(xp, x[sl], (g.ph, g.pw), th, tw, m, layout)   # (n_groups*alpha^2, f, Pg)
         z = _gradient_transform(xp, gy[sl], th, tw, m, layout)             # (n_groups*alpha^2, fo, Pg)
         cgemm.matmul(xp, z, v, out=part[:n_groups * alpha * alpha], op_b="T", accumulate=k > 0)
+        del v, z                    # freed before the next chunk's are made
     return _weight_gradient(xp, part, groups, m)                            # (fo, f, 3, 3)
 
 

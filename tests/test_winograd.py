@@ -88,8 +88,8 @@ def test_accgrad_groups_fill_the_gpu_and_revision_marks_it(settings):
     """VGG-16's 512-plane layers at F(4x4) (36 matrices of 4 x 4 blocks: 576 < GEMM_BLOCKS) take two
     groups of 32 images; F(2x2) four (GROUP_TILES and the fill agree); a 224^2 plane one image a group
     (GROUP_TILES); a batch of one, one group; ResNet's 64-plane layer 26 groups of 5 (fill 29 does not
-    divide 128); a workspace with room for one group's sums, one group. accGrad is at revision 1, and
-    its tile is tuned anew."""
+    divide 128); a workspace with room for one group's sums, one group. Each change to accGrad's
+    speed raises its revision, and its tile is tuned anew."""
     settings(winograd_workspace_mb=2048.0)
     conv9 = backends.geometry((64, 512, 28, 28), (512, 512, 3, 3), 1, 1)
     assert winograd.accgrad_groups(conv9, 4, 64) == (32, 2)
@@ -103,29 +103,31 @@ def test_accgrad_groups_fill_the_gpu_and_revision_marks_it(settings):
     assert winograd.accgrad_groups(conv9, 4, 64) == (64, 1)
     shapes = winograd._shapes(conv9)
     assert shapes == ((64, 512, 28, 28), (512, 512, 3, 3), (1, 1), (1, 1))
-    # fprop and bprop at 1 since session 23 (chunks bounded by their operands)
-    assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [1, 1, 2]
+    # fprop and bprop at 1 since session 23 (chunks bounded by their operands), accGrad at 3 since
+    # session 32 (its chunks and partial sums bounded by its operands)
+    assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [1, 1, 3]
     # TF32 mode: two more (session 22 compared the tiles at the TF32 tolerance; session 31 runs
     # F(2x2) alone there, so auto times winograd's TF32 passes again)
-    assert [winograd.revision(p, *shapes, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [3, 3, 4]
+    assert [winograd.revision(p, *shapes, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [3, 3, 5]
 
 
-def _pass_chunks(x_shape, fo, m, with_operands=True):
-    """winograd's batch chunks for a padded 3x3 layer's fprop (with its operands' bound) or accGrad."""
+def _pass_chunks(x_shape, fo, m):
+    """winograd's batch chunks for a padded 3x3 layer (every pass's: the same operands' bound)."""
     S, f, h, w = x_shape
-    return winograd._conv_chunks(S, f, fo, (h, w), (h, w), m, operands=with_operands)
+    return winograd._conv_chunks(S, f, fo, (h, w), (h, w), m)
 
 
-def test_fprop_and_bprop_chunks_hold_at_most_twice_their_operands_in_tiles(settings):
+def test_chunks_hold_at_most_twice_their_operands_in_tiles(settings):
     """OverFeat-fast's conv5 (1024 planes, 12x12, b128) at F(4x4): 340 MB of tiles for 151 MB of
     operands, two chunks of 64 (its converted TF32 step peaked 102 MiB above PyTorch's in session 23
-    with one); accGrad keeps the workspace's bound alone (one chunk). Small layers stay whole
-    (ResNet's 14x14 256-plane layer: 151 MB, under the 256 MB floor; AlexNet's conv4 at 13x13);
-    VGG-16's conv1_2 (b64, 224x224) is bounded by the workspace (2048 MiB) as before: two chunks."""
+    with one); at F(2x2), 604 MB, two chunks too, in accGrad as well (session 32: its whole-batch
+    tiles put the TF32 step ~600 MiB over). Small layers stay whole (ResNet's 14x14 256-plane layer:
+    151 MB, under the 256 MB floor; AlexNet's conv4 at 13x13); VGG-16's conv1_2 (b64, 224x224) is
+    bounded by the workspace (2048 MiB) as before: two chunks."""
     settings(winograd_workspace_mb=2048.0)
     conv5 = (128, 1024, 12, 12)
     assert [(sl.start, sl.stop) for sl in _pass_chunks(conv5, 1024, 4)] == [(0, 64), (64, 128)]
-    assert len(_pass_chunks(conv5, 1024, 4, with_operands=False)) == 1
+    assert [(sl.start, sl.stop) for sl in _pass_chunks(conv5, 1024, 2)] == [(0, 64), (64, 128)]
     assert len(_pass_chunks((128, 256, 14, 14), 256, 4)) == 1
     assert len(_pass_chunks((128, 384, 13, 13), 256, 4)) == 1
     assert len(_pass_chunks((64, 64, 224, 224), 64, 4)) == 2
@@ -161,10 +163,24 @@ def test_group_options_span_the_accuracy_rule_to_many_groups(settings):
     accgrad_groups' own pick, largest groups first."""
     settings(winograd_workspace_mb=2048.0)
     conv9 = backends.geometry((64, 512, 28, 28), (512, 512, 3, 3), 1, 1)
-    assert winograd.group_options(conv9, 4, 64) == (64, 32, 16, 8, 5)   # 5: room for 14 groups' sums
+    assert winograd.group_options(conv9, 4, 64) == (64, 32, 16, 13)     # 13: 5 groups' sums, its 205 MB of operands
     resnet = backends.geometry((128, 64, 56, 56), (64, 64, 3, 3), 1, 1)
     assert winograd.group_options(resnet, 4, 128) == (20, 10, 5, 3, 2)
     assert winograd.group_options(conv9, 4, 1) == (1,)
+
+
+def test_accgrad_partial_sums_stay_under_the_operands(settings):
+    """OverFeat-fast's conv5 at F(2x2), TF32 mode's only tile (b128, 151 MB of x and gy): session 31
+    tuned 8 groups, 512 MiB of partial sums; now one or two (64 MiB each) a chunk. ResNet's 512
+    planes at 7x7 (26 MB of operands) keep the four groups that fill the GPU (GROUP_FLOOR)."""
+    settings(winograd_workspace_mb=2048.0)
+    conv5 = backends.geometry((128, 1024, 12, 12), (1024, 1024, 3, 3), 1, 1)
+    assert winograd._group_cap(conv5) == 4 * 128 * 2 * 1024 * 144
+    assert winograd.group_options(conv5, 2, 64) == (64, 32)
+    assert winograd.accgrad_groups(conv5, 2, 64) == (64, 1)         # 1024 blocks in one group
+    layer4 = backends.geometry((128, 512, 7, 7), (512, 512, 3, 3), 1, 1)
+    assert winograd._group_cap(layer4) == winograd.GROUP_FLOOR
+    assert winograd.accgrad_groups(layer4, 2, 128) == (32, 4)
 
 
 def test_the_group_count_is_tuned_and_remembered(settings, tmp_path, rng):
@@ -182,9 +198,10 @@ def test_the_group_count_is_tuned_and_remembered(settings, tmp_path, rng):
     groups = {json.loads(k)[4]: v for k, v in records.items() if "winograd_groups" in k}
     g = backends.geometry(x.shape, (4, 3, 3, 3), 1, 1)
     ws = f"{backends.config.get('winograd_workspace_mb'):g}"
-    assert set(groups) == {f"winograd_groups_r2_f2_n6_ws{ws}", f"winograd_groups_r2_f4_n6_ws{ws}"}
+    assert set(groups) == {f"winograd_groups_r3_f2_n6_ws{ws}", f"winograd_groups_r3_f4_n6_ws{ws}"}
     for name, record in groups.items():
-        assert record["choice"] in winograd.group_options(g, int(name[17]), 6)
+        tile = int(name.split("_f")[1].split("_")[0])
+        assert record["choice"] in winograd.group_options(g, tile, 6)
 
 
 def test_toom_cook_matrices_compute_the_correlation_exactly():
