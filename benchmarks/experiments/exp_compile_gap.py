@@ -19,6 +19,9 @@ converted fp32, each eager and compiled with inductor, compiled rows last) and r
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
 
+With --tf32, the stock rows run PyTorch's TF32 defaults and the converted ones the framework's
+TF32 mode (bench_pytorch's "default" and "tf32" rows).
+
   python -m benchmarks.experiments.exp_compile_gap --net alexnet --batch 128 2> code.log
 """
 import argparse
@@ -28,7 +31,7 @@ import time
 from collections import Counter
 
 from benchmarks.bench_pytorch import IMAGE
-from benchmarks.harness import median_ms, set_tf32, torch_model
+from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
 LIBRARY_PARTS = ("/torch/", "/cupy/", "/cupy_backends/", "/contextlib.py", "/functools.py", "<frozen")
 
@@ -107,12 +110,18 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed steps per row")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--output-code", action="store_true", help="inductor's code for the converted model, to stderr")
+    ap.add_argument("--tf32", action="store_true",
+                    help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
     args = ap.parse_args()
 
     import torch
 
+    import backends
     from minitorch_fft.pytorch import convert, reuse_spectra
-    set_tf32("strict")
+    setup_cudnn(torch)                               # cuDNN's full search, as bench_pytorch's stock rows
+    set_tf32("tf32" if args.tf32 else "strict")
+    if args.tf32:
+        backends.config.set("tf32", True)            # the whole run (the stock rows do not read it)
     torch.manual_seed(0)
     base = torch_model(args.net, 1000)
     side = IMAGE.get(args.net, 224)
