@@ -45,7 +45,8 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_planes", "benchmarks.experiments.exp_step_error",
                 "benchmarks.experiments.exp_pytorch_host", "benchmarks.experiments.exp_gemm_1x1",
                 "benchmarks.experiments.exp_adapter_peak", "benchmarks.experiments.exp_profiler_residue",
-                "benchmarks.experiments.exp_graph_pool", "benchmarks.tune_coverage", "benchmarks.tune_zoo")
+                "benchmarks.experiments.exp_graph_pool", "benchmarks.experiments.exp_winograd_chunks",
+                "benchmarks.experiments.exp_compile_gap", "benchmarks.tune_coverage", "benchmarks.tune_zoo")
 
 
 def test_paper_result_files_are_one_per_network_set_and_step_candidate_set(settings):
@@ -1159,3 +1160,31 @@ def test_exp_step_error_tf32_rows_are_settings_the_config_takes():
     for settings in rows.values():
         with config.override(**settings):
             assert all(config.get(k) == v for k, v in settings.items())
+
+
+def test_exp_winograd_chunks_runs_both_factors_side_by_side_on_the_cpu(tmp_path, monkeypatch):
+    """The experiment's NumPy smoke run: a tiny layer whose chunks differ between the factors
+    (the floor off), results equal between them, the module's factor restored, files written."""
+    from backends import winograd
+    from benchmarks.experiments import exp_winograd_chunks as exp
+    monkeypatch.setitem(exp.LAYERS, "tiny", (3, 2, 3, 10))
+    monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
+    before = winograd.TRANSIENT_FACTOR
+    rows = exp.main(["--cpu", "--layers", "tiny", "--factors", "8,2", "--rounds", "2", "--repeat", "1",
+                     "--out", str(tmp_path)])
+    assert [(r["pass"], r["factor"]) for r in rows] == [(p, k) for p in ("fprop", "bprop", "accgrad") for k in (8, 2)]
+    by = {(r["pass"], r["factor"]): r for r in rows}
+    assert all(by[(p, 8)]["chunks"] == 1 and by[(p, 2)]["chunks"] == 3 for p in ("fprop", "bprop", "accgrad"))
+    assert all(r["rel_diff"] < 1e-6 and len(r["ms_rounds"]) == 2 for r in rows)
+    assert winograd.TRANSIENT_FACTOR == before
+    assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks.*")) == ["exp_winograd_chunks.json",
+                                                                               "exp_winograd_chunks.md"]
+
+
+def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
+    from benchmarks.experiments import exp_winograd_chunks as exp
+    for argv, says in ((["--layers", "nope"], "unknown layer"), (["--factors", "2,x"], "whole numbers"),
+                       (["--factors", "0"], "positive"), (["--rounds", "0"], "at least 1")):
+        with pytest.raises(SystemExit):
+            exp.main(["--cpu"] + argv)
+        assert says in capsys.readouterr().err

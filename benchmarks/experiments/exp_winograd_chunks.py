@@ -1,0 +1,167 @@
+"""Experiment (not a benchmark of record): winograd's batch chunks at two TRANSIENT_FACTOR values,
+side by side in one process, per layer and pass.
+
+Session 32 (benchmarks/NOTES.md): converted OverFeat-fast's TF32 step under torch.compile peaked
+67 MiB above PyTorch's, during conv5's fprop. There a chunk held its tiles and GEMM output: 288 MiB,
+twice the pass's operands (TRANSIENT_FACTOR 2). Branch s32-winograd-transients (factor 1: three
+chunks of 43 images) brought the peak under PyTorch's. It ran on another machine, though, and its
+step was 3 % slower in a CUDA graph. This measures the cost of the smaller chunks apart from the
+host.
+
+Per layer, pass and factor it reports:
+- the chunks (count, images in the first);
+- the memory the pass takes from an empty CuPy pool (the pool's bytes after one call: the pass's
+  peak, rounded up to the pool's blocks), beside its operands';
+- the median time (CUDA events; the factors take turns, round by round, so drift on the device
+  falls on both);
+- the relative difference between the factors' results.
+
+The tile is the mode's: F(2x2) in TF32 mode (--tf32); in strict fp32 the one winograd tunes (its
+tuning cache is backends.config's). accGrad's group count is tuned per chunk size, so each factor
+tunes its own in the first round's warm-up.
+
+  python -m benchmarks.experiments.exp_winograd_chunks --tf32
+  python -m benchmarks.experiments.exp_winograd_chunks --layers overfeat_fast.conv5 --factors 2,1 --rounds 5
+"""
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+from backends import config, winograd
+from benchmarks.harness import PASSES, RESULTS_DIR, median_ms, provenance, write_results
+
+# name: (batch, f, f', h = w); 3x3, stride 1, padding 1
+LAYERS = {
+    "overfeat_fast.conv4": (128, 512, 1024, 12),
+    "overfeat_fast.conv5": (128, 1024, 1024, 12),
+    "vgg16.conv1_2": (64, 64, 64, 224),
+    "vgg16.conv4_2": (64, 512, 512, 28),
+    "vgg16.conv5_1": (64, 512, 512, 14),
+}
+COLUMNS = [("layer", "layer", ""), ("pass", "pass", ""), ("factor", "factor", ""), ("chunks", "chunks", ""),
+           ("images a chunk", "chunk_images", ""), ("operands MiB", "operands_mib", ".1f"),
+           ("pool MiB", "pool_mib", ".1f"), ("ms", "ms", ".3f"), ("ms by round", "ms_rounds", ""),
+           ("vs the first factor", "vs_first_factor", ".3f"), ("rel diff", "rel_diff", ".1e")]
+
+
+def run(xp, name, pass_name, arrays):
+    """One call of winograd's pass on the layer's arrays (x, w, gy)."""
+    x, w, gy = arrays
+    if pass_name == "fprop":
+        return winograd.fprop(x, w, padding=(1, 1))
+    if pass_name == "bprop":
+        return winograd.bprop(gy, w, x.shape, padding=(1, 1))
+    return winograd.accgrad(gy, x, w.shape, padding=(1, 1))
+
+
+def pool_mib(xp, fn):
+    """MiB a fresh CuPy pool holds after fn(): the call's peak, in the pool's blocks (0 on NumPy)."""
+    if xp is np:
+        fn()
+        return 0.0
+    pool = xp.cuda.MemoryPool()
+    with xp.cuda.using_allocator(pool.malloc):
+        out = fn()
+        xp.cuda.Device().synchronize()
+        held = pool.total_bytes()
+    del out
+    return held / 2**20
+
+
+def measure(xp, names, factors, rounds, repeat, batch=None):
+    """Rows of COLUMNS: every layer, pass and factor."""
+    rows = []
+    lib = "cpu" if xp is np else "cupy"
+    for name in names:
+        S, f, fo, hw = LAYERS[name]
+        S = batch or S
+        rng = np.random.default_rng(0)
+        arrays = [xp.asarray(rng.standard_normal(shape, dtype=np.float32))
+                  for shape in ((S, f, hw, hw), (fo, f, 3, 3), (S, fo, hw, hw))]
+        operands = (arrays[0].nbytes + arrays[2].nbytes) / 2**20
+        for pass_name in PASSES:
+            times = {k: [] for k in factors}
+            out, memory = {}, {}
+            for r in range(rounds):
+                for k in factors:
+                    winograd.TRANSIENT_FACTOR = k
+                    fn = lambda: run(xp, name, pass_name, arrays)   # noqa: E731
+                    if r == 0:
+                        out[k] = fn()                               # tunes the tile and the groups
+                        memory[k] = pool_mib(xp, fn)
+                    times[k].append(median_ms(fn, lib, warmup=1, repeat=repeat))
+            first = statistics.median(times[factors[0]])
+            for k in factors:
+                winograd.TRANSIENT_FACTOR = k
+                chunks = winograd._conv_chunks(S, f, fo, (hw, hw), (hw, hw), _tile(xp, pass_name, S, f, fo, hw))
+                ms = statistics.median(times[k])
+                diff = float(xp.linalg.norm(out[k] - out[factors[0]]) / xp.linalg.norm(out[factors[0]]))
+                rows.append(dict(layer=name, **{"pass": pass_name}, factor=k, chunks=len(chunks),
+                                 chunk_images=chunks[0].stop - chunks[0].start, operands_mib=round(operands, 1),
+                                 pool_mib=round(memory[k], 1), ms=round(ms, 4),
+                                 ms_rounds=[round(t, 4) for t in times[k]], vs_first_factor=round(first / ms, 3),
+                                 rel_diff=diff))
+                print(f"{name:20} {pass_name:8} factor {k}: {len(chunks)} chunk(s), pool {memory[k]:7.1f} MiB "
+                      f"(operands {operands:.1f}), {ms:.3f} ms ({first / ms:.3f}x factor {factors[0]}), "
+                      f"diff {diff:.1e}", flush=True)
+        del arrays
+    return rows
+
+
+def _tile(xp, pass_name, S, f, fo, hw):
+    """The tile winograd ran: the only variant, or its tuned choice (tuning.remembered's record)."""
+    from backends import cgemm
+    options = winograd.variants(cgemm.mode(xp))
+    if len(options) == 1:
+        return options[0]
+    g = winograd.check_geometry((S, f, hw, hw), (fo, f, 3, 3), (1, 1), (1, 1))
+    return winograd._tile(xp, pass_name, g, None, None)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", default="overfeat_fast.conv4,overfeat_fast.conv5,vgg16.conv1_2",
+                    help="comma-separated, of: " + ", ".join(LAYERS))
+    ap.add_argument("--factors", default="2,1", help="TRANSIENT_FACTOR values, the first the baseline")
+    ap.add_argument("--tf32", action="store_true", help="the framework's TF32 mode (Winograd F(2x2) alone)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5, help="timed calls a round")
+    ap.add_argument("--batch", type=int, default=None, help="one batch for every layer (default: the table's)")
+    ap.add_argument("--cpu", action="store_true", help="NumPy (a smoke run: the chunking, not the GPU's times)")
+    ap.add_argument("--out", default=str(RESULTS_DIR))
+    args = ap.parse_args(argv)
+    names = args.layers.split(",")
+    unknown = [n for n in names if n not in LAYERS]
+    if unknown:
+        ap.error(f"unknown layer(s) {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
+    try:
+        factors = [int(k) for k in args.factors.split(",")]
+    except ValueError:
+        ap.error(f"--factors takes whole numbers separated by commas, got {args.factors!r}")
+    if not factors or min(factors) <= 0:
+        ap.error(f"--factors must be positive, got {args.factors!r}")
+    if args.rounds < 1 or args.repeat < 1:
+        ap.error("--rounds and --repeat must be at least 1")
+    if args.cpu:
+        xp = np
+    else:
+        import cupy as xp
+    saved = winograd.TRANSIENT_FACTOR
+    try:
+        with config.override(tf32=args.tf32):
+            rows = measure(xp, names, factors, args.rounds, args.repeat, args.batch)
+    finally:
+        winograd.TRANSIENT_FACTOR = saved
+    device = "cpu-numpy" if xp is np else xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    meta = provenance(device, command_line=" ".join(sys.argv[1:] if argv is None else argv), tf32=args.tf32,
+                      factors=factors, rounds=args.rounds, repeat=args.repeat)
+    name = "exp_winograd_chunks" + ("_tf32" if args.tf32 else "")
+    write_results(name, meta, rows, COLUMNS, "Winograd's batch chunks at two transient bounds, side by side",
+                  out_dir=args.out, subdir="experiments")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
