@@ -317,8 +317,8 @@ def _most_groups(g, m):
 
 def group_options(g, m, images):
     """The images-per-group counts accGrad's tuning times for a chunk of `images`: the accuracy
-    rule's (GROUP_TILES tiles a group at most, and the workspace's cap on the groups), then 2, 4,
-    8 and 16 times as many groups, and accgrad_groups' own pick; largest groups first."""
+    rule's (GROUP_TILES tiles a group at most, and _group_cap's on the groups), then 2, 4, 8 and
+    16 times as many groups, and accgrad_groups' own pick; largest groups first."""
     per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
     fewest = -(-images // _most_groups(g, m))
     base = min(images, max(1, GROUP_TILES // per_image, fewest))

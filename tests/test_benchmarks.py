@@ -1184,7 +1184,8 @@ def test_exp_winograd_chunks_runs_both_factors_side_by_side_on_the_cpu(tmp_path,
 def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
     from benchmarks.experiments import exp_winograd_chunks as exp
     for argv, says in ((["--layers", "nope"], "unknown layer"), (["--factors", "2,x"], "whole numbers"),
-                       (["--factors", "0"], "positive"), (["--rounds", "0"], "at least 1")):
+                       (["--factors", "0"], "positive"), (["--factors", "2,2"], "distinct"),
+                       (["--rounds", "0"], "at least 1"), (["--batch", "0"], "at least 1")):
         with pytest.raises(SystemExit):
             exp.main(["--cpu"] + argv)
         assert says in capsys.readouterr().err

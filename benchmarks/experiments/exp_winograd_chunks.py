@@ -9,9 +9,10 @@ step was 3 % slower in a CUDA graph. This measures the cost of the smaller chunk
 host.
 
 Per layer, pass and factor it reports:
-- the chunks (count, images in the first);
-- the memory the pass takes from an empty CuPy pool (the pool's bytes after one call: the pass's
-  peak, rounded up to the pool's blocks), beside its operands';
+- the chunks the pass ran (count, images in the first);
+- the memory the pass takes from an empty CuPy pool (the pool's bytes after one call: an upper
+  bound on the pass's peak, since the pool does not reuse a freed block for a larger request),
+  beside its operands';
 - the median time (CUDA events; the factors take turns, round by round, so drift on the device
   falls on both);
 - the relative difference between the factors' results.
@@ -57,7 +58,7 @@ def run(xp, name, pass_name, arrays):
 
 
 def pool_mib(xp, fn):
-    """MiB a fresh CuPy pool holds after fn(): the call's peak, in the pool's blocks (0 on NumPy)."""
+    """MiB a fresh CuPy pool holds after fn(): at least the call's peak (0 on NumPy)."""
     if xp is np:
         fn()
         return 0.0
@@ -83,19 +84,18 @@ def measure(xp, names, factors, rounds, repeat, batch=None):
         operands = (arrays[0].nbytes + arrays[2].nbytes) / 2**20
         for pass_name in PASSES:
             times = {k: [] for k in factors}
-            out, memory = {}, {}
+            out, memory, used = {}, {}, {}
             for r in range(rounds):
                 for k in factors:
                     winograd.TRANSIENT_FACTOR = k
                     fn = lambda: run(xp, name, pass_name, arrays)   # noqa: E731
                     if r == 0:
-                        out[k] = fn()                               # tunes the tile and the groups
+                        out[k], used[k] = chunks_of(fn)             # tunes the tile and the groups
                         memory[k] = pool_mib(xp, fn)
                     times[k].append(median_ms(fn, lib, warmup=1, repeat=repeat))
             first = statistics.median(times[factors[0]])
             for k in factors:
-                winograd.TRANSIENT_FACTOR = k
-                chunks = winograd._conv_chunks(S, f, fo, (hw, hw), (hw, hw), _tile(xp, pass_name, S, f, fo, hw))
+                chunks = used[k]
                 ms = statistics.median(times[k])
                 diff = float(xp.linalg.norm(out[k] - out[factors[0]]) / xp.linalg.norm(out[factors[0]]))
                 rows.append(dict(layer=name, **{"pass": pass_name}, factor=k, chunks=len(chunks),
@@ -110,14 +110,22 @@ def measure(xp, names, factors, rounds, repeat, batch=None):
     return rows
 
 
-def _tile(xp, pass_name, S, f, fo, hw):
-    """The tile winograd ran: the only variant, or its tuned choice (tuning.remembered's record)."""
-    from backends import cgemm
-    options = winograd.variants(cgemm.mode(xp))
-    if len(options) == 1:
-        return options[0]
-    g = winograd.check_geometry((S, f, hw, hw), (fo, f, 3, 3), (1, 1), (1, 1))
-    return winograd._tile(xp, pass_name, g, None, None)
+def chunks_of(fn):
+    """(fn(), the batch slices winograd._conv_chunks gave the pass it ran): the chunks as run, the
+    tile winograd chose included."""
+    seen, own = [], winograd._conv_chunks
+
+    def recording(*args):
+        seen.append(own(*args))
+        return seen[-1]
+    winograd._conv_chunks = recording
+    try:
+        out = fn()
+    finally:
+        winograd._conv_chunks = own
+    if not seen:
+        raise RuntimeError("the pass made no chunks: winograd._conv_chunks was not called")
+    return out, seen[-1]
 
 
 def main(argv=None):
@@ -140,8 +148,10 @@ def main(argv=None):
         factors = [int(k) for k in args.factors.split(",")]
     except ValueError:
         ap.error(f"--factors takes whole numbers separated by commas, got {args.factors!r}")
-    if not factors or min(factors) <= 0:
-        ap.error(f"--factors must be positive, got {args.factors!r}")
+    if not factors or min(factors) <= 0 or len(set(factors)) < len(factors):
+        ap.error(f"--factors must be positive and distinct, got {args.factors!r}")
+    if args.batch is not None and args.batch < 1:
+        ap.error(f"--batch must be at least 1, got {args.batch}")
     if args.rounds < 1 or args.repeat < 1:
         ap.error("--rounds and --repeat must be at least 1")
     if args.cpu:
