@@ -1167,7 +1167,7 @@ def test_exp_winograd_chunks_runs_both_factors_side_by_side_on_the_cpu(tmp_path,
     (the floor off), results equal between them, the module's factor restored, files written."""
     from backends import winograd
     from benchmarks.experiments import exp_winograd_chunks as exp
-    monkeypatch.setitem(exp.LAYERS, "tiny", (3, 2, 3, 10))
+    monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))     # (f, f', h = w, batch)
     monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
     before = winograd.TRANSIENT_FACTOR
     rows = exp.main(["--cpu", "--layers", "tiny", "--factors", "8,2", "--rounds", "2", "--repeat", "1",

@@ -31,23 +31,21 @@ import sys
 import numpy as np
 
 from backends import config, winograd
+from benchmarks import bench_winograd
 from benchmarks.harness import PASSES, RESULTS_DIR, median_ms, provenance, write_results
 
-# name: (batch, f, f', h = w); 3x3, stride 1, padding 1
-LAYERS = {
-    "overfeat_fast.conv4": (128, 512, 1024, 12),
-    "overfeat_fast.conv5": (128, 1024, 1024, 12),
-    "vgg16.conv1_2": (64, 64, 64, 224),
-    "vgg16.conv4_2": (64, 512, 512, 28),
-    "vgg16.conv5_1": (64, 512, 512, 14),
-}
+# name: (f, f', h = w, batch), as bench_winograd's table (3x3, stride 1, padding 1), and
+# OverFeat-fast's two 1024-plane layers, where auto runs winograd in TF32 mode
+LAYERS = {**{name: bench_winograd.LAYERS[name] for name in ("vgg16.conv1_2", "vgg16.conv4_2", "vgg16.conv5_1")},
+          "overfeat_fast.conv4": (512, 1024, 12, 128),
+          "overfeat_fast.conv5": (1024, 1024, 12, 128)}
 COLUMNS = [("layer", "layer", ""), ("pass", "pass", ""), ("factor", "factor", ""), ("chunks", "chunks", ""),
            ("images a chunk", "chunk_images", ""), ("operands MiB", "operands_mib", ".1f"),
            ("pool MiB", "pool_mib", ".1f"), ("ms", "ms", ".3f"), ("ms by round", "ms_rounds", ""),
            ("vs the first factor", "vs_first_factor", ".3f"), ("rel diff", "rel_diff", ".1e")]
 
 
-def run(xp, name, pass_name, arrays):
+def run(pass_name, arrays):
     """One call of winograd's pass on the layer's arrays (x, w, gy)."""
     x, w, gy = arrays
     if pass_name == "fprop":
@@ -76,7 +74,7 @@ def measure(xp, names, factors, rounds, repeat, batch=None):
     rows = []
     lib = "cpu" if xp is np else "cupy"
     for name in names:
-        S, f, fo, hw = LAYERS[name]
+        f, fo, hw, S = LAYERS[name]
         S = batch or S
         rng = np.random.default_rng(0)
         arrays = [xp.asarray(rng.standard_normal(shape, dtype=np.float32))
@@ -88,7 +86,7 @@ def measure(xp, names, factors, rounds, repeat, batch=None):
             for r in range(rounds):
                 for k in factors:
                     winograd.TRANSIENT_FACTOR = k
-                    fn = lambda: run(xp, name, pass_name, arrays)   # noqa: E731
+                    fn = lambda: run(pass_name, arrays)   # noqa: E731
                     if r == 0:
                         out[k], used[k] = chunks_of(fn)             # tunes the tile and the groups
                         memory[k] = pool_mib(xp, fn)
