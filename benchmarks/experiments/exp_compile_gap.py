@@ -33,6 +33,8 @@ from collections import Counter
 from benchmarks.bench_pytorch import IMAGE
 from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
+ROWS = {"stock eager": (False, False), "converted eager": (True, False),   # label: (converted, compiled)
+        "stock compiled": (False, True), "converted compiled": (True, True)}
 LIBRARY_PARTS = ("/torch/", "/cupy/", "/cupy_backends/", "/contextlib.py", "/functools.py", "<frozen")
 
 
@@ -110,9 +112,16 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed steps per row")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--output-code", action="store_true", help="inductor's code for the converted model, to stderr")
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help="comma-separated, of: " + ", ".join(ROWS) + ". A row profiled before another can "
+                         "slow the other's host (a hypothesis of session 33: torch.profiler leaves CUPTI attached); "
+                         "run one alone to compare")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
     args = ap.parse_args()
+    rows = [r.strip() for r in args.rows.split(",")]
+    if any(r not in ROWS for r in rows):
+        ap.error(f"unknown row in --rows {args.rows!r}; choose from {', '.join(ROWS)}")
 
     import torch
 
@@ -128,8 +137,8 @@ def main():
     x = torch.randn(args.batch, 3, side, side, device="cuda")
     y = torch.randint(0, 1000, (args.batch,), device="cuda")
     summary = []
-    for label, converted, compiled in [("stock eager", False, False), ("converted eager", True, False),
-                                       ("stock compiled", False, True), ("converted compiled", True, True)]:
+    for label in rows:
+        converted, compiled = ROWS[label]
         model = copy.deepcopy(base).cuda()
         if converted:
             convert(model)
