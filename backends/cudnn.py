@@ -16,7 +16,7 @@ does with no limit, over a superset of its candidates: every plan cuDNN's heuris
 B and its fallback list propose (deduplicated), plus every other engine of the graph at its
 default knobs; each plan that builds within the workspace bound runs once on the call's own data,
 is checked against `gemm` and timed by backends.tuning's recipe in bursts of SEARCH_INNER back-to-back
-runs (a plan whose checked run is over
+runs (a plan whose checked run and a second run are over
 FIRST_RUN_CUTOFF x the best so far is not timed, one over HOPELESS x the best after a round is
 timed no more). The winner is remembered in the tuning cache as its cuDNN
 plan name, engine id and knobs, which rebuild exactly that plan on a fresh graph
@@ -70,10 +70,14 @@ CHECK_TOL = 1e-4
 # After a timing round, a plan over 1.3x the best is timed no more: the rounds' spread is a few
 # per cent, so it cannot win, and the search's time goes to the plans that can.
 HOPELESS = 1.3
-# A plan whose first (checked) run takes over 10x the best first run so far, plus 2 ms for a first
-# launch's one-time costs (module load), is not timed: the search's time is bounded by one run of
-# each plan that cannot win, not seven (engine 0 at its default knobs ran 29-115x slower than the
-# best plan on VGG-16 conv4_2 and AlexNet conv2 accGrad on an H100).
+# A plan whose first (checked) run takes over 10x the best first run so far, plus 2 ms, and whose
+# second run does too, is not timed: the search's time is bounded by two runs of each plan that
+# cannot win, not seven (engine 0 at its default knobs ran 29-115x slower than the best plan on
+# VGG-16 conv4_2 and AlexNet conv2 accGrad on an H100). The second run, since session 33: a first
+# launch's one-time cost can be far over 2 ms. OverFeat-fast conv1's bprop (11x11, stride 4, b128,
+# H200, exp_cudnn_plans): engine 50's first run took 86 ms, its second 0.82, its median 0.75, the
+# plan PyTorch's strict search runs (the same kernels); cut after one run, the search chose engine
+# 4 at 0.95 ms and auto lost the pass to cuDNN strict (0.963x).
 FIRST_RUN_CUTOFF, FIRST_RUN_SLACK_MS = 10, 2.0
 # Plans are timed in bursts of this many back-to-back runs (tuning.timeit's inner), as a step and
 # table3 run them: timed one run per event pair, a 0.3 ms pass's launch latency hid a 6 % difference
@@ -81,14 +85,15 @@ FIRST_RUN_CUTOFF, FIRST_RUN_SLACK_MS = 10, 2.0
 # eng67_k2=4_k27=4 at 0.3237 ms and eng67_k2=1_k27=8 at 0.3246; table3 gave them 0.331 and 0.312).
 SEARCH_INNER = 4   # costs 4x the runs of the timed rounds (24 a round per plan, against 6)
 HEURISTICS = ("A", "B", "FALLBACK")   # the heuristic modes whose plans are searched
+SEARCH_REVISION = 2   # in the tuning key and revision(): plans searched before it are searched again
 UNTUNED_HEURISTICS = ("A", "FALLBACK")  # cudnn_tune=off: the first of these plans that builds
 
 
 def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="fp32"):
     """auto's cue to time cudnn again (backends.auto): 1 since its plans are searched in bursts
     (SEARCH_INNER), so a choice between cudnn and the other backends made with a plan chosen the
-    old way is made again."""
-    return 1
+    old way is made again; 2 since a slow first run gets a second (FIRST_RUN_CUTOFF)."""
+    return SEARCH_REVISION
 
 
 @functools.lru_cache(maxsize=None)
@@ -430,9 +435,12 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape):
         if name in ran:
             return plan.run(cp, a, b, out)
         ran.add(name)
-        ms = tuning.timeit(lambda: plan.run(cp, a, b, out), cp, warmup=0, repeat=1)
-        if first_ms and ms > FIRST_RUN_CUTOFF * min(first_ms.values()) + FIRST_RUN_SLACK_MS:
-            raise TimeoutError(f"its first run took {ms:.3f} ms, over {FIRST_RUN_CUTOFF}x the best plan's "
+        for attempt in ("first", "second"):   # a second: the first can pay a one-time cost (FIRST_RUN_CUTOFF)
+            ms = tuning.timeit(lambda: plan.run(cp, a, b, out), cp, warmup=0, repeat=1)
+            if not first_ms or ms <= FIRST_RUN_CUTOFF * min(first_ms.values()) + FIRST_RUN_SLACK_MS:
+                break
+        else:
+            raise TimeoutError(f"its {attempt} run took {ms:.3f} ms, over {FIRST_RUN_CUTOFF}x the best plan's "
                                f"({min(first_ms.values()):.3f} ms) + {FIRST_RUN_SLACK_MS} ms: not timed")
         if tuning.rel_error(cp, out, reference) <= tol:   # tune() checks it again, and says why not
             first_ms[name] = ms
@@ -503,8 +511,8 @@ def _prepare(cp, pass_name, g, math, limit, search, a, b, out_shape):
 def tuning_key(cp, g, pass_name, math, limit):
     """The tuning cache's key of a pass's plan choice: the workspace bound `limit` (bytes) is in it,
     since it decides which plans compete; "_b" since plans are timed in bursts (SEARCH_INNER), so
-    choices timed one run at a time are searched again."""
-    return tuning.key(cp, np.float32, g, pass_name, f"cudnn@{limit}B_b{SEARCH_INNER}", math=math)
+    choices timed one run at a time are searched again; "_s" the search's revision (SEARCH_REVISION)."""
+    return tuning.key(cp, np.float32, g, pass_name, f"cudnn@{limit}B_b{SEARCH_INNER}_s{SEARCH_REVISION}", math=math)
 
 
 def _reference(pass_name, g, a, b):
