@@ -103,8 +103,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     F(2x2) at the TF32 tolerance, one since session 31 runs F(2x2) alone there (variants): the
     choices timed with F(4x4) are timed again. fprop and bprop 1 since their batch chunks are
     bounded by their operands too (_chunks, session 23); accGrad 3 since its chunks and partial
-    sums are too (session 32). The tile's own tuning record is keyed by it too."""
-    return (3 if pass_name == "accgrad" else 1) + 2 * (math == "tf32")
+    sums are too (session 32); fprop 2 since its bound is once its operands (session 33). The
+    tile's own tuning record is keyed by it too."""
+    return {"fprop": 2, "bprop": 1, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -127,13 +128,19 @@ def tiles(oh, ow, m):
     return -(-oh // m), -(-ow // m)
 
 
-TRANSIENT_FACTOR = 2             # a chunk's tiles: at most this times the pass's operands,
-TRANSIENT_FLOOR = 256 << 20      # or this many bytes where that is more (_chunks)
+# A chunk's tiles: at most this times the pass's operands (per pass), or TRANSIENT_FLOOR bytes where
+# that is more (_chunks). fprop at 1: it runs while the forward holds every activation the backward
+# will take, and there converted OverFeat-fast's compiled TF32 step peaked, 67 MiB over PyTorch's
+# (conv5's fprop, session 32). The backward passes at 2: at 1 their smaller chunks cost more (conv5,
+# F(2x2), H200, exp_winograd_chunks, session 33: fprop 0.893 ms against 0.798, bprop 0.884 against
+# 0.787, accGrad 1.118 against 0.892).
+TRANSIENT_FACTOR = {"fprop": 1, "bprop": 2, "accgrad": 2}
+TRANSIENT_FLOOR = 256 << 20
 
 
-def _chunks(S, per_image_floats, operand_floats):
+def _chunks(S, per_image_floats, operand_floats, factor):
     """Slices of the batch whose transformed tiles (per_image_floats an image) fit
-    winograd_workspace_mb (one image at least) and hold at most TRANSIENT_FACTOR times the pass's
+    winograd_workspace_mb (one image at least) and hold at most `factor` times the pass's
     operands (operand_floats an image: its input and output planes), or TRANSIENT_FLOOR bytes
     where that is more.
 
@@ -145,18 +152,18 @@ def _chunks(S, per_image_floats, operand_floats):
     workspace's bound alone until F(2x2) became the TF32 mode's only tile (session 31): its
     whole-batch tiles there (604 MB) and its partial sums (_group_cap) put the converted TF32 step
     ~600 MiB above PyTorch's; since session 32 it is bounded like the others."""
-    bound = min(config.mib_bytes("winograd_workspace_mb"),
-                max(TRANSIENT_FACTOR * 4 * S * operand_floats, TRANSIENT_FLOOR))
+    bound = min(config.mib_bytes("winograd_workspace_mb"), max(factor * 4 * S * operand_floats, TRANSIENT_FLOOR))
     return batch_slices(S, bound // (4 * per_image_floats))
 
 
-def _conv_chunks(S, f, fo, in_hw, out_hw, m):
+def _conv_chunks(pass_name, S, f, fo, in_hw, out_hw, m):
     """_chunks of a pass at F(m x m) from f planes of in_hw to fo planes of out_hw: an image's
     tiles are alpha^2 times the output's tile count times (f + fo) floats, bounded by the
-    workspace and by the images' own planes."""
+    workspace and by the images' own planes (TRANSIENT_FACTOR[pass_name] times)."""
     alpha = m + R - 1
     th, tw = tiles(*out_hw, m)
-    return _chunks(S, alpha * alpha * th * tw * (f + fo), _planes(f, fo, in_hw, out_hw))
+    return _chunks(S, alpha * alpha * th * tw * (f + fo), _planes(f, fo, in_hw, out_hw),
+                   TRANSIENT_FACTOR[pass_name])
 
 
 def _planes(f, fo, in_hw, out_hw):
@@ -170,7 +177,7 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0), tile=None):
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, 3, 3)."""
     xp, x, w = check_arrays(x=x, w=w)
     g = check_geometry(x.shape, w.shape, stride, padding)
-    run = lambda m: _conv(xp, x, _weight_transform(xp, w, m), (g.ph, g.pw), (g.oh, g.ow), m)   # noqa: E731
+    run = lambda m: _conv(xp, x, _weight_transform(xp, w, m), (g.ph, g.pw), (g.oh, g.ow), m, "fprop")   # noqa: E731
     return run(_tile(xp, "fprop", g, tile, run))
 
 
@@ -180,7 +187,7 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), tile=None):
     g = check_geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     pad = (R - 1 - g.ph, R - 1 - g.pw)                                # negative: the plane is cropped
-    run = lambda m: _conv(xp, gy, _weight_transform(xp, w, m, rotate=True), pad, (g.h, g.w), m)   # noqa: E731
+    run = lambda m: _conv(xp, gy, _weight_transform(xp, w, m, rotate=True), pad, (g.h, g.w), m, "bprop")  # noqa: E731
     return run(_tile(xp, "bprop", g, tile, run))
 
 
@@ -246,14 +253,15 @@ def _weight_transform(xp, w, m, rotate=False):
     return np.ascontiguousarray(u.reshape(alpha * alpha, *w.shape[:2]), dtype=np.float32)
 
 
-def _conv(xp, x, u, pad, out_hw, m):
+def _conv(xp, x, u, pad, out_hw, m, pass_name):
     """y (S, fo, oh, ow): x (S, f, h, w) correlated with the filters whose transform is u
-    (alpha^2, fo, f), x read at offset -pad (zeros outside it), every output tile clipped."""
+    (alpha^2, fo, f), x read at offset -pad (zeros outside it), every output tile clipped; in
+    pass_name's chunks (fprop or bprop)."""
     S, f, h, w = x.shape
     fo, (oh, ow) = u.shape[1], out_hw
     th, tw = tiles(oh, ow, m)
     y = xp.empty((S, fo, oh, ow), dtype=np.float32)
-    for sl in _conv_chunks(S, f, fo, (h, w), (oh, ow), m):
+    for sl in _conv_chunks(pass_name, S, f, fo, (h, w), (oh, ow), m):
         n = sl.stop - sl.start
         v = _input_transform(xp, x[sl], pad, th, tw, m)             # (alpha^2, f, n*th*tw)
         prod = cgemm.matmul(xp, u, v)                               # (alpha^2, fo, n*th*tw)
@@ -348,7 +356,7 @@ def _per_group(xp, g, m, images, run):
 def _accgrad(xp, gy, x, g, m):
     """gw = G^T [sum over tiles of Z V^T] G: each group's sum by the GEMM (the chunks' added into
     it), the groups' sums and the transform in float64; the images a group, tuned (_per_group)."""
-    chunks = _conv_chunks(g.S, g.f, g.fo, (g.h, g.w), (g.oh, g.ow), m)
+    chunks = _conv_chunks("accgrad", g.S, g.f, g.fo, (g.h, g.w), (g.oh, g.ow), m)
     images = chunks[0].stop - chunks[0].start
     run = lambda per: _accgrad_grouped(xp, gy, x, g, m, chunks, per)   # noqa: E731
     return run(_per_group(xp, g, m, images, run))

@@ -176,7 +176,7 @@ def fprop_stages(x, w, pad, args):
     out = []
     for m in winograd.TILES:
         th, tw = winograd.tiles(h, wd, m)
-        first = winograd._conv_chunks(S, f, w.shape[0], (h, wd), (h, wd), m)[0]
+        first = winograd._conv_chunks("fprop", S, f, w.shape[0], (h, wd), (h, wd), m)[0]
         n = first.stop - first.start
         xc = x[:n]
         u = winograd._weight_transform(cp, w, m)

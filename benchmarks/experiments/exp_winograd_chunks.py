@@ -6,7 +6,8 @@ Session 32 (benchmarks/NOTES.md): converted OverFeat-fast's TF32 step under torc
 twice the pass's operands (TRANSIENT_FACTOR 2). Branch s32-winograd-transients (factor 1: three
 chunks of 43 images) brought the peak under PyTorch's. It ran on another machine, though, and its
 step was 3 % slower in a CUDA graph. This measures the cost of the smaller chunks apart from the
-host.
+host. (Session 33 ran it, then bounded fprop alone at once its operands: TRANSIENT_FACTOR is per
+pass since, and the factors given here are the measured pass's, the others' left as they are.)
 
 Per layer, pass and factor it reports:
 - the chunks the pass ran (count, images in the first);
@@ -71,7 +72,7 @@ def pool_mib(xp, fn):
 
 def measure(xp, names, factors, rounds, repeat, batch=None):
     """Rows of COLUMNS: every layer, pass and factor."""
-    rows = []
+    rows, base = [], dict(winograd.TRANSIENT_FACTOR)   # the module's bound of each pass; one pass's varied
     lib = "cpu" if xp is np else "cupy"
     for name in names:
         f, fo, hw, S = LAYERS[name]
@@ -85,7 +86,7 @@ def measure(xp, names, factors, rounds, repeat, batch=None):
             out, memory, used = {}, {}, {}
             for r in range(rounds):
                 for k in factors:
-                    winograd.TRANSIENT_FACTOR = k
+                    winograd.TRANSIENT_FACTOR = {**base, pass_name: k}
                     fn = lambda: run(pass_name, arrays)   # noqa: E731
                     if r == 0:
                         out[k], used[k] = chunks_of(fn)             # tunes the tile and the groups
@@ -130,7 +131,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="overfeat_fast.conv4,overfeat_fast.conv5,vgg16.conv1_2",
                     help="comma-separated, of: " + ", ".join(LAYERS))
-    ap.add_argument("--factors", default="2,1", help="TRANSIENT_FACTOR values, the first the baseline")
+    ap.add_argument("--factors", default="2,1", help="TRANSIENT_FACTOR values of the pass measured, the first "
+                    "the baseline")
     ap.add_argument("--tf32", action="store_true", help="the framework's TF32 mode (Winograd F(2x2) alone)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=5, help="timed calls a round")
