@@ -16,6 +16,9 @@ converted fp32, each eager and compiled with inductor, compiled rows last) and r
   its allocations replayed to the peak, grouped by the innermost frame outside torch and CuPy
   (inductor's generated code names its line; ours names the backend).
 
+With --python N, each row also lists the Python functions with the most own time (cProfile over N
+steps), to find where a compiled row's host time goes.
+
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
 
@@ -89,6 +92,26 @@ def profile_step(step, steps, top):
     return sum(kernels.values()), kernels.most_common(top), host.most_common(top)
 
 
+def python_profile(step, steps, top):
+    """[(own ms a step, calls a step, 'file:line function')]: the Python functions with the most own
+    time over `steps` steps under cProfile (its overhead inflates every figure; compare rows)."""
+    import cProfile
+    import pstats
+
+    import torch
+    profiler = cProfile.Profile()
+    torch.cuda.synchronize()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler).stats   # (file, line, function): (primitive, calls, own s, cumulative s, callers)
+    rows = sorted(((own * 1e3 / steps, calls / steps, f"{'/'.join(file.split('/')[-2:])}:{line} {fn}")
+                   for (file, line, fn), (_, calls, own, _, _) in stats.items()), reverse=True)
+    return rows[:top]
+
+
 def memory_at_peak(step):
     """(peak MiB of one step above what was allocated before it, [(where, MiB)])."""
     import torch
@@ -116,6 +139,8 @@ def main():
                     help="comma-separated, of: " + ", ".join(ROWS) + ". A row profiled before another can "
                          "slow the other's host (a hypothesis of session 33: torch.profiler leaves CUPTI attached); "
                          "run one alone to compare")
+    ap.add_argument("--python", type=int, default=0, metavar="N",
+                    help="also list each row's Python functions with the most own time over N steps (cProfile)")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
     args = ap.parse_args()
@@ -184,6 +209,10 @@ def main():
         print("alive at the peak (MiB), by where it was allocated:")
         for w, mib in groups:
             print(f"  {mib:8.1f}  {w}")
+        if args.python:
+            print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
+            for own, calls, name in python_profile(step, args.python, args.top * 2):
+                print(f"  {own:7.3f}  {calls:6.1f}  {name}")
         summary.append((label, ms, issue, kernel_ms, peak_mib))
         del model, run, opt, step
         torch.cuda.synchronize()
