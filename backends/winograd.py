@@ -103,9 +103,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     F(2x2) at the TF32 tolerance, one since session 31 runs F(2x2) alone there (variants): the
     choices timed with F(4x4) are timed again. fprop and bprop 1 since their batch chunks are
     bounded by their operands too (_chunks, session 23); accGrad 3 since its chunks and partial
-    sums are too (session 32); fprop 2 since its bound is once its operands (session 33). The
+    sums are too (session 32); bprop 2 since its bound is once its operands (session 33). The
     tile's own tuning record is keyed by it too."""
-    return {"fprop": 2, "bprop": 1, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
+    return {"fprop": 1, "bprop": 2, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -129,12 +129,13 @@ def tiles(oh, ow, m):
 
 
 # A chunk's tiles: at most this times the pass's operands (per pass), or TRANSIENT_FLOOR bytes where
-# that is more (_chunks). fprop at 1: it runs while the forward holds every activation the backward
-# will take, and there converted OverFeat-fast's compiled TF32 step peaked, 67 MiB over PyTorch's
-# (conv5's fprop, session 32). The backward passes at 2: at 1 their smaller chunks cost more (conv5,
-# F(2x2), H200, exp_winograd_chunks, session 33: fprop 0.893 ms against 0.798, bprop 0.884 against
-# 0.787, accGrad 1.118 against 0.892).
-TRANSIENT_FACTOR = {"fprop": 1, "bprop": 2, "accgrad": 2}
+# that is more (_chunks). bprop at 1: converted OverFeat-fast's compiled TF32 step peaked 67 MiB over
+# PyTorch's in conv5's bprop, which runs after its accGrad (the weight gradient alive) with the
+# forward's activations held (session 32's trace, read again in session 33: it had been taken for
+# fprop's, and bounding fprop left the peak at 2805 MiB). The others at 2: smaller chunks cost time
+# (conv5, F(2x2), H200, exp_winograd_chunks, session 33: at 1, fprop 0.893 ms against 0.798, bprop
+# 0.884 against 0.787, accGrad 1.118 against 0.892).
+TRANSIENT_FACTOR = {"fprop": 2, "bprop": 1, "accgrad": 2}
 TRANSIENT_FLOOR = 256 << 20
 
 

@@ -6,7 +6,7 @@ Session 32 (benchmarks/NOTES.md): converted OverFeat-fast's TF32 step under torc
 twice the pass's operands (TRANSIENT_FACTOR 2). Branch s32-winograd-transients (factor 1: three
 chunks of 43 images) brought the peak under PyTorch's. It ran on another machine, though, and its
 step was 3 % slower in a CUDA graph. This measures the cost of the smaller chunks apart from the
-host. (Session 33 ran it, then bounded fprop alone at once its operands: TRANSIENT_FACTOR is per
+host. (Session 33 ran it, then bounded bprop alone at once its operands: TRANSIENT_FACTOR is per
 pass since, and the factors given here are the measured pass's, the others' left as they are.)
 
 Per layer, pass and factor it reports:
