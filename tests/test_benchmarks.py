@@ -1189,3 +1189,23 @@ def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
         with pytest.raises(SystemExit):
             exp.main(["--cpu"] + argv)
         assert says in capsys.readouterr().err
+
+
+def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
+    """A synthetic trace: a is made and kept, b and c are alive together at the peak, then freed;
+    the peak groups what was alive then by where() (the innermost frame outside the libraries),
+    the end groups what the trace left alive."""
+    from benchmarks.experiments import exp_compile_gap as exp
+    ours = [{"filename": "/x/torch/nn/modules/module.py", "line": 1, "name": "__call__"},
+            {"filename": "/x/backends/tiledfft.py", "line": 214, "name": "_correlate"}]
+    step = [{"filename": "/x/benchmarks/bench.py", "line": 9, "name": "step"}]
+    trace = [{"action": "alloc", "addr": 1, "size": 100, "frames": step},
+             {"action": "alloc", "addr": 2, "size": 50, "frames": ours},
+             {"action": "alloc", "addr": 3, "size": 30, "frames": ours},
+             {"action": "free_requested", "addr": 2, "size": 50},
+             {"action": "free_completed", "addr": 2, "size": 50},
+             {"action": "free_requested", "addr": 3, "size": 30},
+             {"action": "alloc", "addr": 4, "size": 10, "frames": []}]
+    peak, groups = exp.alive_at_peak(trace)
+    assert peak == 180 and groups == {"bench.py:9 step": 100, "tiledfft.py:214 _correlate": 80}
+    assert exp.alive_at_end(trace) == {"bench.py:9 step": 100, "(torch or CuPy only)": 10}

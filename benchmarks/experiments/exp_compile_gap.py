@@ -44,7 +44,8 @@ LIBRARY_PARTS = ("/torch/", "/cupy/", "/cupy_backends/", "/contextlib.py", "/fun
 def alive_at_peak(trace):
     """(peak bytes above the trace's start, {where: bytes}) from a caching-allocator trace (the
     device_traces list of torch.cuda.memory._snapshot()): allocations replayed in order, frees at
-    free_requested, the allocations alive at the highest point grouped by where()."""
+    free_requested, the allocations alive at the highest point grouped by where(). Those alive at
+    the trace's end: alive_at_end."""
     alive, total, peak, at_peak = {}, 0, 0, {}
     for event in trace:
         action = event["action"]
@@ -57,10 +58,26 @@ def alive_at_peak(trace):
             continue
         if total > peak:
             peak, at_peak = total, dict(alive)
+    return peak, _grouped(at_peak.values())
+
+
+def alive_at_end(trace):
+    """{where: bytes} of the trace's allocations not freed by its end (what a first step leaves
+    behind: plans, tables, handles' buffers), as alive_at_peak replays them."""
+    alive = {}
+    for event in trace:
+        if event["action"] == "alloc":
+            alive[event["addr"]] = event
+        elif event["action"] == "free_requested":
+            alive.pop(event["addr"], None)
+    return _grouped(alive.values())
+
+
+def _grouped(events):
     groups = Counter()
-    for event in at_peak.values():
+    for event in events:
         groups[where(event.get("frames", ()))] += event["size"]
-    return peak, groups
+    return groups
 
 
 def where(frames):
@@ -112,8 +129,8 @@ def python_profile(step, steps, top):
     return rows[:top]
 
 
-def memory_at_peak(step):
-    """(peak MiB of one step above what was allocated before it, [(where, MiB)])."""
+def memory_trace(step):
+    """The caching allocator's trace of one step (Python stacks recorded)."""
     import torch
     torch.cuda.synchronize()
     torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
@@ -123,8 +140,12 @@ def memory_at_peak(step):
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    trace = snapshot["device_traces"][torch.cuda.current_device()]
-    peak, groups = alive_at_peak(trace)
+    return snapshot["device_traces"][torch.cuda.current_device()]
+
+
+def memory_at_peak(step):
+    """(peak MiB of one step above what was allocated before it, [(where, MiB)])."""
+    peak, groups = alive_at_peak(memory_trace(step))
     return peak / 2**20, [(w, b / 2**20) for w, b in groups.most_common(12)]
 
 
@@ -141,6 +162,9 @@ def main():
                          "run one alone to compare")
     ap.add_argument("--python", type=int, default=0, metavar="N",
                     help="also list each row's Python functions with the most own time over N steps (cProfile)")
+    ap.add_argument("--left", action="store_true",
+                    help="record the first step too: what it allocates and leaves alive (MiB, by where), and "
+                         "each row's peak to the KiB (a peak within a MiB of another's)")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
     args = ap.parse_args()
@@ -179,7 +203,11 @@ def main():
         if compiled and converted and args.output_code:
             torch._logging.set_logs(output_code=True)
         t0 = time.perf_counter()
-        step()                                       # tunes (auto), compiles
+        start = torch.cuda.memory_allocated()
+        if args.left:                                # tunes (auto), compiles, recorded
+            left = alive_at_end(memory_trace(step))
+        else:
+            step()                                   # tunes (auto), compiles
         torch.cuda.synchronize()
         first_s = time.perf_counter() - t0
         torch._logging.set_logs()
@@ -209,6 +237,12 @@ def main():
         print("alive at the peak (MiB), by where it was allocated:")
         for w, mib in groups:
             print(f"  {mib:8.1f}  {w}")
+        if args.left:
+            print(f"peak {torch.cuda.max_memory_allocated() / 2**20:.3f} MiB in all, {before / 2**20:.3f} before the "
+                  f"step; the first step left {(before - start) / 2**20:.3f} MiB allocated (with the gradients and "
+                  f"the optimizer's state), made at:")
+            for w, b in left.most_common(args.top):
+                print(f"  {b / 2**20:10.3f}  {w}")
         if args.python:
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
             for own, calls, name in python_profile(step, args.python, args.top * 2):
