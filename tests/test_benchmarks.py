@@ -1209,3 +1209,5 @@ def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
     peak, groups = exp.alive_at_peak(trace)
     assert peak == 180 and groups == {"bench.py:9 step": 100, "tiledfft.py:214 _correlate": 80}
     assert exp.alive_at_end(trace) == {"bench.py:9 step": 100, "(torch or CuPy only)": 10}
+    assert exp.alive_at_end(trace, key=exp.where_and_inner) == {
+        "bench.py:9 step <- benchmarks/bench.py:9": 100, "(torch or CuPy only) <- -": 10}

@@ -61,22 +61,28 @@ def alive_at_peak(trace):
     return peak, _grouped(at_peak.values())
 
 
-def alive_at_end(trace):
-    """{where: bytes} of the trace's allocations not freed by its end (what a first step leaves
-    behind: plans, tables, handles' buffers), as alive_at_peak replays them."""
+def alive_at_end(trace, key=None):
+    """{key(frames) (default where): bytes} of the trace's allocations not freed by its end (what
+    the steps leave behind: plans, tables, handles' buffers), as alive_at_peak replays them."""
     alive = {}
     for event in trace:
         if event["action"] == "alloc":
             alive[event["addr"]] = event
         elif event["action"] == "free_requested":
             alive.pop(event["addr"], None)
-    return _grouped(alive.values())
+    return _grouped(alive.values(), key)
 
 
-def _grouped(events):
+def where_and_inner(frames):
+    """where(frames), and the innermost Python frame of all (a library's) after it."""
+    inner = f"{'/'.join(frames[0].get('filename', '').split('/')[-2:])}:{frames[0].get('line')}" if frames else "-"
+    return f"{where(frames)} <- {inner}"
+
+
+def _grouped(events, key=None):
     groups = Counter()
     for event in events:
-        groups[where(event.get("frames", ()))] += event["size"]
+        groups[(key or where)(event.get("frames", ()))] += event["size"]
     return groups
 
 
@@ -163,8 +169,8 @@ def main():
     ap.add_argument("--python", type=int, default=0, metavar="N",
                     help="also list each row's Python functions with the most own time over N steps (cProfile)")
     ap.add_argument("--left", action="store_true",
-                    help="record the first step too: what it allocates and leaves alive (MiB, by where), and "
-                         "each row's peak to the KiB (a peak within a MiB of another's)")
+                    help="record each row from before its model is made through three steps: what it holds after "
+                         "them (MiB, by where), and its peak to the KiB (a peak within a MiB of another's)")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
     args = ap.parse_args()
@@ -188,6 +194,10 @@ def main():
     summary = []
     for label in rows:
         converted, compiled = ROWS[label]
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        if args.left:   # from before the model is made through three steps (memory_trace's settings)
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
         model = copy.deepcopy(base).cuda()
         if converted:
             convert(model)
@@ -203,13 +213,18 @@ def main():
         if compiled and converted and args.output_code:
             torch._logging.set_logs(output_code=True)
         t0 = time.perf_counter()
-        start = torch.cuda.memory_allocated()
-        if args.left:                                # tunes (auto), compiles, recorded
-            left = alive_at_end(memory_trace(step))
-        else:
-            step()                                   # tunes (auto), compiles
+        step()                                       # tunes (auto), compiles
         torch.cuda.synchronize()
         first_s = time.perf_counter() - t0
+        if args.left:
+            step()
+            step()
+            torch.cuda.synchronize()
+            try:
+                trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+                left = alive_at_end(trace, key=where_and_inner)
+            finally:
+                torch.cuda.memory._record_memory_history(enabled=None)
         torch._logging.set_logs()
         if compiled:
             from torch._inductor.async_compile import shutdown_compile_workers
@@ -239,9 +254,9 @@ def main():
             print(f"  {mib:8.1f}  {w}")
         if args.left:
             print(f"peak {torch.cuda.max_memory_allocated() / 2**20:.3f} MiB in all, {before / 2**20:.3f} before the "
-                  f"step; the first step left {(before - start) / 2**20:.3f} MiB allocated (with the gradients and "
-                  f"the optimizer's state), made at:")
-            for w, b in left.most_common(args.top):
+                  f"step; the row holds {(before - start) / 2**20:.3f} MiB it allocated (from before its model was "
+                  f"made through three steps: parameters, gradients, optimizer state and whatever else), made at:")
+            for w, b in left.most_common(args.top * 2):
                 print(f"  {b / 2**20:10.3f}  {w}")
         if args.python:
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
