@@ -51,7 +51,7 @@ SETTINGS = {s.name: s for s in (
     Setting("reuse_weight_spectra", "MINITORCH_REUSE_WEIGHT_SPECTRA", "bool", False,
             "inside reuse_spectra(), fprop keeps each weight's spectrum for bprop (1: faster, more memory)", True),
     Setting("winograd_workspace_mb", "MINITORCH_WINOGRAD_WORKSPACE_MB", "mib", 2048.0,
-            "winograd's transformed tiles at most (fprop, bprop: and 2x their operands); larger batches in chunks",
+            "winograd's transformed tiles at most (and 2x their operands, bprop's 1x); larger batches in chunks",
             True),
     Setting("winograd_f4", "MINITORCH_WINOGRAD_F4", "bool", True,
             "winograd may use F(4x4,3x3) in strict fp32 (1; within 8e-6 of float64 on the zoo's layers; "
