@@ -14,9 +14,9 @@ passes raise saying why. CuPy arrays only.
 Engine search, once per (device, geometry, pass, precision), what torch.backends.cudnn.benchmark
 does with no limit, over a superset of its candidates: every plan cuDNN's heuristics modes A and
 B and its fallback list propose (deduplicated), plus every other engine of the graph at its
-default knobs; each plan that builds within the workspace bound runs once on the call's own data,
-is checked against `gemm` and timed by backends.tuning's recipe in bursts of SEARCH_INNER back-to-back
-runs (a plan whose checked run and a second run are over
+default knobs; each plan that builds within the workspace bound runs once on the call's own data
+(twice where the first run is slow), is checked against `gemm` and timed by backends.tuning's recipe in
+bursts of SEARCH_INNER back-to-back runs (a plan whose checked run and a second run are over
 FIRST_RUN_CUTOFF x the best so far is not timed, one over HOPELESS x the best after a round is
 timed no more). The winner is remembered in the tuning cache as its cuDNN
 plan name, engine id and knobs, which rebuild exactly that plan on a fresh graph
@@ -70,14 +70,15 @@ CHECK_TOL = 1e-4
 # After a timing round, a plan over 1.3x the best is timed no more: the rounds' spread is a few
 # per cent, so it cannot win, and the search's time goes to the plans that can.
 HOPELESS = 1.3
-# A plan whose first (checked) run takes over 10x the best first run so far, plus 2 ms, and whose
-# second run does too, is not timed: the search's time is bounded by two runs of each plan that
-# cannot win, not seven (engine 0 at its default knobs ran 29-115x slower than the best plan on
-# VGG-16 conv4_2 and AlexNet conv2 accGrad on an H100). The second run, since session 33: a first
-# launch's one-time cost can be far over 2 ms. OverFeat-fast conv1's bprop (11x11, stride 4, b128,
-# H200, exp_cudnn_plans): engine 50's first run took 86 ms, its second 0.82, its median 0.75, the
-# plan PyTorch's strict search runs (the same kernels); cut after one run, the search chose engine
-# 4 at 0.95 ms and auto lost the pass to cuDNN strict (0.963x).
+# A plan whose first (checked) run takes over 10x the best so far of the plans' accepted first (or
+# second) runs, plus 2 ms, and whose second run does too, is not timed: the search's time is
+# bounded by two runs of each plan that cannot win, not seven (engine 0 at its default knobs ran
+# 29-115x slower than the best plan on VGG-16 conv4_2 and AlexNet conv2 accGrad on an H100).
+# The second run, since session 33: a first launch's one-time cost can be far over 2 ms.
+# OverFeat-fast conv1's bprop (11x11, stride 4, b128, H200, exp_cudnn_plans): engine 50's first
+# run took 86 ms, its second 0.82, its median 0.75, the plan PyTorch's strict search runs (the
+# same kernels); cut after one run, the search chose engine 4 at 0.95 ms and auto lost the pass
+# to cuDNN strict (0.963x).
 FIRST_RUN_CUTOFF, FIRST_RUN_SLACK_MS = 10, 2.0
 # Plans are timed in bursts of this many back-to-back runs (tuning.timeit's inner), as a step and
 # table3 run them: timed one run per event pair, a 0.3 ms pass's launch latency hid a 6 % difference

@@ -33,8 +33,9 @@ results/nvidia-h100-80gb-hbm3/bench_winograd.md), so both are eligible for auto 
 the tuner (tuning.remembered, winograd_tune) times them per geometry and pass. Setting
 winograd_f4=0 keeps F(2x2) alone (its error is about 4x smaller). In TF32 mode F(2x2) runs
 alone: on TF32 GEMMs F(4x4) is 7x a direct TF32 convolution's error (variants). A batch whose
-transformed tiles exceed winograd_workspace_mb runs in chunks; in fprop and bprop also where they
-exceed twice the pass's own operands (or 256 MB, whichever is more; _chunks).
+transformed tiles exceed winograd_workspace_mb runs in chunks; in every pass also where they
+exceed TRANSIENT_FACTOR times the pass's own operands (fprop and accGrad 2, bprop 1), or 256 MB,
+whichever is more (_chunks).
 
 On the CPU the same algorithm runs in NumPy: same matrices, tiling, index arithmetic and layout.
 """

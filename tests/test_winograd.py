@@ -118,7 +118,7 @@ def _pass_chunks(x_shape, fo, m, pass_name="fprop"):
     return winograd._conv_chunks(pass_name, S, f, fo, (h, w), (h, w), m)
 
 
-def test_chunks_hold_at_most_twice_their_operands_in_tiles(settings):
+def test_chunks_hold_at_most_twice_their_operands_in_tiles_bprop_once(settings):
     """OverFeat-fast's conv5 (1024 planes, 12x12, b128) at F(4x4): 340 MB of tiles for 151 MB of
     operands, two chunks of 64 (its converted TF32 step peaked 102 MiB above PyTorch's in session 23
     with one); at F(2x2), 604 MB, two chunks too, in accGrad as well (session 32: its whole-batch

@@ -36,6 +36,7 @@ from collections import Counter
 from benchmarks.bench_pytorch import IMAGE
 from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
+LEFT_ENTRIES = 1_000_000   # --left: the allocator trace's length (a row's first three steps fit)
 ROWS = {"stock eager": (False, False), "converted eager": (True, False),   # label: (converted, compiled)
         "stock compiled": (False, True), "converted compiled": (True, True)}
 LIBRARY_PARTS = ("/torch/", "/cupy/", "/cupy_backends/", "/contextlib.py", "/functools.py", "<frozen")
@@ -197,7 +198,7 @@ def main():
         torch.cuda.synchronize()
         start = torch.cuda.memory_allocated()
         if args.left:   # from before the model is made through three steps (memory_trace's settings)
-            torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
+            torch.cuda.memory._record_memory_history(max_entries=LEFT_ENTRIES, stacks="python")
         model = copy.deepcopy(base).cuda()
         if converted:
             convert(model)
@@ -220,11 +221,15 @@ def main():
             step()
             step()
             torch.cuda.synchronize()
+            held = torch.cuda.memory_allocated() - start      # the same moment as the trace's end
             try:
                 trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
                 left = alive_at_end(trace, key=where_and_inner)
             finally:
                 torch.cuda.memory._record_memory_history(enabled=None)
+            if len(trace) >= LEFT_ENTRIES:
+                print(f"warning: the trace of {label} filled its {LEFT_ENTRIES} entries: its first allocations "
+                      "are missing from the listing below")
         torch._logging.set_logs()
         if compiled:
             from torch._inductor.async_compile import shutdown_compile_workers
@@ -254,8 +259,8 @@ def main():
             print(f"  {mib:8.1f}  {w}")
         if args.left:
             print(f"peak {torch.cuda.max_memory_allocated() / 2**20:.3f} MiB in all, {before / 2**20:.3f} before the "
-                  f"step; the row holds {(before - start) / 2**20:.3f} MiB it allocated (from before its model was "
-                  f"made through three steps: parameters, gradients, optimizer state and whatever else), made at:")
+                  f"measured step; after three steps the row held {held / 2**20:.3f} MiB it allocated (from before "
+                  f"its model was made: parameters, gradients, optimizer state and whatever else), made at:")
             for w, b in left.most_common(args.top * 2):
                 print(f"  {b / 2**20:10.3f}  {w}")
         if args.python:
