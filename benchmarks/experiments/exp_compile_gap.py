@@ -42,12 +42,11 @@ ROWS = {"stock eager": (False, False), "converted eager": (True, False),   # lab
 LIBRARY_PARTS = ("/torch/", "/cupy/", "/cupy_backends/", "/contextlib.py", "/functools.py", "<frozen")
 
 
-def alive_at_peak(trace):
-    """(peak bytes above the trace's start, {where: bytes}) from a caching-allocator trace (the
-    device_traces list of torch.cuda.memory._snapshot()): allocations replayed in order, frees at
-    free_requested, the allocations alive at the highest point grouped by where(). Those alive at
-    the trace's end: alive_at_end."""
-    alive, total, peak, at_peak = {}, 0, 0, {}
+def _replay(trace):
+    """(live bytes, {address: alloc event}) after each allocation and free of a caching-allocator
+    trace (the device_traces list of torch.cuda.memory._snapshot()): allocations replayed in order,
+    frees at free_requested. The dict is the replay's own, updated in place."""
+    alive, total = {}, 0
     for event in trace:
         action = event["action"]
         if action == "alloc":
@@ -57,6 +56,14 @@ def alive_at_peak(trace):
             total -= alive.pop(event["addr"])["size"]
         else:
             continue
+        yield total, alive
+
+
+def alive_at_peak(trace):
+    """(peak bytes above the trace's start, {where: bytes}): the allocations alive at the trace's
+    highest point (_replay) grouped by where(). Those alive at the trace's end: alive_at_end."""
+    peak, at_peak = 0, {}
+    for total, alive in _replay(trace):
         if total > peak:
             peak, at_peak = total, dict(alive)
     return peak, _grouped(at_peak.values())
@@ -64,13 +71,10 @@ def alive_at_peak(trace):
 
 def alive_at_end(trace, key=None):
     """{key(frames) (default where): bytes} of the trace's allocations not freed by its end (what
-    the steps leave behind: plans, tables, handles' buffers), as alive_at_peak replays them."""
+    the steps leave behind: plans, tables, handles' buffers), as _replay replays them."""
     alive = {}
-    for event in trace:
-        if event["action"] == "alloc":
-            alive[event["addr"]] = event
-        elif event["action"] == "free_requested":
-            alive.pop(event["addr"], None)
+    for _, alive in _replay(trace):
+        pass
     return _grouped(alive.values(), key)
 
 
@@ -136,18 +140,32 @@ def python_profile(step, steps, top):
     return rows[:top]
 
 
-def memory_trace(step):
-    """The caching allocator's trace of one step (Python stacks recorded)."""
+def start_recording(entries):
+    """The caching allocator records every allocation and free from here on, with Python stacks,
+    the last `entries` of them (stop_recording ends it)."""
     import torch
     torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+    torch.cuda.memory._record_memory_history(max_entries=entries, stacks="python")
+
+
+def stop_recording():
+    """The trace since start_recording, on the current device; the recording ends either way."""
+    import torch
     try:
-        step()
         torch.cuda.synchronize()
-        snapshot = torch.cuda.memory._snapshot()
+        return torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    return snapshot["device_traces"][torch.cuda.current_device()]
+
+
+def memory_trace(step):
+    """The caching allocator's trace of one step (Python stacks recorded)."""
+    start_recording(200_000)
+    try:
+        step()
+    finally:
+        trace = stop_recording()
+    return trace
 
 
 def memory_at_peak(step):
@@ -197,8 +215,8 @@ def main():
         converted, compiled = ROWS[label]
         torch.cuda.synchronize()
         start = torch.cuda.memory_allocated()
-        if args.left:   # from before the model is made through three steps (memory_trace's settings)
-            torch.cuda.memory._record_memory_history(max_entries=LEFT_ENTRIES, stacks="python")
+        if args.left:   # from before the model is made through three steps
+            start_recording(LEFT_ENTRIES)
         model = copy.deepcopy(base).cuda()
         if converted:
             convert(model)
@@ -222,11 +240,8 @@ def main():
             step()
             torch.cuda.synchronize()
             held = torch.cuda.memory_allocated() - start      # the same moment as the trace's end
-            try:
-                trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
-                left = alive_at_end(trace, key=where_and_inner)
-            finally:
-                torch.cuda.memory._record_memory_history(enabled=None)
+            trace = stop_recording()
+            left = alive_at_end(trace, key=where_and_inner)
             if len(trace) >= LEFT_ENTRIES:
                 print(f"warning: the trace of {label} filled its {LEFT_ENTRIES} entries: its first allocations "
                       "are missing from the listing below")
