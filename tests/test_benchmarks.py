@@ -818,12 +818,19 @@ def test_bench_pytorch_names_each_missed_target():
     assert missed == [lines[0], lines[3]]
     assert "1.25x PyTorch fp32 strict (target >= 1.3x): SHORTFALL" in missed[0]
     assert "peak 1100 MiB against stock's 1000 MiB" in missed[1]
+    assert "requested" not in missed[1]            # rows without the requested peak (older results)
     lines, missed = shortfalls("vgg16", rows)      # 1.0x for fp32 only; no TF32 speed target there
     assert missed == [lines[2]] and len(lines) == 3
     rows[2]["vs_stock_steady"] = 1.54              # back to back: reported beside, never judged
     lines, missed = shortfalls("alexnet", rows)
     assert "1.25x PyTorch fp32 strict (target >= 1.3x): SHORTFALL (back to back, not judged: 1.54x)" in lines[0]
     assert missed == [lines[0], lines[3]]
+    # a sub-MiB excess is shown to the KiB; the requested peak beside it, never judged
+    rows[3]["peak_mib"], rows[1]["peak_mib"] = 1000.25, 1000.0
+    rows[3]["peak_requested_mib"], rows[1]["peak_requested_mib"] = 990.0, 991.5
+    lines, missed = shortfalls("alexnet", rows)
+    assert missed[1] == ("alexnet converted TF32, eager: peak 1000.250 MiB against stock's 1000.000 MiB (target: "
+                         "at most stock's): SHORTFALL (requested, not judged: 990.000 against 991.500 MiB)")
 
 
 def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
@@ -848,13 +855,18 @@ def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     for name, value in (("synchronize", None), ("reset_peak_memory_stats", None)):
         monkeypatch.setattr(torch.cuda, name, lambda value=value: value)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 300 * 2**20)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {"requested_bytes.all.peak": 290 * 2**20})
     args = argparse.Namespace(warmup=2, repeat=10)
-    ms, steady, issue, peak = bench_pytorch.timed_row(lambda: calls.append(1), args, 0, 100 * 2**20)
+    ms, steady, issue, peak, requested = bench_pytorch.timed_row(lambda: calls.append(1), args, (0, 0),
+                                                                 (100 * 2**20, 99 * 2**20))
     burst = bench_pytorch.BURST
     # one step a call; BURST a burst, 3 bursts at least; the issue time on the host clock, drained first
     assert timed == [("torch", 1, 10, None), ("torch", burst, 3, None), ("cpu", 1, 10, torch.cuda.synchronize)]
     assert len(calls) == 2 + 1 + burst + 1                   # warm-up, then one call of each (the stub's)
-    assert (ms, steady, issue, peak) == (10.0, 10.0, 4.0, 200.0)
+    assert (ms, steady, issue, peak, requested) == (10.0, 10.0, 4.0, 200.0, 191.0)
+    # a CUDA graph row's capture peak counts where it is the higher (allocated and requested apart)
+    *_, peak, requested = bench_pytorch.timed_row(lambda: None, args, (350 * 2**20, 10), (0, 0))
+    assert (peak, requested) == (350.0, 290.0)
 
 
 def test_bench_pytorch_estimates_from_its_last_result(tmp_path):

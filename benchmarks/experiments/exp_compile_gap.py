@@ -33,7 +33,7 @@ import copy
 import time
 from collections import Counter
 
-from benchmarks.bench_pytorch import IMAGE
+from benchmarks.bench_pytorch import IMAGE, held, peak_held
 from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
 LEFT_ENTRIES = 1_000_000   # --left: the allocator trace's length (a row's first three steps fit)
@@ -214,7 +214,7 @@ def main():
     for label in rows:
         converted, compiled = ROWS[label]
         torch.cuda.synchronize()
-        start = torch.cuda.memory_allocated()
+        start = held(torch)                          # (allocated, requested) bytes
         if args.left:   # from before the model is made through three steps
             start_recording(LEFT_ENTRIES)
         model = copy.deepcopy(base).cuda()
@@ -239,7 +239,7 @@ def main():
             step()
             step()
             torch.cuda.synchronize()
-            held = torch.cuda.memory_allocated() - start      # the same moment as the trace's end
+            kept = [now - before for now, before in zip(held(torch), start)]   # at the trace's end
             trace = stop_recording()
             left = alive_at_end(trace, key=where_and_inner)
             if len(trace) >= LEFT_ENTRIES:
@@ -256,10 +256,11 @@ def main():
         torch.cuda.synchronize()
         kernel_ms, kernels, host = profile_step(step, 5, args.top)
         torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+        before = held(torch)
         step()
         torch.cuda.synchronize()
-        peak_mib = (torch.cuda.max_memory_allocated() - before) / 2**20
+        peak = peak_held(torch)
+        peak_mib = (peak[0] - before[0]) / 2**20
         replayed_mib, groups = memory_at_peak(step)
         print(f"\n## {label}: step {ms:.2f} ms, issue {issue:.2f} ms, kernels {kernel_ms:.2f} ms, "
               f"peak {peak_mib:.0f} MiB above the step's start (replayed {replayed_mib:.0f}), first step {first_s:.1f} s")
@@ -273,9 +274,12 @@ def main():
         for w, mib in groups:
             print(f"  {mib:8.1f}  {w}")
         if args.left:
-            print(f"peak {torch.cuda.max_memory_allocated() / 2**20:.3f} MiB in all, {before / 2**20:.3f} before the "
-                  f"measured step; after three steps the row held {held / 2**20:.3f} MiB it allocated (from before "
-                  f"its model was made: parameters, gradients, optimizer state and whatever else), made at:")
+            mib = [f"{b / 2**20:.3f}" for b in (*peak, *before, *kept)]
+            print(f"peak {mib[0]} MiB in all (requested {mib[1]}), {mib[2]} before the measured step (requested "
+                  f"{mib[3]}); after three steps the row held {mib[4]} MiB it allocated (requested {mib[5]}; from "
+                  "before its model was made: parameters, gradients, optimizer state and whatever else). Allocated "
+                  "counts the allocator's blocks, requested the sizes asked for (bench_pytorch's docstring), as the "
+                  "listing below does, by where:")
             for w, b in left.most_common(args.top * 2):
                 print(f"  {b / 2**20:10.3f}  {w}")
         if args.python:
