@@ -234,7 +234,8 @@ def run_network(net, args, log):
                     failures.append(f"{net} {label}: {worst} relative error {err:.1e} against float64, bound "
                                     f"{bound:.1e} ({STEP_FACTOR} x stock PyTorch's in the same precision)")
             common = {"network": net, "implementation": label, "precision": precision, "converted": converted,
-                      "max_err": err, "worst": worst, "leftover_mib": leftover[0] / 2**20}
+                      "max_err": err, "worst": worst, "leftover_mib": leftover[0] / 2**20,
+                      "leftover_requested_mib": leftover[1] / 2**20}
             if compiled:
                 rows.append({**common, **_compiled_row(model, opt, scope, x, y, args, net, label, log, leftover)})
             else:
@@ -287,7 +288,7 @@ def shortfalls(net, rows):
                 missed.append(lines[-1])
         ok = row["peak_mib"] <= stock["peak_mib"]
         ours, theirs = row["peak_mib"], stock["peak_mib"]
-        digits = 0 if round(ours) != round(theirs) else 3     # the judged difference shown where it is
+        digits = 3 if abs(ours - theirs) < 1 else 0     # a sub-MiB difference shown to the KiB
         requested = row.get("peak_requested_mib"), stock.get("peak_requested_mib")
         lines.append(f"{what}: peak {ours:.{digits}f} MiB against stock's {theirs:.{digits}f} MiB "
                      f"(target: at most stock's){'' if ok else ': SHORTFALL'}"

@@ -189,7 +189,8 @@ def main():
                     help="also list each row's Python functions with the most own time over N steps (cProfile)")
     ap.add_argument("--left", action="store_true",
                     help="record each row from before its model is made through three steps: what it holds after "
-                         "them (MiB, by where), and its peak to the KiB (a peak within a MiB of another's)")
+                         "them (MiB, by where), and its peak to the KiB (a peak within a MiB of another's), each "
+                         "in allocated bytes (the allocator's blocks) and requested ones (the sizes asked for)")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
     args = ap.parse_args()
