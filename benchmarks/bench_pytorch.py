@@ -42,7 +42,8 @@ allocated when the row began (130 MiB on AlexNet after the stock rows' CUDA grap
 that leftover is logged and kept in the row ("leftover_mib"). That peak, the one judged, counts the
 allocator's blocks: each request rounded up to 512 bytes, and a large free block taken whole where
 what would be left of it is 1 MiB or less. Which blocks a step's requests meet depends on what ran
-before, so two rows that ask for the same bytes can differ by a MiB (VGG-16 TF32 eager, session 34).
+before, so two rows that ask for the same bytes can differ by MiBs (session 34, eager TF32 rows:
+VGG-16 by 0.75 MiB, ResNet-50 by 4.25).
 Beside it, not judged, each row gives the peak of the bytes asked for (the allocator's
 requested_bytes), less the leftover in the same terms. `auto` tunes at a layer's first
 step (cold tuning cache: minutes for all three networks; the cache is backends.config tune_cache).
