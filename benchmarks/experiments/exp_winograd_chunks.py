@@ -11,9 +11,9 @@ pass since, and the factors given here are the measured pass's, the others' left
 
 Per layer, pass and factor it reports:
 - the chunks the pass ran (count, images in the first);
-- the memory the pass takes from an empty CuPy pool (the pool's bytes after one call: an upper
-  bound on the pass's peak, since the pool does not reuse a freed block for a larger request),
-  beside its operands';
+- the memory the pass takes beyond its inputs from an emptied CuPy pool (harness.peak_extra_bytes:
+  the pool's new bytes after one call, an upper bound on the pass's peak, since the pool does not
+  reuse a freed block for a larger request; 0 on NumPy), beside its operands';
 - the median time (CUDA events; the factors take turns, round by round, so drift on the device
   falls on both);
 - the relative difference between the factors' results.
@@ -33,7 +33,7 @@ import numpy as np
 
 from backends import config, winograd
 from benchmarks import bench_winograd
-from benchmarks.harness import PASSES, RESULTS_DIR, median_ms, provenance, write_results
+from benchmarks.harness import PASSES, RESULTS_DIR, median_ms, peak_extra_bytes, provenance, write_results
 
 # name: (f, f', h = w, batch), as bench_winograd's table (3x3, stride 1, padding 1), and
 # OverFeat-fast's two 1024-plane layers, where auto runs winograd in TF32 mode
@@ -56,20 +56,6 @@ def run(pass_name, arrays):
     return winograd.accgrad(gy, x, w.shape, padding=(1, 1))
 
 
-def pool_mib(xp, fn):
-    """MiB a fresh CuPy pool holds after fn(): at least the call's peak (0 on NumPy)."""
-    if xp is np:
-        fn()
-        return 0.0
-    pool = xp.cuda.MemoryPool()
-    with xp.cuda.using_allocator(pool.malloc):
-        out = fn()
-        xp.cuda.Device().synchronize()
-        held = pool.total_bytes()
-    del out
-    return held / 2**20
-
-
 def measure(xp, names, factors, rounds, repeat, batch=None):
     """Rows of COLUMNS: every layer, pass and factor."""
     rows, base = [], dict(winograd.TRANSIENT_FACTOR)   # the module's bound of each pass; one pass's varied
@@ -90,7 +76,7 @@ def measure(xp, names, factors, rounds, repeat, batch=None):
                     fn = lambda: run(pass_name, arrays)   # noqa: E731
                     if r == 0:
                         out[k], used[k] = chunks_of(fn)             # tunes the tile and the groups
-                        memory[k] = pool_mib(xp, fn)
+                        memory[k] = 0.0 if xp is np else peak_extra_bytes(fn, "cupy") / 2**20
                     times[k].append(median_ms(fn, lib, warmup=1, repeat=repeat))
             first = statistics.median(times[factors[0]])
             for k in factors:
