@@ -1206,6 +1206,21 @@ def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
         assert says in capsys.readouterr().err
 
 
+def test_exp_compile_gap_finds_where_the_gpu_waits_for_the_host():
+    """Two steps (us): in the first the GPU waits 10 us at the start (under `fwd`) and 20 between
+    its kernels (under `conv < fwd`), a 3 us gap is under the threshold; overlapping kernels count
+    once as busy; the second step starts its kernel at once."""
+    from benchmarks.experiments import exp_compile_gap as exp
+    marks = [(0, 100), (200, 260)]
+    device = [(10, 40), (30, 50), (53, 60), (80, 90), (200, 230)]
+    ops = [(0, 95, "fwd"), (70, 85, "conv"), (201, 205, "relu")]
+    idle, busy, span, where = exp.idle_gaps(marks, device, ops, top=5)
+    assert where == [("conv < fwd", 0.020 / 2, 0.5), ("fwd", 0.010 / 2, 0.5)]
+    assert abs(idle - 0.030 / 2) < 1e-12              # 10 + 20 us over two steps; 3 us is under min_us
+    assert abs(busy - (30 + 10 + 7 + 10 + 30) / 2e3) < 1e-12
+    assert abs(span - (90 + 30) / 2e3) < 1e-12
+
+
 def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
     """A synthetic trace: a is made and kept, b and c are alive together at the peak, then freed;
     the peak groups what was alive then by where() (the innermost frame outside the libraries),

@@ -19,6 +19,9 @@ converted fp32, each eager and compiled with inductor, compiled rows last) and r
 With --python N, each row also lists the Python functions with the most own time (cProfile over N
 steps), to find where a compiled row's host time goes.
 
+With --gaps N, each row also lists where the GPU waits for the host: idle gaps between its busy
+intervals over N steps (each from an idle GPU), by the host operator running when each gap ended.
+
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
 
@@ -120,6 +123,60 @@ def profile_step(step, steps, top):
     return sum(kernels.values()), kernels.most_common(top), host.most_common(top)
 
 
+def gpu_gaps(step, steps, top, min_us=5.0):
+    """Where the GPU waits for the host: `steps` steps, each started on an idle GPU and marked with
+    record_function("step"), under torch.profiler; idle_gaps() of what it recorded."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            with record_function("step"):
+                step()
+        torch.cuda.synchronize()
+    device, host = [], []
+    for e in prof.events():
+        span = (e.time_range.start, e.time_range.end)
+        (device if e.device_type == torch.autograd.DeviceType.CUDA else host).append((*span, e.name))
+    marks = [(lo, hi) for lo, hi, name in host if name == "step"]
+    ops = [op for op in host if op[2] != "step" and not op[2].startswith(("cuda", "cu", "Activity"))]
+    return idle_gaps(marks, [(lo, hi) for lo, hi, _ in device], ops, top, min_us)
+
+
+def idle_gaps(marks, device, ops, top, min_us=5.0):
+    """(idle ms a step, busy ms a step, span ms a step, [(where, idle ms a step, gaps a step)]) from
+    times in us: marks the steps' host (start, end), device the GPU's busy (start, end) intervals,
+    ops the host operators' (start, end, name). A step's device intervals are those starting
+    between its start and the next step's; merged in time order, a gap of more than `min_us` from
+    the step's start or the last busy interval to the next one is idle. A gap goes to the innermost
+    host operator running (on any thread) at its end, when the host had just launched the work that
+    ended it, with the outermost one beside it ("inner < outer")."""
+    device = sorted(device)
+    marks = sorted(marks)
+    idle = busy = span = 0.0
+    where, count = Counter(), Counter()
+    for i, (start, _) in enumerate(marks):
+        stop = marks[i + 1][0] if i + 1 < len(marks) else float("inf")
+        reached = start
+        for lo, hi in (d for d in device if start <= d[0] < stop):
+            if lo - reached > min_us:
+                idle += lo - reached
+                inside = [op for op in ops if op[0] <= lo <= op[1]]
+                label = "(no host operator)"
+                if inside:
+                    inner = min(inside, key=lambda op: op[1] - op[0])
+                    outer = max(inside, key=lambda op: op[1] - op[0])
+                    label = inner[2][:48] + ("" if outer is inner else f" < {outer[2][:40]}")
+                where[label] += lo - reached
+                count[label] += 1
+            busy += max(0.0, hi - max(lo, reached))
+            reached = max(reached, hi)
+        span += reached - start
+    n = max(1, len(marks))
+    return (idle / 1e3 / n, busy / 1e3 / n, span / 1e3 / n,
+            [(w, us / 1e3 / n, count[w] / n) for w, us in where.most_common(top)])
+
+
 def python_profile(step, steps, top):
     """[(own ms a step, calls a step, 'file:line function')]: the Python functions with the most own
     time over `steps` steps under cProfile (its overhead inflates every figure; compare rows)."""
@@ -187,6 +244,9 @@ def main():
                          "run one alone to compare")
     ap.add_argument("--python", type=int, default=0, metavar="N",
                     help="also list each row's Python functions with the most own time over N steps (cProfile)")
+    ap.add_argument("--gaps", type=int, default=0, metavar="N",
+                    help="also profile N steps, each from an idle GPU, and list where the GPU waits for the host "
+                         "(idle gaps, by the host operator running at each gap's end)")
     ap.add_argument("--left", action="store_true",
                     help="record each row from before its model is made through three steps: what it holds after "
                          "them (MiB, by where), and its peak to the KiB (a peak within a MiB of another's), each "
@@ -283,6 +343,12 @@ def main():
                   "listing below does, by where:")
             for w, b in left.most_common(args.top * 2):
                 print(f"  {b / 2**20:10.3f}  {w}")
+        if args.gaps:
+            idle, busy, span, gaps = gpu_gaps(step, args.gaps, args.top * 2)
+            print(f"GPU idle {idle:.2f} ms a step of a {span:.2f} ms span (busy {busy:.2f}); idle by the host "
+                  "operator running at each gap's end (ms a step, gaps a step):")
+            for w, ms_, n in gaps:
+                print(f"  {ms_:7.3f}  {n:5.1f}  {w}")
         if args.python:
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
             for own, calls, name in python_profile(step, args.python, args.top * 2):
