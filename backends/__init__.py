@@ -131,15 +131,16 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=No
     later: the passes the layer will still run on these arrays in this step (default: every pass
     after this one), so that inside reuse_spectra() a pass keeps only spectra one of them takes.
 
-    A layer's calls after its first take a prepared path where the backend offers one (_Prepared):
-    one lookup on the arguments as given and the settings' state, the arrays checked, then the
-    backend's own call for this geometry, with none of the choosing and checking in between."""
+    A layer's GPU calls after its first take a prepared path (_Prepared): one lookup on the
+    arguments as given and the settings' state, the arrays checked, then the backend's call for
+    this geometry (its prepare()'d one where it offers one, else its pass function), with none of
+    the choosing and checking in between."""
     try:
         ready = _prepared.get((name, pass_name, x_shape, w_shape, stride, padding, config.state()))
     except TypeError:   # unhashable shapes (lists): the full path below takes them
         ready = None
     if ready is not None:
-        out = ready(args)
+        out = ready(args, later)
         if out is not None:
             return out
     xp = get_array_module(*args[:2])
@@ -150,7 +151,8 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=No
         if reuse.active() is None:
             out = call(backend)
         else:
-            with reuse.keeping(_kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding)):
+            roles, _ = _kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding)
+            with reuse.keeping(roles):
                 out = call(backend)
     except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
         if not _is_out_of_memory(e):
@@ -181,30 +183,38 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=No
 
 
 class _Prepared:
-    """One pass of one geometry as run_pass last ran it: run(a, b) is the backend's own call for it
-    (its prepare(pass_name, g, xp), e.g. cudnn's built plan, gemm's fused kernel launch), taken
-    while nothing that decided it has changed, and where the arrays are those the full path would
-    accept as they are. Otherwise (and where run raises) it answers None, and the full path runs,
-    with its checks, messages and out-of-memory fallback.
+    """One pass of one geometry as run_pass last ran it: run(a, b) is the backend's call for it (its
+    prepare(pass_name, g, xp), e.g. cudnn's built plan, gemm's fused kernel launch; else its pass
+    function with the geometry's other arguments bound), taken while nothing that decided it has
+    changed, and where the arrays are those the full path would accept as they are. Otherwise (and
+    where run raises) it answers None, and the full path runs, with its checks, messages and
+    out-of-memory fallback.
 
     What decided it, and is checked on each call: the settings (config.state(), in the key), the
     device, the registry, the backend's pass function (a test may replace it), and under auto
-    the tuning record the choice came from (a new process's memory, as tests make, drops it). The
-    backends that prepare keep no spectra, so reuse_spectra() has nothing to say to them. An output
-    above common.CHECK_ABOVE_BYTES is checked to fit, as the full path checks it (where it does
-    not, the full path says so)."""
+    the tuning record the choice came from (a new process's memory, as tests make, drops it). An
+    output above common.CHECK_ABOVE_BYTES is checked to fit, as the full path checks it (where it
+    does not, the full path says so).
+
+    Spectra: a prepare()'d call keeps none (gemm's and cudnn's), so reuse_spectra() has nothing to
+    say to it. A pass function may (fbfft, cufft, polyphase): inside a reuse_spectra() block it
+    runs under reuse.keeping() with the roles the full path would give it (_kept_roles), worked out
+    once per (later, the block's `inputs`) and kept from the first call at which every consumer
+    pass had its backend chosen (before that, an untuned consumer counts as the same backend, and
+    the answer may change)."""
 
     __slots__ = ("cp", "run", "backend", "pass_name", "fn", "registry", "device", "shapes", "rest",
-                 "record_key", "record", "nbytes")
+                 "record_key", "record", "nbytes", "spectra", "where", "roles")
 
-    def __init__(self, cp, run, backend, pass_name, args, record, nbytes):
+    def __init__(self, cp, run, backend, pass_name, args, record, nbytes, spectra=False, where=None):
         self.cp, self.run, self.backend, self.pass_name = cp, run, backend, pass_name
         self.fn, self.registry, self.device = getattr(backend, pass_name), _REGISTRY, cp.cuda.runtime.getDevice()
         self.shapes, self.rest = (args[0].shape, args[1].shape), tuple(args[2:])
         self.record_key, self.record = record if record is not None else (None, None)
         self.nbytes = nbytes if nbytes > common.CHECK_ABOVE_BYTES else 0
+        self.spectra, self.where, self.roles = spectra, where, {}
 
-    def __call__(self, args):
+    def __call__(self, args, later=None):
         a, b = args[0], args[1]
         nd = self.cp.ndarray
         if not (type(a) is nd and type(b) is nd and (a.shape, b.shape) == self.shapes
@@ -217,16 +227,29 @@ class _Prepared:
         try:
             if self.nbytes:
                 common.check_fits(self.nbytes, self.cp, "")   # ValueError where it does not fit
-            return self.run(a, b)
+            block = reuse.active() if self.spectra else None
+            if block is None:
+                return self.run(a, b)
+            with reuse.keeping(self._roles(later, block.inputs)):
+                return self.run(a, b)
         except Exception:  # noqa: BLE001 - the full path runs it again, and reports or falls back
             return None
 
+    def _roles(self, later, inputs):
+        roles = self.roles.get((later, inputs))
+        if roles is None:
+            name, x_shape, w_shape, stride, padding = self.where
+            roles, final = _kept_roles(name, self.pass_name, self.backend, later, self.cp, x_shape, w_shape,
+                                       stride, padding)
+            if final:
+                self.roles[(later, inputs)] = roles
+        return roles
+
 
 def _prepare(name, pass_name, backend, args, xp, x_shape, w_shape, stride, padding):
-    """After a full call on the GPU: remember the backend's prepared call for the next ones, where
-    it offers one (its prepare(); backends without it always take the full path)."""
-    prepare = getattr(backend, "prepare", None)
-    if prepare is None or xp is np or not common.plain_args(x_shape, w_shape, stride, padding):
+    """After a full call on the GPU: remember the call for the next ones (_Prepared): the backend's
+    prepare()'d one where it offers one, else its pass function with this geometry bound."""
+    if xp is np or not common.plain_args(x_shape, w_shape, stride, padding):
         return
     g = geometry(x_shape, w_shape, stride, padding)
     record = None
@@ -234,10 +257,19 @@ def _prepare(name, pass_name, backend, args, xp, x_shape, w_shape, stride, paddi
         record = auto.record_of(pass_name, x_shape, w_shape, stride, padding, xp)
         if record is None:
             return
-    run = prepare(pass_name, g, xp)
-    if run is not None:
-        _prepared[(name, pass_name, x_shape, w_shape, stride, padding, config.state())] = \
-            _Prepared(xp, run, backend, pass_name, args, record, _output_bytes(g, pass_name))
+    prepare = getattr(backend, "prepare", None)
+    run = None if prepare is None else prepare(pass_name, g, xp)
+    spectra = run is None
+    if spectra:
+        run = functools.partial(_pass_call, getattr(backend, pass_name), tuple(args[2:]), stride, padding)
+    _prepared[(name, pass_name, x_shape, w_shape, stride, padding, config.state())] = \
+        _Prepared(xp, run, backend, pass_name, args, record, _output_bytes(g, pass_name), spectra,
+                  (name, x_shape, w_shape, stride, padding))
+
+
+def _pass_call(fn, rest, stride, padding, a, b):
+    """A backend's pass function on (a, b, *rest): a prepared call's run where it has no prepare()."""
+    return fn(a, b, *rest, stride=stride, padding=padding)
 
 
 # Which later pass takes each spectrum a pass computes (backends/reuse.py's table). accGrad's gy
@@ -246,9 +278,10 @@ _CONSUMER = {"fprop": {"x": "accgrad", "w": "bprop"}, "bprop": {"gy": "accgrad"}
 
 
 def _kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, padding):
-    """The spectra roles `pass_name` on `backend` may keep for a later pass of the layer: those
-    whose consumer runs later, on the same backend. Under auto a consumer not tuned yet counts as
-    the same (the first step keeps what it may need, as before). A weight's spectrum only where
+    """(roles, final): the spectra roles `pass_name` on `backend` may keep for a later pass of the
+    layer: those whose consumer runs later, on the same backend. Under auto a consumer not tuned yet
+    counts as the same (the first step keeps what it may need, as before), and final is False then
+    (the answer may change once it is tuned). A weight's spectrum only where
     the reuse_weight_spectra setting asks: it is 10-40x the weight (a 3x3 kernel's 16x16 basis:
     1152 bytes for 36), and kept from fprop to bprop every layer's is alive at the end of
     forward, the step's peak (AlexNet b128 under auto: 1.54 -> 1.33 GiB without them, PyTorch
@@ -257,17 +290,19 @@ def _kept_roles(name, pass_name, backend, later, xp, x_shape, w_shape, stride, p
     registry = auto_registry() if name == "auto" else None
     block = reuse.active()
     keep_inputs = block is None or block.inputs
-    roles = set()
+    roles, final = set(), True
     for role, consumer in _CONSUMER[pass_name].items():
         if (consumer not in later or role == "w" and not config.get("reuse_weight_spectra")
                 or role == "x" and not keep_inputs):
             continue
         if registry is not None:
             picked = auto.remembered(registry, consumer, x_shape, w_shape, stride, padding, xp)
-            if picked is not None and registry[picked] is not backend:
+            if picked is None:
+                final = False
+            elif registry[picked] is not backend:
                 continue
         roles.add(role)
-    return roles
+    return frozenset(roles), final
 
 
 def _check_output_fits(backend, pass_name, xp, x_shape, w_shape, stride, padding):

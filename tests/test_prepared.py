@@ -199,3 +199,55 @@ def test_auto_times_the_prepared_call(settings, tmp_path, monkeypatch):
     # beyond the prepared calls (gemm's prepared call for a 3x3 layer is its pass function): auto's
     # reference, the checked run, and the layer's own call
     assert len(modules) - len(runs) <= 3
+
+
+def test_kept_roles_are_final_only_once_every_consumer_is_tuned(settings, tmp_path):
+    """Under auto, accGrad keeps gy's spectrum for a bprop not chosen yet (it may be the same
+    backend), and says the answer is not final; once bprop is chosen (gemm, on the CPU) it keeps
+    nothing, finally. A named backend's answer is final at once."""
+    settings(tune_cache=str(tmp_path / "t.json"))
+    xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
+    x, w, gy, ref = _data(xs, ws, s, p, 6)
+    fbfft = backends.get("fbfft")
+    with backends.reuse_spectra():
+        assert backends._kept_roles("auto", "accgrad", fbfft, ("bprop",), np, xs, ws, s, p) == ({"gy"}, False)
+        assert rel_error(_run("auto", "bprop", (gy, w, xs), xs, ws, s, p), ref["bprop"]) <= 1e-5
+        assert backends._kept_roles("auto", "accgrad", fbfft, ("bprop",), np, xs, ws, s, p) == (set(), True)
+        assert backends._kept_roles("fbfft", "accgrad", fbfft, ("bprop",), np, xs, ws, s, p) == ({"gy"}, True)
+        assert backends._kept_roles("fbfft", "accgrad", fbfft, (), np, xs, ws, s, p) == (set(), True)
+
+
+# a stride-1 layer (fbfft's own) and a strided one (polyphase over fbfft)
+SPECTRA_GEOMETRIES = [("fbfft", (4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1)),
+                      ("polyphase", (4, 3, 23, 23), (8, 3, 5, 5), (2, 2), (1, 1))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,xs,ws,stride,padding", SPECTRA_GEOMETRIES)
+def test_a_pass_function_is_prepared_and_shares_spectra_as_the_full_path(name, xs, ws, stride, padding, settings,
+                                                                           tmp_path, chosen):
+    """A backend without prepare(): a layer's later calls run its pass function straight (no
+    choosing), and inside reuse_spectra() keep and find the spectra the full path's calls do: the
+    same hits, step after step, each result against float64."""
+    cp = _need(name)
+    settings(tune_cache=str(tmp_path / "t.json"))
+    x, w, gy, ref = _data(xs, ws, stride, padding, 7)
+    xd, wd, gyd = (cp.asarray(a) for a in (x, w, gy))
+    hits = []
+    for step in range(3):
+        before = len(chosen)
+        with backends.reuse_spectra(inputs=True) as cache:
+            out = {"fprop": backends.run_pass(name, "fprop", xd, wd, x_shape=xs, w_shape=ws, stride=stride,
+                                              padding=padding),
+                   "accgrad": backends.run_pass(name, "accgrad", gyd, xd, ws, x_shape=xs, w_shape=ws, stride=stride,
+                                                padding=padding, later=("bprop",)),
+                   "bprop": backends.run_pass(name, "bprop", gyd, wd, xs, x_shape=xs, w_shape=ws, stride=stride,
+                                              padding=padding, later=())}
+            assert len(cache) == 0                   # every kept spectrum was taken by its consumer
+        hits.append(cache.hits)
+        for pn, result in out.items():
+            assert rel_error(result, ref[pn]) <= 1e-4, (step, pn)
+        assert len(chosen) == before + (3 if step == 0 else 0), step   # prepared after the first step
+    assert hits[0] == hits[1] == hits[2] >= 2, hits   # accGrad finds fprop's x, bprop accGrad's gy
+    entry = backends._prepared[(name, "accgrad", xs, ws, stride, padding, config.state())]
+    assert entry.spectra and entry.roles == {(("bprop",), True): {"gy"}}
