@@ -3,8 +3,9 @@
 bench_pytorch's smoke run put converted AlexNet's eager step at 12.1 ms against PyTorch strict's
 3.7 (batch 8, H100) with the CUDA-graph rows on par: host time, ~0.5 ms per conv call. This
 times, for each conv of torchvision AlexNet and each pass, one call's host time (perf_counter,
-the queue drained before, nothing synchronised inside) at five depths:
+the queue drained before, nothing synchronised inside) at six depths:
 
+  unprepared backends.run_pass with its prepared path off (every call chooses and checks anew)
   framework  backends.run_pass on CuPy arrays, CuPy's own pool and stream (a framework layer)
   scoped     the same inside the adapter's stream scope (PyTorch's stream and caching allocator)
   adapter    minitorch_fft.pytorch._run on torch tensors (the crossings both ways)
@@ -159,6 +160,10 @@ def per_pass(torch, cp, pt, backends, layers, sync):
             def framework():
                 backends.run_pass("auto", p, *arrays, **geom)
 
+            def unprepared():
+                with unprepared_passes(backends):
+                    backends.run_pass("auto", p, *arrays, **geom)
+
             def scoped():
                 with scope(pt, device):
                     backends.run_pass("auto", p, *arrays, **geom)
@@ -172,7 +177,8 @@ def per_pass(torch, cp, pt, backends, layers, sync):
 
             op()                  # tunes (auto) and compiles outside the timing
             sync()
-            us = {"framework": host_us(framework, sync), "scoped": host_us(scoped, sync),
+            us = {"unprepared": host_us(unprepared, sync), "framework": host_us(framework, sync),
+                  "scoped": host_us(scoped, sync),
                   "adapter": host_us(adapter, sync), "operator": host_us(op, sync)}
             us["eager"] = host_us(eager, sync) if p == "fprop" else us["adapter"]
             with scope(pt, device):
@@ -181,6 +187,16 @@ def per_pass(torch, cp, pt, backends, layers, sync):
                     backends.run_pass("auto", p, *arrays, **geom)
             rows.append((name, p, us, counter.count))
     return rows
+
+
+@contextlib.contextmanager
+def unprepared_passes(backends):
+    """run_pass with its prepared path off inside the block: no entry found, none made (the path
+    every call took before 40bbc4c for the backends without prepare(): fbfft, polyphase, cufft)."""
+    import unittest.mock
+    with unittest.mock.patch.object(backends, "_prepared", {}), \
+            unittest.mock.patch.object(backends, "_prepare", lambda *args: None):
+        yield
 
 
 def conv_geometries(torch, model, batch):
@@ -223,6 +239,8 @@ def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out, s
     base = model_fn()
     out, spectra = {}, {}
     rows = [("stock", False, False), ("converted, spectra reused", True, True), ("converted, no reuse", True, False)]
+    if hasattr(backends, "_prepare"):   # this tree has run_pass's prepared path: the step without it as well
+        rows.append(("converted, unprepared", True, True))
     if hasattr(pt, "_eager"):   # this tree has the eager path: the step through torch.ops as well
         rows.append(("converted, via torch.ops", True, True))
     for label, converted, reuse in rows:
@@ -243,6 +261,8 @@ def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out, s
         via_ops = contextlib.ExitStack()
         if label.endswith("via torch.ops"):   # every call as a traced one would make it
             via_ops.enter_context(unittest.mock.patch.object(pt, "_eager", lambda *tensors: False))
+        if label.endswith("unprepared"):
+            via_ops.enter_context(unprepared_passes(backends))
         for _ in range(3):
             step()
         sync()
@@ -353,7 +373,7 @@ def main():
             print(f"  {piece:42s} {us:7.1f}")
         layers = conv_geometries(torch, torchvision.models.alexnet(), args.batch)
         rows = per_pass(torch, cp, pt, backends, layers, sync)
-        depths = ("framework", "scoped", "adapter", "eager", "operator")
+        depths = ("unprepared", "framework", "scoped", "adapter", "eager", "operator")
         print(f"\nhost us per call, AlexNet (torchvision) batch {args.batch}, auto:")
         print(f"  {'layer':12s} {'pass':8s} " + " ".join(f"{d:>9s}" for d in depths) + "  allocations")
         for name, p, us, n in rows:
@@ -361,6 +381,8 @@ def main():
         sums = {d: sum(us[d] for _, _, us, _ in rows) for d in depths}
         print(f"  {'sum (ms)':21s} " + " ".join(f"{sums[d] / 1e3:9.3f}" for d in depths))
         fprops = [r for r in rows if r[1] == "fprop"]
+        print("  median saved per call by run_pass's prepared path: "
+              f"{statistics.median(r[2]['unprepared'] - r[2]['framework'] for r in rows):.1f} us")
         print("  median extra per call, each depth over the one before: scope "
               f"{statistics.median(r[2]['scoped'] - r[2]['framework'] for r in rows):.1f} us, crossings "
               f"{statistics.median(r[2]['adapter'] - r[2]['scoped'] for r in rows):.1f} us, operator "
