@@ -199,6 +199,19 @@ def unprepared_passes(backends):
         yield
 
 
+def prepared_ab(step, backends, sync, pairs):
+    """{on, off, diff}: host ms of one step with run_pass's prepared path and without it, the two
+    taken in turn `pairs` times (each after 2 untimed steps in its mode), so that a host's slow
+    spell falls on both: the medians, and the median of each pair's difference (off - on)."""
+    on, off = [], []
+    for _ in range(pairs):
+        on.append(median_ms(step, "cpu", 2, 1, before=sync))
+        with unprepared_passes(backends):
+            off.append(median_ms(step, "cpu", 2, 1, before=sync))
+    return {"on": statistics.median(on), "off": statistics.median(off),
+            "diff": statistics.median(b - a for a, b in zip(on, off))}
+
+
 def conv_geometries(torch, model, batch):
     """[(name, x_shape, w_shape, stride, padding)] of model's Conv2d layers, in forward order."""
     found, hooks = [], []
@@ -279,6 +292,8 @@ def step_study(torch, pt, backends, model_fn, batch, sync, steps, profile_out, s
         out[label] = {"host_ms": host_ms, "wall_ms": (time.perf_counter() - t0) / steps * 1e3,
                       "peak_mib": peak / 2**20, "resident_mib": before / 2**20,
                       "kept_mib": held_bytes(backends.held_on_device()) / 2**20}
+        if label == "converted, spectra reused" and hasattr(backends, "_prepare"):
+            out["prepared path A/B"] = prepared_ab(step, backends, sync, steps)
         if label == "converted, spectra reused" and profile_out:   # the eager path, as bench_pytorch runs it
             prof = cProfile.Profile()
             prof.enable()
@@ -393,9 +408,14 @@ def main():
                                 args.batch, sync, args.steps, args.profile_out, args.sample_out)
     print(f"\ntraining step, AlexNet batch {args.batch} (host: issuing one step; wall: {args.steps} steps "
           "back to back, per step):")
+    ab = steps.pop("prepared path A/B", None)
     for label, r in steps.items():
         print(f"  {label:28s} host {r['host_ms']:7.2f} ms  wall {r['wall_ms']:7.2f} ms  peak "
               f"{r['peak_mib']:7.0f} MiB  (resident before the step {r['resident_mib']:.0f} MiB)")
+    if ab is not None:
+        print(f"  run_pass's prepared path, converted with spectra reused, {args.steps} steps on and off in turn: host "
+              f"{ab['on']:.2f} ms on, {ab['off']:.2f} off (medians); each pair's difference, median "
+              f"{ab['diff']:.3f} ms")
     for label, nbytes in spectra.items():
         print(f"  spectra held at the end of the forward ({label}): {nbytes / 2**20:.0f} MiB")
     for label, r in steps.items():
