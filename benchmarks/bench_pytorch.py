@@ -360,10 +360,17 @@ def _stop_compile_workers():
 
 
 def _free(torch):
-    """Drop what the finished row keeps: cufft's scratch and plans, PyTorch's cached blocks."""
+    """Drop what the finished row keeps: cufft's scratch and plans, PyTorch's cuBLAS workspaces
+    (one a handle and stream, made at the first GEMM there and kept: left in place, the row that
+    made one would count it and a later row on the same stream would not; session 34's graph rows
+    differed from stock's by exactly 33 MiB requested), PyTorch's cached blocks. So every row pays
+    for its own workspaces, made in its check and warm-up steps."""
     import backends
     backends.cufft.release_buffers()
     torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)   # private; absent in another PyTorch
+    if clear is not None:
+        clear()
     torch.cuda.empty_cache()
 
 

@@ -872,6 +872,26 @@ def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     assert (peak, requested) == (350.0, 290.0)
 
 
+def test_bench_pytorch_frees_the_cublas_workspaces_between_rows(monkeypatch):
+    """_free(): each row pays for its own cuBLAS workspaces (a workspace made by one row and found by
+    the next would be counted by the first only), cleared before the cached blocks are returned."""
+    import torch
+
+    import backends
+    from benchmarks import bench_pytorch
+    calls = []
+    monkeypatch.setattr(backends.cufft, "release_buffers", lambda: calls.append("cufft"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("cublas"), raising=False)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    bench_pytorch._free(torch)
+    assert calls == ["cufft", "sync", "cublas", "empty"]
+    monkeypatch.delattr(torch._C, "_cuda_clearCublasWorkspaces")      # another PyTorch: nothing to clear
+    calls.clear()
+    bench_pytorch._free(torch)
+    assert calls == ["cufft", "sync", "empty"]
+
+
 def test_bench_pytorch_estimates_from_its_last_result(tmp_path):
     from benchmarks.bench_pytorch import earlier_estimate
     assert earlier_estimate("bench_pytorch_alexnet", 128, tmp_path)[0] is None
