@@ -201,11 +201,13 @@ def test_auto_times_the_prepared_call(settings, tmp_path, monkeypatch):
     assert len(modules) - len(runs) <= 3
 
 
-def test_kept_roles_are_final_only_once_every_consumer_is_tuned(settings, tmp_path):
+def test_kept_roles_are_final_only_once_every_consumer_is_tuned(settings, tmp_path, monkeypatch):
     """Under auto, accGrad keeps gy's spectrum for a bprop not chosen yet (it may be the same
     backend), and says the answer is not final; once bprop is chosen (gemm, on the CPU) it keeps
     nothing, finally. A named backend's answer is final at once."""
     settings(tune_cache=str(tmp_path / "t.json"))
+    monkeypatch.setattr(auto, "_memory", {})          # a new process's choices: none made yet
+    monkeypatch.setattr(auto, "_fast", {})
     xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
     x, w, gy, ref = _data(xs, ws, s, p, 6)
     fbfft = backends.get("fbfft")
