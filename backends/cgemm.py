@@ -187,7 +187,7 @@ GRAPH_WORKSPACE_BYTES = 32 << 20   # cuBLAS's recommended workspace on Hopper
 
 @contextlib.contextmanager
 def capturing(handle):
-    """The block's GEMMs go to `handle` (graph_handle()) instead of CuPy's: for stream capture."""
+    """The block's GEMMs go to `handle` (a GraphHandle) instead of CuPy's: for stream capture."""
     global _capture
     saved, _capture = _capture, (handle.ptr, handle.gemm)
     try:

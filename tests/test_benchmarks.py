@@ -1241,6 +1241,17 @@ def test_exp_compile_gap_finds_where_the_gpu_waits_for_the_host():
     assert abs(span - (90 + 30) / 2e3) < 1e-12
 
 
+def test_exp_compile_gap_counts_kernels_not_annotations_as_gpu_work():
+    """A device event marked as a user annotation (the optimizer's range spanning its kernels) is
+    not GPU work; a kernel, or an event of a profiler without the flag, is."""
+    from types import SimpleNamespace
+
+    from benchmarks.experiments import exp_compile_gap as exp
+    assert not exp.gpu_work(SimpleNamespace(name="Optimizer.step#SGD.step", is_user_annotation=True))
+    assert exp.gpu_work(SimpleNamespace(name="void fbfft_rfft2<16>", is_user_annotation=False))
+    assert exp.gpu_work(SimpleNamespace(name="Memcpy HtoD"))
+
+
 def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
     """A synthetic trace: a is made and kept, b and c are alive together at the peak, then freed;
     the peak groups what was alive then by where() (the innermost frame outside the libraries),

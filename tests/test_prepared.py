@@ -1,6 +1,7 @@
-"""run_pass's prepared path: a layer's calls after its first go straight to the backend's own call
-for that geometry (cudnn's built plan, gemm's fused kernel launch or its pass), where nothing that
-decided it has changed. Each call's result against PyTorch float64; every way out of the path
+"""run_pass's prepared path: a layer's GPU calls after its first go straight to the backend's call
+for that geometry (cudnn's built plan, gemm's fused kernel launch or its pass; for a backend
+without prepare(), its pass function, under the spectra roles the full path would give it),
+where nothing that decided it has changed. Each call's result against PyTorch float64; every way out of the path
 (other settings, another device's arrays, arrays the full path must check or convert, a new
 tuning memory, a replaced pass function, a runner that raises) taken and checked to give the full
 path's answer or error. The settings' state number on the CPU."""
@@ -205,7 +206,7 @@ def test_kept_roles_are_final_only_once_every_consumer_is_tuned(settings, tmp_pa
     """Under auto, accGrad keeps gy's spectrum for a bprop not chosen yet (it may be the same
     backend), and says the answer is not final; once bprop is chosen (gemm, on the CPU) it keeps
     nothing, finally. A named backend's answer is final at once."""
-    settings(tune_cache=str(tmp_path / "t.json"))
+    settings(tune_cache=str(tmp_path / "t.json"), auto_tune="off", reuse_weight_spectra=False)
     monkeypatch.setattr(auto, "_memory", {})          # a new process's choices: none made yet
     monkeypatch.setattr(auto, "_fast", {})
     xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
