@@ -254,3 +254,40 @@ def test_a_pass_function_is_prepared_and_shares_spectra_as_the_full_path(name, x
     assert hits[0] == hits[1] == hits[2] >= 2, hits   # accGrad finds fprop's x, bprop accGrad's gy
     entry = backends._prepared[(name, "accgrad", xs, ws, stride, padding, config.state())]
     assert entry.spectra and entry.roles == {(("bprop",), True): {"gy"}}
+
+
+def test_prepared_roles_are_kept_only_once_final(settings, monkeypatch):
+    """_Prepared's spectra roles, with a stand-in for CuPy (NumPy arrays on "device 0") and for
+    auto's memory: an accGrad whose bprop is not chosen yet keeps gy for it and does not remember
+    that answer; once bprop is chosen (gemm) it keeps nothing, and that is remembered per (later,
+    the block's inputs). Outside a reuse block no roles are asked for."""
+    from backends import reuse
+    settings(reuse_weight_spectra=False)
+    chosen = {}
+    monkeypatch.setattr(auto, "remembered", lambda registry, pass_name, *args: chosen.get(pass_name))
+
+    class FakeCupy:
+        ndarray = np.ndarray
+
+        class cuda:
+            class runtime:
+                getDevice = staticmethod(lambda: 0)
+    xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
+    x, _, gy, _ = _data(xs, ws, s, p, 8)
+    kept = []
+
+    def run(a, b):
+        kept.append(reuse._keep)
+        return "ran"
+    entry = backends._Prepared(FakeCupy, run, backends.get("fbfft"), "accgrad", (gy, x, ws), None, 0,
+                               spectra=True, where=("auto", xs, ws, s, p))
+    with backends.reuse_spectra():
+        assert entry((gy, x, ws), ("bprop",)) == "ran"
+        assert kept[-1] == {"gy"} and entry.roles == {}              # bprop not chosen: not remembered
+        chosen["bprop"] = "gemm"
+        assert entry((gy, x, ws), ("bprop",)) == "ran"
+        assert kept[-1] == set() and entry.roles == {(("bprop",), True): set()}
+        assert entry((gy, x, ws), ()) == "ran" and kept[-1] == set()  # no later pass: nothing to keep
+        assert set(entry.roles) == {(("bprop",), True), ((), True)}
+    assert entry((gy, x, ws), ("bprop",)) == "ran" and kept[-1] is None
+    assert entry((gy.astype(np.float64), x, ws), ("bprop",)) is None      # the full path's to check
