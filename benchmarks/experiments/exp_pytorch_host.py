@@ -160,7 +160,6 @@ def per_pass(torch, cp, pt, backends, layers, sync):
             def framework():
                 backends.run_pass("auto", p, *arrays, **geom)
 
-
             def scoped():
                 with scope(pt, device):
                     backends.run_pass("auto", p, *arrays, **geom)
