@@ -242,6 +242,45 @@ class GraphHandle:
             pass
 
 
+class BorrowedHandle:
+    """Another library's cuBLAS handle (PyTorch's for its current stream, with its workspace bound:
+    minitorch_fft.pytorch) for the GEMMs of a capture (capturing()), so that the capture takes no
+    workspace of ours. Usable only where that library's libcublas is the one loaded here
+    (one_libcublas()). Its math mode is set to the default here: PyTorch sets TF32 math on its
+    handle where it allows TF32, which would run CUBLAS_COMPUTE_32F in TF32; our GEMMs name their
+    compute type (TF32 mode's CUBLAS_COMPUTE_32F_FAST_TF32), and the owner sets its own mode again
+    when it next takes the handle."""
+
+    def __init__(self, ptr):
+        import ctypes
+        self._lib, self.ptr = _libcublas(), ptr
+        _check(self._lib.cublasSetMathMode(ctypes.c_void_p(ptr), _CUBLAS_DEFAULT_MATH), "cublasSetMathMode")
+
+    def gemm(self, *args):
+        _check(self._lib.cublasGemmStridedBatchedEx(*args), "cublasGemmStridedBatchedEx")
+
+
+_CUBLAS_DEFAULT_MATH = 0
+
+
+def one_libcublas():
+    """Whether this process has exactly one libcublas loaded (a handle one library made is then
+    usable by our calls): after CuPy's first cuBLAS use and whatever else loaded one."""
+    _libcublas()                                  # CuPy's, loaded
+    return len(_libcublas_paths()) == 1
+
+
+def _libcublas_paths():
+    """The distinct libcublas files in this process's memory map, in the map's order."""
+    paths = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            name = line.rsplit(None, 1)[-1]
+            if "/libcublas.so" in name and name not in paths:
+                paths.append(name)
+    return paths
+
+
 def _check(status, what):
     if status != 0:
         raise RuntimeError(f"{what} failed with cuBLAS status {status}")
@@ -255,26 +294,21 @@ def _libcublas():
 
     import cupy as cp
     cp.cuda.device.get_cublas_handle()            # makes CuPy load the library
-    path = None
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            name = line.rsplit(None, 1)[-1]
-            if "/libcublas.so" in name:
-                path = name
-                break
-    if path is None:
+    paths = _libcublas_paths()
+    if not paths:
         raise RuntimeError("CUDA graphs: libcublas is not loaded in this process (looked for it in "
                            "/proc/self/maps after CuPy's first cuBLAS use)")
-    lib = ctypes.CDLL(path)
+    lib = ctypes.CDLL(paths[0])
     vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
     lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
     lib.cublasDestroy_v2.argtypes = [vp]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+    lib.cublasSetMathMode.argtypes = [vp, i]
     lib.cublasGemmStridedBatchedEx.argtypes = [
         vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i]
     for f in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
-              "cublasGemmStridedBatchedEx"):
+              "cublasSetMathMode", "cublasGemmStridedBatchedEx"):
         getattr(lib, f).restype = i
     return lib
 
