@@ -177,9 +177,10 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
 # CuPy refuses every cuBLAS call while a stream is being captured (its wrappers' cublasSetStream
 # raises NotImplementedError, cupy/cupy#6290). minitorch_fft.graphs captures a training step all
 # the same: for the capture, _gemm calls libcublas's cublasGemmStridedBatchedEx directly (ctypes,
-# the library CuPy loaded) on a handle of the graph's own, bound to the capture stream with a
-# workspace of its own, as the cuBLAS guide's "CUDA Graphs Support" section asks: without one,
-# cuBLAS may allocate inside the graph.
+# the library CuPy loaded) on a handle bound to the capture stream with a workspace, as the cuBLAS
+# guide's "CUDA Graphs Support" section asks (without one, cuBLAS may allocate inside the graph):
+# one of the graph's own (GraphHandle), or one whose owner binds both, as PyTorch does for its own
+# (BorrowedHandle).
 
 _capture = None   # (handle, gemm function) while capturing(); None: CuPy's handle and wrapper
 GRAPH_WORKSPACE_BYTES = 32 << 20   # cuBLAS's recommended workspace on Hopper
@@ -187,7 +188,7 @@ GRAPH_WORKSPACE_BYTES = 32 << 20   # cuBLAS's recommended workspace on Hopper
 
 @contextlib.contextmanager
 def capturing(handle):
-    """The block's GEMMs go to `handle` (a GraphHandle) instead of CuPy's: for stream capture."""
+    """The block's GEMMs go to `handle` (a GraphHandle or BorrowedHandle) instead of CuPy's: for stream capture."""
     global _capture
     saved, _capture = _capture, (handle.ptr, handle.gemm)
     try:
@@ -245,8 +246,8 @@ class GraphHandle:
 class BorrowedHandle:
     """Another library's cuBLAS handle (PyTorch's for its current stream, with its workspace bound:
     minitorch_fft.pytorch) for the GEMMs of a capture (capturing()), so that the capture takes no
-    workspace of ours. Usable only where that library's libcublas is the one loaded here
-    (one_libcublas()). Its math mode is set to the default here: PyTorch sets TF32 math on its
+    workspace of ours. Usable only where that library calls the libcublas our calls use
+    (shares_libcublas()). Its math mode is set to the default here: PyTorch sets TF32 math on its
     handle where it allows TF32, which would run CUBLAS_COMPUTE_32F in TF32; our GEMMs name their
     compute type (TF32 mode's CUBLAS_COMPUTE_32F_FAST_TF32), and the owner sets its own mode again
     when it next takes the handle."""
@@ -261,13 +262,23 @@ class BorrowedHandle:
 
 
 _CUBLAS_DEFAULT_MATH = 0
+_IDENTITY_SYMBOL = "cublasCreate_v2"   # the function whose address names a libcublas instance
 
 
-def one_libcublas():
-    """Whether this process has exactly one libcublas loaded (a handle one library made is then
-    usable by our calls): after CuPy's first cuBLAS use and whatever else loaded one."""
-    _libcublas()                                  # CuPy's, loaded
-    return len(_libcublas_paths()) == 1
+def shares_libcublas(library_path):
+    """Whether the library at `library_path`, already loaded, calls the libcublas our calls use
+    (_libcublas()): its cuBLAS functions resolve (dlsym through it, which searches the library and
+    its dependencies) to the very addresses ours do, so a handle it makes is one our calls may
+    take. False where it is not loaded, does not reach cuBLAS (linked statically and hidden), or
+    reaches another copy (a second libcublas file loaded)."""
+    import ctypes
+    import os
+    try:
+        theirs = getattr(ctypes.CDLL(library_path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY), _IDENTITY_SYMBOL)
+    except (OSError, AttributeError):
+        return False
+    ours = getattr(_libcublas(), _IDENTITY_SYMBOL)
+    return ctypes.cast(theirs, ctypes.c_void_p).value == ctypes.cast(ours, ctypes.c_void_p).value
 
 
 def _libcublas_paths():

@@ -24,7 +24,7 @@ orders with PyTorch's work, counts in torch.cuda.max_memory_allocated(), and can
 torch.cuda.graph (the allocations then come from the graph's private pool; CuPy refuses cuBLAS
 calls in a capture, so the GEMMs go to PyTorch's own cuBLAS handle for the capture stream, with the
 workspace PyTorch gives it, as the stock model's captured GEMMs do: backends.cgemm.BorrowedHandle.
-Where PyTorch's libcublas is not the one CuPy loaded, a handle of our own made at the device's
+Where PyTorch does not call the libcublas CuPy loaded, a handle of our own made at the device's
 first eager pass, backends.cgemm.GraphHandle, whose 32 MiB workspace is taken from the first
 capture's pool, so eager steps never hold it; session 35 measured those 32 MiB as the graph rows'
 peak over stock's on ResNet-50 and VGG-16). Capture after one eager
@@ -136,7 +136,8 @@ def reuse_spectra(inputs=False):
 
 
 _cupy = None
-_graph_handles = {}   # device index -> None (captures borrow PyTorch's handle) or cgemm.GraphHandle, at its first eager pass
+_graph_handles = {}   # device index -> None (captures borrow PyTorch's handle) or cgemm.GraphHandle:
+                      # set at the device's first eager pass
 _streams = {}         # (device index, stream pointer) -> _Stream: made once per PyTorch stream
 _NOT_CAPTURING = contextlib.nullcontext()
 
@@ -182,14 +183,14 @@ def _cuda_scope(index):
         on = _streams[index, ptr] = _Stream(cp, index, ptr)
     if not torch.cuda.is_current_stream_capturing():
         if index not in _graph_handles:
-            # Where PyTorch's libcublas is ours (one loaded), a capture's GEMMs go to PyTorch's
+            # Where PyTorch calls the libcublas ours do, a capture's GEMMs go to PyTorch's
             # handle for the capture stream, with the workspace PyTorch binds to it, which its own
             # captured GEMMs use (None here). Else a handle of our own; cublasCreate allocates, so it
             # is made eagerly, without a workspace: eager passes never use it, and its 32 MiB were
             # the converted ResNet-50's eager step peak over the stock model's (+22 MiB,
             # benchmarks/NOTES.md, session 14)
             with on.device, on.stream:
-                _graph_handles[index] = None if cgemm.one_libcublas() else cgemm.GraphHandle(ptr, None)
+                _graph_handles[index] = None if _torch_shares_libcublas() else cgemm.GraphHandle(ptr, None)
         return cp, on, _NOT_CAPTURING
     if index not in _graph_handles:
         raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
@@ -211,6 +212,13 @@ def _cuda_scope(index):
         workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
         handle.set_workspace(_cupy_bytes(workspace, cp))
     return cp, on, cgemm.capturing(handle)
+
+
+def _torch_shares_libcublas():
+    """Whether PyTorch's CUDA library calls the libcublas our GEMMs use, so that its cuBLAS handles
+    are ours to take (cgemm.shares_libcublas: the same function addresses, not merely one file)."""
+    import os
+    return cgemm.shares_libcublas(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so"))
 
 
 def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None):

@@ -646,7 +646,7 @@ def test_cuda_graph_training_step_replays(strict_fp32, path, monkeypatch):
 
 @pytest.mark.gpu
 def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, monkeypatch):
-    """Where one libcublas is loaded, a captured pass's GEMMs run on PyTorch's cuBLAS handle for the
+    """Where PyTorch calls our libcublas, a captured pass's GEMMs run on PyTorch's cuBLAS handle for the
     capture stream (the workspace PyTorch binds to it, as the stock model's captured GEMMs use) and
     no handle of ours is made; else on ours, whose workspace the first capture takes (from its
     pool), never an eager pass. Strict fp32 stays strict where PyTorch allows TF32 matmuls (it sets
@@ -659,7 +659,7 @@ def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, monkeypatch):
     with torch.no_grad():
         ref = conv(x)                                   # eager: CuPy's handle, strict
         index = torch.cuda.current_device()
-        borrowed = cgemm.one_libcublas()
+        borrowed = pt._torch_shares_libcublas()
         assert (pt._graph_handles[index] is None) == borrowed
         if not borrowed:
             assert pt._graph_handles[index].workspace is None
@@ -684,6 +684,63 @@ def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, monkeypatch):
     graph2.replay()
     torch.cuda.synchronize()
     assert rel_error(static_y2.cpu().numpy(), ref.cpu().numpy()) <= 1e-5
+
+
+CONV_ONLY_CAPTURE = """
+import copy, torch
+from minitorch_fft import pytorch as pt
+from minitorch_fft.pytorch import Conv2d
+torch.manual_seed(0)
+net = torch.nn.Sequential(Conv2d(3, 8, 3, padding=1, backend="gemm"), torch.nn.ReLU(),
+                          Conv2d(8, 4, 3, padding=1, backend="fbfft")).cuda()
+eager = copy.deepcopy(net)
+opt, opt_eager = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (net, eager))
+static_x = torch.randn(4, 3, 12, 12, device="cuda")
+
+def step(m, o, x):
+    o.zero_grad(set_to_none=False)
+    loss = m(x).square().mean()     # no GEMM of PyTorch's anywhere in the step
+    loss.backward()
+    o.step()
+    return loss
+
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    step(net, opt, static_x)
+    step(eager, opt_eager, static_x)
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    static_loss = step(net, opt, static_x)
+eager.load_state_dict(net.state_dict())
+for _ in range(2):
+    x = torch.randn(4, 3, 12, 12, device="cuda")
+    static_x.copy_(x)
+    graph.replay()
+    loss = step(eager, opt_eager, x)
+    torch.cuda.synchronize()
+    assert abs(static_loss.item() - loss.item()) <= 1e-5 * abs(loss.item()), (static_loss.item(), loss.item())
+    for p, q in zip(net.parameters(), eager.parameters()):
+        assert (p - q).abs().max().item() <= 1e-5 * q.abs().max().item()
+print("replayed; PyTorch's handle borrowed:", pt._graph_handles[torch.cuda.current_device()] is None)
+"""
+
+
+@pytest.mark.gpu
+def test_a_conv_only_step_captures_in_a_fresh_process():
+    """A converted network with no GEMM of PyTorch's (convolutions, ReLU, a mean), in a process
+    where PyTorch has made no cuBLAS handle before the capture: its training step captures, and
+    replays as eager steps run. Where captures borrow PyTorch's handle, the capture is where
+    PyTorch first makes it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", CONV_ONLY_CAPTURE], cwd=root, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "replayed" in run.stdout
 
 
 @pytest.mark.gpu
