@@ -262,6 +262,40 @@ class BorrowedHandle:
 
 
 _CUBLAS_DEFAULT_MATH = 0
+_CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode():
+    """While the block runs, this thread may make the CUDA calls a capture in global or thread-local
+    mode refuses and invalidates itself on (torch.cuda.graph's default is global): cudaMalloc,
+    which cublasCreate makes. For a handle its owner makes at its first use, which may be inside
+    the capture (PyTorch's, in a model with no GEMM of PyTorch's before it: session 36 measured the
+    capture invalidated, CUBLAS_STATUS_NOT_INITIALIZED, and made whole in this mode). Nothing made
+    in the block is captured; the driver's cuThreadExchangeStreamCaptureMode, the previous mode
+    restored at its end."""
+    import ctypes
+    exchange = _libcuda().cuThreadExchangeStreamCaptureMode
+    mode = ctypes.c_int(_CU_STREAM_CAPTURE_MODE_RELAXED)
+    _check_cu(exchange(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        _check_cu(exchange(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")              # the driver: loaded wherever CUDA runs
+    lib.cuThreadExchangeStreamCaptureMode.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.cuThreadExchangeStreamCaptureMode.restype = ctypes.c_int
+    return lib
+
+
+def _check_cu(status, what):
+    if status != 0:
+        raise RuntimeError(f"{what} failed with CUDA driver status {status}")
 _IDENTITY_SYMBOL = "cublasCreate_v2"   # the function whose address names a libcublas instance
 
 

@@ -23,8 +23,9 @@ own operators do (a CuPy ExternalStream), and allocates from PyTorch's caching a
 orders with PyTorch's work, counts in torch.cuda.max_memory_allocated(), and can be captured by
 torch.cuda.graph (the allocations then come from the graph's private pool; CuPy refuses cuBLAS
 calls in a capture, so the GEMMs go to PyTorch's own cuBLAS handle for the capture stream, with the
-workspace PyTorch gives it, as the stock model's captured GEMMs do: backends.cgemm.BorrowedHandle.
-Where PyTorch does not call the libcublas CuPy loaded, a handle of our own made at the device's
+workspace PyTorch gives it, as the stock model's captured GEMMs do: backends.cgemm.BorrowedHandle;
+where PyTorch has yet to make that handle on the capturing thread, it makes it there, in relaxed
+capture mode. Where PyTorch does not call the libcublas CuPy loaded, a handle of our own made at the device's
 first eager pass, backends.cgemm.GraphHandle, whose 32 MiB workspace is taken from the first
 capture's pool, so eager steps never hold it; session 35 measured those 32 MiB as the graph rows'
 peak over stock's on ResNet-50 and VGG-16). Capture after one eager
@@ -200,9 +201,12 @@ def _cuda_scope(index):
     if handle is None:
         # PyTorch's handle for this stream, its stream and workspace bound by PyTorch as for its
         # own GEMMs (the workspace: from the graph's pool at the stream's first captured GEMM, as
-        # the stock model's step pays it); its math mode set for our GEMMs (cgemm.BorrowedHandle)
-        with torch.cuda.device(index):
-            return cp, on, cgemm.capturing(cgemm.BorrowedHandle(torch.cuda.current_blas_handle()))
+        # the stock model's step pays it); its math mode set for our GEMMs (cgemm.BorrowedHandle).
+        # PyTorch makes a thread's handle at its first GEMM there, here if the model has none of
+        # PyTorch's before: cublasCreate allocates, which the capture allows in relaxed mode only
+        with torch.cuda.device(index), cgemm.relaxed_capture_mode():
+            blas = torch.cuda.current_blas_handle()
+        return cp, on, cgemm.capturing(cgemm.BorrowedHandle(blas))
     if handle.stream_ptr != ptr:
         handle.bind(ptr)
     if handle.workspace is None:

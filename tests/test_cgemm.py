@@ -293,3 +293,25 @@ def test_shares_libcublas_compares_the_resolved_functions(monkeypatch):
     monkeypatch.setattr(cgemm, "_IDENTITY_SYMBOL", "cos")
     monkeypatch.setattr(cgemm, "_libcublas", lambda: libm)
     assert not cgemm.shares_libcublas("libc.so.6")                         # does not reach it
+
+
+def test_relaxed_capture_mode_exchanges_and_restores(monkeypatch):
+    """relaxed_capture_mode() sets this thread's capture mode to relaxed for the block and gives the
+    previous one back, also when the block raises (a stand-in for the driver's exchange call)."""
+    modes = {"thread": 0}                                  # CU_STREAM_CAPTURE_MODE_GLOBAL
+
+    def exchange(ref):
+        modes["thread"], ref._obj.value = ref._obj.value, modes["thread"]
+        return 0
+
+    monkeypatch.setattr(cgemm, "_libcuda", lambda: types.SimpleNamespace(cuThreadExchangeStreamCaptureMode=exchange))
+    with cgemm.relaxed_capture_mode():
+        assert modes["thread"] == 2
+    assert modes["thread"] == 0
+    with pytest.raises(KeyError), cgemm.relaxed_capture_mode():
+        raise KeyError("inside")
+    assert modes["thread"] == 0
+    monkeypatch.setattr(cgemm, "_libcuda", lambda: types.SimpleNamespace(cuThreadExchangeStreamCaptureMode=lambda ref: 1))
+    with pytest.raises(RuntimeError, match="cuThreadExchangeStreamCaptureMode failed with CUDA driver status 1"):
+        with cgemm.relaxed_capture_mode():
+            pass
