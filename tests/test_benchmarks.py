@@ -1252,6 +1252,31 @@ def test_exp_compile_gap_counts_kernels_not_annotations_as_gpu_work():
     assert exp.gpu_work(SimpleNamespace(name="Memcpy HtoD"))
 
 
+def test_exp_compile_gap_times_a_function_and_puts_it_back():
+    """Timed counts the calls and host time of module.name inside its block, what the function
+    returns and raises unchanged, and restores the function after it, also after an error."""
+    import time
+    from types import SimpleNamespace
+
+    from benchmarks.experiments import exp_compile_gap as exp
+
+    def work(t, fail=False):
+        time.sleep(t)
+        if fail:
+            raise KeyError("inside")
+        return t
+    module = SimpleNamespace(work=work)
+    with exp.Timed(module, "work") as timed:
+        assert module.work(0.02) == 0.02 and module.work is not work
+        with pytest.raises(KeyError):
+            module.work(0.01, fail=True)
+    assert module.work is work
+    assert timed.calls == 2 and 0.03 <= timed.seconds < 1.0
+    with pytest.raises(ValueError), exp.Timed(module, "work"):
+        raise ValueError("the block")
+    assert module.work is work
+
+
 def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
     """A synthetic trace: a is made and kept, b and c are alive together at the peak, then freed;
     the peak groups what was alive then by where() (the innermost frame outside the libraries),
