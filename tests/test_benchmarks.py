@@ -1275,6 +1275,11 @@ def test_exp_compile_gap_times_a_function_and_puts_it_back():
     with pytest.raises(ValueError), exp.Timed(module, "work"):
         raise ValueError("the block")
     assert module.work is work
+    with exp.Timed(module, "work", label=lambda t, **kw: t > 0.005) as labelled:
+        module.work(0.01)
+        module.work(0.0)
+        module.work(0.0)
+    assert labelled.seen == {True: 1, False: 2}
 
 
 def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():

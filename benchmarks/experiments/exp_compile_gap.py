@@ -219,8 +219,9 @@ class Timed:
     replaced by a timing wrapper: a few hundred nanoseconds a call. Calls nested in another timed
     call are counted in both."""
 
-    def __init__(self, module, name):
+    def __init__(self, module, name, label=None):
         self.module, self.name, self.seconds, self.calls = module, name, 0.0, 0
+        self.label, self.seen = label, Counter()   # label(*args): what seen counts the calls by
 
     def __enter__(self):
         inner = self.original = getattr(self.module, self.name)
@@ -232,6 +233,8 @@ class Timed:
             finally:
                 self.seconds += time.perf_counter() - t0
                 self.calls += 1
+                if self.label is not None:
+                    self.seen[self.label(*args)] += 1
         setattr(self.module, self.name, timed)
         return self
 
@@ -241,22 +244,26 @@ class Timed:
 
 def issue_split(step, steps):
     """Medians over `steps` steps, each from an idle GPU, of (issue ms, ms in our passes (_run),
-    ms in backends.run_pass, passes a step)."""
+    ms in backends.run_pass, passes a step, passes a step on run_pass's full path), and the
+    passes that took the full path (backends.choose's calls: the prepared path skips it) by
+    (pass, input shape), over all the steps."""
     import statistics
 
     import torch
 
     import backends
     from minitorch_fft import pytorch as pt
-    rows = []
+    rows, full = [], Counter()
     for _ in range(steps):
         torch.cuda.synchronize()
-        with Timed(pt, "_run") as ours, Timed(backends, "run_pass") as framework:
+        with Timed(pt, "_run") as ours, Timed(backends, "run_pass") as framework, \
+                Timed(backends, "choose", label=lambda name, pass_name, x_shape, *rest: (pass_name, x_shape)) as chosen:
             t0 = time.perf_counter()
             step()
             issue = time.perf_counter() - t0
-        rows.append((issue * 1e3, ours.seconds * 1e3, framework.seconds * 1e3, ours.calls))
-    return tuple(statistics.median(col) for col in zip(*rows))
+        rows.append((issue * 1e3, ours.seconds * 1e3, framework.seconds * 1e3, ours.calls, chosen.calls))
+        full.update(chosen.seen)
+    return tuple(statistics.median(col) for col in zip(*rows)), full
 
 
 def start_recording(entries):
@@ -415,11 +422,13 @@ def main():
             for w, ms_, n in gaps:
                 print(f"  {ms_:7.3f}  {n:5.1f}  {w}")
         if args.split and converted:
-            issue_ms, ours_ms, framework_ms, calls = issue_split(step, args.split)
+            (issue_ms, ours_ms, framework_ms, calls, full_calls), full = issue_split(step, args.split)
             print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): {ours_ms:.2f} in our "
                   f"{calls:.0f} passes (minitorch_fft.pytorch._run; backends.run_pass {framework_ms:.2f} of it), "
                   f"{issue_ms - ours_ms:.2f} outside them (PyTorch's autograd, dispatcher and compiled wrappers, the "
-                  "stock layers)")
+                  f"stock layers); {full_calls:.0f} passes a step on run_pass's full path (not prepared):")
+            for (pass_name, x_shape), n in full.most_common():
+                print(f"  {n / args.split:5.1f}  {pass_name} {x_shape}")
         if args.python:
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
             for own, calls, name in python_profile(step, args.python, args.top * 2):
