@@ -319,6 +319,9 @@ def main():
     ap.add_argument("--split", type=int, default=0, metavar="N",
                     help="also split each converted row's issue time over N steps into our passes' host time and "
                          "the rest")
+    ap.add_argument("--reset", action="store_true",
+                    help="torch._dynamo.reset() before each row: every compiled row compiles in a fresh Dynamo "
+                         "state (what an earlier row's compile leaves behind is the question it answers)")
     ap.add_argument("--left", action="store_true",
                     help="record each row from before its model is made through three steps: what it holds after "
                          "them (MiB, by where), and its peak to the KiB (a peak within a MiB of another's), each "
@@ -346,6 +349,8 @@ def main():
     summary = []
     for label in rows:
         converted, compiled = ROWS[label]
+        if args.reset:
+            torch._dynamo.reset()
         torch.cuda.synchronize()
         start = held(torch)                          # (allocated, requested) bytes
         if args.left:   # from before the model is made through three steps
