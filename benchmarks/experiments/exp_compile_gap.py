@@ -428,8 +428,8 @@ def main():
                 print(f"  {ms_:7.3f}  {n:5.1f}  {w}")
         if args.split and converted:
             (issue_ms, ours_ms, framework_ms, calls, full_calls), full = issue_split(step, args.split)
-            print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): {ours_ms:.2f} in our "
-                  f"{calls:.0f} passes (minitorch_fft.pytorch._run; backends.run_pass {framework_ms:.2f} of it), "
+            print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
+                  f"{ours_ms:.2f} in our {calls:.0f} passes (minitorch_fft.pytorch._run; backends.run_pass {framework_ms:.2f} of it), "
                   f"{issue_ms - ours_ms:.2f} outside them (PyTorch's autograd, dispatcher and compiled wrappers, the "
                   f"stock layers); {full_calls:.0f} passes a step on run_pass's full path (not prepared):")
             for (pass_name, x_shape), n in full.most_common():
