@@ -25,12 +25,12 @@ torch.cuda.graph (the allocations then come from the graph's private pool; CuPy 
 calls in a capture, so the GEMMs go to PyTorch's own cuBLAS handle for the capture stream, with the
 workspace PyTorch gives it, as the stock model's captured GEMMs do: backends.cgemm.BorrowedHandle;
 where PyTorch has yet to make that handle on the capturing thread, it makes it there, in relaxed
-capture mode. Where PyTorch does not call the libcublas CuPy loaded, a handle of our own made at the device's
-first eager pass, backends.cgemm.GraphHandle, whose 32 MiB workspace is taken from the first
-capture's pool, so eager steps never hold it; session 35 measured those 32 MiB as the graph rows'
-peak over stock's on ResNet-50 and VGG-16). Capture after one eager
-step: `auto` times the backends and cuFFT plans are made at a layer's first call, which a
-capture cannot hold. The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
+capture mode. Where PyTorch does not call the libcublas CuPy loaded, a handle of our own made at
+the device's first eager pass, backends.cgemm.GraphHandle, whose 32 MiB workspace is taken from
+the first capture's pool, so eager steps never hold it; sessions 35-36 measured those 32 MiB as
+the graph rows' peak over stock's on ResNet-50 and VGG-16). Capture after one eager step: `auto`
+times the backends and cuFFT plans are made at a layer's first call, which a capture cannot hold.
+The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
