@@ -135,7 +135,7 @@ def _batchable(a, b):
 
 def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
     """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags: through CuPy
-    on its handle, or, while a CUDA graph is captured, on the graph's own handle (capturing())."""
+    on its handle, or, while a CUDA graph is captured, on the handle capturing() names."""
 
     for name, arr in (("a", a), ("b", b), ("out", out)):
         if arr is not None and not isinstance(arr, xp.ndarray):
@@ -271,9 +271,10 @@ def relaxed_capture_mode():
     mode refuses and invalidates itself on (torch.cuda.graph's default is global): cudaMalloc,
     which cublasCreate makes. For a handle its owner makes at its first use, which may be inside
     the capture (PyTorch's, in a model with no GEMM of PyTorch's before it: session 36 measured the
-    capture invalidated, CUBLAS_STATUS_NOT_INITIALIZED, and made whole in this mode). Nothing made
-    in the block is captured; the driver's cuThreadExchangeStreamCaptureMode, the previous mode
-    restored at its end."""
+    capture invalidated, CUBLAS_STATUS_NOT_INITIALIZED, and made whole in this mode). Allocations
+    in the block are real ones, outside the graph; stream work in it is still captured. The
+    driver's cuThreadExchangeStreamCaptureMode; the previous mode restored at the block's end (a
+    failed restore raises, the block's own error then its __context__)."""
     import ctypes
     exchange = _libcuda().cuThreadExchangeStreamCaptureMode
     mode = ctypes.c_int(_CU_STREAM_CAPTURE_MODE_RELAXED)
@@ -296,6 +297,8 @@ def _libcuda():
 def _check_cu(status, what):
     if status != 0:
         raise RuntimeError(f"{what} failed with CUDA driver status {status}")
+
+
 _IDENTITY_SYMBOL = "cublasCreate_v2"   # the function whose address names a libcublas instance
 
 
@@ -304,7 +307,7 @@ def shares_libcublas(library_path):
     (_libcublas()): its cuBLAS functions resolve (dlsym through it, which searches the library and
     its dependencies) to the very addresses ours do, so a handle it makes is one our calls may
     take. False where it is not loaded, does not reach cuBLAS (linked statically and hidden), or
-    reaches another copy (a second libcublas file loaded)."""
+    reaches a copy other than _libcublas()'s (a second libcublas file loaded)."""
     import ctypes
     import os
     try:
@@ -333,8 +336,10 @@ def _check(status, what):
 
 @functools.lru_cache(maxsize=1)
 def _libcublas():
-    """libcublas as CuPy loaded it (found in this process's memory map, so handles and library
-    state are shared), with the argument types of the few functions used here."""
+    """The libcublas CuPy loaded, found in this process's memory map (the first one there: where
+    another library loaded a second copy, possibly that one; shares_libcublas() compares with
+    whichever this is, and handles and GEMMs go through it alike), with the argument types of the
+    few functions used here."""
     import ctypes
 
     import cupy as cp

@@ -195,8 +195,8 @@ def _cuda_scope(index):
         return cp, on, _NOT_CAPTURING
     if index not in _graph_handles:
         raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
-                           "run one eager step first (auto tunes, cuFFT plans and the cuBLAS handle are "
-                           "made at a layer's first call, which a capture cannot hold)")
+                           "run one eager step first (auto tunes and cuFFT plans are made at a layer's "
+                           "first call, which a capture cannot hold)")
     handle = _graph_handles[index]
     if handle is None:
         # PyTorch's handle for this stream, its stream and workspace bound by PyTorch as for its

@@ -645,15 +645,26 @@ def test_cuda_graph_training_step_replays(strict_fp32, path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, monkeypatch):
-    """Where PyTorch calls our libcublas, a captured pass's GEMMs run on PyTorch's cuBLAS handle for the
-    capture stream (the workspace PyTorch binds to it, as the stock model's captured GEMMs use) and
-    no handle of ours is made; else on ours, whose workspace the first capture takes (from its
-    pool), never an eager pass. Strict fp32 stays strict where PyTorch allows TF32 matmuls (it sets
-    TF32 math on its handle). Two captures on two streams replay right, the first freed first."""
+@pytest.mark.parametrize("own_handle", [False, True], ids=["as found", "own handle forced"])
+def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, own_handle, monkeypatch):
+    """Where PyTorch calls our libcublas, a captured pass's GEMMs run on PyTorch's cuBLAS handle for
+    the capture stream (the workspace PyTorch binds to it, as the stock model's captured GEMMs use)
+    and no handle of ours is made; else (forced here too) on ours, whose workspace the first capture
+    takes (from its pool), never an eager pass. Strict fp32 stays strict where PyTorch allows TF32
+    matmuls (it sets TF32 math on its handle). Two captures on two streams replay right, the first
+    freed first."""
     from backends import cgemm
     monkeypatch.setattr(pt, "_graph_handles", {})
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    if own_handle:
+        monkeypatch.setattr(pt, "_torch_shares_libcublas", lambda: False)
+    borrowed_handles = []
+
+    class Spy(cgemm.BorrowedHandle):
+        def __init__(self, ptr):
+            super().__init__(ptr)
+            borrowed_handles.append(ptr)
+    monkeypatch.setattr(cgemm, "BorrowedHandle", Spy)
     conv = Conv2d(16, 32, 3, padding=1, bias=False, backend="gemm").cuda()
     x = torch.randn(4, 16, 20, 20, device="cuda")
     with torch.no_grad():
@@ -666,6 +677,7 @@ def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, monkeypatch):
         graph, static_x = torch.cuda.CUDAGraph(), x.clone()
         with torch.cuda.graph(graph):
             static_y = conv(static_x)
+    assert bool(borrowed_handles) == borrowed
     handle = pt._graph_handles[index]
     if borrowed:
         assert handle is None
@@ -684,6 +696,20 @@ def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, monkeypatch):
     graph2.replay()
     torch.cuda.synchronize()
     assert rel_error(static_y2.cpu().numpy(), ref.cpu().numpy()) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_pytorch_shares_our_libcublas_where_one_is_loaded():
+    """The identity check is positive where it should be: PyTorch's CUDA library in torch/lib and a
+    single libcublas file loaded (a pip install, as on the lent GPUs) means one library, shared."""
+    from pathlib import Path
+
+    from backends import cgemm
+    torch.ones(2, 2, device="cuda") @ torch.ones(2, 2, device="cuda")     # PyTorch's cuBLAS, loaded
+    cgemm._libcublas()                                                      # and CuPy's
+    if len(cgemm._libcublas_paths()) != 1 or not (Path(torch.__file__).parent / "lib" / "libtorch_cuda.so").exists():
+        pytest.skip("not a single libcublas with PyTorch's CUDA library in torch/lib")
+    assert pt._torch_shares_libcublas()
 
 
 CONV_ONLY_CAPTURE = """
@@ -740,7 +766,7 @@ def test_a_conv_only_step_captures_in_a_fresh_process():
     run = subprocess.run([sys.executable, "-c", CONV_ONLY_CAPTURE], cwd=root, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "replayed" in run.stdout
+    assert f"replayed; PyTorch's handle borrowed: {pt._torch_shares_libcublas()}" in run.stdout, run.stdout
 
 
 @pytest.mark.gpu
