@@ -135,7 +135,7 @@ def _batchable(a, b):
 
 def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
     """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags: through CuPy
-    on its handle, or, while a CUDA graph is captured, on the graph's own handle (capturing())."""
+    on its handle, or, while a CUDA graph is captured, on the handle capturing() names."""
 
     for name, arr in (("a", a), ("b", b), ("out", out)):
         if arr is not None and not isinstance(arr, xp.ndarray):
@@ -177,9 +177,10 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
 # CuPy refuses every cuBLAS call while a stream is being captured (its wrappers' cublasSetStream
 # raises NotImplementedError, cupy/cupy#6290). minitorch_fft.graphs captures a training step all
 # the same: for the capture, _gemm calls libcublas's cublasGemmStridedBatchedEx directly (ctypes,
-# the library CuPy loaded) on a handle of the graph's own, bound to the capture stream with a
-# workspace of its own, as the cuBLAS guide's "CUDA Graphs Support" section asks: without one,
-# cuBLAS may allocate inside the graph.
+# the library CuPy loaded) on a handle bound to the capture stream with a workspace, as the cuBLAS
+# guide's "CUDA Graphs Support" section asks (without one, cuBLAS may allocate inside the graph):
+# one of the graph's own (GraphHandle), or one whose owner binds both, as PyTorch does for its own
+# (BorrowedHandle).
 
 _capture = None   # (handle, gemm function) while capturing(); None: CuPy's handle and wrapper
 GRAPH_WORKSPACE_BYTES = 32 << 20   # cuBLAS's recommended workspace on Hopper
@@ -187,7 +188,7 @@ GRAPH_WORKSPACE_BYTES = 32 << 20   # cuBLAS's recommended workspace on Hopper
 
 @contextlib.contextmanager
 def capturing(handle):
-    """The block's GEMMs go to `handle` (a GraphHandle) instead of CuPy's: for stream capture."""
+    """The block's GEMMs go to `handle` (a GraphHandle or BorrowedHandle) instead of CuPy's: for stream capture."""
     global _capture
     saved, _capture = _capture, (handle.ptr, handle.gemm)
     try:
@@ -242,6 +243,92 @@ class GraphHandle:
             pass
 
 
+class BorrowedHandle:
+    """Another library's cuBLAS handle (PyTorch's for its current stream, with its workspace bound:
+    minitorch_fft.pytorch) for the GEMMs of a capture (capturing()), so that the capture takes no
+    workspace of ours. Usable only where that library calls the libcublas our calls use
+    (shares_libcublas()). Its math mode is set to the default here: PyTorch sets TF32 math on its
+    handle where it allows TF32, which would run CUBLAS_COMPUTE_32F in TF32; our GEMMs name their
+    compute type (TF32 mode's CUBLAS_COMPUTE_32F_FAST_TF32), and the owner sets its own mode again
+    when it next takes the handle."""
+
+    def __init__(self, ptr):
+        import ctypes
+        self._lib, self.ptr = _libcublas(), ptr
+        _check(self._lib.cublasSetMathMode(ctypes.c_void_p(ptr), _CUBLAS_DEFAULT_MATH), "cublasSetMathMode")
+
+    def gemm(self, *args):
+        _check(self._lib.cublasGemmStridedBatchedEx(*args), "cublasGemmStridedBatchedEx")
+
+
+_CUBLAS_DEFAULT_MATH = 0
+_CU_STREAM_CAPTURE_MODE_RELAXED = 2
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode():
+    """While the block runs, this thread may make the CUDA calls a capture in global or thread-local
+    mode refuses and invalidates itself on (torch.cuda.graph's default is global): cudaMalloc,
+    which cublasCreate makes. For a handle its owner makes at its first use, which may be inside
+    the capture (PyTorch's, in a model with no GEMM of PyTorch's before it: session 36 measured the
+    capture invalidated, CUBLAS_STATUS_NOT_INITIALIZED, and made whole in this mode). Allocations
+    in the block are real ones, outside the graph; stream work in it is still captured. The
+    driver's cuThreadExchangeStreamCaptureMode; the previous mode restored at the block's end (a
+    failed restore raises, the block's own error then its __context__)."""
+    import ctypes
+    exchange = _libcuda().cuThreadExchangeStreamCaptureMode
+    mode = ctypes.c_int(_CU_STREAM_CAPTURE_MODE_RELAXED)
+    _check_cu(exchange(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        _check_cu(exchange(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    import ctypes
+    lib = ctypes.CDLL("libcuda.so.1")              # the driver: loaded wherever CUDA runs
+    lib.cuThreadExchangeStreamCaptureMode.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    lib.cuThreadExchangeStreamCaptureMode.restype = ctypes.c_int
+    return lib
+
+
+def _check_cu(status, what):
+    if status != 0:
+        raise RuntimeError(f"{what} failed with CUDA driver status {status}")
+
+
+_IDENTITY_SYMBOL = "cublasCreate_v2"   # the function whose address names a libcublas instance
+
+
+def shares_libcublas(library_path):
+    """Whether the library at `library_path`, already loaded, calls the libcublas our calls use
+    (_libcublas()): its cuBLAS functions resolve (dlsym through it, which searches the library and
+    its dependencies) to the very addresses ours do, so a handle it makes is one our calls may
+    take. False where it is not loaded, does not reach cuBLAS (linked statically and hidden), or
+    reaches a copy other than _libcublas()'s (a second libcublas file loaded)."""
+    import ctypes
+    import os
+    try:
+        theirs = getattr(ctypes.CDLL(library_path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY), _IDENTITY_SYMBOL)
+    except (OSError, AttributeError):
+        return False
+    ours = getattr(_libcublas(), _IDENTITY_SYMBOL)
+    return ctypes.cast(theirs, ctypes.c_void_p).value == ctypes.cast(ours, ctypes.c_void_p).value
+
+
+def _libcublas_paths():
+    """The distinct libcublas files in this process's memory map, in the map's order."""
+    paths = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            name = line.rsplit(None, 1)[-1]
+            if "/libcublas.so" in name and name not in paths:
+                paths.append(name)
+    return paths
+
+
 def _check(status, what):
     if status != 0:
         raise RuntimeError(f"{what} failed with cuBLAS status {status}")
@@ -249,32 +336,29 @@ def _check(status, what):
 
 @functools.lru_cache(maxsize=1)
 def _libcublas():
-    """libcublas as CuPy loaded it (found in this process's memory map, so handles and library
-    state are shared), with the argument types of the few functions used here."""
+    """The libcublas CuPy loaded, found in this process's memory map (the first one there: where
+    another library loaded a second copy, possibly that one; shares_libcublas() compares with
+    whichever this is, and handles and GEMMs go through it alike), with the argument types of the
+    few functions used here."""
     import ctypes
 
     import cupy as cp
     cp.cuda.device.get_cublas_handle()            # makes CuPy load the library
-    path = None
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            name = line.rsplit(None, 1)[-1]
-            if "/libcublas.so" in name:
-                path = name
-                break
-    if path is None:
+    paths = _libcublas_paths()
+    if not paths:
         raise RuntimeError("CUDA graphs: libcublas is not loaded in this process (looked for it in "
                            "/proc/self/maps after CuPy's first cuBLAS use)")
-    lib = ctypes.CDLL(path)
+    lib = ctypes.CDLL(paths[0])
     vp, i, ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
     lib.cublasCreate_v2.argtypes = [ctypes.POINTER(vp)]
     lib.cublasDestroy_v2.argtypes = [vp]
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
+    lib.cublasSetMathMode.argtypes = [vp, i]
     lib.cublasGemmStridedBatchedEx.argtypes = [
         vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i]
     for f in ("cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2",
-              "cublasGemmStridedBatchedEx"):
+              "cublasSetMathMode", "cublasGemmStridedBatchedEx"):
         getattr(lib, f).restype = i
     return lib
 

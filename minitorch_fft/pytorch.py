@@ -21,12 +21,16 @@ array keeps alive) and a result comes back through a DLPack capsule; CPU tensors
 would). Neither direction orders streams: a pass runs on PyTorch's current stream, as PyTorch's
 own operators do (a CuPy ExternalStream), and allocates from PyTorch's caching allocator, so it
 orders with PyTorch's work, counts in torch.cuda.max_memory_allocated(), and can be captured by
-torch.cuda.graph (the allocations then come from the graph's private pool; the GEMMs go to a
-cuBLAS handle made at the device's first eager pass and bound to the capture stream,
-backends.cgemm.GraphHandle, since CuPy refuses cuBLAS calls in a capture; its 32 MiB workspace is
-taken from the first capture's pool, so eager steps never hold it). Capture after one eager
-step: `auto` times the backends and cuFFT plans are made at a layer's first call, which a
-capture cannot hold. The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
+torch.cuda.graph (the allocations then come from the graph's private pool; CuPy refuses cuBLAS
+calls in a capture, so the GEMMs go to PyTorch's own cuBLAS handle for the capture stream, with the
+workspace PyTorch gives it, as the stock model's captured GEMMs do: backends.cgemm.BorrowedHandle;
+where PyTorch has yet to make that handle on the capturing thread, it makes it there, in relaxed
+capture mode. Where PyTorch does not call the libcublas CuPy loaded, a handle of our own made at
+the device's first eager pass, backends.cgemm.GraphHandle, whose 32 MiB workspace is taken from
+the first capture's pool, so eager steps never hold it; sessions 35-36 measured those 32 MiB as
+the graph rows' peak over stock's on ResNet-50 and VGG-16). Capture after one eager step: `auto`
+times the backends and cuFFT plans are made at a layer's first call, which a capture cannot hold.
+The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
@@ -133,7 +137,8 @@ def reuse_spectra(inputs=False):
 
 
 _cupy = None
-_graph_handles = {}   # device index -> cgemm.GraphHandle, made at the device's first eager pass
+_graph_handles = {}   # device index -> None (captures borrow PyTorch's handle) or cgemm.GraphHandle:
+                      # set at the device's first eager pass
 _streams = {}         # (device index, stream pointer) -> _Stream: made once per PyTorch stream
 _NOT_CAPTURING = contextlib.nullcontext()
 
@@ -177,19 +182,31 @@ def _cuda_scope(index):
     on = _streams.get((index, ptr))
     if on is None:
         on = _streams[index, ptr] = _Stream(cp, index, ptr)
-    handle = _graph_handles.get(index)
     if not torch.cuda.is_current_stream_capturing():
-        if handle is None:
-            # cublasCreate allocates, so the capture handle is made eagerly, without a workspace:
-            # eager passes never use it, and its 32 MiB were the converted ResNet-50's eager step
-            # peak over the stock model's (+22 MiB, benchmarks/NOTES.md, session 14)
+        if index not in _graph_handles:
+            # Where PyTorch calls the libcublas ours do, a capture's GEMMs go to PyTorch's
+            # handle for the capture stream, with the workspace PyTorch binds to it, which its own
+            # captured GEMMs use (None here). Else a handle of our own; cublasCreate allocates, so it
+            # is made eagerly, without a workspace: eager passes never use it, and its 32 MiB were
+            # the converted ResNet-50's eager step peak over the stock model's (+22 MiB,
+            # benchmarks/NOTES.md, session 14)
             with on.device, on.stream:
-                _graph_handles[index] = cgemm.GraphHandle(ptr, None)
+                _graph_handles[index] = None if _torch_shares_libcublas() else cgemm.GraphHandle(ptr, None)
         return cp, on, _NOT_CAPTURING
-    if handle is None:
+    if index not in _graph_handles:
         raise RuntimeError("minitorch_fft.conv2d: first call on this GPU inside a CUDA graph capture; "
-                           "run one eager step first (auto tunes, cuFFT plans and the cuBLAS handle are "
-                           "made at a layer's first call, which a capture cannot hold)")
+                           "run one eager step first (auto tunes and cuFFT plans are made at a layer's "
+                           "first call, which a capture cannot hold)")
+    handle = _graph_handles[index]
+    if handle is None:
+        # PyTorch's handle for this stream, its stream and workspace bound by PyTorch as for its
+        # own GEMMs (the workspace: from the graph's pool at the stream's first captured GEMM, as
+        # the stock model's step pays it); its math mode set for our GEMMs (cgemm.BorrowedHandle).
+        # PyTorch makes a thread's handle at its first GEMM there, here if the model has none of
+        # PyTorch's before: cublasCreate allocates, which the capture allows in relaxed mode only
+        with torch.cuda.device(index), cgemm.relaxed_capture_mode():
+            blas = torch.cuda.current_blas_handle()
+        return cp, on, cgemm.capturing(cgemm.BorrowedHandle(blas))
     if handle.stream_ptr != ptr:
         handle.bind(ptr)
     if handle.workspace is None:
@@ -199,6 +216,13 @@ def _cuda_scope(index):
         workspace = torch.empty(cgemm.GRAPH_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
         handle.set_workspace(_cupy_bytes(workspace, cp))
     return cp, on, cgemm.capturing(handle)
+
+
+def _torch_shares_libcublas():
+    """Whether PyTorch's CUDA library calls the libcublas our GEMMs use, so that its cuBLAS handles
+    are ours to take (cgemm.shares_libcublas: the same function addresses, not merely one file)."""
+    import os
+    return cgemm.shares_libcublas(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so"))
 
 
 def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None):

@@ -47,6 +47,7 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_adapter_peak", "benchmarks.experiments.exp_profiler_residue",
                 "benchmarks.experiments.exp_graph_pool", "benchmarks.experiments.exp_winograd_chunks",
                 "benchmarks.experiments.exp_compile_gap", "benchmarks.experiments.exp_op_dispatch",
+                "benchmarks.experiments.exp_capture_handle", "benchmarks.experiments.exp_fbfft_pieces",
                 "benchmarks.tune_coverage", "benchmarks.tune_zoo")
 
 
@@ -1250,6 +1251,36 @@ def test_exp_compile_gap_counts_kernels_not_annotations_as_gpu_work():
     assert not exp.gpu_work(SimpleNamespace(name="Optimizer.step#SGD.step", is_user_annotation=True))
     assert exp.gpu_work(SimpleNamespace(name="void fbfft_rfft2<16>", is_user_annotation=False))
     assert exp.gpu_work(SimpleNamespace(name="Memcpy HtoD"))
+
+
+def test_exp_compile_gap_times_a_function_and_puts_it_back():
+    """Timed counts the calls and host time of module.name inside its block, what the function
+    returns and raises unchanged, and restores the function after it, also after an error."""
+    import time
+    from types import SimpleNamespace
+
+    from benchmarks.experiments import exp_compile_gap as exp
+
+    def work(t, fail=False):
+        time.sleep(t)
+        if fail:
+            raise KeyError("inside")
+        return t
+    module = SimpleNamespace(work=work)
+    with exp.Timed(module, "work") as timed:
+        assert module.work(0.02) == 0.02 and module.work is not work
+        with pytest.raises(KeyError):
+            module.work(0.01, fail=True)
+    assert module.work is work
+    assert timed.calls == 2 and 0.03 <= timed.seconds < 1.0
+    with pytest.raises(ValueError), exp.Timed(module, "work"):
+        raise ValueError("the block")
+    assert module.work is work
+    with exp.Timed(module, "work", label=lambda t, **kw: t > 0.005) as labelled:
+        module.work(0.01)
+        module.work(0.0)
+        module.work(0.0)
+    assert labelled.seen == {True: 1, False: 2}
 
 
 def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():

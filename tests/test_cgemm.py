@@ -275,3 +275,43 @@ def test_host_operands_on_the_device_path_are_refused(rng, cublas_model):
         cgemm.matmul(cublas_model, a, b)
     with pytest.raises(TypeError, match=r"out must be a cupy.ndarray"):
         cgemm.matmul(cublas_model, a, b.view(_Device), out=np.empty((2, 3, 5), np.complex64))
+
+
+def test_shares_libcublas_compares_the_resolved_functions(monkeypatch):
+    """shares_libcublas() is positive only where the library, already loaded, resolves the identity
+    function (through its dependencies too) to the very address ours does. libc and libm stand in
+    for libcublas and PyTorch: libm reaches libc's malloc through its dependency."""
+    libc, libm = ctypes.CDLL("libc.so.6"), ctypes.CDLL("libm.so.6")
+    monkeypatch.setattr(cgemm, "_IDENTITY_SYMBOL", "malloc")
+    monkeypatch.setattr(cgemm, "_libcublas", lambda: libc)
+    assert cgemm.shares_libcublas("libc.so.6")
+    assert cgemm.shares_libcublas("libm.so.6")
+    assert not cgemm.shares_libcublas("libminitorch_not_loaded.so.1")      # not loaded: not opened
+    other = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t)(lambda n: None)
+    monkeypatch.setattr(cgemm, "_libcublas", lambda: types.SimpleNamespace(malloc=other))
+    assert not cgemm.shares_libcublas("libc.so.6")                         # another copy
+    monkeypatch.setattr(cgemm, "_IDENTITY_SYMBOL", "cos")
+    monkeypatch.setattr(cgemm, "_libcublas", lambda: libm)
+    assert not cgemm.shares_libcublas("libc.so.6")                         # does not reach it
+
+
+def test_relaxed_capture_mode_exchanges_and_restores(monkeypatch):
+    """relaxed_capture_mode() sets this thread's capture mode to relaxed for the block and gives the
+    previous one back, also when the block raises (a stand-in for the driver's exchange call)."""
+    modes = {"thread": 0}                                  # CU_STREAM_CAPTURE_MODE_GLOBAL
+
+    def exchange(ref):
+        modes["thread"], ref._obj.value = ref._obj.value, modes["thread"]
+        return 0
+
+    monkeypatch.setattr(cgemm, "_libcuda", lambda: types.SimpleNamespace(cuThreadExchangeStreamCaptureMode=exchange))
+    with cgemm.relaxed_capture_mode():
+        assert modes["thread"] == 2
+    assert modes["thread"] == 0
+    with pytest.raises(KeyError), cgemm.relaxed_capture_mode():
+        raise KeyError("inside")
+    assert modes["thread"] == 0
+    monkeypatch.setattr(cgemm, "_libcuda", lambda: types.SimpleNamespace(cuThreadExchangeStreamCaptureMode=lambda ref: 1))
+    with pytest.raises(RuntimeError, match="cuThreadExchangeStreamCaptureMode failed with CUDA driver status 1"):
+        with cgemm.relaxed_capture_mode():
+            pass

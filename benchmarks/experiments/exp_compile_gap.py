@@ -22,6 +22,11 @@ steps), to find where a compiled row's host time goes.
 With --gaps N, each row also lists where the GPU waits for the host: idle gaps between its busy
 intervals over N steps (each from an idle GPU), by the host operator running when each gap ended.
 
+With --split N, each converted row also splits its issue time (N steps, each from an idle GPU) into
+the host time inside our passes (minitorch_fft.pytorch._run: the crossings, the CuPy scope and
+backends.run_pass, itself also given) and the rest (PyTorch: autograd, the dispatcher, a compiled
+region's wrappers, and the stock layers), by timing those two functions.
+
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
 
@@ -209,6 +214,58 @@ def python_profile(step, steps, top):
     return rows[:top]
 
 
+class Timed:
+    """Host seconds spent in module.name (and calls made) while the block runs, the function
+    replaced by a timing wrapper: a few hundred nanoseconds a call. Calls nested in another timed
+    call are counted in both."""
+
+    def __init__(self, module, name, label=None):
+        self.module, self.name, self.seconds, self.calls = module, name, 0.0, 0
+        self.label, self.seen = label, Counter()   # label(*args): what seen counts the calls by
+
+    def __enter__(self):
+        inner = self.original = getattr(self.module, self.name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+                self.calls += 1
+                if self.label is not None:
+                    self.seen[self.label(*args)] += 1
+        setattr(self.module, self.name, timed)
+        return self
+
+    def __exit__(self, *exc):
+        setattr(self.module, self.name, self.original)
+
+
+def issue_split(step, steps):
+    """Medians over `steps` steps, each from an idle GPU, of (issue ms, ms in our passes (_run),
+    ms in backends.run_pass, passes a step, passes a step on run_pass's full path), and the
+    passes that took the full path (backends.choose's calls: the prepared path skips it) by
+    (pass, input shape), over all the steps."""
+    import statistics
+
+    import torch
+
+    import backends
+    from minitorch_fft import pytorch as pt
+    rows, full = [], Counter()
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        with Timed(pt, "_run") as ours, Timed(backends, "run_pass") as framework, \
+                Timed(backends, "choose", label=lambda name, pass_name, x_shape, *rest: (pass_name, x_shape)) as chosen:
+            t0 = time.perf_counter()
+            step()
+            issue = time.perf_counter() - t0
+        rows.append((issue * 1e3, ours.seconds * 1e3, framework.seconds * 1e3, ours.calls, chosen.calls))
+        full.update(chosen.seen)
+    return tuple(statistics.median(col) for col in zip(*rows)), full
+
+
 def start_recording(entries):
     """The caching allocator records every allocation and free from here on, with Python stacks,
     the last `entries` of them (stop_recording ends it)."""
@@ -259,6 +316,12 @@ def main():
     ap.add_argument("--gaps", type=int, default=0, metavar="N",
                     help="also profile N steps, each from an idle GPU, and list where the GPU waits for the host "
                          "(idle gaps, by the host operator running at each gap's end)")
+    ap.add_argument("--split", type=int, default=0, metavar="N",
+                    help="also split each converted row's issue time over N steps into our passes' host time and "
+                         "the rest")
+    ap.add_argument("--reset", action="store_true",
+                    help="torch._dynamo.reset() before each row: every compiled row compiles in a fresh Dynamo "
+                         "state (what an earlier row's compile leaves behind is the question it answers)")
     ap.add_argument("--left", action="store_true",
                     help="record each row from before its model is made through three steps: what it holds after "
                          "them (MiB, by where), and its peak to the KiB (a peak within a MiB of another's), each "
@@ -286,6 +349,8 @@ def main():
     summary = []
     for label in rows:
         converted, compiled = ROWS[label]
+        if args.reset:
+            torch._dynamo.reset()
         torch.cuda.synchronize()
         start = held(torch)                          # (allocated, requested) bytes
         if args.left:   # from before the model is made through three steps
@@ -361,6 +426,14 @@ def main():
                   "operator running at each gap's end (ms a step, gaps a step):")
             for w, ms_, n in gaps:
                 print(f"  {ms_:7.3f}  {n:5.1f}  {w}")
+        if args.split and converted:
+            (issue_ms, ours_ms, framework_ms, calls, full_calls), full = issue_split(step, args.split)
+            print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
+                  f"{ours_ms:.2f} in our {calls:.0f} passes (minitorch_fft.pytorch._run; backends.run_pass {framework_ms:.2f} of it), "
+                  f"{issue_ms - ours_ms:.2f} outside them (PyTorch's autograd, dispatcher and compiled wrappers, the "
+                  f"stock layers); {full_calls:.0f} passes a step on run_pass's full path (not prepared):")
+            for (pass_name, x_shape), n in full.most_common():
+                print(f"  {n / args.split:5.1f}  {pass_name} {x_shape}")
         if args.python:
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
             for own, calls, name in python_profile(step, args.python, args.top * 2):

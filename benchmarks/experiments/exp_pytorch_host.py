@@ -417,7 +417,9 @@ def main():
         print(f"  spectra held at the end of the forward ({label}): {nbytes / 2**20:.0f} MiB")
     for label, r in steps.items():
         print(f"  kept by the backends across steps ({label}; cufft scratch + plans): {r['kept_mib']:.0f} MiB")
-    print(f"  the adapter's cuBLAS capture workspace: {backends.cgemm.GRAPH_WORKSPACE_BYTES / 2**20:.0f} MiB")
+    workspace = ("none of its own (captures borrow PyTorch's handle)" if pt._torch_shares_libcublas() else
+                 f"{backends.cgemm.GRAPH_WORKSPACE_BYTES / 2**20:.0f} MiB")
+    print(f"  the adapter's cuBLAS capture workspace: {workspace}")
 
 
 if __name__ == "__main__":
