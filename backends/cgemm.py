@@ -36,6 +36,7 @@ reused in fp32 mode; checks of one result against another use TF32_TOL where the
 import contextlib
 import functools
 import math
+import threading
 from collections import namedtuple
 
 import numpy as np
@@ -158,11 +159,12 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
             out.fill(0)
         return out
     compute = _CUBLAS_COMPUTE_32F_FAST_TF32 if not strict and mode(xp) == "tf32" else _CUBLAS_COMPUTE_32F
-    if _capture is None:
+    capture = getattr(_capture, "now", None)
+    if capture is None:
         from cupy_backends.cuda.libs import cublas
         gemm, handle = cublas.gemmStridedBatchedEx, xp.cuda.device.get_cublas_handle()
     else:
-        handle, gemm = _capture
+        handle, gemm = capture
     # alpha and beta are read from the host during the call (host pointer mode; in a graph,
     # their values at capture time)
     gemm(
@@ -182,19 +184,22 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
 # one of the graph's own (GraphHandle), or one whose owner binds both, as PyTorch does for its own
 # (BorrowedHandle).
 
-_capture = None   # (handle, gemm function) while capturing(); None: CuPy's handle and wrapper
+# .now: (handle, gemm function) while capturing() on this thread; unset or None: CuPy's handle and
+# wrapper. Per thread: a captured PyTorch step runs its backward on autograd's device thread, and
+# PyTorch's handles (BorrowedHandle) are per thread, so two threads capturing at once must not see
+# each other's
+_capture = threading.local()
 GRAPH_WORKSPACE_BYTES = 32 << 20   # cuBLAS's recommended workspace on Hopper
 
 
 @contextlib.contextmanager
 def capturing(handle):
     """The block's GEMMs go to `handle` (a GraphHandle or BorrowedHandle) instead of CuPy's: for stream capture."""
-    global _capture
-    saved, _capture = _capture, (handle.ptr, handle.gemm)
+    saved, _capture.now = getattr(_capture, "now", None), (handle.ptr, handle.gemm)
     try:
         yield
     finally:
-        _capture = saved
+        _capture.now = saved
 
 
 class GraphHandle:

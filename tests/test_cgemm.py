@@ -315,3 +315,31 @@ def test_relaxed_capture_mode_exchanges_and_restores(monkeypatch):
     with pytest.raises(RuntimeError, match="cuThreadExchangeStreamCaptureMode failed with CUDA driver status 1"):
         with cgemm.relaxed_capture_mode():
             pass
+
+
+def test_a_capture_s_handle_is_this_thread_s(rng, cublas_model):
+    """Two threads inside capturing() at once, each with its own handle: each thread's GEMM goes to
+    its own (a captured PyTorch step runs its backward on another thread, with PyTorch's handle of
+    that thread), and a thread outside any capture to CuPy's."""
+    import threading
+    both_inside, seen = threading.Barrier(2), {}
+    a, b = rand(rng, (2, 3, 4), np.float32).view(_Device), rand(rng, (2, 4, 5), np.float32).view(_Device)
+
+    def run(ptr):
+        def gemm(handle, *args):
+            seen.setdefault(ptr, []).append(handle)
+            _gemm_strided_batched_ex(handle, *args)
+        with cgemm.capturing(types.SimpleNamespace(ptr=ptr, gemm=gemm)):
+            both_inside.wait(timeout=10)
+            got = cgemm.matmul(cublas_model, a, b)
+            both_inside.wait(timeout=10)
+        np.testing.assert_allclose(got, a @ b, rtol=1e-5)
+    threads = [threading.Thread(target=run, args=(ptr,)) for ptr in (101, 202)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert seen == {101: [101], 202: [202]}
+    CALLS.clear()
+    cgemm.matmul(cublas_model, a, b)              # this thread never captured: CuPy's handle (0 here)
+    assert CALLS and seen == {101: [101], 202: [202]}
