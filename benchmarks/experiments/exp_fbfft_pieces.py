@@ -1,9 +1,12 @@
 """Experiment (not a benchmark of record): what each piece of an fbfft pass costs the host, called
 alone many times (timeit), on a layer small enough that the GPU never holds the host back. Session
-36 put converted AlexNet's passes at ~245 us of host each on a fast H200 host, ~185 of them inside
-backends.run_pass (exp_compile_gap --split); this says where inside. The pieces run twice: on
-CuPy's memory pool (the framework) and inside the PyTorch adapter's scope (its allocator on
-PyTorch's caching allocator, PyTorch's stream), as converted models run them.
+36 put converted AlexNet's passes at ~245 us of host each on an H200 host, ~185 of them inside
+backends.run_pass (exp_compile_gap --split, eb2aa83); this says where inside. The pieces run twice:
+on CuPy's memory pool (the framework) and inside the PyTorch adapter's scope (its allocator on
+PyTorch's caching allocator, PyTorch's stream), as converted models run them. The last rows time
+the raw calls under the pieces, their arguments worked out once: CuPy's RawKernel launch, CuPy's
+cuBLAS wrapper, the same GEMM through ctypes, and an empty Python call (added after session 36's
+run, results/nvidia-h200/experiments/exp_fbfft_pieces_9396a9e.log, which has no such rows).
 
   python -m benchmarks.experiments.exp_fbfft_pieces [--shape 1,8,16,13,13,3] [--number 2000]
 """
@@ -35,6 +38,25 @@ def pieces(cp, x, w, pad):
     y = cp.empty((g.S, g.fo, g.oh, g.ow), dtype=cp.float32)
     launcher = fbfft_kernels.rfft2_launcher(n, g.S * g.f, g.h, g.w, pad)
     key = fbfft._key("x", n, pad)
+    # the same rfft2 launch and fprop GEMM as the pass makes, their arguments worked out here once
+    import numpy as np
+    from cupy_backends.cuda.libs import cublas
+    width, threads, smem = fbfft_kernels._plan("rfft2", n)
+    kern, block = fbfft_kernels.kernel("rfft2", n), (threads,)
+    grid = ((g.S * g.f + width - 1) // width,)
+    i32 = np.int32
+    kernel_args = (x, spectrum, i32(g.S * g.f), i32(g.h), i32(g.w), i32(pad[0]), i32(pad[1]))
+    plan = cgemm._gemm_plan(xf.shape, wf.shape, xf.dtype, "N", "C")
+    handle, stream_ptr = cp.cuda.device.get_cublas_handle(), cp.cuda.get_current_stream().ptr
+    gemm_args = (handle, plan.op_b, plan.op_a, plan.q, plan.p, plan.r, plan.one, wf.data.ptr, plan.dtype, plan.ldb,
+                 plan.stride_b, xf.data.ptr, plan.dtype, plan.lda, plan.stride_a, plan.zero, yf.data.ptr,
+                 plan.dtype, plan.q, plan.p * plan.q, plan.count, cgemm._CUBLAS_COMPUTE_32F, cgemm._CUBLAS_GEMM_DEFAULT)
+    cupy_gemm = cublas.gemmStridedBatchedEx
+    lib = cgemm._libcublas()
+
+    def ctypes_gemm(*args):
+        lib.cublasSetStream_v2(args[0], stream_ptr)
+        return lib.cublasGemmStridedBatchedEx(*args)
     args = dict(x_shape=xs, w_shape=ws, stride=stride, padding=pad)
     backends.run_pass("fbfft", "fprop", x, w, **args)         # the prepared path from here on
 
@@ -59,6 +81,13 @@ def pieces(cp, x, w, pad):
         ("  _key", lambda: fbfft._key("x", n, pad)),
         ("  reuse.keeping enter+exit", lambda: _enter_exit(reuse.keeping(frozenset()))),
         ("  key hash", lambda: hash(key)),
+        # below the pieces: what the launches and the GEMM cost without our wrappers (the levers of
+        # NOTES session 36 "Next" 1), and a Python call for scale
+        ("RawKernel call, arguments ready", lambda: kern(grid, block, kernel_args, shared_mem=smem)),
+        ("CuPy's cublas.gemmStridedBatchedEx, arguments ready", lambda: cupy_gemm(*gemm_args)),
+        ("ctypes cublasGemmStridedBatchedEx, CuPy's handle", lambda: ctypes_gemm(*gemm_args)),
+        ("cublasSetStream (CuPy's)", lambda: cublas.setStream(handle, stream_ptr)),
+        ("an empty Python call", lambda: None),
     ]
 
 
