@@ -7,7 +7,7 @@ PyTorch's before the capture, inside it. Each mode runs in a fresh process (no h
   mm              a first torch.mm inside torch.cuda.graph (global capture mode, its default)
   handle          torch.cuda.current_blas_handle() inside the capture, then a torch.mm
   handle_relaxed  the same with the thread's capture mode relaxed around the handle's making
-                  (the driver's cuThreadExchangeStreamCaptureMode, as cgemm.relaxed_capture_mode)
+                  (cgemm.relaxed_capture_mode: the driver's cuThreadExchangeStreamCaptureMode)
   eager_cost      what making the handle outside a capture costs: PyTorch's allocator (the
                   workspace it binds) and the device's free memory (the handle's own)
   identity        the libcublas files loaded, and whether PyTorch calls the one CuPy's GEMMs use
@@ -25,12 +25,10 @@ replays exactly; the handle costs 32 MiB of PyTorch's allocator and 98 MiB of de
   python -m benchmarks.experiments.exp_capture_handle [--modes mm,handle,...]
 """
 import argparse
-import ctypes
 import subprocess
 import sys
 
 MODES = ("mm", "handle", "handle_relaxed", "eager_cost", "identity", "conv_only_borrowed", "conv_only_own")
-RELAXED = 2   # CU_STREAM_CAPTURE_MODE_RELAXED
 
 
 def one(mode):
@@ -62,11 +60,9 @@ def one(mode):
     try:
         with torch.cuda.graph(graph, stream=stream):
             if mode == "handle_relaxed":
-                cuda = ctypes.CDLL("libcuda.so.1")
-                m = ctypes.c_int(RELAXED)
-                assert cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(m)) == 0
-                torch.cuda.current_blas_handle()
-                assert cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(m)) == 0
+                from backends import cgemm
+                with cgemm.relaxed_capture_mode():
+                    torch.cuda.current_blas_handle()
             elif mode == "handle":
                 torch.cuda.current_blas_handle()
             c = a @ a
