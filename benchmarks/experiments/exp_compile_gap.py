@@ -221,7 +221,8 @@ class Timed:
 
     def __init__(self, module, name, label=None):
         self.module, self.name, self.seconds, self.calls = module, name, 0.0, 0
-        self.label, self.seen = label, Counter()   # label(*args): what seen counts the calls by
+        self.label, self.seen, self.spent = label, Counter(), Counter()   # label(*args): what seen and spent
+                                                                            # count the calls and seconds by
 
     def __enter__(self):
         inner = self.original = getattr(self.module, self.name)
@@ -231,10 +232,13 @@ class Timed:
             try:
                 return inner(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - t0
+                spent = time.perf_counter() - t0
+                self.seconds += spent
                 self.calls += 1
                 if self.label is not None:
-                    self.seen[self.label(*args)] += 1
+                    label = self.label(*args, **kwargs)
+                    self.seen[label] += 1
+                    self.spent[label] += spent
         setattr(self.module, self.name, timed)
         return self
 
@@ -244,26 +248,42 @@ class Timed:
 
 def issue_split(step, steps):
     """Medians over `steps` steps, each from an idle GPU, of (issue ms, ms in our passes (_run),
-    ms in backends.run_pass, passes a step, passes a step on run_pass's full path), and the
-    passes that took the full path (backends.choose's calls: the prepared path skips it) by
-    (pass, input shape), over all the steps."""
+    ms in backends.run_pass, passes a step, passes a step on run_pass's full path); the passes that
+    took the full path (backends.choose's calls: the prepared path skips it) by (pass, input shape),
+    over all the steps; and run_pass's host us a call by (pass, input shape, weight shape, backend
+    that ran it), over all the steps."""
     import statistics
 
     import torch
 
     import backends
     from minitorch_fft import pytorch as pt
-    rows, full = [], Counter()
+    rows, full, spent, seen = [], Counter(), Counter(), Counter()
+
+    def by_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, **_):
+        return pass_name, tuple(x_shape), tuple(w_shape), stride, padding, name
     for _ in range(steps):
         torch.cuda.synchronize()
-        with Timed(pt, "_run") as ours, Timed(backends, "run_pass") as framework, \
+        with Timed(pt, "_run") as ours, Timed(backends, "run_pass", label=by_pass) as framework, \
                 Timed(backends, "choose", label=lambda name, pass_name, x_shape, *rest: (pass_name, x_shape)) as chosen:
             t0 = time.perf_counter()
             step()
             issue = time.perf_counter() - t0
         rows.append((issue * 1e3, ours.seconds * 1e3, framework.seconds * 1e3, ours.calls, chosen.calls))
         full.update(chosen.seen)
-    return tuple(statistics.median(col) for col in zip(*rows)), full
+        spent.update(framework.spent)
+        seen.update(framework.seen)
+    per_pass = []
+    for (pass_name, x_shape, w_shape, stride, padding, name), seconds in spent.items():
+        picked = backends.choose(name, pass_name, x_shape, w_shape, stride, padding, _cupy()).__name__.split(".")[-1]
+        per_pass.append((seconds / seen[pass_name, x_shape, w_shape, stride, padding, name] * 1e6,
+                         pass_name, x_shape, w_shape, picked))
+    return tuple(statistics.median(col) for col in zip(*rows)), full, per_pass
+
+
+def _cupy():
+    import cupy
+    return cupy
 
 
 def start_recording(entries):
@@ -427,13 +447,16 @@ def main():
             for w, ms_, n in gaps:
                 print(f"  {ms_:7.3f}  {n:5.1f}  {w}")
         if args.split and converted:
-            (issue_ms, ours_ms, framework_ms, calls, full_calls), full = issue_split(step, args.split)
+            (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass = issue_split(step, args.split)
             print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
                   f"{ours_ms:.2f} in our {calls:.0f} passes (minitorch_fft.pytorch._run; backends.run_pass {framework_ms:.2f} of it), "
                   f"{issue_ms - ours_ms:.2f} outside them (PyTorch's autograd, dispatcher and compiled wrappers, the "
                   f"stock layers); {full_calls:.0f} passes a step on run_pass's full path (not prepared):")
             for (pass_name, x_shape), n in full.most_common():
                 print(f"  {n / args.split:5.1f}  {pass_name} {x_shape}")
+            print("backends.run_pass, host us a call (mean over the steps), by pass and the backend that ran it:")
+            for us_, pass_name, x_shape, w_shape, picked in per_pass:
+                print(f"  {us_:7.1f}  {pass_name:8s} {picked:10s} x {x_shape} w {w_shape}")
         if args.python:
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
             for own, calls, name in python_profile(step, args.python, args.top * 2):
