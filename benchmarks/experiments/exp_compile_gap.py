@@ -250,8 +250,9 @@ def issue_split(step, steps):
     """Medians over `steps` steps, each from an idle GPU, of (issue ms, ms in our passes (_run),
     ms in backends.run_pass, passes a step, passes a step on run_pass's full path); the passes that
     took the full path (backends.choose's calls: the prepared path skips it) by (pass, input shape),
-    over all the steps; and run_pass's host us a call by (pass, input shape, weight shape, backend
-    that ran it), over all the steps."""
+    over all the steps; run_pass's host us a call by (pass, input shape, weight shape, backend that
+    ran it); and the pieces under the passes (PIECES: the launches, GEMMs, cuDNN calls, allocations
+    and memory checks), each as (label, calls a step, us a call), over all the steps."""
     import statistics
 
     import torch
@@ -259,13 +260,18 @@ def issue_split(step, steps):
     import backends
     from minitorch_fft import pytorch as pt
     rows, full, spent, seen = [], Counter(), Counter(), Counter()
+    piece_s, piece_n = Counter(), Counter()
 
     def by_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, **_):
         return pass_name, tuple(x_shape), tuple(w_shape), stride, padding, name
     for _ in range(steps):
         torch.cuda.synchronize()
-        with Timed(pt, "_run") as ours, Timed(backends, "run_pass", label=by_pass) as framework, \
-                Timed(backends, "choose", label=lambda name, pass_name, x_shape, *rest: (pass_name, x_shape)) as chosen:
+        with contextlib.ExitStack() as stack:
+            ours = stack.enter_context(Timed(pt, "_run"))
+            framework = stack.enter_context(Timed(backends, "run_pass", label=by_pass))
+            chosen = stack.enter_context(Timed(backends, "choose",
+                                               label=lambda name, pass_name, x_shape, *rest: (pass_name, x_shape)))
+            pieces = [stack.enter_context(Timed(*where, label=label)) for where, label in _pieces()]
             t0 = time.perf_counter()
             step()
             issue = time.perf_counter() - t0
@@ -273,12 +279,33 @@ def issue_split(step, steps):
         full.update(chosen.seen)
         spent.update(framework.spent)
         seen.update(framework.seen)
+        for timed in pieces:
+            piece_s.update(timed.spent)
+            piece_n.update(timed.seen)
     per_pass = []
     for (pass_name, x_shape, w_shape, stride, padding, name), seconds in spent.items():
         picked = backends.choose(name, pass_name, x_shape, w_shape, stride, padding, _cupy()).__name__.split(".")[-1]
         per_pass.append((seconds / seen[pass_name, x_shape, w_shape, stride, padding, name] * 1e6,
                          pass_name, x_shape, w_shape, picked))
-    return tuple(statistics.median(col) for col in zip(*rows)), full, per_pass
+    per_piece = sorted(((label, piece_n[label] / steps, piece_s[label] / piece_n[label] * 1e6) for label in piece_n),
+                       key=lambda r: -r[1] * r[2])
+    return tuple(statistics.median(col) for col in zip(*rows)), full, per_pass, per_piece
+
+
+def _pieces():
+    """[((object, attribute), label)]: what issue_split times under the passes, each call labelled."""
+    import cupy
+
+    from backends import cgemm, common, cudnn, fbfft_kernels, polyphase
+    return [((cgemm, "_gemm"), lambda xp, a, b, out, op_a, op_b, *_: f"cgemm._gemm {a.shape} {op_a} {b.shape} {op_b} "
+                                                                      f"({cgemm.mode(xp)})"),
+            ((cudnn._Plan, "run"), lambda plan, cp, a, b, out: f"cudnn plan run -> {out.shape}"),
+            ((common, "check_fits"), lambda nbytes, *_: f"common.check_fits ({nbytes / 2**20:.0f} MiB)"),
+            ((polyphase, "_launch"), lambda kind, *_: f"polyphase._launch {kind}"),
+            ((fbfft_kernels, "rfft2_launcher"), lambda *_: "fbfft_kernels.rfft2_launcher (the look-up)"),
+            ((fbfft_kernels, "irfft2_launcher"), lambda *_: "fbfft_kernels.irfft2_launcher (the look-up)"),
+            ((fbfft_kernels, "_launcher"), lambda *_: "fbfft_kernels._launcher (the look-up)"),
+            ((cupy, "empty"), lambda *a, **k: "cupy.empty")]
 
 
 def _cupy():
@@ -447,7 +474,7 @@ def main():
             for w, ms_, n in gaps:
                 print(f"  {ms_:7.3f}  {n:5.1f}  {w}")
         if args.split and converted:
-            (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass = issue_split(step, args.split)
+            (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass, per_piece = issue_split(step, args.split)
             print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
                   f"{ours_ms:.2f} in our {calls:.0f} passes (minitorch_fft.pytorch._run; backends.run_pass {framework_ms:.2f} of it), "
                   f"{issue_ms - ours_ms:.2f} outside them (PyTorch's autograd, dispatcher and compiled wrappers, the "
@@ -457,6 +484,9 @@ def main():
             print("backends.run_pass, host us a call (mean over the steps), by pass and the backend that ran it:")
             for us_, pass_name, x_shape, w_shape, picked in per_pass:
                 print(f"  {us_:7.1f}  {pass_name:8s} {picked:10s} x {x_shape} w {w_shape}")
+            print("pieces under the passes: ms a step, calls a step, us a call (nested calls counted in each):")
+            for label, calls, us_ in per_piece:
+                print(f"  {calls * us_ / 1e3:6.3f}  {calls:5.1f}  {us_:7.1f}  {label}")
         if args.python:
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
             for own, calls, name in python_profile(step, args.python, args.top * 2):
