@@ -25,7 +25,9 @@ intervals over N steps (each from an idle GPU), by the host operator running whe
 With --split N, each converted row also splits its issue time (N steps, each from an idle GPU) into
 the host time inside our passes (minitorch_fft.pytorch._run: the crossings, the CuPy scope and
 backends.run_pass, itself also given) and the rest (PyTorch: autograd, the dispatcher, a compiled
-region's wrappers, and the stock layers), by timing those two functions.
+region's wrappers, and the stock layers), by timing those two functions; it also gives run_pass's
+time by pass and the time of the pieces under the passes (issue_split). The split runs before the
+row's profiler session; set TEARDOWN_CUPTI=1 so that an earlier row's session leaves no residue.
 
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
@@ -439,6 +441,9 @@ def main():
         ms = median_ms(step, "torch", 0, args.steps)
         issue = median_ms(step, "cpu", 0, args.steps, before=torch.cuda.synchronize)
         torch.cuda.synchronize()
+        # before the profiler's session (profile_step), whose residue slows a host's CUDA calls
+        # unless TEARDOWN_CUPTI=1 (benchmarks/NOTES.md, session 25)
+        split = issue_split(step, args.split) if args.split and converted else None
         kernel_ms, kernels, host = profile_step(step, 5, args.top)
         torch.cuda.reset_peak_memory_stats()
         before = held(torch)
@@ -473,8 +478,8 @@ def main():
                   "operator running at each gap's end (ms a step, gaps a step):")
             for w, ms_, n in gaps:
                 print(f"  {ms_:7.3f}  {n:5.1f}  {w}")
-        if args.split and converted:
-            (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass, per_piece = issue_split(step, args.split)
+        if split is not None:
+            (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass, per_piece = split
             print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
                   f"{ours_ms:.2f} in our {calls:.0f} passes (minitorch_fft.pytorch._run; backends.run_pass {framework_ms:.2f} of it), "
                   f"{issue_ms - ours_ms:.2f} outside them (PyTorch's autograd, dispatcher and compiled wrappers, the "
