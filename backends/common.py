@@ -254,34 +254,10 @@ def check_output_shape(name, arr, g, expected_oh_ow):
 @functools.lru_cache(maxsize=None)
 def cuda_module(filename, options=("--std=c++17",), name_expressions=None, directory=KERNEL_DIR):
     """Compile <directory>/<filename> once per process through CuPy (NVRTC): the backends'
-    kernels (backends/kernels/, the default) and the core's (minitorch_fft/kernels/). A _Module:
-    CuPy's RawModule, its get_function(name) answered once per name."""
+    kernels (backends/kernels/, the default) and the core's (minitorch_fft/kernels/)."""
     import cupy as cp
     src = kernel_source(Path(directory) / filename)
-    return _Module(cp.RawModule(code=src, options=options, name_expressions=name_expressions))
-
-
-class _Module:
-    """A RawModule whose get_function(name) is made once and handed out again. CuPy's makes a new
-    RawKernel on every call, which looks the module up again (by its whole source text) and asks the
-    driver for the function: tens of microseconds of host time, which the callers that launch
-    through `cuda_module(...).get_function(name)(...)` paid on every launch (polyphase's gathers,
-    gemm's im2col and fused kernels, winograd's transforms). A RawKernel serves every device (CuPy
-    loads the module per device inside it), so one per name is enough."""
-
-    __slots__ = ("raw", "kernels")
-
-    def __init__(self, raw):
-        self.raw, self.kernels = raw, {}
-
-    def get_function(self, name):
-        kernel = self.kernels.get(name)
-        if kernel is None:
-            kernel = self.kernels[name] = self.raw.get_function(name)
-        return kernel
-
-    def __getattr__(self, attr):   # the rest of RawModule's interface
-        return getattr(self.raw, attr)
+    return cp.RawModule(code=src, options=options, name_expressions=name_expressions)
 
 
 _LOCAL_INCLUDE = re.compile(r'^#include "([\w.]+)"[ \t]*$', re.MULTILINE)

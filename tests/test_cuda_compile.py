@@ -107,28 +107,6 @@ def test_core_kernel_sources_exist():
         assert (CORE_KERNEL_DIR / name).read_text().strip()
 
 
-def test_a_module_hands_out_each_kernel_once_and_keeps_the_rest_of_its_interface():
-    """common.cuda_module's _Module: get_function(name) asks CuPy's RawModule once per name (CuPy
-    makes a new RawKernel, with a look-up of the module by its source text, on every call: what a
-    launch through cuda_module(...).get_function(name) paid each time); other attributes are the
-    RawModule's."""
-    from backends.common import _Module
-    asked = []
-
-    class Raw:
-        code = "the source"
-
-        def get_function(self, name):
-            asked.append(name)
-            return object()
-    module = _Module(Raw())
-    first = module.get_function("a")
-    assert module.get_function("a") is first and module.get_function("b") is not first
-    assert asked == ["a", "b"] and module.code == "the source"
-    with pytest.raises(AttributeError):
-        module.get_global
-
-
 def nvrtc_or_skip():
     try:
         from cupy_backends.cuda.libs import nvrtc
