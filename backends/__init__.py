@@ -115,8 +115,11 @@ def _reason(backend, x_shape, w_shape, stride, padding):
 
 
 def _is_out_of_memory(exc):
-    """CuPy's OutOfMemoryError is a MemoryError; cuFFT reports plan allocation failures itself."""
-    return isinstance(exc, MemoryError) or "CUFFT_ALLOC_FAILED" in str(exc)
+    """CuPy's OutOfMemoryError is a MemoryError; PyTorch's (torch.OutOfMemoryError, a RuntimeError:
+    the PyTorch adapter's passes allocate from PyTorch's caching allocator) is matched by name, so
+    that this module does not import torch; cuFFT reports plan allocation failures itself."""
+    return (isinstance(exc, MemoryError) or any(t.__name__ == "OutOfMemoryError" for t in type(exc).__mro__)
+            or "CUFFT_ALLOC_FAILED" in str(exc))
 
 
 _warned = set()
@@ -192,9 +195,12 @@ class _Prepared:
 
     What decided it, and is checked on each call: the settings (config.state(), in the key), the
     device, the registry, the backend's pass function (a test may replace it), and under auto
-    the tuning record the choice came from (a new process's memory, as tests make, drops it). An
-    output above common.CHECK_ABOVE_BYTES is checked to fit, as the full path checks it (where it
-    does not, the full path says so).
+    the tuning record the choice came from (a new process's memory, as tests make, drops it). The
+    output's size is not checked against free memory again: the full path checked it at the
+    geometry's first call, and where memory is short now an allocation fails, this answers None,
+    and the full path checks and says so (or falls back). The check asked the driver for its free
+    memory on every call in the PyTorch adapter, whose allocator is not CuPy's pool: 40-65 us
+    each for converted AlexNet's two outputs above the threshold (session 37, H200).
 
     Spectra: a prepare()'d call keeps none (gemm's and cudnn's), so reuse_spectra() has nothing to
     say to it. A pass function may (fbfft, cufft, polyphase): inside a reuse_spectra() block it
@@ -204,14 +210,13 @@ class _Prepared:
     the answer may change)."""
 
     __slots__ = ("cp", "run", "backend", "pass_name", "fn", "registry", "device", "shapes", "rest",
-                 "record_key", "record", "nbytes", "spectra", "where", "roles")
+                 "record_key", "record", "spectra", "where", "roles")
 
-    def __init__(self, cp, run, backend, pass_name, args, record, nbytes, spectra=False, where=None):
+    def __init__(self, cp, run, backend, pass_name, args, record, spectra=False, where=None):
         self.cp, self.run, self.backend, self.pass_name = cp, run, backend, pass_name
         self.fn, self.registry, self.device = getattr(backend, pass_name), _REGISTRY, cp.cuda.runtime.getDevice()
         self.shapes, self.rest = (args[0].shape, args[1].shape), tuple(args[2:])
         self.record_key, self.record = record if record is not None else (None, None)
-        self.nbytes = nbytes if nbytes > common.CHECK_ABOVE_BYTES else 0
         self.spectra, self.where, self.roles = spectra, where, {}
 
     def __call__(self, args, later=None):
@@ -225,8 +230,6 @@ class _Prepared:
                 and self.cp.cuda.runtime.getDevice() == self.device):
             return None
         try:
-            if self.nbytes:
-                common.check_fits(self.nbytes, self.cp, "")   # ValueError where it does not fit
             block = reuse.active() if self.spectra else None
             if block is None:
                 return self.run(a, b)
@@ -263,8 +266,7 @@ def _prepare(name, pass_name, backend, args, xp, x_shape, w_shape, stride, paddi
     if spectra:
         run = functools.partial(_pass_call, getattr(backend, pass_name), tuple(args[2:]), stride, padding)
     _prepared[(name, pass_name, x_shape, w_shape, stride, padding, config.state())] = \
-        _Prepared(xp, run, backend, pass_name, args, record, _output_bytes(g, pass_name), spectra,
-                  (name, x_shape, w_shape, stride, padding))
+        _Prepared(xp, run, backend, pass_name, args, record, spectra, (name, x_shape, w_shape, stride, padding))
 
 
 def _pass_call(fn, rest, stride, padding, a, b):

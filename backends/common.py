@@ -167,6 +167,9 @@ def available_bytes(xp):
     free, _ = cp.cuda.runtime.memGetInfo()
     pool = _current_pool(cp)
     if pool is None:
+        cached = _FOREIGN_POOLS.get(cp.cuda.get_allocator())
+        if cached is not None:
+            return free + cached[0](), f"free on the GPU (with {cached[1]})"
         return free, "free on the GPU"
     available = free + pool.free_bytes()          # blocks the pool holds unused are reused first
     if pool.get_limit():
@@ -175,6 +178,21 @@ def available_bytes(xp):
             return capped + pool.free_bytes(), (f"the GPU's memory pool may still take (its limit is "
                                                 f"{format_bytes(pool.get_limit())})")
     return available, "free on the GPU (with CuPy's pool's unused blocks)"
+
+
+# Allocators of another library's memory pool, which keeps freed memory reserved (the PyTorch
+# adapter's, on PyTorch's caching allocator): allocator -> (function giving the bytes that pool holds
+# unused, their name in messages). register_pool() adds one.
+_FOREIGN_POOLS = {}
+
+
+def register_pool(allocator, unused_bytes, what):
+    """While `allocator` (a function given to cupy.cuda.using_allocator) is CuPy's current one, the
+    memory checks count `unused_bytes()` as available beside the GPU's free memory, and name them
+    `what`: bytes its pool holds unused, which it hands out again or gives back to the driver
+    before it fails. Without them, the GPU's free memory alone would refuse a pass that the pool
+    can serve (PyTorch keeps what a step freed reserved: the GPU may show a few MiB free)."""
+    _FOREIGN_POOLS[allocator] = (unused_bytes, what)
 
 
 def _current_pool(cp):

@@ -54,6 +54,7 @@ bench_pytorch's run). A view is held only until its last pass (accGrad takes x l
 the block outside a torch.compile'd function (Dynamo does not trace it).
 """
 import contextlib
+import functools
 import logging
 import warnings
 from typing import Optional, Sequence
@@ -165,6 +166,15 @@ class _Stream:
         delete = torch._C._cuda_cudaCachingAllocator_raw_delete    # (pointer): device and stream recorded
         self.malloc = cp.cuda.memory.PythonFunctionAllocator(
             lambda size, device_id: alloc(size, ptr), lambda p, device_id: delete(p)).malloc
+        # the memory checks count what PyTorch's allocator keeps reserved unused (it frees that and
+        # retries before it fails): the GPU's free memory alone refused passes it could serve
+        backends.common.register_pool(self.malloc, functools.partial(_cached_unused_bytes, device_index),
+                                      "PyTorch's cached, unused blocks")
+
+
+def _cached_unused_bytes(index):
+    """Bytes PyTorch's caching allocator holds reserved on GPU `index` but not allocated."""
+    return torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
 
 
 def _cuda_scope(index):

@@ -48,7 +48,7 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_graph_pool", "benchmarks.experiments.exp_winograd_chunks",
                 "benchmarks.experiments.exp_compile_gap", "benchmarks.experiments.exp_op_dispatch",
                 "benchmarks.experiments.exp_capture_handle", "benchmarks.experiments.exp_fbfft_pieces",
-                "benchmarks.experiments.exp_call_host",
+                "benchmarks.experiments.exp_call_host", "benchmarks.experiments.exp_step_ab",
                 "benchmarks.tune_coverage", "benchmarks.tune_zoo")
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import backends
-from backends import auto, config, cudnn, gemm, tuning
+from backends import auto, common, config, cudnn, gemm, tuning
 from reference import conv_reference, rel_error
 
 f32 = np.float32
@@ -174,6 +174,15 @@ def test_every_way_out_takes_the_full_path(settings, tmp_path, chosen, monkeypat
         raise RuntimeError("a runner that fails")
     monkeypatch.setattr(entry, "run", broken)
     full_path(xd, wd, name="gemm")                   # the full path runs it again, and is right
+    # memory short now: the prepared call does not ask the driver first; its allocation fails, and
+    # the full path checks the output and refuses it, naming the limit, before running anything
+    run(xd, wd, name="gemm")
+    capped = cp.cuda.MemoryPool()
+    capped.set_limit(size=1)
+    monkeypatch.setattr(common, "CHECK_ABOVE_BYTES", 0)
+    monkeypatch.setattr(common, "available_bytes", lambda xp: (1024, "in the test's limit"))
+    with cp.cuda.using_allocator(capped.malloc):
+        full_path(xd, wd, name="gemm", error=(ValueError, r"fprop's output .* more than the 1\.0 KiB in the test's limit"))
 
 
 @pytest.mark.gpu
@@ -279,7 +288,7 @@ def test_prepared_roles_are_kept_only_once_final(settings, monkeypatch):
     def run(a, b):
         kept.append(reuse._keep)
         return "ran"
-    entry = backends._Prepared(FakeCupy, run, backends.get("fbfft"), "accgrad", (gy, x, ws), None, 0,
+    entry = backends._Prepared(FakeCupy, run, backends.get("fbfft"), "accgrad", (gy, x, ws), None,
                                spectra=True, where=("auto", xs, ws, s, p))
     with backends.reuse_spectra():
         assert entry((gy, x, ws), ("bprop",)) == "ran"

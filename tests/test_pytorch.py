@@ -857,3 +857,66 @@ def test_stream_scope_is_made_once_per_stream():
         assert torch.cuda.memory_allocated() - before >= a.nbytes
     del a
     assert torch.cuda.memory_allocated() == before
+
+
+@pytest.mark.gpu
+def test_a_pass_that_fits_in_pytorchs_cache_is_not_refused(monkeypatch):
+    """PyTorch keeps what a model freed reserved: the GPU can show a few MiB free while PyTorch's
+    allocator holds gigabytes unused, which it hands out to the passes. The output check counts
+    them (before: a 71 MiB fprop output refused as 'more than the 40 MiB free on the GPU')."""
+    monkeypatch.setattr(backends, "_prepared", {})                  # the full path, with its check
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(17, 64, 128, 128, device="cuda", generator=g)  # output 17x64x128x128: 71 MiB
+    w = torch.randn(64, 64, 1, 1, device="cuda", generator=g)
+    torch.cuda.synchronize()
+    free, _ = torch.cuda.mem_get_info()
+    filler = torch.empty(free - (40 << 20), dtype=torch.uint8, device="cuda")
+    del filler                                                      # reserved by PyTorch, unused
+    try:
+        assert torch.cuda.mem_get_info()[0] < 71 << 20
+        y = conv2d(x, w, backend="gemm")
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.empty_cache()
+    ref = TF.conv2d(x.double(), w.double())
+    assert rel_error(y.cpu().numpy(), ref.cpu().numpy()) <= 1e-5
+
+
+def test_pytorchs_out_of_memory_falls_back_to_gemm(monkeypatch):
+    """The adapter's passes allocate from PyTorch's caching allocator, which raises
+    torch.OutOfMemoryError (a RuntimeError, not CuPy's MemoryError): run_pass treats it as out of
+    memory too, and the layer falls back to gemm in a smaller workspace, saying so."""
+    calls = []
+
+    def short_of_memory(*args, **kwargs):
+        calls.append(1)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(backends.fbfft, "fprop", short_of_memory)
+    monkeypatch.setattr(backends, "_warned", set())
+    x, w, stride, padding = operands(STRIDE1[0], "cpu")
+    with pytest.warns(ResourceWarning, match=r"fbfft ran out of GPU memory in fprop .* falling back to gemm"):
+        y = conv2d(x, w, stride, padding, backend="fbfft")
+    assert calls == [1]
+    ref = TF.conv2d(x.double(), w.double(), stride=stride, padding=padding)
+    assert rel_error(y.numpy(), ref.numpy()) <= 1e-5
+
+
+def test_the_memory_checks_count_a_registered_pools_unused_bytes(monkeypatch):
+    """common.register_pool: while its allocator is CuPy's current one, available_bytes adds the
+    pool's unused bytes to the GPU's free memory and names them (a stand-in CuPy here)."""
+    import types
+
+    from backends import common
+    allocator = object()
+    cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(is_capturing=lambda: False),
+        runtime=types.SimpleNamespace(memGetInfo=lambda: (40 << 20, 80 << 30)),
+        get_allocator=lambda: allocator, MemoryPool=type("MemoryPool", (), {})),
+        get_default_memory_pool=lambda: types.SimpleNamespace(malloc=None))
+    assert common.available_bytes(cp) == (40 << 20, "free on the GPU")
+    monkeypatch.setattr(common, "_FOREIGN_POOLS", {})
+    common.register_pool(allocator, lambda: 1 << 30, "the pool's unused blocks")
+    assert common.available_bytes(cp) == ((40 << 20) + (1 << 30), "free on the GPU (with the pool's unused blocks)")
+    with pytest.raises(ValueError, match=r"needs 2\.0 GiB, more than the 1\.0 GiB free on the GPU \(with the pool's"):
+        common.check_fits(2 << 30, cp, "an output")
+    common.check_fits(1 << 30, cp, "an output")

@@ -8,6 +8,9 @@ times the same calls three ways:
   in turn   the step's shapes one after another (as a step calls them): us a call over a cycle
   idle      each call alone on an idle GPU (a synchronize before it, as a host-bound step's calls
             often find the GPU): the median call
+  after torch   in turn, each call timed alone right after a small PyTorch matmul and convolution on
+            the same stream (as in a step, where PyTorch's cuBLAS and cuDNN handles run between
+            ours): the median call
 
 for cgemm.matmul (allocating its output, as the passes do), for CuPy's cuBLAS call with its
 arguments ready (no Python of ours), and for the cudnn backend's prepared fprop run; in fp32 and
@@ -21,6 +24,7 @@ import contextlib
 import statistics
 import time
 
+HOW = ("again", "in turn", "idle", "after torch")
 # converted AlexNet b128's fbfft GEMMs in the framework's TF32 mode (exp_compile_gap --split): a, op_a, b, op_b
 GEMMS = [((2050, 128, 48), "N", (2050, 64, 48), "C"), ((514, 128, 64), "N", (514, 192, 64), "C"),
          ((130, 128, 256), "C", (130, 128, 256), "N"), ((130, 128, 256), "C", (130, 128, 384), "N"),
@@ -37,7 +41,21 @@ def per_call_us(cp, calls, reps, how):
     len(calls) calls), 'in turn' (the list once) or 'idle' (each alone after a synchronize)."""
     sync = cp.cuda.get_current_stream().synchronize
     times = []
+    if how == "after torch":
+        import torch
+        a, w = torch.randn(64, 64, device="cuda"), torch.randn(8, 8, 3, 3, device="cuda")
+        x = torch.randn(2, 8, 16, 16, device="cuda")
+        sync()
     for _ in range(reps):
+        if how == "after torch":
+            sync()
+            for fn in calls:
+                torch.mm(a, a)
+                torch.nn.functional.conv2d(x, w, padding=1)
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            continue
         if how == "idle":
             for fn in calls:
                 sync()
@@ -122,11 +140,11 @@ def main():
                         kinds.append(("cudnn prepared fprop", convs))
                     for label, calls in kinds:
                         rows.append((label, mode, scope_name,
-                                     *(per_call_us(cp, calls, args.reps, how) for how in ("again", "in turn", "idle"))))
+                                     *(per_call_us(cp, calls, args.reps, how) for how in HOW)))
     print(f"host us a call, medians over {args.reps} repetitions ({torch.cuda.get_device_name()})\n")
-    print("| call | mode | scope | again | in turn | idle |\n|---|---|---|---|---|---|")
-    for label, mode, scope_name, again, turn, idle in rows:
-        print(f"| {label} | {mode} | {scope_name} | {again:.1f} | {turn:.1f} | {idle:.1f} |")
+    print(f"| call | mode | scope | {' | '.join(HOW)} |\n|---|---|---|{'---|' * len(HOW)}")
+    for label, mode, scope_name, *us in rows:
+        print(f"| {label} | {mode} | {scope_name} | {' | '.join(f'{v:.1f}' for v in us)} |")
 
 
 @contextlib.contextmanager

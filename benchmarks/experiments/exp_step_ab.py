@@ -1,0 +1,132 @@
+"""Experiment (not a benchmark of record): a torchvision model's training step (forward, backward,
+SGD) under variants of the code, alternated in one process. A host-bound step's time follows the
+host's speed, which drifts by 15 % and more between processes and within one (session 37: the same
+converted AlexNet TF32 step issued in 7.3 to 9.2 ms in four runs of one call), so a change worth a
+few per cent can only be seen side by side: each round times every variant once (the order rotated
+from round to round), and each variant's ratio to the first is taken within a round, then the
+median over rounds.
+
+Variants (--variants, comma-separated; the first is the reference):
+  stock       the stock model (PyTorch's convolutions), as bench_pytorch's stock rows
+  converted   the converted model as the code stands
+  check       converted, with the driver asked for its free memory before every prepared pass whose
+              output is above common.CHECK_ABOVE_BYTES (what the prepared path did before session 37)
+
+Times per variant and round: the step's median (CUDA events, steps back to back after a wait) and
+its issue time (the host clock around a step started on an idle GPU), medians over --steps steps.
+
+  python -m benchmarks.experiments.exp_step_ab --net alexnet --tf32 --variants converted,check,stock
+"""
+import argparse
+import contextlib
+import copy
+import statistics
+
+from benchmarks.bench_pytorch import IMAGE
+from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
+
+
+@contextlib.contextmanager
+def _driver_check_per_pass():
+    """Every prepared pass with an output above the threshold first asks the driver for its free
+    memory (cudaMemGetInfo), as common.check_fits did there in the adapter, whose allocator is not
+    CuPy's pool, before session 37."""
+    import backends
+    from backends import common
+    call = backends._Prepared.__call__
+    big = {}
+
+    def checked(self, args, later=None):
+        nbytes = big.get(id(self))
+        if nbytes is None:
+            name, x_shape, w_shape, stride, padding = self.where
+            g = common.geometry(x_shape, w_shape, stride, padding)
+            nbytes = big[id(self)] = backends._output_bytes(g, self.pass_name)
+        if nbytes > common.CHECK_ABOVE_BYTES:
+            self.cp.cuda.runtime.memGetInfo()
+        return call(self, args, later)
+    backends._Prepared.__call__ = checked
+    try:
+        yield
+    finally:
+        backends._Prepared.__call__ = call
+
+
+VARIANTS = {"stock": (False, contextlib.nullcontext), "converted": (True, contextlib.nullcontext),
+            "check": (True, _driver_check_per_pass)}   # name: (converted model, context around its steps)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--net", default="alexnet")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--variants", default="converted,check")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per variant and round, for each figure")
+    ap.add_argument("--tf32", action="store_true",
+                    help="PyTorch's TF32 defaults for the stock model, the framework's TF32 mode for the converted")
+    args = ap.parse_args()
+    names = [v.strip() for v in args.variants.split(",")]
+    if any(n not in VARIANTS for n in names) or len(set(names)) != len(names):
+        ap.error(f"--variants {args.variants!r}: distinct names from {', '.join(VARIANTS)}")
+
+    import torch
+
+    import backends
+    from minitorch_fft.pytorch import convert, reuse_spectra
+    setup_cudnn(torch)
+    set_tf32("tf32" if args.tf32 else "strict")
+    if args.tf32:
+        backends.config.set("tf32", True)
+    torch.manual_seed(0)
+    base = torch_model(args.net, 1000)
+    side = IMAGE.get(args.net, 224)
+    x = torch.randn(args.batch, 3, side, side, device="cuda")
+    y = torch.randint(0, 1000, (args.batch,), device="cuda")
+    models = {}
+
+    def make(converted):
+        if converted not in models:
+            model = copy.deepcopy(base).cuda()
+            if converted:
+                convert(model)
+            models[converted] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
+        model, opt = models[converted]
+        scope = reuse_spectra if converted else contextlib.nullcontext
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            with scope():
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return step
+    steps = {n: make(VARIANTS[n][0]) for n in names}
+    for n in names:                                   # tunes (auto), warms up
+        with VARIANTS[n][1]():
+            for _ in range(3):
+                steps[n]()
+    torch.cuda.synchronize()
+    rows = {n: [] for n in names}                     # (step ms, issue ms) per round
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            with VARIANTS[n][1]():
+                ms = median_ms(steps[n], "torch", 2, args.steps)
+                issue = median_ms(steps[n], "cpu", 0, args.steps, before=torch.cuda.synchronize)
+            rows[n].append((ms, issue))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {rows[n][-1][0]:.2f} / {rows[n][-1][1]:.2f} ms" for n in names),
+              flush=True)
+    ref = names[0]
+    print(f"\n{args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'}, {torch.cuda.get_device_name()}, "
+          f"{args.rounds} rounds x {args.steps} steps; ratios to {ref} paired by round (medians)\n")
+    print(f"| variant | step ms | issue ms | step / {ref} | issue / {ref} |\n|---|---|---|---|---|")
+    for n in names:
+        ms = statistics.median(v[0] for v in rows[n])
+        issue = statistics.median(v[1] for v in rows[n])
+        step_ratio = statistics.median(a[0] / b[0] for a, b in zip(rows[n], rows[ref]))
+        issue_ratio = statistics.median(a[1] / b[1] for a, b in zip(rows[n], rows[ref]))
+        print(f"| {n} | {ms:.2f} | {issue:.2f} | {step_ratio:.3f} | {issue_ratio:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
