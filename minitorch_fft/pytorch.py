@@ -87,7 +87,9 @@ def _array(t, cp, keep=True):
     False: no later pass takes t (bprop is the last of a layer's passes, accGrad where no bprop
     follows), so a new view is not held (it would keep t alive until the block ends: the first
     layer's gradOutput, 95 MiB on AlexNet b128)."""
-    t = t.detach().contiguous()          # a no-op for the contiguous tensors autograd passes here
+    t = t.detach()
+    if not t.is_contiguous():            # never for the tensors autograd passes here
+        t = t.contiguous()
     key = None if _views is None else _key(t)
     if key is not None and key in _views:
         return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
@@ -241,20 +243,34 @@ def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None
     which spectra this pass keeps for them, inside reuse_spectra()); None is fprop's, after which
     both backward passes may run. A view of `a` is held for a later pass that takes it (fprop's x
     for accGrad, accGrad's gy for bprop), of `b` only in fprop (w, for bprop): _array."""
-    _check_float32(pass_name, a, b)
+    return _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a, b, later)])[0]
+
+
+def _crossing(backend, x_shape, w_shape, stride, padding, passes):
+    """Passes of one layer, [(pass_name, a, b, later)] as _run takes them, run in order in one
+    crossing: the tensors checked first, then the device's CuPy scope entered once for all of them
+    (a backward's accGrad and bprop share it, where each entered its own before session 37); a new
+    tensor for each pass."""
+    for pass_name, a, b, _ in passes:
+        _check_float32(pass_name, a, b)
     args = dict(x_shape=tuple(x_shape), w_shape=tuple(w_shape), stride=tuple(stride), padding=tuple(padding))
-    keep_a, keep_b = (True, True) if later is None else (bool(later), False)
-    if a.is_cpu:
-        out = backends.run_pass(backend, pass_name, _array(a, None, keep_a), _array(b, None, keep_b),
-                                *_shape_arg(pass_name, args), **args, later=later)
-        return torch.from_numpy(np.ascontiguousarray(out))
-    if not a.is_cuda:
-        raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {a.device}")
-    cp, on, capture = _cuda_scope(a.get_device())
+    first = passes[0][1]
+    if first.is_cpu:
+        return [torch.from_numpy(np.ascontiguousarray(_pass(pass_name, backend, a, b, None, args, later)))
+                for pass_name, a, b, later in passes]
+    if not first.is_cuda:
+        raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {first.device}")
+    cp, on, capture = _cuda_scope(first.get_device())
     with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
-        out = backends.run_pass(backend, pass_name, _array(a, cp, keep_a), _array(b, cp, keep_b),
-                                *_shape_arg(pass_name, args), **args, later=later)
-        return _from_cupy(cp.ascontiguousarray(out))
+        return [_from_cupy(cp.ascontiguousarray(_pass(pass_name, backend, a, b, cp, args, later)))
+                for pass_name, a, b, later in passes]
+
+
+def _pass(pass_name, backend, a, b, cp, args, later):
+    """backends.run_pass on a and b as arrays (NumPy where cp is None, else CuPy, in its scope)."""
+    keep_a, keep_b = (True, True) if later is None else (bool(later), False)
+    return backends.run_pass(backend, pass_name, _array(a, cp, keep_a), _array(b, cp, keep_b),
+                             *_shape_arg(pass_name, args), **args, later=later)
 
 
 def _shape_arg(pass_name, args):
@@ -322,11 +338,14 @@ def _grads(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
     """(gx, gw, gb), None where not wanted: the bias's gradient, then accGrad (keeping gy's spectrum
     for bprop where it runs next, inside reuse_spectra()), then bprop. Both paths' backward."""
     gb = gy.sum((0, 2, 3)) if want_b else None
-    gx = gw = None
+    passes = []
     if want_w:   # first: the comment above EagerConv2d
-        gw = _run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding, later=("bprop",) if want_x else ())
+        passes.append(("accgrad", gy, x, ("bprop",) if want_x else ()))
     if want_x:
-        gx = _run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
+        passes.append(("bprop", gy, weight, ()))
+    grads = iter(_crossing(backend, x.shape, weight.shape, stride, padding, passes) if passes else ())
+    gw = next(grads) if want_w else None
+    gx = next(grads) if want_x else None
     return gx, gw, gb
 
 

@@ -23,7 +23,7 @@ With --gaps N, each row also lists where the GPU waits for the host: idle gaps b
 intervals over N steps (each from an idle GPU), by the host operator running when each gap ended.
 
 With --split N, each converted row also splits its issue time (N steps, each from an idle GPU) into
-the host time inside our passes (minitorch_fft.pytorch._run: the crossings, the CuPy scope and
+the host time inside our passes (minitorch_fft.pytorch._crossing: the crossings, the CuPy scope and
 backends.run_pass, itself also given) and the rest (PyTorch: autograd, the dispatcher, a compiled
 region's wrappers, and the stock layers), by timing those two functions; it also gives run_pass's
 time by pass and the time of the pieces under the passes (issue_split). The split runs before the
@@ -254,8 +254,9 @@ class Timed:
 
 
 def issue_split(step, steps):
-    """Medians over `steps` steps, each from an idle GPU, of (issue ms, ms in our passes (_run),
-    ms in backends.run_pass, passes a step, passes a step on run_pass's full path); the passes that
+    """Medians over `steps` steps, each from an idle GPU, of (issue ms, ms in our passes (_crossing,
+    whose calls run one pass, or a layer's two backward passes since session 37), ms in
+    backends.run_pass, passes a step, passes a step on run_pass's full path); the passes that
     took the full path (backends.choose's calls: the prepared path skips it) by (pass, input shape),
     over all the steps; run_pass's host us a call by (pass, input shape, weight shape, backend that
     ran it); and the pieces under the passes (PIECES: the launches, GEMMs, cuDNN calls, allocations
@@ -274,7 +275,7 @@ def issue_split(step, steps):
     for _ in range(steps):
         torch.cuda.synchronize()
         with contextlib.ExitStack() as stack:
-            ours = stack.enter_context(Timed(pt, "_run"))
+            ours = stack.enter_context(Timed(pt, "_crossing"))
             framework = stack.enter_context(Timed(backends, "run_pass", label=by_pass))
             chosen = stack.enter_context(Timed(backends, "choose",
                                                label=lambda name, pass_name, x_shape, *rest: (pass_name, x_shape)))
@@ -282,7 +283,7 @@ def issue_split(step, steps):
             t0 = time.perf_counter()
             step()
             issue = time.perf_counter() - t0
-        rows.append((issue * 1e3, ours.seconds * 1e3, framework.seconds * 1e3, ours.calls, chosen.calls))
+        rows.append((issue * 1e3, ours.seconds * 1e3, framework.seconds * 1e3, framework.calls, chosen.calls))
         full.update(chosen.seen)
         spent.update(framework.spent)
         seen.update(framework.seen)
@@ -486,7 +487,7 @@ def main():
         if split is not None:
             (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass, per_piece = split
             print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
-                  f"{ours_ms:.2f} in our {calls:.0f} passes (minitorch_fft.pytorch._run; backends.run_pass {framework_ms:.2f} of it), "
+                  f"{ours_ms:.2f} in our {calls:.0f} passes (minitorch_fft.pytorch._crossing; backends.run_pass {framework_ms:.2f} of it), "
                   f"{issue_ms - ours_ms:.2f} outside them (PyTorch's autograd, dispatcher and compiled wrappers, the "
                   f"stock layers); {full_calls:.0f} passes a step on run_pass's full path (not prepared):")
             for (pass_name, x_shape), n in full.most_common():

@@ -11,6 +11,8 @@ Variants (--variants, comma-separated; the first is the reference):
   converted   the converted model as the code stands
   check       converted, with the driver asked for its free memory before every prepared pass whose
               output is above common.CHECK_ABOVE_BYTES (what the prepared path did before session 37)
+  two crossings   converted, a layer's backward crossing into the CuPy scope once per pass (as
+              before session 37) instead of once for both
 
 Times per variant and round: the step's median (CUDA events, steps back to back after a wait) and
 its issue time (the host clock around a step started on an idle GPU), medians over --steps steps.
@@ -52,8 +54,32 @@ def _driver_check_per_pass():
         backends._Prepared.__call__ = call
 
 
+@contextlib.contextmanager
+def _two_crossings():
+    """A layer's backward crosses into the CuPy scope once per pass, as before session 37 (the
+    code of _grads then, through _run)."""
+    from minitorch_fft import pytorch as pt
+    grads = pt._grads
+
+    def separate(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
+        gb = gy.sum((0, 2, 3)) if want_b else None
+        gx = gw = None
+        if want_w:
+            gw = pt._run("accgrad", backend, gy, x, x.shape, weight.shape, stride, padding,
+                         later=("bprop",) if want_x else ())
+        if want_x:
+            gx = pt._run("bprop", backend, gy, weight, x.shape, weight.shape, stride, padding, later=())
+        return gx, gw, gb
+    pt._grads = separate
+    try:
+        yield
+    finally:
+        pt._grads = grads
+
+
 VARIANTS = {"stock": (False, contextlib.nullcontext), "converted": (True, contextlib.nullcontext),
-            "check": (True, _driver_check_per_pass)}   # name: (converted model, context around its steps)
+            "check": (True, _driver_check_per_pass), "two crossings": (True, _two_crossings)}
+# name: (converted model, context around its steps)
 
 
 def main():
