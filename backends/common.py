@@ -164,7 +164,7 @@ def available_bytes(xp):
     cp = xp
     if cp.cuda.get_current_stream().is_capturing():
         return None, "unknown while a CUDA graph is captured"
-    free, _ = cp.cuda.runtime.memGetInfo()
+    free = _gpu_free_bytes(cp)
     pool = _current_pool(cp)
     if pool is None:
         cached = _FOREIGN_POOLS.get(cp.cuda.get_allocator())
@@ -178,6 +178,11 @@ def available_bytes(xp):
             return capped + pool.free_bytes(), (f"the GPU's memory pool may still take (its limit is "
                                                 f"{format_bytes(pool.get_limit())})")
     return available, "free on the GPU (with CuPy's pool's unused blocks)"
+
+
+def _gpu_free_bytes(cp):
+    """The current GPU's free memory as the driver reports it (cudaMemGetInfo)."""
+    return cp.cuda.runtime.memGetInfo()[0]
 
 
 # Allocators of another library's memory pool, which keeps freed memory reserved (the PyTorch
