@@ -30,7 +30,9 @@ the device's first eager pass, backends.cgemm.GraphHandle, whose 32 MiB workspac
 the first capture's pool, so eager steps never hold it; sessions 35-36 measured those 32 MiB as
 the graph rows' peak over stock's on ResNet-50 and VGG-16). Capture after one eager step: `auto`
 times the backends and cuFFT plans are made at a layer's first call, which a capture cannot hold.
-The auto_memory_mb cap does not apply here (it limits CuPy's own pool).
+The auto_memory_mb cap does not apply here (it limits CuPy's own pool). The passes' memory checks count
+PyTorch's reserved, unused blocks as available (backends.common.register_pool), and PyTorch's
+out-of-memory error takes run_pass's gemm fallback as CuPy's does.
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
