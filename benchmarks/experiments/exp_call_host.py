@@ -24,6 +24,8 @@ import contextlib
 import statistics
 import time
 
+from benchmarks.experiments.exp_fbfft_pieces import _stack
+
 HOW = ("again", "in turn", "idle", "after torch")
 # converted AlexNet b128's fbfft GEMMs in the framework's TF32 mode (exp_compile_gap --split): a, op_a, b, op_b
 GEMMS = [((2050, 128, 48), "N", (2050, 64, 48), "C"), ((514, 128, 64), "N", (514, 192, 64), "C"),
@@ -145,14 +147,6 @@ def main():
     print(f"| call | mode | scope | {' | '.join(HOW)} |\n|---|---|---|{'---|' * len(HOW)}")
     for label, mode, scope_name, *us in rows:
         print(f"| {label} | {mode} | {scope_name} | {' | '.join(f'{v:.1f}' for v in us)} |")
-
-
-@contextlib.contextmanager
-def _stack(*managers):
-    with contextlib.ExitStack() as stack:
-        for m in managers:
-            stack.enter_context(m)
-        yield
 
 
 if __name__ == "__main__":

@@ -253,6 +253,24 @@ class Timed:
         setattr(self.module, self.name, self.original)
 
 
+def training_step(model, run, x, y, converted):
+    """(optimizer, step): SGD with momentum over the model's parameters, and step() one training step
+    of `run` (the model, or its compiled form) on x, y, inside reuse_spectra() where the model is
+    converted, as bench_pytorch's rows step."""
+    import torch
+
+    from minitorch_fft.pytorch import reuse_spectra
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scope = reuse_spectra if converted else contextlib.nullcontext
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        with scope():
+            torch.nn.functional.cross_entropy(run(x), y).backward()
+        opt.step()
+    return opt, step
+
+
 def issue_split(step, steps):
     """Medians over `steps` steps, each from an idle GPU, of (issue ms, ms in our passes (_crossing,
     whose calls run one pass, or a layer's two backward passes since session 37), ms in
@@ -391,7 +409,7 @@ def main():
     import torch
 
     import backends
-    from minitorch_fft.pytorch import convert, reuse_spectra
+    from minitorch_fft.pytorch import convert
     setup_cudnn(torch)                               # cuDNN's full search, as bench_pytorch's stock rows
     set_tf32("tf32" if args.tf32 else "strict")
     if args.tf32:
@@ -414,14 +432,7 @@ def main():
         if converted:
             convert(model)
         run = torch.compile(model) if compiled else model
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        scope = reuse_spectra if converted else contextlib.nullcontext
-
-        def step():
-            opt.zero_grad(set_to_none=False)
-            with scope():
-                torch.nn.functional.cross_entropy(run(x), y).backward()
-            opt.step()
+        opt, step = training_step(model, run, x, y, converted)
         if compiled and converted and args.output_code:
             torch._logging.set_logs(output_code=True)
         t0 = time.perf_counter()

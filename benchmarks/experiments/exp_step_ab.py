@@ -25,6 +25,7 @@ import copy
 import statistics
 
 from benchmarks.bench_pytorch import IMAGE
+from benchmarks.experiments.exp_compile_gap import training_step
 from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
 
@@ -99,7 +100,7 @@ def main():
     import torch
 
     import backends
-    from minitorch_fft.pytorch import convert, reuse_spectra
+    from minitorch_fft.pytorch import convert
     setup_cudnn(torch)
     set_tf32("tf32" if args.tf32 else "strict")
     if args.tf32:
@@ -109,24 +110,13 @@ def main():
     side = IMAGE.get(args.net, 224)
     x = torch.randn(args.batch, 3, side, side, device="cuda")
     y = torch.randint(0, 1000, (args.batch,), device="cuda")
-    models = {}
-
-    def make(converted):
-        if converted not in models:
-            model = copy.deepcopy(base).cuda()
-            if converted:
-                convert(model)
-            models[converted] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
-        model, opt = models[converted]
-        scope = reuse_spectra if converted else contextlib.nullcontext
-
-        def step():
-            opt.zero_grad(set_to_none=False)
-            with scope():
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        return step
-    steps = {n: make(VARIANTS[n][0]) for n in names}
+    made = {}                                         # converted: step (the variants of one kind share it)
+    for converted in sorted({VARIANTS[n][0] for n in names}):
+        model = copy.deepcopy(base).cuda()
+        if converted:
+            convert(model)
+        made[converted] = training_step(model, model, x, y, converted)[1]
+    steps = {n: made[VARIANTS[n][0]] for n in names}
     for n in names:                                   # tunes (auto), warms up
         with VARIANTS[n][1]():
             for _ in range(3):
