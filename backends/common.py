@@ -194,9 +194,12 @@ _FOREIGN_POOLS = {}
 def register_pool(allocator, unused_bytes, what):
     """While `allocator` (a function given to cupy.cuda.using_allocator) is CuPy's current one, the
     memory checks count `unused_bytes()` as available beside the GPU's free memory, and name them
-    `what`: bytes its pool holds unused, which it hands out again or gives back to the driver
+    `what`: bytes its pool holds unused, which it hands out again, or gives back to the driver
     before it fails. Without them, the GPU's free memory alone would refuse a pass that the pool
-    can serve (PyTorch keeps what a step freed reserved: the GPU may show a few MiB free)."""
+    can serve (PyTorch keeps what a step freed reserved: the GPU may show a few MiB free). The
+    figure can be too high (PyTorch's: free blocks in a live CUDA graph's private pool, fragments
+    of split segments); a pass it lets through then fails to allocate, with the pool's own
+    out-of-memory error, which backends.run_pass answers with its gemm fallback."""
     _FOREIGN_POOLS[allocator] = (unused_bytes, what)
 
 

@@ -90,8 +90,8 @@ def _array(t, cp, keep=True):
     follows), so a new view is not held (it would keep t alive until the block ends: the first
     layer's gradOutput, 95 MiB on AlexNet b128)."""
     t = t.detach()
-    if not t.is_contiguous():            # never for the tensors autograd passes here
-        t = t.contiguous()
+    if not t.is_contiguous():            # a copy, as the backends would make (e.g. the expanded
+        t = t.contiguous()               # gradient of a sum(), or a caller's strided input)
     key = None if _views is None else _key(t)
     if key is not None and key in _views:
         return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
@@ -157,7 +157,7 @@ class _Stream:
     The allocator calls the caching allocator's raw functions, not torch.cuda.caching_allocator_alloc:
     that wrapper enters a device guard (Python) on every allocation, and a pass makes 4-6 of them.
     The raw call allocates on the CUDA runtime's current device, which CuPy's device context (entered
-    around every pass, _run) has set to this one."""
+    around every crossing, _crossing) has set to this one."""
 
     def __init__(self, cp, device_index, ptr):
         self.device = cp.cuda.Device(device_index)
@@ -252,7 +252,8 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes):
     """Passes of one layer, [(pass_name, a, b, later)] as _run takes them, run in order in one
     crossing: the tensors checked first, then the device's CuPy scope entered once for all of them
     (a backward's accGrad and bprop share it, where each entered its own before session 37); a new
-    tensor for each pass."""
+    tensor for each pass. Each pass's two tensors are checked to share a device; the passes are one
+    layer's, on one device (the first pass's: its scope serves all)."""
     for pass_name, a, b, _ in passes:
         _check_float32(pass_name, a, b)
     args = dict(x_shape=tuple(x_shape), w_shape=tuple(w_shape), stride=tuple(stride), padding=tuple(padding))
@@ -435,7 +436,8 @@ for _device in ("cpu", "cuda"):
 # (benchmarks/NOTES.md, session 11), more than some passes take on the GPU. An eager call has no
 # use for it, so conv2d() runs EagerConv2d there; whatever must see the operator (Dynamo, make_fx,
 # FakeTensorMode and other dispatch modes, functorch's transforms) gets torch.ops, as do direct
-# callers of torch.ops.minitorch_fft.conv2d. Both end in _run, so they compute the same thing.
+# callers of torch.ops.minitorch_fft.conv2d. Both end in _crossing (through _run and _grads), so they
+# compute the same thing.
 
 # A layer's backward runs accGrad before bprop. In a step the memory peaks in the backward, and
 # there the order decides what is alive beside each pass's workspace: bprop first keeps its output

@@ -174,8 +174,8 @@ def test_every_way_out_takes_the_full_path(settings, tmp_path, chosen, monkeypat
         raise RuntimeError("a runner that fails")
     monkeypatch.setattr(entry, "run", broken)
     full_path(xd, wd, name="gemm")                   # the full path runs it again, and is right
-    # memory short now: the prepared call does not ask the driver first; its allocation fails, and
-    # the full path checks the output and refuses it, naming the limit, before running anything
+    # memory short now: the prepared call's allocation fails, and the full path checks the output
+    # and refuses it, naming the limit (that the prepared call asks nothing first: the CPU test below)
     run(xd, wd, name="gemm")
     capped = cp.cuda.MemoryPool()
     capped.set_limit(size=1)
@@ -263,6 +263,31 @@ def test_a_pass_function_is_prepared_and_shares_spectra_as_the_full_path(name, x
     assert hits[0] == hits[1] == hits[2] >= 2, hits   # accGrad finds fprop's x, bprop accGrad's gy
     entry = backends._prepared[(name, "accgrad", xs, ws, stride, padding, config.state())]
     assert entry.spectra and entry.roles == {(("bprop",), True): {"gy"}}
+
+
+def test_the_prepared_call_asks_nothing_about_memory(monkeypatch):
+    """The prepared path does not check the output's size against free memory: the full path checked
+    it at the geometry's first call, and a later allocation that fails sends the call to the full
+    path, which checks and says so. Before session 37 it asked (cudaMemGetInfo in the PyTorch
+    adapter) before every pass above common.CHECK_ABOVE_BYTES. A stand-in for CuPy (NumPy arrays on
+    "device 0"), the threshold 0."""
+    class FakeCupy:
+        ndarray = np.ndarray
+
+        class cuda:
+            class runtime:
+                getDevice = staticmethod(lambda: 0)
+    asked = []
+    monkeypatch.setattr(common, "CHECK_ABOVE_BYTES", 0)
+    monkeypatch.setattr(common, "check_fits", lambda *args: asked.append(args))
+    monkeypatch.setattr(common, "available_bytes", lambda xp: asked.append(xp) or (0, "in the test"))
+    monkeypatch.setattr(backends, "_prepared", {})
+    xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
+    x, w, _, ref = _data(xs, ws, s, p, 9)
+    backends._prepare("fbfft", "fprop", backends.get("fbfft"), (x, w), FakeCupy, xs, ws, s, p)
+    entry = backends._prepared[("fbfft", "fprop", xs, ws, s, p, config.state())]
+    out = entry((x, w))
+    assert asked == [] and rel_error(out, ref["fprop"]) <= 1e-5
 
 
 def test_prepared_roles_are_kept_only_once_final(settings, monkeypatch):

@@ -40,7 +40,8 @@ CONVS = [((128, 192, 13, 13), (384, 192, 3, 3)), ((128, 384, 13, 13), (256, 384,
 
 def per_call_us(cp, calls, reps, how):
     """Host us a call: `calls` a list of functions; how 'again' (each function in a burst of
-    len(calls) calls), 'in turn' (the list once) or 'idle' (each alone after a synchronize)."""
+    len(calls) calls), 'in turn' (the list once), 'idle' (each alone after a synchronize) or 'after
+    torch' (the list once, each call timed alone right after a PyTorch matmul and convolution)."""
     sync = cp.cuda.get_current_stream().synchronize
     times = []
     if how == "after torch":

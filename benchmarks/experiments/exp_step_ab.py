@@ -10,7 +10,8 @@ Variants (--variants, comma-separated; the first is the reference):
   stock       the stock model (PyTorch's convolutions), as bench_pytorch's stock rows
   converted   the converted model as the code stands
   check       converted, with the driver asked for its free memory before every prepared pass whose
-              output is above common.CHECK_ABOVE_BYTES (what the prepared path did before session 37)
+              output is above common.CHECK_ABOVE_BYTES: the driver call the prepared path made before
+              session 37, without the Python around it (_pool_holds, the pool look-ups): a lower bound
   two crossings   converted, a layer's backward crossing into the CuPy scope once per pass (as
               before session 37) instead of once for both
 
