@@ -265,18 +265,21 @@ def test_a_pass_function_is_prepared_and_shares_spectra_as_the_full_path(name, x
     assert entry.spectra and entry.roles == {(("bprop",), True): {"gy"}}
 
 
+class _FakeCupy:
+    """A stand-in for CuPy in _Prepared's checks: NumPy arrays, on "device 0"."""
+    ndarray = np.ndarray
+
+    class cuda:
+        class runtime:
+            getDevice = staticmethod(lambda: 0)
+
+
 def test_the_prepared_call_asks_nothing_about_memory(monkeypatch):
     """The prepared path does not check the output's size against free memory: the full path checked
     it at the geometry's first call, and a later allocation that fails sends the call to the full
     path, which checks and says so. Before session 37 it asked (cudaMemGetInfo in the PyTorch
     adapter) before every pass above common.CHECK_ABOVE_BYTES. A stand-in for CuPy (NumPy arrays on
     "device 0"), the threshold 0."""
-    class FakeCupy:
-        ndarray = np.ndarray
-
-        class cuda:
-            class runtime:
-                getDevice = staticmethod(lambda: 0)
     asked = []
     monkeypatch.setattr(common, "CHECK_ABOVE_BYTES", 0)
     monkeypatch.setattr(common, "check_fits", lambda *args: asked.append(args))
@@ -284,7 +287,7 @@ def test_the_prepared_call_asks_nothing_about_memory(monkeypatch):
     monkeypatch.setattr(backends, "_prepared", {})
     xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
     x, w, _, ref = _data(xs, ws, s, p, 9)
-    backends._prepare("fbfft", "fprop", backends.get("fbfft"), (x, w), FakeCupy, xs, ws, s, p)
+    backends._prepare("fbfft", "fprop", backends.get("fbfft"), (x, w), _FakeCupy, xs, ws, s, p)
     entry = backends._prepared[("fbfft", "fprop", xs, ws, s, p, config.state())]
     out = entry((x, w))
     assert asked == [] and rel_error(out, ref["fprop"]) <= 1e-5
@@ -300,12 +303,6 @@ def test_prepared_roles_are_kept_only_once_final(settings, monkeypatch):
     chosen = {}
     monkeypatch.setattr(auto, "remembered", lambda registry, pass_name, *args: chosen.get(pass_name))
 
-    class FakeCupy:
-        ndarray = np.ndarray
-
-        class cuda:
-            class runtime:
-                getDevice = staticmethod(lambda: 0)
     xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
     x, _, gy, _ = _data(xs, ws, s, p, 8)
     kept = []
@@ -313,7 +310,7 @@ def test_prepared_roles_are_kept_only_once_final(settings, monkeypatch):
     def run(a, b):
         kept.append(reuse._keep)
         return "ran"
-    entry = backends._Prepared(FakeCupy, run, backends.get("fbfft"), "accgrad", (gy, x, ws), None,
+    entry = backends._Prepared(_FakeCupy, run, backends.get("fbfft"), "accgrad", (gy, x, ws), None,
                                spectra=True, where=("auto", xs, ws, s, p))
     with backends.reuse_spectra():
         assert entry((gy, x, ws), ("bprop",)) == "ran"

@@ -24,7 +24,7 @@ import contextlib
 import statistics
 import time
 
-from benchmarks.experiments.exp_fbfft_pieces import _stack
+from benchmarks.experiments.exp_fbfft_pieces import _stack, cublas_args
 
 HOW = ("again", "in turn", "idle", "after torch")
 # converted AlexNet b128's fbfft GEMMs in the framework's TF32 mode (exp_compile_gap --split): a, op_a, b, op_b
@@ -89,12 +89,8 @@ def gemm_calls(cp):
         b = (cp.random.standard_normal(b_shape, dtype=cp.float32)
              + 1j * cp.random.standard_normal(b_shape, dtype=cp.float32)).astype(cp.complex64)
         out = cgemm.matmul(cp, a, b, op_a=op_a, op_b=op_b)
-        plan = cgemm._gemm_plan(a.shape, b.shape, a.dtype, op_a, op_b)
         compute = cgemm._CUBLAS_COMPUTE_32F_FAST_TF32 if cgemm.mode(cp) == "tf32" else cgemm._CUBLAS_COMPUTE_32F
-        args = (cp.cuda.device.get_cublas_handle(), plan.op_b, plan.op_a, plan.q, plan.p, plan.r, plan.one,
-                b.data.ptr, plan.dtype, plan.ldb, plan.stride_b, a.data.ptr, plan.dtype, plan.lda, plan.stride_a,
-                plan.zero, out.data.ptr, plan.dtype, plan.q, plan.p * plan.q, plan.count, compute,
-                cgemm._CUBLAS_GEMM_DEFAULT)
+        args = cublas_args(cp, a, op_a, b, op_b, out, compute)
         matmuls.append(lambda a=a, b=b, op_a=op_a, op_b=op_b: cgemm.matmul(cp, a, b, op_a=op_a, op_b=op_b))
         raws.append(lambda args=args: cublas.gemmStridedBatchedEx(*args))
     return matmuls, raws

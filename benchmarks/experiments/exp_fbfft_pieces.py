@@ -24,6 +24,17 @@ def us(cp, fn, number):
     return best
 
 
+def cublas_args(cp, a, op_a, b, op_b, out, compute):
+    """cublasGemmStridedBatchedEx's arguments for out = op_a(a) @ op_b(b) on CuPy's handle, as
+    cgemm._gemm passes them (its plan worked out here once)."""
+    from backends import cgemm
+    plan = cgemm._gemm_plan(a.shape, b.shape, a.dtype, op_a, op_b)
+    return (cp.cuda.device.get_cublas_handle(), plan.op_b, plan.op_a, plan.q, plan.p, plan.r, plan.one,
+            b.data.ptr, plan.dtype, plan.ldb, plan.stride_b, a.data.ptr, plan.dtype, plan.lda, plan.stride_a,
+            plan.zero, out.data.ptr, plan.dtype, plan.q, plan.p * plan.q, plan.count, compute,
+            cgemm._CUBLAS_GEMM_DEFAULT)
+
+
 def pieces(cp, x, w, pad):
     """[(label, fn)]: an fbfft fprop whole and in its pieces, in the order the pass runs them."""
     import backends
@@ -46,11 +57,8 @@ def pieces(cp, x, w, pad):
     grid = ((g.S * g.f + width - 1) // width,)
     i32 = np.int32
     kernel_args = (x, spectrum, i32(g.S * g.f), i32(g.h), i32(g.w), i32(pad[0]), i32(pad[1]))
-    plan = cgemm._gemm_plan(xf.shape, wf.shape, xf.dtype, "N", "C")
-    handle, stream_ptr = cp.cuda.device.get_cublas_handle(), cp.cuda.get_current_stream().ptr
-    gemm_args = (handle, plan.op_b, plan.op_a, plan.q, plan.p, plan.r, plan.one, wf.data.ptr, plan.dtype, plan.ldb,
-                 plan.stride_b, xf.data.ptr, plan.dtype, plan.lda, plan.stride_a, plan.zero, yf.data.ptr,
-                 plan.dtype, plan.q, plan.p * plan.q, plan.count, cgemm._CUBLAS_COMPUTE_32F, cgemm._CUBLAS_GEMM_DEFAULT)
+    stream_ptr = cp.cuda.get_current_stream().ptr
+    gemm_args = cublas_args(cp, xf, "N", wf, "C", yf, cgemm._CUBLAS_COMPUTE_32F)
     cupy_gemm = cublas.gemmStridedBatchedEx
     lib = cgemm._libcublas()
 
