@@ -79,6 +79,33 @@ def _two_crossings():
         pt._grads = grads
 
 
+def make_steps(net, batch, tf32, kinds):
+    """{converted: step} for each kind in `kinds` (False: the stock model, True: converted): one
+    training step each (training_step's) of the torchvision model `net` on one random batch, the
+    kinds built from the same initial weights; TF32 as bench_pytorch's rows set it (`tf32`:
+    PyTorch's defaults for stock, the framework's TF32 mode for converted), else strict fp32."""
+    import torch
+
+    import backends
+    from minitorch_fft.pytorch import convert
+    setup_cudnn(torch)
+    set_tf32("tf32" if tf32 else "strict")
+    if tf32:
+        backends.config.set("tf32", True)
+    torch.manual_seed(0)
+    base = torch_model(net, 1000)
+    side = IMAGE.get(net, 224)
+    x = torch.randn(batch, 3, side, side, device="cuda")
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    made = {}
+    for converted in sorted(kinds):
+        model = copy.deepcopy(base).cuda()
+        if converted:
+            convert(model)
+        made[converted] = training_step(model, model, x, y, converted)[1]
+    return made
+
+
 VARIANTS = {"stock": (False, contextlib.nullcontext), "converted": (True, contextlib.nullcontext),
             "check": (True, _driver_check_per_pass), "two crossings": (True, _two_crossings)}
 # name: (converted model, context around its steps)
@@ -100,23 +127,7 @@ def main():
 
     import torch
 
-    import backends
-    from minitorch_fft.pytorch import convert
-    setup_cudnn(torch)
-    set_tf32("tf32" if args.tf32 else "strict")
-    if args.tf32:
-        backends.config.set("tf32", True)
-    torch.manual_seed(0)
-    base = torch_model(args.net, 1000)
-    side = IMAGE.get(args.net, 224)
-    x = torch.randn(args.batch, 3, side, side, device="cuda")
-    y = torch.randint(0, 1000, (args.batch,), device="cuda")
-    made = {}                                         # converted: step (the variants of one kind share it)
-    for converted in sorted({VARIANTS[n][0] for n in names}):
-        model = copy.deepcopy(base).cuda()
-        if converted:
-            convert(model)
-        made[converted] = training_step(model, model, x, y, converted)[1]
+    made = make_steps(args.net, args.batch, args.tf32, {VARIANTS[n][0] for n in names})
     steps = {n: made[VARIANTS[n][0]] for n in names}
     for n in names:                                   # tunes (auto), warms up
         with VARIANTS[n][1]():
