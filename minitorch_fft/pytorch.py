@@ -88,8 +88,11 @@ def _array(t, cp, keep=True):
     tensor state inside reuse_spectra(), so that reuse.py's identity key finds its spectrum. keep
     False: no later pass takes t (bprop is the last of a layer's passes, accGrad where no bprop
     follows), so a new view is not held (it would keep t alive until the block ends: the first
-    layer's gradOutput, 95 MiB on AlexNet b128)."""
-    t = t.detach()
+    layer's gradOutput, 95 MiB on AlexNet b128). A CUDA tensor is viewed as it is, not detached
+    first: the passes run where autograd records nothing (an autograd.Function's forward and
+    backward, or below the dispatcher's autograd key), and the view lives no longer than the step."""
+    if cp is None:
+        t = t.detach()                   # NumPy refuses a tensor that requires grad
     if not t.is_contiguous():            # a copy, as the backends would make (e.g. the expanded
         t = t.contiguous()               # gradient of a sum(), or a caller's strided input)
     key = None if _views is None else _key(t)
@@ -256,40 +259,43 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes):
     layer's, on one device (the first pass's: its scope serves all)."""
     for pass_name, a, b, _ in passes:
         _check_float32(pass_name, a, b)
-    args = dict(x_shape=tuple(x_shape), w_shape=tuple(w_shape), stride=tuple(stride), padding=tuple(padding))
+    geometry = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
     first = passes[0][1]
     if first.is_cpu:
-        return [torch.from_numpy(np.ascontiguousarray(_pass(pass_name, backend, a, b, None, args, later)))
+        return [torch.from_numpy(np.ascontiguousarray(_pass(pass_name, backend, a, b, None, geometry, later)))
                 for pass_name, a, b, later in passes]
     if not first.is_cuda:
         raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {first.device}")
     cp, on, capture = _cuda_scope(first.get_device())
     with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
-        return [_from_cupy(cp.ascontiguousarray(_pass(pass_name, backend, a, b, cp, args, later)))
+        return [_from_cupy(cp.ascontiguousarray(_pass(pass_name, backend, a, b, cp, geometry, later)))
                 for pass_name, a, b, later in passes]
 
 
-def _pass(pass_name, backend, a, b, cp, args, later):
-    """backends.run_pass on a and b as arrays (NumPy where cp is None, else CuPy, in its scope)."""
+def _pass(pass_name, backend, a, b, cp, geometry, later):
+    """backends.run_pass on a and b as arrays (NumPy where cp is None, else CuPy, in its scope), with
+    the pass's third argument (backends' contract): none for fprop, x_shape for bprop, w_shape for
+    accGrad. geometry: (x_shape, w_shape, stride, padding), tuples."""
     keep_a, keep_b = (True, True) if later is None else (bool(later), False)
-    return backends.run_pass(backend, pass_name, _array(a, cp, keep_a), _array(b, cp, keep_b),
-                             *_shape_arg(pass_name, args), **args, later=later)
+    x_shape, w_shape, stride, padding = geometry
+    a, b = _array(a, cp, keep_a), _array(b, cp, keep_b)
+    if pass_name == "fprop":
+        return backends.run_pass(backend, pass_name, a, b, x_shape=x_shape, w_shape=w_shape, stride=stride,
+                                 padding=padding, later=later)
+    return backends.run_pass(backend, pass_name, a, b, x_shape if pass_name == "bprop" else w_shape,
+                             x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=later)
 
 
-def _shape_arg(pass_name, args):
-    """The third argument of the pass (backends' contract): none, x_shape or w_shape."""
-    return {"fprop": (), "bprop": (args["x_shape"],), "accgrad": (args["w_shape"],)}[pass_name]
-
-
-def _check_float32(what, *tensors):
-    for t in tensors:
-        if t.dtype != torch.float32:
-            raise TypeError(f"minitorch_fft.conv2d ({what}) takes float32 tensors only, got {t.dtype} "
-                            "(the backends compute in fp32; use nn.Conv2d for other dtypes, or autocast, "
-                            "under which this operator runs in float32)")
-    if tensors[0].device != tensors[1].device:
-        raise ValueError(f"minitorch_fft.conv2d ({what}): tensors on different devices, {tensors[0].device} "
-                         f"and {tensors[1].device}")
+def _check_float32(what, a, b):
+    """TypeError unless both tensors are float32; ValueError unless they share a device."""
+    if a.dtype != torch.float32 or b.dtype != torch.float32:
+        t = a if a.dtype != torch.float32 else b
+        raise TypeError(f"minitorch_fft.conv2d ({what}) takes float32 tensors only, got {t.dtype} "
+                        "(the backends compute in fp32; use nn.Conv2d for other dtypes, or autocast, "
+                        "under which this operator runs in float32)")
+    if not (a.is_cuda and b.is_cuda and a.get_device() == b.get_device()) and a.device != b.device:
+        raise ValueError(f"minitorch_fft.conv2d ({what}): tensors on different devices, {a.device} "
+                         f"and {b.device}")
 
 
 # -- the operators ------------------------------------------------------------------------------
@@ -488,10 +494,18 @@ def _eager(*tensors):
             and not torch._C._get_tracing_state())
 
 
+def _any_autocast():
+    """Whether autocast is on for any device type (one C call where PyTorch has it)."""
+    check = getattr(torch._C, "_is_any_autocast_enabled", None)
+    return True if check is None else check()
+
+
 def _autocast(*tensors):
     """The tensors as the operator's autocast rule hands them on (torch.library.register_autocast
     to float32, below): under autocast for their device type, floating-point tensors other than
     float64 cast to float32, differentiably (None, a missing bias, stays None)."""
+    if not _any_autocast():
+        return tensors
     kind = tensors[0].device.type
     if not torch.is_autocast_enabled(kind):
         return tensors

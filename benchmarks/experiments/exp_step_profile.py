@@ -51,6 +51,8 @@ def _frame(text):
 
 def _library(where, line):
     """The category of a frame: a Python frame's top package (ours by folder), a native frame's library."""
+    if line is not None and where.endswith((".c", ".cpp", ".cxx", ".h", ".hpp", ".pyx", ".pxd")):
+        return "native-source:" + os.path.basename(where)   # a C frame py-spy located in its source
     if line is not None:
         for prefix in OURS:
             if prefix in where:
@@ -110,7 +112,7 @@ def summarize(path, meta, top=30, out=sys.stdout):
             label += f" <- {caller[0]} ({caller[1]}:{caller[2]})"
         leaves[label] += count
     total = sum(threads.values())
-    print(f"{meta['title']}\n{meta['samples']} sampling instants over {meta['wall_s']:.2f} s, {meta['steps']} steps "
+    print(f"{meta['title']}\n{meta['samples']} sampling instants ({meta.get('errors')} errors) over {meta['wall_s']:.2f} s, {meta['steps']} steps "
           f"({meta['wall_s'] / meta['steps'] * 1e3:.2f} ms a step profiled; unprofiled: step "
           f"{meta['step_ms']:.2f} ms, issue {meta['issue_ms']:.2f} ms); host ms a step below\n", file=out)
     print("| thread | active ms | sync ms |\n|---|---|---|", file=out)
@@ -194,12 +196,14 @@ def main():
     gc.enable()
     said = spy.stdout.read()
     m = re.search(r"Samples: (\d+)", said)
+    errors = re.search(r"Errors: (\d+)", said)
     if spy.returncode != 0 or not m or not os.path.exists(raw):
         raise SystemExit(f"py-spy failed (rc {spy.returncode}):\n{said}")
     meta = {"title": f"{args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'} {args.model}, py-spy "
                      f"{'--native' if args.native else '--nonblocking'} at {args.rate}/s, "
                      f"{torch.cuda.get_device_name()}, commit {os.environ.get('MINITORCH_COMMIT', '?')}",
-            "samples": int(m[1]), "wall_s": wall, "steps": steps, "step_ms": step_ms, "issue_ms": issue_ms,
+            "samples": int(m[1]), "errors": int(errors[1]) if errors else None, "py_spy_said": said[-2000:],
+            "wall_s": wall, "steps": steps, "step_ms": step_ms, "issue_ms": issue_ms,
             "command": " ".join(sys.argv)}
     with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump(meta, f, indent=1)
