@@ -84,7 +84,10 @@ def read_raw(path):
 def summarize(path, meta, top=30, out=sys.stdout):
     """Print the tables described in the module's docstring for a raw file and its run's meta."""
     rows = read_raw(path)
-    per_sample = meta["wall_s"] / meta["samples"] / meta["steps"] * 1e3   # ms a step for one sample
+    # ms a step for one sample: py-spy's instants include those whose stacks it failed to read (its
+    # "Errors", a fifth of them without pausing, session 38), which stand for time like the others
+    read = meta["samples"] - (meta.get("errors") or 0)
+    per_sample = meta["wall_s"] / read / meta["steps"] * 1e3
 
     def ms(count):
         return count * per_sample
