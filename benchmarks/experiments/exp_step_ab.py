@@ -79,11 +79,12 @@ def _two_crossings():
         pt._grads = grads
 
 
-def make_steps(net, batch, tf32, kinds):
+def make_steps(net, batch, tf32, kinds, compiled=False):
     """{converted: step} for each kind in `kinds` (False: the stock model, True: converted): one
     training step each (training_step's) of the torchvision model `net` on one random batch, the
     kinds built from the same initial weights; TF32 as bench_pytorch's rows set it (`tf32`:
-    PyTorch's defaults for stock, the framework's TF32 mode for converted), else strict fp32."""
+    PyTorch's defaults for stock, the framework's TF32 mode for converted), else strict fp32.
+    compiled: each model runs under torch.compile (inductor), as bench_pytorch's compiled rows."""
     import torch
 
     import backends
@@ -102,7 +103,7 @@ def make_steps(net, batch, tf32, kinds):
         model = copy.deepcopy(base).cuda()
         if converted:
             convert(model)
-        made[converted] = training_step(model, model, x, y, converted)[1]
+        made[converted] = training_step(model, torch.compile(model) if compiled else model, x, y, converted)[1]
     return made
 
 

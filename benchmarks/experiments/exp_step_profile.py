@@ -161,6 +161,7 @@ def main():
     ap.add_argument("--model", choices=("converted", "stock"), default="converted")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults for the stock model, the framework's TF32 mode for the converted")
+    ap.add_argument("--compile", action="store_true", help="the model under torch.compile (inductor)")
     ap.add_argument("--native", action="store_true", help="C frames too (py-spy pauses the process a sample)")
     ap.add_argument("--rate", type=int, default=250, help="samples a second")
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -178,13 +179,14 @@ def main():
     spy_bin = _py_spy(args.py_spy)
 
     import torch
-    step = make_steps(args.net, args.batch, args.tf32, {args.model == "converted"})[args.model == "converted"]
+    step = make_steps(args.net, args.batch, args.tf32, {args.model == "converted"},
+                      args.compile)[args.model == "converted"]
     for _ in range(5):                                # tunes (auto), compiles, warms up
         step()
     torch.cuda.synchronize()
     step_ms = median_ms(step, "torch", 2, 20)
     issue_ms = median_ms(step, "cpu", 0, 20, before=torch.cuda.synchronize)
-    name = (f"profile_{args.net}_{'tf32' if args.tf32 else 'fp32'}_{args.model}"
+    name = (f"profile_{args.net}_{'tf32' if args.tf32 else 'fp32'}_{args.model}{'_compiled' if args.compile else ''}"
             f"_{'native' if args.native else 'python'}")
     os.makedirs(args.out, exist_ok=True)
     raw = os.path.join(args.out, name + ".txt")
@@ -202,7 +204,8 @@ def main():
     errors = re.search(r"Errors: (\d+)", said)
     if spy.returncode != 0 or not m or not os.path.exists(raw):
         raise SystemExit(f"py-spy failed (rc {spy.returncode}):\n{said}")
-    meta = {"title": f"{args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'} {args.model}, py-spy "
+    meta = {"title": f"{args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'} {args.model}"
+                     f"{' under torch.compile' if args.compile else ''}, py-spy "
                      f"{'--native' if args.native else '--nonblocking'} at {args.rate}/s, "
                      f"{torch.cuda.get_device_name()}, commit {os.environ.get('MINITORCH_COMMIT', '?')}",
             "samples": int(m[1]), "errors": int(errors[1]) if errors else None, "py_spy_said": said[-2000:],
