@@ -27,7 +27,7 @@ import statistics
 
 from benchmarks.bench_pytorch import IMAGE
 from benchmarks.experiments.exp_compile_gap import training_step
-from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
+from benchmarks.harness import host_probe_ms, median_ms, set_tf32, setup_cudnn, torch_model
 
 
 @contextlib.contextmanager
@@ -147,7 +147,8 @@ def main():
               flush=True)
     ref = names[0]
     print(f"\n{args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'}, {torch.cuda.get_device_name()}, "
-          f"{args.rounds} rounds x {args.steps} steps; ratios to {ref} paired by round (medians)\n")
+          f"{args.rounds} rounds x {args.steps} steps; ratios to {ref} paired by round (medians); "
+          f"host probe {host_probe_ms():.2f} ms (harness.host_probe_ms)\n")
     print(f"| variant | step ms | issue ms | step / {ref} | issue / {ref} |\n|---|---|---|---|---|")
     for n in names:
         ms = statistics.median(v[0] for v in rows[n])
