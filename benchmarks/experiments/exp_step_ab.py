@@ -14,6 +14,8 @@ Variants (--variants, comma-separated; the first is the reference):
               session 37, without the Python around it (_pool_holds, the pool look-ups): a lower bound
   two crossings   converted, a layer's backward crossing into the CuPy scope once per pass (as
               before session 37) instead of once for both
+  old adapter converted, with the adapter's per-pass functions (ADAPTER_FUNCTIONS) as the file
+              --old-adapter defines them (session 38: the file before its per-pass trims)
 
 Times per variant and round: the step's median (CUDA events, steps back to back after a wait) and
 its issue time (the host clock around a step started on an idle GPU), medians over --steps steps.
@@ -107,8 +109,40 @@ def make_steps(net, batch, tf32, kinds, compiled=False):
     return made
 
 
+ADAPTER_FUNCTIONS = ("_array", "_crossing", "_pass", "_shape_arg", "_check_float32", "_autocast")
+_old_adapter = [None]   # --old-adapter's path
+
+
+@contextlib.contextmanager
+def _adapter_from_file():
+    """minitorch_fft.pytorch's ADAPTER_FUNCTIONS as another version of the file defines them
+    (--old-adapter: e.g. the file at an earlier commit), defined into the live module, so that they
+    share its state (the views of reuse_spectra(), the streams); the module's own are put back after.
+    Only the functions are taken: executing the whole file would register the operators again."""
+    import ast
+
+    from minitorch_fft import pytorch as pt
+    path = _old_adapter[0]
+    if path is None:
+        raise SystemExit("variant 'old adapter' needs --old-adapter PATH")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    body = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ADAPTER_FUNCTIONS]
+    saved = {name: pt.__dict__.get(name) for name in ADAPTER_FUNCTIONS}
+    exec(compile(ast.Module(body=body, type_ignores=[]), path, "exec"), pt.__dict__)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            if fn is None:
+                pt.__dict__.pop(name, None)
+            else:
+                pt.__dict__[name] = fn
+
+
 VARIANTS = {"stock": (False, contextlib.nullcontext), "converted": (True, contextlib.nullcontext),
-            "check": (True, _driver_check_per_pass), "two crossings": (True, _two_crossings)}
+            "check": (True, _driver_check_per_pass), "two crossings": (True, _two_crossings),
+            "old adapter": (True, _adapter_from_file)}
 # name: (converted model, context around its steps)
 
 
@@ -121,7 +155,10 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="timed steps per variant and round, for each figure")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults for the stock model, the framework's TF32 mode for the converted")
+    ap.add_argument("--old-adapter", metavar="PATH", help="minitorch_fft/pytorch.py of another version, for "
+                    "the variant 'old adapter'")
     args = ap.parse_args()
+    _old_adapter[0] = args.old_adapter
     names = [v.strip() for v in args.variants.split(",")]
     if any(n not in VARIANTS for n in names) or len(set(names)) != len(names):
         ap.error(f"--variants {args.variants!r}: distinct names from {', '.join(VARIANTS)}")
