@@ -21,6 +21,7 @@ rights over the process; where they are refused the script says so and stops.
 import argparse
 import collections
 import gc
+import gzip
 import json
 import os
 import re
@@ -69,7 +70,7 @@ def _library(where, line):
 def read_raw(path):
     """[(thread, [(name, where, line)], count)] from py-spy's raw (collapsed) output, with --threads."""
     rows = []
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for text in f:
             text = text.rstrip("\n")
             if not text:
@@ -167,11 +168,11 @@ def main():
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--out", default=".", help="folder for the raw profile, its meta and summary")
     ap.add_argument("--py-spy", dest="py_spy", default=None)
-    ap.add_argument("--summarize", metavar="RAW", help="only summarize RAW (its .json beside it)")
+    ap.add_argument("--summarize", metavar="RAW", help="only summarize RAW, a .txt or .txt.gz (its .json beside it)")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
     if args.summarize:
-        with open(os.path.splitext(args.summarize)[0] + ".json") as f:
+        with open(re.sub(r"\.txt(\.gz)?$", "", args.summarize) + ".json") as f:
             summarize(args.summarize, json.load(f), args.top)
         return
     if args.rate < 1 or args.seconds <= 0:
