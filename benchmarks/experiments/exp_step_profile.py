@@ -82,6 +82,11 @@ def read_raw(path):
     return rows
 
 
+def _errors(meta):
+    errors = meta.get("errors")
+    return "py-spy's errors not recorded" if errors is None else f"{errors} of them not read"
+
+
 def summarize(path, meta, top=30, out=sys.stdout):
     """Print the tables described in the module's docstring for a raw file and its run's meta."""
     rows = read_raw(path)
@@ -116,7 +121,7 @@ def summarize(path, meta, top=30, out=sys.stdout):
             label += f" <- {caller[0]} ({caller[1]}:{caller[2]})"
         leaves[label] += count
     total = sum(threads.values())
-    print(f"{meta['title']}\n{meta['samples']} sampling instants ({meta.get('errors')} errors) over {meta['wall_s']:.2f} s, {meta['steps']} steps "
+    print(f"{meta['title']}\n{meta['samples']} sampling instants ({_errors(meta)}) over {meta['wall_s']:.2f} s, {meta['steps']} steps "
           f"({meta['wall_s'] / meta['steps'] * 1e3:.2f} ms a step profiled; unprofiled: step "
           f"{meta['step_ms']:.2f} ms, issue {meta['issue_ms']:.2f} ms); host ms a step below\n", file=out)
     print("| thread | active ms | sync ms |\n|---|---|---|", file=out)
