@@ -13,7 +13,6 @@
 The reference is the same training run eagerly without any fault."""
 import contextlib
 import functools
-import json
 import os
 import re
 import signal

@@ -6,7 +6,6 @@ import contextlib
 import copy
 import logging
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF

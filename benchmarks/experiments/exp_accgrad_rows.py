@@ -8,7 +8,7 @@ partial gradients' sum by CuPy's axis-0 reduction against sum_rows.
   PYTHONPATH=. python3 benchmarks/experiments/exp_accgrad_rows.py out.json"""
 import json
 import sys
-import numpy as np, cupy as cp, torch
+import cupy as cp, torch
 from backends import gemm
 from backends.common import geometry
 from benchmarks.harness import median_ms, setup_cudnn, set_tf32

@@ -15,7 +15,6 @@ notes each plan carries (a plan that no longer builds once a note is deselected 
     python -m benchmarks.experiments.exp_cudnn_precision [--all] > $OUT/exp_cudnn_precision.log
 """
 import argparse
-import copy
 import sys
 
 import numpy as np

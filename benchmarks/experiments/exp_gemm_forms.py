@@ -7,7 +7,7 @@ on 3-plane first layers.
   PYTHONPATH=. MINITORCH_TUNE_CACHE=<a tuned cache> python3 benchmarks/experiments/exp_gemm_forms.py out.json"""
 import json
 import sys
-import numpy as np, cupy as cp, torch
+import cupy as cp, torch
 from backends import gemm, tuning, config
 from backends.common import geometry
 from benchmarks.harness import distinct_conv_layers, median_ms, setup_cudnn, set_tf32

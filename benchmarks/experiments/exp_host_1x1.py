@@ -7,7 +7,7 @@ back-to-back time, gemm directly with gemm_tune on and off, and through auto[our
 Session 13 ran it at 349d866 with a bug in the auto call for bprop and accGrad (the w_shape/x_shape
 argument missing, fixed since): only the two fprop rows ran."""
 
-import numpy as np, cupy as cp
+import cupy as cp
 import backends
 from backends import config, gemm
 from benchmarks.harness import median_ms

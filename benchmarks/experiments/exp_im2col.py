@@ -8,7 +8,7 @@ passes beside cuDNN strict.
 import json
 import sys
 from pathlib import Path
-import numpy as np, cupy as cp, torch
+import cupy as cp, torch
 from backends import gemm, cgemm
 from backends.common import geometry, launch_1d, sm_count
 from benchmarks.harness import median_ms, setup_cudnn, set_tf32

@@ -13,7 +13,7 @@ and (branch s16-winograd-groups-tuned) the pass with the count tuned among group
 import json
 import sys
 
-import numpy as np, cupy as cp, torch
+import cupy as cp, torch
 from backends import cgemm, config, tiledfft, winograd
 from benchmarks.bench_winograd import ceilings
 from benchmarks.harness import median_ms, reference64, rel_error, setup_cudnn, set_tf32
