@@ -92,12 +92,13 @@ def test_later_calls_are_prepared_and_agree(name, xs, ws, stride, padding, setti
     args = {pn: _args(pn, *(cp.asarray(a) for a in (x, w, gy))) for pn in backends.PASSES}
     for pn in backends.PASSES:
         first = _run(name, pn, args[pn], xs, ws, stride, padding)
-        assert (name, pn, xs, ws, stride, padding, config.state()) in backends._prepared or name == "auto" \
-            and backends.choose(name, pn, xs, ws, stride, padding, cp) not in (gemm, cudnn)
+        # every backend has a prepared call since session 35 (a pass function with the geometry bound
+        # where it offers no prepare()); under auto it is taken once the pass's tuning record exists
+        assert (name, pn, xs, ws, stride, padding, config.state()) in backends._prepared
         before = len(chosen)
         second = _run(name, pn, args[pn], xs, ws, stride, padding)
         prepared = len(chosen) == before
-        assert prepared or name == "auto"            # auto prepares where it chose gemm or cudnn
+        assert prepared
         tol = cudnn.CHECK_TOL if name != "gemm" else 1e-5
         assert rel_error(first, ref[pn]) <= tol and rel_error(second, ref[pn]) <= tol, (pn, prepared)
         assert second.data.ptr != first.data.ptr     # a new output each call
