@@ -49,6 +49,7 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_compile_gap", "benchmarks.experiments.exp_op_dispatch",
                 "benchmarks.experiments.exp_capture_handle", "benchmarks.experiments.exp_fbfft_pieces",
                 "benchmarks.experiments.exp_call_host", "benchmarks.experiments.exp_step_ab",
+                "benchmarks.experiments.exp_step_profile",
                 "benchmarks.tune_coverage", "benchmarks.tune_zoo")
 
 
@@ -1304,3 +1305,37 @@ def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
     assert exp.alive_at_end(trace) == {"bench.py:9 step": 100, "(torch or CuPy only)": 10}
     assert exp.alive_at_end(trace, key=exp.where_and_inner) == {
         "bench.py:9 step <- benchmarks/bench.py:9": 100, "(torch or CuPy only) <- -": 10}
+
+
+def test_exp_step_profile_turns_py_spys_samples_into_host_ms_a_step(tmp_path):
+    """A synthetic py-spy record (raw, gzipped, thread names as --threads writes them): a sample is
+    wall / (instants read) / steps of a step; the wait in torch.cuda.synchronize is counted apart,
+    the main thread outside the profiled loop not at all; leaves go to their library (ours by folder,
+    a C frame located in its source, a native library), our functions inclusive, and a native leaf
+    is named with its nearest Python caller."""
+    import gzip
+
+    from benchmarks.experiments import exp_step_profile as exp
+    loop = "<module> (x.py:1);_profiled_steps (benchmarks/experiments/exp_step_profile.py:150)"
+    raw = [f"thread (0x1): MainThread;{loop};_crossing (minitorch_fft/pytorch.py:270);_gemm (backends/cgemm.py:170);"
+           "cublasGemmEx (libcublas.so.13) 30",
+           f"thread (0x1): MainThread;{loop};relu (torch/nn/functional.py:1721) 20",
+           f"thread (0x1): MainThread;{loop};synchronize (torch/cuda/__init__.py:1083) 10",
+           "thread (0x1): MainThread;<module> (x.py:1);make_steps (benchmarks/experiments/exp_step_ab.py:50) 99",
+           "thread (0x2);_grads (minitorch_fft/pytorch.py:349);__Pyx_PyObject_GetAttrStr (core.cpp:100) 40"]
+    path = tmp_path / "p.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(raw) + "\n")
+    meta = {"title": "t", "samples": 125, "errors": 25, "wall_s": 1.0, "steps": 10, "step_ms": 1.0, "issue_ms": 1.0}
+    out = tmp_path / "p.md"
+    with open(out, "w") as f:
+        exp.summarize(str(path), meta, out=f)
+    text = out.read_text()
+    for row in ("| MainThread | 50.000 | 10.000 |", "| (unnamed) | 40.000 | 0.000 |", "| all | 90.000 | 10.000 |",
+                "| native:libcublas | 30.000 | 30.000 | 0.000 |", "| py:torch | 20.000 | 0.000 | 20.000 |",
+                "| native-source:core.cpp | 40.000 | 40.000 | 0.000 |",
+                "| all | 90.000 | 70.000 | 20.000 |", "| _crossing (minitorch_fft/pytorch.py) | 30.000 |",
+                "| _gemm (backends/cgemm.py) | 30.000 |", "| _grads (minitorch_fft/pytorch.py) | 40.000 |",
+                "| cublasGemmEx (libcublas.so.13) <- _gemm (backends/cgemm.py:170) | 30.000 |"):
+        assert row in text, (row, text)
+    assert "make_steps" not in text and "25 of them not read" in text
