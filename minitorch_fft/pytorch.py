@@ -88,9 +88,11 @@ def _array(t, cp, keep=True):
     tensor state inside reuse_spectra(), so that reuse.py's identity key finds its spectrum. keep
     False: no later pass takes t (bprop is the last of a layer's passes, accGrad where no bprop
     follows), so a new view is not held (it would keep t alive until the block ends: the first
-    layer's gradOutput, 95 MiB on AlexNet b128). A CUDA tensor is viewed as it is, not detached
-    first: the passes run where autograd records nothing (an autograd.Function's forward and
-    backward, or below the dispatcher's autograd key), and the view lives no longer than the step."""
+    layer's gradOutput, 95 MiB on AlexNet b128). A CUDA tensor used by this pass alone is viewed as
+    it is, not detached first (a call less a pass: the passes run where autograd records nothing, an
+    autograd.Function's forward and backward or below the dispatcher's autograd key); a view the
+    block holds for a later pass owns a detached alias, which keeps the storage itself alive (the
+    module docstring's promise), even where the tensor's own storage is swapped (`.data =`)."""
     if cp is None:
         t = t.detach()                   # NumPy refuses a tensor that requires grad
     if not t.is_contiguous():            # a copy, as the backends would make (e.g. the expanded
@@ -98,8 +100,9 @@ def _array(t, cp, keep=True):
     key = None if _views is None else _key(t)
     if key is not None and key in _views:
         return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
-    a = t.numpy() if cp is None else _cupy_view(t, cp)
-    if key is not None and keep:
+    held = key is not None and keep
+    a = t.numpy() if cp is None else _cupy_view(t.detach() if held else t, cp)
+    if held:
         _views[key] = a
     return a
 

@@ -1308,11 +1308,12 @@ def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
 
 
 def test_exp_step_profile_turns_py_spys_samples_into_host_ms_a_step(tmp_path):
-    """A synthetic py-spy record (raw, gzipped, thread names as --threads writes them): a sample is
-    wall / (instants read) / steps of a step; the wait in torch.cuda.synchronize is counted apart,
-    the main thread outside the profiled loop not at all; leaves go to their library (ours by folder,
-    a C frame located in its source, a native library), our functions inclusive, and a native leaf
-    is named with its nearest Python caller."""
+    """A synthetic py-spy record (raw, gzipped, thread names as --threads writes them; its counts add
+    up to py-spy's "Samples", one trace per active thread an instant): a trace is wall / traces /
+    steps of a step; the wait in torch.cuda.synchronize is counted apart, the main thread outside the
+    profiled loop not at all, another thread's trace with no Python frame as PyTorch's C++ work;
+    leaves go to their library (ours by folder, a C frame located in its source, a native library),
+    our functions inclusive and by self time, and a native leaf is named with its Python caller."""
     import gzip
 
     from benchmarks.experiments import exp_step_profile as exp
@@ -1321,21 +1322,24 @@ def test_exp_step_profile_turns_py_spys_samples_into_host_ms_a_step(tmp_path):
            "cublasGemmEx (libcublas.so.13) 30",
            f"thread (0x1): MainThread;{loop};relu (torch/nn/functional.py:1721) 20",
            f"thread (0x1): MainThread;{loop};synchronize (torch/cuda/__init__.py:1083) 10",
-           "thread (0x1): MainThread;<module> (x.py:1);make_steps (benchmarks/experiments/exp_step_ab.py:50) 99",
-           "thread (0x2);_grads (minitorch_fft/pytorch.py:349);__Pyx_PyObject_GetAttrStr (core.cpp:100) 40"]
+           "thread (0x1): MainThread;<module> (x.py:1);make_steps (benchmarks/experiments/exp_step_ab.py:50) 10",
+           "thread (0x2);_grads (minitorch_fft/pytorch.py:349);__Pyx_PyObject_GetAttrStr (core.cpp:100) 20",
+           "thread (0x2) 10"]
     path = tmp_path / "p.txt.gz"
     with gzip.open(path, "wt") as f:
         f.write("\n".join(raw) + "\n")
-    meta = {"title": "t", "samples": 125, "errors": 25, "wall_s": 1.0, "steps": 10, "step_ms": 1.0, "issue_ms": 1.0}
+    meta = {"title": "t", "samples": 100, "errors": 25, "wall_s": 1.0, "steps": 10, "step_ms": 1.0, "issue_ms": 1.0}
     out = tmp_path / "p.md"
     with open(out, "w") as f:
         exp.summarize(str(path), meta, out=f)
     text = out.read_text()
-    for row in ("| MainThread | 50.000 | 10.000 |", "| (unnamed) | 40.000 | 0.000 |", "| all | 90.000 | 10.000 |",
+    for row in ("| MainThread | 50.000 | 10.000 |", "| (unnamed) | 30.000 | 0.000 |", "| all | 80.000 | 10.000 |",
                 "| native:libcublas | 30.000 | 30.000 | 0.000 |", "| py:torch | 20.000 | 0.000 | 20.000 |",
-                "| native-source:core.cpp | 40.000 | 40.000 | 0.000 |",
-                "| all | 90.000 | 70.000 | 20.000 |", "| _crossing (minitorch_fft/pytorch.py) | 30.000 |",
-                "| _gemm (backends/cgemm.py) | 30.000 |", "| _grads (minitorch_fft/pytorch.py) | 40.000 |",
-                "| cublasGemmEx (libcublas.so.13) <- _gemm (backends/cgemm.py:170) | 30.000 |"):
+                "| native-source:core.cpp | 20.000 | 20.000 | 0.000 |", "| (no Python frame) | 10.000 | 0.000 | 10.000 |",
+                "| all | 80.000 | 50.000 | 30.000 |", "| _crossing (minitorch_fft/pytorch.py) | 30.000 | 37.50 |",
+                "| _gemm (backends/cgemm.py) | 30.000 | 37.50 |", "| _grads (minitorch_fft/pytorch.py) | 20.000 | 25.00 |",
+                "| all | 50.000 | 62.50 |",
+                "| cublasGemmEx (libcublas.so.13) <- _gemm (backends/cgemm.py:170) | 30.000 | 37.50 |"):
         assert row in text, (row, text)
-    assert "make_steps" not in text and "25 of them not read" in text
+    assert "make_steps" not in text and "25 instants not read" in text
+    assert text.count("| _crossing (minitorch_fft/pytorch.py) |") == 1     # not deepest anywhere: no self row

@@ -6,10 +6,15 @@ the Python ones (CuPy's Cython, the CUDA driver, cuBLAS, cuDNN, libtorch, the in
 The script warms the step up, times it unprofiled (the step's median from CUDA events, and its
 issue time: the host clock around a step started on an idle GPU), then starts py-spy on its own
 process and runs steps, each from an idle GPU, until py-spy has sampled --seconds. The summary
-turns samples into host milliseconds a step (a category's share of py-spy's sampling instants
-times the wall time a step): by thread, by library at the leaf (what the host was executing), by
-our functions inclusive, and the leaf frames with their nearest Python caller. Time in
-torch.cuda.synchronize (the wait between steps, a spin) is counted apart as "sync".
+turns py-spy's stack traces (one per active thread an instant: its "Samples", which the raw
+file's counts add up to) into host milliseconds a step, a category's share of the traces times
+the wall time a step; the instants whose stacks py-spy could not read (its "Errors", 6-26 % of
+them without pausing, session 38) are taken to be spread like those read. Tables: by thread, by
+library at the leaf (what the host was executing; a thread's trace with no Python frame, C++ work
+such as the autograd engine's, as "(no Python frame)"), our functions inclusive and by self time
+(the deepest of our frames), and the leaf frames with their nearest Python caller. Time in
+torch.cuda.synchronize (the wait between steps, a spin) is counted apart as "sync"; the main
+thread outside the profiled loop is not counted.
 
 py-spy pauses the process for each sample where --native is given (slower steps; shares stay
 meaningful), and reads it without pausing otherwise (--rate can be higher). It needs ptrace
@@ -31,7 +36,7 @@ import sys
 import time
 
 from benchmarks.experiments.exp_step_ab import make_steps
-from benchmarks.harness import median_ms
+from benchmarks.harness import median_ms, source_commit
 
 OURS = ("backends/", "minitorch_fft/")
 _FRAME = re.compile(r"^(?P<name>.*) \((?P<where>[^()]*)\)$")
@@ -50,13 +55,22 @@ def _frame(text):
     return name, where, None
 
 
+def _is_python(where, line):
+    """Whether a frame is Python's: a line number, and not a C frame py-spy located in its source."""
+    return line is not None and not where.endswith((".c", ".cpp", ".cxx", ".h", ".hpp", ".pyx", ".pxd"))
+
+
+def _is_ours(where, line):
+    return _is_python(where, line) and where.startswith(OURS)
+
+
 def _library(where, line):
     """The category of a frame: a Python frame's top package (ours by folder), a native frame's library."""
-    if line is not None and where.endswith((".c", ".cpp", ".cxx", ".h", ".hpp", ".pyx", ".pxd")):
+    if line is not None and not _is_python(where, line):
         return "native-source:" + os.path.basename(where)   # a C frame py-spy located in its source
     if line is not None:
         for prefix in OURS:
-            if prefix in where:
+            if where.startswith(prefix):
                 return prefix.rstrip("/")
         parts = where.split("/")
         return "py:" + (parts[0] if len(parts) > 1 else where)
@@ -84,23 +98,25 @@ def read_raw(path):
 
 def _errors(meta):
     errors = meta.get("errors")
-    return "py-spy's errors not recorded" if errors is None else f"{errors} of them not read"
+    return "py-spy's errors not recorded" if errors is None else f"{errors} instants not read"
 
 
 def summarize(path, meta, top=30, out=sys.stdout):
     """Print the tables described in the module's docstring for a raw file and its run's meta."""
     rows = read_raw(path)
-    # ms a step for one sample: py-spy's instants include those whose stacks it failed to read (its
-    # "Errors", a fifth of them without pausing, session 38), which stand for time like the others
-    read = meta["samples"] - (meta.get("errors") or 0)
-    per_sample = meta["wall_s"] / read / meta["steps"] * 1e3
+    per_sample = meta["wall_s"] / meta["samples"] / meta["steps"] * 1e3   # ms a step for one trace
 
     def ms(count):
         return count * per_sample
     threads, sync, libs, mine = collections.Counter(), collections.Counter(), collections.Counter(), collections.Counter()
-    under_ours, inclusive, leaves = collections.Counter(), collections.Counter(), collections.Counter()
+    under_ours, inclusive, own, leaves = (collections.Counter() for _ in range(4))
     for thread, frames, count in rows:
         if not frames:
+            if thread != "MainThread":                # C++ work of a thread of PyTorch's (the autograd engine)
+                threads[thread] += count
+                libs["(no Python frame)"] += count
+                mine["(no Python frame)"] += count
+                leaves["(no Python frame)"] += count
             continue
         if any(name == "synchronize" and "torch/cuda" in where for name, where, _ in frames):
             sync[thread] += count
@@ -111,17 +127,22 @@ def summarize(path, meta, top=30, out=sys.stdout):
         name, where, line = frames[-1]
         lib = _library(where, line)
         libs[lib] += count
-        ours = [f for f in frames if f[2] is not None and any(p in f[1] for p in OURS)]
+        ours = [f for f in frames if _is_ours(f[1], f[2])]
         (under_ours if ours else mine)[lib] += count
         for key in {(n, w) for n, w, _ in ours}:
             inclusive[key] += count
-        caller = next((f for f in reversed(frames) if f[2] is not None), None)
+        if ours:
+            own[ours[-1][:2]] += count
+        caller = next((f for f in reversed(frames) if _is_python(f[1], f[2])), None)
         label = f"{name} ({os.path.basename(where)}{'' if line is None else f':{line}'})"
         if line is None and caller:
             label += f" <- {caller[0]} ({caller[1]}:{caller[2]})"
         leaves[label] += count
     total = sum(threads.values())
-    print(f"{meta['title']}\n{meta['samples']} sampling instants ({_errors(meta)}) over {meta['wall_s']:.2f} s, {meta['steps']} steps "
+
+    def share(count):
+        return 100 * count / total if total else 0.0
+    print(f"{meta['title']}\n{meta['samples']} stack traces ({_errors(meta)}) over {meta['wall_s']:.2f} s, {meta['steps']} steps "
           f"({meta['wall_s'] / meta['steps'] * 1e3:.2f} ms a step profiled; unprofiled: step "
           f"{meta['step_ms']:.2f} ms, issue {meta['issue_ms']:.2f} ms); host ms a step below\n", file=out)
     print("| thread | active ms | sync ms |\n|---|---|---|", file=out)
@@ -133,17 +154,22 @@ def summarize(path, meta, top=30, out=sys.stdout):
         print(f"| {lib} | {ms(n):.3f} | {ms(under_ours[lib]):.3f} | {ms(mine[lib]):.3f} |", file=out)
     print(f"| all | {ms(total):.3f} | {ms(sum(under_ours.values())):.3f} | {ms(sum(mine.values())):.3f} |\n",
           file=out)
-    print("| our function (inclusive) | ms |\n|---|---|", file=out)
+    print("| our function (inclusive) | ms | % of active |\n|---|---|---|", file=out)
     for (name, where), n in inclusive.most_common(top):
-        print(f"| {name} ({where}) | {ms(n):.3f} |", file=out)
-    print("\n| leaf frame | ms |\n|---|---|", file=out)
+        print(f"| {name} ({where}) | {ms(n):.3f} | {share(n):.2f} |", file=out)
+    print("\n| our function (self: the deepest of ours in the trace) | ms | % of active |\n|---|---|---|", file=out)
+    for (name, where), n in own.most_common(top):
+        print(f"| {name} ({where}) | {ms(n):.3f} | {share(n):.2f} |", file=out)
+    print(f"| all | {ms(sum(own.values())):.3f} | {share(sum(own.values())):.2f} |", file=out)
+    print("\n| leaf frame | ms | % of active |\n|---|---|---|", file=out)
     for label, n in leaves.most_common(top):
-        print(f"| {label} | {ms(n):.3f} |", file=out)
+        print(f"| {label} | {ms(n):.3f} | {share(n):.2f} |", file=out)
 
 
 def _py_spy(path):
-    found = path or shutil.which("py-spy") or next(
-        (os.path.join(p, "bin", "py-spy") for p in sys.path if os.path.exists(os.path.join(p, "bin", "py-spy"))), None)
+    """py-spy's executable: `path`, else on PATH, else beside this interpreter (a virtual environment's)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    found = path or shutil.which("py-spy") or (beside if os.path.exists(beside) else None)
     if not found:
         raise SystemExit("py-spy not found: pip install py-spy, or give --py-spy PATH")
     return found
@@ -213,7 +239,7 @@ def main():
     meta = {"title": f"{args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'} {args.model}"
                      f"{' under torch.compile' if args.compile else ''}, py-spy "
                      f"{'--native' if args.native else '--nonblocking'} at {args.rate}/s, "
-                     f"{torch.cuda.get_device_name()}, commit {os.environ.get('MINITORCH_COMMIT', '?')}",
+                     f"{torch.cuda.get_device_name()}, commit {source_commit()}",
             "samples": int(m[1]), "errors": int(errors[1]) if errors else None, "py_spy_said": said[-2000:],
             "wall_s": wall, "steps": steps, "step_ms": step_ms, "issue_ms": issue_ms,
             "command": " ".join(sys.argv)}
