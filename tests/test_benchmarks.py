@@ -1343,3 +1343,6 @@ def test_exp_step_profile_turns_py_spys_samples_into_host_ms_a_step(tmp_path):
         assert row in text, (row, text)
     assert "make_steps" not in text and "25 instants not read" in text
     assert text.count("| _crossing (minitorch_fft/pytorch.py) |") == 1     # not deepest anywhere: no self row
+    with open(out, "w") as f:
+        exp.summarize(str(path), meta, out=f, also=("torch/",))
+    assert "| relu (torch/nn/functional.py) | 20.000 | 25.00 |" in out.read_text()

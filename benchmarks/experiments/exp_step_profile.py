@@ -101,15 +101,16 @@ def _errors(meta):
     return "py-spy's errors not recorded" if errors is None else f"{errors} instants not read"
 
 
-def summarize(path, meta, top=30, out=sys.stdout):
-    """Print the tables described in the module's docstring for a raw file and its run's meta."""
+def summarize(path, meta, top=30, out=sys.stdout, also=()):
+    """Print the tables described in the module's docstring for a raw file and its run's meta; with
+    `also` (file prefixes, e.g. "torch/_library/"), the functions of those files inclusive too."""
     rows = read_raw(path)
     per_sample = meta["wall_s"] / meta["samples"] / meta["steps"] * 1e3   # ms a step for one trace
 
     def ms(count):
         return count * per_sample
     threads, sync, libs, mine = collections.Counter(), collections.Counter(), collections.Counter(), collections.Counter()
-    under_ours, inclusive, own, leaves = (collections.Counter() for _ in range(4))
+    under_ours, inclusive, own, leaves, theirs = (collections.Counter() for _ in range(5))
     for thread, frames, count in rows:
         if not frames:
             if thread != "MainThread":                # C++ work of a thread of PyTorch's (the autograd engine)
@@ -133,6 +134,8 @@ def summarize(path, meta, top=30, out=sys.stdout):
             inclusive[key] += count
         if ours:
             own[ours[-1][:2]] += count
+        for key in {(n, w) for n, w, ln in frames if _is_python(w, ln) and w.startswith(tuple(also))} if also else ():
+            theirs[key] += count
         caller = next((f for f in reversed(frames) if _is_python(f[1], f[2])), None)
         label = f"{name} ({os.path.basename(where)}{'' if line is None else f':{line}'})"
         if line is None and caller:
@@ -161,6 +164,10 @@ def summarize(path, meta, top=30, out=sys.stdout):
     for (name, where), n in own.most_common(top):
         print(f"| {name} ({where}) | {ms(n):.3f} | {share(n):.2f} |", file=out)
     print(f"| all | {ms(sum(own.values())):.3f} | {share(sum(own.values())):.2f} |", file=out)
+    if also:
+        print(f"\n| function of {', '.join(also)} (inclusive) | ms | % of active |\n|---|---|---|", file=out)
+        for (name, where), n in theirs.most_common(top):
+            print(f"| {name} ({where}) | {ms(n):.3f} | {share(n):.2f} |", file=out)
     print("\n| leaf frame | ms | % of active |\n|---|---|---|", file=out)
     for label, n in leaves.most_common(top):
         print(f"| {label} | {ms(n):.3f} | {share(n):.2f} |", file=out)
@@ -201,10 +208,12 @@ def main():
     ap.add_argument("--py-spy", dest="py_spy", default=None)
     ap.add_argument("--summarize", metavar="RAW", help="only summarize RAW, a .txt or .txt.gz (its .json beside it)")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--also", action="append", default=[], metavar="PREFIX",
+                    help="with --summarize: the functions of files starting PREFIX inclusive too (repeatable)")
     args = ap.parse_args()
     if args.summarize:
         with open(re.sub(r"\.txt(\.gz)?$", "", args.summarize) + ".json") as f:
-            summarize(args.summarize, json.load(f), args.top)
+            summarize(args.summarize, json.load(f), args.top, also=args.also)
         return
     if args.rate < 1 or args.seconds <= 0:
         ap.error("--rate must be at least 1 and --seconds above 0")
