@@ -44,10 +44,11 @@ of its tensor, so the block also keeps one view per tensor, found again by (stor
 shape, strides, version counter): that is what lets bprop find fprop's weight spectrum. It is safe
 where reuse.py's hazards hold: inside forward+backward autograd itself refuses saved tensors
 modified in place (the version counter, which the key also carries), and a view held by the
-block keeps its storage from being reused at the same address. It is not safe, and is therefore
-not the default, where a change bypasses the version counter (writes through `.data`, a DLPack or
-NumPy alias, a CUDA graph replay): the key would match a stale spectrum, as autograd's own check
-would miss it. Memory: by default (inputs=False) no spectrum lives from forward to backward, where
+block keeps its tensor, and so its storage, from being reused at the same address. It is not
+safe, and is therefore not the default, where a change bypasses the version counter (writes
+through `.data`, a DLPack or NumPy alias, a CUDA graph replay): the key would match a stale
+spectrum, as autograd's own check would miss it; a storage swapped through `.data` may even be
+freed and its address reused by another tensor while the block holds the old view. Memory: by default (inputs=False) no spectrum lives from forward to backward, where
 a step's memory peaks: accGrad's gradOutput spectrum serves bprop and nothing else is kept.
 reuse_spectra(inputs=True) also keeps each layer's input spectrum for its accGrad: more memory, and
 not reliably faster (converted AlexNet b128 on an H100, session 13: peak 1706 against 1417 MiB,
@@ -88,11 +89,11 @@ def _array(t, cp, keep=True):
     tensor state inside reuse_spectra(), so that reuse.py's identity key finds its spectrum. keep
     False: no later pass takes t (bprop is the last of a layer's passes, accGrad where no bprop
     follows), so a new view is not held (it would keep t alive until the block ends: the first
-    layer's gradOutput, 95 MiB on AlexNet b128). A CUDA tensor used by this pass alone is viewed as
-    it is, not detached first (a call less a pass: the passes run where autograd records nothing, an
-    autograd.Function's forward and backward or below the dispatcher's autograd key); a view the
-    block holds for a later pass owns a detached alias, which keeps the storage itself alive (the
-    module docstring's promise), even where the tensor's own storage is swapped (`.data =`)."""
+    layer's gradOutput, 95 MiB on AlexNet b128). A CUDA tensor is viewed as it is, not detached first
+    (a call less a view, ~15 views a step on AlexNet: the passes run where autograd records nothing,
+    an autograd.Function's forward and backward or below the dispatcher's autograd key); the view
+    owns the tensor, and through it the storage, unless the tensor's storage is swapped (`.data =`),
+    one of the writes under which reuse_spectra() is not safe (module docstring)."""
     if cp is None:
         t = t.detach()                   # NumPy refuses a tensor that requires grad
     if not t.is_contiguous():            # a copy, as the backends would make (e.g. the expanded
@@ -100,9 +101,8 @@ def _array(t, cp, keep=True):
     key = None if _views is None else _key(t)
     if key is not None and key in _views:
         return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
-    held = key is not None and keep
-    a = t.numpy() if cp is None else _cupy_view(t.detach() if held else t, cp)
-    if held:
+    a = t.numpy() if cp is None else _cupy_view(t, cp)
+    if key is not None and keep:
         _views[key] = a
     return a
 
