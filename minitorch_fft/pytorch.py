@@ -44,11 +44,12 @@ of its tensor, so the block also keeps one view per tensor, found again by (stor
 shape, strides, version counter): that is what lets bprop find fprop's weight spectrum. It is safe
 where reuse.py's hazards hold: inside forward+backward autograd itself refuses saved tensors
 modified in place (the version counter, which the key also carries), and a view held by the
-block keeps its tensor, and so its storage, from being reused at the same address. It is not
+block keeps its tensor alive, and so its storage's address from being reused. It is not
 safe, and is therefore not the default, where a change bypasses the version counter (writes
 through `.data`, a DLPack or NumPy alias, a CUDA graph replay): the key would match a stale
 spectrum, as autograd's own check would miss it; a storage swapped through `.data` may even be
-freed and its address reused by another tensor while the block holds the old view. Memory: by default (inputs=False) no spectrum lives from forward to backward, where
+freed and its address reused by another tensor while the block holds the old view. Memory: by
+default (inputs=False) no spectrum lives from forward to backward, where
 a step's memory peaks: accGrad's gradOutput spectrum serves bprop and nothing else is kept.
 reuse_spectra(inputs=True) also keeps each layer's input spectrum for its accGrad: more memory, and
 not reliably faster (converted AlexNet b128 on an H100, session 13: peak 1706 against 1417 MiB,
