@@ -86,7 +86,8 @@ def make_steps(net, batch, tf32, kinds, compiled=False):
     training step each (training_step's) of the torchvision model `net` on one random batch, the
     kinds built from the same initial weights; TF32 as bench_pytorch's rows set it (`tf32`:
     PyTorch's defaults for stock, the framework's TF32 mode for converted), else strict fp32.
-    compiled: each model runs under torch.compile (inductor), as bench_pytorch's compiled rows."""
+    compiled: each model runs under torch.compile (inductor), as in bench_pytorch's compiled rows but
+    without their fresh Dynamo state per model (torch._dynamo.reset()): compile one kind a process."""
     import torch
 
     import backends
