@@ -21,6 +21,7 @@ Times per variant and round: the step's median (CUDA events, steps back to back 
 its issue time (the host clock around a step started on an idle GPU), medians over --steps steps.
 
   python -m benchmarks.experiments.exp_step_ab --net alexnet --tf32 --variants converted,check,stock
+  python -m benchmarks.experiments.exp_step_ab --compile --variants "converted,old adapter" --old-adapter FILE
 """
 import argparse
 import contextlib
@@ -156,6 +157,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="timed steps per variant and round, for each figure")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults for the stock model, the framework's TF32 mode for the converted")
+    ap.add_argument("--compile", action="store_true",
+                    help="the model under torch.compile (inductor); variants of one kind only, e.g. "
+                         "'converted,old adapter' (the adapter's functions run below the compiled graph's operators)")
     ap.add_argument("--old-adapter", metavar="PATH", help="minitorch_fft/pytorch.py of another version, for "
                     "the variant 'old adapter'")
     args = ap.parse_args()
@@ -166,7 +170,10 @@ def main():
 
     import torch
 
-    made = make_steps(args.net, args.batch, args.tf32, {VARIANTS[n][0] for n in names})
+    kinds = {VARIANTS[n][0] for n in names}
+    if args.compile and len(kinds) > 1:
+        ap.error("--compile: the variants must all be stock or all converted (one Dynamo state a process)")
+    made = make_steps(args.net, args.batch, args.tf32, kinds, args.compile)
     steps = {n: made[VARIANTS[n][0]] for n in names}
     for n in names:                                   # tunes (auto), warms up
         with VARIANTS[n][1]():
