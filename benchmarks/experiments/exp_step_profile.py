@@ -68,10 +68,9 @@ def _library(where, line):
     """The category of a frame: a Python frame's top package (ours by folder), a native frame's library."""
     if line is not None and not _is_python(where, line):
         return "native-source:" + os.path.basename(where)   # a C frame py-spy located in its source
+    if _is_ours(where, line):
+        return where.split("/", 1)[0]
     if line is not None:
-        for prefix in OURS:
-            if where.startswith(prefix):
-                return prefix.rstrip("/")
         parts = where.split("/")
         return "py:" + (parts[0] if len(parts) > 1 else where)
     base = os.path.basename(where)
@@ -109,8 +108,8 @@ def summarize(path, meta, top=30, out=sys.stdout, also=()):
 
     def ms(count):
         return count * per_sample
-    threads, sync, libs, mine = collections.Counter(), collections.Counter(), collections.Counter(), collections.Counter()
-    under_ours, inclusive, own, leaves, theirs = (collections.Counter() for _ in range(5))
+    also = tuple(also)
+    threads, sync, libs, mine, under_ours, inclusive, own, leaves, theirs = (collections.Counter() for _ in range(9))
     for thread, frames, count in rows:
         if not frames:
             if thread != "MainThread":                # C++ work of a thread of PyTorch's (the autograd engine)
@@ -134,8 +133,9 @@ def summarize(path, meta, top=30, out=sys.stdout, also=()):
             inclusive[key] += count
         if ours:
             own[ours[-1][:2]] += count
-        for key in {(n, w) for n, w, ln in frames if _is_python(w, ln) and w.startswith(tuple(also))} if also else ():
-            theirs[key] += count
+        if also:
+            for key in {(n, w) for n, w, ln in frames if _is_python(w, ln) and w.startswith(also)}:
+                theirs[key] += count
         caller = next((f for f in reversed(frames) if _is_python(f[1], f[2])), None)
         label = f"{name} ({os.path.basename(where)}{'' if line is None else f':{line}'})"
         if line is None and caller:
