@@ -282,11 +282,8 @@ def _pass(pass_name, backend, a, b, cp, geometry, later):
     accGrad. geometry: (x_shape, w_shape, stride, padding), tuples."""
     keep_a, keep_b = (True, True) if later is None else (bool(later), False)
     x_shape, w_shape, stride, padding = geometry
-    a, b = _array(a, cp, keep_a), _array(b, cp, keep_b)
-    if pass_name == "fprop":
-        return backends.run_pass(backend, pass_name, a, b, x_shape=x_shape, w_shape=w_shape, stride=stride,
-                                 padding=padding, later=later)
-    return backends.run_pass(backend, pass_name, a, b, x_shape if pass_name == "bprop" else w_shape,
+    third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
+    return backends.run_pass(backend, pass_name, _array(a, cp, keep_a), _array(b, cp, keep_b), *third,
                              x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=later)
 
 
@@ -498,10 +495,9 @@ def _eager(*tensors):
             and not torch._C._get_tracing_state())
 
 
-def _any_autocast():
-    """Whether autocast is on for any device type (one C call where PyTorch has it)."""
-    check = getattr(torch._C, "_is_any_autocast_enabled", None)
-    return True if check is None else check()
+# Whether autocast is on for any device type: one C call where PyTorch has it, else "maybe", and
+# _autocast asks the tensors' device type.
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
 def _autocast(*tensors):
