@@ -55,7 +55,10 @@ adds auto's tuning to the converted rows' first step. Targets (TARGETS: converte
 strict, converted TF32 against PyTorch's default, peak memory against stock, same mode) are checked
 per network: each missed one is a SHORTFALL line in the log and in the result's notes.
 Results go to results/<device>/bench_pytorch_<network>.{json,md}, each written when its network is
-done, with device, date, command, commit and the tuning cache used.
+done, with device, date, command, commit and the tuning cache used. While a network runs, the rows it
+has finished are in bench_pytorch_<network>.partial.{json,md} (after each implementation's rows, so a
+run cut by a time limit keeps them: session 39 lost VGG-16's eager rows to one); the finished file
+removes them.
 """
 import argparse
 import contextlib
@@ -184,7 +187,9 @@ def timed_text(timed):
             f"(requested {requested:.1f})")
 
 
-def run_network(net, args, log):
+def run_network(net, args, log, on_rows=None):
+    """(rows, failures) of one network (row_rounds' order); on_rows(rows, failures), if given, after
+    each implementation's rows are in (main writes them as the network's partial result)."""
     import torch
 
     import backends
@@ -258,13 +263,21 @@ def run_network(net, args, log):
             more = row_s * len(rows) * (len(args.impls) - 1) + row_s * len(args.impls) * args.compile
             log(f"{net:9s} estimate: {more:.0f} s more for this network from its first rows, with a warm "
                 f"tuning cache (a cold one adds auto's tuning{'; and compiling, not in this' if args.compile else ''})")
+        if on_rows is not None:
+            on_rows(speedups(rows), failures)
     set_tf32("strict")
-    for row in rows:   # speed-up over the stock model in the same precision and mode, both ways timed
+    return speedups(rows), failures
+
+
+def speedups(rows):
+    """rows, each given its speed-up over the stock row of the same precision and mode, both ways
+    timed (vs_stock, vs_stock_steady; None where that stock row is not among them)."""
+    for row in rows:
         stock = [r for r in rows if not r["converted"] and r["precision"] == row["precision"]
                  and r["mode"] == row["mode"]]
         row["vs_stock"] = stock[0]["step_ms"] / row["step_ms"] if stock else None
         row["vs_stock_steady"] = stock[0]["steady_ms"] / row["steady_ms"] if stock else None
-    return rows, failures
+    return rows
 
 
 def shortfalls(net, rows):
@@ -299,6 +312,35 @@ def shortfalls(net, rows):
         if not ok:
             missed.append(lines[-1])
     return lines, missed
+
+
+PARTIAL = ".partial"   # a network's result name while it runs
+
+
+def write_network(name, net, meta, rows, failures, cols, out, partial=False):
+    """(paths, missed targets): `name`.{json,md} for one network's rows (write_results), with the
+    targets checked (shortfalls) and any failed check named in the notes. partial: the rows so far
+    of a network still running, as `name`.partial.{json,md}, which say so and judge no target (a
+    run cut by a time limit leaves them); the finished file removes them."""
+    targets, missed = shortfalls(net, rows)
+    notes = ("Max rel err: the loss and every conv weight gradient against the stock model in float64, "
+             "dropout off, same weights and batch.\n\nBack to back: the median over bursts of "
+             f"{BURST} steps queued with no wait between them, per step (the module docstring says why).\n\n")
+    if partial:
+        notes = (f"PARTIAL: the rows finished so far ({len(rows)}); this run had not finished the network when "
+                 "it wrote this file. Targets are judged in the finished file only.\n\n" + notes)
+    else:
+        notes += ("Targets (issue 19; speed-up over the stock row of the same mode, judged on the single-step "
+                  "median):\n" + "\n".join(f"- {t}" for t in targets))
+    if failures:
+        notes += "\n\nFAILED (reported, not hidden):\n" + "\n".join(f"- {f}" for f in failures)
+    title = (f"PyTorch training step, {net}, stock against converted, batch {meta['batch']}, {meta['device']}"
+             + (" (partial)" if partial else ""))
+    paths = write_results(name + PARTIAL if partial else name, meta, rows, cols, title, notes, out_dir=out)
+    if not partial:
+        for path in paths:   # this network's partial files, superseded
+            path.with_name(path.stem + PARTIAL + path.suffix).unlink(missing_ok=True)
+    return paths, ([] if partial else missed)
 
 
 def earlier_estimate(name, batch, folder):
@@ -457,22 +499,15 @@ def main():
     missed_all = []
     for net in nets:   # one result file per network, written as soon as it is done
         net_args = argparse.Namespace(**{**vars(args), "batch": batches[net]})
-        rows, failures = run_network(net, net_args, log)
-        targets, missed = shortfalls(net, rows)
+        net_meta = {**meta, "batch": batches[net]}
+
+        def partial(rows, failures, net=net, net_meta=net_meta):
+            write_network(name[net], net, net_meta, rows, failures, cols, args.out, partial=True)
+        rows, failures = run_network(net, net_args, log, on_rows=partial)
+        paths, missed = write_network(name[net], net, net_meta, rows, failures, cols, args.out)
         for line in missed:
             log(f"SHORTFALL {line}")
         missed_all += missed
-        notes = ("Max rel err: the loss and every conv weight gradient against the stock model in float64, "
-                 "dropout off, same weights and batch.\n\nBack to back: the median over bursts of "
-                 f"{BURST} steps queued with no wait between them, per step (the module docstring says why).\n\n"
-                 "Targets (issue 19; speed-up over the stock row of the same mode, judged on the single-step "
-                 "median):\n" + "\n".join(f"- {t}" for t in targets))
-        if failures:
-            notes += "\n\nFAILED (reported, not hidden):\n" + "\n".join(f"- {f}" for f in failures)
-        paths = write_results(name[net],
-                              {**meta, "batch": batches[net]}, rows, cols,
-                              f"PyTorch training step, {net}, stock against converted, batch {batches[net]}, "
-                              f"{meta['device']}", notes, out_dir=args.out)
         print(paths[1].read_text())
     log(f"done; {len(missed_all)} target(s) missed" + "".join(f"\n  SHORTFALL {m}" for m in missed_all))
 

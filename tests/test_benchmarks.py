@@ -839,6 +839,71 @@ def test_bench_pytorch_names_each_missed_target():
     assert "peak 6525 MiB against stock's 6521 MiB" in shortfalls("alexnet", rows)[1][1]
 
 
+def test_bench_pytorch_keeps_a_cut_networks_rows(tmp_path):
+    """write_network(): while a network runs, its rows so far go to <name>.partial.{json,md}, which
+    say so and judge no target; the finished file judges them and removes the partial ones."""
+    from benchmarks.bench_pytorch import speedups, write_network
+    meta = {"device": "Test GPU", "batch": 128}
+    cols = [("implementation", "implementation", ""), ("step ms", "step_ms", ".2f"), ("vs", "vs_stock", ".2f")]
+    rows = [_step_row("PyTorch fp32 strict", False, "strict", "eager", 10.0, 1000),
+            _step_row("converted fp32", True, "strict", "eager", 8.0, 900)]   # 1.25x: short of 1.3
+    for row, steady in zip(rows, (9.0, 6.0)):
+        row["steady_ms"] = steady
+    speedups(rows)
+    assert [(r["vs_stock"], r["vs_stock_steady"]) for r in rows] == [(1.0, 1.0), (1.25, 1.5)]
+    paths, missed = write_network("bench_pytorch_alexnet", "alexnet", meta, rows[:1], [], cols, tmp_path,
+                                  partial=True)
+    assert [p.name for p in paths] == ["bench_pytorch_alexnet.partial.json", "bench_pytorch_alexnet.partial.md"]
+    assert missed == [] and not (paths[0].parent / "bench_pytorch_alexnet.json").exists()
+    text = paths[1].read_text()
+    assert "PARTIAL: the rows finished so far (1)" in text and "Targets (issue 19" not in text and "(partial)" in text
+    assert json.loads(paths[0].read_text())["rows"][0]["step_ms"] == 10.0
+    paths, missed = write_network("bench_pytorch_alexnet", "alexnet", meta, rows, ["a check failed"], cols,
+                                  tmp_path)
+    assert sorted(p.name for p in paths[0].parent.iterdir()) == ["bench_pytorch_alexnet.json",
+                                                                 "bench_pytorch_alexnet.md"]
+    text = paths[1].read_text()
+    assert "PARTIAL" not in text and "1.25x PyTorch fp32 strict (target >= 1.3x): SHORTFALL" in text
+    assert "FAILED (reported, not hidden):\n- a check failed" in text and len(missed) == 1
+    assert speedups([rows[1]])[0]["vs_stock"] is None    # its stock row not (yet) among them
+
+
+def test_bench_pytorch_main_writes_the_rows_so_far(monkeypatch, tmp_path, capsys):
+    """main() on a stand-in network: after each implementation's rows the partial file holds them;
+    at the end the finished file, and no partial one."""
+    import types
+
+    import torch
+
+    from backends import tuning
+    from benchmarks import bench_pytorch
+    seen = []
+
+    def run_network(net, args, log, on_rows=None):
+        rows = []
+        for impl, converted, ms in (("PyTorch fp32 strict", False, 10.0), ("converted fp32", True, 7.0)):
+            rows.append({**_step_row(impl, converted, "strict", "eager", ms, 900), "steady_ms": ms,
+                         "network": net})
+            on_rows(bench_pytorch.speedups(rows), [])
+            partial = tmp_path / "test-gpu" / "bench_pytorch_alexnet.partial.json"
+            seen.append([r["implementation"] for r in json.loads(partial.read_text())["rows"]])
+        return bench_pytorch.speedups(rows), []
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="0"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 0)
+    monkeypatch.setattr(tuning, "device_name", lambda cp: "Test GPU")
+    monkeypatch.setattr(bench_pytorch, "setup_cudnn", lambda torch: {})
+    monkeypatch.setattr(bench_pytorch, "host_probe_ms", lambda: 1.0)
+    monkeypatch.setattr(bench_pytorch, "run_network", run_network)
+    monkeypatch.setattr(sys, "argv", ["bench_pytorch", "--nets", "alexnet", "--impls", "strict,fp32",
+                                      "--out", str(tmp_path)])
+    bench_pytorch.main()
+    assert seen == [["PyTorch fp32 strict"], ["PyTorch fp32 strict", "converted fp32"]]
+    assert sorted(p.name for p in (tmp_path / "test-gpu").iterdir()) == ["bench_pytorch_alexnet.json",
+                                                                         "bench_pytorch_alexnet.md"]
+    assert "1.43x PyTorch fp32 strict (target >= 1.3x)" in capsys.readouterr().out
+
+
 def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     """timed_row(): the single-step median, then bursts of BURST steps with no wait inside one,
     per step, then the host's issue time of one step on a drained GPU; the peak over all, less what
