@@ -58,7 +58,8 @@ Results go to results/<device>/bench_pytorch_<network>.{json,md}, each written w
 done, with device, date, command, commit and the tuning cache used. While a network runs, the rows it
 has finished are in bench_pytorch_<network>.partial.{json,md} (after each implementation's rows, so a
 run cut by a time limit keeps them: session 39 lost VGG-16's eager rows to one); the finished file
-removes them.
+removes them, as does the next run when it starts the network. The metadata says whether auto had the
+cudnn backend (its frontend installed) among its candidates.
 """
 import argparse
 import contextlib
@@ -466,9 +467,15 @@ def main():
         sys.exit("bench_pytorch.py needs a CUDA GPU visible to PyTorch and CuPy")
     import cupy as cp
 
+    from backends import cudnn as cudnn_backend
     from backends import tuning
     cudnn_setup = setup_cudnn(torch)
+    # whether auto had the cudnn backend among its candidates (session 39: two runs without the frontend
+    # installed retuned the layer-passes a cache had on cudnn, and nothing in the result said so)
+    backend_versions = cudnn_backend.versions()
     meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                      cudnn_backend=(f"frontend {backend_versions['frontend']}, cuDNN {backend_versions['cudnn']}"
+                                     if backend_versions else "not available: auto chose among the other backends"),
                       cupy=cp.__version__, warmup=args.warmup, repeat=args.repeat,
                       image={net: IMAGE.get(net, 224) for net in nets},
                       tune_cache=str(tuning.cache_path()), host_probe_ms=round(host_probe_ms(), 2), **cudnn_setup)
@@ -503,6 +510,8 @@ def main():
 
         def partial(rows, failures, net=net, net_meta=net_meta):
             write_network(name[net], net, net_meta, rows, failures, cols, args.out, partial=True)
+        for ext in (".json", ".md"):   # an earlier cut run's: not to pass for this run's before its first rows
+            (folder / f"{name[net]}{PARTIAL}{ext}").unlink(missing_ok=True)
         rows, failures = run_network(net, net_args, log, on_rows=partial)
         paths, missed = write_network(name[net], net, net_meta, rows, failures, cols, args.out)
         for line in missed:

@@ -868,40 +868,66 @@ def test_bench_pytorch_keeps_a_cut_networks_rows(tmp_path):
     assert speedups([rows[1]])[0]["vs_stock"] is None    # its stock row not (yet) among them
 
 
-def test_bench_pytorch_main_writes_the_rows_so_far(monkeypatch, tmp_path, capsys):
-    """main() on a stand-in network: after each implementation's rows the partial file holds them;
-    at the end the finished file, and no partial one."""
+def _bench_pytorch_main(monkeypatch, tmp_path, run_network):
+    """bench_pytorch.main() for AlexNet, strict and fp32 rows, with run_network a stand-in and no GPU."""
     import types
 
     import torch
 
-    from backends import tuning
+    from backends import cudnn, tuning
     from benchmarks import bench_pytorch
-    seen = []
-
-    def run_network(net, args, log, on_rows=None):
-        rows = []
-        for impl, converted, ms in (("PyTorch fp32 strict", False, 10.0), ("converted fp32", True, 7.0)):
-            rows.append({**_step_row(impl, converted, "strict", "eager", ms, 900), "steady_ms": ms,
-                         "network": net})
-            on_rows(bench_pytorch.speedups(rows), [])
-            partial = tmp_path / "test-gpu" / "bench_pytorch_alexnet.partial.json"
-            seen.append([r["implementation"] for r in json.loads(partial.read_text())["rows"]])
-        return bench_pytorch.speedups(rows), []
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="0"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 0)
     monkeypatch.setattr(tuning, "device_name", lambda cp: "Test GPU")
+    monkeypatch.setattr(cudnn, "versions", lambda: {})
     monkeypatch.setattr(bench_pytorch, "setup_cudnn", lambda torch: {})
     monkeypatch.setattr(bench_pytorch, "host_probe_ms", lambda: 1.0)
     monkeypatch.setattr(bench_pytorch, "run_network", run_network)
     monkeypatch.setattr(sys, "argv", ["bench_pytorch", "--nets", "alexnet", "--impls", "strict,fp32",
                                       "--out", str(tmp_path)])
     bench_pytorch.main()
-    assert seen == [["PyTorch fp32 strict"], ["PyTorch fp32 strict", "converted fp32"]]
-    assert sorted(p.name for p in (tmp_path / "test-gpu").iterdir()) == ["bench_pytorch_alexnet.json",
-                                                                         "bench_pytorch_alexnet.md"]
-    assert "1.43x PyTorch fp32 strict (target >= 1.3x)" in capsys.readouterr().out
+
+
+def test_bench_pytorch_main_writes_the_rows_so_far(monkeypatch, tmp_path, capsys):
+    """main() on a stand-in network: an earlier run's partial files go when it starts the network;
+    after each implementation's rows the partial file holds them; at the end the finished file and
+    no partial one; other result names' partial files are not touched. A run cut after its first
+    rows leaves them in the partial file and writes no finished one."""
+    from benchmarks import bench_pytorch
+    folder = tmp_path / "test-gpu"
+    folder.mkdir()
+    others = ["bench_pytorch_alexnet_quick.partial.json", "bench_pytorch_vgg16.partial.md"]
+    for file in others + ["bench_pytorch_alexnet.partial.json", "bench_pytorch_alexnet.partial.md"]:
+        (folder / file).write_text("{}")
+    seen = []
+
+    def run_network(net, args, log, on_rows=None, cut=False):
+        seen.append(sorted(p.name for p in folder.iterdir()))    # the stale partial files already gone
+        rows = []
+        for impl, converted, ms in (("PyTorch fp32 strict", False, 10.0), ("converted fp32", True, 7.0)):
+            rows.append({**_step_row(impl, converted, "strict", "eager", ms, 900), "steady_ms": ms,
+                         "network": net})
+            on_rows(bench_pytorch.speedups(rows), [])
+            seen.append([r["implementation"] for r in
+                         json.loads((folder / "bench_pytorch_alexnet.partial.json").read_text())["rows"]])
+            if cut:
+                raise KeyboardInterrupt("cut")    # what a time limit's signal would end it with
+        return bench_pytorch.speedups(rows), []
+    _bench_pytorch_main(monkeypatch, tmp_path, run_network)
+    assert seen == [sorted(others), ["PyTorch fp32 strict"], ["PyTorch fp32 strict", "converted fp32"]]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(others + ["bench_pytorch_alexnet.json",
+                                                                        "bench_pytorch_alexnet.md"])
+    out = capsys.readouterr().out
+    assert "1.43x PyTorch fp32 strict (target >= 1.3x)" in out
+    assert "cudnn_backend: not available: auto chose among the other backends" in out
+    for file in ("bench_pytorch_alexnet.json", "bench_pytorch_alexnet.md"):
+        (folder / file).unlink()
+    with pytest.raises(KeyboardInterrupt):
+        _bench_pytorch_main(monkeypatch, tmp_path, lambda *a, **k: run_network(*a, **k, cut=True))
+    assert sorted(p.name for p in folder.iterdir()) == sorted(others + ["bench_pytorch_alexnet.partial.json",
+                                                                        "bench_pytorch_alexnet.partial.md"])
+    assert "PARTIAL: the rows finished so far (1)" in (folder / "bench_pytorch_alexnet.partial.md").read_text()
 
 
 def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
