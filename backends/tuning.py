@@ -558,7 +558,9 @@ def remembered(key, tune, valid=None, untuned=None):
         return hit[2]
     record = cache.get(key)
     if record is not None and not (is_record(record) and (valid is None or valid(record["choice"]))):
-        warnings.warn(f"ignoring invalid cached tuning record {record!r:.200} for {key}; tuning again")
+        why = ("its choice is not among this process's candidates (a backend not installed here, or a choice "
+               "the tuner could not have made)" if is_record(record) else "not a tuning record")
+        warnings.warn(f"ignoring invalid cached tuning record {record!r:.200} for {key}: {why}; tuning again")
         record = None
     if record is None:
         try:

@@ -296,10 +296,25 @@ def test_a_malformed_cached_record_is_ignored_with_a_warning_and_retuned(tuner, 
     reg = {"gemm": SlowIn("none"), "a": SlowIn("fprop")}
     geom = auto._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
     tuning.default_cache().put(tuning.key(np, np.float32, geom, "fprop", "auto"), record)
-    with pytest.warns(UserWarning, match="invalid cached tuning record"):
+    with pytest.warns(UserWarning, match="invalid cached tuning record .*; tuning again"):
         assert auto.pick(reg, "fprop", **GEOM) == "gemm"             # "a" sleeps in fprop
     assert set(auto.choices()[0]["ms"]) == {"gemm", "a"}             # timed again
     assert "fprop" in auto.format_choices()                          # the table still prints
+
+
+def test_a_cached_choice_of_a_backend_missing_here_says_so_and_is_retuned(tuner):
+    """A cache tuned where cuDNN's frontend was installed, read where it is not: the warning says
+    why the record is set aside (session 39 read "invalid" and looked for a corrupt file)."""
+    reg = {"gemm": SlowIn("none"), "a": SlowIn("fprop")}
+    geom = auto._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
+    tuning.default_cache().put(tuning.key(np, np.float32, geom, "fprop", "auto"),
+                               {"choice": "cudnn", "ms": {"cudnn": 0.1, "gemm": 0.2}, "skipped": {}, "why": ""})
+    with pytest.warns(UserWarning, match="its choice is not among this process's candidates .*backend not "
+                                         "installed here"):
+        assert auto.pick(reg, "fprop", **GEOM) == "gemm"
+    tuning.default_cache().put(tuning.key(np, np.float32, geom, "bprop", "auto"), "gemm")   # not a record
+    with pytest.warns(UserWarning, match="invalid cached tuning record 'gemm' .*: not a tuning record"):
+        assert auto.pick(reg, "bprop", **GEOM) in reg
 
 
 def test_a_remembered_choice_skips_the_tuning_key(tuner, monkeypatch):
