@@ -323,14 +323,15 @@ def write_network(name, net, meta, rows, failures, cols, out, partial=False):
     targets checked (shortfalls) and any failed check named in the notes. partial: the rows so far
     of a network still running, as `name`.partial.{json,md}, which say so and judge no target (a
     run cut by a time limit leaves them); the finished file removes them."""
-    targets, missed = shortfalls(net, rows)
     notes = ("Max rel err: the loss and every conv weight gradient against the stock model in float64, "
              "dropout off, same weights and batch.\n\nBack to back: the median over bursts of "
              f"{BURST} steps queued with no wait between them, per step (the module docstring says why).\n\n")
+    missed = []
     if partial:
         notes = (f"PARTIAL: the rows finished so far ({len(rows)}); this run had not finished the network when "
                  "it wrote this file. Targets are judged in the finished file only.\n\n" + notes)
     else:
+        targets, missed = shortfalls(net, rows)
         notes += ("Targets (issue 19; speed-up over the stock row of the same mode, judged on the single-step "
                   "median):\n" + "\n".join(f"- {t}" for t in targets))
     if failures:
@@ -339,9 +340,14 @@ def write_network(name, net, meta, rows, failures, cols, out, partial=False):
              + (" (partial)" if partial else ""))
     paths = write_results(name + PARTIAL if partial else name, meta, rows, cols, title, notes, out_dir=out)
     if not partial:
-        for path in paths:   # this network's partial files, superseded
-            path.with_name(path.stem + PARTIAL + path.suffix).unlink(missing_ok=True)
-    return paths, ([] if partial else missed)
+        remove_partial(paths[0].parent, name)   # superseded
+    return paths, missed
+
+
+def remove_partial(folder, name):
+    """`name`'s partial files in `folder` (write_network's), if any."""
+    for ext in (".json", ".md"):
+        (folder / f"{name}{PARTIAL}{ext}").unlink(missing_ok=True)
 
 
 def earlier_estimate(name, batch, folder):
@@ -510,8 +516,7 @@ def main():
 
         def partial(rows, failures, net=net, net_meta=net_meta):
             write_network(name[net], net, net_meta, rows, failures, cols, args.out, partial=True)
-        for ext in (".json", ".md"):   # an earlier cut run's: not to pass for this run's before its first rows
-            (folder / f"{name[net]}{PARTIAL}{ext}").unlink(missing_ok=True)
+        remove_partial(folder, name[net])   # an earlier cut run's: not to pass for this run's before its first rows
         rows, failures = run_network(net, net_args, log, on_rows=partial)
         paths, missed = write_network(name[net], net, net_meta, rows, failures, cols, args.out)
         for line in missed:
