@@ -24,6 +24,7 @@ default stream as CuPy's spin kernel), and each of our rows names the cuDNN plan
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py      # a CUDA GPU, cuDNN frontend
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases resnet50_tf32
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases resnet18_tf32 --no-profile
+  PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases h200_tf32 --no-profile   # session 40's
 """
 import argparse
 import cProfile
@@ -64,7 +65,15 @@ CASES_RESNET18_TF32 = [
     ("resnet18 conv12", (128, 256, 14, 14), (256, 256, 3, 3), (1, 1), "fprop", (1, 1)),   # 0.918x
     ("resnet18 conv2", (128, 64, 56, 56), (64, 64, 3, 3), (1, 1), "fprop", (1, 1)),       # 1.02x (0.947x before)
 ]
-CASE_SETS = {"shortcuts": CASES, "resnet50_tf32": CASES_RESNET50_TF32, "resnet18_tf32": CASES_RESNET18_TF32}
+# The TF32-mode fprops under 0.97x cuDNN TF32 in the H200's table3 at a4570ad (session 40), all on cudnn
+CASES_H200_TF32 = [
+    ("vgg16 conv11", (64, 512, 14, 14), (512, 512, 3, 3), (1, 1), "fprop", (1, 1)),       # 0.951x
+    ("resnet50 conv17", (128, 128, 28, 28), (128, 128, 3, 3), (1, 1), "fprop", (1, 1)),   # 0.955x
+    ("resnet50 conv14", (128, 128, 28, 28), (512, 128, 1, 1), (1, 1), "fprop"),           # 0.966x
+    ("resnet50 conv26", (128, 256, 28, 28), (256, 256, 3, 3), (2, 2), "fprop", (1, 1)),   # 0.969x
+]
+CASE_SETS = {"shortcuts": CASES, "resnet50_tf32": CASES_RESNET50_TF32, "resnet18_tf32": CASES_RESNET18_TF32,
+             "h200_tf32": CASES_H200_TF32}
 
 
 def timings(fn, lib):
