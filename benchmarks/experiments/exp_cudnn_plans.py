@@ -15,6 +15,11 @@ answers: is PyTorch's speed a plan we refuse (workspace, check), one we never li
 --geometry S,f,f',hw,k,stride,pad names a layer outside bench_cudnn's LAYERS; --tf32 lists the plans
 of the framework's TF32 mode (TENSOR_CORE engines admitted, checked to cgemm.TF32_TOL) beside
 PyTorch's cuDNN TF32 (session 22: ResNet-50's conv14 fprop, 0.966x in table3).
+
+--searches N then runs the backend's own search (cudnn._search, the recipe auto's cache records) N
+times in this process, each on fresh random data, and prints each search's choice and its times
+of the plans that were fastest in any search (session 41: VGG-16 conv11's TF32 fprop, where the
+cached searches timed the same plan at 0.200-0.239 ms and kept one 4.5 % slower than the best).
 """
 import argparse
 import json
@@ -51,6 +56,8 @@ def main(argv=None):
     ap.add_argument("--json", help="append the result as one JSON line to this file")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="list the GPU kernels of PyTorch's call and of the N fastest plans (torch.profiler)")
+    ap.add_argument("--searches", type=int, default=0, metavar="N",
+                    help="run the backend's search N times on fresh data; each one's choice and times")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -146,10 +153,34 @@ def main(argv=None):
         print(f"\nPyTorch's kernels: {kernel_names(torch, torch_call)}")
         for r in [r for r in rows if "ms" in r][:args.kernels]:
             print(f"{r['plan']}'s kernels: {kernel_names(torch, lambda: plans[r['plan']].run(cp, a, b, out))}")
+    searches = repeated_searches(cp, cudnn, front, handle, args.pass_name, g, math, limit, args.searches, rng,
+                                 (a.shape, b.shape, out_shape))
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps({"layer": args.layer, "pass": args.pass_name, "tf32": args.tf32, "ours_ms": ours_ms,
-                                 "torch_ms": torch_ms, "chosen": chosen, "plans": rows}) + "\n")
+                                 "torch_ms": torch_ms, "chosen": chosen, "plans": rows, "searches": searches}) + "\n")
+
+
+def repeated_searches(cp, cudnn, front, handle, pass_name, g, math, limit, n, rng, shapes):
+    """n runs of the backend's search (cudnn._search), each on fresh random operands; prints each
+    one's choice and its times of the plans that were among the three fastest of any search."""
+    if n < 1:
+        return []
+    a_shape, b_shape, out_shape = shapes
+    records = []
+    for _ in range(n):
+        a = rng.standard_normal(a_shape, dtype=cp.float32)
+        b = rng.standard_normal(b_shape, dtype=cp.float32)
+        record = cudnn._search(cp, front, handle, pass_name, g, math, limit, a, b, out_shape)
+        records.append({"choice": record["choice"]["name"], "ms": record["ms"]})
+    shown = sorted({name for r in records for name in sorted(r["ms"], key=r["ms"].get)[:3]})
+    print(f"\n{n} searches (cudnn._search, fresh data each): each one's choice, and its ms of the plans "
+          f"among the three fastest of any search")
+    print("| search | choice | " + " | ".join(shown) + " |")
+    print("|---|---|" + "---|" * len(shown))
+    for i, r in enumerate(records, 1):
+        print(f"| {i} | {r['choice']} | " + " | ".join(f"{r['ms'].get(name, float('nan')):.4f}" for name in shown) + " |")
+    return records
 
 
 if __name__ == "__main__":
