@@ -58,11 +58,37 @@ _memory = {}      # key -> record, this process's choices (choices(), remembered
 _fast = {}        # (pass, shapes as given, xp, device, precision) -> (key, backend): remembered()
 
 
+# The settings that bound a candidate's memory and so its speed: its batch chunks (gemm, cufft,
+# fbfft and tiledfft, winograd), which Winograd tiles it may use, which cuDNN plans qualify. A choice
+# made under other values of these is made again (label()). Session 41: under a 1024 MiB cudnn
+# bound, VGG-16 conv1_2's best cuDNN accGrad plan (TF32, b64) took 13.9 ms against 3.2 ms under the
+# default 4 GiB, yet auto's records, keyed without the bound, stood.
+BOUNDS = ("gemm_workspace_mb", "cufft_workspace_mb", "fbfft_workspace_mb", "winograd_workspace_mb", "winograd_f4",
+          "cudnn_workspace_mb")
+_labels = {}   # config.state() -> label(): the settings are read once per change, not per call
+
+
 def label():
     """The tuning key's backend field: "auto", or "auto[gemm,fbfft]" under a restricted candidate
-    set (the auto_backends setting), so a restricted choice never stands in for a full one."""
-    wanted = config.get("auto_backends")
-    return "auto" if wanted is None else f"auto[{','.join(wanted)}]"
+    set (the auto_backends setting), so a restricted choice never stands in for a full one; then
+    each of BOUNDS that differs from its default, "auto{cudnn_workspace_mb=1024}", so a choice made
+    under other bounds never stands in either (at the defaults the field is as it was)."""
+    state = config.state()
+    text = _labels.get(state)
+    if text is None:
+        wanted = config.get("auto_backends")
+        text = "auto" if wanted is None else f"auto[{','.join(wanted)}]"
+        bounds = [f"{name}={_plain(config.get(name))}" for name in BOUNDS
+                  if config.get(name) != config.SETTINGS[name].default]
+        if bounds:
+            text += "{" + ",".join(bounds) + "}"
+        _labels[state] = text
+    return text
+
+
+def _plain(value):
+    """A setting's value as label() writes it: 1 or 0 for a bool, 1024 for 1024.0 MiB."""
+    return str(int(value)) if isinstance(value, bool) else f"{value:g}"
 
 
 def margin():
@@ -76,7 +102,7 @@ def _geometry_key(x_shape, w_shape, stride, padding):
 
 
 def _fast_key(pass_name, x_shape, w_shape, stride, padding, xp):
-    """The arguments as given, the device and the GEMM precision: what a layer passes on every
+    """The arguments as given, the device, the GEMM precision and label(): what a layer passes on every
     call, hashed as is. None unless they are common.plain_args (geometry() must check anything
     else), or where the precision setting is invalid (the full path then reports it in its
     usual order)."""
@@ -87,7 +113,7 @@ def _fast_key(pass_name, x_shape, w_shape, stride, padding, xp):
     except ValueError:
         return None
     device = None if xp is np else xp.cuda.runtime.getDevice()
-    return (pass_name, x_shape, w_shape, stride, padding, xp, device, mode, config.get("auto_backends"))
+    return (pass_name, x_shape, w_shape, stride, padding, xp, device, mode, label())
 
 
 def remembered(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):

@@ -19,8 +19,11 @@ value never breaks `import backends`. Overrides are process-wide, not per thread
 `snapshot()` is the tuple of every setting that changes what a pass computes or launches: the
 CUDA-graph key (minitorch_fft.graphs) is built from it, so a graph is never replayed under other
 settings. The tuning-cache key (backends.tuning.key) takes the one setting that changes what a
-choice means, the GEMM precision (tf32); a choice tuned under other workspace sizes or tuning
-modes is reused as it is.
+choice means, the GEMM precision (tf32). auto's choices are keyed by the settings that bound a
+candidate's memory too, where they differ from their defaults (backends.auto.BOUNDS): a choice
+made under a 4 GiB cuDNN workspace is not taken under 1 GiB. A backend's own choices are keyed
+by the bound they depend on where they depend on one (cudnn's plan, winograd's groups); a choice
+tuned under other tuning modes is reused as it is.
 """
 import contextlib
 import functools

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import backends
-from backends import auto, gemm, tuning
+from backends import auto, config, gemm, tuning
 
 GEOM = dict(x_shape=(2, 3, 9, 9), w_shape=(4, 3, 3, 3), stride=(1, 1), padding=(1, 1))
 
@@ -408,3 +408,26 @@ def test_a_tie_decided_by_the_old_order_is_tuned_again():
     shared = {"choice": "fbfft", "ms": {"fbfft": 1.02, "cudnn": 1.0}, "skipped": {}, "why": "tie order"}
     assert auto._compared(shared, ["fbfft", "cudnn"], {})          # still today's rule
     assert auto._compared({"choice": "gemm", "ms": {}, "skipped": {}, "why": "untimed"}, [], {})
+
+
+def test_choices_under_other_memory_bounds_are_keyed_apart(tuner, monkeypatch, settings):
+    """A choice made under the default workspace bounds does not stand under others (a smaller
+    cuDNN workspace admits slower plans, a smaller gemm workspace runs in more chunks): tuned
+    again under its own key, and at the defaults the key and the remembered choice are as before."""
+    reg = {"gemm": SlowIn("none"), "a": SlowIn("fprop")}
+    assert auto.label() == "auto"
+    assert auto.pick(reg, "fprop", **GEOM) == "gemm"
+    tuned = []
+    real_tune = auto._tune
+    monkeypatch.setattr(auto, "_tune", lambda *a: tuned.append(a[1]) or real_tune(*a))
+    settings(cudnn_workspace_mb=1024, winograd_f4=False)
+    assert auto.label() == "auto{winograd_f4=0,cudnn_workspace_mb=1024}"
+    assert auto.remembered(reg, "fprop", **GEOM) is None          # the default's choice does not answer
+    assert auto.pick(reg, "fprop", **GEOM) == "gemm" and len(tuned) == 1
+    settings(auto_backends=("gemm", "a"), gemm_workspace_mb=64.5)
+    assert auto.label() == "auto[gemm,a]{gemm_workspace_mb=64.5,winograd_f4=0,cudnn_workspace_mb=1024}"
+    back = config.ENVIRONMENT   # each setting follows the environment again: its default here
+    settings(auto_backends=back, gemm_workspace_mb=back, cudnn_workspace_mb=back, winograd_f4=back)
+    assert auto.label() == "auto"
+    assert auto.remembered(reg, "fprop", **GEOM) == "gemm" and len(tuned) == 1   # the default's, not tuned again
+    assert {k[5] for k in auto._memory} == {"auto", "auto{winograd_f4=0,cudnn_workspace_mb=1024}"}
