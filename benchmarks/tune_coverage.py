@@ -6,11 +6,13 @@ row in session 27, with a carried cache that held 14 of the 68 its step asks for
 precision. Check a cache before carrying it:
 
     python -m benchmarks.tune_coverage .dev/tune/autotune.json [--networks alexnet,resnet50]
-        [--device "NVIDIA H100 80GB HBM3"] [--label auto] [--batch N]
+        [--device "NVIDIA H100 80GB HBM3"] [--label "auto[ours]"] [--batch N]
 
 Runs on the CPU (the layers' geometries are traced there); nothing is written. "Held" counts
 records in tune()'s format; auto may still tune one again where its choice is no longer a
-candidate (a backend changed, a setting restricts the set), so it is an upper bound.
+candidate (a backend changed, a setting restricts the set), so it is an upper bound. The choices
+counted are those the current settings key (auto.label(): a restricted candidate set or non-default
+memory bounds have keys of their own), unless --label names others.
 """
 import argparse
 import sys
@@ -75,8 +77,9 @@ def main(argv=None):
     ap.add_argument("cache", help="a tuning cache (the file $MINITORCH_TUNE_CACHE names)")
     add_network_arguments(ap)
     ap.add_argument("--device", help="the device name as the cache spells it (default: each device in it)")
-    ap.add_argument("--label", default="auto", help='the choices\' backend field: "auto" (default), or '
-                    '"auto[ours]" for auto over our own algorithms alone')
+    ap.add_argument("--label", default=None, help='the choices\' backend field: "auto[ours]" for auto over our '
+                    'own algorithms alone; default: what auto.label() gives under the current settings ("auto" at '
+                    'the defaults; "auto{cudnn_workspace_mb=1024}" with MINITORCH_CUDNN_WORKSPACE_MB=1024)')
     args = ap.parse_args(argv)
     nets = networks(ap, args)
     cache = tuning.TuneCache(args.cache)
@@ -92,7 +95,7 @@ def main(argv=None):
     for device in devices:
         for net in nets:
             batch = args.batch or NETWORKS[net][0]
-            found = coverage(cache, device, net, batch, args.label)
+            found = coverage(cache, device, net, batch, args.label or auto.label())
             first = next((f"{m} {name} {p}" for m in PRECISIONS for name, p in found[m][2]), "")
             counts = " | ".join(f"{found[m][0]} / {found[m][1]}" for m in PRECISIONS)
             print(f"| {device} | {net} | {batch} | {counts} | {first} |")

@@ -1039,6 +1039,11 @@ def test_tune_coverage_counts_the_choices_a_step_asks_for(tmp_path, capsys, monk
     assert tune_coverage.main([str(tmp_path / "tune.json"), "--networks", "alexnet"]) == 0
     table = capsys.readouterr().out
     assert f"| {device} | alexnet | 128 | 3 / 14 | 0 / 14 | fp32 conv1 fprop |" in table
+    with config.override(cudnn_workspace_mb=1024):       # another bound, its own keys: none held
+        assert tune_coverage.main([str(tmp_path / "tune.json"), "--networks", "alexnet"]) == 0
+    assert f"| {device} | alexnet | 128 | 0 / 14 | 0 / 14 | fp32 conv1 fprop |" in capsys.readouterr().out
+    assert tune_coverage.main([str(tmp_path / "tune.json"), "--networks", "alexnet", "--label", "auto[ours]"]) == 0
+    assert f"| {device} | alexnet | 128 | 0 / 14 | 1 / 14 | fp32 conv1 fprop |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
