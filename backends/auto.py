@@ -59,12 +59,14 @@ _fast = {}        # (pass, shapes as given, xp, device, precision) -> (key, back
 
 
 # The settings that bound a candidate's memory and so its speed: its batch chunks (gemm, cufft,
-# fbfft and tiledfft, winograd), which Winograd tiles it may use, which cuDNN plans qualify. A choice
-# made under other values of these is made again (label()). Session 41: under a 1024 MiB cudnn
-# bound, VGG-16 conv1_2's best cuDNN accGrad plan (TF32, b64) took 13.9 ms against 3.2 ms under the
-# default 4 GiB, yet auto's records, keyed without the bound, stood.
+# fbfft and tiledfft, winograd), which Winograd tiles it may use, which cuDNN plans qualify, and the
+# cap under which auto itself times them (a candidate over it is skipped). A choice made under other
+# values of these is made again (label()). Session 41 (H200, results/nvidia-h200/tuning/
+# autotune_s41_call1_cap1024.json): under a 1024 MiB cudnn bound, VGG-16 conv1_2's TF32 bprop (b64)
+# took 3.75 ms on cuDNN's best plan, 1.89 under the default 4 GiB, and tiledfft 2.25; auto's
+# record, made under 4 GiB and keyed without the bound, kept cudnn.
 BOUNDS = ("gemm_workspace_mb", "cufft_workspace_mb", "fbfft_workspace_mb", "winograd_workspace_mb", "winograd_f4",
-          "cudnn_workspace_mb")
+          "cudnn_workspace_mb", "auto_memory_mb")
 _labels = {}   # config.state() -> label(): the settings are read once per change, not per call
 
 
@@ -87,8 +89,11 @@ def label():
 
 
 def _plain(value):
-    """A setting's value as label() writes it: 1 or 0 for a bool, 1024 for 1024.0 MiB."""
-    return str(int(value)) if isinstance(value, bool) else f"{value:g}"
+    """A setting's value as label() writes it, exactly: 1 or 0 for a bool, 1024 for 1024.0 MiB,
+    512.5 as it is, none for unset."""
+    if value is None or isinstance(value, bool):
+        return "none" if value is None else str(int(value))
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def margin():
@@ -104,16 +109,16 @@ def _geometry_key(x_shape, w_shape, stride, padding):
 def _fast_key(pass_name, x_shape, w_shape, stride, padding, xp):
     """The arguments as given, the device, the GEMM precision and label(): what a layer passes on every
     call, hashed as is. None unless they are common.plain_args (geometry() must check anything
-    else), or where the precision setting is invalid (the full path then reports it in its
-    usual order)."""
+    else), or where the precision setting or one of label()'s is invalid (the full path then
+    reports it in its usual order)."""
     if not plain_args(x_shape, w_shape, stride, padding):
         return None
     try:
-        mode = cgemm.mode(xp)
-    except ValueError:
+        mode, text = cgemm.mode(xp), label()
+    except ValueError:   # config.ConfigError too: a bad setting
         return None
     device = None if xp is np else xp.cuda.runtime.getDevice()
-    return (pass_name, x_shape, w_shape, stride, padding, xp, device, mode, label())
+    return (pass_name, x_shape, w_shape, stride, padding, xp, device, mode, text)
 
 
 def remembered(registry, pass_name, x_shape, w_shape, stride, padding, xp=np):

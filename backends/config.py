@@ -21,9 +21,10 @@ CUDA-graph key (minitorch_fft.graphs) is built from it, so a graph is never repl
 settings. The tuning-cache key (backends.tuning.key) takes the one setting that changes what a
 choice means, the GEMM precision (tf32). auto's choices are keyed by the settings that bound a
 candidate's memory too, where they differ from their defaults (backends.auto.BOUNDS): a choice
-made under a 4 GiB cuDNN workspace is not taken under 1 GiB. A backend's own choices are keyed
-by the bound they depend on where they depend on one (cudnn's plan, winograd's groups); a choice
-tuned under other tuning modes is reused as it is.
+made under a 4 GiB cuDNN workspace is not taken under 1 GiB. Of a backend's own choices, cudnn's
+plan and winograd's groups are keyed by their bound; gemm's forms and the FFT backends' bases are
+tuned under their bound's batch chunks but keyed without it, and reused as they are, as is a
+choice tuned under other tuning modes.
 """
 import contextlib
 import functools
@@ -159,6 +160,11 @@ def state():
 def _restate():
     content = (tuple(tuple(layer.items()) for layer in _overrides), tuple(sorted(_process.items())), _epoch[0])
     _state[0] = _states.setdefault(content, len(_states))
+
+
+_restate()   # the start-up content is number 0: the first block entered gets a number of its own (session 41:
+# unregistered, the first override's content took 0 too, and caches keyed by state() answered it with the
+# start-up's entries: auto.label() said "auto" inside the first cudnn_workspace_mb block of a process)
 
 
 def mib_bytes(name):

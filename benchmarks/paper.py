@@ -647,7 +647,8 @@ def kernel_fraction(fn, steps=3, warmup=2):
 def result_stem(name, nets):
     """results/<device>/<stem>.{json,md}: one file per table and network set, so that separate
     invocations (one network each) do not overwrite each other; for the step, also one per auto
-    candidate set (MINITORCH_AUTO_BACKENDS=ours: the "ours alone" step, kept beside the full one)."""
+    label (MINITORCH_AUTO_BACKENDS=ours: the "ours alone" step, kept beside the full one; a
+    non-default memory bound, e.g. paper_step_vgg16_auto_cudnn_workspace_mb_1024)."""
     stem = f"paper_{name}" if name == "table4" or nets == list(NETWORKS) else f"paper_{name}_{'_'.join(nets)}"
     if name == "step" and auto.label() != "auto":
         stem += "_" + re.sub(r"\W+", "_", auto.label()).strip("_")

@@ -431,3 +431,30 @@ def test_choices_under_other_memory_bounds_are_keyed_apart(tuner, monkeypatch, s
     assert auto.label() == "auto"
     assert auto.remembered(reg, "fprop", **GEOM) == "gemm" and len(tuned) == 1   # the default's, not tuned again
     assert {k[5] for k in auto._memory} == {"auto", "auto{winograd_f4=0,cudnn_workspace_mb=1024}"}
+
+
+def test_a_bad_bound_is_named_by_the_full_path_not_the_remembered_one(tuner, monkeypatch):
+    reg = {"gemm": SlowIn("none"), "a": SlowIn("fprop")}
+    auto.pick(reg, "fprop", **GEOM)
+    monkeypatch.setenv("MINITORCH_CUDNN_WORKSPACE_MB", "lots")
+    assert auto.remembered(reg, "fprop", **GEOM) is None
+    with pytest.raises(config.ConfigError, match="MINITORCH_CUDNN_WORKSPACE_MB"):
+        auto.pick(reg, "fprop", **GEOM)
+
+
+def test_a_processs_first_settings_block_gets_a_label_of_its_own():
+    """In a fresh process (no settings block entered yet) the first block's settings are not the
+    start-up ones: state() and label() say so (session 41: both said the start-up's)."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINITORCH_")}   # every setting at its default
+    code = ("from backends import auto, config\n"
+            "start, text = config.state(), auto.label()\n"
+            "with config.override(cudnn_workspace_mb=1024):\n"
+            "    print(config.state() != start, text, auto.label())\n"
+            "print(config.state() == start, auto.label())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         cwd=pathlib.Path(__file__).resolve().parents[1]).stdout.split()
+    assert out == ["True", "auto", "auto{cudnn_workspace_mb=1024}", "True", "auto"]
