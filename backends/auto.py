@@ -80,20 +80,12 @@ def label():
     if text is None:
         wanted = config.get("auto_backends")
         text = "auto" if wanted is None else f"auto[{','.join(wanted)}]"
-        bounds = [f"{name}={_plain(config.get(name))}" for name in BOUNDS
-                  if config.get(name) != config.SETTINGS[name].default]
+        values = {name: config.get(name) for name in BOUNDS}
+        bounds = [f"{name}={config.show(name, v)}" for name, v in values.items() if v != config.SETTINGS[name].default]
         if bounds:
             text += "{" + ",".join(bounds) + "}"
         _labels[state] = text
     return text
-
-
-def _plain(value):
-    """A setting's value as label() writes it, exactly: 1 or 0 for a bool, 1024 for 1024.0 MiB,
-    512.5 as it is, none for unset."""
-    if value is None or isinstance(value, bool):
-        return "none" if value is None else str(int(value))
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def margin():

@@ -236,7 +236,7 @@ def table():
     """The settings as a Markdown table (the README's)."""
     rows = ["| variable | values | default | what it does |", "|---|---|---|---|"]
     for s in SETTINGS.values():
-        default = "unset" if s.default is None else _show(s, s.default)
+        default = "unset" if s.default is None else show(s.name, s.default)
         rows.append(f"| `{s.env}` | {_ALLOWED[s.kind]} | {default} | {s.doc} |")
     return "\n".join(rows)
 
@@ -331,11 +331,14 @@ def _check(s, value):
     return float(value) if s.kind in ("mib", "fraction") else value
 
 
-def _show(s, value):
+def show(name, value):
+    """A value of setting `name` as its variable would spell it, exactly: 1 or 0 for a bool, 1024 for
+    1024.0 MiB, 512.5 as it is (the settings table, backends.auto's tuning-key label)."""
+    s = _setting(name)
     if s.kind == "bool":
         return "1" if value else "0"
     if s.kind in ("mib", "fraction"):
-        return f"{value:g}"
+        return str(int(value)) if float(value).is_integer() else repr(float(value))
     if s.kind == "names":
         return ",".join(value)
     return str(value)
