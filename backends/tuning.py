@@ -546,6 +546,15 @@ def peek(key):
     return hit[2] if hit is not None and hit[0] is cache and hit[1] == cache.version else None
 
 
+UNTUNED = "untuned this call"   # the why of remembered()'s record for one call only
+
+
+def for_this_call_only(record):
+    """Whether remembered() gave `record` for one call only (its data could not tune): what is
+    built from it must not outlive the call."""
+    return record.get("why", "").startswith(UNTUNED)
+
+
 def remembered(key, tune, valid=None, untuned=None):
     """The record for `key`: from this process's memo while the cache is unchanged, else from
     the cache if is_record and valid(record["choice"]) (a bad one warns), else tune() -> record,
@@ -568,7 +577,7 @@ def remembered(key, tune, valid=None, untuned=None):
         except Untunable as e:
             if untuned is None:
                 raise
-            return {"choice": untuned(), "ms": {}, "skipped": {}, "why": f"untuned this call: {e}"}
+            return {"choice": untuned(), "ms": {}, "skipped": {}, "why": f"{UNTUNED}: {e}"}
         cache.put(key, record)
     _memo[key] = (cache, cache.version, record)
     return record

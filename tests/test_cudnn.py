@@ -250,6 +250,43 @@ def test_calls_take_the_pointer_form(settings, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("search", ["on", "off"])
+def test_a_first_call_on_nan_neither_drops_the_pointer_form_nor_pins_its_plan(search, settings, tmp_path):
+    """A layer's first call on data holding NaN (test_errors' propagation test): the NaN comes
+    through, the pointer form's check (which no NaN output can pass) runs on random data instead,
+    and with the search on, the unsearched plan that call ran is not kept: the next call, on
+    finite data, searches and keeps its plan (both had pinned the process to the slower public
+    execute and the heuristic's first plan)."""
+    cp = _need_cudnn()
+    settings(tf32=False, tune_cache=str(tmp_path / "t.json"), cudnn_tune=search)
+    rng = np.random.default_rng(23)
+    xs, ws = (2, 5, 9, 9), (3, 5, 3, 3)
+    x, w = rng.standard_normal(xs).astype(f32), rng.standard_normal(ws).astype(f32)
+    g = backends.geometry(xs, ws, (1, 1), (1, 1))
+
+    def kept():
+        return [p for k, p in cudnn._built.items() if k[1] == "fprop" and k[2] == g and k[3] == cgemm.mode(cp)
+                and k[5] == (search == "on")]
+    x[1, 2, 4, 4] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        y = cp.asnumpy(cudnn.fprop(cp.asarray(x), cp.asarray(w), (1, 1), (1, 1)))
+    assert np.isnan(y[1]).any() and np.isfinite(y[0]).all(), "the NaN of image 1 alone propagates"
+    assert len(kept()) == (0 if search == "on" else 1), [p.name for p in kept()]
+    x[1, 2, 4, 4] = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = cp.asnumpy(cudnn.fprop(cp.asarray(x), cp.asarray(w), (1, 1), (1, 1)))
+    ref = conv_reference(x, w, np.zeros(got.shape, f32), (1, 1), (1, 1))[0]
+    assert rel_error(got, ref) <= cudnn.CHECK_TOL, rel_error(got, ref)
+    plans = kept()
+    assert len(plans) == 1 and plans[0].pointer_form is not None and not plans[0].provisional
+    key = cudnn.tuning_key(cp, g, "fprop", cgemm.mode(cp), config.mib_bytes("cudnn_workspace_mb"))
+    record = tuning.default_cache().get(key)
+    assert (record is not None) == (search == "on"), record    # searched by the finite call alone
+
+
+@pytest.mark.gpu
 def test_workspace_bound_is_honoured(settings, tmp_path):
     cp = _need_cudnn()
     settings(tune_cache=str(tmp_path / "t.json"), cudnn_workspace_mb=2**-20)   # one byte: none

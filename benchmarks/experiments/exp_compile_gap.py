@@ -29,6 +29,12 @@ region's wrappers, and the stock layers), by timing those two functions; it also
 time by pass and the time of the pieces under the passes (issue_split). The split runs before the
 row's profiler session; set TEARDOWN_CUPTI=1 so that an earlier row's session leaves no residue.
 
+With --passes, each converted row also finds which pass its peak is in: one step with every
+backends.run_pass call timed by the allocator's own counters (torch.cuda.memory_allocated and its
+peak, reset at each call's start and end: host-side, no synchronisation), and lists the passes and
+the stretches between them (PyTorch's own work) with the highest peaks, each with what was
+allocated at its start and its transient (the peak less that), in MiB above the step's start.
+
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
 
@@ -318,6 +324,54 @@ def issue_split(step, steps):
     return tuple(statistics.median(col) for col in zip(*rows)), full, per_pass, per_piece
 
 
+def pass_peaks(step, top):
+    """[(peak, start, label)] of one step's stretches with the highest peaks, in MiB above the
+    step's start: each backends.run_pass call (label: pass, backend that ran it, shapes) and each
+    stretch between two calls (label: "between ... and ..."), by the caching allocator's counters
+    read and reset at each call's start and end; and the step's own peak."""
+    import torch
+
+    import backends
+    from backends import config
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    stretches, last = [], ["the step's start"]
+    torch.cuda.reset_peak_memory_stats()
+
+    def mib(b):
+        return (b - base) / 2**20
+
+    def close(label, start):
+        stretches.append((mib(torch.cuda.max_memory_allocated()), mib(start), label))
+        torch.cuda.reset_peak_memory_stats()
+
+    def by_pass(name, pass_name, a, b, *rest, x_shape, w_shape, stride, padding, **kwargs):
+        picked = backends.choose(name, pass_name, x_shape, w_shape, stride, padding, _cupy())
+        return (f"{pass_name} {picked.__name__.split('.')[-1]} x {tuple(x_shape)} w {tuple(w_shape)}"
+                f"{' (TF32)' if config.get('tf32') else ''}")
+    inner = backends.run_pass
+    between = [torch.cuda.memory_allocated()]
+
+    def recorded(*args, **kwargs):
+        label = by_pass(*args, **kwargs)
+        close(f"between {last[0]} and {label}", between[0])
+        start = torch.cuda.memory_allocated()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            close(label, start)
+            last[0], between[0] = label, torch.cuda.memory_allocated()
+    backends.run_pass = recorded
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        backends.run_pass = inner
+    close(f"between {last[0]} and the step's end", between[0])
+    step_peak = max(p for p, _, _ in stretches)
+    return step_peak, sorted(stretches, reverse=True)[:top]
+
+
 def _pieces():
     """[((object, attribute), label)]: what issue_split times under the passes, each call labelled."""
     import cupy
@@ -394,6 +448,8 @@ def main():
     ap.add_argument("--split", type=int, default=0, metavar="N",
                     help="also split each converted row's issue time over N steps into our passes' host time and "
                          "the rest")
+    ap.add_argument("--passes", action="store_true",
+                    help="also find which pass (or stretch between passes) each converted row's peak is in")
     ap.add_argument("--reset", action="store_true",
                     help="torch._dynamo.reset() before each row: every compiled row compiles in a fresh Dynamo "
                          "state (what an earlier row's compile leaves behind is the question it answers)")
@@ -511,6 +567,12 @@ def main():
             print("pieces under the passes: ms a step, calls a step, us a call (nested calls counted in each):")
             for piece, calls, us_ in per_piece:
                 print(f"  {calls * us_ / 1e3:6.3f}  {calls:5.1f}  {us_:7.1f}  {piece}")
+        if args.passes and converted:
+            step_peak, stretches = pass_peaks(step, args.top)
+            print(f"the highest stretches of one step (peak {step_peak:.0f} MiB above its start; MiB: peak, allocated at "
+                  "the stretch's start, transient):")
+            for p, start, label in stretches:
+                print(f"  {p:8.0f}  {start:8.0f}  {p - start:7.0f}  {label}")
         if args.python:
             own_rows, ours = python_profile(step, args.python, args.top * 2)
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")

@@ -20,6 +20,13 @@ PyTorch's cuDNN TF32 (session 22: ResNet-50's conv14 fprop, 0.966x in table3).
 times in this process, each on fresh random data, and prints each search's choice and its times
 of the plans that were fastest in any search (session 41: VGG-16 conv11's TF32 fprop, where the
 cached searches timed the same plan at 0.200-0.239 ms and kept one 4.5 % slower than the best).
+
+--flips N then asks what moves a plan between two speeds (session 41: VGG-16 conv11's eng67_k2=0 took
+0.199 ms in two searches and 0.230 in two others, steady within each): for the three fastest plans
+of the listing, N timings of the same built plan on fresh copies of the operands at other
+addresses (a spacer of random size allocated before each copy), then N timings of the plan built
+anew each time on the same operands. If the address moves it, the first table splits; if the
+build does, the second.
 """
 import argparse
 import json
@@ -58,6 +65,8 @@ def main(argv=None):
                     help="list the GPU kernels of PyTorch's call and of the N fastest plans (torch.profiler)")
     ap.add_argument("--searches", type=int, default=0, metavar="N",
                     help="run the backend's search N times on fresh data; each one's choice and times")
+    ap.add_argument("--flips", type=int, default=0, metavar="N",
+                    help="time the three fastest plans N times at other operand addresses, then N times rebuilt")
     args = ap.parse_args(argv)
 
     import cupy as cp
@@ -153,12 +162,47 @@ def main(argv=None):
         print(f"\nPyTorch's kernels: {kernel_names(torch, torch_call)}")
         for r in [r for r in rows if "ms" in r][:args.kernels]:
             print(f"{r['plan']}'s kernels: {kernel_names(torch, lambda: plans[r['plan']].run(cp, a, b, out))}")
+    flips = address_or_build(cp, cudnn, front, handle, args.pass_name, g, math, [plans[r["plan"]] for r in rows
+                             if "ms" in r][:3], args.flips, (a, b, out_shape), args.repeat) if args.flips else {}
     searches = repeated_searches(cp, cudnn, front, handle, args.pass_name, g, math, limit, args.searches, rng,
                                  (a.shape, b.shape, out_shape))
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps({"layer": args.layer, "pass": args.pass_name, "tf32": args.tf32, "ours_ms": ours_ms,
-                                 "torch_ms": torch_ms, "chosen": chosen, "plans": rows, "searches": searches}) + "\n")
+                                 "torch_ms": torch_ms, "chosen": chosen, "plans": rows, "searches": searches,
+                                 "flips": flips}) + "\n")
+
+
+def address_or_build(cp, cudnn, front, handle, pass_name, g, math, plans, n, operands, repeat):
+    """{"address": [...], "build": [...]}: n rows each of the plans' median ms (repeat runs), first
+    the same built plans on fresh copies of the operands, each copy placed after a spacer of random
+    size (the rows give the copies' addresses modulo 2 MiB, in KiB), then the plans rebuilt each row
+    (cudnn._replay of their choice, no workspace bound) on the original operands; printed as tables."""
+    a, b, out_shape = operands
+    pick = np.random.default_rng(11)
+    names = [p.name for p in plans]
+    address_rows, build_rows, kept = [], [], []
+    for _ in range(n):
+        kept.append(cp.empty(int(pick.integers(1, 1 << 16)) * 256, dtype=np.uint8))   # shifts what follows
+        a2, b2, out = cp.array(a), cp.array(b), cp.empty(out_shape, dtype=np.float32)
+        kept += [a2, b2, out]
+        ms = [median_ms(lambda: p.run(cp, a2, b2, out), "cupy", 1, repeat) for p in plans]
+        address_rows.append({"at_kib": [(v.data.ptr % (2 << 20)) // 1024 for v in (a2, b2, out)], "ms": ms})
+    del kept
+    out = cp.empty(out_shape, dtype=np.float32)
+    for _ in range(n):
+        rebuilt = [cudnn._replay(front, handle, pass_name, g, math, UNBOUNDED, p.choice) for p in plans]
+        build_rows.append({"ms": [median_ms(lambda: p.run(cp, a, b, out), "cupy", 1, repeat) for p in rebuilt]})
+    print(f"\nthe same built plans on {n} copies of the operands at other addresses (ms, medians of {repeat}; "
+          "a, b, out at KiB modulo 2 MiB):")
+    print("| copy | a, b, out KiB | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names))
+    for i, r in enumerate(address_rows, 1):
+        print(f"| {i} | {r['at_kib']} | " + " | ".join(f"{v:.4f}" for v in r["ms"]) + " |")
+    print(f"\nthe plans built anew {n} times, on the original operands (ms, medians of {repeat}):")
+    print("| build | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    for i, r in enumerate(build_rows, 1):
+        print(f"| {i} | " + " | ".join(f"{v:.4f}" for v in r["ms"]) + " |")
+    return {"plans": names, "address": address_rows, "build": build_rows}
 
 
 def repeated_searches(cp, cudnn, front, handle, pass_name, g, math, limit, n, rng, shapes):
