@@ -35,6 +35,10 @@ peak, reset at each call's start and end: host-side, no synchronisation), and li
 the stretches between them (PyTorch's own work) with the highest peaks, each with what was
 allocated at its start and its transient (the peak less that), in MiB above the step's start.
 
+The row "stock compiled NCHW" is "stock compiled" with inductor's layout optimization off
+(torch._inductor.config.layout_optimization): inductor otherwise runs a convolution-heavy model's
+convolutions channels-last, where cuDNN's TF32 kernels need no layout conversions.
+
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
 
@@ -54,7 +58,9 @@ from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
 LEFT_ENTRIES = 1_000_000   # --left: the allocator trace's length (a row's first three steps fit)
 ROWS = {"stock eager": (False, False), "converted eager": (True, False),   # label: (converted, compiled)
-        "stock compiled": (False, True), "converted compiled": (True, True)}
+        "stock compiled": (False, True), "converted compiled": (True, True),
+        "stock compiled NCHW": (False, True)}   # inductor's layout optimization off (NCHW_ROWS)
+NCHW_ROWS = {"stock compiled NCHW"}   # inductor keeps NCHW: no channels-last convolutions (session 42)
 LIBRARY_PARTS = ("/torch/", "/cupy/", "/cupy_backends/", "/contextlib.py", "/functools.py", "<frozen")
 
 
@@ -489,6 +495,8 @@ def main():
         model = copy.deepcopy(base).cuda()
         if converted:
             convert(model)
+        if compiled:   # inductor reads it at compile time (the first step)
+            torch._inductor.config.layout_optimization = label not in NCHW_ROWS
         run = torch.compile(model) if compiled else model
         opt, step = training_step(model, run, x, y, converted)
         if compiled and converted and args.output_code:
@@ -571,8 +579,8 @@ def main():
             step_peak, stretches = pass_peaks(step, args.top)
             print(f"the highest stretches of one step (peak {step_peak:.0f} MiB above its start; MiB: peak, allocated at "
                   "the stretch's start, transient):")
-            for p, start, label in stretches:
-                print(f"  {p:8.0f}  {start:8.0f}  {p - start:7.0f}  {label}")
+            for p, start, what in stretches:
+                print(f"  {p:8.0f}  {start:8.0f}  {p - start:7.0f}  {what}")
         if args.python:
             own_rows, ours = python_profile(step, args.python, args.top * 2)
             print(f"Python, own ms a step under cProfile ({args.python} steps; calls a step):")
