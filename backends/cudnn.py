@@ -139,30 +139,69 @@ def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 # -- public passes ------------------------------------------------------------------------------
 
-def fprop(x, w, stride=(1, 1), padding=(0, 0)):
-    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw)."""
-    xp, x, w = check_arrays(x=x, w=w)
+def fprop(x, w, stride=(1, 1), padding=(0, 0), layout="nchw"):
+    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw). layout "nhwc":
+    x and w are channels-last (_check_layout), and so is y."""
+    xp, x, w = _checked(layout, x=x, w=w)
     g = geometry(x.shape, w.shape, stride, padding)
     _require(xp)
-    return _run(xp, "fprop", g, x, w, (g.S, g.fo, g.oh, g.ow))
+    return _run(xp, "fprop", g, x, w, (g.S, g.fo, g.oh, g.ow), layout)
 
 
-def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
-    """gx (S, f, h, w): gradient w.r.t. the input of fprop."""
-    xp, gy, w = check_arrays(gy=gy, w=w)
+def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), layout="nchw"):
+    """gx (S, f, h, w): gradient w.r.t. the input of fprop (layout: as fprop's)."""
+    xp, gy, w = _checked(layout, gy=gy, w=w)
     g = geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     _require(xp)
-    return _run(xp, "bprop", g, gy, w, (g.S, g.f, g.h, g.w))
+    return _run(xp, "bprop", g, gy, w, (g.S, g.f, g.h, g.w), layout)
 
 
-def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
-    """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch."""
-    xp, gy, x = check_arrays(gy=gy, x=x)
+def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), layout="nchw"):
+    """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch (layout: as fprop's;
+    "nhwc" gives gw channels-last too, as PyTorch's channels-last convolutions do)."""
+    xp, gy, x = _checked(layout, gy=gy, x=x)
     g = geometry(x.shape, w_shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     _require(xp)
-    return _run(xp, "accgrad", g, x, gy, (g.fo, g.f, g.kh, g.kw))   # cuDNN's wgrad takes (x, dy)
+    return _run(xp, "accgrad", g, x, gy, (g.fo, g.f, g.kh, g.kw), layout)   # cuDNN's wgrad takes (x, dy)
+
+
+LAYOUTS = ("nchw", "nhwc")
+
+
+def _checked(layout, **arrays):
+    """check_arrays for "nchw" (C-contiguous, made so); for "nhwc", CuPy float32 arrays of their
+    logical (S, C, H, W) shape laid out channels-last (a channels-last PyTorch tensor's memory: the
+    transpose to (S, H, W, C) C-contiguous), taken as they are, else ValueError naming the array."""
+    if layout == "nchw":
+        return check_arrays(**arrays)
+    if layout != "nhwc":
+        raise ValueError(f"cudnn: layout must be one of {LAYOUTS}, got {layout!r}")
+    cp = cupy_or_none()
+    for name, a in arrays.items():
+        if cp is None or type(a) is not cp.ndarray:
+            raise TypeError(f"cudnn: layout 'nhwc' takes CuPy arrays, got {type(a).__name__} for {name}")
+        if a.dtype != np.float32 or a.ndim != 4 or not a.transpose(0, 2, 3, 1).flags.c_contiguous:
+            raise ValueError(f"cudnn: layout 'nhwc' takes 4-d float32 arrays laid out channels-last, got {name} "
+                             f"of dtype {a.dtype}, shape {a.shape}, strides {a.strides}")
+    return (cp, *arrays.values())
+
+
+def _strides(dims, layout):
+    """Strides in elements of logical (N, C, H, W) `dims` laid out as `layout`."""
+    if layout == "nchw":
+        return _dense(dims)
+    n, c, h, w = dims
+    return [h * w * c, 1, w * c, c]
+
+
+def _empty(cp, shape, layout):
+    """An uninitialised float32 array of logical `shape` laid out as `layout`."""
+    if layout == "nchw":
+        return cp.empty(shape, dtype=np.float32)
+    n, c, h, w = shape
+    return cp.empty((n, h, w, c), dtype=np.float32).transpose(0, 3, 1, 2)
 
 
 def prepare(pass_name, g, xp):
@@ -292,24 +331,25 @@ def _handle(cp, cudnn):
     return handle
 
 
-def _plan_key(cp, pass_name, g):
-    """_built's key: the device, the pass and geometry, and the settings a plan depends on."""
+def _plan_key(cp, pass_name, g, layout="nchw"):
+    """_built's key: the device, the pass and geometry, the settings a plan depends on, the layout."""
     return (cp.cuda.runtime.getDevice(), pass_name, g, cgemm.mode(cp), config.mib_bytes("cudnn_workspace_mb"),
-            tuning.enabled("cudnn_tune", cp))
+            tuning.enabled("cudnn_tune", cp), layout)
 
 
-def _run(cp, pass_name, g, a, b, out_shape):
-    key = _plan_key(cp, pass_name, g)
+def _run(cp, pass_name, g, a, b, out_shape, layout="nchw"):
+    key = _plan_key(cp, pass_name, g, layout)
     plan = _built.get(key)
     if plan is None:
         plan = _prepare(cp, pass_name, g, *key[3:], a, b, out_shape)
         if not plan.provisional:     # else a later call, on finite data, searches
             _built[key] = plan
-    return plan.run(cp, a, b, cp.empty(out_shape, dtype=np.float32))
+    return plan.run(cp, a, b, _empty(cp, out_shape, layout))
 
 
-def _graph(cudnn, handle, pass_name, g):
-    """(the pass's one-node graph, lowered and without plans; uids of its (a, b, out) tensors)."""
+def _graph(cudnn, handle, pass_name, g, layout="nchw"):
+    """(the pass's one-node graph, lowered and without plans; uids of its (a, b, out) tensors), every
+    tensor laid out as `layout`."""
     F = cudnn.data_type.FLOAT
     graph = cudnn.pygraph(io_data_type=F, intermediate_data_type=F, compute_data_type=F, handle=handle)
     x_dims, w_dims, y_dims = [g.S, g.f, g.h, g.w], [g.fo, g.f, g.kh, g.kw], [g.S, g.fo, g.oh, g.ow]
@@ -317,7 +357,7 @@ def _graph(cudnn, handle, pass_name, g):
     # Every stride given: a tensor without one is laid out by cuDNN's own inference (channels-last,
     # seen on an H100), which reads NCHW memory as something else.
     def tensor(name, dims):
-        return graph.tensor(name=name, dim=dims, stride=_dense(dims), data_type=F)
+        return graph.tensor(name=name, dim=dims, stride=_strides(dims, layout), data_type=F)
     if pass_name == "fprop":
         a, b = tensor("x", x_dims), tensor("w", w_dims)
         out, out_dims = graph.conv_fprop(a, b, **conv), y_dims
@@ -327,7 +367,7 @@ def _graph(cudnn, handle, pass_name, g):
     else:
         a, b = tensor("x", x_dims), tensor("dy", y_dims)
         out, out_dims = graph.conv_wgrad(a, b, **conv), w_dims
-    out.set_dim(out_dims).set_stride(_dense(out_dims))
+    out.set_dim(out_dims).set_stride(_strides(out_dims, layout))
     out.set_output(True).set_data_type(F)
     graph.validate()
     graph.build_operation_graph()
@@ -343,12 +383,12 @@ def _dense(dims):
     return strides[::-1]
 
 
-def _planned_graph(cudnn, handle, pass_name, g, math, limit, modes, every_engine):
+def _planned_graph(cudnn, handle, pass_name, g, math, limit, modes, every_engine, layout="nchw"):
     """(graph with the plans of heuristic `modes` listed, and with every_engine each engine they
     left out at its default knobs; filtered by precision and workspace; uids). Plans the filters
     refuse fail at build_plan_at_index. Where a query of `modes` fails (mode B is the least used),
     UNTUNED_HEURISTICS' plans are listed instead, with a warning."""
-    graph, uids = _graph(cudnn, handle, pass_name, g)
+    graph, uids = _graph(cudnn, handle, pass_name, g, layout)
     try:
         graph.create_execution_plans([getattr(cudnn.heur_mode, m) for m in modes])
     except Exception as e:  # noqa: BLE001 - planning is one-shot: a fresh graph for the fallback
@@ -356,7 +396,7 @@ def _planned_graph(cudnn, handle, pass_name, g, math, limit, modes, every_engine
             raise
         warnings.warn(f"cudnn: cuDNN's heuristics {modes} failed ({type(e).__name__}: {e}); listing "
                       f"{UNTUNED_HEURISTICS}'s plans only", RuntimeWarning, stacklevel=2)
-        graph, uids = _graph(cudnn, handle, pass_name, g)
+        graph, uids = _graph(cudnn, handle, pass_name, g, layout)
         graph.create_execution_plans([getattr(cudnn.heur_mode, m) for m in UNTUNED_HEURISTICS])
     if every_engine:
         _append_other_engines(graph)
@@ -404,9 +444,10 @@ def _plan_indices(graph):
     return indices
 
 
-def _first(cudnn, handle, pass_name, g, math, limit):
+def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw"):
     """The first plan of cuDNN's heuristic order (UNTUNED_HEURISTICS) that builds and fits."""
-    graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, UNTUNED_HEURISTICS, every_engine=False)
+    graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, UNTUNED_HEURISTICS, every_engine=False,
+                                 layout=layout)
     reasons = {}
     for name, index in _plan_indices(graph).items():
         try:
@@ -416,10 +457,11 @@ def _first(cudnn, handle, pass_name, g, math, limit):
     raise RuntimeError(f"no cuDNN plan builds for {pass_name} of geometry {tuple(g)}: {reasons or 'none proposed'}")
 
 
-def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape):
+def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layout="nchw"):
     """tuning.tune's record over every plan of HEURISTICS and every other engine, run on a, b;
     its choice is the winner's _Plan.choice."""
-    graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, HEURISTICS, every_engine=True)
+    graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, HEURISTICS, every_engine=True,
+                                 layout=layout)
     indices = _plan_indices(graph)
     if not indices:
         raise RuntimeError(f"cuDNN proposes no plan for {pass_name} of geometry {tuple(g)}")
@@ -440,7 +482,7 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape):
     ran, first_ms = set(), {}   # plans run; their checked runs' ms (those that agree with gemm)
 
     def run(name):
-        plan, out = build(name), cp.empty(out_shape, dtype=np.float32)
+        plan, out = build(name), _empty(cp, out_shape, layout)
         if name in ran:
             return plan.run(cp, a, b, out)
         ran.add(name)
@@ -469,14 +511,14 @@ def _is_choice(choice):
                     for kv in choice["knobs"]))
 
 
-def _replay(cudnn, handle, pass_name, g, math, limit, choice):
+def _replay(cudnn, handle, pass_name, g, math, limit, choice, layout="nchw"):
     """The _Plan of a cached choice, no timing. Rebuilt from its engine id and knobs on a fresh
     graph where the frontend can name every knob; else (knob_type.NOT_SET stands for a knob cuDNN
     has and the frontend's enum lacks, e.g. USE_TEX, k3 in 'eng25_k2=2_k3=0': seen on an H100 with
     cuDNN 9.19) found by its name, which cuDNN spells with every knob, among the searched plans."""
     not_set = int(cudnn.knob_type.NOT_SET)
     if all(k != not_set for k, _ in choice["knobs"]):
-        graph, uids = _graph(cudnn, handle, pass_name, g)
+        graph, uids = _graph(cudnn, handle, pass_name, g, layout)
         try:
             graph.create_execution_plan(choice["engine"], {cudnn.knob_type(k): v for k, v in choice["knobs"]})
             plan = _build(cudnn, handle, graph, uids, graph.get_execution_plan_count() - 1, limit)
@@ -484,45 +526,51 @@ def _replay(cudnn, handle, pass_name, g, math, limit, choice):
             plan = None
         if plan is not None and plan.name == choice["name"]:
             return plan
-    graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, HEURISTICS, every_engine=True)
+    graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, HEURISTICS, every_engine=True,
+                                 layout=layout)
     index = _plan_indices(graph).get(choice["name"])
     if index is None:
         raise LookupError(f"cuDNN lists no plan {choice['name']} for {pass_name} of geometry {tuple(g)}")
     return _build(cudnn, handle, graph, uids, index, limit)
 
 
-def _prepare(cp, pass_name, g, math, limit, search, a, b, out_shape):
+def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape):
     """The _Plan of this pass: the choice of the tuning cache (searched on a, b if new), or with
     search off (cudnn_tune), the first plan of cuDNN's heuristic order that builds and fits."""
     cudnn, _ = _frontend()
     handle = _handle(cp, cudnn)
     if not search:
-        plan = _first(cudnn, handle, pass_name, g, math, limit)
+        plan = _first(cudnn, handle, pass_name, g, math, limit, layout)
     else:
         replayed = {}
 
         def valid(choice):   # a cached choice that no longer builds (another cuDNN) is searched again
             try:
-                replayed["plan"] = (_replay(cudnn, handle, pass_name, g, math, limit, choice)
+                replayed["plan"] = (_replay(cudnn, handle, pass_name, g, math, limit, choice, layout)
                                     if _is_choice(choice) else None)
             except Exception:  # noqa: BLE001
                 replayed["plan"] = None
             return replayed["plan"] is not None
 
-        key = tuning_key(cp, g, pass_name, math, limit)
-        record = tuning.remembered(key, lambda: _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape),
-                                   valid=valid, untuned=lambda: _first(cudnn, handle, pass_name, g, math, limit).choice)
-        plan = replayed.get("plan") or _replay(cudnn, handle, pass_name, g, math, limit, record["choice"])
+        key = tuning_key(cp, g, pass_name, math, limit, layout)
+        record = tuning.remembered(key, lambda: _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape,
+                                                        layout),
+                                   valid=valid, untuned=lambda: _first(cudnn, handle, pass_name, g, math, limit,
+                                                                       layout).choice)
+        plan = replayed.get("plan") or _replay(cudnn, handle, pass_name, g, math, limit, record["choice"], layout)
         plan.provisional = tuning.for_this_call_only(record)   # a, b held NaN or inf: not searched
     plan.check(cp, a, b, out_shape)
     return plan
 
 
-def tuning_key(cp, g, pass_name, math, limit):
+def tuning_key(cp, g, pass_name, math, limit, layout="nchw"):
     """The tuning cache's key of a pass's plan choice: the workspace bound `limit` (bytes) is in it,
     since it decides which plans compete; "_b" since plans are timed in bursts (SEARCH_INNER), so
-    choices timed one run at a time are searched again; "_s" the search's revision (SEARCH_REVISION)."""
-    return tuning.key(cp, np.float32, g, pass_name, f"cudnn@{limit}B_b{SEARCH_INNER}_s{SEARCH_REVISION}", math=math)
+    choices timed one run at a time are searched again; "_s" the search's revision (SEARCH_REVISION);
+    "_nhwc" for channels-last tensors (NCHW keys carry no layout, as before layouts existed)."""
+    suffix = "" if layout == "nchw" else f"_{layout}"
+    return tuning.key(cp, np.float32, g, pass_name, f"cudnn@{limit}B_b{SEARCH_INNER}_s{SEARCH_REVISION}{suffix}",
+                      math=math)
 
 
 def _reference(pass_name, g, a, b):
@@ -536,7 +584,7 @@ def _reference(pass_name, g, a, b):
 
 
 def built():
-    """{(device, pass, geometry, precision, workspace bytes, searched): (plan name, workspace
+    """{(device, pass, geometry, precision, workspace bytes, searched, layout): (plan name, workspace
     bytes)} of the plans built in this process (tests and benchmarks read it)."""
     return {k: (p.name, p.workspace) for k, p in _built.items()}
 

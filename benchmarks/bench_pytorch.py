@@ -200,9 +200,11 @@ def run_network(net, args, log, on_rows=None):
     g = torch.Generator().manual_seed(args.seed)
     side = IMAGE.get(net, 224)
     x = torch.randn(args.batch, 3, side, side, generator=g).cuda()
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
     y = torch.randint(0, 1000, (args.batch,), generator=g).cuda()
     ref_model = copy.deepcopy(base).double().cuda()
     reference = gradients(ref_model, x.double(), y)
+    x = x.contiguous(memory_format=layout)   # after the reference: float64 NCHW, as every other run's
     del ref_model
     _free(torch)
     floor = held(torch)   # the batch: every row's
@@ -214,7 +216,7 @@ def run_network(net, args, log, on_rows=None):
         leftover = tuple(now - f for now, f in zip(held(torch), floor))   # earlier rows' (after _free)
         set_tf32(precision)
         with backends.config.override(tf32=converted and precision == "tf32"):
-            model = copy.deepcopy(base).cuda()
+            model = copy.deepcopy(base).cuda().to(memory_format=layout)
             if converted:
                 convert(model)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -449,6 +451,9 @@ def main():
                         help="converted rows also keep each layer's input spectrum from forward for accGrad "
                              "(reuse_spectra(inputs=True): faster, more memory; result files *_input_reuse)")
     parser.add_argument("--compile", action="store_true", help="add torch.compile (inductor) rows")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="every row's model and input channels-last (model.to(memory_format=torch.channels_last)): "
+                             "the converted layers run cuDNN's NHWC plans (minitorch_fft.pytorch)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
@@ -484,7 +489,8 @@ def main():
                                      if backend_versions else "not available: auto chose among the other backends"),
                       cupy=cp.__version__, warmup=args.warmup, repeat=args.repeat,
                       image={net: IMAGE.get(net, 224) for net in nets},
-                      tune_cache=str(tuning.cache_path()), host_probe_ms=round(host_probe_ms(), 2), **cudnn_setup)
+                      tune_cache=str(tuning.cache_path()),
+                      memory_format="channels_last" if args.channels_last else "contiguous", host_probe_ms=round(host_probe_ms(), 2), **cudnn_setup)
     batches = {net: args.batch or BATCH[net] for net in nets}
     start = time.perf_counter()
 
@@ -503,7 +509,7 @@ def main():
     log(f"tuning cache {meta['tune_cache']}; batches {batches}; host probe {meta['host_probe_ms']} ms "
         "(harness.host_probe_ms: the converted eager rows are host-bound on a slow host)")
     suffix = (("_quick" if args.quick else "") + ("_no_reuse" if args.no_reuse else "")
-              + ("_input_reuse" if args.input_reuse else ""))
+              + ("_input_reuse" if args.input_reuse else "") + ("_channels_last" if args.channels_last else ""))
     name = {net: f"bench_pytorch_{net}{suffix}" for net in nets}
     for net in nets:
         seconds, path = earlier_estimate(name[net], batches[net], folder)

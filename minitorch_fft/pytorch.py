@@ -125,6 +125,27 @@ def _cupy_view(t, cp):
     return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0))
 
 
+def _cupy_strided(t, cp):
+    """A dense float32 CUDA tensor of any layout (channels-last here) as a CuPy array of its shape
+    and strides on its memory, keeping t alive (_cupy_view's way, strides kept)."""
+    memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * 4, t, t.device.index)
+    return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0),
+                      strides=tuple(4 * s for s in t.stride()))
+
+
+def _channels_last(t):
+    """Whether t is a 4-d tensor laid out channels-last (model.to(memory_format=torch.channels_last)'s
+    layout) and not also C-contiguous (one plane, or 1x1 planes: then it is taken as NCHW)."""
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _laid_out(t, shape, nhwc):
+    """An empty float32 tensor of `shape` on t's device, channels-last where nhwc: what the operators
+    return, for their fake implementations."""
+    return torch.empty(shape, dtype=torch.float32, device=t.device,
+                       memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+
+
 def _from_cupy(a):
     """A CuPy array as a tensor on its memory, through a DLPack capsule made with stream -1: the
     consumer, PyTorch, is on the producer's stream, so neither side orders anything (3 us against
@@ -252,18 +273,22 @@ def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None
     which spectra this pass keeps for them, inside reuse_spectra()); None is fprop's, after which
     both backward passes may run. A view of `a` is held for a later pass that takes it (fprop's x
     for accGrad, accGrad's gy for bprop), of `b` only in fprop (w, for bprop): _array."""
-    return _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a, b, later)])[0]
+    nhwc = _channels_last(b if pass_name == "accgrad" else a)   # the layer's input, or fprop's output's gradient
+    return _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a, b, later)], nhwc)[0]
 
 
-def _crossing(backend, x_shape, w_shape, stride, padding, passes):
+def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False):
     """Passes of one layer, [(pass_name, a, b, later)] as _run takes them, run in order in one
     crossing: the tensors checked first, then the device's CuPy scope entered once for all of them
     (a backward's accGrad and bprop share it, where each entered its own before session 37); a new
     tensor for each pass. Each pass's two tensors are checked to share a device; the passes are one
-    layer's, on one device (the first pass's: its scope serves all)."""
+    layer's, on one device (the first pass's: its scope serves all). nhwc: the layer is channels-last
+    (_channels_last_passes)."""
     for pass_name, a, b, _ in passes:
         _check_float32(pass_name, a, b)
     geometry = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
+    if nhwc:
+        return _channels_last_passes(backend, geometry, passes)
     first = passes[0][1]
     if first.is_cpu:
         return [torch.from_numpy(np.ascontiguousarray(_pass(pass_name, backend, a, b, None, geometry, later)))
@@ -274,6 +299,31 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes):
     with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
         return [_from_cupy(cp.ascontiguousarray(_pass(pass_name, backend, a, b, cp, geometry, later)))
                 for pass_name, a, b, later in passes]
+
+
+def _channels_last_passes(backend, geometry, passes):
+    """A channels-last layer's passes, each result channels-last (as the fake implementations say).
+    On the GPU with backend auto or cudnn, where cuDNN serves the geometry: cuDNN's NHWC kernels on
+    the tensors as they are (an operand in the other layout copied to channels-last first), with no
+    layout conversion (VGG-16 b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in
+    ~4 ms of a 38 ms compiled step and held the copies as workspace; our own backends take NCHW
+    only, and auto does not time them against cuDNN's NHWC plans). Elsewhere the NCHW passes on
+    contiguous copies, their results made channels-last."""
+    x_shape, w_shape, stride, padding = geometry
+    first = passes[0][1]
+    cudnn = backends.get("cudnn")
+    if not (first.is_cuda and backend in ("auto", "cudnn") and cudnn.supports(x_shape, w_shape, stride, padding)):
+        plain = _crossing(backend, x_shape, w_shape, stride, padding, passes)
+        return [t.contiguous(memory_format=torch.channels_last) for t in plain]
+    cp, on, capture = _cuda_scope(first.get_device())
+    results = []
+    with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+        for pass_name, a, b, _ in passes:
+            a, b = (_cupy_strided(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
+            third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
+            out = getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc")
+            results.append(_from_cupy(out))
+    return results
 
 
 def _pass(pass_name, backend, a, b, cp, geometry, later):
@@ -353,7 +403,8 @@ def _grads(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
         passes.append(("accgrad", gy, x, ("bprop",) if want_x else ()))
     if want_x:
         passes.append(("bprop", gy, weight, ()))
-    grads = iter(_crossing(backend, x.shape, weight.shape, stride, padding, passes) if passes else ())
+    grads = iter(_crossing(backend, x.shape, weight.shape, stride, padding, passes, _channels_last(x))
+                 if passes else ())
     gw = next(grads) if want_w else None
     gx = next(grads) if want_x else None
     return gx, gw, gb
@@ -387,19 +438,19 @@ def _(x, weight, stride, padding, backend, bias=None):
                  lambda: f"conv2d: input {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
     oh = _out_size(x.shape[2], weight.shape[2], stride[0], padding[0])
     ow = _out_size(x.shape[3], weight.shape[3], stride[1], padding[1])
-    return x.new_empty((x.shape[0], weight.shape[0], oh, ow))
+    return _laid_out(x, (x.shape[0], weight.shape[0], oh, ow), _channels_last(x))
 
 
 @_conv2d_bprop.register_fake
 def _(gy, weight, x_shape, stride, padding, backend):
     _check_float32("bprop", gy, weight)
-    return gy.new_empty(x_shape)
+    return _laid_out(gy, x_shape, _channels_last(gy))
 
 
 @_conv2d_accgrad.register_fake
 def _(gy, x, w_shape, stride, padding, backend):
     _check_float32("accgrad", gy, x)
-    return gy.new_empty(w_shape)
+    return _laid_out(gy, w_shape, _channels_last(x))
 
 
 @_conv2d_grads.register_fake
@@ -407,7 +458,9 @@ def _(gy, x, weight, stride, padding, backend, output_mask):
     _check_float32("accgrad", gy, x)
     _check_float32("bprop", gy, weight)
     want_x, want_w, want_b = output_mask
-    return (gy.new_empty(x.shape if want_x else 0), gy.new_empty(weight.shape if want_w else 0),
+    nhwc = _channels_last(x)
+    return (_laid_out(gy, x.shape, nhwc) if want_x else gy.new_empty(0),
+            _laid_out(gy, weight.shape, nhwc) if want_w else gy.new_empty(0),
             gy.new_empty(weight.shape[0] if want_b else 0))
 
 

@@ -120,6 +120,49 @@ def test_three_passes_tf32(xs, ws, stride, pad, settings, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
+@pytest.mark.parametrize("xs,ws,stride,pad", GEOMETRIES[:3])
+def test_three_passes_channels_last(xs, ws, stride, pad, tf32, settings, tmp_path):
+    """layout="nhwc": operands as channels-last views (a channels-last tensor's memory), results
+    channels-last, each pass against float64, the plans searched under keys of their own."""
+    cp = _need_cudnn()
+    settings(tf32=tf32, tune_cache=str(tmp_path / "t.json"))
+    rng = np.random.default_rng(19)
+    x, w = rng.standard_normal(xs).astype(f32), rng.standard_normal(ws).astype(f32)
+    g = backends.geometry(xs, ws, stride, pad)
+    gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow)).astype(f32)
+    y64, gx64, gw64 = conv_reference(x, w, gy, stride, pad)
+    got = {"fprop": cudnn.fprop(_nhwc(cp, x), _nhwc(cp, w), stride, pad, layout="nhwc"),
+           "bprop": cudnn.bprop(_nhwc(cp, gy), _nhwc(cp, w), xs, stride, pad, layout="nhwc"),
+           "accgrad": cudnn.accgrad(_nhwc(cp, gy), _nhwc(cp, x), ws, stride, pad, layout="nhwc")}
+    tol = cgemm.TF32_TOL if tf32 else cudnn.CHECK_TOL
+    for (name, out), ref in zip(got.items(), (y64, gx64, gw64)):
+        assert out.transpose(0, 2, 3, 1).flags.c_contiguous, (name, out.strides)
+        assert rel_error(cp.asnumpy(out), ref) <= tol, (name, rel_error(cp.asnumpy(out), ref))
+    assert {k[1] for k in cudnn.built() if k[2] == g and k[-1] == "nhwc"} == set(got)
+    math = cgemm.mode(cp)
+    keys = [cudnn.tuning_key(cp, g, p, math, config.mib_bytes("cudnn_workspace_mb"), "nhwc") for p in got]
+    assert all(tuning.default_cache().get(k) is not None and k[-1].endswith("_nhwc") for k in keys)
+
+
+def _nhwc(cp, a):
+    """A's values as a CuPy array of a's shape laid out channels-last (a channels-last tensor's view)."""
+    return cp.ascontiguousarray(cp.asarray(a).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.gpu
+def test_channels_last_layout_refuses_other_arrays():
+    cp = _need_cudnn()
+    x, w = cp.ones((2, 3, 5, 5), dtype=cp.float32), cp.ones((4, 3, 3, 3), dtype=cp.float32)
+    with pytest.raises(ValueError, match="laid out channels-last, got x"):
+        cudnn.fprop(x, _nhwc(cp, w), layout="nhwc")
+    with pytest.raises(TypeError, match="takes CuPy arrays"):
+        cudnn.fprop(cp.asnumpy(x), w, layout="nhwc")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        cudnn.fprop(x, w, layout="chwn")
+
+
+@pytest.mark.gpu
 def test_engine_choice_is_cached_and_replayed(settings, tmp_path, monkeypatch):
     cp = _need_cudnn()
     settings(tf32=False, tune_cache=str(tmp_path / "t.json"), cudnn_tune="on")

@@ -92,6 +92,53 @@ def test_opcheck(case, device):
                                                             list(stride), list(padding), "auto", bias))
 
 
+def channels_last(*tensors):
+    return [t.contiguous(memory_format=torch.channels_last) for t in tensors]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES)
+def test_channels_last_in_channels_last_out(case, device, path, strict_fp32):
+    """A channels-last layer (model.to(memory_format=torch.channels_last)) gives channels-last
+    results, forward and backward, equal to the float64 reference (on the GPU: cuDNN's NHWC plans,
+    searched under their own key; on the CPU: the NCHW passes, their results laid out again)."""
+    x, w, stride, padding = operands(case, device)
+    x, w = (t.requires_grad_() for t in channels_last(x, w))
+    y = call(path, x, w, stride, padding)
+    x64, w64 = (t.detach().double().cpu().requires_grad_() for t in (x, w))
+    y64 = TF.conv2d(x64, w64, stride=stride, padding=padding)
+    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y.backward(gy.float().to(device).contiguous(memory_format=torch.channels_last))
+    y64.backward(gy)
+    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad)):
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+    if device == "cuda":
+        g = backends.geometry(tuple(x.shape), tuple(w.shape), stride, padding)
+        laid = {k[1] for k in backends.get("cudnn").built() if k[2] == g and k[-1] == "nhwc"}
+        assert laid == {"fprop", "bprop", "accgrad"}, laid
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES)
+def test_opcheck_channels_last(case, device):
+    """The fake implementations give the real results' strides for channels-last operands."""
+    x, w, stride, padding = operands(case, device)
+    x, w = channels_last(x, w)
+    torch.library.opcheck(torch.ops.minitorch_fft.conv2d, (x.requires_grad_(), w.requires_grad_(),
+                                                            list(stride), list(padding), "auto"))
+    y = conv2d(x.detach(), w.detach(), stride, padding)
+    gy = channels_last(torch.randn_like(y))[0]
+    torch.library.opcheck(torch.ops.minitorch_fft.conv2d_bprop,
+                          (gy, w.detach(), list(x.shape), list(stride), list(padding), "auto"))
+    torch.library.opcheck(torch.ops.minitorch_fft.conv2d_accgrad,
+                          (gy, x.detach(), list(w.shape), list(stride), list(padding), "auto"))
+    for mask in ([True, True, True], [False, True, False]):
+        torch.library.opcheck(torch.ops.minitorch_fft.conv2d_grads,
+                              (gy, x.detach(), w.detach(), list(stride), list(padding), "auto", mask))
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_only_the_wanted_gradients_are_computed(monkeypatch, path):
     calls = []
@@ -552,13 +599,14 @@ def small_net():
                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10))
 
 
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_torch_compile_fullgraph(device, strict_fp32):
+def test_torch_compile_fullgraph(device, layout, strict_fp32):
     """torch.compile(fullgraph=True) raises on a graph break: the operator traces whole, and the
     compiled forward and backward call the operators, not the eager path (on the CPU aot_eager's
-    graphs are kept and read)."""
+    graphs are kept and read); a channels-last model and input too."""
     torch._dynamo.reset()
-    model = convert(small_net()).to(device)
+    model = convert(small_net()).to(device, memory_format=layout)
     graphs = []
     if device == "cpu":
         from functorch.compile import make_boxed_func
@@ -571,7 +619,7 @@ def test_torch_compile_fullgraph(device, strict_fp32):
     else:
         backend = "inductor"
     compiled = torch.compile(model, fullgraph=True, backend=backend)
-    x = torch.randn(2, 3, 12, 12, device=device)
+    x = torch.randn(2, 3, 12, 12, device=device).contiguous(memory_format=layout)
     out = compiled(x)
     out.square().sum().backward()
     got = [p.grad.clone() for p in model.parameters()]

@@ -463,6 +463,8 @@ def main():
                     help="record each row from before its model is made through three steps: what it holds after "
                          "them (MiB, by where), and its peak to the KiB (a peak within a MiB of another's), each "
                          "in allocated bytes (the allocator's blocks) and requested ones (the sizes asked for)")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="every row's model and input channels-last (the converted layers run cuDNN's NHWC plans)")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
     args = ap.parse_args()
@@ -481,7 +483,8 @@ def main():
     torch.manual_seed(0)
     base = torch_model(args.net, 1000)
     side = IMAGE.get(args.net, 224)
-    x = torch.randn(args.batch, 3, side, side, device="cuda")
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    x = torch.randn(args.batch, 3, side, side, device="cuda").contiguous(memory_format=layout)
     y = torch.randint(0, 1000, (args.batch,), device="cuda")
     summary = []
     for label in rows:
@@ -492,7 +495,7 @@ def main():
         start = held(torch)                          # (allocated, requested) bytes
         if args.left:   # from before the model is made through three steps
             start_recording(LEFT_ENTRIES)
-        model = copy.deepcopy(base).cuda()
+        model = copy.deepcopy(base).cuda().to(memory_format=layout)
         if converted:
             convert(model)
         if compiled:   # inductor reads it at compile time (the first step)
