@@ -49,6 +49,15 @@ workspace is taken from CuPy's pool per call. Kernels run on CuPy's current stre
 conv1_2's accGrad (b64) it is an engine with a 3.5 GiB workspace, 1.6x faster than the best plan
 within 1 GiB (8.97 against 14.05 ms on an H100, exp_cudnn_plans at b8837cb). The bound is part of
 the tuning key, so a choice searched under another bound is searched again.
+
+Layout: the passes take layout="nhwc" for channels-last operands (CuPy arrays of their logical
+(S, C, H, W) shape laid out (S, H, W, C), as a channels-last PyTorch tensor's memory is): the graph
+declares NHWC strides for every tensor and the result is laid out so too. That is what cuDNN's
+TF32 engines run natively; given NCHW they convert both ways and hold the copies as workspace
+(VGG-16 conv1_2's TF32 bprop, b64: a 1568 MiB workspace, benchmarks/NOTES.md session 42). NHWC
+plans are built, searched and cached apart ("_nhwc" in the tuning key). The framework's own
+backends, and so run_pass and auto, are NCHW only: minitorch_fft.pytorch calls these passes
+directly for a channels-last layer.
 """
 import ctypes
 import functools

@@ -34,6 +34,17 @@ The auto_memory_mb cap does not apply here (it limits CuPy's own pool). The pass
 PyTorch's reserved, unused blocks as available (backends.common.register_pool), and PyTorch's
 out-of-memory error takes run_pass's gemm fallback as CuPy's does.
 
+Channels-last: a layer whose input is channels-last (model.to(memory_format=torch.channels_last)
+and channels-last inputs) gives channels-last results, forward and backward, as the fake
+implementations declare (the layout follows fprop's x, conv2d_bprop's gy, and x in the backward).
+On the GPU with backend auto or cudnn, where cuDNN is installed, its passes run cuDNN's NHWC plans
+on the tensors as they are (backends.cudnn, layout "nhwc"): no layout conversion, and in TF32 mode
+the VGG-16 step's compiled peak under the stock model's (session 42). Our own algorithms take NCHW
+only, and auto does not time them against those plans, so a channels-last model is a cuDNN model
+here: keep a strict-fp32 model NCHW to use them. Elsewhere (CPU, another backend, no cuDNN) the
+NCHW passes run on contiguous copies and their results are laid out channels-last again. The NHWC
+calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
+
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
 
