@@ -2,7 +2,7 @@
 
   fprop   y  = conv_fprop(x, W)      cuDNN operation graphs of one node each, float32 in and
   bprop   gx = conv_dgrad(gy, W)     out, compute type float; the arrays' device pointers go
-  accGrad gW = conv_wgrad(x, gy)     to cuDNN as they are (NCHW, dense), nothing is copied
+  accGrad gW = conv_wgrad(x, gy)     to cuDNN as they are (dense NCHW, or NHWC: Layout), nothing is copied
 
 A vendor backend (backends.VENDOR): it wraps a library instead of an algorithm of ours, so that
 auto can pick cuDNN where our algorithms lose, and `auto_backends=ours` leaves it out.
@@ -150,7 +150,7 @@ def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 def fprop(x, w, stride=(1, 1), padding=(0, 0), layout="nchw"):
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw). layout "nhwc":
-    x and w are channels-last (_check_layout), and so is y."""
+    x and w are channels-last (_checked), and so is y."""
     xp, x, w = _checked(layout, x=x, w=w)
     g = geometry(x.shape, w.shape, stride, padding)
     _require(xp)
@@ -241,7 +241,7 @@ def _require(xp):
 # -- graphs, plans and their execution ----------------------------------------------------------
 
 _handles = {}   # CUDA device id -> cudnn.Handle
-_built = {}     # (device, pass, geometry, precision, workspace bytes, searched) -> _Plan
+_built = {}     # (device, pass, geometry, precision, workspace bytes, searched, layout) -> _Plan
 _POINTERS = ctypes.c_uint64 * 3   # a variant pack's device pointers: (a, b, out) in operand order
 
 
@@ -249,7 +249,7 @@ class _Plan:
     """One built plan of a pass's graph: run(cp, a, b, out) executes it on a, b into out.
 
     a, b, out are the graph's three tensors in _graph's order ((x, w, y) for fprop, (dy, w, dx)
-    for bprop, (x, dy, dw) for accGrad), C-contiguous float32 as declared."""
+    for bprop, (x, dy, dw) for accGrad), dense float32 in the graph's layout (NCHW or NHWC)."""
 
     def __init__(self, cudnn, handle, graph, uids, index, workspace):
         self.cudnn, self.handle, self.graph, self.uids = cudnn, handle, graph, uids
@@ -297,6 +297,7 @@ class _Plan:
             return
         public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32))   # a failing plan raises here
         if not bool(cp.isfinite(public).all()):
+            public = None                # freed before the random operands are drawn
             rng = cp.random.default_rng(0)
             a, b = (rng.standard_normal(v.shape, dtype=np.float32) for v in (a, b))
             public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32))

@@ -136,7 +136,8 @@ def bench_layer(name, args):
                 row[f"x_{mode}"] = row[f"ms_torch_{mode}"] / row[f"ms_cudnn_{mode}"]
         if row.get("ms_gemm") and row.get("ms_torch_strict"):
             row["x_gemm"] = row["ms_torch_strict"] / row["ms_gemm"]
-        chosen = {key[3]: plan for key, (plan, _) in cudnn.built().items() if key[1] == pn and key[2] == g}
+        chosen = {key[3]: plan for key, (plan, _) in cudnn.built().items() if key[1] == pn and key[2] == g
+                  and key[-1] == "nchw"}
         row["plan_strict"], row["plan_tf32"] = chosen.get("fp32"), chosen.get("tf32")
         log(f"{name:<26}{pn:<8} cudnn {row.get('ms_cudnn_strict', float('nan')):8.3f} / "
             f"{row.get('ms_cudnn_tf32', float('nan')):8.3f} ms, torch {row.get('ms_torch_strict', float('nan')):8.3f} / "
@@ -150,7 +151,8 @@ def _execute_only_us(cudnn, g, pass_name, x, w, gy):
     """Host microseconds of the strict plan's execute alone, device idle, output preallocated:
     through the pointer form (what a call runs) and through the frontend's public execute."""
     import cupy as cp
-    plan = next((p for key, p in cudnn._built.items() if key[1] == pass_name and key[2] == g and key[3] == "fp32"),
+    plan = next((p for key, p in cudnn._built.items() if key[1] == pass_name and key[2] == g and key[3] == "fp32"
+                 and key[-1] == "nchw"),
                 None)
     if plan is None:
         return {}

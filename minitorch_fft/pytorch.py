@@ -34,10 +34,12 @@ The auto_memory_mb cap does not apply here (it limits CuPy's own pool). The pass
 PyTorch's reserved, unused blocks as available (backends.common.register_pool), and PyTorch's
 out-of-memory error takes run_pass's gemm fallback as CuPy's does.
 
-Channels-last: a layer whose input is channels-last (model.to(memory_format=torch.channels_last)
-and channels-last inputs) gives channels-last results, forward and backward, as the fake
-implementations declare (the layout follows fprop's x, conv2d_bprop's gy, and x in the backward).
-On the GPU with backend auto or cudnn, where cuDNN is installed, its passes run cuDNN's NHWC plans
+Channels-last: a layer whose input or weight is channels-last (model.to(memory_format=
+torch.channels_last), channels-last inputs) gives channels-last results, forward and backward, as
+the fake implementations declare and as PyTorch's cuDNN convolutions decide (a tensor that is both
+NCHW and NHWC, one plane or 1x1 planes, says nothing: a grayscale first layer's input).
+On the GPU with backend cudnn, or auto with cudnn among its candidates (auto_backends), where cuDNN
+is installed, its passes run cuDNN's NHWC plans
 on the tensors as they are (backends.cudnn, layout "nhwc"): no layout conversion, and in TF32 mode
 the VGG-16 step's compiled peak under the stock model's (session 42). Our own algorithms take NCHW
 only, and auto does not time them against those plans, so a channels-last model is a cuDNN model
@@ -109,8 +111,10 @@ def _array(t, cp, keep=True):
     if cp is None:
         t = t.detach()                   # NumPy refuses a tensor that requires grad
     if not t.is_contiguous():            # a copy, as the backends would make (e.g. the expanded
-        t = t.contiguous()               # gradient of a sum(), or a caller's strided input)
-    key = None if _views is None else _key(t)
+        t = t.contiguous()               # gradient of a sum(), a caller's strided input, a channels-
+        key = None                       # last layer's operand): no later pass sees it, so not kept
+    else:
+        key = None if _views is None else _key(t)
     if key is not None and key in _views:
         return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
     a = t.numpy() if cp is None else _cupy_view(t, cp)
@@ -146,8 +150,15 @@ def _cupy_strided(t, cp):
 
 def _channels_last(t):
     """Whether t is a 4-d tensor laid out channels-last (model.to(memory_format=torch.channels_last)'s
-    layout) and not also C-contiguous (one plane, or 1x1 planes: then it is taken as NCHW)."""
+    layout) and not also C-contiguous (one plane, or 1x1 planes: then it says nothing)."""
     return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _nhwc(a, b):
+    """Whether a pass (or a layer) on a and b is channels-last: either one is, as PyTorch's cuDNN
+    convolutions decide from input and weight (a grayscale first layer's input, one plane, says
+    nothing, and its weight decides)."""
+    return _channels_last(a) or _channels_last(b)
 
 
 def _laid_out(t, shape, nhwc):
@@ -284,7 +295,7 @@ def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None
     which spectra this pass keeps for them, inside reuse_spectra()); None is fprop's, after which
     both backward passes may run. A view of `a` is held for a later pass that takes it (fprop's x
     for accGrad, accGrad's gy for bprop), of `b` only in fprop (w, for bprop): _array."""
-    nhwc = _channels_last(b if pass_name == "accgrad" else a)   # the layer's input, or fprop's output's gradient
+    nhwc = _nhwc(a, b)   # (x, w), (gy, w) or (gy, x): as the operators' fake implementations say
     return _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a, b, later)], nhwc)[0]
 
 
@@ -314,7 +325,8 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False):
 
 def _channels_last_passes(backend, geometry, passes):
     """A channels-last layer's passes, each result channels-last (as the fake implementations say).
-    On the GPU with backend auto or cudnn, where cuDNN serves the geometry: cuDNN's NHWC kernels on
+    On the GPU with backend cudnn, or auto with cudnn among its candidates (the auto_backends setting),
+    where cuDNN serves the geometry: cuDNN's NHWC kernels on
     the tensors as they are (an operand in the other layout copied to channels-last first), with no
     layout conversion (VGG-16 b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in
     ~4 ms of a 38 ms compiled step and held the copies as workspace; our own backends take NCHW
@@ -323,7 +335,8 @@ def _channels_last_passes(backend, geometry, passes):
     x_shape, w_shape, stride, padding = geometry
     first = passes[0][1]
     cudnn = backends.get("cudnn")
-    if not (first.is_cuda and backend in ("auto", "cudnn") and cudnn.supports(x_shape, w_shape, stride, padding)):
+    allowed = backend == "cudnn" or (backend == "auto" and "cudnn" in backends.auto_registry())   # auto_backends
+    if not (first.is_cuda and allowed and cudnn.supports(x_shape, w_shape, stride, padding)):
         plain = _crossing(backend, x_shape, w_shape, stride, padding, passes)
         return [t.contiguous(memory_format=torch.channels_last) for t in plain]
     cp, on, capture = _cuda_scope(first.get_device())
@@ -414,7 +427,7 @@ def _grads(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
         passes.append(("accgrad", gy, x, ("bprop",) if want_x else ()))
     if want_x:
         passes.append(("bprop", gy, weight, ()))
-    grads = iter(_crossing(backend, x.shape, weight.shape, stride, padding, passes, _channels_last(x))
+    grads = iter(_crossing(backend, x.shape, weight.shape, stride, padding, passes, _nhwc(x, weight))
                  if passes else ())
     gw = next(grads) if want_w else None
     gx = next(grads) if want_x else None
@@ -449,19 +462,19 @@ def _(x, weight, stride, padding, backend, bias=None):
                  lambda: f"conv2d: input {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
     oh = _out_size(x.shape[2], weight.shape[2], stride[0], padding[0])
     ow = _out_size(x.shape[3], weight.shape[3], stride[1], padding[1])
-    return _laid_out(x, (x.shape[0], weight.shape[0], oh, ow), _channels_last(x))
+    return _laid_out(x, (x.shape[0], weight.shape[0], oh, ow), _nhwc(x, weight))
 
 
 @_conv2d_bprop.register_fake
 def _(gy, weight, x_shape, stride, padding, backend):
     _check_float32("bprop", gy, weight)
-    return _laid_out(gy, x_shape, _channels_last(gy))
+    return _laid_out(gy, x_shape, _nhwc(gy, weight))
 
 
 @_conv2d_accgrad.register_fake
 def _(gy, x, w_shape, stride, padding, backend):
     _check_float32("accgrad", gy, x)
-    return _laid_out(gy, w_shape, _channels_last(x))
+    return _laid_out(gy, w_shape, _nhwc(gy, x))
 
 
 @_conv2d_grads.register_fake
@@ -469,7 +482,7 @@ def _(gy, x, weight, stride, padding, backend, output_mask):
     _check_float32("accgrad", gy, x)
     _check_float32("bprop", gy, weight)
     want_x, want_w, want_b = output_mask
-    nhwc = _channels_last(x)
+    nhwc = _nhwc(x, weight)
     return (_laid_out(gy, x.shape, nhwc) if want_x else gy.new_empty(0),
             _laid_out(gy, weight.shape, nhwc) if want_w else gy.new_empty(0),
             gy.new_empty(weight.shape[0] if want_b else 0))

@@ -102,19 +102,27 @@ def channels_last(*tensors):
 def test_channels_last_in_channels_last_out(case, device, path, strict_fp32):
     """A channels-last layer (model.to(memory_format=torch.channels_last)) gives channels-last
     results, forward and backward, equal to the float64 reference (on the GPU: cuDNN's NHWC plans,
-    searched under their own key; on the CPU: the NCHW passes, their results laid out again)."""
+    searched under their own key; on the CPU: the NCHW passes, their results laid out again). The
+    backward's layout is read from the backward operator's own results: autograd lays a leaf's
+    .grad out as the leaf whatever the operator gave."""
     x, w, stride, padding = operands(case, device)
     x, w = (t.requires_grad_() for t in channels_last(x, w))
     y = call(path, x, w, stride, padding)
     x64, w64 = (t.detach().double().cpu().requires_grad_() for t in (x, w))
     y64 = TF.conv2d(x64, w64, stride=stride, padding=padding)
     gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    y.backward(gy.float().to(device).contiguous(memory_format=torch.channels_last))
+    gy32 = gy.float().to(device).contiguous(memory_format=torch.channels_last)
+    y.backward(gy32)
     y64.backward(gy)
-    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad)):
-        assert got.is_contiguous(memory_format=torch.channels_last)
+    if path == "eager":
+        gx, gw, _ = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, False)
+    else:
+        gx, gw, _ = torch.ops.minitorch_fft.conv2d_grads(gy32, x.detach(), w.detach(), list(stride), list(padding),
+                                                          "auto", [True, True, False])
+    assert all(t.is_contiguous(memory_format=torch.channels_last) for t in (y, gx, gw))
+    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (gx, x64.grad), (gw, w64.grad)):
         assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
-    if device == "cuda":
+    if device == "cuda" and backends.get("cudnn").available():
         g = backends.geometry(tuple(x.shape), tuple(w.shape), stride, padding)
         laid = {k[1] for k in backends.get("cudnn").built() if k[2] == g and k[-1] == "nhwc"}
         assert laid == {"fprop", "bprop", "accgrad"}, laid
@@ -137,6 +145,44 @@ def test_opcheck_channels_last(case, device):
     for mask in ([True, True, True], [False, True, False]):
         torch.library.opcheck(torch.ops.minitorch_fft.conv2d_grads,
                               (gy, x.detach(), w.detach(), list(stride), list(padding), "auto", mask))
+
+
+@pytest.mark.gpu
+def test_channels_last_without_cudnn_among_autos_candidates(settings):
+    """auto_backends=ours leaves cuDNN out of auto's choices: a channels-last layer then runs our
+    NCHW passes on copies (still channels-last out), and builds no NHWC plan."""
+    if not backends.get("cudnn").available():
+        pytest.skip("cuDNN's frontend is not installed")
+    settings(auto_backends="ours")
+    x, w, stride, padding = operands((2, 5, 6, 10, 10, 3, 3, (1, 1), (1, 1)), "cuda")   # a geometry of its own
+    x, w = channels_last(x, w)
+    y = conv2d(x, w, stride, padding)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    ref = TF.conv2d(x.double().cpu(), w.double().cpu(), stride=stride, padding=padding)
+    assert rel_error(y.cpu().numpy(), ref.numpy()) <= 1e-5
+    g = backends.geometry(tuple(x.shape), tuple(w.shape), stride, padding)
+    assert not [k for k in backends.get("cudnn").built() if k[2] == g and k[-1] == "nhwc"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_weight_decides_where_the_input_says_nothing(device):
+    """As PyTorch's cuDNN convolutions: an NCHW input with a channels-last weight gives channels-last
+    results; a one-plane input and weight (NCHW and NHWC at once: a grayscale first layer's) say
+    nothing and give NCHW (the next layer's weight decides again). Checked by opcheck (fakes
+    against the real results) and against float64."""
+    g = torch.Generator().manual_seed(3)
+    for xs, ws, want in (((2, 3, 9, 9), (4, 3, 3, 3), True), ((2, 1, 9, 9), (4, 1, 3, 3), False)):
+        x, w = torch.randn(xs, generator=g).to(device), torch.randn(ws, generator=g).to(device)
+        wl = channels_last(w)[0]
+        assert pt._nhwc(x, wl) == want and not pt._nhwc(x, w)
+        torch.library.opcheck(torch.ops.minitorch_fft.conv2d, (x, wl, [1, 1], [1, 1], "auto"))
+        y = conv2d(x, wl, (1, 1), (1, 1))
+        assert y.is_contiguous(memory_format=torch.channels_last if want else torch.contiguous_format)
+        ref = TF.conv2d(x.double().cpu(), w.double().cpu(), padding=1)
+        assert rel_error(y.cpu().numpy(), ref.numpy()) <= 1e-5
+        gy = torch.randn(y.shape, generator=g).to(device)
+        torch.library.opcheck(torch.ops.minitorch_fft.conv2d_grads,
+                              (gy, x, wl, [1, 1], [1, 1], "auto", [True, True, False]))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -393,6 +439,24 @@ def test_the_block_holds_no_view_after_a_layers_last_pass(device, settings):
         held = list(pt._views.values())
     assert [tuple(a.shape) for a in held] == [tuple(w.shape)]
     assert pt.reuse_spectra.__wrapped__.__defaults__ == (False,)   # the adapter's default: no input spectra
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_copies_are_not_held_by_the_block(device, settings):
+    """A channels-last layer on the NCHW passes (here backend cufft) runs them on contiguous copies,
+    which no later pass can find: the block keeps none of them (it kept every layer's x, w and gy
+    copies until it ended), as it holds nothing for the NCHW layer (a middle one: both gradients)."""
+    settings(cufft_tune="off")
+    x, w, stride, padding = operands(STRIDE1[0], device)
+    held = {}
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xs, ws = (t.contiguous(memory_format=layout).requires_grad_() for t in (x, w))
+        with reuse_spectra():
+            y = conv2d(xs, ws, stride, padding, "cufft")
+            y.square().sum().backward()
+            held[layout] = [tuple(a.shape) for a in pt._views.values()]
+        assert y.is_contiguous(memory_format=layout)
+    assert held[torch.channels_last] == [] and held[torch.contiguous_format] == [], held
 
 
 # -- the module and convert() -------------------------------------------------------------------

@@ -611,7 +611,7 @@ def test_a_reference_that_is_not_finite_tunes_nothing_and_caches_nothing(fake_cl
     key = a_key()
     tune = lambda: tuning.tune(["a", "b"], runner(last, {"a": reference}), np, against="a")  # noqa: E731
     record = tuning.remembered(key, tune, untuned=lambda: "b")
-    assert record["choice"] == "b" and "untuned this call" in record["why"]
+    assert record["choice"] == "b" and "untuned this call" in record["why"] and tuning.for_this_call_only(record)
     assert tuning.default_cache().get(key) is None and not (tmp_path / "t.json").exists()
     assert timed == []                                              # nothing was timed
     TIMES.clear()

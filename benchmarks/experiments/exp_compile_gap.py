@@ -37,7 +37,9 @@ allocated at its start and its transient (the peak less that), in MiB above the 
 
 The row "stock compiled NCHW" is "stock compiled" with inductor's layout optimization off
 (torch._inductor.config.layout_optimization): inductor otherwise runs a convolution-heavy model's
-convolutions channels-last, where cuDNN's TF32 kernels need no layout conversions.
+convolutions channels-last, where cuDNN's TF32 kernels need no layout conversions (with
+--channels-last the row's model and input are channels-last all the same). Where the row is asked
+for, Dynamo is reset before every compiled row.
 
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
@@ -471,6 +473,9 @@ def main():
     rows = [r.strip() for r in args.rows.split(",")]
     if any(r not in ROWS for r in rows):
         ap.error(f"unknown row in --rows {args.rows!r}; choose from {', '.join(ROWS)}")
+    if args.passes and args.channels_last:
+        ap.error("--passes times backends.run_pass's calls, which a channels-last layer's cuDNN passes do not "
+                 "go through: not with --channels-last")
 
     import torch
 
@@ -489,7 +494,9 @@ def main():
     summary = []
     for label in rows:
         converted, compiled = ROWS[label]
-        if args.reset:
+        if args.reset or (compiled and NCHW_ROWS & set(rows)):
+            # inductor's layout flag is not among Dynamo's guards: a row under the other flag could
+            # reuse a graph compiled under this one
             torch._dynamo.reset()
         torch.cuda.synchronize()
         start = held(torch)                          # (allocated, requested) bytes

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as TF
 
 import backends
-from backends import cgemm, common, config, cudnn, device, tuning
+from backends import cgemm, common, cudnn, device
 
 
 def us(fn, n=2000):
@@ -37,9 +37,7 @@ def main():
         xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
         backends.run_pass("auto", "fprop", x, w, x_shape=xs, w_shape=ws, stride=s, padding=p)
         backends.run_pass("cudnn", "fprop", x, w, x_shape=xs, w_shape=ws, stride=s, padding=p)
-        key = (cp.cuda.runtime.getDevice(), "fprop", g, cgemm.mode(cp), config.mib_bytes("cudnn_workspace_mb"),
-               tuning.enabled("cudnn_tune", cp))
-        plan = cudnn._built[key]
+        plan = cudnn._built[cudnn._plan_key(cp, "fprop", g)]
         y = cp.empty(out_shape, dtype=cp.float32)
         nbytes = y.nbytes
         pieces = [
