@@ -68,6 +68,37 @@ def test_cached_choice_format_is_checked():
         assert not cudnn._is_choice(bad), bad
 
 
+def test_the_pointer_form_check_survives_a_refused_sync():
+    """_Plan.check's host-device syncs (the finiteness test, the difference) are refused inside a
+    CUDA graph capture (a plan first built there: test_faults_gpu's graphed steps): the check must
+    not raise, but warn and keep the public execute, as before it learnt the NaN case."""
+    class Refusing:                       # a CuPy stand-in whose every sync is refused
+        float32 = np.float32
+
+        @staticmethod
+        def empty(shape, dtype):
+            return np.empty(shape, dtype)
+
+        @staticmethod
+        def isfinite(a):
+            class Pending:
+                def all(self):
+                    return self
+
+                def __bool__(self):
+                    raise RuntimeError("operation not permitted when stream is capturing")
+            return Pending()
+
+    plan = object.__new__(cudnn._Plan)
+    plan.name, plan.pointer_form = "eng0", ("execute", (0, 1, 2), 0)
+    plan.run_public = lambda cp, a, b, out: out
+    plan.run = lambda cp, a, b, out: out
+    a, b = np.zeros((1, 1, 2, 2), f32), np.zeros((1, 1, 1, 1), f32)
+    with pytest.warns(RuntimeWarning, match="RuntimeError: operation not permitted when stream is capturing"):
+        plan.check(Refusing, a, b, (1, 1, 2, 2))
+    assert plan.pointer_form is None
+
+
 def test_auto_on_numpy_arrays_never_times_cudnn(settings, tmp_path):
     """cudnn takes CuPy arrays only: on the CPU it is no candidate, even where cuDNN is installed."""
     settings(auto_tune="on", auto_backends="gemm,cudnn", tune_cache=str(tmp_path / "t.json"))
