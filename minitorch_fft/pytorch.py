@@ -325,13 +325,13 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False):
 
 def _channels_last_passes(backend, geometry, passes):
     """A channels-last layer's passes, each result channels-last (as the fake implementations say).
-    On the GPU with backend cudnn, or auto with cudnn among its candidates (the auto_backends setting),
-    where cuDNN serves the geometry: cuDNN's NHWC kernels on
-    the tensors as they are (an operand in the other layout copied to channels-last first), with no
-    layout conversion (VGG-16 b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in
-    ~4 ms of a 38 ms compiled step and held the copies as workspace; our own backends take NCHW
-    only, and auto does not time them against cuDNN's NHWC plans). Elsewhere the NCHW passes on
-    contiguous copies, their results made channels-last."""
+    On the GPU with backend cudnn, or auto with cudnn among its candidates (the auto_backends
+    setting), where cuDNN serves the geometry: cuDNN's NHWC kernels on the tensors as they are (an
+    operand in the other layout copied to channels-last first), with no layout conversion (VGG-16
+    b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in ~4 ms of a 38 ms compiled
+    step and held the copies as workspace; our own backends take NCHW only, and auto does not time
+    them against cuDNN's NHWC plans). Elsewhere the NCHW passes on contiguous copies, their results
+    made channels-last."""
     x_shape, w_shape, stride, padding = geometry
     first = passes[0][1]
     cudnn = backends.get("cudnn")
