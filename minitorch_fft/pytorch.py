@@ -39,8 +39,8 @@ torch.channels_last), channels-last inputs) gives channels-last results, forward
 the fake implementations declare and as PyTorch's cuDNN convolutions decide (a tensor that is both
 NCHW and NHWC, one plane or 1x1 planes, says nothing: a grayscale first layer's input).
 On the GPU with backend cudnn, or auto with cudnn among its candidates (auto_backends), where cuDNN
-is installed, its passes run cuDNN's NHWC plans
-on the tensors as they are (backends.cudnn, layout "nhwc"): no layout conversion, and in TF32 mode
+is installed, its passes run cuDNN's NHWC plans on the tensors as they are (backends.cudnn, layout
+"nhwc"): no layout conversion, and in TF32 mode
 the VGG-16 step's compiled peak under the stock model's (session 42). Our own algorithms take NCHW
 only, and auto does not time them against those plans, so a channels-last model is a cuDNN model
 here: keep a strict-fp32 model NCHW to use them. Elsewhere (CPU, another backend, no cuDNN) the
@@ -130,22 +130,14 @@ def _cupy_bytes(t, cp):
     return cp.ndarray((memory.size,), cp.uint8, cp.cuda.MemoryPointer(memory, 0))
 
 
-def _cupy_view(t, cp):
+def _cupy_view(t, cp, strides=None):
     """A contiguous float32 CUDA tensor as a CuPy array on its memory, keeping t alive (the
-    UnownedMemory's owner). What cp.from_dlpack(t) gives without DLPack's Python: PyTorch's
+    UnownedMemory's owner); with strides (bytes), a dense one of another layout (channels-last). What cp.from_dlpack(t) gives without DLPack's Python: PyTorch's
     __dlpack__ looks up the current device and stream to order the two, and the pass already runs
     on PyTorch's current stream (_cuda_scope). 3 us against 31 on an H100 (benchmarks/NOTES.md,
     session 11)."""
     memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * 4, t, t.device.index)
-    return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0))
-
-
-def _cupy_strided(t, cp):
-    """A dense float32 CUDA tensor of any layout (channels-last here) as a CuPy array of its shape
-    and strides on its memory, keeping t alive (_cupy_view's way, strides kept)."""
-    memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * 4, t, t.device.index)
-    return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0),
-                      strides=tuple(4 * s for s in t.stride()))
+    return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0), strides)
 
 
 def _channels_last(t):
@@ -343,7 +335,8 @@ def _channels_last_passes(backend, geometry, passes):
     results = []
     with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
         for pass_name, a, b, _ in passes:
-            a, b = (_cupy_strided(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
+            a, b = (t.contiguous(memory_format=torch.channels_last) for t in (a, b))
+            a, b = (_cupy_view(t, cp, tuple(4 * s for s in t.stride())) for t in (a, b))   # dense, NHWC strides
             third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
             out = getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc")
             results.append(_from_cupy(out))
