@@ -3,6 +3,7 @@ passes against PyTorch float64, strict fp32 and TF32 (ResNet-50's stride-2 layer
 geometries), the search no slower than cuDNN's first plan, the choice cached and replayed without
 a search, the pointer-form call, the workspace bound, and auto choosing among candidates that
 include it."""
+import types
 import warnings
 from collections import Counter
 
@@ -68,12 +69,25 @@ def test_cached_choice_format_is_checked():
         assert not cudnn._is_choice(bad), bad
 
 
+class _Stream:
+    def __init__(self, capturing):
+        self.capturing = capturing
+
+    def is_capturing(self):
+        return self.capturing
+
+
+def _cupy_stand_in(capturing):
+    return types.SimpleNamespace(get_current_stream=lambda: _Stream(capturing))
+
+
 def test_the_pointer_form_check_survives_a_refused_sync():
-    """_Plan.check's host-device syncs (the finiteness test, the difference) are refused inside a
-    CUDA graph capture (a plan first built there: test_faults_gpu's graphed steps): the check must
-    not raise, but warn and keep the public execute, as before it learnt the NaN case."""
+    """_Plan.check's host-device syncs (the finiteness test, the difference) can be refused
+    outside a capture of its own stream too (another thread's capture in global mode): the check
+    must not raise, but warn and keep the public execute."""
     class Refusing:                       # a CuPy stand-in whose every sync is refused
         float32 = np.float32
+        cuda = _cupy_stand_in(capturing=False)
 
         @staticmethod
         def empty(shape, dtype):
@@ -97,6 +111,26 @@ def test_the_pointer_form_check_survives_a_refused_sync():
     with pytest.warns(RuntimeWarning, match="RuntimeError: operation not permitted when stream is capturing"):
         plan.check(Refusing, a, b, (1, 1, 2, 2))
     assert plan.pointer_form is None
+
+
+def test_the_pointer_form_check_waits_for_a_call_outside_a_capture():
+    """A plan first built inside a CUDA graph capture (after an out-of-memory error dropped the
+    plans: test_faults_gpu's graphed steps) can compare nothing there, and a check run there would
+    be captured with the step: it runs nothing, warns nothing, and keeps the pointer form aside
+    for the plan's first call outside a capture (the GPU test below runs that call)."""
+    class Capturing:
+        cuda = _cupy_stand_in(capturing=True)
+
+    def refuse(*args):
+        raise AssertionError("the check ran a plan inside the capture")
+    plan = object.__new__(cudnn._Plan)
+    form = ("execute", (0, 1, 2), 0)
+    plan.name, plan.pointer_form, plan.unchecked = "eng0", form, None
+    plan.run_public = plan.run = refuse
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan.check(Capturing, np.zeros((1, 1, 2, 2), f32), np.zeros((1, 1, 1, 1), f32), (1, 1, 2, 2))
+    assert plan.pointer_form is None and plan.unchecked is form
 
 
 def test_auto_on_numpy_arrays_never_times_cudnn(settings, tmp_path):
@@ -358,6 +392,40 @@ def test_a_first_call_on_nan_neither_drops_the_pointer_form_nor_pins_its_plan(se
     key = cudnn.tuning_key(cp, g, "fprop", cgemm.mode(cp), config.mib_bytes("cudnn_workspace_mb"))
     record = tuning.default_cache().get(key)
     assert (record is not None) == (search == "on"), record    # searched by the finite call alone
+
+
+@pytest.mark.gpu
+def test_a_plan_first_built_inside_a_capture_is_checked_at_its_first_call_outside(settings, tmp_path):
+    """A plan built inside a CUDA graph capture: the captured graph computes the convolution, no
+    warning says the forms disagree (the check, refused its syncs, said so and pinned the plan to
+    the public execute for the process), and the plan's first call outside the capture checks
+    the pointer form and takes it."""
+    cp = _need_cudnn()
+    settings(tf32=False, tune_cache=str(tmp_path / "t.json"), cudnn_tune="off")
+    rng = np.random.default_rng(24)
+    xs, ws = (2, 3, 11, 13), (5, 3, 3, 3)            # a geometry of this test's alone
+    x, w = rng.standard_normal(xs).astype(f32), rng.standard_normal(ws).astype(f32)
+    g = backends.geometry(xs, ws, (1, 1), (1, 1))
+    cudnn.fprop(cp.ones((1, 1, 4, 4), f32), cp.ones((1, 1, 3, 3), f32))   # the handle, outside the capture
+    xd, wd = cp.asarray(x), cp.asarray(w)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with stream, cgemm.relaxed_capture_mode():
+            stream.begin_capture()
+            try:
+                y = cudnn.fprop(xd, wd, (1, 1), (1, 1))
+            finally:
+                graph = stream.end_capture()
+        (plan,) = [p for k, p in cudnn._built.items() if k[1] == "fprop" and k[2] == g]
+        assert plan.pointer_form is None and plan.unchecked is not None
+        graph.launch(stream)
+        stream.synchronize()
+        again = cudnn.fprop(xd, wd, (1, 1), (1, 1))
+    assert plan.pointer_form is not None and plan.unchecked is None
+    ref = conv_reference(x, w, np.zeros((2, 5, 11, 13)), (1, 1), (1, 1))[0]
+    for got in (y, again):
+        assert rel_error(cp.asnumpy(got), ref) <= 1e-5, rel_error(cp.asnumpy(got), ref)
 
 
 @pytest.mark.gpu
