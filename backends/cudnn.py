@@ -58,6 +58,16 @@ TF32 engines run natively; given NCHW they convert both ways and hold the copies
 plans are built, searched and cached apart ("_nhwc" in the tuning key). The framework's own
 backends, and so run_pass and auto, are NCHW only: minitorch_fft.pytorch calls these passes
 directly for a channels-last layer.
+
+Bias: fprop(..., bias=b) adds b (f',) to every output plane. It runs whichever is faster for the
+geometry, layout and precision: cuDNN's conv + bias graph (a bias node after the convolution, one
+kernel), or the plain fprop's plan followed by a bias add ("unfused"), searched like a pass of its
+own ("fprop_bias" in the tuning key, the unfused pair one of its candidates; with the search off,
+the unfused pair). The fused graph is the win where cuDNN's convolution is a tensor-core kernel
+that can take the add in its epilogue: VGG-16 b64 channels-last in TF32, 5.62 ms for the 13
+convolutions with their bias against 8.16 for the convolutions and PyTorch's adds; in strict fp32
+NCHW its plans were 1.0-2.5x slower than the plain convolution with the add (H200,
+exp_bias_fusion, session 43).
 """
 import ctypes
 import functools
@@ -148,13 +158,18 @@ def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 # -- public passes ------------------------------------------------------------------------------
 
-def fprop(x, w, stride=(1, 1), padding=(0, 0), layout="nchw"):
-    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw). layout "nhwc":
-    x and w are channels-last (_checked), and so is y."""
+def fprop(x, w, stride=(1, 1), padding=(0, 0), layout="nchw", bias=None):
+    """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw), plus bias (f')
+    on every plane if given (the module docstring: fused or not). layout "nhwc": x and w are
+    channels-last (_checked), and so is y."""
     xp, x, w = _checked(layout, x=x, w=w)
     g = geometry(x.shape, w.shape, stride, padding)
+    if bias is not None:
+        bias = _checked_bias(xp, bias, g.fo)
     _require(xp)
-    return _run(xp, "fprop", g, x, w, (g.S, g.fo, g.oh, g.ow), layout)
+    if bias is None:
+        return _run(xp, "fprop", g, x, w, (g.S, g.fo, g.oh, g.ow), layout)
+    return _run(xp, "fprop_bias", g, x, w, (g.S, g.fo, g.oh, g.ow), layout, bias)
 
 
 def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), layout="nchw"):
@@ -177,6 +192,16 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), layout="nchw"):
 
 
 LAYOUTS = ("nchw", "nhwc")
+
+
+def _checked_bias(xp, bias, planes):
+    """A bias of fprop: an array of x's kind, float32, of shape (f',); made contiguous."""
+    if type(bias) is not xp.ndarray:
+        raise TypeError(f"cudnn: the bias must be a {xp.__name__} array like x, got {type(bias).__name__}")
+    if bias.dtype != np.float32 or bias.shape != (planes,):
+        raise ValueError(f"cudnn: the bias must be float32 of shape ({planes},) (one value per output plane), "
+                         f"got {bias.dtype} of shape {bias.shape}")
+    return xp.ascontiguousarray(bias)
 
 
 def _checked(layout, **arrays):
@@ -243,13 +268,15 @@ def _require(xp):
 _handles = {}   # CUDA device id -> cudnn.Handle
 _built = {}     # (device, pass, geometry, precision, workspace bytes, searched, layout) -> _Plan
 _POINTERS = ctypes.c_uint64 * 3   # a variant pack's device pointers: (a, b, out) in operand order
+_POINTERS4 = ctypes.c_uint64 * 4  # with the bias: (a, b, out, bias)
 
 
 class _Plan:
     """One built plan of a pass's graph: run(cp, a, b, out) executes it on a, b into out.
 
     a, b, out are the graph's three tensors in _graph's order ((x, w, y) for fprop, (dy, w, dx)
-    for bprop, (x, dy, dw) for accGrad), dense float32 in the graph's layout (NCHW or NHWC)."""
+    for bprop, (x, dy, dw) for accGrad), dense float32 in the graph's layout (NCHW or NHWC); c
+    the bias of fprop_bias's graph (f',), its fourth tensor."""
 
     def __init__(self, cudnn, handle, graph, uids, index, workspace):
         self.cudnn, self.handle, self.graph, self.uids = cudnn, handle, graph, uids
@@ -263,37 +290,43 @@ class _Plan:
         self.unchecked = None        # check(): the pointer form, where its check waits for a call outside a capture
         self.provisional = False     # _prepare: built for one call, unsearched (_run keeps it not)
 
-    def run(self, cp, a, b, out):
+    def run(self, cp, a, b, out, c=None):
         if self.unchecked is not None and not cp.cuda.get_current_stream().is_capturing():
             self.pointer_form, self.unchecked = self.unchecked, None
-            self.check(cp, a, b, out.shape)
+            self.check(cp, a, b, out.shape, c)
         stream = cp.cuda.get_current_stream().ptr
         if self.handle.stream != stream:        # what cudnn.set_stream checks too, one call less
             self.cudnn.set_stream(self.handle, stream)
         ws = cp.empty(self.workspace, dtype=np.uint8) if self.workspace else None
         ws_ptr = 0 if ws is None else ws.data.ptr
         ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
+        if c is not None:
+            ptrs += (c.data.ptr,)
         if self.pointer_form is None:
             self._execute_public(ptrs, ws_ptr)
         else:
             execute, order, cpp_index = self.pointer_form
-            pack = _POINTERS(ptrs[order[0]], ptrs[order[1]], ptrs[order[2]])   # alive until it returns
-            execute(ctypes.addressof(pack), 3, ws_ptr, self.handle.backend_handle, cpp_index)
+            if c is None:
+                pack = _POINTERS(ptrs[order[0]], ptrs[order[1]], ptrs[order[2]])   # alive until it returns
+            else:
+                pack = _POINTERS4(*[ptrs[i] for i in order])
+            execute(ctypes.addressof(pack), len(order), ws_ptr, self.handle.backend_handle, cpp_index)
         return out
 
-    def run_public(self, cp, a, b, out):
+    def run_public(self, cp, a, b, out, c=None):
         """run() through the frontend's public execute_plan_at_index (the check's reference, and
         the host time it costs for bench_cudnn)."""
         self.cudnn.set_stream(self.handle, cp.cuda.get_current_stream().ptr)
         ws = cp.empty(self.workspace, dtype=np.uint8) if self.workspace else None
-        self._execute_public((a.data.ptr, b.data.ptr, out.data.ptr), 0 if ws is None else ws.data.ptr)
+        ptrs = (a.data.ptr, b.data.ptr, out.data.ptr) + (() if c is None else (c.data.ptr,))
+        self._execute_public(ptrs, 0 if ws is None else ws.data.ptr)
         return out
 
     def _execute_public(self, ptrs, ws_ptr):
         self.graph.execute_plan_at_index(dict(zip(self.uids, ptrs)), ws_ptr or None, index=self.index,
                                          handle=self.handle)
 
-    def check(self, cp, a, b, out_shape):
+    def check(self, cp, a, b, out_shape, c=None):
         """Use the pointer form only where it computes what the public execute computes on a, b
         (the same plan: equal up to the order of a split reduction's atomic sums). Where a, b (the
         caller's data) give NaN or inf, which no difference compares, on random data of their shapes.
@@ -306,14 +339,15 @@ class _Plan:
         if cp.cuda.get_current_stream().is_capturing():
             self.unchecked, self.pointer_form = self.pointer_form, None
             return
-        public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32))   # a failing plan raises here
+        public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32), c)   # a failing plan raises here
         try:   # every host-device sync in here: one refused (another thread's capture) leaves the public execute
             if not bool(cp.isfinite(public).all()):
                 public = None            # freed before the random operands are drawn
                 rng = cp.random.default_rng(0)
                 a, b = (rng.standard_normal(v.shape, dtype=np.float32) for v in (a, b))
-                public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32))
-            ours = self.run(cp, a, b, cp.empty(out_shape, dtype=np.float32))
+                c = None if c is None else rng.standard_normal(c.shape, dtype=np.float32)
+                public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32), c)
+            ours = self.run(cp, a, b, cp.empty(out_shape, dtype=np.float32), c)
             err = tuning.rel_error(cp, ours, public)           # a host-device sync
             why = None if err <= CHECK_TOL else f"relative difference {err:.2e}"
         except Exception as e:  # noqa: BLE001 - another signature: the public execute serves
@@ -358,19 +392,58 @@ def _plan_key(cp, pass_name, g, layout="nchw"):
             tuning.enabled("cudnn_tune", cp), layout)
 
 
-def _run(cp, pass_name, g, a, b, out_shape, layout="nchw"):
+def _run(cp, pass_name, g, a, b, out_shape, layout="nchw", c=None):
+    return _plan(cp, pass_name, g, a, b, out_shape, layout, c).run(cp, a, b, _empty(cp, out_shape, layout), c)
+
+
+def _plan(cp, pass_name, g, a, b, out_shape, layout="nchw", c=None):
+    """The pass's plan for the current settings: the one built, else prepared (and kept, unless it
+    was built for one call only)."""
     key = _plan_key(cp, pass_name, g, layout)
     plan = _built.get(key)
     if plan is None:
-        plan = _prepare(cp, pass_name, g, *key[3:], a, b, out_shape)
+        plan = _prepare(cp, pass_name, g, *key[3:], a, b, out_shape, c)
         if not plan.provisional:     # else a later call, on finite data, searches
             _built[key] = plan
-    return plan.run(cp, a, b, _empty(cp, out_shape, layout))
+    return plan
+
+
+UNFUSED = {"name": "unfused", "engine": -1, "knobs": []}   # fprop_bias's choice of the plain plan and an add
+
+
+class _Unfused:
+    """fprop_bias as the plain fprop's plan (searched and kept as fprop's own) followed by the bias
+    added in place: run(cp, x, w, out, bias). The fused plans' rival in the search, and the choice
+    where the search is off."""
+
+    pointer_form = unchecked = None
+    provisional, workspace, name, choice = False, 0, UNFUSED["name"], UNFUSED
+
+    def __init__(self, g, layout, plain=None):
+        self.g, self.layout, self.plain = g, layout, plain
+
+    def run(self, cp, a, b, out, c):
+        plain = self.plain
+        if plain is None:   # fprop's plan, found (or prepared) at the first call
+            plain = _plan(cp, "fprop", self.g, a, b, out.shape, self.layout)
+            if not plain.provisional:
+                self.plain = plain
+        plain.run(cp, a, b, out)
+        if self.layout == "nchw":
+            out += c.reshape(1, -1, 1, 1)
+        else:                                  # NHWC memory as (positions, planes): a row-wise add
+            rows = out.transpose(0, 2, 3, 1)
+            rows += c
+        return out
+
+    def check(self, cp, a, b, out_shape, c=None):
+        """Nothing: the plain plan checked its own pointer form."""
 
 
 def _graph(cudnn, handle, pass_name, g, layout="nchw"):
-    """(the pass's one-node graph, lowered and without plans; uids of its (a, b, out) tensors), every
-    tensor laid out as `layout`."""
+    """(the pass's graph, lowered and without plans; uids of its (a, b, out) tensors, and the bias's
+    after them for fprop_bias), every tensor laid out as `layout`. One node, and for fprop_bias a
+    bias node after the convolution (its output virtual)."""
     F = cudnn.data_type.FLOAT
     graph = cudnn.pygraph(io_data_type=F, intermediate_data_type=F, compute_data_type=F, handle=handle)
     x_dims, w_dims, y_dims = [g.S, g.f, g.h, g.w], [g.fo, g.f, g.kh, g.kw], [g.S, g.fo, g.oh, g.ow]
@@ -379,9 +452,15 @@ def _graph(cudnn, handle, pass_name, g, layout="nchw"):
     # seen on an H100), which reads NCHW memory as something else.
     def tensor(name, dims):
         return graph.tensor(name=name, dim=dims, stride=_strides(dims, layout), data_type=F)
+    extra = ()
     if pass_name == "fprop":
         a, b = tensor("x", x_dims), tensor("w", w_dims)
         out, out_dims = graph.conv_fprop(a, b, **conv), y_dims
+    elif pass_name == "fprop_bias":
+        a, b, c = tensor("x", x_dims), tensor("w", w_dims), tensor("bias", [1, g.fo, 1, 1])
+        conv_out = graph.conv_fprop(a, b, **conv)
+        conv_out.set_data_type(F)
+        out, out_dims, extra = graph.bias(name="bias", input=conv_out, bias=c), y_dims, (c.uid,)
     elif pass_name == "bprop":
         a, b = tensor("dy", y_dims), tensor("w", w_dims)
         out, out_dims = graph.conv_dgrad(a, b, **conv), x_dims
@@ -392,7 +471,7 @@ def _graph(cudnn, handle, pass_name, g, layout="nchw"):
     out.set_output(True).set_data_type(F)
     graph.validate()
     graph.build_operation_graph()
-    return graph, (a.uid, b.uid, out.uid)
+    return graph, (a.uid, b.uid, out.uid) + extra
 
 
 def _dense(dims):
@@ -478,37 +557,43 @@ def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw"):
     raise RuntimeError(f"no cuDNN plan builds for {pass_name} of geometry {tuple(g)}: {reasons or 'none proposed'}")
 
 
-def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layout="nchw"):
-    """tuning.tune's record over every plan of HEURISTICS and every other engine, run on a, b;
-    its choice is the winner's _Plan.choice."""
+def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layout="nchw", c=None):
+    """tuning.tune's record over every plan of HEURISTICS and every other engine, run on a, b (and
+    the bias c of fprop_bias, whose candidates end with the unfused pair: fprop's plan, searched
+    first, and the add); its choice is the winner's _Plan.choice."""
     graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, HEURISTICS, every_engine=True,
                                  layout=layout)
     indices = _plan_indices(graph)
-    if not indices:
+    unfused = {}
+    if pass_name == "fprop_bias":
+        unfused[UNFUSED["name"]] = _Unfused(g, layout, _plan(cp, "fprop", g, a, b, out_shape, layout))
+    if not indices and not unfused:
         raise RuntimeError(f"cuDNN proposes no plan for {pass_name} of geometry {tuple(g)}")
     plans = {}   # name -> _Plan, built on first run
 
     def build(name):
+        if name in unfused:
+            return unfused[name]
         if name not in plans:
             plan = _build(cudnn, handle, graph, uids, indices[name], limit)
             if not plans:   # the pointer form is one call for every plan: checked on the first
-                plan.check(cp, a, b, out_shape)
+                plan.check(cp, a, b, out_shape, c)
             elif next(iter(plans.values())).pointer_form is None:
                 plan.pointer_form = None
             plans[name] = plan
         return plans[name]
 
-    reference = _reference(pass_name, g, a, b)
+    reference = _reference(pass_name, g, a, b, c)
     tol = cgemm.TF32_TOL if math == "tf32" else CHECK_TOL
     ran, first_ms = set(), {}   # plans run; their checked runs' ms (those that agree with gemm)
 
     def run(name):
         plan, out = build(name), _empty(cp, out_shape, layout)
         if name in ran:
-            return plan.run(cp, a, b, out)
+            return plan.run(cp, a, b, out, c)
         ran.add(name)
         for attempt in ("first", "second"):   # a second: the first can pay a one-time cost (FIRST_RUN_CUTOFF)
-            ms = tuning.timeit(lambda: plan.run(cp, a, b, out), cp, warmup=0, repeat=1)
+            ms = tuning.timeit(lambda: plan.run(cp, a, b, out, c), cp, warmup=0, repeat=1)
             if not first_ms or ms <= FIRST_RUN_CUTOFF * min(first_ms.values()) + FIRST_RUN_SLACK_MS:
                 break
         else:
@@ -519,7 +604,7 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
         return out
 
     # Disagreeing plans are expected here (FFT engines, default knobs), not kernel bugs: no warning.
-    record = tuning.tune(list(indices), run, cp, reference=reference, reference_name="gemm", tol=tol,
+    record = tuning.tune(list(indices) + list(unfused), run, cp, reference=reference, reference_name="gemm", tol=tol,
                          drop_slower=HOPELESS, inner=SEARCH_INNER)
     return dict(record, choice=build(record["choice"]).choice)   # a lone candidate was never run
 
@@ -536,7 +621,10 @@ def _replay(cudnn, handle, pass_name, g, math, limit, choice, layout="nchw"):
     """The _Plan of a cached choice, no timing. Rebuilt from its engine id and knobs on a fresh
     graph where the frontend can name every knob; else (knob_type.NOT_SET stands for a knob cuDNN
     has and the frontend's enum lacks, e.g. USE_TEX, k3 in 'eng25_k2=2_k3=0': seen on an H100 with
-    cuDNN 9.19) found by its name, which cuDNN spells with every knob, among the searched plans."""
+    cuDNN 9.19) found by its name, which cuDNN spells with every knob, among the searched plans.
+    fprop_bias's UNFUSED: the unfused pair."""
+    if pass_name == "fprop_bias" and choice == UNFUSED:
+        return _Unfused(g, layout)
     not_set = int(cudnn.knob_type.NOT_SET)
     if all(k != not_set for k, _ in choice["knobs"]):
         graph, uids = _graph(cudnn, handle, pass_name, g, layout)
@@ -555,12 +643,15 @@ def _replay(cudnn, handle, pass_name, g, math, limit, choice, layout="nchw"):
     return _build(cudnn, handle, graph, uids, index, limit)
 
 
-def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape):
+def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape, c=None):
     """The _Plan of this pass: the choice of the tuning cache (searched on a, b if new), or with
-    search off (cudnn_tune), the first plan of cuDNN's heuristic order that builds and fits."""
+    search off (cudnn_tune), the first plan of cuDNN's heuristic order that builds and fits
+    (fprop_bias: the unfused pair)."""
     cudnn, _ = _frontend()
     handle = _handle(cp, cudnn)
-    if not search:
+    if not search and pass_name == "fprop_bias":
+        plan = _Unfused(g, layout)
+    elif not search:
         plan = _first(cudnn, handle, pass_name, g, math, limit, layout)
     else:
         replayed = {}
@@ -575,12 +666,13 @@ def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape):
 
         key = tuning_key(cp, g, pass_name, math, limit, layout)
         record = tuning.remembered(key, lambda: _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape,
-                                                        layout),
-                                   valid=valid, untuned=lambda: _first(cudnn, handle, pass_name, g, math, limit,
-                                                                       layout).choice)
+                                                        layout, c),
+                                   valid=valid, untuned=lambda: (UNFUSED if pass_name == "fprop_bias" else
+                                                                 _first(cudnn, handle, pass_name, g, math, limit,
+                                                                        layout).choice))
         plan = replayed.get("plan") or _replay(cudnn, handle, pass_name, g, math, limit, record["choice"], layout)
         plan.provisional = tuning.for_this_call_only(record)   # a, b held NaN or inf: not searched
-    plan.check(cp, a, b, out_shape)
+    plan.check(cp, a, b, out_shape, c)
     return plan
 
 
@@ -594,11 +686,15 @@ def tuning_key(cp, g, pass_name, math, limit, layout="nchw"):
                       math=math)
 
 
-def _reference(pass_name, g, a, b):
+def _reference(pass_name, g, a, b, c=None):
     """gemm's output for the pass (strict fp32): what every plan is checked against."""
     stride, padding = (g.sh, g.sw), (g.ph, g.pw)
     if pass_name == "fprop":
         return gemm.fprop(a, b, stride, padding)
+    if pass_name == "fprop_bias":
+        y = gemm.fprop(a, b, stride, padding)
+        y += c.reshape(1, -1, 1, 1)
+        return y
     if pass_name == "bprop":
         return gemm.bprop(a, b, (g.S, g.f, g.h, g.w), stride, padding)
     return gemm.accgrad(b, a, (g.fo, g.f, g.kh, g.kw), stride, padding)

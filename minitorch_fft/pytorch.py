@@ -281,41 +281,46 @@ def _torch_shares_libcublas():
     return cgemm.shares_libcublas(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so"))
 
 
-def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None):
-    """One pass of backends.run_pass on tensors a, b (same device, float32); a new tensor.
+def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None, bias=None):
+    """One pass of backends.run_pass on tensors a, b (same device, float32); a new tensor, fprop's
+    with the bias added (_crossing).
     later: the layer's passes still to run on these tensors in this step (run_pass's argument:
     which spectra this pass keeps for them, inside reuse_spectra()); None is fprop's, after which
     both backward passes may run. A view of `a` is held for a later pass that takes it (fprop's x
     for accGrad, accGrad's gy for bprop), of `b` only in fprop (w, for bprop): _array."""
     nhwc = _nhwc(a, b)   # (x, w), (gy, w) or (gy, x): as the operators' fake implementations say
-    return _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a, b, later)], nhwc)[0]
+    return _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a, b, later)], nhwc, bias)[0]
 
 
-def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False):
+def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bias=None):
     """Passes of one layer, [(pass_name, a, b, later)] as _run takes them, run in order in one
     crossing: the tensors checked first, then the device's CuPy scope entered once for all of them
     (a backward's accGrad and bprop share it, where each entered its own before session 37); a new
     tensor for each pass. Each pass's two tensors are checked to share a device; the passes are one
     layer's, on one device (the first pass's: its scope serves all). nhwc: the layer is channels-last
-    (_channels_last_passes)."""
+    (_channels_last_passes). bias: added in place to the first result, fprop's (in cuDNN's graph
+    where _channels_last_passes can)."""
     for pass_name, a, b, _ in passes:
         _check_float32(pass_name, a, b)
     geometry = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
     if nhwc:
-        return _channels_last_passes(backend, geometry, passes)
+        return _channels_last_passes(backend, geometry, passes, bias)
     first = passes[0][1]
     if first.is_cpu:
-        return [torch.from_numpy(np.ascontiguousarray(_pass(pass_name, backend, a, b, None, geometry, later)))
-                for pass_name, a, b, later in passes]
-    if not first.is_cuda:
+        results = [torch.from_numpy(np.ascontiguousarray(_pass(pass_name, backend, a, b, None, geometry, later)))
+                   for pass_name, a, b, later in passes]
+    elif first.is_cuda:
+        cp, on, capture = _cuda_scope(first.get_device())
+        with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+            results = [_from_cupy(cp.ascontiguousarray(_pass(pass_name, backend, a, b, cp, geometry, later)))
+                       for pass_name, a, b, later in passes]
+    else:
         raise TypeError(f"minitorch_fft.conv2d runs on CPU and CUDA tensors, got device {first.device}")
-    cp, on, capture = _cuda_scope(first.get_device())
-    with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
-        return [_from_cupy(cp.ascontiguousarray(_pass(pass_name, backend, a, b, cp, geometry, later)))
-                for pass_name, a, b, later in passes]
+    _add_bias(results[0], bias)
+    return results
 
 
-def _channels_last_passes(backend, geometry, passes):
+def _channels_last_passes(backend, geometry, passes, bias=None):
     """A channels-last layer's passes, each result channels-last (as the fake implementations say).
     On the GPU with backend cudnn, or auto with cudnn among its candidates (the auto_backends
     setting), where cuDNN serves the geometry: cuDNN's NHWC kernels on the tensors as they are (an
@@ -323,13 +328,14 @@ def _channels_last_passes(backend, geometry, passes):
     b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in ~4 ms of a 38 ms compiled
     step and held the copies as workspace; our own backends take NCHW only, and auto does not time
     them against cuDNN's NHWC plans). Elsewhere the NCHW passes on contiguous copies, their results
-    made channels-last."""
+    made channels-last. A bias goes into cuDNN's fprop (its conv + bias graph where that is the
+    faster: backends/cudnn.py), or is added to the NCHW fprop's result before the copy."""
     x_shape, w_shape, stride, padding = geometry
     first = passes[0][1]
     cudnn = backends.get("cudnn")
     allowed = backend == "cudnn" or (backend == "auto" and "cudnn" in backends.auto_registry())   # auto_backends
     if not (first.is_cuda and allowed and cudnn.supports(x_shape, w_shape, stride, padding)):
-        plain = _crossing(backend, x_shape, w_shape, stride, padding, passes)
+        plain = _crossing(backend, x_shape, w_shape, stride, padding, passes, bias=bias)
         return [t.contiguous(memory_format=torch.channels_last) for t in plain]
     cp, on, capture = _cuda_scope(first.get_device())
     results = []
@@ -337,8 +343,13 @@ def _channels_last_passes(backend, geometry, passes):
         for pass_name, a, b, _ in passes:
             a, b = (t.contiguous(memory_format=torch.channels_last) for t in (a, b))
             a, b = (_cupy_view(t, cp, tuple(4 * s for s in t.stride())) for t in (a, b))   # dense, NHWC strides
-            third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
-            out = getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc")
+            if pass_name == "fprop":
+                extra = {} if bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
+                out = cudnn.fprop(a, b, stride=stride, padding=padding, layout="nhwc", **extra)
+                bias = None   # added: the first pass is the only fprop
+            else:
+                third = x_shape if pass_name == "bprop" else w_shape
+                out = getattr(cudnn, pass_name)(a, b, third, stride=stride, padding=padding, layout="nhwc")
             results.append(_from_cupy(out))
     return results
 
@@ -374,7 +385,7 @@ def _conv2d(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with weight (f', f, kh, kw), plus bias (f')
     if given: fprop, the bias added in place on its fresh output."""
     _check_bias(x, weight, bias)
-    return _add_bias(_run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding), bias)
+    return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding, bias=bias)
 
 
 @torch.library.custom_op("minitorch_fft::conv2d_bprop", mutates_args=())
@@ -414,7 +425,7 @@ def _conv2d_grads(gy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], 
 def _grads(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
     """(gx, gw, gb), None where not wanted: the bias's gradient, then accGrad (keeping gy's spectrum
     for bprop where it runs next, inside reuse_spectra()), then bprop. Both paths' backward."""
-    gb = gy.sum((0, 2, 3)) if want_b else None
+    gb = _bias_grad(gy) if want_b else None
     passes = []
     if want_w:   # first: the comment above EagerConv2d
         passes.append(("accgrad", gy, x, ("bprop",) if want_x else ()))
@@ -425,6 +436,35 @@ def _grads(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
     gw = next(grads) if want_w else None
     gx = next(grads) if want_x else None
     return gx, gw, gb
+
+
+_ones = {}   # CUDA device index -> a float32 vector of ones, as long as the longest asked for yet
+
+
+def _bias_grad(gy):
+    """gy (S, f', oh, ow) summed over batch and space: the bias's gradient (f'). On CUDA, where gy
+    is dense (NCHW or channels-last), one matrix-vector product with a vector of ones: cuBLAS's
+    GEMV, which TF32 settings leave alone, read gy once at near the memory's speed where
+    PyTorch's reduction over (0, 2, 3) took about twice as long (VGG-16 b64, H200: 0.94 against
+    1.79 ms a step channels-last, 1.00 against 1.49 NCHW; exp_bias_fusion, session 43). The ones
+    are kept per device (4 bytes a row of the largest gy; VGG-16 b64: 12.8 MB), but for one made
+    inside a CUDA graph capture, which lives in the graph's pool."""
+    if not gy.is_cuda or gy.dim() != 4 or gy.dtype != torch.float32 or gy.numel() == 0:
+        return gy.sum((0, 2, 3))
+    s, c, h, w = gy.shape
+    if gy.is_contiguous():
+        rows, n = gy.view(s * c, h * w), h * w          # (planes of the batch, positions)
+    elif gy.is_contiguous(memory_format=torch.channels_last):
+        rows, n = gy.permute(0, 2, 3, 1).reshape(-1, c).t(), s * h * w   # a view: (f', positions)
+    else:
+        return gy.sum((0, 2, 3))
+    ones = _ones.get(gy.device.index)
+    if ones is None or ones.numel() < n:
+        ones = torch.ones(n, dtype=torch.float32, device=gy.device)
+        if not torch.cuda.is_current_stream_capturing():
+            _ones[gy.device.index] = ones
+    sums = torch.mv(rows, ones[:n])
+    return sums if rows.shape[0] == c else sums.view(s, c).sum(0)
 
 
 def _check_bias(x, weight, bias):
@@ -534,7 +574,7 @@ class EagerConv2d(torch.autograd.Function):
         _check_bias(x, weight, bias)
         ctx.save_for_backward(x, weight)
         ctx.geometry = (stride, padding, backend)   # lists, as _setup_context keeps them
-        return _add_bias(_run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding), bias)
+        return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding, bias=bias)
 
     @staticmethod
     def backward(ctx, gy):

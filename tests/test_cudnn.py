@@ -105,8 +105,8 @@ def test_the_pointer_form_check_survives_a_refused_sync():
 
     plan = object.__new__(cudnn._Plan)
     plan.name, plan.pointer_form = "eng0", ("execute", (0, 1, 2), 0)
-    plan.run_public = lambda cp, a, b, out: out
-    plan.run = lambda cp, a, b, out: out
+    plan.run_public = lambda cp, a, b, out, c=None: out
+    plan.run = lambda cp, a, b, out, c=None: out
     a, b = np.zeros((1, 1, 2, 2), f32), np.zeros((1, 1, 1, 1), f32)
     with pytest.warns(RuntimeWarning, match="RuntimeError: operation not permitted when stream is capturing"):
         plan.check(Refusing, a, b, (1, 1, 2, 2))
@@ -213,6 +213,51 @@ def test_three_passes_channels_last(xs, ws, stride, pad, tf32, settings, tmp_pat
 def _nhwc(cp, a):
     """A's values as a CuPy array of a's shape laid out channels-last (a channels-last tensor's view)."""
     return cp.ascontiguousarray(cp.asarray(a).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("search", ["on", "off"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("tf32", [False, True], ids=["fp32", "tf32"])
+@pytest.mark.parametrize("xs,ws,stride,pad", GEOMETRIES[:2])
+def test_fprop_with_a_bias(xs, ws, stride, pad, tf32, layout, search, settings, tmp_path):
+    """fprop(..., bias=b) against float64 (y + b on every plane), in either layout and precision:
+    searched, the fused conv + bias graph's plans and the unfused pair compete under a key of their
+    own (fprop_bias), and the choice is kept; with the search off, the unfused pair. A second call
+    runs the kept plan and agrees."""
+    cp = _need_cudnn()
+    settings(tf32=tf32, tune_cache=str(tmp_path / "t.json"), cudnn_tune=search)
+    rng = np.random.default_rng(25)
+    x, w = rng.standard_normal(xs).astype(f32), rng.standard_normal(ws).astype(f32)
+    b = (rng.standard_normal(ws[0]) * 3).astype(f32)
+    g = backends.geometry(xs, ws, stride, pad)
+    y64 = conv_reference(x, w, np.zeros((g.S, g.fo, g.oh, g.ow)), stride, pad)[0] + b.astype(np.float64)[:, None, None]
+    lay = (lambda a: _nhwc(cp, a)) if layout == "nhwc" else cp.asarray
+    tol = cgemm.TF32_TOL if tf32 else cudnn.CHECK_TOL
+    for _ in range(2):
+        y = cudnn.fprop(lay(x), lay(w), stride, pad, layout=layout, bias=cp.asarray(b))
+        assert rel_error(cp.asnumpy(y), y64) <= tol, rel_error(cp.asnumpy(y), y64)
+        if layout == "nhwc":
+            assert y.transpose(0, 2, 3, 1).flags.c_contiguous, y.strides
+    (name,) = [v[0] for k, v in cudnn.built().items() if k[1] == "fprop_bias" and k[2] == g and k[-1] == layout
+               and k[3] == cgemm.mode(cp) and k[5] == (search == "on")]
+    key = cudnn.tuning_key(cp, g, "fprop_bias", cgemm.mode(cp), config.mib_bytes("cudnn_workspace_mb"), layout)
+    record = tuning.default_cache().get(key)
+    if search == "off":
+        assert name == "unfused" and record is None
+    else:
+        assert record["choice"]["name"] == name and "unfused" in set(record["ms"]) | set(record["skipped"]), record
+
+
+def test_a_bad_bias_is_refused_before_any_work():
+    """The bias is one float32 per output plane, an array of x's kind: else an error naming it."""
+    x, w = np.zeros((2, 3, 5, 5), f32), np.zeros((4, 3, 3, 3), f32)
+    with pytest.raises(ValueError, match=r"bias must be float32 of shape \(4,\)"):
+        cudnn.fprop(x, w, bias=np.zeros(3, f32))
+    with pytest.raises(ValueError, match="bias must be float32"):
+        cudnn.fprop(x, w, bias=np.zeros(4, np.float64))
+    with pytest.raises(TypeError, match="bias must be a numpy array like x"):
+        cudnn.fprop(x, w, bias=[0.0] * 4)
 
 
 @pytest.mark.gpu

@@ -145,6 +145,58 @@ def test_opcheck_channels_last(case, device):
     for mask in ([True, True, True], [False, True, False]):
         torch.library.opcheck(torch.ops.minitorch_fft.conv2d_grads,
                               (gy, x.detach(), w.detach(), list(stride), list(padding), "auto", mask))
+    bias = torch.randn(w.shape[0], device=device, requires_grad=True)   # into cuDNN's fprop on the GPU
+    torch.library.opcheck(torch.ops.minitorch_fft.conv2d, (x.detach().requires_grad_(), w.detach(),
+                                                            list(stride), list(padding), "auto", bias))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_layers_bias_and_its_gradient_against_float64(device, path, layout):
+    """A layer with a bias, NCHW and channels-last: its output (on the GPU channels-last: the bias in
+    cuDNN's fprop, fused or not) and the bias's gradient (on the GPU: one GEMV of gy) against
+    float64. cuBLAS's TF32 is on throughout, as a TF32 user's would be, and the bias's gradient
+    must still be fp32's (the GEMV takes no tensor cores; a TF32 sum of 1024 rows is off by ~3e-4).
+    The conv passes are strict fp32 (the framework's own switch, off)."""
+    x, w, stride, padding = operands((4, 6, 8, 16, 16, 3, 3, (1, 1), (1, 1)), device, seed=5)
+    bias = (torch.randn(w.shape[0], generator=torch.Generator().manual_seed(6)) * 4).to(device)
+    if layout == "channels_last":
+        x, w = channels_last(x, w)
+    x, w, bias = (t.requires_grad_() for t in (x, w, bias))
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        y = call(path, x, w, stride, padding, bias=bias)
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64) + 0.5
+        gy32 = gy.float().to(device)
+        if layout == "channels_last":
+            gy32 = channels_last(gy32)[0]
+        y.backward(gy32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
+    y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
+    y64.backward(gy)
+    assert y.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
+    for name, got, ref in (("y", y, y64), ("gx", x.grad, x64.grad), ("gw", w.grad, w64.grad),
+                           ("gb", bias.grad, b64.grad)):
+        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5, (name, rel_error(
+            got.detach().cpu().numpy(), ref.detach().numpy()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_bias_gradient_of_any_layout(device):
+    """_bias_grad: gy summed over batch and space for dense NCHW and channels-last (the GEMV on the
+    GPU), other strides (an expanded gradient, a sliced one) and none, as gy.sum((0, 2, 3)) in
+    float64; a larger gy after a smaller one (the kept ones grow)."""
+    g = torch.Generator().manual_seed(8)
+    base, large = torch.randn(3, 5, 6, 7, generator=g).to(device), torch.randn(4, 5, 9, 9, generator=g).to(device)
+    for gy in (base, base.contiguous(memory_format=torch.channels_last), base[:, :, ::2],
+               torch.randn(1, 5, 1, 1, generator=g).to(device).expand(3, 5, 6, 7), base[:0], large,
+               large.contiguous(memory_format=torch.channels_last), base):
+        want = gy.double().sum((0, 2, 3))
+        assert torch.allclose(pt._bias_grad(gy).double(), want, rtol=1e-5, atol=1e-5), gy.stride()
 
 
 @pytest.mark.gpu
