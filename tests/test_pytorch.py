@@ -186,10 +186,13 @@ def test_a_layers_bias_and_its_gradient_against_float64(device, path, layout):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_bias_gradient_of_any_layout(device):
+def test_the_bias_gradient_of_any_layout(device, monkeypatch):
     """_bias_grad: gy summed over batch and space for dense NCHW and channels-last (the GEMV on the
     GPU), other strides (an expanded gradient, a sliced one) and none, as gy.sum((0, 2, 3)) in
-    float64; a larger gy after a smaller one (the kept ones grow)."""
+    float64; a larger gy after a smaller one (the kept ones grow, up to ONES_KEPT values: longer
+    ones are the call's own)."""
+    monkeypatch.setattr(pt, "ONES_KEPT", 100)
+    monkeypatch.setattr(pt, "_ones", {})
     g = torch.Generator().manual_seed(8)
     base, large = torch.randn(3, 5, 6, 7, generator=g).to(device), torch.randn(4, 5, 9, 9, generator=g).to(device)
     for gy in (base, base.contiguous(memory_format=torch.channels_last), base[:, :, ::2],
@@ -197,6 +200,7 @@ def test_the_bias_gradient_of_any_layout(device):
                large.contiguous(memory_format=torch.channels_last), base):
         want = gy.double().sum((0, 2, 3))
         assert torch.allclose(pt._bias_grad(gy).double(), want, rtol=1e-5, atol=1e-5), gy.stride()
+        assert all(ones.numel() <= 100 for ones in pt._ones.values())
 
 
 @pytest.mark.gpu
