@@ -438,20 +438,16 @@ def _grads(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
     return gx, gw, gb
 
 
-_ones = {}   # CUDA device index -> a float32 vector of ones, as long as the longest asked for yet, up to:
-ONES_KEPT = 1 << 18   # values (1 MiB); a longer vector is made for the call
-
-
 def _bias_grad(gy):
     """gy (S, f', oh, ow) summed over batch and space: the bias's gradient (f'). On CUDA, where gy
     is dense (NCHW or channels-last), one matrix-vector product with a vector of ones: cuBLAS's
     GEMV, which TF32 settings leave alone, read gy once at near the memory's speed where
     PyTorch's reduction over (0, 2, 3) took about twice as long (VGG-16 b64, H200: 0.94 against
     1.79 ms a step channels-last, 1.00 against 1.49 NCHW; exp_bias_fusion, session 43). The ones
-    are kept per device up to ONES_KEPT values (but for one made inside a CUDA graph capture, which
-    lives in the graph's pool); a longer vector is made for the call and freed before the passes
-    run: kept, VGG-16 b64's 12.25 MiB one (a value per position of conv1's channels-last gy) put
-    the converted step's peak 12.25 MiB over the stock model's (session 43, call 3)."""
+    are the call's own, freed before the passes run: any vector kept across calls is memory the
+    stock model does not hold at its peak (kept, VGG-16 b64's longest, 12.25 MiB, put the
+    converted step's peak that much over the stock model's; kept up to 1 MiB, 0.77 MiB: session
+    43, calls 3 and 4)."""
     if not gy.is_cuda or gy.dim() != 4 or gy.dtype != torch.float32 or gy.numel() == 0:
         return gy.sum((0, 2, 3))
     s, c, h, w = gy.shape
@@ -461,12 +457,7 @@ def _bias_grad(gy):
         rows, n = gy.permute(0, 2, 3, 1).reshape(-1, c).t(), s * h * w   # a view: (f', positions)
     else:
         return gy.sum((0, 2, 3))
-    ones = _ones.get(gy.device.index)
-    if ones is None or ones.numel() < n:
-        ones = torch.ones(n, dtype=torch.float32, device=gy.device)
-        if n <= ONES_KEPT and not torch.cuda.is_current_stream_capturing():
-            _ones[gy.device.index] = ones
-    sums = torch.mv(rows, ones[:n])
+    sums = torch.mv(rows, torch.ones(n, dtype=torch.float32, device=gy.device))
     return sums if rows.shape[0] == c else sums.view(s, c).sum(0)
 
 
