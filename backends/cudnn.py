@@ -1,6 +1,6 @@
 """cudnn: NVIDIA cuDNN's convolution on CuPy arrays, through cuDNN's Python frontend.
 
-  fprop   y  = conv_fprop(x, W)      cuDNN operation graphs of one node each, float32 in and
+  fprop   y  = conv_fprop(x, W)      cuDNN operation graphs of one node each (and a bias), float32 in and
   bprop   gx = conv_dgrad(gy, W)     out, compute type float; the arrays' device pointers go
   accGrad gW = conv_wgrad(x, gy)     to cuDNN as they are (dense NCHW, or NHWC: Layout), nothing is copied
 
@@ -198,9 +198,11 @@ def _checked_bias(xp, bias, planes):
     """A bias of fprop: an array of x's kind, float32, of shape (f',); made contiguous."""
     if type(bias) is not xp.ndarray:
         raise TypeError(f"cudnn: the bias must be a {xp.__name__} array like x, got {type(bias).__name__}")
-    if bias.dtype != np.float32 or bias.shape != (planes,):
-        raise ValueError(f"cudnn: the bias must be float32 of shape ({planes},) (one value per output plane), "
-                         f"got {bias.dtype} of shape {bias.shape}")
+    if bias.dtype != np.float32:
+        raise TypeError(f"cudnn: the bias must be float32 (backends do not cast), got {bias.dtype}")
+    if bias.shape != (planes,):
+        raise ValueError(f"cudnn: the bias must have shape ({planes},) (one value per output plane), "
+                         f"got {bias.shape}")
     return xp.ascontiguousarray(bias)
 
 
@@ -266,7 +268,7 @@ def _require(xp):
 # -- graphs, plans and their execution ----------------------------------------------------------
 
 _handles = {}   # CUDA device id -> cudnn.Handle
-_built = {}     # (device, pass, geometry, precision, workspace bytes, searched, layout) -> _Plan
+_built = {}     # (device, pass, geometry, precision, workspace bytes, searched, layout) -> _Plan (_Unfused)
 _POINTERS = ctypes.c_uint64 * 3   # a variant pack's device pointers: (a, b, out) in operand order
 _POINTERS4 = ctypes.c_uint64 * 4  # with the bias: (a, b, out, bias)
 
@@ -292,8 +294,12 @@ class _Plan:
 
     def run(self, cp, a, b, out, c=None):
         if self.unchecked is not None and not cp.cuda.get_current_stream().is_capturing():
-            self.pointer_form, self.unchecked = self.unchecked, None
-            self.check(cp, a, b, out.shape, c)
+            form, self.pointer_form, self.unchecked = self.unchecked, self.unchecked, None
+            try:
+                self.check(cp, a, b, out.shape, c)
+            except BaseException:   # (out of memory for the check's outputs): checked at a later call
+                self.pointer_form, self.unchecked = None, form
+                raise
         stream = cp.cuda.get_current_stream().ptr
         if self.handle.stream != stream:        # what cudnn.set_stream checks too, one call less
             self.cudnn.set_stream(self.handle, stream)
@@ -336,7 +342,11 @@ class _Plan:
         outside a capture, which checks (run())."""
         if self.pointer_form is None:
             return
-        if cp.cuda.get_current_stream().is_capturing():
+        try:
+            capturing = cp.cuda.get_current_stream().is_capturing()
+        except Exception:  # noqa: BLE001 - the legacy stream while another captures: as good as capturing
+            capturing = True
+        if capturing:
             self.unchecked, self.pointer_form = self.pointer_form, None
             return
         public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32), c)   # a failing plan raises here
@@ -417,18 +427,20 @@ class _Unfused:
     where the search is off."""
 
     pointer_form = unchecked = None
-    provisional, workspace, name, choice = False, 0, UNFUSED["name"], UNFUSED
+    provisional, workspace, name = False, 0, UNFUSED["name"]   # built(): its workspace is the plain plan's
 
     def __init__(self, g, layout, plain=None):
-        self.g, self.layout, self.plain = g, layout, plain
+        self.g, self.layout, self.plain, self.choice = g, layout, plain, dict(UNFUSED)
 
-    def run(self, cp, a, b, out, c):
+    def run(self, cp, a, b, out, c=None):
         plain = self.plain
         if plain is None:   # fprop's plan, found (or prepared) at the first call
             plain = _plan(cp, "fprop", self.g, a, b, out.shape, self.layout)
             if not plain.provisional:
                 self.plain = plain
         plain.run(cp, a, b, out)
+        if c is None:
+            return out
         if self.layout == "nchw":
             out += c.reshape(1, -1, 1, 1)
         else:                                  # NHWC memory as (positions, planes): a row-wise add
@@ -561,12 +573,19 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     """tuning.tune's record over every plan of HEURISTICS and every other engine, run on a, b (and
     the bias c of fprop_bias, whose candidates end with the unfused pair: fprop's plan, searched
     first, and the add); its choice is the winner's _Plan.choice."""
-    graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, HEURISTICS, every_engine=True,
-                                 layout=layout)
-    indices = _plan_indices(graph)
     unfused = {}
     if pass_name == "fprop_bias":
         unfused[UNFUSED["name"]] = _Unfused(g, layout, _plan(cp, "fprop", g, a, b, out_shape, layout))
+    try:
+        graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, HEURISTICS, every_engine=True,
+                                     layout=layout)
+        indices = _plan_indices(graph)
+    except Exception as e:  # noqa: BLE001 - the conv + bias graph is not cuDNN's to run here: the unfused pair
+        if not unfused:
+            raise
+        warnings.warn(f"cudnn: no plan of the conv + bias graph for geometry {tuple(g)} ({type(e).__name__}: "
+                      f"{e}"[:300] + "); the convolution and an add instead", RuntimeWarning, stacklevel=2)
+        graph, uids, indices = None, None, {}
     if not indices and not unfused:
         raise RuntimeError(f"cuDNN proposes no plan for {pass_name} of geometry {tuple(g)}")
     plans = {}   # name -> _Plan, built on first run

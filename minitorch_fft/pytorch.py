@@ -4,7 +4,7 @@
     model = convert(torchvision.models.alexnet())      # every nn.Conv2d it can serve, in place
 
 `torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend, bias=None)` runs the framework's
-fprop and adds the bias (the backends compute none); its backward is one more operator,
+fprop and adds the bias (in place, or inside cuDNN's fprop for a channels-last layer on cudnn); its backward is one more operator,
 conv2d_grads, which gives the bias's gradient first and then runs accGrad and bprop, each only
 where its input needs a gradient, accGrad first (the input gradient, usually the larger output, is
 then not alive during accGrad's workspace, often the larger one: the comment above EagerConv2d),
@@ -383,7 +383,7 @@ def _check_float32(what, a, b):
 def _conv2d(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[int], backend: str,
             bias: Optional[Tensor] = None) -> Tensor:
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with weight (f', f, kh, kw), plus bias (f')
-    if given: fprop, the bias added in place on its fresh output."""
+    if given: fprop, the bias added in place on its fresh output (or inside cuDNN's fprop: _crossing)."""
     _check_bias(x, weight, bias)
     return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding, bias=bias)
 
@@ -440,15 +440,20 @@ def _grads(gy, x, weight, stride, padding, backend, want_x, want_w, want_b):
 
 def _bias_grad(gy):
     """gy (S, f', oh, ow) summed over batch and space: the bias's gradient (f'). On CUDA, where gy
-    is dense (NCHW or channels-last), one matrix-vector product with a vector of ones: cuBLAS's
-    GEMV, which TF32 settings leave alone, read gy once at near the memory's speed where
+    is dense (NCHW or channels-last), a matrix-vector product with a vector of ones (cuBLAS's
+    GEMV, which PyTorch runs with TF32 off whatever its settings; NCHW then sums the batch's (S,
+    f') partial sums): it reads gy once at near the memory's speed where
     PyTorch's reduction over (0, 2, 3) took about twice as long (VGG-16 b64, H200: 0.94 against
     1.79 ms a step channels-last, 1.00 against 1.49 NCHW; exp_bias_fusion, session 43). The ones
     are the call's own, freed before the passes run: any vector kept across calls is memory the
     stock model does not hold at its peak (kept, VGG-16 b64's longest, 12.25 MiB, put the
     converted step's peak that much over the stock model's; kept up to 1 MiB, 0.77 MiB: session
-    43, calls 3 and 4)."""
-    if not gy.is_cuda or gy.dim() != 4 or gy.dtype != torch.float32 or gy.numel() == 0:
+    43, calls 3 and 4). Like any of PyTorch's GEMMs, the first on a stream makes PyTorch's cuBLAS
+    workspace for it (32 MiB on an H200), kept: a model without a Linear layer of its own holds it
+    beside the stock model's peak. Under autocast (mv is among its float16 operations) and
+    deterministic algorithms (PyTorch's cuBLAS GEMV asks for CUBLAS_WORKSPACE_CONFIG), the sum."""
+    if (not gy.is_cuda or gy.dim() != 4 or gy.dtype != torch.float32 or gy.numel() == 0
+            or torch.is_autocast_enabled("cuda") or torch.are_deterministic_algorithms_enabled()):
         return gy.sum((0, 2, 3))
     s, c, h, w = gy.shape
     if gy.is_contiguous():
@@ -668,7 +673,8 @@ class Conv2d(torch.nn.Conv2d):
 
     def forward(self, x):
         # the bias goes into the operator, which adds it in place on its fresh output (as
-        # nn.Conv2d's cuDNN path does: no second output-sized tensor) and returns its gradient
+        # nn.Conv2d's cuDNN path does: no second output-sized tensor; a channels-last layer on
+        # cuDNN may add it inside the convolution) and returns its gradient
         # from the layer's backward operator (conv2d_grads: why)
         return conv2d(x, self.weight, self.stride, self.padding, self.backend, self.bias)
 

@@ -185,24 +185,37 @@ def test_a_layers_bias_and_its_gradient_against_float64(device, path, layout):
             got.detach().cpu().numpy(), ref.detach().numpy()))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_the_bias_gradient_of_any_layout(device):
-    """_bias_grad: gy summed over batch and space for dense NCHW and channels-last (the GEMV on the
-    GPU), other strides (an expanded gradient, a sliced one) and none, as gy.sum((0, 2, 3)) in
-    float64; on the GPU it keeps no memory across calls (the step's peak: session 43)."""
+@pytest.mark.gpu
+def test_the_bias_gradient_of_any_layout():
+    """_bias_grad on the GPU: gy summed over batch and space for dense NCHW and channels-last (the
+    GEMV), other strides (an expanded gradient, a sliced one: the sum) and none, as gy.sum((0, 2,
+    3)) in float64; nothing of it stays allocated (the step's peak: session 43); under autocast
+    and deterministic algorithms, the sum."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = "cuda"
     g = torch.Generator().manual_seed(8)
-    if device == "cuda":   # cuBLAS's first call on a stream allocates PyTorch's workspace for it (32 MiB), kept
-        torch.mv(torch.ones(2, 2, device=device), torch.ones(2, device=device))
+    # cuBLAS's first call on a stream allocates PyTorch's workspace for it (32 MiB), kept
+    torch.mv(torch.ones(2, 2, device=device), torch.ones(2, device=device))
     base, large = torch.randn(3, 5, 6, 7, generator=g).to(device), torch.randn(4, 5, 9, 9, generator=g).to(device)
     for gy in (base, base.contiguous(memory_format=torch.channels_last), base[:, :, ::2],
                torch.randn(1, 5, 1, 1, generator=g).to(device).expand(3, 5, 6, 7), base[:0], large,
                large.contiguous(memory_format=torch.channels_last), base):
         want = gy.double().sum((0, 2, 3))
-        before = torch.cuda.memory_allocated() if device == "cuda" else 0
+        before = torch.cuda.memory_allocated()
         got = pt._bias_grad(gy)
         assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5), gy.stride()
-        if device == "cuda":
-            assert torch.cuda.memory_allocated() - before <= 512   # the result's block alone (512-byte rounding)
+        assert torch.cuda.memory_allocated() - before <= 512   # the result's block alone (512-byte rounding)
+        got = None
+    gy = base.contiguous(memory_format=torch.channels_last)
+    with torch.autocast("cuda"):
+        assert pt._bias_grad(gy).dtype == torch.float32
+    saved = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.allclose(pt._bias_grad(gy).double(), gy.double().sum((0, 2, 3)), rtol=1e-5, atol=1e-5)
+    finally:
+        torch.use_deterministic_algorithms(saved)
 
 
 @pytest.mark.gpu
