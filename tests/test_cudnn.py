@@ -81,6 +81,24 @@ def _cupy_stand_in(capturing):
     return types.SimpleNamespace(get_current_stream=lambda: _Stream(capturing))
 
 
+_FORM = ("execute", (0, 1, 2), 0)   # a pointer form, as _pointer_form gives it
+
+
+def _stub_plan(**attrs):
+    """A _Plan without cuDNN: named eng0, holding _FORM, with attrs set (run, check, ...)."""
+    plan = object.__new__(cudnn._Plan)
+    plan.name, plan.pointer_form, plan.unchecked = "eng0", _FORM, None
+    for name, value in attrs.items():
+        setattr(plan, name, value)
+    return plan
+
+
+def _raising(error):
+    def call(*args):
+        raise error
+    return call
+
+
 def test_the_pointer_form_check_survives_a_refused_sync():
     """_Plan.check's host-device syncs (the finiteness test, the difference) can be refused
     outside a capture of its own stream too (another thread's capture in global mode): the check
@@ -103,10 +121,7 @@ def test_the_pointer_form_check_survives_a_refused_sync():
                     raise RuntimeError("operation not permitted when stream is capturing")
             return Pending()
 
-    plan = object.__new__(cudnn._Plan)
-    plan.name, plan.pointer_form = "eng0", ("execute", (0, 1, 2), 0)
-    plan.run_public = lambda cp, a, b, out, c=None: out
-    plan.run = lambda cp, a, b, out, c=None: out
+    plan = _stub_plan(run_public=lambda cp, a, b, out, c=None: out, run=lambda cp, a, b, out, c=None: out)
     a, b = np.zeros((1, 1, 2, 2), f32), np.zeros((1, 1, 1, 1), f32)
     with pytest.warns(RuntimeWarning, match="RuntimeError: operation not permitted when stream is capturing"):
         plan.check(Refusing, a, b, (1, 1, 2, 2))
@@ -121,16 +136,12 @@ def test_the_pointer_form_check_waits_for_a_call_outside_a_capture():
     class Capturing:
         cuda = _cupy_stand_in(capturing=True)
 
-    def refuse(*args):
-        raise AssertionError("the check ran a plan inside the capture")
-    plan = object.__new__(cudnn._Plan)
-    form = ("execute", (0, 1, 2), 0)
-    plan.name, plan.pointer_form, plan.unchecked = "eng0", form, None
-    plan.run_public = plan.run = refuse
+    refuse = _raising(AssertionError("the check ran a plan inside the capture"))
+    plan = _stub_plan(run_public=refuse, run=refuse)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         plan.check(Capturing, np.zeros((1, 1, 2, 2), f32), np.zeros((1, 1, 1, 1), f32), (1, 1, 2, 2))
-    assert plan.pointer_form is None and plan.unchecked is form
+    assert plan.pointer_form is None and plan.unchecked is _FORM
 
 
 def test_a_deferred_check_that_fails_is_deferred_again():
@@ -140,15 +151,12 @@ def test_a_deferred_check_that_fails_is_deferred_again():
     class Free:
         cuda = _cupy_stand_in(capturing=False)
 
-    def no_memory(*args):
-        raise MemoryError("out of memory allocating the check's output")
-    plan = object.__new__(cudnn._Plan)
-    form = ("execute", (0, 1, 2), 0)
-    plan.name, plan.pointer_form, plan.unchecked, plan.check = "eng0", None, form, no_memory
+    plan = _stub_plan(pointer_form=None, unchecked=_FORM,
+                      check=_raising(MemoryError("out of memory allocating the check's output")))
     out = np.zeros((1, 1, 2, 2), f32)
     with pytest.raises(MemoryError):
         plan.run(Free, np.zeros((1, 1, 2, 2), f32), np.zeros((1, 1, 1, 1), f32), out)
-    assert plan.pointer_form is None and plan.unchecked is form
+    assert plan.pointer_form is None and plan.unchecked is _FORM
 
 
 def test_auto_on_numpy_arrays_never_times_cudnn(settings, tmp_path):
