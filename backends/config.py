@@ -40,7 +40,7 @@ class ConfigError(ValueError):
 
 Setting = namedtuple("Setting", "name env kind default doc keyed")
 # kind: "bool" (0 or 1), "tune" (auto, on or off), "mib" (a size in MiB, > 0 and finite),
-# "fraction" ([0, 1)), "count" (an int >= 0), "path", "text", "names" (backend names, comma-separated, kept as a tuple;
+# "fraction" ([0, 1)), "count" (an int >= 0), "positive" (an int >= 1), "path", "text", "names" (backend names, comma-separated, kept as a tuple;
 # which names exist is checked where the registry is, backends.auto_registry). keyed: part of snapshot().
 
 SETTINGS = {s.name: s for s in (
@@ -99,13 +99,13 @@ SETTINGS = {s.name: s for s in (
     # Data-parallel training (minitorch_fft.distributed): the variables torchrun sets, and
     # train.py --gpus sets for the processes it starts. WORLD_SIZE set means "this is one rank".
     Setting("rank", "RANK", "count", None, "data-parallel: this process's rank, 0 .. WORLD_SIZE-1", False),
-    Setting("world_size", "WORLD_SIZE", "count", None,
+    Setting("world_size", "WORLD_SIZE", "positive", None,
             "data-parallel: the number of processes (one per GPU); unset: not a data-parallel rank", False),
     Setting("local_rank", "LOCAL_RANK", "count", None,
             "data-parallel: this process's GPU on its host (unset: RANK)", False),
     Setting("master_addr", "MASTER_ADDR", "text", None,
             "data-parallel: rank 0's host, where it hands out the NCCL id", False),
-    Setting("master_port", "MASTER_PORT", "count", None, "data-parallel: rank 0's TCP port there", False),
+    Setting("master_port", "MASTER_PORT", "positive", None, "data-parallel: rank 0's TCP port there", False),
 )}
 
 _overrides = []   # a stack of {name: value}, innermost last
@@ -244,7 +244,8 @@ def table():
 # -- parsing and checking ------------------------------------------------------------------------
 
 _ALLOWED = {"bool": "0 or 1", "tune": "auto, on or off", "mib": "MiB > 0",
-            "fraction": "0 <= x < 1", "count": "an integer >= 0", "path": "a file path", "text": "any text",
+            "fraction": "0 <= x < 1", "count": "an integer >= 0",
+            "positive": "an integer >= 1", "path": "a file path", "text": "any text",
             "names": "backend names, comma-separated, or ours"}
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -277,8 +278,8 @@ def _parse(name, raw):
         if not _in_range(s.kind, value):
             raise bad
         return value
-    if s.kind == "count":
-        if not re.fullmatch(r"[0-9]+", raw.strip()):
+    if s.kind in ("count", "positive"):
+        if not re.fullmatch(r"[0-9]+", raw.strip()) or (s.kind == "positive" and int(raw) < 1):
             raise bad
         return int(raw)
     if s.kind == "path":
@@ -323,6 +324,7 @@ def _check(s, value):
           "path": lambda v: isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
           "text": lambda v: isinstance(v, str),
           "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+          "positive": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
           "names": lambda v: isinstance(v, (str, tuple, list)) and _names(_items(v)) is not None}[s.kind]
     if not ok(value):
         raise ConfigError(f"setting {s.name} ({s.env}) takes {_ALLOWED[s.kind]}, got {value!r}")

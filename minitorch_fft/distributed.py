@@ -74,8 +74,6 @@ def launched():
     if world is None:
         return None
     rank, local, addr, port = (config.get(n) for n in ("rank", "local_rank", "master_addr", "master_port"))
-    if world < 1:
-        raise ValueError(f"WORLD_SIZE={world}: a data-parallel run needs at least 1 process")
     if rank is None or rank >= world:
         raise ValueError(f"RANK={rank}: a rank 0 .. WORLD_SIZE-1 = {world - 1} is needed with WORLD_SIZE set")
     if world > 1 and (not addr or port is None or not 0 < port < 65536):

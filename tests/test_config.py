@@ -38,7 +38,8 @@ def test_the_environment_sets_a_value(monkeypatch, name, raw, value):
     ("gemm_workspace_mb", "-5"), ("gemm_workspace_mb", "nan"), ("cufft_workspace_mb", "1e400"),
     ("auto_margin", "1"), ("auto_margin", "-0.01"), ("auto_margin", "3%"),
     ("tf32", "yes"), ("tf32", "true"), ("direct_tune", "of"), ("auto_tune", "sometimes"),
-    ("tune_cache", " "), ("world_size", "-1"), ("rank", "1.5"), ("master_port", "x"), ("auto_backends", ""), ("auto_backends", "gemm,,fbfft"), ("auto_backends", "GEMM"),
+    ("tune_cache", " "), ("world_size", "-1"), ("world_size", "0"), ("rank", "1.5"), ("master_port", "x"),
+    ("master_port", "0"), ("auto_backends", ""), ("auto_backends", "gemm,,fbfft"), ("auto_backends", "GEMM"),
 ])
 def test_a_bad_value_names_the_variable_and_the_limit(monkeypatch, name, raw):
     s = config.SETTINGS[name]
