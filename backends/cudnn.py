@@ -167,9 +167,7 @@ def fprop(x, w, stride=(1, 1), padding=(0, 0), layout="nchw", bias=None):
     if bias is not None:
         bias = _checked_bias(xp, bias, g.fo)
     _require(xp)
-    if bias is None:
-        return _run(xp, "fprop", g, x, w, (g.S, g.fo, g.oh, g.ow), layout)
-    return _run(xp, "fprop_bias", g, x, w, (g.S, g.fo, g.oh, g.ow), layout, bias)
+    return _run(xp, "fprop" if bias is None else "fprop_bias", g, x, w, (g.S, g.fo, g.oh, g.ow), layout, bias)
 
 
 def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), layout="nchw"):
@@ -439,17 +437,20 @@ class _Unfused:
             if not plain.provisional:
                 self.plain = plain
         plain.run(cp, a, b, out)
-        if c is None:
-            return out
-        if self.layout == "nchw":
-            out += c.reshape(1, -1, 1, 1)
-        else:                                  # NHWC memory as (positions, planes): a row-wise add
-            rows = out.transpose(0, 2, 3, 1)
-            rows += c
-        return out
+        return out if c is None else _add_planes(out, c, self.layout)
 
     def check(self, cp, a, b, out_shape, c=None):
         """Nothing: the plain plan checked its own pointer form."""
+
+
+def _add_planes(out, c, layout):
+    """out += c (f',) on every plane, in place; out laid out as `layout`."""
+    if layout == "nchw":
+        out += c.reshape(1, -1, 1, 1)
+    else:                                  # NHWC memory as (positions, planes): a row-wise add
+        rows = out.transpose(0, 2, 3, 1)
+        rows += c
+    return out
 
 
 def _graph(cudnn, handle, pass_name, g, layout="nchw"):
@@ -557,7 +558,10 @@ def _plan_indices(graph):
 
 
 def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw"):
-    """The first plan of cuDNN's heuristic order (UNTUNED_HEURISTICS) that builds and fits."""
+    """The first plan of cuDNN's heuristic order (UNTUNED_HEURISTICS) that builds and fits; for
+    fprop_bias, untimed, the unfused pair (its fused plans' speed varies too much to take one blind)."""
+    if pass_name == "fprop_bias":
+        return _Unfused(g, layout)
     graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, UNTUNED_HEURISTICS, every_engine=False,
                                  layout=layout)
     reasons = {}
@@ -668,9 +672,7 @@ def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape, c=N
     (fprop_bias: the unfused pair)."""
     cudnn, _ = _frontend()
     handle = _handle(cp, cudnn)
-    if not search and pass_name == "fprop_bias":
-        plan = _Unfused(g, layout)
-    elif not search:
+    if not search:
         plan = _first(cudnn, handle, pass_name, g, math, limit, layout)
     else:
         replayed = {}
@@ -686,9 +688,8 @@ def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape, c=N
         key = tuning_key(cp, g, pass_name, math, limit, layout)
         record = tuning.remembered(key, lambda: _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape,
                                                         layout, c),
-                                   valid=valid, untuned=lambda: (UNFUSED if pass_name == "fprop_bias" else
-                                                                 _first(cudnn, handle, pass_name, g, math, limit,
-                                                                        layout).choice))
+                                   valid=valid, untuned=lambda: _first(cudnn, handle, pass_name, g, math, limit,
+                                                                       layout).choice)
         plan = replayed.get("plan") or _replay(cudnn, handle, pass_name, g, math, limit, record["choice"], layout)
         plan.provisional = tuning.for_this_call_only(record)   # a, b held NaN or inf: not searched
     plan.check(cp, a, b, out_shape, c)
@@ -711,9 +712,7 @@ def _reference(pass_name, g, a, b, c=None):
     if pass_name == "fprop":
         return gemm.fprop(a, b, stride, padding)
     if pass_name == "fprop_bias":
-        y = gemm.fprop(a, b, stride, padding)
-        y += c.reshape(1, -1, 1, 1)
-        return y
+        return _add_planes(gemm.fprop(a, b, stride, padding), c, "nchw")
     if pass_name == "bprop":
         return gemm.bprop(a, b, (g.S, g.f, g.h, g.w), stride, padding)
     return gemm.accgrad(b, a, (g.fo, g.f, g.kh, g.kw), stride, padding)
