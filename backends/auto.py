@@ -34,12 +34,16 @@ a backend whose GPU path is not measured yet, or not within auto's error bound. 
 
 On the CPU nothing is timed unless ``MINITORCH_AUTO_TUNE=on``: the first backend in
 PREFERENCE that supports the geometry is used, which keeps CPU runs deterministic and fast.
+
+Channels-last layers (nhwc_route, for the PyTorch adapter): cuDNN's NHWC plans take the tensors as
+they are; every other backend takes NCHW. Per pass, auto times the two routes (cuDNN's NHWC plans,
+or copies to NCHW, auto's NCHW choice and the result copied back) and caches the faster.
 """
 from collections import Counter
 
 import numpy as np
 
-from . import cgemm, config, cufft_buffers, gemm, tuning
+from . import cgemm, config, cufft_buffers, gemm, reuse, tuning
 from .common import PASSES, geometry, plain_args
 
 # Untimed order (CPU default): cheapest-to-set-up first; cudnn last (GPU arrays only).
@@ -357,3 +361,84 @@ def format_choices():
         lines.append(f"{str((S, f, h, w)):<22}{str((fo, f, kh, kw)):<22}{str((sh, sw)):<8}{str((ph, pw)):<8}"
                      f"{r['pass']:<9}{r['math']:<6}{r['backend']:<8} {ms}{why}")
     return "\n".join(lines)
+
+
+# -- channels-last layers: cuDNN's NHWC plans, or our NCHW passes on copies --------------------------
+
+ROUTES = ("cudnn", "nchw")   # in tie order: cuDNN's plans copy nothing (no extra memory, no copy kernels)
+_routes = {}          # _fast_key of ("nhwc", pass) -> route: the per-call path
+_route_records = {}   # tuning key -> record, this process's route choices (route_choices())
+
+
+def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
+    """How auto runs `pass_name` of a channels-last layer (operands and result laid out NHWC) on
+    `xp`'s GPU: "cudnn", cuDNN's NHWC plans on the arrays as they are, or "nchw", the operands copied
+    to NCHW, the pass run as auto runs NCHW passes (run_nchw: backends.run_pass) and its result copied
+    back to NHWC. The caller has checked that registry holds cudnn and that it supports the geometry.
+
+    The first call per device, geometry, pass, precision and label() times both routes, copies
+    included, on fresh channels-last data by the tuning recipe, each checked against gemm as auto's
+    candidates are, and caches the record beside auto's own choices (backend field label() +
+    ":nhwc"); a tie within margin() goes to "cudnn". Tuning off (MINITORCH_AUTO_TUNE): "cudnn",
+    untimed. A record stands while it is in the cache, also after auto's NCHW choice under it is
+    tuned again (delete the cache to time the routes anew). Timed alone, each route pays its own
+    copies: in a layer's backward the adapter copies gradOutput once for both NCHW passes, so the
+    "nchw" route's times are upper bounds there."""
+    fast = _fast_key(f"nhwc:{pass_name}", x_shape, w_shape, stride, padding, xp)
+    route = _routes.get(fast) if fast is not None else None
+    if route is not None:
+        return route
+    if not tuning.enabled("auto_tune", xp):
+        return "cudnn"
+    key = tuning.key(xp, np.float32, _geometry_key(x_shape, w_shape, stride, padding), pass_name,
+                     label() + ":nhwc")
+    record = _route_records.get(key)
+    if record is None:
+        with reuse.suspended():   # a timed route pays for its own FFTs, every repeat
+            record = tuning.remembered(key, lambda: _tune_route(registry["cudnn"], run_nchw, pass_name, x_shape,
+                                                                w_shape, stride, padding, xp),
+                                       valid=lambda choice: choice in ROUTES)
+        _route_records[key] = record
+    if fast is not None:
+        _routes[fast] = record["choice"]
+    return record["choice"]
+
+
+def _nhwc(xp, a):
+    """The values of 4-d `a` laid out channels-last (a copy): what a channels-last tensor's memory holds."""
+    return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+
+def _tune_route(cudnn, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
+    """tuning.tune over ROUTES for one pass, each checked against gemm on the NCHW data."""
+    nchw = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
+    a, b = (_nhwc(xp, t) for t in nchw[:2])
+    third = nchw[2:]
+    reference = getattr(gemm, pass_name)(*nchw, stride=stride, padding=padding)
+    del nchw
+
+    def run(route):
+        if route == "cudnn":
+            return getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc")
+        out = run_nchw("auto", pass_name, xp.ascontiguousarray(a), xp.ascontiguousarray(b), *third,
+                       x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=())
+        return _nhwc(xp, out)
+
+    tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
+    try:
+        return tuning.tune(ROUTES, run, xp, reference=reference, reference_name="gemm", tol=tol, margin=margin(),
+                           prefer=ROUTES.index, explain=lambda route: "tie order: no layout copies first")
+    except RuntimeError as e:
+        raise RuntimeError(f"auto: neither route ran {pass_name} of channels-last input {tuple(x_shape)}, "
+                           f"weight {tuple(w_shape)}: {e}") from None
+    finally:
+        cufft_buffers.release_buffers()   # as _tune: a timed cufft pass's buffers are not kept
+
+
+def route_choices():
+    """This process's channels-last route choices, as choices() gives auto's: JSON-able dicts."""
+    rows = []
+    for (device, dtype, math, geom, pass_name, _), rec in _route_records.items():
+        rows.append({"device": device, "dtype": dtype, "math": math, "geometry": list(geom), "pass": pass_name,
+                     "route": rec["choice"], "ms": rec["ms"], "skipped": rec["skipped"], "why": rec["why"]})
+    return rows

@@ -38,13 +38,15 @@ Channels-last: a layer whose input or weight is channels-last (model.to(memory_f
 torch.channels_last), channels-last inputs) gives channels-last results, forward and backward, as
 the fake implementations declare and as PyTorch's cuDNN convolutions decide (a tensor that is both
 NCHW and NHWC, one plane or 1x1 planes, says nothing: a grayscale first layer's input).
-On the GPU with backend cudnn, or auto with cudnn among its candidates (auto_backends), where cuDNN
-is installed, its passes run cuDNN's NHWC plans on the tensors as they are (backends.cudnn, layout
-"nhwc"): no layout conversion, and in TF32 mode
-the VGG-16 step's compiled peak under the stock model's (session 42). Our own algorithms take NCHW
-only, and auto does not time them against those plans, so a channels-last model is a cuDNN model
-here: keep a strict-fp32 model NCHW to use them. Elsewhere (CPU, another backend, no cuDNN) the
-NCHW passes run on contiguous copies and their results are laid out channels-last again. The NHWC
+On the GPU with backend cudnn, where cuDNN is installed, the passes run cuDNN's NHWC plans on the
+tensors as they are (backends.cudnn, layout "nhwc"): no layout conversion, and in TF32 mode the
+VGG-16 step's compiled peak under the stock model's (session 42). Our own algorithms take NCHW
+only: with auto and cudnn among its candidates (auto_backends), each pass takes the route auto timed
+for it, once per geometry, pass and precision (backends.nhwc_route): cuDNN's NHWC plans, or copies
+to NCHW, auto's NCHW pass and the result copied back (the faster, copies included; the copies' memory
+is not weighed). Elsewhere (CPU, another
+backend, no cuDNN) the NCHW passes run on contiguous copies and their results are laid out
+channels-last again. The NHWC
 calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
@@ -70,6 +72,7 @@ the stock model's 1499; a step 9.0 against 9.6 ms measured alone, 9.82 against 9
 bench_pytorch's run). A view is held only until its last pass (accGrad takes x last, bprop gy and w). Keep
 the block outside a torch.compile'd function (Dynamo does not trace it).
 """
+import collections
 import contextlib
 import functools
 import logging
@@ -322,36 +325,77 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
 
 def _channels_last_passes(backend, geometry, passes, bias=None):
     """A channels-last layer's passes, each result channels-last (as the fake implementations say).
-    On the GPU with backend cudnn, or auto with cudnn among its candidates (the auto_backends
-    setting), where cuDNN serves the geometry: cuDNN's NHWC kernels on the tensors as they are (an
-    operand in the other layout copied to channels-last first), with no layout conversion (VGG-16
-    b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in ~4 ms of a 38 ms compiled
-    step and held the copies as workspace; our own backends take NCHW only, and auto does not time
-    them against cuDNN's NHWC plans). Elsewhere the NCHW passes on contiguous copies, their results
-    made channels-last. A bias goes into cuDNN's fprop (its conv + bias graph where that is the
-    faster: backends/cudnn.py), or is added to the NCHW fprop's result before the copy."""
+    On the GPU with backend cudnn, where cuDNN serves the geometry: cuDNN's NHWC kernels on the
+    tensors as they are (an operand in the other layout copied to channels-last first), with no
+    layout conversion (VGG-16 b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in
+    ~4 ms of a 38 ms compiled step and held the copies as workspace). With auto and cudnn among its
+    candidates (the auto_backends setting), each pass takes the route auto timed for it
+    (backends.nhwc_route): those NHWC kernels, or our NCHW passes on copies (_nchw_passes).
+    Elsewhere (CPU, another backend, no cuDNN) the NCHW passes on copies. A bias goes into cuDNN's
+    fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is added to the
+    NCHW fprop's result before the copy."""
     x_shape, w_shape, stride, padding = geometry
     first = passes[0][1]
     cudnn = backends.get("cudnn")
     allowed = backend == "cudnn" or (backend == "auto" and "cudnn" in backends.auto_registry())   # auto_backends
     if not (first.is_cuda and allowed and cudnn.supports(x_shape, w_shape, stride, padding)):
-        plain = _crossing(backend, x_shape, w_shape, stride, padding, passes, bias=bias)
-        return [t.contiguous(memory_format=torch.channels_last) for t in plain]
+        return _nchw_passes(backend, geometry, passes, bias)
     cp, on, capture = _cuda_scope(first.get_device())
-    results = []
     with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
-        for pass_name, a, b, _ in passes:
-            a, b = (t.contiguous(memory_format=torch.channels_last) for t in (a, b))
-            a, b = (_cupy_view(t, cp, tuple(4 * s for s in t.stride())) for t in (a, b))   # dense, NHWC strides
-            if pass_name == "fprop":
-                extra = {} if bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
-                out = cudnn.fprop(a, b, stride=stride, padding=padding, layout="nhwc", **extra)
-                bias = None   # added: the first pass is the only fprop
-            else:
-                third = x_shape if pass_name == "bprop" else w_shape
-                out = getattr(cudnn, pass_name)(a, b, third, stride=stride, padding=padding, layout="nhwc")
-            results.append(_from_cupy(out))
+        routes = ["cudnn" if backend == "cudnn" else backends.nhwc_route(p[0], x_shape, w_shape, stride, padding, cp)
+                  for p in passes]
+        if "nchw" not in routes:
+            return [_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias) for pass_name, a, b, _ in passes]
+    results, copies = [], {}
+    uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
+    for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
+        if route == "cudnn":
+            cp, on, capture = _cuda_scope(first.get_device())
+            with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+                results.append(_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias))
+        else:   # fprop's copies feed no later pass (accGrad copies x anew): later=() keeps no view of them
+            results += _nchw_passes(backend, geometry, [(pass_name, *_contiguous(copies, a, b),
+                                                         () if pass_name == "fprop" else later)],
+                                    bias if pass_name == "fprop" else None)
+        for t in (a, b):   # a copy lives until the layer's last pass on its tensor (x's only for accGrad)
+            uses[id(t)] -= 1
+            if not uses[id(t)]:
+                copies.pop(id(t), None)
     return results
+
+
+def _nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias):
+    """One pass on cuDNN's NHWC plans, as a channels-last tensor (inside the device's CuPy scope); the
+    bias, if given, into fprop's (the only pass that takes one)."""
+    x_shape, w_shape, stride, padding = geometry
+    a, b = (t.contiguous(memory_format=torch.channels_last) for t in (a, b))
+    a, b = (_cupy_view(t, cp, tuple(4 * s for s in t.stride())) for t in (a, b))   # dense, NHWC strides
+    if pass_name == "fprop":
+        extra = {} if bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
+        return _from_cupy(cudnn.fprop(a, b, stride=stride, padding=padding, layout="nhwc", **extra))
+    third = x_shape if pass_name == "bprop" else w_shape
+    return _from_cupy(getattr(cudnn, pass_name)(a, b, third, stride=stride, padding=padding, layout="nhwc"))
+
+
+def _contiguous(copies, *tensors):
+    """Each tensor as an NCHW (contiguous) one, one copy per tensor object in `copies`: a layer's
+    passes on the same gradOutput share its copy, and so, inside reuse_spectra(), its spectrum."""
+    out = []
+    for t in tensors:
+        if not t.is_contiguous():
+            if id(t) not in copies:
+                copies[id(t)] = t.contiguous()
+            t = copies[id(t)]
+        out.append(t)
+    return out
+
+
+def _nchw_passes(backend, geometry, passes, bias):
+    """A channels-last layer's passes run as NCHW ones (_crossing, on contiguous copies of their
+    operands), each result copied back to channels-last."""
+    x_shape, w_shape, stride, padding = geometry
+    plain = _crossing(backend, x_shape, w_shape, stride, padding, passes, bias=bias)
+    return [t.contiguous(memory_format=torch.channels_last) for t in plain]
 
 
 def _pass(pass_name, backend, a, b, cp, geometry, later):

@@ -49,6 +49,8 @@ def tuner(tmp_path, monkeypatch):
     monkeypatch.setenv("MINITORCH_AUTO_TUNE", "on")
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "tune.json"))
     monkeypatch.setattr(auto, "_memory", {})
+    monkeypatch.setattr(auto, "_routes", {})
+    monkeypatch.setattr(auto, "_route_records", {})
     return tmp_path / "tune.json"
 
 
@@ -458,3 +460,72 @@ def test_a_processs_first_settings_block_gets_a_label_of_its_own():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
                          cwd=pathlib.Path(__file__).resolve().parents[1]).stdout.split()
     assert out == ["True", "auto", "auto{cudnn_workspace_mb=1024}", "True", "auto"]
+
+
+class NhwcStandIn:
+    """cuDNN's NHWC passes as the route tuner calls them, on NumPy: gemm on NCHW copies, the result laid
+    out channels-last. `sleep` seconds a call; `wrong` scales the result. Counts its calls."""
+
+    def __init__(self, sleep=0.0, wrong=False):
+        self.sleep, self.wrong, self.calls = sleep, wrong, []
+
+    def __getattr__(self, pass_name):
+        def run(a, b, *rest, stride, padding, layout):
+            assert layout == "nhwc" and a.transpose(0, 2, 3, 1).flags.c_contiguous   # as a channels-last tensor
+            self.calls.append(pass_name)
+            time.sleep(self.sleep)
+            out = getattr(gemm, pass_name)(np.ascontiguousarray(a), np.ascontiguousarray(b), *rest,
+                                           stride=stride, padding=padding)
+            return auto._nhwc(np, out * np.float32(2 if self.wrong else 1))
+        return run
+
+
+def nchw_stand_in(sleep):
+    """run_pass as nhwc_route calls it: the NCHW pass on contiguous arrays; `sleep` seconds a call."""
+    calls = []
+
+    def run(name, pass_name, a, b, *rest, x_shape, w_shape, stride, padding, later):
+        assert name == "auto" and later == () and a.flags.c_contiguous and b.flags.c_contiguous
+        calls.append(pass_name)
+        time.sleep(sleep)
+        return getattr(gemm, pass_name)(a, b, *rest, stride=stride, padding=padding)
+    run.calls = calls
+    return run
+
+
+@pytest.mark.parametrize("slow", ["cudnn", "nchw"])
+def test_a_channels_last_pass_takes_the_faster_route_once_and_caches_it(tuner, monkeypatch, slow):
+    """nhwc_route times cuDNN's NHWC plans against the NCHW passes on copies, per pass; the record goes
+    to the tuning cache under its own key (label() + ":nhwc") and answers a new process untimed."""
+    cudnn = NhwcStandIn(sleep=0.01 if slow == "cudnn" else 0.0)
+    run = nchw_stand_in(sleep=0.01 if slow == "nchw" else 0.0)
+    want = "nchw" if slow == "cudnn" else "cudnn"
+    for pass_name in ("fprop", "bprop", "accgrad"):
+        assert auto.nhwc_route({"cudnn": cudnn}, run, pass_name, **GEOM, xp=np) == want
+    assert sorted(set(cudnn.calls)) == sorted(set(run.calls)) == ["accgrad", "bprop", "fprop"]
+    rows = auto.route_choices()
+    assert {r["pass"] for r in rows} == {"fprop", "bprop", "accgrad"}
+    assert all(r["route"] == want and set(r["ms"]) == {"cudnn", "nchw"} for r in rows)
+    assert all(k[-1] == "auto:nhwc" for k in auto._route_records)
+    timed = len(cudnn.calls)
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) == want     # remembered
+    monkeypatch.setattr(auto, "_routes", {})            # a new process: from the cache file, untimed
+    monkeypatch.setattr(auto, "_route_records", {})
+    monkeypatch.setattr(tuning, "_memo", {})
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "bprop", **GEOM, xp=np) == want
+    assert len(cudnn.calls) == timed
+    assert auto.remembered(backends._REGISTRY, "fprop", **GEOM) is None   # auto's own choices apart
+
+
+def test_a_channels_last_route_that_disagrees_with_gemm_is_skipped(tuner):
+    cudnn = NhwcStandIn(wrong=True)     # fast and wrong
+    assert auto.nhwc_route({"cudnn": cudnn}, nchw_stand_in(0.01), "fprop", **GEOM, xp=np) == "nchw"
+    assert "disagrees with gemm" in auto.route_choices()[0]["skipped"]["cudnn"]
+
+
+def test_a_channels_last_route_is_not_timed_with_tuning_off(tuner, monkeypatch):
+    """Tuning off: cuDNN's NHWC plans, untimed and not cached (no NCHW choice needed either)."""
+    monkeypatch.setenv("MINITORCH_AUTO_TUNE", "off")
+    cudnn, run = NhwcStandIn(), nchw_stand_in(0.0)
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) == "cudnn"
+    assert cudnn.calls == run.calls == [] and auto.route_choices() == [] and not tuner.exists()

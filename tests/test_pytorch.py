@@ -235,6 +235,65 @@ def test_channels_last_without_cudnn_among_autos_candidates(settings):
     assert not [k for k in backends.get("cudnn").built() if k[2] == g and k[-1] == "nhwc"]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("routes", [("nchw", "nchw", "nchw"), ("nchw", "cudnn", "nchw"), ("cudnn", "nchw", "cudnn")],
+                         ids=["all_nchw", "mixed", "mixed_other"])
+def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes):
+    """auto's channels-last routes (backends.nhwc_route) taken per pass, here forced: fprop, accGrad and
+    bprop each on cuDNN's NHWC plans or on NCHW copies, the bias with fprop; every result channels-last
+    and equal to float64, the layer's NCHW passes run on copies (run_pass sees contiguous arrays)."""
+    if not backends.get("cudnn").available():
+        pytest.skip("cuDNN's frontend is not installed")
+    settings(tf32=False)
+    chosen = dict(zip(("fprop", "accgrad", "bprop"), routes))
+    asked, nchw_ran = [], []
+    monkeypatch.setattr(backends, "nhwc_route", lambda p, *a, **k: asked.append(p) or chosen[p])
+    real = backends.run_pass
+
+    def run_pass(name, pass_name, a, b, *rest, **kw):
+        assert a.flags.c_contiguous and b.flags.c_contiguous
+        nchw_ran.append(pass_name)
+        return real(name, pass_name, a, b, *rest, **kw)
+    monkeypatch.setattr(backends, "run_pass", run_pass)
+    x, w, stride, padding = operands((4, 6, 8, 13, 11, 3, 3, (1, 1), (1, 1)), "cuda", seed=5)
+    bias = torch.randn(8, generator=torch.Generator().manual_seed(2)).cuda().requires_grad_()
+    x, w = (t.requires_grad_() for t in channels_last(x, w))
+    y = conv2d(x, w, stride, padding, bias=bias)
+    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
+    y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
+    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y.backward(gy.float().cuda().contiguous(memory_format=torch.channels_last))
+    y64.backward(gy)
+    assert sorted(asked) == ["accgrad", "bprop", "fprop"]
+    assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw")
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
+        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_channels_last_auto_times_both_routes_per_pass(settings, tmp_path):
+    """On the GPU, auto with cudnn among its candidates times a channels-last layer's routes once per
+    pass (backends.nhwc_route), records both routes' times, and keeps the choice for the next call."""
+    if not backends.get("cudnn").available():
+        pytest.skip("cuDNN's frontend is not installed")
+    settings(tf32=False, tune_cache=str(tmp_path / "tune.json"))
+    x, w, stride, padding = operands((8, 16, 24, 20, 20, 5, 5, (1, 1), (2, 2)), "cuda", seed=7)   # a geometry of its own
+    x, w = (t.requires_grad_() for t in channels_last(x, w))
+    y = conv2d(x, w, stride, padding)
+    y.backward(torch.ones_like(y))
+    g = backends.geometry(tuple(x.shape), tuple(w.shape), stride, padding)
+    rows = [r for r in backends.auto.route_choices() if tuple(r["geometry"][:4]) == (g.S, g.f, g.fo, g.h)]
+    assert {r["pass"] for r in rows} == {"fprop", "bprop", "accgrad"}
+    assert all(r["route"] in ("cudnn", "nchw") and set(r["ms"]) | set(r["skipped"]) == {"cudnn", "nchw"}
+               for r in rows)
+    import cupy
+    for r in rows:
+        assert backends.nhwc_route(r["pass"], tuple(x.shape), tuple(w.shape), stride, padding, cupy) == r["route"]
+    ref = TF.conv2d(x.detach().double().cpu(), w.detach().double().cpu(), stride=stride, padding=padding)
+    assert rel_error(y.detach().cpu().numpy(), ref.numpy()) <= 1e-5
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_weight_decides_where_the_input_says_nothing(device):
     """As PyTorch's cuDNN convolutions: an NCHW input with a channels-last weight gives channels-last
