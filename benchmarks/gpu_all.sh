@@ -11,10 +11,20 @@ export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1   # keeps a carried wheel
 out=${OUT:-/tmp}
 nvidia-smi -L
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
-# six workers, a file each (the lent H100s have pytest-xdist). Session 13: 209 s with five on a machine
+# Workers take a file each (the lent machines have pytest-xdist). Session 13: 209 s with five on a machine
 # whose kernel caches were warm; on a fresh machine the CUDA compiles come first and five workers ran
-# past 330 s, six past 420 s with two tests left (test_reliability's, 113 s alone): give it a whole call.
-# PYTEST_WORKERS sets the count (a machine with more CPU cores).
-python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n "${PYTEST_WORKERS:-6}" --dist loadfile tests/ 2>&1 \
-    | tee "$out/pytest_gpu.log" | tail -25
+# past 330 s, six past 420 s with two tests left: give it a whole call. PYTEST_WORKERS sets the count
+# (a machine with more CPU cores). test_reliability's random geometries are the longest test by far
+# (290-370 s on an H200, sessions 43-44), and under xdist it started behind other files (session 44: the
+# suite 515 s, near a call's 600): its file runs in a process of its own, started first, beside the
+# rest on one worker fewer; its log is appended to pytest_gpu.log.
+python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=5 tests/test_reliability.py \
+    > "$out/pytest_gpu_reliability.log" 2>&1 &
+reliability=$!
+workers=${PYTEST_WORKERS:-6}
+python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n "$(( workers > 2 ? workers - 1 : 1 ))" \
+    --dist loadfile --ignore=tests/test_reliability.py tests/ 2>&1 | tee "$out/pytest_gpu.log" | tail -25
+wait "$reliability"
+{ echo "== tests/test_reliability.py, its own process =="; cat "$out/pytest_gpu_reliability.log"; } >> "$out/pytest_gpu.log"
+tail -3 "$out/pytest_gpu_reliability.log"
 python3 -m benchmarks.gpu_check_fbfft --no-timing --out "$out" 2>&1 | tee "$out/gpu_check_fbfft.log" | tail -40
