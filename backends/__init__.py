@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from . import auto, common, config, cudnn, cufft, direct, fbfft, gemm, polyphase, reuse, tiledfft, winograd
+from . import auto, common, config, cudnn, cufft, direct, fbfft, gemm, layout, polyphase, reuse, tiledfft, winograd
 from .common import PASSES, geometry
 from .reuse import reuse_spectra
 from .device import get_array_module

@@ -43,7 +43,7 @@ from collections import Counter
 
 import numpy as np
 
-from . import cgemm, config, cufft_buffers, gemm, reuse, tuning
+from . import cgemm, config, cufft_buffers, gemm, layout, reuse, tuning
 from .common import PASSES, geometry, plain_args
 
 # Untimed order (CPU default): cheapest-to-set-up first; cudnn last (GPU arrays only).
@@ -404,15 +404,10 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     return record["choice"]
 
 
-def _nhwc(xp, a):
-    """The values of 4-d `a` laid out channels-last (a copy): what a channels-last tensor's memory holds."""
-    return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-
-
 def _tune_route(cudnn, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
     """tuning.tune over ROUTES for one pass, each checked against gemm on the NCHW data."""
     nchw = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
-    a, b = (_nhwc(xp, t) for t in nchw[:2])
+    a, b = (layout.to_nhwc(t) for t in nchw[:2])   # the same values, laid out as a channels-last layer's
     third = nchw[2:]
     reference = getattr(gemm, pass_name)(*nchw, stride=stride, padding=padding)
     del nchw
@@ -420,9 +415,9 @@ def _tune_route(cudnn, run_nchw, pass_name, x_shape, w_shape, stride, padding, x
     def run(route):
         if route == "cudnn":
             return getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc")
-        out = run_nchw("auto", pass_name, xp.ascontiguousarray(a), xp.ascontiguousarray(b), *third,
+        out = run_nchw("auto", pass_name, layout.to_nchw(a), layout.to_nchw(b), *third,
                        x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=())
-        return _nhwc(xp, out)
+        return layout.to_nhwc(out)   # the adapter's copies, the same kernels (backends/layout.py)
 
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     try:

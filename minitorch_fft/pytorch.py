@@ -349,14 +349,21 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     results, copies = [], {}
     uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
     for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
+        cp, on, capture = _cuda_scope(first.get_device())
         if route == "cudnn":
-            cp, on, capture = _cuda_scope(first.get_device())
             with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
                 results.append(_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias))
-        else:   # fprop's copies feed no later pass (accGrad copies x anew): later=() keeps no view of them
-            results += _nchw_passes(backend, geometry, [(pass_name, *_contiguous(copies, a, b),
-                                                         () if pass_name == "fprop" else later)],
-                                    bias if pass_name == "fprop" else None)
+        else:
+            with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+                a2, b2 = (_nchw_copy(copies, t, cp) for t in (a, b))
+            # fprop's copies feed no later pass (accGrad copies x anew): later=() keeps no view of them
+            y = _crossing(backend, x_shape, w_shape, stride, padding,
+                          [(pass_name, a2, b2, () if pass_name == "fprop" else later)],
+                          bias=bias if pass_name == "fprop" else None)[0]
+            del a2, b2
+            with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+                results.append(_from_cupy(backends.layout.to_nhwc(_cupy_view(y, cp))))
+            del y
         for t in (a, b):   # a copy lives until the layer's last pass on its tensor (x's only for accGrad)
             uses[id(t)] -= 1
             if not uses[id(t)]:
@@ -377,17 +384,17 @@ def _nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias):
     return _from_cupy(getattr(cudnn, pass_name)(a, b, third, stride=stride, padding=padding, layout="nhwc"))
 
 
-def _contiguous(copies, *tensors):
-    """Each tensor as an NCHW (contiguous) one, one copy per tensor object in `copies`: a layer's
-    passes on the same gradOutput share its copy, and so, inside reuse_spectra(), its spectrum."""
-    out = []
-    for t in tensors:
-        if not t.is_contiguous():
-            if id(t) not in copies:
-                copies[id(t)] = t.contiguous()
-            t = copies[id(t)]
-        out.append(t)
-    return out
+def _nchw_copy(copies, t, cp):
+    """t as an NCHW (contiguous) tensor, inside the device's CuPy scope: t itself, or one copy per
+    tensor object kept in `copies` (a layer's passes on the same gradOutput share its copy, and so,
+    inside reuse_spectra(), its spectrum). A channels-last tensor is copied by backends.layout's
+    transpose, the kernel auto timed the route with; any other layout by PyTorch."""
+    if t.is_contiguous():
+        return t
+    if id(t) not in copies:
+        copies[id(t)] = (_from_cupy(backends.layout.to_nchw(_cupy_view(t, cp, tuple(4 * s for s in t.stride()))))
+                         if _channels_last(t) else t.contiguous())
+    return copies[id(t)]
 
 
 def _nchw_passes(backend, geometry, passes, bias):
