@@ -348,20 +348,20 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
             return [_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias) for pass_name, a, b, _ in passes]
     results, copies = [], {}
     uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
+    index = first.get_device()
     for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
-        cp, on, capture = _cuda_scope(first.get_device())
         if route == "cudnn":
-            with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+            with _scope(index) as cp:
                 results.append(_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias))
         else:
-            with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+            with _scope(index) as cp:
                 a2, b2 = (_nchw_copy(copies, t, cp) for t in (a, b))
             # fprop's copies feed no later pass (accGrad copies x anew): later=() keeps no view of them
             y = _crossing(backend, x_shape, w_shape, stride, padding,
                           [(pass_name, a2, b2, () if pass_name == "fprop" else later)],
                           bias=bias if pass_name == "fprop" else None)[0]
             del a2, b2
-            with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+            with _scope(index) as cp:
                 results.append(_from_cupy(backends.layout.to_nhwc(_cupy_view(y, cp))))
             del y
         for t in (a, b):   # a copy lives until the layer's last pass on its tensor (x's only for accGrad)
@@ -369,6 +369,15 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
             if not uses[id(t)]:
                 copies.pop(id(t), None)
     return results
+
+
+@contextlib.contextmanager
+def _scope(index):
+    """The device's CuPy scope (_cuda_scope), entered; yields cupy. A capture's context is made anew
+    each time: cgemm.capturing's can be entered once."""
+    cp, on, capture = _cuda_scope(index)
+    with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+        yield cp
 
 
 def _nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias):

@@ -272,6 +272,45 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes):
 
 
 @pytest.mark.gpu
+def test_channels_last_nchw_routes_in_a_cuda_graph(monkeypatch, settings):
+    """A channels-last layer whose passes take the "nchw" route (and one the "cudnn" route) captured in
+    a CUDA graph with its backward: each pass enters the device's scope more than once (the copies,
+    the pass, the copy back), every time with a capture context of its own; the replay equals eager."""
+    if not backends.get("cudnn").available():
+        pytest.skip("cuDNN's frontend is not installed")
+    settings(tf32=False)
+    chosen = {"fprop": "nchw", "accgrad": "nchw", "bprop": "cudnn"}
+    monkeypatch.setattr(backends, "nhwc_route", lambda p, *a, **k: chosen[p])
+    conv = Conv2d(6, 8, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(4, 6, 13, 11, device="cuda").contiguous(memory_format=torch.channels_last).requires_grad_()
+
+    def step():
+        conv.zero_grad(set_to_none=False)
+        x.grad = None
+        y = conv(x)
+        y.backward(torch.ones_like(y))
+        return y
+    ref = [t.detach().clone() for t in (step(), conv.weight.grad, conv.bias.grad)]
+    ref_gx = x.grad.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()                                          # warm-up on the capture's stream, as PyTorch advises
+    torch.cuda.current_stream().wait_stream(side)
+    conv.zero_grad(set_to_none=True)                    # the captured backward makes them in its pool
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = conv(x)
+        y.backward(torch.ones_like(y))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    for got, want in ((y, ref[0]), (conv.weight.grad, ref[1]), (conv.bias.grad, ref[2]), (x.grad, ref_gx)):
+        assert rel_error(got.detach().cpu().numpy(), want.cpu().numpy()) <= 1e-6
+
+
+@pytest.mark.gpu
 def test_channels_last_auto_times_both_routes_per_pass(settings, tmp_path):
     """On the GPU, auto with cudnn among its candidates times a channels-last layer's routes once per
     pass (backends.nhwc_route), records both routes' times, and keeps the choice for the next call."""
