@@ -56,8 +56,8 @@ declares NHWC strides for every tensor and the result is laid out so too. That i
 TF32 engines run natively; given NCHW they convert both ways and hold the copies as workspace
 (VGG-16 conv1_2's TF32 bprop, b64: a 1568 MiB workspace, benchmarks/NOTES.md session 42). NHWC
 plans are built, searched and cached apart ("_nhwc" in the tuning key). The framework's own
-backends, and so run_pass and auto, are NCHW only: minitorch_fft.pytorch calls these passes
-directly for a channels-last layer.
+backends, and so run_pass, are NCHW only: minitorch_fft.pytorch calls these passes directly for a
+channels-last layer, under auto where auto.nhwc_route timed them faster than the NCHW passes on copies.
 
 Bias: fprop(..., bias=b) adds b (f',) to every output plane. It runs whichever is faster for the
 geometry, layout and precision: cuDNN's conv + bias graph (a bias node after the convolution, one
