@@ -53,7 +53,7 @@ def _check(a):
                          f"dtype {getattr(a, 'dtype', None)}")
     if a.size // max(a.shape[0], 1) >= 2**31:
         raise ValueError(f"layout: an image of {a.size // a.shape[0]} floats (shape {a.shape}); the copy "
-                         "takes fewer than 2^31 a image")
+                         "takes fewer than 2^31 an image")
 
 
 def _transpose(cp, src, dst, images, rows, cols):

@@ -24,7 +24,12 @@ reliability=$!
 workers=${PYTEST_WORKERS:-6}
 python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n "$(( workers > 2 ? workers - 1 : 1 ))" \
     --dist loadfile --ignore=tests/test_reliability.py tests/ 2>&1 | tee "$out/pytest_gpu.log" | tail -25
+rest_rc=${PIPESTATUS[0]}
 wait "$reliability"
+reliability_rc=$?
 { echo "== tests/test_reliability.py, its own process =="; cat "$out/pytest_gpu_reliability.log"; } >> "$out/pytest_gpu.log"
 tail -3 "$out/pytest_gpu_reliability.log"
+echo "pytest exit status: the rest $rest_rc, test_reliability $reliability_rc" | tee -a "$out/pytest_gpu.log"
 python3 -m benchmarks.gpu_check_fbfft --no-timing --out "$out" 2>&1 | tee "$out/gpu_check_fbfft.log" | tail -40
+check_rc=${PIPESTATUS[0]}
+exit $(( rest_rc || reliability_rc || check_rc ))   # non-zero where any part failed

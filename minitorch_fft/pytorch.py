@@ -330,7 +330,8 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     layout conversion (VGG-16 b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in
     ~4 ms of a 38 ms compiled step and held the copies as workspace). With auto and cudnn among its
     candidates (the auto_backends setting), each pass takes the route auto timed for it
-    (backends.nhwc_route): those NHWC kernels, or our NCHW passes on copies (_nchw_passes).
+    (backends.nhwc_route): those NHWC kernels, or our NCHW passes on copies made by backends.layout's
+    transpose (_nchw_copy), their results copied back.
     Elsewhere (CPU, another backend, no cuDNN) the NCHW passes on copies. A bias goes into cuDNN's
     fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is added to the
     NCHW fprop's result before the copy."""
@@ -348,27 +349,38 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
             return [_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias) for pass_name, a, b, _ in passes]
     results, copies = [], {}
     uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
+    route_of = {p[0]: route for p, route in zip(passes, routes)}
     index = first.get_device()
     for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
         if route == "cudnn":
             with _scope(index) as cp:
                 results.append(_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias))
+            _release_copies(copies, uses, a, b)
         else:
             with _scope(index) as cp:
                 a2, b2 = (_nchw_copy(copies, t, cp) for t in (a, b))
-            # fprop's copies feed no later pass (accGrad copies x anew): later=() keeps no view of them
-            y = _crossing(backend, x_shape, w_shape, stride, padding,
-                          [(pass_name, a2, b2, () if pass_name == "fprop" else later)],
+            # Views and spectra are kept only for a later pass of this crossing that also runs NCHW on the
+            # same copies: fprop's feed none (the backward copies x anew, and even an NCHW x is seen as a
+            # new view), and a backward pass on cuDNN's plans takes neither (kept, they would live until
+            # the reuse_spectra() block ends: gy's copy, 822 MB on VGG-16 conv1_2 at b64)
+            kept = () if pass_name == "fprop" else tuple(p for p in later or () if route_of.get(p) == "nchw")
+            y = _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a2, b2, kept)],
                           bias=bias if pass_name == "fprop" else None)[0]
             del a2, b2
+            _release_copies(copies, uses, a, b)   # before the copy back: its output then may take their blocks
             with _scope(index) as cp:
                 results.append(_from_cupy(backends.layout.to_nhwc(_cupy_view(y, cp))))
             del y
-        for t in (a, b):   # a copy lives until the layer's last pass on its tensor (x's only for accGrad)
-            uses[id(t)] -= 1
-            if not uses[id(t)]:
-                copies.pop(id(t), None)
     return results
+
+
+def _release_copies(copies, uses, *tensors):
+    """Count one use of each tensor off `uses`; drop its NCHW copy after the layer's last pass on it
+    (x's after accGrad, gy's after bprop)."""
+    for t in tensors:
+        uses[id(t)] -= 1
+        if not uses[id(t)]:
+            copies.pop(id(t), None)
 
 
 @contextlib.contextmanager
@@ -395,9 +407,10 @@ def _nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias):
 
 def _nchw_copy(copies, t, cp):
     """t as an NCHW (contiguous) tensor, inside the device's CuPy scope: t itself, or one copy per
-    tensor object kept in `copies` (a layer's passes on the same gradOutput share its copy, and so,
-    inside reuse_spectra(), its spectrum). A channels-last tensor is copied by backends.layout's
-    transpose, the kernel auto timed the route with; any other layout by PyTorch."""
+    tensor object kept in `copies` (a layer's passes on the same gradOutput share its copy; inside
+    reuse_spectra(), where both backward passes run NCHW on FFT backends that share spectra, accGrad's
+    gy spectrum then serves bprop). A channels-last tensor is copied by backends.layout's transpose,
+    the kernel auto timed the route with; any other layout by PyTorch."""
     if t.is_contiguous():
         return t
     if id(t) not in copies:

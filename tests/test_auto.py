@@ -512,9 +512,13 @@ def test_a_channels_last_pass_takes_the_faster_route_once_and_caches_it(tuner, m
     monkeypatch.setattr(auto, "_routes", {})            # a new process: from the cache file, untimed
     monkeypatch.setattr(auto, "_route_records", {})
     monkeypatch.setattr(tuning, "_memo", {})
+    monkeypatch.setattr(tuning, "_caches", {})          # read from the file again
     assert auto.nhwc_route({"cudnn": cudnn}, run, "bprop", **GEOM, xp=np) == want
     assert len(cudnn.calls) == timed
-    assert auto.remembered(backends._REGISTRY, "fprop", **GEOM) is None   # auto's own choices apart
+    assert auto.choices() == []                         # auto's own records apart, in memory and on disk
+    geom = auto._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
+    assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", auto.label())) is None
+    assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc"))["choice"] == want
 
 
 def test_a_channels_last_route_that_disagrees_with_gemm_is_skipped(tuner):

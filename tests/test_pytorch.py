@@ -240,34 +240,39 @@ def test_channels_last_without_cudnn_among_autos_candidates(settings):
                          ids=["all_nchw", "mixed", "mixed_other"])
 def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes):
     """auto's channels-last routes (backends.nhwc_route) taken per pass, here forced: fprop, accGrad and
-    bprop each on cuDNN's NHWC plans or on NCHW copies, the bias with fprop; every result channels-last
-    and equal to float64, the layer's NCHW passes run on copies (run_pass sees contiguous arrays)."""
+    bprop each on cuDNN's NHWC plans or on NCHW copies, the bias with fprop. Every result, the backward
+    operator's own included, is channels-last and equal to float64; the backward copies gradOutput at most
+    once (for both NCHW passes); inside reuse_spectra() no view outlives the backward (a pass on cuDNN's
+    plans takes none an NCHW pass kept)."""
     if not backends.get("cudnn").available():
         pytest.skip("cuDNN's frontend is not installed")
     settings(tf32=False)
     chosen = dict(zip(("fprop", "accgrad", "bprop"), routes))
-    asked, nchw_ran = [], []
+    asked, nchw_ran, copied = [], [], []
     monkeypatch.setattr(backends, "nhwc_route", lambda p, *a, **k: asked.append(p) or chosen[p])
-    real = backends.run_pass
-
-    def run_pass(name, pass_name, a, b, *rest, **kw):
-        assert a.flags.c_contiguous and b.flags.c_contiguous
-        nchw_ran.append(pass_name)
-        return real(name, pass_name, a, b, *rest, **kw)
-    monkeypatch.setattr(backends, "run_pass", run_pass)
+    real_run, real_copy = backends.run_pass, backends.layout.to_nchw
+    monkeypatch.setattr(backends, "run_pass", lambda name, p, *a, **k: nchw_ran.append(p) or real_run(name, p, *a, **k))
+    monkeypatch.setattr(backends.layout, "to_nchw", lambda a: copied.append(tuple(a.shape)) or real_copy(a))
     x, w, stride, padding = operands((4, 6, 8, 13, 11, 3, 3, (1, 1), (1, 1)), "cuda", seed=5)
     bias = torch.randn(8, generator=torch.Generator().manual_seed(2)).cuda().requires_grad_()
     x, w = (t.requires_grad_() for t in channels_last(x, w))
-    y = conv2d(x, w, stride, padding, bias=bias)
     x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
     y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
     gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    y.backward(gy.float().cuda().contiguous(memory_format=torch.channels_last))
+    gy32 = gy.float().cuda().contiguous(memory_format=torch.channels_last)
+    with reuse_spectra():
+        y = conv2d(x, w, stride, padding, bias=bias)
+        y.backward(gy32)
+        assert not pt._views
     y64.backward(gy)
     assert sorted(asked) == ["accgrad", "bprop", "fprop"]
     assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw")
-    assert y.is_contiguous(memory_format=torch.channels_last)
-    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
+    backward_nchw = chosen["accgrad"] == "nchw" or chosen["bprop"] == "nchw"
+    assert copied.count(tuple(y.shape)) == int(backward_nchw)
+    gx, gw, gb = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, True)
+    assert all(t.is_contiguous(memory_format=torch.channels_last) for t in (y, gx, gw))
+    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad), (gx, x64.grad),
+                     (gw, w64.grad), (gb, b64.grad)):
         assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
 
 
