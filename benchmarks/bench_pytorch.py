@@ -95,6 +95,16 @@ STOCK_OF = {"fp32": "strict", "tf32": "default"}   # the stock row a converted o
 BURST = 5   # steps queued back to back per timed burst (the "back to back" column)
 
 
+def result_name(net, args):
+    """The result files' stem: bench_pytorch_NET, then _tf32 where every row is a TF32 one (--impls
+    default,tf32), then the options that change what the rows measure. A TF32 run and a strict one
+    (or all four rows, the default) write apart, so neither replaces the other's files."""
+    tf32_only = all(IMPLS[i][2] == "tf32" for i in args.impls)
+    return (f"bench_pytorch_{net}" + ("_tf32" if tf32_only else "") + ("_quick" if args.quick else "")
+            + ("_no_reuse" if args.no_reuse else "") + ("_input_reuse" if args.input_reuse else "")
+            + ("_channels_last" if args.channels_last else ""))
+
+
 def row_rounds(impls, compile_rows):
     """[(impl name, compiled)] in the order run_network makes rows: every implementation's eager and
     graph rows first, then, with --compile, every compiled row. Compiled rows used to follow each
@@ -509,9 +519,7 @@ def main():
     folder = args.out / slug(meta["device"])
     log(f"tuning cache {meta['tune_cache']}; batches {batches}; host probe {meta['host_probe_ms']} ms "
         "(harness.host_probe_ms: the converted eager rows are host-bound on a slow host)")
-    suffix = (("_quick" if args.quick else "") + ("_no_reuse" if args.no_reuse else "")
-              + ("_input_reuse" if args.input_reuse else "") + ("_channels_last" if args.channels_last else ""))
-    name = {net: f"bench_pytorch_{net}{suffix}" for net in nets}
+    name = {net: result_name(net, args) for net in nets}
     for net in nets:
         seconds, path = earlier_estimate(name[net], batches[net], folder)
         log(f"{net:9s} estimate: " + (f"{seconds:.0f} s, from {path.name} scaled to batch {batches[net]}"

@@ -1442,3 +1442,17 @@ def test_exp_step_profile_turns_py_spys_samples_into_host_ms_a_step(tmp_path):
     with open(out, "w") as f:
         exp.summarize(str(path), meta, out=f, also=("torch/",))
     assert "| relu (torch/nn/functional.py) | 20.000 | 25.00 |" in out.read_text()
+
+
+def test_bench_pytorch_writes_tf32_and_strict_runs_apart():
+    """A TF32-only run (--impls default,tf32) and a strict or full one name their files apart, so one
+    never replaces the other's (both were bench_pytorch_vgg16_channels_last before session 44)."""
+    import argparse
+    from benchmarks.bench_pytorch import result_name
+    base = dict(quick=False, no_reuse=False, input_reuse=False, channels_last=True)
+    names = {impls: result_name("vgg16", argparse.Namespace(impls=list(impls), **base))
+             for impls in (("strict", "fp32"), ("default", "tf32"), ("strict", "default", "fp32", "tf32"))}
+    assert names[("default", "tf32")] == "bench_pytorch_vgg16_tf32_channels_last"
+    assert names[("strict", "fp32")] == names[("strict", "default", "fp32", "tf32")] == "bench_pytorch_vgg16_channels_last"
+    assert result_name("alexnet", argparse.Namespace(impls=["default", "tf32"], **dict(base, channels_last=False))) \
+        == "bench_pytorch_alexnet_tf32"
