@@ -13,8 +13,9 @@ import numpy as np
 from .common import cuda_module
 from .device import get_array_module
 
-BLOCK = (32, 8)   # kernels/layout.cu: LAYOUT_TILE x LAYOUT_ROWS threads, a 32 x 32 tile
-MAX_GRID_Z = 65535
+TILE = 32                # kernels/layout.cu's LAYOUT_TILE: a block moves a TILE x TILE tile
+BLOCK = (TILE, 8)        # LAYOUT_TILE x LAYOUT_ROWS threads
+MAX_GRID_YZ = 65535      # the grid's y and z limits
 _kernels = {}     # device id -> the compiled batched_transpose
 
 
@@ -60,12 +61,13 @@ def _transpose(cp, src, dst, images, rows, cols):
     """dst (images, cols, rows) = src (images, rows, cols) transposed, both C-contiguous in memory."""
     if src.size == 0:
         return
-    if (rows + 31) // 32 > 65535:   # past the grid's y limit (over 2^21 pixels a plane): CuPy's strided copy
+    tiles_x, tiles_y = -(-cols // TILE), -(-rows // TILE)
+    if tiles_y > MAX_GRID_YZ:   # past the grid's y limit (over 2^21 pixels a plane): CuPy's strided copy
         dst.reshape(images, cols, rows)[...] = src.reshape(images, rows, cols).transpose(0, 2, 1)
         return
     device = cp.cuda.Device().id
     kernel = _kernels.get(device)
     if kernel is None:
         kernel = _kernels[device] = cuda_module("layout.cu").get_function("batched_transpose")
-    grid = ((cols + 31) // 32, (rows + 31) // 32, min(images, MAX_GRID_Z))
+    grid = (tiles_x, tiles_y, min(images, MAX_GRID_YZ))
     kernel(grid, BLOCK, (src, dst, np.int32(images), np.int32(rows), np.int32(cols)))

@@ -143,6 +143,12 @@ def _cupy_view(t, cp, strides=None):
     return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0), strides)
 
 
+def _cupy_nhwc(t, cp):
+    """A dense channels-last float32 CUDA tensor as a CuPy array of its logical (N, C, H, W) shape on
+    its memory, with its NHWC strides (what backends.cudnn's layout "nhwc" and backends.layout take)."""
+    return _cupy_view(t, cp, tuple(4 * s for s in t.stride()))
+
+
 def _channels_last(t):
     """Whether t is a 4-d tensor laid out channels-last (model.to(memory_format=torch.channels_last)'s
     layout) and not also C-contiguous (one plane, or 1x1 planes: then it says nothing)."""
@@ -341,8 +347,8 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     allowed = backend == "cudnn" or (backend == "auto" and "cudnn" in backends.auto_registry())   # auto_backends
     if not (first.is_cuda and allowed and cudnn.supports(x_shape, w_shape, stride, padding)):
         return _nchw_passes(backend, geometry, passes, bias)
-    cp, on, capture = _cuda_scope(first.get_device())
-    with on.device, on.stream, cp.cuda.using_allocator(on.malloc), capture:
+    index = first.get_device()
+    with _scope(index) as cp:
         routes = ["cudnn" if backend == "cudnn" else backends.nhwc_route(p[0], x_shape, w_shape, stride, padding, cp)
                   for p in passes]
         if "nchw" not in routes:
@@ -350,7 +356,6 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     results, copies = [], {}
     uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
     route_of = {p[0]: route for p, route in zip(passes, routes)}
-    index = first.get_device()
     for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
         if route == "cudnn":
             with _scope(index) as cp:
@@ -396,8 +401,7 @@ def _nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias):
     """One pass on cuDNN's NHWC plans, as a channels-last tensor (inside the device's CuPy scope); the
     bias, if given, into fprop's (the only pass that takes one)."""
     x_shape, w_shape, stride, padding = geometry
-    a, b = (t.contiguous(memory_format=torch.channels_last) for t in (a, b))
-    a, b = (_cupy_view(t, cp, tuple(4 * s for s in t.stride())) for t in (a, b))   # dense, NHWC strides
+    a, b = (_cupy_nhwc(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
     if pass_name == "fprop":
         extra = {} if bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
         return _from_cupy(cudnn.fprop(a, b, stride=stride, padding=padding, layout="nhwc", **extra))
@@ -414,8 +418,8 @@ def _nchw_copy(copies, t, cp):
     if t.is_contiguous():
         return t
     if id(t) not in copies:
-        copies[id(t)] = (_from_cupy(backends.layout.to_nchw(_cupy_view(t, cp, tuple(4 * s for s in t.stride()))))
-                         if _channels_last(t) else t.contiguous())
+        copies[id(t)] = (_from_cupy(backends.layout.to_nchw(_cupy_nhwc(t, cp))) if _channels_last(t)
+                         else t.contiguous())
     return copies[id(t)]
 
 
