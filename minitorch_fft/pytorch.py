@@ -337,10 +337,13 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     ~4 ms of a 38 ms compiled step and held the copies as workspace). With auto and cudnn among its
     candidates (the auto_backends setting), each pass takes the route auto timed for it
     (backends.nhwc_route): those NHWC kernels, or our NCHW passes on copies made by backends.layout's
-    transpose (_nchw_copy), their results copied back.
+    transpose (_nchw_array), their results copied back.
     Elsewhere (CPU, another backend, no cuDNN) the NCHW passes on copies. A bias goes into cuDNN's
     fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is added to the
-    NCHW fprop's result before the copy."""
+    NCHW fprop's result once it is copied back. The device's CuPy scope is entered once for all of
+    it: the copies stay CuPy arrays, and nothing crosses to a tensor but the results (a copy's two
+    crossings and two scope entries a pass were ~1 ms of converted AlexNet's host time a step,
+    session 45)."""
     x_shape, w_shape, stride, padding = geometry
     first = passes[0][1]
     cudnn = backends.get("cudnn")
@@ -348,34 +351,30 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     if not (first.is_cuda and allowed and cudnn.supports(x_shape, w_shape, stride, padding)):
         return _nchw_passes(backend, geometry, passes, bias)
     index = first.get_device()
-    with _scope(index) as cp:
-        routes = ["cudnn" if backend == "cudnn" else backends.nhwc_route(p[0], x_shape, w_shape, stride, padding, cp)
-                  for p in passes]
-        if "nchw" not in routes:
-            return [_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias) for pass_name, a, b, _ in passes]
     results, copies = [], {}
     uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
-    route_of = {p[0]: route for p, route in zip(passes, routes)}
-    for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
-        if route == "cudnn":
-            with _scope(index) as cp:
+    with _scope(index) as cp:   # once for the crossing: routes, copies, passes and copies back
+        routes = ["cudnn" if backend == "cudnn" else backends.nhwc_route(p[0], x_shape, w_shape, stride, padding, cp)
+                  for p in passes]
+        route_of = {p[0]: route for p, route in zip(passes, routes)}
+        for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
+            if route == "cudnn":
                 results.append(_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias))
-            _release_copies(copies, uses, a, b)
-        else:
-            with _scope(index) as cp:
-                a2, b2 = (_nchw_copy(copies, t, cp) for t in (a, b))
+                _release_copies(copies, uses, a, b)
+                continue
             # Views and spectra are kept only for a later pass of this crossing that also runs NCHW on the
             # same copies: fprop's feed none (the backward copies x anew, and even an NCHW x is seen as a
             # new view), and a backward pass on cuDNN's plans takes neither (kept, they would live until
             # the reuse_spectra() block ends: gy's copy, 822 MB on VGG-16 conv1_2 at b64)
             kept = () if pass_name == "fprop" else tuple(p for p in later or () if route_of.get(p) == "nchw")
-            y = _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a2, b2, kept)],
-                          bias=bias if pass_name == "fprop" else None)[0]
+            a2, b2 = (_nchw_array(copies, t, cp, keep) for t, keep in zip((a, b), _keeps(kept)))
+            y = _pass_arrays(pass_name, backend, a2, b2, geometry, kept)
             del a2, b2
             _release_copies(copies, uses, a, b)   # before the copy back: its output then may take their blocks
-            with _scope(index) as cp:
-                results.append(_from_cupy(backends.layout.to_nhwc(_cupy_view(y, cp))))
+            results.append(_from_cupy(backends.layout.to_nhwc(y)))
             del y
+            if pass_name == "fprop":
+                _add_bias(results[-1], bias)   # on cuDNN's route its plan adds it
     return results
 
 
@@ -409,17 +408,19 @@ def _nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias):
     return _from_cupy(getattr(cudnn, pass_name)(a, b, third, stride=stride, padding=padding, layout="nhwc"))
 
 
-def _nchw_copy(copies, t, cp):
-    """t as an NCHW (contiguous) tensor, inside the device's CuPy scope: t itself, or one copy per
-    tensor object kept in `copies` (a layer's passes on the same gradOutput share its copy; inside
+def _nchw_array(copies, t, cp, keep):
+    """t as an NCHW (C-contiguous) CuPy array, inside the device's CuPy scope: a view of t itself where
+    it is contiguous (_array, kept for a later pass as keep says), else one copy per tensor object kept
+    in `copies` (a layer's passes on the same gradOutput share its copy, the same array object; inside
     reuse_spectra(), where both backward passes run NCHW on FFT backends that share spectra, accGrad's
     gy spectrum then serves bprop). A channels-last tensor is copied by backends.layout's transpose,
-    the kernel auto timed the route with; any other layout by PyTorch."""
+    the kernel auto timed the route with; any other layout by PyTorch. The copies stay CuPy arrays: no
+    crossing to a tensor and back."""
     if t.is_contiguous():
-        return t
+        return _array(t, cp, keep)
     if id(t) not in copies:
-        copies[id(t)] = (_from_cupy(backends.layout.to_nchw(_cupy_nhwc(t, cp))) if _channels_last(t)
-                         else t.contiguous())
+        copies[id(t)] = (backends.layout.to_nchw(_cupy_nhwc(t, cp)) if _channels_last(t)
+                         else _cupy_view(t.contiguous(), cp))
     return copies[id(t)]
 
 
@@ -435,11 +436,24 @@ def _pass(pass_name, backend, a, b, cp, geometry, later):
     """backends.run_pass on a and b as arrays (NumPy where cp is None, else CuPy, in its scope), with
     the pass's third argument (backends' contract): none for fprop, x_shape for bprop, w_shape for
     accGrad. geometry: (x_shape, w_shape, stride, padding), tuples."""
-    keep_a, keep_b = (True, True) if later is None else (bool(later), False)
+    keep_a, keep_b = _keeps(later)
+    return _pass_arrays(pass_name, backend, _array(a, cp, keep_a), _array(b, cp, keep_b), geometry, later)
+
+
+def _keeps(later):
+    """(keep a, keep b): whether a pass's two operands' views are held for a later pass (_array): both
+    for fprop (later None: both backward passes may follow), else a, gradOutput, where a later pass
+    of the crossing takes it (accGrad's for bprop)."""
+    return (True, True) if later is None else (bool(later), False)
+
+
+def _pass_arrays(pass_name, backend, a, b, geometry, later):
+    """backends.run_pass on arrays a and b, with the pass's third argument (backends' contract): none
+    for fprop, x_shape for bprop, w_shape for accGrad."""
     x_shape, w_shape, stride, padding = geometry
     third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
-    return backends.run_pass(backend, pass_name, _array(a, cp, keep_a), _array(b, cp, keep_b), *third,
-                             x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=later)
+    return backends.run_pass(backend, pass_name, a, b, *third, x_shape=x_shape, w_shape=w_shape, stride=stride,
+                             padding=padding, later=later)
 
 
 def _check_float32(what, a, b):
