@@ -268,9 +268,10 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes):
     y64.backward(gy)
     assert sorted(asked) == ["accgrad", "bprop", "fprop"]
     assert sorted(p for p, _ in nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw")
-    # accGrad keeps gradOutput's copy (and its spectrum) for bprop only where bprop runs NCHW too
-    assert dict(nchw_ran).get("accgrad", ()) == (("bprop",) if chosen["bprop"] == "nchw" else ())
-    assert dict(nchw_ran).get("fprop", ()) == () and dict(nchw_ran).get("bprop", ()) == ()
+    # an NCHW accGrad keeps gradOutput's copy (and its spectrum) for bprop only where bprop runs NCHW too
+    laters = dict(nchw_ran)
+    assert laters.get("accgrad", ()) == (("bprop",) if chosen["bprop"] == "nchw" else ())
+    assert laters.get("fprop", ()) == () and laters.get("bprop", ()) == ()
     backward_nchw = chosen["accgrad"] == "nchw" or chosen["bprop"] == "nchw"
     assert copied.count(tuple(y.shape)) == int(backward_nchw)
     gx, gw, gb = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, True)
