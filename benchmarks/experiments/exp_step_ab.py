@@ -82,13 +82,14 @@ def _two_crossings():
         pt._grads = grads
 
 
-def make_steps(net, batch, tf32, kinds, compiled=False):
+def make_steps(net, batch, tf32, kinds, compiled=False, channels_last=False):
     """{converted: step} for each kind in `kinds` (False: the stock model, True: converted): one
     training step each (training_step's) of the torchvision model `net` on one random batch, the
     kinds built from the same initial weights; TF32 as bench_pytorch's rows set it (`tf32`:
     PyTorch's defaults for stock, the framework's TF32 mode for converted), else strict fp32.
     compiled: each model runs under torch.compile (inductor), as in bench_pytorch's compiled rows but
-    without their fresh Dynamo state per model (torch._dynamo.reset()): compile one kind a process."""
+    without their fresh Dynamo state per model (torch._dynamo.reset()): compile one kind a process.
+    channels_last: models and input channels-last (bench_pytorch --channels-last)."""
     import torch
 
     import backends
@@ -100,18 +101,21 @@ def make_steps(net, batch, tf32, kinds, compiled=False):
     torch.manual_seed(0)
     base = torch_model(net, 1000)
     side = IMAGE.get(net, 224)
-    x = torch.randn(batch, 3, side, side, device="cuda")
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(batch, 3, side, side, device="cuda").contiguous(memory_format=layout)
     y = torch.randint(0, 1000, (batch,), device="cuda")
     made = {}
     for converted in sorted(kinds):
-        model = copy.deepcopy(base).cuda()
+        model = copy.deepcopy(base).cuda().to(memory_format=layout)
         if converted:
             convert(model)
         made[converted] = training_step(model, torch.compile(model) if compiled else model, x, y, converted)[1]
     return made
 
 
-ADAPTER_FUNCTIONS = ("_array", "_crossing", "_pass", "_shape_arg", "_check_float32", "_autocast")
+ADAPTER_FUNCTIONS = ("_array", "_crossing", "_pass", "_shape_arg", "_check_float32", "_autocast",
+                     "_channels_last_passes", "_nchw_copy", "_nchw_array", "_pass_arrays", "_keeps")
+# (a name the other file lacks keeps the live module's function; one the live module lacks is removed after)
 _old_adapter = [None]   # --old-adapter's path
 
 
@@ -162,6 +166,7 @@ def main():
                          "'converted,old adapter' (the adapter's functions run below the compiled graph's operators)")
     ap.add_argument("--old-adapter", metavar="PATH", help="minitorch_fft/pytorch.py of another version, for "
                     "the variant 'old adapter'")
+    ap.add_argument("--channels-last", action="store_true", help="models and input channels-last")
     args = ap.parse_args()
     _old_adapter[0] = args.old_adapter
     names = [v.strip() for v in args.variants.split(",")]
@@ -173,7 +178,7 @@ def main():
     kinds = {VARIANTS[n][0] for n in names}
     if args.compile and len(kinds) > 1:
         ap.error("--compile: the variants must all be stock or all converted (one Dynamo state a process)")
-    made = make_steps(args.net, args.batch, args.tf32, kinds, args.compile)
+    made = make_steps(args.net, args.batch, args.tf32, kinds, args.compile, args.channels_last)
     steps = {n: made[VARIANTS[n][0]] for n in names}
     for n in names:                                   # tunes (auto), warms up
         with VARIANTS[n][1]():
@@ -191,7 +196,8 @@ def main():
         print(f"round {r + 1}: " + ", ".join(f"{n} {rows[n][-1][0]:.2f} / {rows[n][-1][1]:.2f} ms" for n in names),
               flush=True)
     ref = names[0]
-    print(f"\n{args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'}, {torch.cuda.get_device_name()}, "
+    layout = ", channels-last" if args.channels_last else ""
+    print(f"\n{args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'}{layout}, {torch.cuda.get_device_name()}, "
           f"{args.rounds} rounds x {args.steps} steps; ratios to {ref} paired by round (medians); "
           f"host probe {host_probe_ms():.2f} ms (harness.host_probe_ms)\n")
     print(f"| variant | step ms | issue ms | step / {ref} | issue / {ref} |\n|---|---|---|---|---|")
