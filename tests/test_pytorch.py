@@ -236,23 +236,30 @@ def test_channels_last_without_cudnn_among_autos_candidates(settings):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gy_layout", ["channels_last", "nchw"])
 @pytest.mark.parametrize("routes", [("nchw", "nchw", "nchw"), ("nchw", "cudnn", "nchw"), ("cudnn", "nchw", "cudnn")],
                          ids=["all_nchw", "mixed", "mixed_other"])
-def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes):
+def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes, gy_layout):
     """auto's channels-last routes (backends.nhwc_route) taken per pass, here forced: fprop, accGrad and
     bprop each on cuDNN's NHWC plans or on NCHW copies, the bias with fprop. Every result, the backward
-    operator's own included, is channels-last and equal to float64; the backward copies gradOutput at most
-    once (for both NCHW passes); inside reuse_spectra() no view outlives the backward (a pass on cuDNN's
-    plans takes none an NCHW pass kept)."""
+    operator's own included, is channels-last and equal to float64; the backward copies a channels-last
+    gradOutput at most once (for both NCHW passes), and where both run NCHW bprop gets accGrad's very
+    gradOutput array (reuse.py finds a spectrum by the array's identity); inside reuse_spectra() no view
+    outlives the backward (a pass on cuDNN's plans takes none an NCHW pass kept: with an NCHW gradOutput,
+    the one operand viewed as it is, a view kept for such a pass would be left over)."""
     if not backends.get("cudnn").available():
         pytest.skip("cuDNN's frontend is not installed")
     settings(tf32=False)
     chosen = dict(zip(("fprop", "accgrad", "bprop"), routes))
-    asked, nchw_ran, copied = [], [], []
+    asked, nchw_ran, copied, first = [], [], [], {}
     monkeypatch.setattr(backends, "nhwc_route", lambda p, *a, **k: asked.append(p) or chosen[p])
     real_run, real_copy = backends.run_pass, backends.layout.to_nchw
-    monkeypatch.setattr(backends, "run_pass",
-                        lambda name, p, *a, **k: nchw_ran.append((p, k["later"])) or real_run(name, p, *a, **k))
+
+    def run_pass(name, p, *a, **k):
+        nchw_ran.append((p, k["later"]))
+        first[p] = a[0]   # accGrad's and bprop's: gradOutput as the pass got it
+        return real_run(name, p, *a, **k)
+    monkeypatch.setattr(backends, "run_pass", run_pass)
     monkeypatch.setattr(backends.layout, "to_nchw", lambda a: copied.append(tuple(a.shape)) or real_copy(a))
     x, w, stride, padding = operands((4, 6, 8, 13, 11, 3, 3, (1, 1), (1, 1)), "cuda", seed=5)
     bias = torch.randn(8, generator=torch.Generator().manual_seed(2)).cuda().requires_grad_()
@@ -260,7 +267,8 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes):
     x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
     y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
     gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    gy32 = gy.float().cuda().contiguous(memory_format=torch.channels_last)
+    gy32 = gy.float().cuda().contiguous(
+        memory_format=torch.channels_last if gy_layout == "channels_last" else torch.contiguous_format)
     with reuse_spectra():
         y = conv2d(x, w, stride, padding, bias=bias)
         y.backward(gy32)
@@ -273,8 +281,10 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes):
     if chosen["accgrad"] == "nchw":
         assert laters["accgrad"] == (("bprop",) if chosen["bprop"] == "nchw" else ())
     assert laters.get("fprop", ()) == () and laters.get("bprop", ()) == ()
+    if chosen["accgrad"] == chosen["bprop"] == "nchw":
+        assert first["accgrad"] is first["bprop"]
     backward_nchw = chosen["accgrad"] == "nchw" or chosen["bprop"] == "nchw"
-    assert copied.count(tuple(y.shape)) == int(backward_nchw)
+    assert copied.count(tuple(y.shape)) == int(backward_nchw and gy_layout == "channels_last")
     gx, gw, gb = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, True)
     assert all(t.is_contiguous(memory_format=torch.channels_last) for t in (y, gx, gw))
     for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad), (gx, x64.grad),
@@ -285,8 +295,9 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes):
 @pytest.mark.gpu
 def test_channels_last_nchw_routes_in_a_cuda_graph(monkeypatch, settings):
     """A channels-last layer whose passes take the "nchw" route (and one the "cudnn" route) captured in
-    a CUDA graph with its backward: the copies, the passes on both routes and the copies back run in
-    one entry of the device's scope and its capture context; the replay equals eager."""
+    a CUDA graph with its backward: each crossing (the forward's, the backward's) runs its copies, its
+    passes on both routes and its copies back in one entry of the device's scope and capture context;
+    the replay equals eager."""
     if not backends.get("cudnn").available():
         pytest.skip("cuDNN's frontend is not installed")
     settings(tf32=False)
