@@ -383,9 +383,10 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     untimed. A record stands while it is in the cache, also after auto's NCHW choice under it is
     tuned again (delete the cache to time the routes anew). Timed alone, each route pays its own
     copies: in a layer's backward the adapter copies gradOutput once for both NCHW passes, so the
-    "nchw" route's times are upper bounds there. Not timed: the adapter's scope entries and tensor
-    crossings around the copies (a few of them a pass), cuDNN's prepared call (the adapter makes the
-    module call timed here), and the copies' memory (no auto_memory_mb cap here)."""
+    "nchw" route's times are upper bounds there. Not timed: the adapter's own host work around a
+    pass (one scope entry a crossing, the route look-up, the result's crossing to a tensor), which
+    both routes pay alike, and the copies' memory (no auto_memory_mb cap here). The "cudnn" route is
+    timed through the module call, as the adapter makes it."""
     fast = _fast_key(f"nhwc:{pass_name}", x_shape, w_shape, stride, padding, xp)
     route = _routes.get(fast) if fast is not None else None
     if route is not None:

@@ -40,8 +40,9 @@ class ConfigError(ValueError):
 
 Setting = namedtuple("Setting", "name env kind default doc keyed")
 # kind: "bool" (0 or 1), "tune" (auto, on or off), "mib" (a size in MiB, > 0 and finite),
-# "fraction" ([0, 1)), "count" (an int >= 0), "positive" (an int >= 1), "path", "text", "names" (backend names, comma-separated, kept as a tuple;
-# which names exist is checked where the registry is, backends.auto_registry). keyed: part of snapshot().
+# "fraction" ([0, 1)), "count" (an int >= 0), "positive" (an int >= 1), "path", "text", "names" (backend
+# names, comma-separated, kept as a tuple; which names exist is checked where the registry is,
+# backends.auto_registry). keyed: part of snapshot().
 
 SETTINGS = {s.name: s for s in (
     Setting("tf32", "MINITORCH_CGEMM_TF32", "bool", False,

@@ -3,17 +3,17 @@
     from minitorch_fft.pytorch import convert
     model = convert(torchvision.models.alexnet())      # every nn.Conv2d it can serve, in place
 
-`torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend, bias=None)` runs the framework's
-fprop and adds the bias (in place, or inside cuDNN's fprop for a channels-last layer on cudnn); its backward is one more operator,
-conv2d_grads, which gives the bias's gradient first and then runs accGrad and bprop, each only
-where its input needs a gradient, accGrad first (the input gradient, usually the larger output, is
-then not alive during accGrad's workspace, often the larger one: the comment above EagerConv2d),
-bprop on accGrad's gradOutput spectrum (conv2d_bprop and conv2d_accgrad run one pass each). Every pass goes through
-backends.run_pass, so `auto` tunes per geometry and pass with the framework's tuning cache, and
-`backends.config` settings apply (`with backends.config.override(tf32=True):` is the TF32 mode).
-conv2d() and Conv2d call the operator where something traces them (torch.compile, make_fx,
-FakeTensor, vmap) and, eagerly, the same passes as an autograd.Function (EagerConv2d), which
-skips the dispatcher's Python (~95 us a call on an H100).
+`torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend, bias=None)` runs the
+framework's fprop and adds the bias (in place, or inside cuDNN's fprop for a channels-last layer on
+cudnn); its backward is one more operator, conv2d_grads, which gives the bias's gradient first and
+then runs accGrad and bprop, each only where its input needs a gradient, accGrad first (the input
+gradient, usually the larger output, is then not alive during accGrad's workspace, often the larger
+one: the comment above EagerConv2d), bprop on accGrad's gradOutput spectrum (conv2d_bprop and
+conv2d_accgrad run one pass each). Every pass goes through backends.run_pass, so `auto` tunes per
+geometry and pass with the framework's tuning cache, and `backends.config` settings apply (`with
+backends.config.override(tf32=True):` is the TF32 mode). conv2d() and Conv2d call the operator where
+something traces them (torch.compile, make_fx, FakeTensor, vmap) and, eagerly, the same passes as an
+autograd.Function (EagerConv2d), which skips the dispatcher's Python (~95 us a call on an H100).
 
 Tensors cross without copies: a CUDA tensor becomes a CuPy array over its own memory (which the
 array keeps alive) and a result comes back through a DLPack capsule; CPU tensors through
@@ -44,10 +44,9 @@ VGG-16 step's compiled peak under the stock model's (session 42). Our own algori
 only: with auto and cudnn among its candidates (auto_backends), each pass takes the route auto timed
 for it, once per geometry, pass and precision (backends.nhwc_route): cuDNN's NHWC plans, or copies
 to NCHW, auto's NCHW pass and the result copied back (the faster, copies included; the copies' memory
-is not weighed). Elsewhere (CPU, another
-backend, no cuDNN) the NCHW passes run on contiguous copies and their results are laid out
-channels-last again. The NHWC
-calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
+is not weighed). Elsewhere (CPU, another backend, no cuDNN) the NCHW passes run on contiguous copies
+and their results are laid out channels-last again. The NHWC calls take no gemm fallback on running
+out of memory (run_pass's, which is NCHW).
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
@@ -134,11 +133,11 @@ def _cupy_bytes(t, cp):
 
 
 def _cupy_view(t, cp, strides=None):
-    """A contiguous float32 CUDA tensor as a CuPy array on its memory, keeping t alive (the
-    UnownedMemory's owner); with strides (bytes), a dense one of another layout (channels-last). What cp.from_dlpack(t) gives without DLPack's Python: PyTorch's
-    __dlpack__ looks up the current device and stream to order the two, and the pass already runs
-    on PyTorch's current stream (_cuda_scope). 3 us against 31 on an H100 (benchmarks/NOTES.md,
-    session 11)."""
+    """A contiguous float32 CUDA tensor as a CuPy array on its memory, keeping t alive (the UnownedMemory's
+    owner); with strides (bytes), a dense one of another layout (channels-last). What
+    cp.from_dlpack(t) gives without DLPack's Python: PyTorch's __dlpack__ looks up the current
+    device and stream to order the two, and the pass already runs on PyTorch's current stream
+    (_cuda_scope). 3 us against 31 on an H100 (benchmarks/NOTES.md, session 11)."""
     memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * 4, t, t.device.index)
     return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0), strides)
 
