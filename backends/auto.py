@@ -363,29 +363,47 @@ def format_choices():
     return "\n".join(lines)
 
 
-# -- channels-last layers: cuDNN's NHWC plans, or our NCHW passes on copies --------------------------
+# -- channels-last layers: cuDNN's NHWC plans, a 1x1 layer's GEMMs, or our NCHW passes on copies ------
 
-ROUTES = ("cudnn", "nchw")   # in tie order: cuDNN's plans copy nothing (no extra memory, no copy kernels)
+ROUTES = ("cudnn", "gemm", "nchw")   # in tie order: cuDNN's plans and the GEMMs copy nothing (no extra memory,
+                                     # no copy kernels)
+
+
+def routes_for(x_shape, w_shape, stride, padding):
+    """The routes a channels-last layer's passes can take: "gemm" (gemm.fprop_nhwc and the others: one GEMM
+    on the arrays as they are) only for a 1x1 kernel without padding."""
+    if gemm.nhwc_supports(x_shape, w_shape, stride, padding):
+        return ROUTES
+    return tuple(r for r in ROUTES if r != "gemm")
+
+
+def _route_label(x_shape, w_shape, stride, padding):
+    """The route record's backend field: label() + ":nhwc", and "+gemm" where the "gemm" route is a
+    candidate (it joined in session 46: a 1x1 layer's record made without it is timed again)."""
+    return label() + (":nhwc+gemm" if "gemm" in routes_for(x_shape, w_shape, stride, padding) else ":nhwc")
 _routes = {}          # _fast_key of ("nhwc", pass) -> route: the per-call path
 _route_records = {}   # tuning key -> record, this process's route choices (route_choices())
 
 
 def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
     """How auto runs `pass_name` of a channels-last layer (operands and result laid out NHWC) on
-    `xp`'s GPU: "cudnn", cuDNN's NHWC plans on the arrays as they are, or "nchw", the operands copied
-    to NCHW, the pass run as auto runs NCHW passes (run_nchw: backends.run_pass) and its result copied
-    back to NHWC. The caller has checked that registry holds cudnn and that it supports the geometry.
+    `xp`'s GPU: "cudnn", cuDNN's NHWC plans on the arrays as they are; "gemm" (a 1x1 kernel without
+    padding: routes_for), one GEMM on the arrays as they are (gemm.fprop_nhwc, bprop_nhwc,
+    accgrad_nhwc); or "nchw", the operands copied to NCHW, the pass run as auto runs NCHW passes
+    (run_nchw: backends.run_pass) and its result copied back to NHWC. The caller has checked that
+    registry holds cudnn and that it supports the geometry.
 
-    The first call per device, geometry, pass, precision and label() times both routes, copies
+    The first call per device, geometry, pass, precision and label() times the routes, copies
     included, on fresh channels-last data by the tuning recipe, each checked against gemm as auto's
-    candidates are, and caches the record beside auto's own choices (backend field label() +
-    ":nhwc"); a tie within margin() goes to "cudnn". Tuning off (MINITORCH_AUTO_TUNE): "cudnn",
+    candidates are, and caches the record beside auto's own choices (backend field _route_label():
+    label() + ":nhwc", or ":nhwc+gemm" where "gemm" is among the routes); a tie within margin() goes
+    to the earlier of ROUTES. Tuning off (MINITORCH_AUTO_TUNE): "cudnn",
     untimed. A record stands while it is in the cache, also after auto's NCHW choice under it is
     tuned again (delete the cache to time the routes anew). Timed alone, each route pays its own
     copies: in a layer's backward the adapter copies gradOutput once for both NCHW passes, so the
     "nchw" route's times are upper bounds there. Not timed: the adapter's own host work around a
     pass (one scope entry a crossing, the route look-up, the result's crossing to a tensor), which
-    both routes pay alike, and the copies' memory (no auto_memory_mb cap here). The "cudnn" route is
+    every route pays alike, and the copies' memory (no auto_memory_mb cap here). The "cudnn" route is
     timed through the module call, as the adapter makes it."""
     fast = _fast_key(f"nhwc:{pass_name}", x_shape, w_shape, stride, padding, xp)
     route = _routes.get(fast) if fast is not None else None
@@ -394,13 +412,13 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     if not tuning.enabled("auto_tune", xp):
         return "cudnn"
     key = tuning.key(xp, np.float32, _geometry_key(x_shape, w_shape, stride, padding), pass_name,
-                     label() + ":nhwc")
+                     _route_label(x_shape, w_shape, stride, padding))
     record = _route_records.get(key)
     if record is None:
         with reuse.suspended():   # a timed route pays for its own FFTs, every repeat
             record = tuning.remembered(key, lambda: _tune_route(registry["cudnn"], run_nchw, pass_name, x_shape,
                                                                 w_shape, stride, padding, xp),
-                                       valid=lambda choice: choice in ROUTES)
+                                       valid=lambda choice: choice in routes_for(x_shape, w_shape, stride, padding))
         _route_records[key] = record
     if fast is not None:
         _routes[fast] = record["choice"]
@@ -408,7 +426,8 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
 
 
 def _tune_route(cudnn, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
-    """tuning.tune over ROUTES for one pass, each checked against gemm on the NCHW data."""
+    """tuning.tune over the geometry's routes (routes_for) for one pass, each checked against gemm on the
+    NCHW data."""
     nchw = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
     a, b = (layout.to_nhwc(t) for t in nchw[:2])   # the same values, laid out as a channels-last layer's
     third = nchw[2:]
@@ -418,13 +437,15 @@ def _tune_route(cudnn, run_nchw, pass_name, x_shape, w_shape, stride, padding, x
     def run(route):
         if route == "cudnn":
             return getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc")
+        if route == "gemm":
+            return getattr(gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding)
         out = run_nchw("auto", pass_name, layout.to_nchw(a), layout.to_nchw(b), *third,
                        x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=())
         return layout.to_nhwc(out)   # the adapter's copies, the same kernels (backends/layout.py)
 
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     try:
-        return tuning.tune(ROUTES, run, xp, reference=reference, reference_name="gemm", tol=tol, margin=margin(),
+        return tuning.tune(routes_for(x_shape, w_shape, stride, padding), run, xp, reference=reference, reference_name="gemm", tol=tol, margin=margin(),
                            prefer=ROUTES.index, explain=lambda route: "tie order: no layout copies first")
     except RuntimeError as e:
         raise RuntimeError(f"auto: neither route ran {pass_name} of channels-last input {tuple(x_shape)}, "

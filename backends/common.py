@@ -256,6 +256,13 @@ def check_arrays(**arrays):
     if cp is not None and all(type(a) is cp.ndarray and a.dtype == np.float32 and a.flags.c_contiguous
                               for a in values):
         return (cp, *values)  # the common case on the GPU, checked in a few microseconds
+    xp = check_kinds(**arrays)
+    return (xp, *[xp.ascontiguousarray(a) for a in arrays.values()])
+
+
+def check_kinds(**arrays):
+    """check_arrays's checks without its copies (the arrays' layouts are the caller's): float32 NumPy
+    or CuPy arrays, all of one kind. Returns NumPy or CuPy."""
     for name, a in arrays.items():
         if not (isinstance(a, np.ndarray) or is_cupy(a)):
             raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(a).__name__}")
@@ -266,8 +273,7 @@ def check_arrays(**arrays):
         if a.dtype != np.float32:
             raise TypeError(f"{name} must be float32, got {a.dtype} (backends do not cast; "
                             "Tensor() casts for you)")
-    xp = get_array_module(*arrays.values())
-    return (xp, *[xp.ascontiguousarray(a) for a in arrays.values()])
+    return get_array_module(*arrays.values())
 
 
 def check_output_shape(name, arr, g, expected_oh_ow):

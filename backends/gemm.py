@@ -52,7 +52,8 @@ import functools
 import numpy as np
 
 from . import cgemm, config, tuning
-from .common import (batch_slices, check_arrays, check_output_shape, cuda_module, geometry,
+from . import layout
+from .common import (batch_slices, check_arrays, check_kinds, check_output_shape, cuda_module, geometry,
                      sm_count, valid_geometry)
 
 # S batch, f in-planes, f' out-planes (fo), kh x kw kernel, oh x ow output
@@ -86,6 +87,8 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
 
 
 def _revision(pass_name, g):
+    if pass_name.endswith("_nhwc"):   # the channels-last 1x1 passes (session 46)
+        return 1
     if _pointwise(g):
         if pass_name == "accgrad":
             return 3
@@ -181,13 +184,17 @@ SMALL_GRADIENT = 16384   # f' * f*kh*kw at most: accGrad's flat GEMM has a few o
                          # S*oh*ow (VGG-16 conv1_1: 64 x 27, K = 3.2M), and per-image products split that K
 
 
-def _form(xp, pass_name, g, run, forms=FORMS):
-    """The form of this pass (of `forms`): tuned where gemm_tune tunes, else the rule in the module doc."""
-    if _pointwise(g):
+def _form(xp, pass_name, g, run, forms=FORMS, default=None):
+    """The form of this pass (of `forms`): tuned where gemm_tune tunes, else `default`, or where that
+    is None the rule in the module doc."""
+    if default is not None:
+        pass
+    elif _pointwise(g):
         flat = pass_name == "accgrad" and g.fo * g.f > 1.5 * g.oh * g.ow * (g.fo + g.f)
+        default = "flat" if flat else "per_image"
     else:
         flat = g.fo * g.f * g.kh * g.kw > SMALL_GRADIENT       # only accGrad asks here
-    default = "flat" if flat else "per_image"
+        default = "flat" if flat else "per_image"
     if not tuning.enabled("gemm_tune", xp):
         return default
 
@@ -278,6 +285,116 @@ def _accgrad_1x1(xp, gy, x, g):
                          accumulate=True, strict=True)             # gw += (f', n*P) @ (n*P, f)
         return gw.reshape(g.fo, g.f, 1, 1)
     return run(_form(xp, "accgrad", g, run))
+
+
+# -- 1x1 passes on channels-last arrays: GEMMs on their memory as it is -----------------------------
+# A channels-last (NHWC) activation, logical shape (n, c, h, w), is in memory the (n*h*w, c) matrix of
+# its pixels' channel vectors, so a 1x1 kernel's passes are GEMMs on it with no layout copies (auto's
+# "gemm" route for channels-last layers, auto.nhwc_route):
+#   fprop   Y (S*oh*ow, f')  = X_s @ W^T     X_s (S*oh*ow, f): the strided pixels (a gather where strided)
+#   bprop   GX_s (S*oh*ow, f) = GY @ W       scattered into zeros where strided
+#   accGrad gW (f', f)        = GY^T @ X_s   one GEMM ("flat", its K every pixel of the batch), or
+#                                            per-image partials summed ("per_image": where gW is small,
+#                                            the flat GEMM has few output tiles to spread its long K over)
+# W (f', f, 1, 1) is the (f', f) matrix in either layout.
+
+NHWC_PARTIALS = 65536   # f' * f at most for accgrad_nhwc's per_image form (a partial per image: 256 KiB)
+
+
+def nhwc_supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+    """Whether fprop_nhwc, bprop_nhwc and accgrad_nhwc take the geometry: a 1x1 kernel without padding."""
+    g = valid_geometry(x_shape, w_shape, stride, padding)
+    return g is not None and _pointwise(g)
+
+
+def _nhwc_geometry(x_shape, w_shape, stride, padding):
+    g = geometry(x_shape, w_shape, stride, padding)
+    if not _pointwise(g):
+        raise ValueError(f"gemm: the channels-last passes take 1x1 kernels without padding, got kernel "
+                         f"{g.kh}x{g.kw}, padding {(g.ph, g.pw)}")
+    return g
+
+
+def _nhwc_operands(*names_arrays):
+    """(xp, arrays...): float32 arrays of one kind (common.check_kinds); each 4-d activation laid out
+    channels-last (layout.to_nhwc: itself where it is, else a copy), each weight (f', f, 1, 1) as the
+    (f', f) matrix."""
+    xp = check_kinds(**dict(names_arrays))
+    out = []
+    for name, a in names_arrays:
+        if name == "w":
+            out.append(xp.ascontiguousarray(a.reshape(a.shape[0], -1)) if a.ndim == 4 else a)
+        else:
+            out.append(layout.to_nhwc(a))
+    return (xp, *out)
+
+
+def _pixels(a):
+    """A channels-last 4-d array (logical (n, c, h, w)) as the (n*h*w, c) matrix of its pixels: a view."""
+    n, c, h, w = a.shape
+    return a.transpose(0, 2, 3, 1).reshape(n * h * w, c)
+
+
+def _nhwc_empty(xp, n, c, h, w, zeros=False):
+    """A new channels-last array of logical shape (n, c, h, w) (its memory (n, h, w, c))."""
+    return (xp.zeros if zeros else xp.empty)((n, h, w, c), dtype=np.float32).transpose(0, 3, 1, 2)
+
+
+def _strided_pixels(xp, x, g):
+    """x's pixels at the stride, (n*oh*ow, f): _pixels(x) itself at stride 1, else a gathered copy."""
+    if not _strided(g):
+        return _pixels(x)
+    return xp.ascontiguousarray(x[:, :, ::g.sh, ::g.sw].transpose(0, 2, 3, 1)).reshape(-1, g.f)
+
+
+def fprop_nhwc(x, w, stride=(1, 1), padding=(0, 0)):
+    """fprop of a 1x1 kernel without padding on a channels-last x, its y channels-last: Y = X_s @ W^T."""
+    xp, x, w2 = _nhwc_operands(("x", x), ("w", w))
+    g = _nhwc_geometry(x.shape, w.shape, stride, padding)
+    y = _nhwc_empty(xp, g.S, g.fo, g.oh, g.ow)
+    for sl in _image_chunks(g, g.f * g.oh * g.ow * 4 if _strided(g) else 0):
+        cgemm.matmul(xp, _strided_pixels(xp, x[sl], g), w2, op_b="T", out=_pixels(y[sl]), strict=True)
+    return y
+
+
+def bprop_nhwc(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
+    """bprop of a 1x1 kernel without padding on a channels-last gy, its gx channels-last: GX_s = GY @ W."""
+    xp, gy, w2 = _nhwc_operands(("gy", gy), ("w", w))
+    g = _nhwc_geometry(x_shape, w.shape, stride, padding)
+    check_output_shape("gy", gy, g, (g.oh, g.ow))
+    gx = _nhwc_empty(xp, g.S, g.f, g.h, g.w, zeros=_strided(g))
+    if not _strided(g):
+        cgemm.matmul(xp, _pixels(gy), w2, out=_pixels(gx), strict=True)
+        return gx
+    for sl in _image_chunks(g, g.f * g.oh * g.ow * 4):
+        cols = cgemm.matmul(xp, _pixels(gy[sl]), w2, strict=True)            # (n*oh*ow, f)
+        gx[sl][:, :, ::g.sh, ::g.sw] = cols.reshape(-1, g.oh, g.ow, g.f).transpose(0, 3, 1, 2)
+    return gx
+
+
+def accgrad_nhwc(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
+    """accGrad of a 1x1 kernel without padding on channels-last gy and x: gW = GY^T @ X_s, its form
+    ("flat" or "per_image") tuned per geometry where gemm_tune tunes, else flat."""
+    xp, gy, x = _nhwc_operands(("gy", gy), ("x", x))
+    g = _nhwc_geometry(x.shape, w_shape, stride, padding)
+    check_output_shape("gy", gy, g, (g.oh, g.ow))
+    P, gather = g.oh * g.ow, (g.f * g.oh * g.ow * 4 if _strided(g) else 0)
+
+    def run(form):
+        gw = xp.zeros((g.fo, g.f), dtype=np.float32)
+        if form == "flat":
+            for sl in _image_chunks(g, gather):
+                cgemm.matmul(xp, _pixels(gy[sl]), _strided_pixels(xp, x[sl], g), op_a="T", out=gw,
+                             accumulate=True, strict=True)                     # gw += (f', n*P) @ (n*P, f)
+            return gw.reshape(tuple(w_shape))
+        for sl in _image_chunks(g, g.fo * g.f * 4 + gather):
+            n = sl.stop - sl.start
+            parts = cgemm.matmul(xp, _pixels(gy[sl]).reshape(n, P, g.fo),
+                                 _strided_pixels(xp, x[sl], g).reshape(n, P, g.f), op_a="T", strict=True)
+            gw += _sum_rows(xp, parts.reshape(n, g.fo * g.f)).reshape(g.fo, g.f)   # (n, f', f) summed
+        return gw.reshape(tuple(w_shape))
+    forms = FORMS if g.fo * g.f <= NHWC_PARTIALS else ("flat",)
+    return run(_form(xp, "accgrad_nhwc", g, run, forms, default="flat") if len(forms) > 1 else "flat")
 
 
 # -- the fused forms of the strided 1x1 fprop and bprop (kernels/pointwise.cu) ---------------------

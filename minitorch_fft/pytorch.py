@@ -42,9 +42,10 @@ On the GPU with backend cudnn, where cuDNN is installed, the passes run cuDNN's 
 tensors as they are (backends.cudnn, layout "nhwc"): no layout conversion, and in TF32 mode the
 VGG-16 step's compiled peak under the stock model's (session 42). Our own algorithms take NCHW
 only: with auto and cudnn among its candidates (auto_backends), each pass takes the route auto timed
-for it, once per geometry, pass and precision (backends.nhwc_route): cuDNN's NHWC plans, or copies
-to NCHW, auto's NCHW pass and the result copied back (the faster, copies included; the copies' memory
-is not weighed). Elsewhere (CPU, another backend, no cuDNN) the NCHW passes run on contiguous copies
+for it, once per geometry, pass and precision (backends.nhwc_route): cuDNN's NHWC plans; for a 1x1
+kernel without padding, one GEMM on the tensors as they are (gemm.fprop_nhwc and the others: a
+channels-last activation is the matrix of its pixels); or copies to NCHW, auto's NCHW pass and the
+result copied back (the fastest, copies included; the copies' memory is not weighed). Elsewhere (CPU, another backend, no cuDNN) the NCHW passes run on contiguous copies
 and their results are laid out channels-last again. The NHWC calls take no gemm fallback on running
 out of memory (run_pass's, which is NCHW).
 
@@ -335,8 +336,8 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     layout conversion (VGG-16 b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in
     ~4 ms of a 38 ms compiled step and held the copies as workspace). With auto and cudnn among its
     candidates (the auto_backends setting), each pass takes the route auto timed for it
-    (backends.nhwc_route): those NHWC kernels, or our NCHW passes on copies made by backends.layout's
-    transpose (_nchw_array), their results copied back.
+    (backends.nhwc_route): those NHWC kernels, a 1x1 layer's GEMM on the tensors as they are, or our
+    NCHW passes on copies made by backends.layout's transpose (_nchw_array), their results copied back.
     Elsewhere (CPU, another backend, no cuDNN) the NCHW passes on copies. A bias goes into cuDNN's
     fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is added to the
     NCHW fprop's result once it is copied back. The device's CuPy scope is entered once for all of
@@ -349,16 +350,18 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     allowed = backend == "cudnn" or (backend == "auto" and "cudnn" in backends.auto_registry())   # auto_backends
     if not (first.is_cuda and allowed and cudnn.supports(x_shape, w_shape, stride, padding)):
         return _nchw_passes(backend, geometry, passes, bias)
-    index = first.get_device()
-    results, copies = [], {}
-    uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
-    with _scope(index) as cp:   # once for the crossing: routes, copies, passes and copies back
+    with _scope(first.get_device()) as cp:   # once for the crossing: routes, copies, passes and copies back
         routes = ["cudnn" if backend == "cudnn" else backends.nhwc_route(p[0], x_shape, w_shape, stride, padding, cp)
                   for p in passes]
+        if "nchw" not in routes:   # no copies to count or release (the pure-cuDNN path: backend cudnn)
+            return [_nhwc_pass(route, cp, geometry, pass_name, a, b, bias)
+                    for (pass_name, a, b, _), route in zip(passes, routes)]
+        results, copies = [], {}
+        uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
         route_of = {p[0]: route for p, route in zip(passes, routes)}
         for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
-            if route == "cudnn":
-                results.append(_nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias))
+            if route != "nchw":
+                results.append(_nhwc_pass(route, cp, geometry, pass_name, a, b, bias))
                 _release_copies(copies, uses, a, b)
                 continue
             # Views and spectra are kept only for a later pass of this crossing that also runs NCHW on the
@@ -395,16 +398,21 @@ def _scope(index):
         yield cp
 
 
-def _nhwc_pass(cudnn, cp, geometry, pass_name, a, b, bias):
-    """One pass on cuDNN's NHWC plans, as a channels-last tensor (inside the device's CuPy scope); the
-    bias, if given, into fprop's (the only pass that takes one)."""
+def _nhwc_pass(route, cp, geometry, pass_name, a, b, bias):
+    """One pass on the tensors laid out channels-last as they are (inside the device's CuPy scope), as a
+    channels-last tensor: route "cudnn", cuDNN's NHWC plans, the bias, if given, into fprop's (the only
+    pass that takes one); route "gemm", a 1x1 layer's pass as one GEMM on the pixels (gemm.fprop_nhwc,
+    bprop_nhwc, accgrad_nhwc), fprop's bias added after."""
     x_shape, w_shape, stride, padding = geometry
     a, b = (_cupy_nhwc(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
-    if pass_name == "fprop":
-        extra = {} if bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
-        return _from_cupy(cudnn.fprop(a, b, stride=stride, padding=padding, layout="nhwc", **extra))
-    third = x_shape if pass_name == "bprop" else w_shape
-    return _from_cupy(getattr(cudnn, pass_name)(a, b, third, stride=stride, padding=padding, layout="nhwc"))
+    third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
+    if route == "gemm":
+        y = _from_cupy(getattr(backends.gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding))
+        return _add_bias(y, bias) if pass_name == "fprop" else y
+    cudnn = backends.get("cudnn")
+    extra = {} if pass_name != "fprop" or bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
+    return _from_cupy(getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc",
+                                                **extra))
 
 
 def _nchw_array(copies, t, cp, keep):

@@ -521,6 +521,32 @@ def test_a_channels_last_pass_takes_the_faster_route_once_and_caches_it(tuner, m
     assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc"))["choice"] == want
 
 
+def test_a_pointwise_channels_last_layer_also_times_the_gemm_route(tuner, monkeypatch):
+    """A 1x1 kernel without padding has a third route, "gemm" (one GEMM on the NHWC arrays as they are),
+    timed with the other two under its own record key (label() + ":nhwc+gemm", so that a record made
+    before it joined is timed again); other kernels keep two routes. With cuDNN's and the NCHW routes
+    slow, it wins, and no NCHW pass or copy runs for it after the timing."""
+    pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(1, 1), padding=(0, 0))
+    assert auto.routes_for(**pointwise) == ("cudnn", "gemm", "nchw")
+    assert auto.routes_for(**GEOM) == ("cudnn", "nchw")
+    assert auto.routes_for(**dict(pointwise, padding=(1, 1))) == ("cudnn", "nchw")
+    cudnn, run = NhwcStandIn(sleep=0.01), nchw_stand_in(0.01)
+    for pass_name in ("fprop", "bprop", "accgrad"):
+        assert auto.nhwc_route({"cudnn": cudnn}, run, pass_name, **pointwise, xp=np) == "gemm"
+    rows = auto.route_choices()
+    assert len(rows) == 3 and all(set(r["ms"]) == {"cudnn", "gemm", "nchw"} and not r["skipped"] for r in rows)
+    assert all(k[-1] == "auto:nhwc+gemm" for k in auto._route_records)
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) in ("cudnn", "nchw")   # 3x3: two routes
+    assert set(auto.route_choices()[-1]["ms"]) == {"cudnn", "nchw"}
+    # a record of the old key (two routes, made before "gemm" joined) is not taken for the 1x1 layer
+    monkeypatch.setattr(auto, "_routes", {})
+    monkeypatch.setattr(auto, "_route_records", {})
+    monkeypatch.setattr(tuning, "_memo", {})
+    geom = auto._geometry_key(pointwise["x_shape"], pointwise["w_shape"], pointwise["stride"], pointwise["padding"])
+    assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc")) is None
+    assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc+gemm"))["choice"] == "gemm"
+
+
 def test_a_channels_last_route_that_disagrees_with_gemm_is_skipped(tuner):
     cudnn = NhwcStandIn(wrong=True)     # fast and wrong
     assert auto.nhwc_route({"cudnn": cudnn}, nchw_stand_in(0.01), "fprop", **GEOM, xp=np) == "nchw"

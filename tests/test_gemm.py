@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import backends
-from backends import gemm
+from backends import gemm, layout
 from backends.common import KERNEL_DIR, batch_slices
 from conftest import DEVICES, host_library
-from reference import check_backend
+from minitorch_fft.device import to_device
+from reference import check_backend, conv_reference, rel_error
 
 
 def random_geometry(rng):
@@ -173,6 +174,67 @@ def test_pointwise_forms_match_float64(device, form, xs, ws, stride, monkeypatch
     check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
     settings(gemm_workspace_mb=2**-20)
     check_backend(gemm, x, w, stride, (0, 0), device=device, rng=rng)
+
+
+NHWC_CASES = POINTWISE + [((4, 8, 6, 6), (16, 8, 1, 1), (1, 1))]   # f' f = 128 <= NHWC_PARTIALS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", gemm.FORMS)
+@pytest.mark.parametrize("xs,ws,stride", NHWC_CASES)
+def test_channels_last_pointwise_passes_match_float64(device, form, xs, ws, stride, monkeypatch, settings):
+    """The channels-last 1x1 passes (auto's "gemm" route: fprop_nhwc, bprop_nhwc, accgrad_nhwc) on
+    NHWC arrays give NHWC results equal to float64, accGrad in each form, whole batch and one image a
+    chunk; the NHWC operands are taken as they are (no layout copy), the weight in either layout."""
+    rng = np.random.default_rng(17)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    S, fo = xs[0], ws[0]
+    oh, ow = (xs[2] - 1) // stride[0] + 1, (xs[3] - 1) // stride[1] + 1
+    gy = rng.standard_normal((S, fo, oh, ow)).astype(np.float32)
+    y_ref, gx_ref, gw_ref = conv_reference(x, w, gy, stride, (0, 0))
+    xd, gyd = (layout.to_nhwc(to_device(a, device)) for a in (x, gy))
+    weights = (to_device(w, device), layout.to_nhwc(to_device(w, device)))
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run, forms=None, default=None: form)
+    copies, real = [], layout.to_nhwc
+
+    def to_nhwc(a):
+        out = real(a)
+        if out is not a:
+            copies.append(a.shape)
+        return out
+    monkeypatch.setattr(layout, "to_nhwc", to_nhwc)
+    for chunked in (False, True):
+        if chunked:
+            settings(gemm_workspace_mb=2**-20)
+        for wl in weights:
+            y = gemm.fprop_nhwc(xd, wl, stride)
+            gx = gemm.bprop_nhwc(gyd, wl, xs, stride)
+            gw = gemm.accgrad_nhwc(gyd, xd, ws, stride)
+            assert all(a.transpose(0, 2, 3, 1).flags.c_contiguous for a in (y, gx))
+            assert gw.shape == ws
+            for got, ref in ((y, y_ref), (gx, gx_ref), (gw, gw_ref)):
+                assert rel_error(got, ref) <= 1e-5
+    assert copies == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_pointwise_passes_take_other_layouts_and_refuse_other_kernels(device):
+    """An NCHW operand is laid out channels-last first (a copy), with the same result; a kernel other than
+    1x1 without padding is refused before any work, naming the limit."""
+    rng = np.random.default_rng(19)
+    x, w = rng.standard_normal((2, 6, 5, 4)).astype(np.float32), rng.standard_normal((3, 6, 1, 1)).astype(np.float32)
+    y_ref, _, _ = conv_reference(x, w, np.zeros((2, 3, 5, 4)), (1, 1), (0, 0))
+    y = gemm.fprop_nhwc(to_device(x, device), to_device(w, device))
+    assert y.transpose(0, 2, 3, 1).flags.c_contiguous and rel_error(y, y_ref) <= 1e-5
+    assert gemm.nhwc_supports(x.shape, w.shape, (2, 2)) and not gemm.nhwc_supports(x.shape, w.shape, (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="1x1 kernels without padding"):
+        gemm.fprop_nhwc(to_device(x, device), to_device(w, device), padding=(1, 1))
+    w3 = to_device(rng.standard_normal((3, 6, 3, 3)).astype(np.float32), device)
+    assert not gemm.nhwc_supports(x.shape, w3.shape)
+    with pytest.raises(ValueError, match="1x1 kernels without padding"):
+        gemm.fprop_nhwc(to_device(x, device), w3)
+    with pytest.raises(TypeError, match="float32"):
+        gemm.fprop_nhwc(to_device(x.astype(np.float64), device), to_device(w, device))
 
 
 ACCGRAD_FORM_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),   # few planes; accgrad_small: 14 threads

@@ -293,6 +293,45 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes, gy_l
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2)], ids=["s1", "s2"])
+@pytest.mark.parametrize("routes", [("gemm", "gemm", "gemm"), ("gemm", "nchw", "gemm"), ("cudnn", "gemm", "nchw")],
+                         ids=["all_gemm", "mixed", "mixed_other"])
+def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, stride):
+    """A channels-last 1x1 layer's "gemm" route (one GEMM on the tensors as they are), forced per pass and
+    mixed with the other two: every result, the backward operator's own included, channels-last and equal
+    to float64, the bias with fprop; a pass on the GEMM route runs no NCHW pass and copies nothing to
+    NCHW."""
+    if not backends.get("cudnn").available():
+        pytest.skip("cuDNN's frontend is not installed")
+    settings(tf32=False)
+    chosen = dict(zip(("fprop", "accgrad", "bprop"), routes))
+    nchw_ran, copied = [], []
+    monkeypatch.setattr(backends, "nhwc_route", lambda p, *a, **k: chosen[p])
+    real_run, real_copy = backends.run_pass, backends.layout.to_nchw
+    monkeypatch.setattr(backends, "run_pass", lambda name, p, *a, **k: nchw_ran.append(p) or real_run(name, p, *a, **k))
+    monkeypatch.setattr(backends.layout, "to_nchw", lambda a: copied.append(tuple(a.shape)) or real_copy(a))
+    x, w, _, padding = operands((4, 12, 10, 9, 7, 1, 1, stride, (0, 0)), "cuda", seed=9)
+    bias = torch.randn(10, generator=torch.Generator().manual_seed(4)).cuda().requires_grad_()
+    x, w = (t.requires_grad_() for t in channels_last(x, w))
+    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
+    y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
+    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    gy32 = gy.float().cuda().contiguous(memory_format=torch.channels_last)
+    with reuse_spectra():
+        y = conv2d(x, w, stride, padding, bias=bias)
+        y.backward(gy32)
+    y64.backward(gy)
+    assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw")
+    if "nchw" not in routes:
+        assert copied == []
+    gx, gw, gb = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, True)
+    assert all(t.is_contiguous(memory_format=torch.channels_last) for t in (y, gx))
+    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad), (gx, x64.grad),
+                     (gw, w64.grad), (gb, b64.grad)):
+        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+
+
+@pytest.mark.gpu
 def test_channels_last_nchw_routes_in_a_cuda_graph(monkeypatch, settings):
     """A channels-last layer whose passes take the "nchw" route (and one the "cudnn" route) captured in
     a CUDA graph with its backward: each crossing (the forward's, the backward's) runs its copies, its
@@ -333,21 +372,26 @@ def test_channels_last_nchw_routes_in_a_cuda_graph(monkeypatch, settings):
 
 
 @pytest.mark.gpu
-def test_channels_last_auto_times_both_routes_per_pass(settings, tmp_path):
+@pytest.mark.parametrize("case", [(8, 16, 24, 20, 20, 5, 5, (1, 1), (2, 2)),    # geometries of their own
+                                  (8, 24, 16, 20, 20, 1, 1, (1, 1), (0, 0))],   # 1x1: the gemm route too
+                         ids=["5x5", "1x1"])
+def test_channels_last_auto_times_both_routes_per_pass(settings, tmp_path, case):
     """On the GPU, auto with cudnn among its candidates times a channels-last layer's routes once per
-    pass (backends.nhwc_route), records both routes' times, and keeps the choice for the next call."""
+    pass (backends.nhwc_route; a 1x1 layer's three, the others' two), records every route's time, and
+    keeps the choice for the next call."""
     if not backends.get("cudnn").available():
         pytest.skip("cuDNN's frontend is not installed")
     settings(tf32=False, tune_cache=str(tmp_path / "tune.json"))
-    x, w, stride, padding = operands((8, 16, 24, 20, 20, 5, 5, (1, 1), (2, 2)), "cuda", seed=7)   # a geometry of its own
+    x, w, stride, padding = operands(case, "cuda", seed=7)
     x, w = (t.requires_grad_() for t in channels_last(x, w))
     y = conv2d(x, w, stride, padding)
     y.backward(torch.ones_like(y))
     g = backends.geometry(tuple(x.shape), tuple(w.shape), stride, padding)
+    routes = backends.auto.routes_for(tuple(x.shape), tuple(w.shape), stride, padding)
+    assert len(routes) == (3 if case[5] == 1 else 2)
     rows = [r for r in backends.auto.route_choices() if tuple(r["geometry"][:4]) == (g.S, g.f, g.fo, g.h)]
     assert {r["pass"] for r in rows} == {"fprop", "bprop", "accgrad"}
-    assert all(r["route"] in ("cudnn", "nchw") and set(r["ms"]) | set(r["skipped"]) == {"cudnn", "nchw"}
-               for r in rows)
+    assert all(r["route"] in routes and set(r["ms"]) | set(r["skipped"]) == set(routes) for r in rows)
     import cupy
     for r in rows:
         assert backends.nhwc_route(r["pass"], tuple(x.shape), tuple(w.shape), stride, padding, cupy) == r["route"]

@@ -34,6 +34,9 @@ backends.run_pass call timed by the allocator's own counters (torch.cuda.memory_
 peak, reset at each call's start and end: host-side, no synchronisation), and lists the passes and
 the stretches between them (PyTorch's own work) with the highest peaks, each with what was
 allocated at its start and its transient (the peak less that), in MiB above the step's start.
+With --channels-last it times the adapter's crossings instead (a layer's fprop, or its backward
+passes together, each labelled with the route auto took), since a pass on cuDNN's NHWC plans does
+not go through run_pass.
 
 The row "stock compiled NCHW" is "stock compiled" with inductor's layout optimization off
 (torch._inductor.config.layout_optimization): inductor otherwise runs a convolution-heavy model's
@@ -332,15 +335,19 @@ def issue_split(step, steps):
     return tuple(statistics.median(col) for col in zip(*rows)), full, per_pass, per_piece
 
 
-def pass_peaks(step, top):
+def pass_peaks(step, top, crossings=False):
     """[(peak, start, label)] of one step's stretches with the highest peaks, in MiB above the
     step's start: each backends.run_pass call (label: pass, backend that ran it, shapes) and each
     stretch between two calls (label: "between ... and ..."), by the caching allocator's counters
-    read and reset at each call's start and end; and the step's own peak."""
+    read and reset at each call's start and end; and the step's own peak. crossings: each of the
+    adapter's crossings instead (minitorch_fft.pytorch._crossing: a layer's fprop, or its backward
+    passes together; label: passes, each one's route where the layer is channels-last, shapes), which
+    a channels-last layer's passes on cuDNN's NHWC plans go through and run_pass does not."""
     import torch
 
     import backends
     from backends import config
+    from minitorch_fft import pytorch as pt
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     stretches, last = [], ["the step's start"]
@@ -357,11 +364,20 @@ def pass_peaks(step, top):
         picked = backends.choose(name, pass_name, x_shape, w_shape, stride, padding, _cupy())
         return (f"{pass_name} {picked.__name__.split('.')[-1]} x {tuple(x_shape)} w {tuple(w_shape)}"
                 f"{' (TF32)' if config.get('tf32') else ''}")
-    inner = backends.run_pass
+
+    def by_crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bias=None):
+        names = [p[0] for p in passes]
+        if nhwc and backend == "auto":   # the routes the crossing takes (each timed at its first call)
+            names = [f"{n}->{backends.nhwc_route(n, x_shape, w_shape, tuple(stride), tuple(padding), _cupy())}"
+                     for n in names]
+        return (f"{'+'.join(names)}{' channels-last' if nhwc else ''} x {tuple(x_shape)} w {tuple(w_shape)}"
+                f"{' (TF32)' if config.get('tf32') else ''}")
+    module, name, label_of = (pt, "_crossing", by_crossing) if crossings else (backends, "run_pass", by_pass)
+    inner = getattr(module, name)
     between = [torch.cuda.memory_allocated()]
 
     def recorded(*args, **kwargs):
-        label = by_pass(*args, **kwargs)
+        label = label_of(*args, **kwargs)
         close(f"between {last[0]} and {label}", between[0])
         start = torch.cuda.memory_allocated()
         try:
@@ -369,12 +385,12 @@ def pass_peaks(step, top):
         finally:
             close(label, start)
             last[0], between[0] = label, torch.cuda.memory_allocated()
-    backends.run_pass = recorded
+    setattr(module, name, recorded)
     try:
         step()
         torch.cuda.synchronize()
     finally:
-        backends.run_pass = inner
+        setattr(module, name, inner)
     close(f"between {last[0]} and the step's end", between[0])
     step_peak = max(p for p, _, _ in stretches)
     return step_peak, sorted(stretches, reverse=True)[:top]
@@ -473,9 +489,6 @@ def main():
     rows = [r.strip() for r in args.rows.split(",")]
     if any(r not in ROWS for r in rows):
         ap.error(f"unknown row in --rows {args.rows!r}; choose from {', '.join(ROWS)}")
-    if args.passes and args.channels_last:
-        ap.error("--passes times backends.run_pass's calls, which a channels-last layer's cuDNN passes do not "
-                 "go through: not with --channels-last")
 
     import torch
 
@@ -586,7 +599,7 @@ def main():
             for piece, calls, us_ in per_piece:
                 print(f"  {calls * us_ / 1e3:6.3f}  {calls:5.1f}  {us_:7.1f}  {piece}")
         if args.passes and converted:
-            step_peak, stretches = pass_peaks(step, args.top)
+            step_peak, stretches = pass_peaks(step, args.top, crossings=args.channels_last)
             print(f"the highest stretches of one step (peak {step_peak:.0f} MiB above its start; MiB: peak, allocated at "
                   "the stretch's start, transient):")
             for p, start, what in stretches:
