@@ -403,7 +403,7 @@ def _pieces():
     from backends import cgemm, common, cudnn, fbfft_kernels, polyphase
     return [((cgemm, "_gemm"), lambda xp, a, b, out, op_a, op_b, *_: f"cgemm._gemm {a.shape} {op_a} {b.shape} {op_b} "
                                                                       f"({cgemm.mode(xp)})"),
-            ((cudnn._Plan, "run"), lambda plan, cp, a, b, out: f"cudnn plan run -> {out.shape}"),
+            ((cudnn._Plan, "run"), lambda plan, cp, a, b, out, *_: f"cudnn plan run -> {out.shape}"),
             ((common, "check_fits"), lambda nbytes, *_: f"common.check_fits ({nbytes / 2**20:.0f} MiB)"),
             ((polyphase, "_launch"), lambda kind, *_: f"polyphase._launch {kind}"),
             ((fbfft_kernels, "rfft2_launcher"), lambda *_: "fbfft_kernels.rfft2_launcher (the look-up)"),
