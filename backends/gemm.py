@@ -397,6 +397,26 @@ def accgrad_nhwc(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     return run(_form(xp, "accgrad_nhwc", g, run, forms, default="flat") if len(forms) > 1 else "flat")
 
 
+def prepare_nhwc(pass_name, g, xp):
+    """run(a, b, out) for a channels-last 1x1 pass that is one GEMM on matrices, or None where it is
+    more (a stride's gather or scatter, accGrad's per-image partials or a form not yet tuned; at
+    stride 1 the whole batch is one chunk): for a caller that makes the matrices itself and calls a pass many times (the
+    PyTorch adapter), with the operands' checks, layouts, geometry and chunks worked out here once.
+    The matrices, C-contiguous float32 on the GPU: an activation's pixels (S*h*w, planes), the
+    weight (f', f), the output's pixels (fprop, bprop) or gW (accGrad), which run fills and returns."""
+    if xp is np or _strided(g) or not _pointwise(g):
+        return None
+    if pass_name == "fprop":
+        return lambda x, w, y: cgemm.matmul(xp, x, w, op_b="T", out=y, strict=True)
+    if pass_name == "bprop":
+        return lambda gy, w, gx: cgemm.matmul(xp, gy, w, out=gx, strict=True)
+    if g.fo * g.f <= NHWC_PARTIALS and tuning.enabled("gemm_tune", xp):
+        form = (tuning.peek(form_key(xp, "accgrad_nhwc", g)) or {}).get("choice")
+        if form != "flat":
+            return None
+    return lambda gy, x, gw: cgemm.matmul(xp, gy, x, op_a="T", out=gw, strict=True)   # gW = GY^T @ X, overwritten
+
+
 # -- the fused forms of the strided 1x1 fprop and bprop (kernels/pointwise.cu) ---------------------
 # pointwise_gemm's tile: BM rows of the product (f' for fprop, f for bprop), each form its BM, by
 # FUSED_BN pixels; K (f or f') in steps of FUSED_BK

@@ -404,15 +404,72 @@ def _nhwc_pass(route, cp, geometry, pass_name, a, b, bias):
     pass that takes one); route "gemm", a 1x1 layer's pass as one GEMM on the pixels (gemm.fprop_nhwc,
     bprop_nhwc, accgrad_nhwc), fprop's bias added after."""
     x_shape, w_shape, stride, padding = geometry
+    if route == "gemm":
+        y = _gemm_prepared(cp, geometry, pass_name, a, b)
+        if y is None:
+            third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
+            a, b = (_cupy_nhwc(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
+            y = _from_cupy(getattr(backends.gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding))
+        return _add_bias(y, bias) if pass_name == "fprop" else y
     a, b = (_cupy_nhwc(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
     third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
-    if route == "gemm":
-        y = _from_cupy(getattr(backends.gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding))
-        return _add_bias(y, bias) if pass_name == "fprop" else y
     cudnn = backends.get("cudnn")
     extra = {} if pass_name != "fprop" or bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
     return _from_cupy(getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc",
                                                 **extra))
+
+
+_gemm_runs = {}   # (pass, geometry, config.state()) -> gemm.prepare_nhwc's run, None (the full path), or _FIRST
+_FIRST = object()  # seen once: the full path ran (and tuned accGrad's form); prepared at the next call
+
+
+def _gemm_prepared(cp, geometry, pass_name, a, b):
+    """A 1x1 layer's pass on the "gemm" route as one prepared GEMM (gemm.prepare_nhwc) from its second
+    call on, its matrices made straight from the tensors (_cupy_matrix) and its result a new tensor laid
+    out as the operator says; None where the full path must run (the first call, which tunes accGrad's
+    form; a pass that is more than one GEMM; an operand not dense in the layout the GEMM reads: the full
+    path lays it out). What it skips, a pass: the full path's operand and layout checks, the geometry
+    and chunk look-ups, the 4-d views and the DLPack crossing back (session 46: ResNet-50's channels-last
+    step is host-bound on a slow host, 108 such passes a step)."""
+    key = (pass_name, geometry, backends.config.state())
+    run = _gemm_runs.get(key)
+    if run is None:
+        if key not in _gemm_runs:
+            _gemm_runs[key] = _FIRST
+        return None
+    if run is _FIRST:
+        run = _gemm_runs[key] = backends.gemm.prepare_nhwc(pass_name, backends.geometry(*geometry), cp)
+        if run is None:
+            return None
+    x_shape, w_shape, stride, padding = geometry
+    if pass_name == "accgrad":   # (gy, x) -> gW: pixels, pixels -> a weight's matrix
+        out_shape, pixels = w_shape, (True, True, False)
+    else:                        # fprop (x, w) -> y, bprop (gy, w) -> gx: pixels, a weight's matrix -> pixels
+        out_shape = (x_shape[0], w_shape[0], x_shape[2], x_shape[3]) if pass_name == "fprop" else x_shape
+        pixels = (True, False, True)
+    if not a.numel() or not all(_dense_as(t, p) for t, p in zip((a, b), pixels)):
+        return None
+    out = torch.empty(out_shape, dtype=torch.float32, device=a.device, memory_format=torch.channels_last)
+    run(*(_cupy_matrix(t, cp, p) for t, p in zip((a, b, out), pixels)))
+    return out
+
+
+def _dense_as(t, pixels):
+    """Whether t's memory is the matrix _cupy_matrix makes: its pixels' (an activation laid out
+    channels-last), or a 1x1 weight's (f', f), dense in either layout."""
+    if pixels:
+        return t.is_contiguous(memory_format=torch.channels_last)
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _cupy_matrix(t, cp, pixels):
+    """A dense float32 CUDA tensor's memory as a C-contiguous CuPy matrix, keeping t alive: its pixels
+    (numel / planes, planes) for an activation laid out channels-last, else (f', numel / f') for a 1x1
+    weight or its gradient."""
+    size = t.numel()
+    shape = (size // t.shape[1], t.shape[1]) if pixels else (t.shape[0], size // t.shape[0])
+    memory = cp.cuda.UnownedMemory(t.data_ptr(), size * 4, t, t.device.index)
+    return cp.ndarray(shape, cp.float32, cp.cuda.MemoryPointer(memory, 0))
 
 
 def _nchw_array(copies, t, cp, keep):

@@ -299,8 +299,9 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes, gy_l
 def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, stride):
     """A channels-last 1x1 layer's "gemm" route (one GEMM on the tensors as they are), forced per pass and
     mixed with the other two: every result, the backward operator's own included, channels-last and equal
-    to float64, the bias with fprop; a pass on the GEMM route runs no NCHW pass and copies nothing to
-    NCHW."""
+    to float64, the bias with fprop, at the first call (gemm's full path) and the second (a stride-1 pass
+    prepared: one GEMM on matrices made from the tensors, _gemm_prepared); a pass on the GEMM route runs
+    no NCHW pass and copies nothing to NCHW."""
     if not backends.get("cudnn").available():
         pytest.skip("cuDNN's frontend is not installed")
     settings(tf32=False)
@@ -317,18 +318,25 @@ def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, strid
     y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
     gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     gy32 = gy.float().cuda().contiguous(memory_format=torch.channels_last)
-    with reuse_spectra():
-        y = conv2d(x, w, stride, padding, bias=bias)
-        y.backward(gy32)
     y64.backward(gy)
-    assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw")
+    geometry = (tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding))
+    for call in range(2):
+        x.grad = w.grad = bias.grad = None
+        with reuse_spectra():
+            y = conv2d(x, w, stride, padding, bias=bias)
+            y.backward(gy32)
+        gx, gw, gb = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, True)
+        assert all(t.is_contiguous(memory_format=torch.channels_last) for t in (y, gx))
+        for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad), (gx, x64.grad),
+                         (gw, w64.grad), (gb, b64.grad)):
+            assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+    # two calls, each a forward, its backward and _grads (accGrad and bprop once more)
+    assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw" for _ in range(2 if p == "fprop" else 4))
     if "nchw" not in routes:
         assert copied == []
-    gx, gw, gb = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, True)
-    assert all(t.is_contiguous(memory_format=torch.channels_last) for t in (y, gx))
-    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad), (gx, x64.grad),
-                     (gw, w64.grad), (gb, b64.grad)):
-        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+    prepared = {k[0] for k, run in pt._gemm_runs.items() if k[1] == geometry and callable(run)}
+    want = {p for p, r in chosen.items() if r == "gemm"} if stride == (1, 1) else set()
+    assert want - {"accgrad"} <= prepared <= want   # accGrad's per-image form, where tuned, is not one GEMM
 
 
 @pytest.mark.gpu

@@ -113,8 +113,9 @@ def make_steps(net, batch, tf32, kinds, compiled=False, channels_last=False):
     return made
 
 
-ADAPTER_FUNCTIONS = ("_array", "_crossing", "_pass", "_shape_arg", "_check_float32", "_autocast",
-                     "_channels_last_passes", "_nchw_copy", "_nchw_array", "_pass_arrays", "_keeps")
+ADAPTER_FUNCTIONS = ("_array", "_crossing", "_pass", "_check_float32", "_autocast",
+                     "_channels_last_passes", "_nchw_copy", "_nchw_array", "_pass_arrays", "_keeps",
+                     "_nhwc_pass", "_gemm_prepared")
 # (a name the other file lacks keeps the live module's function; one the live module lacks is removed after)
 _old_adapter = [None]   # --old-adapter's path
 
