@@ -36,8 +36,9 @@ On the CPU nothing is timed unless ``MINITORCH_AUTO_TUNE=on``: the first backend
 PREFERENCE that supports the geometry is used, which keeps CPU runs deterministic and fast.
 
 Channels-last layers (nhwc_route, for the PyTorch adapter): cuDNN's NHWC plans take the tensors as
-they are; every other backend takes NCHW. Per pass, auto times the two routes (cuDNN's NHWC plans,
-or copies to NCHW, auto's NCHW choice and the result copied back) and caches the faster.
+they are, and so do gemm's channels-last 1x1 passes; every other backend takes NCHW. Per pass, auto
+times the routes (cuDNN's NHWC plans; for a 1x1 kernel without padding, gemm's GEMMs on the pixels;
+copies to NCHW, auto's NCHW choice and the result copied back) and caches the fastest.
 """
 from collections import Counter
 
@@ -365,22 +366,25 @@ def format_choices():
 
 # -- channels-last layers: cuDNN's NHWC plans, a 1x1 layer's GEMMs, or our NCHW passes on copies ------
 
-ROUTES = ("cudnn", "gemm", "nchw")   # in tie order: cuDNN's plans and the GEMMs copy nothing (no extra memory,
-                                     # no copy kernels)
+ROUTES = ("cudnn", "gemm", "nchw")   # in tie order: cuDNN's plans take the tensors as they are, the GEMMs do at
+                                     # stride 1 (strided: a gather, or a scatter into zeros), "nchw" copies both ways
 
 
-def routes_for(x_shape, w_shape, stride, padding):
-    """The routes a channels-last layer's passes can take: "gemm" (gemm.fprop_nhwc and the others: one GEMM
-    on the arrays as they are) only for a 1x1 kernel without padding."""
-    if gemm.nhwc_supports(x_shape, w_shape, stride, padding):
+def routes_for(registry, x_shape, w_shape, stride, padding):
+    """The routes a channels-last layer's passes can take with auto's candidates `registry` (which the
+    caller has checked holds cudnn): "gemm" (gemm.fprop_nhwc and the others: GEMMs on the arrays as
+    they are) only for a 1x1 kernel without padding, and only where gemm is among the candidates."""
+    if "gemm" in registry and gemm.nhwc_supports(x_shape, w_shape, stride, padding):
         return ROUTES
     return tuple(r for r in ROUTES if r != "gemm")
 
 
-def _route_label(x_shape, w_shape, stride, padding):
+def _route_label(routes):
     """The route record's backend field: label() + ":nhwc", and "+gemm" where the "gemm" route is a
     candidate (it joined in session 46: a 1x1 layer's record made without it is timed again)."""
-    return label() + (":nhwc+gemm" if "gemm" in routes_for(x_shape, w_shape, stride, padding) else ":nhwc")
+    return label() + (":nhwc+gemm" if "gemm" in routes else ":nhwc")
+
+
 _routes = {}          # _fast_key of ("nhwc", pass) -> route: the per-call path
 _route_records = {}   # tuning key -> record, this process's route choices (route_choices())
 
@@ -411,23 +415,25 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
         return route
     if not tuning.enabled("auto_tune", xp):
         return "cudnn"
+    routes = routes_for(registry, x_shape, w_shape, stride, padding)
     key = tuning.key(xp, np.float32, _geometry_key(x_shape, w_shape, stride, padding), pass_name,
-                     _route_label(x_shape, w_shape, stride, padding))
+                     _route_label(routes))
     record = _route_records.get(key)
     if record is None:
         with reuse.suspended():   # a timed route pays for its own FFTs, every repeat
-            record = tuning.remembered(key, lambda: _tune_route(registry["cudnn"], run_nchw, pass_name, x_shape,
-                                                                w_shape, stride, padding, xp),
-                                       valid=lambda choice: choice in routes_for(x_shape, w_shape, stride, padding))
+            record = tuning.remembered(key, lambda: _tune_route(registry["cudnn"], run_nchw, routes, pass_name,
+                                                                x_shape, w_shape, stride, padding, xp),
+                                       valid=lambda choice: choice in routes)
         _route_records[key] = record
     if fast is not None:
         _routes[fast] = record["choice"]
     return record["choice"]
 
 
-def _tune_route(cudnn, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
-    """tuning.tune over the geometry's routes (routes_for) for one pass, each checked against gemm on the
-    NCHW data."""
+def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, padding, xp):
+    """tuning.tune over `routes` (routes_for) for one pass, each checked against gemm on the NCHW data
+    (without a bias: the "gemm" and "nchw" routes add a layer's bias after fprop, cuDNN's may fuse it;
+    not timed)."""
     nchw = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
     a, b = (layout.to_nhwc(t) for t in nchw[:2])   # the same values, laid out as a channels-last layer's
     third = nchw[2:]
@@ -445,11 +451,12 @@ def _tune_route(cudnn, run_nchw, pass_name, x_shape, w_shape, stride, padding, x
 
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     try:
-        return tuning.tune(routes_for(x_shape, w_shape, stride, padding), run, xp, reference=reference, reference_name="gemm", tol=tol, margin=margin(),
-                           prefer=ROUTES.index, explain=lambda route: "tie order: no layout copies first")
+        return tuning.tune(routes, run, xp, reference=reference, reference_name="gemm", tol=tol,
+                           margin=margin(), prefer=ROUTES.index,
+                           explain=lambda route: "tie order: no layout copies first")
     except RuntimeError as e:
-        raise RuntimeError(f"auto: neither route ran {pass_name} of channels-last input {tuple(x_shape)}, "
-                           f"weight {tuple(w_shape)}: {e}") from None
+        raise RuntimeError(f"auto: no route ({', '.join(routes)}) ran {pass_name} of channels-last input "
+                           f"{tuple(x_shape)}, weight {tuple(w_shape)}: {e}") from None
     finally:
         cufft_buffers.release_buffers()   # as _tune: a timed cufft pass's buffers are not kept
 

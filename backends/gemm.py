@@ -187,13 +187,11 @@ SMALL_GRADIENT = 16384   # f' * f*kh*kw at most: accGrad's flat GEMM has a few o
 def _form(xp, pass_name, g, run, forms=FORMS, default=None):
     """The form of this pass (of `forms`): tuned where gemm_tune tunes, else `default`, or where that
     is None the rule in the module doc."""
-    if default is not None:
-        pass
-    elif _pointwise(g):
-        flat = pass_name == "accgrad" and g.fo * g.f > 1.5 * g.oh * g.ow * (g.fo + g.f)
-        default = "flat" if flat else "per_image"
-    else:
-        flat = g.fo * g.f * g.kh * g.kw > SMALL_GRADIENT       # only accGrad asks here
+    if default is None:
+        if _pointwise(g):
+            flat = pass_name == "accgrad" and g.fo * g.f > 1.5 * g.oh * g.ow * (g.fo + g.f)
+        else:
+            flat = g.fo * g.f * g.kh * g.kw > SMALL_GRADIENT       # only accGrad asks here
         default = "flat" if flat else "per_image"
     if not tuning.enabled("gemm_tune", xp):
         return default
@@ -289,8 +287,9 @@ def _accgrad_1x1(xp, gy, x, g):
 
 # -- 1x1 passes on channels-last arrays: GEMMs on their memory as it is -----------------------------
 # A channels-last (NHWC) activation, logical shape (n, c, h, w), is in memory the (n*h*w, c) matrix of
-# its pixels' channel vectors, so a 1x1 kernel's passes are GEMMs on it with no layout copies (auto's
-# "gemm" route for channels-last layers, auto.nhwc_route):
+# its pixels' channel vectors, so a 1x1 kernel's passes are GEMMs on it with no layout copies at stride
+# 1 (auto's "gemm" route for channels-last layers, auto.nhwc_route; an operand laid out otherwise is
+# laid out channels-last first):
 #   fprop   Y (S*oh*ow, f')  = X_s @ W^T     X_s (S*oh*ow, f): the strided pixels (a gather where strided)
 #   bprop   GX_s (S*oh*ow, f) = GY @ W       scattered into zeros where strided
 #   accGrad gW (f', f)        = GY^T @ X_s   one GEMM ("flat", its K every pixel of the batch), or
@@ -315,18 +314,12 @@ def _nhwc_geometry(x_shape, w_shape, stride, padding):
     return g
 
 
-def _nhwc_operands(*names_arrays):
-    """(xp, arrays...): float32 arrays of one kind (common.check_kinds); each 4-d activation laid out
-    channels-last (layout.to_nhwc: itself where it is, else a copy), each weight (f', f, 1, 1) as the
-    (f', f) matrix."""
-    xp = check_kinds(**dict(names_arrays))
-    out = []
-    for name, a in names_arrays:
-        if name == "w":
-            out.append(xp.ascontiguousarray(a.reshape(a.shape[0], -1)) if a.ndim == 4 else a)
-        else:
-            out.append(layout.to_nhwc(a))
-    return (xp, *out)
+def _nhwc_operands(xp, *names_arrays):
+    """The arrays (checked by common.check_kinds, the geometry by _nhwc_geometry) as the GEMMs take
+    them: each activation laid out channels-last (layout.to_nhwc: itself where it is, else a copy),
+    the weight (f', f, 1, 1) as the (f', f) matrix."""
+    return [xp.ascontiguousarray(a.reshape(a.shape[0], -1)) if name == "w" else layout.to_nhwc(a)
+            for name, a in names_arrays]
 
 
 def _pixels(a):
@@ -349,8 +342,9 @@ def _strided_pixels(xp, x, g):
 
 def fprop_nhwc(x, w, stride=(1, 1), padding=(0, 0)):
     """fprop of a 1x1 kernel without padding on a channels-last x, its y channels-last: Y = X_s @ W^T."""
-    xp, x, w2 = _nhwc_operands(("x", x), ("w", w))
+    xp = check_kinds(x=x, w=w)
     g = _nhwc_geometry(x.shape, w.shape, stride, padding)
+    x, w2 = _nhwc_operands(xp, ("x", x), ("w", w))
     y = _nhwc_empty(xp, g.S, g.fo, g.oh, g.ow)
     for sl in _image_chunks(g, g.f * g.oh * g.ow * 4 if _strided(g) else 0):
         cgemm.matmul(xp, _strided_pixels(xp, x[sl], g), w2, op_b="T", out=_pixels(y[sl]), strict=True)
@@ -359,25 +353,28 @@ def fprop_nhwc(x, w, stride=(1, 1), padding=(0, 0)):
 
 def bprop_nhwc(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     """bprop of a 1x1 kernel without padding on a channels-last gy, its gx channels-last: GX_s = GY @ W."""
-    xp, gy, w2 = _nhwc_operands(("gy", gy), ("w", w))
+    xp = check_kinds(gy=gy, w=w)
     g = _nhwc_geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
+    gy, w2 = _nhwc_operands(xp, ("gy", gy), ("w", w))
     gx = _nhwc_empty(xp, g.S, g.f, g.h, g.w, zeros=_strided(g))
     if not _strided(g):
         cgemm.matmul(xp, _pixels(gy), w2, out=_pixels(gx), strict=True)
         return gx
     for sl in _image_chunks(g, g.f * g.oh * g.ow * 4):
         cols = cgemm.matmul(xp, _pixels(gy[sl]), w2, strict=True)            # (n*oh*ow, f)
-        gx[sl][:, :, ::g.sh, ::g.sw] = cols.reshape(-1, g.oh, g.ow, g.f).transpose(0, 3, 1, 2)
+        # through gx's NHWC view, channels innermost on both sides (the copy coalesced)
+        gx[sl].transpose(0, 2, 3, 1)[:, ::g.sh, ::g.sw] = cols.reshape(-1, g.oh, g.ow, g.f)
     return gx
 
 
 def accgrad_nhwc(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
     """accGrad of a 1x1 kernel without padding on channels-last gy and x: gW = GY^T @ X_s, its form
     ("flat" or "per_image") tuned per geometry where gemm_tune tunes, else flat."""
-    xp, gy, x = _nhwc_operands(("gy", gy), ("x", x))
+    xp = check_kinds(gy=gy, x=x)
     g = _nhwc_geometry(x.shape, w_shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
+    gy, x = _nhwc_operands(xp, ("gy", gy), ("x", x))
     P, gather = g.oh * g.ow, (g.f * g.oh * g.ow * 4 if _strided(g) else 0)
 
     def run(form):

@@ -340,7 +340,7 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     NCHW passes on copies made by backends.layout's transpose (_nchw_array), their results copied back.
     Elsewhere (CPU, another backend, no cuDNN) the NCHW passes on copies. A bias goes into cuDNN's
     fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is added to the
-    NCHW fprop's result once it is copied back. The device's CuPy scope is entered once for all of
+    GEMM route's result, or to the NCHW fprop's once it is copied back. The device's CuPy scope is entered once for all of
     it: the copies stay CuPy arrays, and nothing crosses to a tensor but the results (a copy's two
     crossings and two scope entries a pass were ~1 ms of converted AlexNet's host time a step,
     session 45)."""
@@ -353,16 +353,18 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     with _scope(first.get_device()) as cp:   # once for the crossing: routes, copies, passes and copies back
         routes = ["cudnn" if backend == "cudnn" else backends.nhwc_route(p[0], x_shape, w_shape, stride, padding, cp)
                   for p in passes]
-        if "nchw" not in routes:   # no copies to count or release (the pure-cuDNN path: backend cudnn)
+        if "nchw" not in routes:   # every pass on cuDNN's plans or the GEMM route: no copies to count or release
             return [_nhwc_pass(route, cp, geometry, pass_name, a, b, bias)
                     for (pass_name, a, b, _), route in zip(passes, routes)]
         results, copies = [], {}
-        uses = collections.Counter(id(t) for _, a, b, _ in passes for t in (a, b))
+        # the NCHW passes' uses of each tensor: its copy is dropped after the last of them (the other routes
+        # take the tensors as they are)
+        uses = collections.Counter(id(t) for (_, a, b, _), route in zip(passes, routes) if route == "nchw"
+                                   for t in (a, b))
         route_of = {p[0]: route for p, route in zip(passes, routes)}
         for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
             if route != "nchw":
                 results.append(_nhwc_pass(route, cp, geometry, pass_name, a, b, bias))
-                _release_copies(copies, uses, a, b)
                 continue
             # Views and spectra are kept only for a later pass of this crossing that also runs NCHW on the
             # same copies: fprop's feed none (the backward copies x anew, and even an NCHW x is seen as a
@@ -381,8 +383,8 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
 
 
 def _release_copies(copies, uses, *tensors):
-    """Count one use of each tensor off `uses`; drop its NCHW copy after the layer's last pass on it
-    (x's after accGrad, gy's after bprop)."""
+    """Count one use of each tensor off `uses`; drop its NCHW copy after the layer's last NCHW pass on it
+    (x's after accGrad, gy's after bprop where both run NCHW)."""
     for t in tensors:
         uses[id(t)] -= 1
         if not uses[id(t)]:

@@ -527,24 +527,31 @@ def test_a_pointwise_channels_last_layer_also_times_the_gemm_route(tuner, monkey
     before it joined is timed again); other kernels keep two routes. With cuDNN's and the NCHW routes
     slow, it wins, and no NCHW pass or copy runs for it after the timing."""
     pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(1, 1), padding=(0, 0))
-    assert auto.routes_for(**pointwise) == ("cudnn", "gemm", "nchw")
-    assert auto.routes_for(**GEOM) == ("cudnn", "nchw")
-    assert auto.routes_for(**dict(pointwise, padding=(1, 1))) == ("cudnn", "nchw")
+    both = {"cudnn": None, "gemm": gemm}
+    assert auto.routes_for(both, **pointwise) == ("cudnn", "gemm", "nchw")
+    assert auto.routes_for({"cudnn": None}, **pointwise) == ("cudnn", "nchw")   # gemm not among the candidates
+    assert auto.routes_for(both, **GEOM) == ("cudnn", "nchw")
+    assert auto.routes_for(both, **dict(pointwise, padding=(1, 1))) == ("cudnn", "nchw")
+    # a record of the old key (two routes, made before "gemm" joined) is not taken for the 1x1 layer
+    geom = auto._geometry_key(pointwise["x_shape"], pointwise["w_shape"], pointwise["stride"], pointwise["padding"])
+    old = tuning.key(np, np.float32, geom, "fprop", "auto:nhwc")
+    tuning.remembered(old, lambda: {"choice": "cudnn", "ms": {"cudnn": 1.0, "nchw": 2.0}, "skipped": {},
+                                    "why": "fastest"})
+    assert tuning.default_cache().get(old)["choice"] == "cudnn"
     cudnn, run = NhwcStandIn(sleep=0.01), nchw_stand_in(0.01)
     for pass_name in ("fprop", "bprop", "accgrad"):
-        assert auto.nhwc_route({"cudnn": cudnn}, run, pass_name, **pointwise, xp=np) == "gemm"
+        assert auto.nhwc_route({"cudnn": cudnn, "gemm": gemm}, run, pass_name, **pointwise, xp=np) == "gemm"
     rows = auto.route_choices()
     assert len(rows) == 3 and all(set(r["ms"]) == {"cudnn", "gemm", "nchw"} and not r["skipped"] for r in rows)
     assert all(k[-1] == "auto:nhwc+gemm" for k in auto._route_records)
-    assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) in ("cudnn", "nchw")   # 3x3: two routes
+    calls = (len(cudnn.calls), len(run.calls))
+    for pass_name in ("fprop", "bprop", "accgrad"):   # chosen: no timing, no NCHW pass or cuDNN call again
+        assert auto.nhwc_route({"cudnn": cudnn, "gemm": gemm}, run, pass_name, **pointwise, xp=np) == "gemm"
+    assert (len(cudnn.calls), len(run.calls)) == calls
+    assert auto.nhwc_route({"cudnn": cudnn, "gemm": gemm}, run, "fprop", **GEOM, xp=np) in ("cudnn", "nchw")   # 3x3
     assert set(auto.route_choices()[-1]["ms"]) == {"cudnn", "nchw"}
-    # a record of the old key (two routes, made before "gemm" joined) is not taken for the 1x1 layer
-    monkeypatch.setattr(auto, "_routes", {})
-    monkeypatch.setattr(auto, "_route_records", {})
-    monkeypatch.setattr(tuning, "_memo", {})
-    geom = auto._geometry_key(pointwise["x_shape"], pointwise["w_shape"], pointwise["stride"], pointwise["padding"])
-    assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc")) is None
     assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc+gemm"))["choice"] == "gemm"
+    assert tuning.default_cache().get(old)["choice"] == "cudnn"   # the old record stands, unread
 
 
 def test_a_channels_last_route_that_disagrees_with_gemm_is_skipped(tuner):

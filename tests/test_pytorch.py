@@ -305,6 +305,7 @@ def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, strid
     if not backends.get("cudnn").available():
         pytest.skip("cuDNN's frontend is not installed")
     settings(tf32=False)
+    monkeypatch.setattr(pt, "_gemm_runs", {})   # this test's prepared runs only (a geometry another case shares)
     chosen = dict(zip(("fprop", "accgrad", "bprop"), routes))
     nchw_ran, copied = [], []
     monkeypatch.setattr(backends, "nhwc_route", lambda p, *a, **k: chosen[p])
@@ -340,17 +341,19 @@ def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, strid
 
 
 @pytest.mark.gpu
-def test_channels_last_nchw_routes_in_a_cuda_graph(monkeypatch, settings):
-    """A channels-last layer whose passes take the "nchw" route (and one the "cudnn" route) captured in
-    a CUDA graph with its backward: each crossing (the forward's, the backward's) runs its copies, its
-    passes on both routes and its copies back in one entry of the device's scope and capture context;
-    the replay equals eager."""
+@pytest.mark.parametrize("kernel,routes", [(3, ("nchw", "nchw", "cudnn")), (1, ("gemm", "gemm", "nchw")),
+                                           (1, ("nchw", "cudnn", "gemm"))], ids=["3x3", "1x1_gemm", "1x1_mixed"])
+def test_channels_last_nchw_routes_in_a_cuda_graph(monkeypatch, settings, kernel, routes):
+    """A channels-last layer whose passes take the "nchw" route and the others ("cudnn"; a 1x1 layer's
+    "gemm", prepared after the eager steps) captured in a CUDA graph with its backward: each crossing
+    (the forward's, the backward's) runs its copies, its passes on every route and its copies back in
+    one entry of the device's scope and capture context; the replay equals eager."""
     if not backends.get("cudnn").available():
         pytest.skip("cuDNN's frontend is not installed")
     settings(tf32=False)
-    chosen = {"fprop": "nchw", "accgrad": "nchw", "bprop": "cudnn"}
+    chosen = dict(zip(("fprop", "accgrad", "bprop"), routes))
     monkeypatch.setattr(backends, "nhwc_route", lambda p, *a, **k: chosen[p])
-    conv = Conv2d(6, 8, 3, padding=1).cuda().to(memory_format=torch.channels_last)
+    conv = Conv2d(6, 8, kernel, padding=kernel // 2).cuda().to(memory_format=torch.channels_last)
     x = torch.randn(4, 6, 13, 11, device="cuda").contiguous(memory_format=torch.channels_last).requires_grad_()
 
     def step():
@@ -395,7 +398,7 @@ def test_channels_last_auto_times_both_routes_per_pass(settings, tmp_path, case)
     y = conv2d(x, w, stride, padding)
     y.backward(torch.ones_like(y))
     g = backends.geometry(tuple(x.shape), tuple(w.shape), stride, padding)
-    routes = backends.auto.routes_for(tuple(x.shape), tuple(w.shape), stride, padding)
+    routes = backends.auto.routes_for(backends.auto_registry(), tuple(x.shape), tuple(w.shape), stride, padding)
     assert len(routes) == (3 if case[5] == 1 else 2)
     rows = [r for r in backends.auto.route_choices() if tuple(r["geometry"][:4]) == (g.S, g.f, g.fo, g.h)]
     assert {r["pass"] for r in rows} == {"fprop", "bprop", "accgrad"}

@@ -366,31 +366,40 @@ def pass_peaks(step, top, crossings=False):
                 f"{' (TF32)' if config.get('tf32') else ''}")
 
     def by_crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bias=None):
-        names = [p[0] for p in passes]
-        if nhwc and backend == "auto":   # the routes the crossing takes (each timed at its first call)
-            names = [f"{n}->{backends.nhwc_route(n, x_shape, w_shape, tuple(stride), tuple(padding), _cupy())}"
-                     for n in names]
-        return (f"{'+'.join(names)}{' channels-last' if nhwc else ''} x {tuple(x_shape)} w {tuple(w_shape)}"
-                f"{' (TF32)' if config.get('tf32') else ''}")
+        return (f"{'+'.join(p[0] for p in passes)}{' channels-last' if nhwc else ''} x {tuple(x_shape)} "
+                f"w {tuple(w_shape)}{' (TF32)' if config.get('tf32') else ''}")
     module, name, label_of = (pt, "_crossing", by_crossing) if crossings else (backends, "run_pass", by_pass)
-    inner = getattr(module, name)
-    between = [torch.cuda.memory_allocated()]
+    inner, route_of = getattr(module, name), backends.nhwc_route
+    between, depth, taken = [torch.cuda.memory_allocated()], [0], []
+
+    def routed(pass_name, *args, **kwargs):   # the routes the crossing takes, as the adapter asks for them
+        route = route_of(pass_name, *args, **kwargs)
+        taken.append(f"{pass_name}->{route}")
+        return route
 
     def recorded(*args, **kwargs):
+        if depth[0]:   # a call inside a recorded one (_nchw_passes' _crossing): part of it
+            return inner(*args, **kwargs)
         label = label_of(*args, **kwargs)
         close(f"between {last[0]} and {label}", between[0])
         start = torch.cuda.memory_allocated()
+        depth[0], taken[:] = 1, []
         try:
             return inner(*args, **kwargs)
         finally:
+            depth[0] = 0
+            if taken:
+                label += f" (routes {', '.join(taken)})"
             close(label, start)
             last[0], between[0] = label, torch.cuda.memory_allocated()
     setattr(module, name, recorded)
+    backends.nhwc_route = routed
     try:
         step()
         torch.cuda.synchronize()
     finally:
         setattr(module, name, inner)
+        backends.nhwc_route = route_of
     close(f"between {last[0]} and the step's end", between[0])
     step_peak = max(p for p, _, _ in stretches)
     return step_peak, sorted(stretches, reverse=True)[:top]
