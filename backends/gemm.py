@@ -397,8 +397,9 @@ def accgrad_nhwc(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
 def prepare_nhwc(pass_name, g, xp):
     """run(a, b, out) for a channels-last 1x1 pass that is one GEMM on matrices, or None where it is
     more (a stride's gather or scatter, accGrad's per-image partials or a form not yet tuned; at
-    stride 1 the whole batch is one chunk): for a caller that makes the matrices itself and calls a pass many times (the
-    PyTorch adapter), with the operands' checks, layouts, geometry and chunks worked out here once.
+    stride 1 the whole batch is one chunk): for a caller that makes the matrices itself and calls a
+    pass many times (the PyTorch adapter), with the operands' checks, layouts, geometry and chunks
+    worked out here once.
     The matrices, C-contiguous float32 on the GPU: an activation's pixels (S*h*w, planes), the
     weight (f', f), the output's pixels (fprop, bprop) or gW (accGrad), which run fills and returns."""
     if xp is np or _strided(g) or not _pointwise(g):
@@ -411,7 +412,7 @@ def prepare_nhwc(pass_name, g, xp):
         form = (tuning.peek(form_key(xp, "accgrad_nhwc", g)) or {}).get("choice")
         if form != "flat":
             return None
-    return lambda gy, x, gw: cgemm.matmul(xp, gy, x, op_a="T", out=gw, strict=True)   # gW = GY^T @ X, overwritten
+    return lambda gy, x, gw: cgemm.matmul(xp, gy, x, op_a="T", out=gw, strict=True)   # gW = GY^T @ X (overwritten)
 
 
 # -- the fused forms of the strided 1x1 fprop and bprop (kernels/pointwise.cu) ---------------------

@@ -44,10 +44,11 @@ VGG-16 step's compiled peak under the stock model's (session 42). Our own algori
 only: with auto and cudnn among its candidates (auto_backends), each pass takes the route auto timed
 for it, once per geometry, pass and precision (backends.nhwc_route): cuDNN's NHWC plans; for a 1x1
 kernel without padding, one GEMM on the tensors as they are (gemm.fprop_nhwc and the others: a
-channels-last activation is the matrix of its pixels); or copies to NCHW, auto's NCHW pass and the
-result copied back (the fastest, copies included; the copies' memory is not weighed). Elsewhere (CPU, another backend, no cuDNN) the NCHW passes run on contiguous copies
-and their results are laid out channels-last again. The NHWC calls take no gemm fallback on running
-out of memory (run_pass's, which is NCHW).
+channels-last activation is the matrix of its pixels; prepared from a layer's second call,
+_gemm_prepared); or copies to NCHW, auto's NCHW pass and the result copied back (the fastest,
+copies included; the copies' memory is not weighed). Elsewhere (CPU, another backend, no cuDNN)
+the NCHW passes run on contiguous copies and their results are laid out channels-last again. The
+NHWC calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
@@ -340,10 +341,10 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     NCHW passes on copies made by backends.layout's transpose (_nchw_array), their results copied back.
     Elsewhere (CPU, another backend, no cuDNN) the NCHW passes on copies. A bias goes into cuDNN's
     fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is added to the
-    GEMM route's result, or to the NCHW fprop's once it is copied back. The device's CuPy scope is entered once for all of
-    it: the copies stay CuPy arrays, and nothing crosses to a tensor but the results (a copy's two
-    crossings and two scope entries a pass were ~1 ms of converted AlexNet's host time a step,
-    session 45)."""
+    GEMM route's result, or to the NCHW fprop's once it is copied back. The device's CuPy scope is
+    entered once for all of it: the copies stay CuPy arrays, and nothing crosses to a tensor but the
+    results (a copy's two crossings and two scope entries a pass were ~1 ms of converted AlexNet's
+    host time a step, session 45)."""
     x_shape, w_shape, stride, padding = geometry
     first = passes[0][1]
     cudnn = backends.get("cudnn")

@@ -332,7 +332,8 @@ def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, strid
                          (gw, w64.grad), (gb, b64.grad)):
             assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
     # two calls, each a forward, its backward and _grads (accGrad and bprop once more)
-    assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw" for _ in range(2 if p == "fprop" else 4))
+    assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw"
+                                      for _ in range(2 if p == "fprop" else 4))
     if "nchw" not in routes:
         assert copied == []
     prepared = {k[0] for k, run in pt._gemm_runs.items() if k[1] == geometry and callable(run)}

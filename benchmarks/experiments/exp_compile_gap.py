@@ -596,8 +596,9 @@ def main():
         if split is not None:
             (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass, per_piece = split
             print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
-                  f"{ours_ms:.2f} in our crossings (minitorch_fft.pytorch._crossing; backends.run_pass {framework_ms:.2f} of it, "
-                  f"{calls:.0f} calls: a channels-last pass on cuDNN's plans or the GEMM route takes none), "
+                  f"{ours_ms:.2f} in our crossings (minitorch_fft.pytorch._crossing; backends.run_pass "
+                  f"{framework_ms:.2f} of it, {calls:.0f} calls: a channels-last pass on cuDNN's plans or the GEMM "
+                  "route takes none), "
                   f"{issue_ms - ours_ms:.2f} outside them (PyTorch's autograd, dispatcher and compiled wrappers, the "
                   f"stock layers); {full_calls:.0f} passes a step on run_pass's full path (not prepared):")
             for (pass_name, x_shape), n in full.most_common():
