@@ -51,8 +51,7 @@ import functools
 
 import numpy as np
 
-from . import cgemm, config, tuning
-from . import layout
+from . import cgemm, config, layout, tuning
 from .common import (batch_slices, check_arrays, check_kinds, check_output_shape, cuda_module, geometry,
                      sm_count, valid_geometry)
 

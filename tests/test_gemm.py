@@ -237,6 +237,32 @@ def test_channels_last_pointwise_passes_take_other_layouts_and_refuse_other_kern
         gemm.fprop_nhwc(to_device(x.astype(np.float64), device), to_device(w, device))
 
 
+def test_channels_last_pointwise_passes_stay_strict_and_flat_past_the_partials_bound(monkeypatch, settings):
+    """Every GEMM of the channels-last 1x1 passes asks for strict fp32, TF32 mode or not (gemm's GEMMs
+    are strict in both); where f' f is above NHWC_PARTIALS accGrad takes the flat form without asking
+    _form (no per-image partials to tune); prepare_nhwc has no NumPy form."""
+    rng = np.random.default_rng(23)
+    xs, ws = (3, 6, 5, 4), (5, 6, 1, 1)
+    x, w = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ws).astype(np.float32)
+    gy = rng.standard_normal((3, 5, 5, 4)).astype(np.float32)
+    y_ref, gx_ref, gw_ref = conv_reference(x, w, gy, (1, 1), (0, 0))
+    strict, real = [], gemm.cgemm.matmul
+    monkeypatch.setattr(gemm.cgemm, "matmul", lambda *a, **k: strict.append(k.get("strict")) or real(*a, **k))
+    monkeypatch.setattr(gemm, "NHWC_PARTIALS", ws[0] * ws[1] - 1)
+
+    def no_form(*args, **kwargs):
+        raise AssertionError("accGrad's form asked for above NHWC_PARTIALS")
+    monkeypatch.setattr(gemm, "_form", no_form)
+    settings(tf32=True)
+    xd, gyd = layout.to_nhwc(x), layout.to_nhwc(gy)
+    for got, ref in ((gemm.fprop_nhwc(xd, w), y_ref), (gemm.bprop_nhwc(gyd, w, xs), gx_ref),
+                     (gemm.accgrad_nhwc(gyd, xd, ws), gw_ref)):
+        assert rel_error(got, ref) <= 1e-5
+    assert strict == [True, True, True]
+    g = backends.geometry(xs, ws, (1, 1), (0, 0))
+    assert all(gemm.prepare_nhwc(p, g, np) is None for p in ("fprop", "bprop", "accgrad"))
+
+
 ACCGRAD_FORM_CASES = [((2, 3, 11, 9), (5, 3, 3, 3), (1, 1), (1, 1)),   # few planes; accgrad_small: 14 threads
                       ((3, 4, 10, 12), (6, 4, 5, 3), (2, 1), (2, 0)),   # strided, rectangular, padded
                       ((1, 2, 7, 7), (3, 2, 7, 7), (1, 1), (0, 0)),     # batch 1, kernel = plane
