@@ -389,8 +389,13 @@ def accgrad_nhwc(gy, x, w_shape, stride=(1, 1), padding=(0, 0)):
                                  _strided_pixels(xp, x[sl], g).reshape(n, P, g.f), op_a="T", strict=True)
             gw += _sum_rows(xp, parts.reshape(n, g.fo * g.f)).reshape(g.fo, g.f)   # (n, f', f) summed
         return gw.reshape(tuple(w_shape))
-    forms = FORMS if g.fo * g.f <= NHWC_PARTIALS else ("flat",)
+    forms = _accgrad_nhwc_forms(g)
     return run(_form(xp, "accgrad_nhwc", g, run, forms, default="flat") if len(forms) > 1 else "flat")
+
+
+def _accgrad_nhwc_forms(g):
+    """accgrad_nhwc's forms: per-image partials only while f' f <= NHWC_PARTIALS."""
+    return FORMS if g.fo * g.f <= NHWC_PARTIALS else ("flat",)
 
 
 def prepare_nhwc(pass_name, g, xp):
@@ -407,7 +412,7 @@ def prepare_nhwc(pass_name, g, xp):
         return lambda x, w, y: cgemm.matmul(xp, x, w, op_b="T", out=y, strict=True)
     if pass_name == "bprop":
         return lambda gy, w, gx: cgemm.matmul(xp, gy, w, out=gx, strict=True)
-    if g.fo * g.f <= NHWC_PARTIALS and tuning.enabled("gemm_tune", xp):
+    if len(_accgrad_nhwc_forms(g)) > 1 and tuning.enabled("gemm_tune", xp):
         form = (tuning.peek(form_key(xp, "accgrad_nhwc", g)) or {}).get("choice")
         if form != "flat":
             return None

@@ -134,14 +134,16 @@ def _cupy_bytes(t, cp):
     return cp.ndarray((memory.size,), cp.uint8, cp.cuda.MemoryPointer(memory, 0))
 
 
-def _cupy_view(t, cp, strides=None):
+def _cupy_view(t, cp, strides=None, shape=None):
     """A contiguous float32 CUDA tensor as a CuPy array on its memory, keeping t alive (the UnownedMemory's
-    owner); with strides (bytes), a dense one of another layout (channels-last). What
+    owner); with strides (bytes), a dense one of another layout (channels-last); with shape, its memory
+    as a C-contiguous array of that shape (as many elements). What
     cp.from_dlpack(t) gives without DLPack's Python: PyTorch's __dlpack__ looks up the current
     device and stream to order the two, and the pass already runs on PyTorch's current stream
     (_cuda_scope). 3 us against 31 on an H100 (benchmarks/NOTES.md, session 11)."""
     memory = cp.cuda.UnownedMemory(t.data_ptr(), t.numel() * 4, t, t.device.index)
-    return cp.ndarray(tuple(t.shape), cp.float32, cp.cuda.MemoryPointer(memory, 0), strides)
+    return cp.ndarray(tuple(t.shape) if shape is None else shape, cp.float32, cp.cuda.MemoryPointer(memory, 0),
+                      strides)
 
 
 def _cupy_nhwc(t, cp):
@@ -406,20 +408,17 @@ def _nhwc_pass(route, cp, geometry, pass_name, a, b, bias):
     channels-last tensor: route "cudnn", cuDNN's NHWC plans, the bias, if given, into fprop's (the only
     pass that takes one); route "gemm", a 1x1 layer's pass as one GEMM on the pixels (gemm.fprop_nhwc,
     bprop_nhwc, accgrad_nhwc), fprop's bias added after."""
-    x_shape, w_shape, stride, padding = geometry
-    if route == "gemm":
-        y = _gemm_prepared(cp, geometry, pass_name, a, b)
-        if y is None:
-            third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
-            a, b = (_cupy_nhwc(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
-            y = _from_cupy(getattr(backends.gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding))
-        return _add_bias(y, bias) if pass_name == "fprop" else y
-    a, b = (_cupy_nhwc(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
-    third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
-    cudnn = backends.get("cudnn")
-    extra = {} if pass_name != "fprop" or bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
-    return _from_cupy(getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc",
-                                                **extra))
+    y = _gemm_prepared(cp, geometry, pass_name, a, b) if route == "gemm" else None
+    if y is None:
+        x_shape, w_shape, stride, padding = geometry
+        third = _third(pass_name, x_shape, w_shape)
+        a, b = (_cupy_nhwc(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
+        if route == "cudnn":
+            extra = {} if pass_name != "fprop" or bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
+            return _from_cupy(getattr(backends.get("cudnn"), pass_name)(a, b, *third, stride=stride, padding=padding,
+                                                                        layout="nhwc", **extra))
+        y = _from_cupy(getattr(backends.gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding))
+    return _add_bias(y, bias) if pass_name == "fprop" else y
 
 
 _gemm_runs = {}   # (pass, geometry, config.state()) -> gemm.prepare_nhwc's run, None (the full path), or _FIRST
@@ -470,9 +469,7 @@ def _cupy_matrix(t, cp, pixels):
     (numel / planes, planes) for an activation laid out channels-last, else (f', numel / f') for a 1x1
     weight or its gradient."""
     size = t.numel()
-    shape = (size // t.shape[1], t.shape[1]) if pixels else (t.shape[0], size // t.shape[0])
-    memory = cp.cuda.UnownedMemory(t.data_ptr(), size * 4, t, t.device.index)
-    return cp.ndarray(shape, cp.float32, cp.cuda.MemoryPointer(memory, 0))
+    return _cupy_view(t, cp, shape=(size // t.shape[1], t.shape[1]) if pixels else (t.shape[0], size // t.shape[0]))
 
 
 def _nchw_array(copies, t, cp, keep):
@@ -515,12 +512,16 @@ def _keeps(later):
 
 
 def _pass_arrays(pass_name, backend, a, b, geometry, later):
-    """backends.run_pass on arrays a and b, with the pass's third argument (backends' contract): none
-    for fprop, x_shape for bprop, w_shape for accGrad."""
+    """backends.run_pass on arrays a and b, with the pass's third argument (_third)."""
     x_shape, w_shape, stride, padding = geometry
-    third = () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
-    return backends.run_pass(backend, pass_name, a, b, *third, x_shape=x_shape, w_shape=w_shape, stride=stride,
-                             padding=padding, later=later)
+    return backends.run_pass(backend, pass_name, a, b, *_third(pass_name, x_shape, w_shape), x_shape=x_shape,
+                             w_shape=w_shape, stride=stride, padding=padding, later=later)
+
+
+def _third(pass_name, x_shape, w_shape):
+    """A pass's arguments after its two arrays (backends' contract): none for fprop, x_shape for
+    bprop, w_shape for accGrad."""
+    return () if pass_name == "fprop" else (x_shape if pass_name == "bprop" else w_shape,)
 
 
 def _check_float32(what, a, b):
