@@ -217,6 +217,29 @@ def test_channels_last_pointwise_passes_match_float64(device, form, xs, ws, stri
     assert copies == []
 
 
+@pytest.mark.parametrize("device,n", [("cpu", 40), pytest.param("cuda", 80, marks=pytest.mark.gpu)])
+def test_channels_last_pointwise_passes_on_random_geometries(device, n):
+    """fprop_nhwc, bprop_nhwc and accgrad_nhwc against float64 on random 1x1 geometries: strides 1-4
+    (unequal), batch 1 and single planes included, accGrad in its tuned or default form."""
+    rng = np.random.default_rng(2046)
+    worst = 0.0
+    for _ in range(n):
+        S, f, fo = (int(v) for v in rng.integers(1, [5, 9, 9]))
+        h, w = (int(v) for v in rng.integers(1, 20, 2))
+        stride = tuple(int(v) for v in rng.integers(1, 5, 2))
+        x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+        wt = rng.standard_normal((fo, f, 1, 1)).astype(np.float32)
+        oh, ow = (h - 1) // stride[0] + 1, (w - 1) // stride[1] + 1
+        gy = rng.standard_normal((S, fo, oh, ow)).astype(np.float32)
+        refs = conv_reference(x, wt, gy, stride, (0, 0))
+        xd, gyd = (layout.to_nhwc(to_device(a, device)) for a in (x, gy))
+        wd = to_device(wt, device)
+        got = (gemm.fprop_nhwc(xd, wd, stride), gemm.bprop_nhwc(gyd, wd, x.shape, stride),
+               gemm.accgrad_nhwc(gyd, xd, wt.shape, stride))
+        worst = max(worst, *(rel_error(a, r) for a, r in zip(got, refs)))
+    assert worst <= 1e-5
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_channels_last_pointwise_passes_take_other_layouts_and_refuse_other_kernels(device):
     """An NCHW operand is laid out channels-last first (a copy), with the same result; a kernel other than
