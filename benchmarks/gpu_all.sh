@@ -15,14 +15,15 @@ echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out
 # whose kernel caches were warm; on a fresh machine the CUDA compiles come first and five workers ran
 # past 330 s, six past 420 s with two tests left: give it a whole call. PYTEST_WORKERS sets the count
 # (a machine with more CPU cores). test_reliability's random geometries are the longest test by far
-# (290-370 s on an H200, sessions 43-44), and under xdist it started behind other files (session 44: the
-# suite 515 s, near a call's 600): its file runs in a process of its own, started first, beside the
-# rest on one worker fewer; its log is appended to pytest_gpu.log.
-python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=5 tests/test_reliability.py \
-    > "$out/pytest_gpu_reliability.log" 2>&1 &
-reliability=$!
+# (290-440 s in one process on an H200, sessions 43-46): the file runs beside the rest in a process of
+# its own, started first, its GPU_SHARDS shards on RELIABILITY_WORKERS workers (3), and the rest on
+# the workers left; its log is appended to pytest_gpu.log.
 workers=${PYTEST_WORKERS:-6}
-python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n "$(( workers > 2 ? workers - 1 : 1 ))" \
+rworkers=${RELIABILITY_WORKERS:-3}
+python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=8 -n "$rworkers" --dist load \
+    tests/test_reliability.py > "$out/pytest_gpu_reliability.log" 2>&1 &
+reliability=$!
+python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n "$(( workers > rworkers + 1 ? workers - rworkers : 1 ))" \
     --dist loadfile --ignore=tests/test_reliability.py tests/ 2>&1 | tee "$out/pytest_gpu.log" | tail -25
 rest_rc=${PIPESTATUS[0]}
 wait "$reliability"

@@ -41,29 +41,35 @@ def geometries(draw):
 NARROW = {"winograd": "3x3 kernels, stride 1"}
 
 
-def agreement_run(device, n_examples, compare=True):
+def agreement_run(device, n_examples, compare=True, shard=(0, 1)):
     """Draw n geometries; every backend that supports one must match the reference on all passes.
-    Returns {backend: geometries it supported}. compare=False only counts (same geometries)."""
+    Returns {backend: geometries it supported}, counted over all n. compare=False only counts
+    (same geometries). shard=(i, k) compares only the draws whose index is i modulo k, so that k
+    processes share one draw (the GPU run: its 300 took 436 s in one, session 46). Each draw's data
+    comes from a generator seeded by its index, the same whichever shard compares it."""
     xp = np if device == "cpu" else mt.device.cupy_or_none()
     names = [n for n in backends.names() if backends.auto.runs_on(backends.get(n), xp)]   # cudnn: GPU only
     tried = {name: 0 for name in names}
-    rng = np.random.default_rng(0)
+    index, (mine, shards) = iter(range(10 ** 6)), shard
 
     @settings(max_examples=n_examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(geometries())
     def check(geom):
         xs, ws, stride, pad = geom
+        i = next(index)
+        rng = np.random.default_rng([0, i])
         x = rng.standard_normal(xs).astype(np.float32)
         w = rng.standard_normal(ws).astype(np.float32)
         for name in names:
             b = backends.get(name)
             if name not in NARROW and b.supports(xs, ws, stride, pad):
-                if compare:
+                if compare and i % shards == mine:
                     check_backend(b, x, w, stride, pad, device=device, rng=rng)
                 tried[name] += 1
 
     check()
+    assert next(index) == n_examples, "the draw ran a different number of examples than asked"
     return tried
 
 
@@ -104,13 +110,17 @@ def test_every_backend_agrees_on_random_geometries():
     check_coverage(agreement_run("cpu", CPU_EXAMPLES), CPU_EXAMPLES)
 
 
+GPU_SHARDS = 4   # benchmarks/gpu_all.sh runs them side by side
+
+
 @pytest.mark.gpu
-def test_every_backend_agrees_on_random_geometries_gpu(settings):
+@pytest.mark.parametrize("shard", range(GPU_SHARDS))
+def test_every_backend_agrees_on_random_geometries_gpu(settings, shard):
     # cudnn among them where cuDNN is installed, on cuDNN's first plan: searching every plan of
     # 300 geometries is the tuner's work, tested in test_cudnn.py; tiledfft on its heuristic
     # basis likewise (its tuning, tested in test_tiledfft.py, took the whole suite past 400 s)
     settings(cudnn_tune="off", tiledfft_tune="off")
-    tried = agreement_run("cuda", GPU_EXAMPLES)
+    tried = agreement_run("cuda", GPU_EXAMPLES, shard=(shard, GPU_SHARDS))
     check_coverage(tried, GPU_EXAMPLES)
     assert tried["cudnn"] == (GPU_EXAMPLES if backends.cudnn.available() else 0), tried
 
