@@ -37,8 +37,9 @@ PREFERENCE that supports the geometry is used, which keeps CPU runs deterministi
 
 Channels-last layers (nhwc_route, for the PyTorch adapter): cuDNN's NHWC plans take the tensors as
 they are, and so do gemm's channels-last 1x1 passes; every other backend takes NCHW. Per pass, auto
-times the routes (cuDNN's NHWC plans; for a 1x1 kernel without padding, gemm's GEMMs on the pixels;
-copies to NCHW, auto's NCHW choice and the result copied back) and caches the fastest.
+times the routes its candidates offer (cuDNN's NHWC plans, where cudnn is among them; for a 1x1
+kernel without padding, gemm's GEMMs on the pixels; copies to NCHW, auto's NCHW choice and the
+result copied back) and caches the fastest; untimed (the CPU's default), the first of them.
 """
 from collections import Counter
 
@@ -190,14 +191,15 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
     return record["choice"], key
 
 
-def _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, padding, math):
-    """{name: revision} of the candidates whose revision() for this pass, geometry and GEMM
-    precision is not 0."""
+def _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, padding, math, pass_names=None):
+    """{name: revision} of the candidates whose revision() for this pass (pass_names[name] where
+    given: a route's form of it), geometry and GEMM precision is not 0."""
     out = {}
     for name in candidates:
         revision = getattr(registry[name], "__dict__", {}).get("revision")   # its own, if any (a
         # test's stand-in answers every attribute through __getattr__)
-        r = revision(pass_name, x_shape, w_shape, stride, padding, math) if callable(revision) else 0
+        asked = pass_names[name] if pass_names else pass_name
+        r = revision(asked, x_shape, w_shape, stride, padding, math) if callable(revision) else 0
         if r:
             out[name] = r
     return out
@@ -368,21 +370,42 @@ def format_choices():
 
 ROUTES = ("cudnn", "gemm", "nchw")   # in tie order: cuDNN's plans take the tensors as they are, the GEMMs do at
                                      # stride 1 (strided: a gather, or a scatter into zeros), "nchw" copies both ways
+# The route records' backend field for the route sets that had one before session 47 (those records keep theirs);
+# any other set is named in full, "auto:nhwc=gemm+nchw" (cuDNN not installed, or not among the candidates)
+_ROUTE_LABELS = {("cudnn", "nchw"): ":nhwc", ("cudnn", "gemm", "nchw"): ":nhwc+gemm"}
+# The routes' revisions (_route_revisions) of the records made before records carried them (session 46): a
+# record without "revisions" was made at these
+_UNRECORDED_REVISIONS = {"cudnn": 2, "gemm": 1}
 
 
-def routes_for(registry, x_shape, w_shape, stride, padding):
-    """The routes a channels-last layer's passes can take with auto's candidates `registry` (which the
-    caller has checked holds cudnn): "gemm" (gemm.fprop_nhwc and the others: GEMMs on the arrays as
-    they are) only for a 1x1 kernel without padding, and only where gemm is among the candidates."""
+def routes_for(registry, x_shape, w_shape, stride, padding, xp=np):
+    """The routes a channels-last layer's passes can take with auto's candidates `registry` on `xp`'s
+    arrays, in ROUTES' order: "cudnn" where cudnn is among them, runs on xp and supports the
+    geometry; "gemm" (gemm.fprop_nhwc and the others: GEMMs on the arrays as they are) for a 1x1
+    kernel without padding where gemm is among them; "nchw" always."""
+    cudnn = registry.get("cudnn")
+    routes = ("cudnn",) if cudnn is not None and runs_on(cudnn, xp) and cudnn.supports(
+        x_shape, w_shape, stride, padding) else ()
     if "gemm" in registry and gemm.nhwc_supports(x_shape, w_shape, stride, padding):
-        return ROUTES
-    return tuple(r for r in ROUTES if r != "gemm")
+        routes += ("gemm",)
+    return routes + ("nchw",)
 
 
 def _route_label(routes):
-    """The route record's backend field: label() + ":nhwc", and "+gemm" where the "gemm" route is a
-    candidate (it joined in session 46: a 1x1 layer's record made without it is timed again)."""
-    return label() + (":nhwc+gemm" if "gemm" in routes else ":nhwc")
+    """The route record's backend field: label() + ":nhwc" (cuDNN's plans or copies), ":nhwc+gemm"
+    (the "gemm" route too: it joined in session 46, so a 1x1 layer's record made without it is timed
+    again), else the routes named (":nhwc=gemm+nchw")."""
+    return label() + _ROUTE_LABELS.get(routes, ":nhwc=" + "+".join(routes))
+
+
+def _route_revisions(registry, routes, pass_name, x_shape, w_shape, stride, padding, math):
+    """{route: revision} of the routes that run a backend's own pass on the arrays as they are: cudnn's
+    revision() of the pass, gemm's of its channels-last form (gemm.revision of "<pass>_nhwc"). A record
+    made at other revisions is timed again, as auto's NCHW choices are (_revisions); the "nchw" route's
+    own choice is auto's, with its own record."""
+    forms = {"cudnn": pass_name, "gemm": f"{pass_name}_nhwc"}
+    return _revisions(registry, [r for r in routes if r in forms], None, x_shape, w_shape, stride, padding, math,
+                      pass_names=forms)
 
 
 _routes = {}          # _fast_key of ("nhwc", pass) -> route: the per-call path
@@ -391,21 +414,22 @@ _route_records = {}   # tuning key -> record, this process's route choices (rout
 
 def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
     """How auto runs `pass_name` of a channels-last layer (operands and result laid out NHWC) on
-    `xp`'s GPU: "cudnn", cuDNN's NHWC plans on the arrays as they are; "gemm" (a 1x1 kernel without
-    padding: routes_for), one GEMM on the arrays as they are (gemm.fprop_nhwc, bprop_nhwc,
+    `xp`'s arrays: "cudnn", cuDNN's NHWC plans on the arrays as they are (GPU); "gemm" (a 1x1 kernel
+    without padding: routes_for), one GEMM on the arrays as they are (gemm.fprop_nhwc, bprop_nhwc,
     accgrad_nhwc); or "nchw", the operands copied to NCHW, the pass run as auto runs NCHW passes
-    (run_nchw: backends.run_pass) and its result copied back to NHWC. The caller has checked that
-    registry holds cudnn and that it supports the geometry.
+    (run_nchw: backends.run_pass) and its result copied back to NHWC. The routes are those of
+    routes_for: where "nchw" is the only one, it is the answer.
 
     The first call per device, geometry, pass, precision and label() times the routes, copies
     included, on fresh channels-last data by the tuning recipe, each checked against gemm as auto's
     candidates are, and caches the record beside auto's own choices (backend field _route_label():
-    label() + ":nhwc", or ":nhwc+gemm" where "gemm" is among the routes); a tie within margin() goes
-    to the earlier of ROUTES. Tuning off (MINITORCH_AUTO_TUNE): "cudnn",
-    untimed. A record stands while it is in the cache, also after auto's NCHW choice under it is
-    tuned again (delete the cache to time the routes anew). Timed alone, each route pays its own
-    copies: in a layer's backward the adapter copies gradOutput once for both NCHW passes, so the
-    "nchw" route's times are upper bounds there. Not timed: the adapter's own host work around a
+    label() + ":nhwc", ":nhwc+gemm", or the routes named where cuDNN is not among them), with the
+    routes' revisions (_route_revisions: a record made at others is timed again); a tie within
+    margin() goes to the earlier of ROUTES. Tuning off (MINITORCH_AUTO_TUNE; the CPU's default): the
+    first route, untimed. A record stands while it is in the cache, also after auto's NCHW choice
+    under it is tuned again (delete the cache to time the routes anew). Timed alone, each route pays
+    its own copies: in a layer's backward the adapter copies gradOutput once for both NCHW passes, so
+    the "nchw" route's times are upper bounds there. Not timed: the adapter's own host work around a
     pass (one scope entry a crossing, the route look-up, the result's crossing to a tensor), which
     every route pays alike, and the copies' memory (no auto_memory_mb cap here). The "cudnn" route is
     timed through the module call, as the adapter makes it."""
@@ -413,17 +437,31 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     route = _routes.get(fast) if fast is not None else None
     if route is not None:
         return route
+    routes = routes_for(registry, x_shape, w_shape, stride, padding, xp)
+    if len(routes) == 1:
+        if fast is not None:
+            _routes[fast] = routes[0]
+        return routes[0]
     if not tuning.enabled("auto_tune", xp):
-        return "cudnn"
-    routes = routes_for(registry, x_shape, w_shape, stride, padding)
+        return routes[0]
     key = tuning.key(xp, np.float32, _geometry_key(x_shape, w_shape, stride, padding), pass_name,
                      _route_label(routes))
     record = _route_records.get(key)
     if record is None:
-        with reuse.suspended():   # a timed route pays for its own FFTs, every repeat
-            record = tuning.remembered(key, lambda: _tune_route(registry["cudnn"], run_nchw, routes, pass_name,
-                                                                x_shape, w_shape, stride, padding, xp),
-                                       valid=lambda choice: choice in routes)
+        revisions = _route_revisions(registry, routes, pass_name, x_shape, w_shape, stride, padding, cgemm.mode(xp))
+
+        def tuned():
+            with reuse.suspended():   # a timed route pays for its own FFTs, every repeat
+                record = _tune_route(registry.get("cudnn"), run_nchw, routes, pass_name, x_shape, w_shape, stride,
+                                     padding, xp)
+            record["revisions"] = revisions
+            return record
+
+        record = tuning.remembered(key, tuned, valid=lambda choice: choice in routes)
+        made_at = record.get("revisions", {r: v for r, v in _UNRECORDED_REVISIONS.items() if r in revisions})
+        if made_at != revisions:   # a route's pass changed since the record was made: timed again
+            record = tuned()
+            tuning.default_cache().put(key, record)
         _route_records[key] = record
     if fast is not None:
         _routes[fast] = record["choice"]
@@ -433,7 +471,7 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
 def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, padding, xp):
     """tuning.tune over `routes` (routes_for) for one pass, each checked against gemm on the NCHW data
     (without a bias: the "gemm" and "nchw" routes add a layer's bias after fprop, cuDNN's may fuse it;
-    not timed)."""
+    not timed). cudnn: the backend, where "cudnn" is among the routes."""
     nchw = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
     a, b = (layout.to_nhwc(t) for t in nchw[:2])   # the same values, laid out as a channels-last layer's
     third = nchw[2:]

@@ -83,6 +83,7 @@ def mode(xp):
 # 1 and 0 of each dtype as host arrays: the GEMM's alpha and beta (host pointer mode); they live
 # as long as the module, so their addresses can be kept in the plans below
 _SCALARS = {t: (np.ones(1, t), np.zeros(1, t)) for t in (np.float32, np.complex64)}
+INT_MAX = 2**31 - 1   # cuBLAS's sizes and leading dimensions are ints (the batch strides are 64-bit)
 OPS = ("N", "T", "C")  # as stored, transposed, conjugate-transposed (last two axes)
 _CUBLAS_OP = {"N": 0, "T": 1, "C": 2}
 
@@ -384,6 +385,11 @@ def _gemm_plan(a_shape, b_shape, dtype, op_a, op_b):
     if r != r2:
         raise ValueError(f"matmul: op_a(a) {op_a} {a_shape} and op_b(b) {op_b} {b_shape} are not aligned "
                          f"({r} != {r2})")
+    big = {name: n for name, n in (("rows", p), ("columns", q), ("K", r), ("a's row", a_shape[-1]),
+                                    ("b's row", b_shape[-1])) if n > INT_MAX}
+    if big:
+        raise ValueError(f"matmul: op_a(a) {op_a} {a_shape} @ op_b(b) {op_b} {b_shape}: {big} above cuBLAS's "
+                         f"int sizes ({INT_MAX}); cut the product into GEMMs of at most that")
     batch_a, batch_b = math.prod(a_shape[:-2]), math.prod(b_shape[:-2])
     batch = a_shape[:-2] if batch_a >= batch_b else b_shape[:-2]
     one, zero = _SCALARS[dtype.type]

@@ -159,10 +159,18 @@ def _columns(xp, x, g):
     return xp.ascontiguousarray(_taps(x, g)).reshape(x.shape[0], g.f, g.oh * g.ow)
 
 
+GEMM_DIM = cgemm.INT_MAX   # a GEMM's rows, columns or K at most (cuBLAS's ints; a test lowers it)
+
+
 def _image_chunks(g, per_image):
-    """Slices of the batch of at most gemm_workspace_mb, `per_image` bytes an image, even
+    """Slices of the batch of at most gemm_workspace_mb, `per_image` bytes an image, and of at most
+    GEMM_DIM output pixels (a chunk's n*oh*ow is a GEMM's rows or K in every form), even
     (common.batch_slices)."""
-    return batch_slices(g.S, config.mib_bytes("gemm_workspace_mb") // max(1, per_image))
+    pixels = g.oh * g.ow
+    if pixels > GEMM_DIM:
+        raise ValueError(f"gemm: one image's {g.oh}x{g.ow} output pixels exceed a GEMM's {GEMM_DIM} rows "
+                         f"(cuBLAS's int sizes); cut the image")
+    return batch_slices(g.S, min(config.mib_bytes("gemm_workspace_mb") // max(1, per_image), GEMM_DIM // pixels))
 
 
 def _strided(g):
@@ -358,7 +366,8 @@ def bprop_nhwc(gy, w, x_shape, stride=(1, 1), padding=(0, 0)):
     gy, w2 = _nhwc_operands(xp, ("gy", gy), ("w", w))
     gx = _nhwc_empty(xp, g.S, g.f, g.h, g.w, zeros=_strided(g))
     if not _strided(g):
-        cgemm.matmul(xp, _pixels(gy), w2, out=_pixels(gx), strict=True)
+        for sl in _image_chunks(g, 0):
+            cgemm.matmul(xp, _pixels(gy[sl]), w2, out=_pixels(gx[sl]), strict=True)
         return gx
     for sl in _image_chunks(g, g.f * g.oh * g.ow * 4):
         cols = cgemm.matmul(xp, _pixels(gy[sl]), w2, strict=True)            # (n*oh*ow, f)
@@ -400,13 +409,13 @@ def _accgrad_nhwc_forms(g):
 
 def prepare_nhwc(pass_name, g, xp):
     """run(a, b, out) for a channels-last 1x1 pass that is one GEMM on matrices, or None where it is
-    more (a stride's gather or scatter, accGrad's per-image partials or a form not yet tuned; at
-    stride 1 the whole batch is one chunk): for a caller that makes the matrices itself and calls a
-    pass many times (the PyTorch adapter), with the operands' checks, layouts, geometry and chunks
-    worked out here once.
+    more (a stride's gather or scatter, accGrad's per-image partials or a form not yet tuned, a batch
+    of more than GEMM_DIM pixels; otherwise at stride 1 the whole batch is one chunk): for a caller
+    that makes the matrices itself and calls a pass many times (the PyTorch adapter), with the
+    operands' checks, layouts, geometry and chunks worked out here once.
     The matrices, C-contiguous float32 on the GPU: an activation's pixels (S*h*w, planes), the
     weight (f', f), the output's pixels (fprop, bprop) or gW (accGrad), which run fills and returns."""
-    if xp is np or _strided(g) or not _pointwise(g):
+    if xp is np or _strided(g) or not _pointwise(g) or g.S * g.oh * g.ow > GEMM_DIM:   # the last: chunked
         return None
     if pass_name == "fprop":
         return lambda x, w, y: cgemm.matmul(xp, x, w, op_b="T", out=y, strict=True)

@@ -40,15 +40,16 @@ the fake implementations declare and as PyTorch's cuDNN convolutions decide (a t
 NCHW and NHWC, one plane or 1x1 planes, says nothing: a grayscale first layer's input).
 On the GPU with backend cudnn, where cuDNN is installed, the passes run cuDNN's NHWC plans on the
 tensors as they are (backends.cudnn, layout "nhwc"): no layout conversion, and in TF32 mode the
-VGG-16 step's compiled peak under the stock model's (session 42). Our own algorithms take NCHW
-only: with auto and cudnn among its candidates (auto_backends), each pass takes the route auto timed
-for it, once per geometry, pass and precision (backends.nhwc_route): cuDNN's NHWC plans; for a 1x1
-kernel without padding, one GEMM on the tensors as they are (gemm.fprop_nhwc and the others: a
-channels-last activation is the matrix of its pixels; prepared from a layer's second call,
-_gemm_prepared); or copies to NCHW, auto's NCHW pass and the result copied back (the fastest,
-copies included; the copies' memory is not weighed). Elsewhere (CPU, another backend, no cuDNN)
-the NCHW passes run on contiguous copies and their results are laid out channels-last again. The
-NHWC calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
+VGG-16 step's compiled peak under the stock model's (session 42). A 1x1 kernel without padding is
+one GEMM on the tensors as they are (gemm.fprop_nhwc and the others: a channels-last activation is
+the matrix of its pixels; prepared from a layer's second call on the GPU, _gemm_prepared), with
+backend gemm, CPU and GPU. Our other algorithms take NCHW only: with auto, each pass takes the route
+auto timed for it, once per geometry, pass and precision (backends.nhwc_route), among those its
+candidates (auto_backends) offer: cuDNN's NHWC plans; the 1x1 GEMM; or copies to NCHW, auto's NCHW
+pass and the result copied back (the fastest, copies included; the copies' memory is not weighed;
+on the CPU, untimed, the GEMM where it takes the layer). Elsewhere (another backend, a geometry
+none of these takes) the NCHW passes run on copies and their results are laid out channels-last
+again. The NHWC calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
@@ -333,29 +334,32 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
 
 
 def _channels_last_passes(backend, geometry, passes, bias=None):
-    """A channels-last layer's passes, each result channels-last (as the fake implementations say).
-    On the GPU with backend cudnn, where cuDNN serves the geometry: cuDNN's NHWC kernels on the
-    tensors as they are (an operand in the other layout copied to channels-last first), with no
-    layout conversion (VGG-16 b64 in TF32 mode, session 42: NCHW cuDNN calls converted layouts in
-    ~4 ms of a 38 ms compiled step and held the copies as workspace). With auto and cudnn among its
-    candidates (the auto_backends setting), each pass takes the route auto timed for it
-    (backends.nhwc_route): those NHWC kernels, a 1x1 layer's GEMM on the tensors as they are, or our
-    NCHW passes on copies made by backends.layout's transpose (_nchw_array), their results copied back.
-    Elsewhere (CPU, another backend, no cuDNN) the NCHW passes on copies. A bias goes into cuDNN's
-    fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is added to the
-    GEMM route's result, or to the NCHW fprop's once it is copied back. The device's CuPy scope is
-    entered once for all of it: the copies stay CuPy arrays, and nothing crosses to a tensor but the
-    results (a copy's two crossings and two scope entries a pass were ~1 ms of converted AlexNet's
-    host time a step, session 45)."""
-    x_shape, w_shape, stride, padding = geometry
+    """A channels-last layer's passes, each result channels-last (as the fake implementations say). Each
+    pass takes a route (_route): "cudnn", cuDNN's NHWC kernels on the tensors as they are (an operand in
+    the other layout copied to channels-last first), with no layout conversion (VGG-16 b64 in TF32 mode,
+    session 42: NCHW cuDNN calls converted layouts in ~4 ms of a 38 ms compiled step and held the copies
+    as workspace); "gemm", a 1x1 layer's GEMM on the tensors as they are; or "nchw", our NCHW passes on
+    copies made by backends.layout's transpose (_nchw_array), their results copied back. With auto,
+    the route auto timed for the pass (backends.nhwc_route, among those its candidates offer: the
+    auto_backends setting); with cudnn or gemm, that backend's own where it takes the geometry. A bias
+    goes into cuDNN's fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is
+    added to the GEMM route's result, or to the NCHW fprop's once it is copied back. On the GPU the
+    device's CuPy scope is entered once for all of it: the copies stay CuPy arrays, and nothing crosses
+    to a tensor but the results (a copy's two crossings and two scope entries a pass were ~1 ms of
+    converted AlexNet's host time a step, session 45). On the CPU the GEMM route runs on NumPy views
+    of the tensors; the "nchw" passes on contiguous copies (_nchw_passes)."""
     first = passes[0][1]
-    cudnn = backends.get("cudnn")
-    allowed = backend == "cudnn" or (backend == "auto" and "cudnn" in backends.auto_registry())   # auto_backends
-    if not (first.is_cuda and allowed and cudnn.supports(x_shape, w_shape, stride, padding)):
-        return _nchw_passes(backend, geometry, passes, bias)
+    if first.is_cpu:
+        routes = [_route(backend, p[0], geometry, np) for p in passes]
+        if "gemm" not in routes:
+            return _nchw_passes(backend, geometry, passes, bias)
+        return [_nhwc_pass(route, None, geometry, pass_name, a, b, bias) if route == "gemm"
+                else _nchw_passes(backend, geometry, [(pass_name, a, b, ())], bias)[0]   # tuned on the CPU
+                for (pass_name, a, b, later), route in zip(passes, routes)]
+    if not first.is_cuda:
+        return _nchw_passes(backend, geometry, passes, bias)   # which says what it runs on
     with _scope(first.get_device()) as cp:   # once for the crossing: routes, copies, passes and copies back
-        routes = ["cudnn" if backend == "cudnn" else backends.nhwc_route(p[0], x_shape, w_shape, stride, padding, cp)
-                  for p in passes]
+        routes = [_route(backend, p[0], geometry, cp) for p in passes]
         if "nchw" not in routes:   # every pass on cuDNN's plans or the GEMM route: no copies to count or release
             return [_nhwc_pass(route, cp, geometry, pass_name, a, b, bias)
                     for (pass_name, a, b, _), route in zip(passes, routes)]
@@ -385,6 +389,20 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     return results
 
 
+def _route(backend, pass_name, geometry, xp):
+    """The route of a channels-last layer's pass on xp's arrays (_channels_last_passes): auto's timed
+    choice (backends.nhwc_route: "nchw" where its candidates offer no other); with backend cudnn its
+    NHWC plans where it serves the geometry (the GPU, cuDNN installed), with gemm a 1x1 kernel's GEMM
+    without padding (gemm.nhwc_supports); else "nchw"."""
+    if backend == "auto":
+        return backends.nhwc_route(pass_name, *geometry, xp)
+    if backend == "cudnn" and xp is not np and backends.get("cudnn").supports(*geometry):
+        return "cudnn"
+    if backend == "gemm" and backends.gemm.nhwc_supports(*geometry):
+        return "gemm"
+    return "nchw"
+
+
 def _release_copies(copies, uses, *tensors):
     """Count one use of each tensor off `uses`; drop its NCHW copy after the layer's last NCHW pass on it
     (x's after accGrad, gy's after bprop where both run NCHW)."""
@@ -404,21 +422,28 @@ def _scope(index):
 
 
 def _nhwc_pass(route, cp, geometry, pass_name, a, b, bias):
-    """One pass on the tensors laid out channels-last as they are (inside the device's CuPy scope), as a
-    channels-last tensor: route "cudnn", cuDNN's NHWC plans, the bias, if given, into fprop's (the only
-    pass that takes one); route "gemm", a 1x1 layer's pass as one GEMM on the pixels (gemm.fprop_nhwc,
-    bprop_nhwc, accgrad_nhwc), fprop's bias added after."""
-    y = _gemm_prepared(cp, geometry, pass_name, a, b) if route == "gemm" else None
+    """One pass on the tensors laid out channels-last as they are (inside the device's CuPy scope; cp
+    None: on the CPU, on NumPy views), as a channels-last tensor: route "cudnn", cuDNN's NHWC plans, the
+    bias, if given, into fprop's (the only pass that takes one); route "gemm", a 1x1 layer's pass as one
+    GEMM on the pixels (gemm.fprop_nhwc, bprop_nhwc, accgrad_nhwc), fprop's bias added after."""
+    y = _gemm_prepared(cp, geometry, pass_name, a, b) if route == "gemm" and cp is not None else None
     if y is None:
         x_shape, w_shape, stride, padding = geometry
         third = _third(pass_name, x_shape, w_shape)
-        a, b = (_cupy_nhwc(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
+        a, b = (_nhwc_array(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
         if route == "cudnn":
             extra = {} if pass_name != "fprop" or bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
             return _from_cupy(getattr(backends.get("cudnn"), pass_name)(a, b, *third, stride=stride, padding=padding,
                                                                         layout="nhwc", **extra))
-        y = _from_cupy(getattr(backends.gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding))
+        y = getattr(backends.gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding)
+        y = torch.from_numpy(y) if cp is None else _from_cupy(y)
     return _add_bias(y, bias) if pass_name == "fprop" else y
+
+
+def _nhwc_array(t, cp):
+    """A dense channels-last float32 tensor as an array of its logical (N, C, H, W) shape on its memory, with
+    its NHWC strides: a NumPy view on the CPU (cp None), else a CuPy one (_cupy_nhwc)."""
+    return t.detach().numpy() if cp is None else _cupy_nhwc(t, cp)
 
 
 _gemm_runs = {}   # (pass, geometry, config.state()) -> gemm.prepare_nhwc's run, None (the full path), or _FIRST

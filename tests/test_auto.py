@@ -466,8 +466,11 @@ class NhwcStandIn:
     """cuDNN's NHWC passes as the route tuner calls them, on NumPy: gemm on NCHW copies, the result laid
     out channels-last. `sleep` seconds a call; `wrong` scales the result. Counts its calls."""
 
-    def __init__(self, sleep=0.0, wrong=False):
-        self.sleep, self.wrong, self.calls = sleep, wrong, []
+    def __init__(self, sleep=0.0, wrong=False, supported=True):
+        self.sleep, self.wrong, self.supported, self.calls = sleep, wrong, supported, []
+
+    def supports(self, x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
+        return self.supported
 
     def __getattr__(self, pass_name):
         def run(a, b, *rest, stride, padding, layout):
@@ -527,9 +530,9 @@ def test_a_pointwise_channels_last_layer_also_times_the_gemm_route(tuner, monkey
     before it joined is timed again); other kernels keep two routes. With cuDNN's and the NCHW routes
     slow, it wins, and no NCHW pass or copy runs for it after the timing."""
     pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(1, 1), padding=(0, 0))
-    both = {"cudnn": None, "gemm": gemm}
+    both = {"cudnn": NhwcStandIn(), "gemm": gemm}
     assert auto.routes_for(both, **pointwise) == ("cudnn", "gemm", "nchw")
-    assert auto.routes_for({"cudnn": None}, **pointwise) == ("cudnn", "nchw")   # gemm not among the candidates
+    assert auto.routes_for({"cudnn": NhwcStandIn()}, **pointwise) == ("cudnn", "nchw")   # gemm not a candidate
     assert auto.routes_for(both, **GEOM) == ("cudnn", "nchw")
     assert auto.routes_for(both, **dict(pointwise, padding=(1, 1))) == ("cudnn", "nchw")
     # a record of the old key (two routes, made before "gemm" joined) is not taken for the 1x1 layer
@@ -552,6 +555,55 @@ def test_a_pointwise_channels_last_layer_also_times_the_gemm_route(tuner, monkey
     assert set(auto.route_choices()[-1]["ms"]) == {"cudnn", "nchw"}
     assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc+gemm"))["choice"] == "gemm"
     assert tuning.default_cache().get(old)["choice"] == "cudnn"   # the old record stands, unread
+
+
+def test_without_cudnn_a_pointwise_layer_times_gemm_against_copies_and_others_take_copies_untimed(tuner):
+    """Without cuDNN among the candidates (not installed, not supported, or auto_backends without it), a 1x1
+    layer's routes are "gemm" and "nchw", timed under a key that names them; any other kernel has "nchw"
+    alone, which is the answer untimed, with no record."""
+    pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(2, 1), padding=(0, 0))
+    unsupported = NhwcStandIn(supported=False)
+    assert auto.routes_for({"gemm": gemm}, **pointwise) == ("gemm", "nchw")
+    assert auto.routes_for({"cudnn": unsupported, "gemm": gemm}, **pointwise) == ("gemm", "nchw")
+    assert auto.routes_for({"cudnn": unsupported, "gemm": gemm}, **GEOM) == ("nchw",)
+    run = nchw_stand_in(0.01)
+    for pass_name in ("fprop", "bprop", "accgrad"):
+        assert auto.nhwc_route({"gemm": gemm}, run, pass_name, **pointwise, xp=np) == "gemm"
+    rows = auto.route_choices()
+    assert len(rows) == 3 and all(set(r["ms"]) == {"gemm", "nchw"} for r in rows)
+    assert all(k[-1] == "auto:nhwc=gemm+nchw" for k in auto._route_records)
+    calls = len(run.calls)
+    assert auto.nhwc_route({"gemm": gemm}, run, "fprop", **GEOM, xp=np) == "nchw"
+    assert len(run.calls) == calls and len(auto.route_choices()) == 3
+
+
+def test_a_route_record_made_at_another_revision_is_timed_again(tuner, monkeypatch):
+    """A route record carries the revisions of the routes' own passes (cudnn's revision(), gemm's of its
+    channels-last form); one made at others is timed again, as auto's NCHW records are. A record without
+    them (session 46's) was made at cudnn 2 and gemm 1, and stands while those are today's."""
+    pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(1, 1), padding=(0, 0))
+    geom = auto._geometry_key(pointwise["x_shape"], pointwise["w_shape"], pointwise["stride"], pointwise["padding"])
+    key = tuning.key(np, np.float32, geom, "fprop", "auto:nhwc=gemm+nchw")
+    tuning.default_cache().put(key, {"choice": "nchw", "ms": {"gemm": 2.0, "nchw": 1.0}, "skipped": {},
+                                     "why": "fastest"})   # as session 46 wrote them: no revisions
+    run = nchw_stand_in(0.01)
+    assert auto.nhwc_route({"gemm": gemm}, run, "fprop", **pointwise, xp=np) == "nchw"   # stands, untimed
+    assert run.calls == [] and gemm._revision("fprop_nhwc", None) == auto._UNRECORDED_REVISIONS["gemm"]
+
+    def new_process():
+        for name in ("_routes", "_route_records"):
+            monkeypatch.setattr(auto, name, {})
+        monkeypatch.setattr(tuning, "_memo", {})
+    new_process()
+    monkeypatch.setattr(gemm, "revision", lambda pass_name, *a, **k: 2 if pass_name.endswith("_nhwc") else 1)
+    assert auto.nhwc_route({"gemm": gemm}, run, "fprop", **pointwise, xp=np) == "gemm"   # timed again
+    assert run.calls == ["fprop"] * len(run.calls) and run.calls
+    record = tuning.default_cache().get(key)
+    assert record["choice"] == "gemm" and record["revisions"] == {"gemm": 2}
+    new_process()
+    calls = len(run.calls)
+    assert auto.nhwc_route({"gemm": gemm}, run, "fprop", **pointwise, xp=np) == "gemm"   # today's: stands
+    assert len(run.calls) == calls
 
 
 def test_a_channels_last_route_that_disagrees_with_gemm_is_skipped(tuner):

@@ -193,6 +193,17 @@ def test_bad_ops_and_accumulate_without_out_are_refused(rng):
         cgemm.matmul(np, a, a, accumulate=True)
 
 
+@pytest.mark.parametrize("a_shape,b_shape,op_b,what", [((2**31, 8), (8, 4), "N", "rows"),
+                                                       ((4, 8), (2**31, 8), "T", "columns"),
+                                                       ((4, 2**31), (2**31, 4), "N", "K")])
+def test_a_gemm_past_cublas_int_sizes_is_refused_before_any_work(a_shape, b_shape, op_b, what):
+    """cuBLAS's m, n, k and leading dimensions are ints: a larger product gets an error that names the size
+    and the limit, from the plan (shapes only: nothing is allocated or launched)."""
+    with pytest.raises(ValueError, match=f"'{what}': 2147483648.*2147483647"):
+        cgemm._gemm_plan(a_shape, b_shape, np.dtype(np.float32), "N", op_b)
+    assert cgemm._gemm_plan((2**31 - 1, 8), (8, 4), np.dtype(np.float32), "N", "N").p == 2**31 - 1
+
+
 # -- on the GPU: the switch really changes the arithmetic ----------------------------------------
 
 def _gpu_operands(case):

@@ -241,6 +241,43 @@ def test_channels_last_pointwise_passes_on_random_geometries(device, n):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stride", [(1, 1), (2, 1)], ids=["s1", "s2x1"])
+def test_pointwise_passes_cut_the_batch_at_cublas_int_sizes(monkeypatch, device, stride):
+    """A GEMM's rows or K are a chunk's n*oh*ow pixels: with GEMM_DIM lowered to two images' pixels and a
+    half (cuBLAS's 2^31 - 1 in earnest), every 1x1 pass, channels-last and NCHW in each of its forms, cuts a
+    batch of 5 into chunks of 2 images at most and still agrees with float64; an image of more pixels
+    than that is refused by name; prepare_nhwc leaves a batch past it to the chunked full path."""
+    rng = np.random.default_rng(31)
+    S, f, fo, h, w = 5, 6, 4, 8, 6
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = rng.standard_normal((fo, f, 1, 1)).astype(np.float32)
+    oh, ow = (h - 1) // stride[0] + 1, (w - 1) // stride[1] + 1
+    gy = rng.standard_normal((S, fo, oh, ow)).astype(np.float32)
+    refs = conv_reference(x, wt, gy, stride, (0, 0))
+    monkeypatch.setattr(gemm, "GEMM_DIM", 2 * oh * ow + oh * ow // 2)
+    rows = []
+    real = backends.cgemm.matmul
+    monkeypatch.setattr(backends.cgemm, "matmul", lambda xp, a, b, **k: rows.append((a.shape, b.shape)) or
+                        real(xp, a, b, **k))
+    xd, gyd, wd = (to_device(a, device) for a in (x, gy, wt))
+    xl, gyl = layout.to_nhwc(xd), layout.to_nhwc(gyd)
+    g = backends.geometry(x.shape, wt.shape, stride, (0, 0))
+    xp = np if device == "cpu" else __import__("cupy")
+    runs = [(gemm.fprop_nhwc(xl, wd, stride), gemm.bprop_nhwc(gyl, wd, x.shape, stride),
+             gemm.accgrad_nhwc(gyl, xl, wt.shape, stride))]
+    runs += [(gemm._fprop_1x1(xp, xd, wd, g), gemm._bprop_1x1(xp, gyd, wd, g), gemm._accgrad_1x1(xp, gyd, xd, g))]
+    for got in runs:
+        for a, r in zip(got, refs):
+            assert rel_error(a, r) <= 1e-5
+    assert all(max(a + b) <= gemm.GEMM_DIM for a, b in rows), rows           # 5 images' pixels in none
+    assert any(2 * oh * ow in a + b for a, b in rows), rows                    # two images' in some
+    assert gemm.prepare_nhwc("fprop", backends.geometry(x.shape, wt.shape, (1, 1), (0, 0)), object()) is None
+    monkeypatch.setattr(gemm, "GEMM_DIM", oh * ow - 1)
+    with pytest.raises(ValueError, match=f"one image's {oh}x{ow} output pixels exceed a GEMM's {oh * ow - 1} rows"):
+        gemm.fprop_nhwc(xl, wd, stride)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_channels_last_pointwise_passes_take_other_layouts_and_refuse_other_kernels(device):
     """An NCHW operand is laid out channels-last first (a copy), with the same result; a kernel other than
     1x1 without padding is refused before any work, naming the limit."""

@@ -341,6 +341,59 @@ def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, strid
     assert want - {"accgrad"} <= prepared <= want   # accGrad's per-image form, where tuned, is not one GEMM
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend,candidates", [("gemm", None), ("auto", "ours"), ("auto", None)],
+                         ids=["gemm", "auto_ours", "auto"])
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2)], ids=["s1", "s2"])
+def test_channels_last_pointwise_layers_take_the_gemm_route_without_cudnn(monkeypatch, settings, tmp_path, device,
+                                                                          backend, candidates, stride):
+    """A channels-last 1x1 layer without padding runs on gemm's GEMMs on the tensors as they are wherever
+    that route exists: with backend gemm (CPU and GPU), and with auto on the CPU (untimed: the first
+    route) or on the GPU without cudnn among its candidates (auto_backends "ours": the route timed
+    against copies; a pass whose copies won runs NCHW, and nothing else does). Two calls (on the GPU
+    the second prepared), each forward and backward equal to float64 and channels-last. A 3x3 layer on
+    the same settings runs NCHW passes on copies, as before."""
+    settings(tf32=False, tune_cache=str(tmp_path / "tune.json"),
+             **({"auto_backends": candidates} if candidates else {}))
+    if device == "cuda" and backend == "auto" and candidates is None and backends.get("cudnn").available():
+        pytest.skip("cuDNN is installed: auto's routes include it (test_channels_last_auto_times_both_routes_per_pass)")
+    for name in ("_routes", "_route_records"):
+        monkeypatch.setattr(backends.auto, name, {})
+    monkeypatch.setattr(pt, "_gemm_runs", {})
+    nchw_ran = []
+    real_run = backends.run_pass
+    monkeypatch.setattr(backends, "run_pass", lambda name, p, *a, **k: nchw_ran.append(p) or real_run(name, p, *a, **k))
+    for kernel in (1, 3):
+        x, w, _, _ = operands((4, 12, 10, 9, 7, kernel, kernel, stride, (0, 0)), device, seed=9)
+        bias = torch.randn(10, generator=torch.Generator().manual_seed(4)).to(device).requires_grad_()
+        x, w = (t.requires_grad_() for t in channels_last(x, w))
+        x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
+        y64 = TF.conv2d(x64, w64, b64, stride=stride)
+        gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        y64.backward(gy)
+        nchw_ran.clear()
+        for call in range(2):
+            x.grad = w.grad = bias.grad = None
+            y = conv2d(x, w, stride, (0, 0), backend, bias)
+            y.backward(gy.float().to(device).contiguous(memory_format=torch.channels_last))
+            assert y.is_contiguous(memory_format=torch.channels_last)
+            for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
+                assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+        if kernel == 3:
+            assert sorted(set(nchw_ran)) == ["accgrad", "bprop", "fprop"]
+            continue
+        routes = {r["pass"]: r["route"] for r in backends.auto.route_choices()
+                  if tuple(r["geometry"][:4]) == (4, 12, 10, 9)}
+        if device == "cuda" and backend == "auto":   # timed: gemm against copies
+            assert set(routes) == {"fprop", "bprop", "accgrad"}
+            assert sorted(nchw_ran) == sorted(p for p, r in routes.items() if r == "nchw" for _ in range(2))
+        else:
+            assert routes == {} and nchw_ran == []
+        on_gemm = {p for p, r in routes.items() if r == "gemm"} if routes else {"fprop", "bprop", "accgrad"}
+        if device == "cuda" and stride == (1, 1):   # prepared at the second call (accGrad's per-image form is not)
+            assert {"fprop", "bprop"} & on_gemm <= {k[0] for k, run in pt._gemm_runs.items() if callable(run)}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel,routes", [(3, ("nchw", "nchw", "cudnn")), (1, ("gemm", "gemm", "nchw")),
                                            (1, ("nchw", "cudnn", "gemm"))], ids=["3x3", "1x1_gemm", "1x1_mixed"])
