@@ -378,7 +378,7 @@ _ROUTE_LABELS = {("cudnn", "nchw"): ":nhwc", ("cudnn", "gemm", "nchw"): ":nhwc+g
 _UNRECORDED_REVISIONS = {"cudnn": 2, "gemm": 1}
 
 
-def routes_for(registry, x_shape, w_shape, stride, padding, xp=np):
+def routes_for(registry, x_shape, w_shape, stride, padding, xp):
     """The routes a channels-last layer's passes can take with auto's candidates `registry` on `xp`'s
     arrays, in ROUTES' order: "cudnn" where cudnn is among them, runs on xp and supports the
     geometry; "gemm" (gemm.fprop_nhwc and the others: GEMMs on the arrays as they are) for a 1x1

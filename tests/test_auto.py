@@ -531,10 +531,10 @@ def test_a_pointwise_channels_last_layer_also_times_the_gemm_route(tuner, monkey
     slow, it wins, and no NCHW pass or copy runs for it after the timing."""
     pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(1, 1), padding=(0, 0))
     both = {"cudnn": NhwcStandIn(), "gemm": gemm}
-    assert auto.routes_for(both, **pointwise) == ("cudnn", "gemm", "nchw")
-    assert auto.routes_for({"cudnn": NhwcStandIn()}, **pointwise) == ("cudnn", "nchw")   # gemm not a candidate
-    assert auto.routes_for(both, **GEOM) == ("cudnn", "nchw")
-    assert auto.routes_for(both, **dict(pointwise, padding=(1, 1))) == ("cudnn", "nchw")
+    assert auto.routes_for(both, **pointwise, xp=np) == ("cudnn", "gemm", "nchw")
+    assert auto.routes_for({"cudnn": NhwcStandIn()}, **pointwise, xp=np) == ("cudnn", "nchw")   # gemm not a candidate
+    assert auto.routes_for(both, **GEOM, xp=np) == ("cudnn", "nchw")
+    assert auto.routes_for(both, **dict(pointwise, padding=(1, 1)), xp=np) == ("cudnn", "nchw")
     # a record of the old key (two routes, made before "gemm" joined) is not taken for the 1x1 layer
     geom = auto._geometry_key(pointwise["x_shape"], pointwise["w_shape"], pointwise["stride"], pointwise["padding"])
     old = tuning.key(np, np.float32, geom, "fprop", "auto:nhwc")
@@ -563,9 +563,9 @@ def test_without_cudnn_a_pointwise_layer_times_gemm_against_copies_and_others_ta
     alone, which is the answer untimed, with no record."""
     pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(2, 1), padding=(0, 0))
     unsupported = NhwcStandIn(supported=False)
-    assert auto.routes_for({"gemm": gemm}, **pointwise) == ("gemm", "nchw")
-    assert auto.routes_for({"cudnn": unsupported, "gemm": gemm}, **pointwise) == ("gemm", "nchw")
-    assert auto.routes_for({"cudnn": unsupported, "gemm": gemm}, **GEOM) == ("nchw",)
+    assert auto.routes_for({"gemm": gemm}, **pointwise, xp=np) == ("gemm", "nchw")
+    assert auto.routes_for({"cudnn": unsupported, "gemm": gemm}, **pointwise, xp=np) == ("gemm", "nchw")
+    assert auto.routes_for({"cudnn": unsupported, "gemm": gemm}, **GEOM, xp=np) == ("nchw",)
     run = nchw_stand_in(0.01)
     for pass_name in ("fprop", "bprop", "accgrad"):
         assert auto.nhwc_route({"gemm": gemm}, run, pass_name, **pointwise, xp=np) == "gemm"
