@@ -426,13 +426,14 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     label() + ":nhwc", ":nhwc+gemm", or the routes named where cuDNN is not among them), with the
     routes' revisions (_route_revisions: a record made at others is timed again); a tie within
     margin() goes to the earlier of ROUTES. Tuning off (MINITORCH_AUTO_TUNE; the CPU's default): the
-    first route, untimed. A record stands while it is in the cache, also after auto's NCHW choice
-    under it is tuned again (delete the cache to time the routes anew). Timed alone, each route pays
-    its own copies: in a layer's backward the adapter copies gradOutput once for both NCHW passes, so
-    the "nchw" route's times are upper bounds there. Not timed: the adapter's own host work around a
-    pass (one scope entry a crossing, the route look-up, the result's crossing to a tensor), which
-    every route pays alike, and the copies' memory (no auto_memory_mb cap here). The "cudnn" route is
-    timed through the module call, as the adapter makes it."""
+    first route, untimed. A record stands while it is in the cache at today's revisions, also after
+    auto's NCHW choice under it is tuned again (the "nchw" route's revision is none: delete the cache
+    to time the routes anew after that). Timed alone, each route pays its own copies: in a layer's
+    backward the adapter copies gradOutput once for both NCHW passes, so the "nchw" route's times are
+    upper bounds there. Not timed: the adapter's own host work around a pass (one scope entry a
+    crossing, the route look-up, the result's crossing to a tensor), which every route pays alike, and
+    the copies' memory (no auto_memory_mb cap here). The "cudnn" route is timed through the module
+    call, as the adapter makes it."""
     fast = _fast_key(f"nhwc:{pass_name}", x_shape, w_shape, stride, padding, xp)
     route = _routes.get(fast) if fast is not None else None
     if route is not None:

@@ -14,6 +14,7 @@ from .common import cuda_module
 from .device import get_array_module
 
 TILE = 32                # kernels/layout.cu's LAYOUT_TILE: a block moves a TILE x TILE tile
+IMAGE_MAX = 2**31        # floats an image, the kernel's 32-bit offsets: a larger image takes CuPy's strided copy
 BLOCK = (TILE, 8)        # LAYOUT_TILE x LAYOUT_ROWS threads
 MAX_GRID_YZ = 65535      # the grid's y and z limits
 _kernels = {}     # device id -> the compiled batched_transpose
@@ -25,7 +26,7 @@ def to_nchw(a):
     if a.flags.c_contiguous:
         return a
     xp = get_array_module(a)
-    if xp is np or not a.transpose(0, 2, 3, 1).flags.c_contiguous:   # on the CPU, or another layout
+    if xp is np or not a.transpose(0, 2, 3, 1).flags.c_contiguous or _large(a):   # the CPU, another layout
         return xp.ascontiguousarray(a)
     n, c, h, w = a.shape
     out = xp.empty(a.shape, dtype=np.float32)
@@ -41,7 +42,7 @@ def to_nhwc(a):
         return a
     xp = get_array_module(a)
     n, c, h, w = a.shape
-    if xp is np or not a.flags.c_contiguous:
+    if xp is np or not a.flags.c_contiguous or _large(a):
         return xp.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
     out = xp.empty((n, h, w, c), dtype=np.float32)
     _transpose(xp, a, out, n, c, h * w)
@@ -52,9 +53,11 @@ def _check(a):
     if getattr(a, "ndim", None) != 4 or a.dtype != np.float32:
         raise ValueError(f"layout: takes 4-d float32 arrays, got shape {getattr(a, 'shape', None)}, "
                          f"dtype {getattr(a, 'dtype', None)}")
-    if a.size // max(a.shape[0], 1) >= 2**31:
-        raise ValueError(f"layout: an image of {a.size // a.shape[0]} floats (shape {a.shape}); the copy "
-                         "takes fewer than 2^31 an image")
+
+
+def _large(a):
+    """Whether an image of a has IMAGE_MAX floats or more (past the kernel's offsets)."""
+    return a.size // max(a.shape[0], 1) >= IMAGE_MAX
 
 
 def _transpose(cp, src, dst, images, rows, cols):

@@ -350,12 +350,14 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     of the tensors; the "nchw" passes on contiguous copies (_nchw_passes)."""
     first = passes[0][1]
     if first.is_cpu:
+        # fprop keeps no view for the backward, as on the GPU: the backward's passes may take the GEMM route
+        passes = [(p, a, b, () if p == "fprop" else later) for p, a, b, later in passes]
         routes = [_route(backend, p[0], geometry, np) for p in passes]
         if "gemm" not in routes:
             return _nchw_passes(backend, geometry, passes, bias)
         return [_nhwc_pass(route, None, geometry, pass_name, a, b, bias) if route == "gemm"
                 else _nchw_passes(backend, geometry, [(pass_name, a, b, ())], bias)[0]   # tuned on the CPU
-                for (pass_name, a, b, later), route in zip(passes, routes)]
+                for (pass_name, a, b, _), route in zip(passes, routes)]
     if not first.is_cuda:
         return _nchw_passes(backend, geometry, passes, bias)   # which says what it runs on
     with _scope(first.get_device()) as cp:   # once for the crossing: routes, copies, passes and copies back

@@ -241,12 +241,14 @@ def test_channels_last_pointwise_passes_on_random_geometries(device, n):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", gemm.FORMS)
 @pytest.mark.parametrize("stride", [(1, 1), (2, 1)], ids=["s1", "s2x1"])
-def test_pointwise_passes_cut_the_batch_at_cublas_int_sizes(monkeypatch, device, stride):
+def test_pointwise_passes_cut_the_batch_at_cublas_int_sizes(monkeypatch, device, form, stride):
     """A GEMM's rows or K are a chunk's n*oh*ow pixels: with GEMM_DIM lowered to two images' pixels and a
-    half (cuBLAS's 2^31 - 1 in earnest), every 1x1 pass, channels-last and NCHW in each of its forms, cuts a
-    batch of 5 into chunks of 2 images at most and still agrees with float64; an image of more pixels
-    than that is refused by name; prepare_nhwc leaves a batch past it to the chunked full path."""
+    half (cuBLAS's 2^31 - 1 in earnest), every 1x1 pass, channels-last and NCHW, each in `form` (forced),
+    cuts a batch of 5 into chunks of 2 images at most and still agrees with float64; an image of more
+    pixels than that is refused by name; prepare_nhwc leaves a batch past it to the chunked full path
+    and prepares one under it."""
     rng = np.random.default_rng(31)
     S, f, fo, h, w = 5, 6, 4, 8, 6
     x = rng.standard_normal((S, f, h, w)).astype(np.float32)
@@ -255,6 +257,7 @@ def test_pointwise_passes_cut_the_batch_at_cublas_int_sizes(monkeypatch, device,
     gy = rng.standard_normal((S, fo, oh, ow)).astype(np.float32)
     refs = conv_reference(x, wt, gy, stride, (0, 0))
     monkeypatch.setattr(gemm, "GEMM_DIM", 2 * oh * ow + oh * ow // 2)
+    monkeypatch.setattr(gemm, "_form", lambda xp, pass_name, g, run, forms=None, default=None: form)
     rows = []
     real = backends.cgemm.matmul
     monkeypatch.setattr(backends.cgemm, "matmul", lambda xp, a, b, **k: rows.append((a.shape, b.shape)) or
@@ -271,7 +274,11 @@ def test_pointwise_passes_cut_the_batch_at_cublas_int_sizes(monkeypatch, device,
             assert rel_error(a, r) <= 1e-5
     assert all(max(a + b) <= gemm.GEMM_DIM for a, b in rows), rows           # 5 images' pixels in none
     assert any(2 * oh * ow in a + b for a, b in rows), rows                    # two images' in some
-    assert gemm.prepare_nhwc("fprop", backends.geometry(x.shape, wt.shape, (1, 1), (0, 0)), object()) is None
+    dense = backends.geometry(x.shape, wt.shape, (1, 1), (0, 0))
+    assert gemm.prepare_nhwc("fprop", dense, object()) is None             # 5 images' pixels: past it
+    monkeypatch.setattr(gemm, "GEMM_DIM", S * h * w)
+    assert callable(gemm.prepare_nhwc("fprop", dense, object()))           # at it: one GEMM
+    monkeypatch.setattr(gemm, "GEMM_DIM", 2 * oh * ow + oh * ow // 2)
     monkeypatch.setattr(gemm, "GEMM_DIM", oh * ow - 1)
     with pytest.raises(ValueError, match=f"one image's {oh}x{ow} output pixels exceed a GEMM's {oh * ow - 1} rows"):
         gemm.fprop_nhwc(xl, wd, stride)

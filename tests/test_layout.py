@@ -48,3 +48,18 @@ def test_other_strides_are_copied_plainly(device):
 def test_bad_arrays_are_refused_before_work(bad):
     with pytest.raises(ValueError, match="4-d float32"):
         layout.to_nchw(bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_image_past_the_kernels_offsets_takes_the_plain_copy(monkeypatch, device):
+    """An image of IMAGE_MAX floats or more (2^31: the kernel's offsets) is copied by the array library
+    (on the GPU CuPy's strided copy), not refused; here IMAGE_MAX lowered to one image's size."""
+    ref, a = arrays(device, (3, 4, 5, 6))
+    monkeypatch.setattr(layout, "IMAGE_MAX", 4 * 5 * 6)
+    monkeypatch.setattr(layout, "_transpose", lambda *args: pytest.fail("the kernel ran"))
+    nhwc = layout.to_nhwc(a)
+    assert nhwc.transpose(0, 2, 3, 1).flags.c_contiguous
+    back = layout.to_nchw(nhwc)
+    assert back.flags.c_contiguous
+    np.testing.assert_array_equal(host(nhwc), ref)
+    np.testing.assert_array_equal(host(back), ref)

@@ -371,20 +371,23 @@ def test_channels_last_pointwise_layers_take_the_gemm_route_without_cudnn(monkey
         y64 = TF.conv2d(x64, w64, b64, stride=stride)
         gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         y64.backward(gy)
+        timed = device == "cuda" and backend == "auto"   # the first call times the routes: its NCHW passes too
         for call in range(2):
-            nchw_ran.clear()   # the second call's: the first call's include the routes' timing (auto on the GPU)
+            nchw_ran.clear()
             x.grad = w.grad = bias.grad = None
             y = conv2d(x, w, stride, (0, 0), backend, bias)
             y.backward(gy.float().to(device).contiguous(memory_format=torch.channels_last))
             assert y.is_contiguous(memory_format=torch.channels_last)
             for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
                 assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+            if kernel == 1 and not timed:
+                assert nchw_ran == [], (call, nchw_ran)
         if kernel == 3:
             assert sorted(set(nchw_ran)) == ["accgrad", "bprop", "fprop"]
             continue
         routes = {r["pass"]: r["route"] for r in backends.auto.route_choices()
                   if tuple(r["geometry"][:4]) == (4, 12, 10, 9)}
-        if device == "cuda" and backend == "auto":   # timed: gemm against copies
+        if timed:   # gemm against copies, per pass; the second call ran NCHW passes where copies won
             assert set(routes) == {"fprop", "bprop", "accgrad"}
             assert sorted(nchw_ran) == sorted(p for p, r in routes.items() if r == "nchw")
         else:
@@ -392,6 +395,65 @@ def test_channels_last_pointwise_layers_take_the_gemm_route_without_cudnn(monkey
         on_gemm = {p for p, r in routes.items() if r == "gemm"} if routes else {"fprop", "bprop", "accgrad"}
         if device == "cuda" and stride == (1, 1):   # prepared at the second call (accGrad's per-image form is not)
             assert {"fprop", "bprop"} & on_gemm <= {k[0] for k, run in pt._gemm_runs.items() if callable(run)}
+
+
+@pytest.mark.parametrize("routes", [("nchw", "gemm", "gemm"), ("nchw", "nchw", "gemm"), ("gemm", "nchw", "gemm"),
+                                    ("gemm", "gemm", "nchw")], ids=["nchw_gemm_gemm", "nchw_nchw_gemm",
+                                                                    "gemm_nchw_gemm", "gemm_gemm_nchw"])
+def test_channels_last_pointwise_routes_mixed_on_the_cpu(monkeypatch, settings, routes):
+    """On the CPU, auto's routes (here forced per pass: fprop, accGrad, bprop) mix the GEMM on NumPy views
+    with NCHW passes on copies, as CPU tuning may choose: every result channels-last and equal to float64,
+    the bias with fprop, the NCHW passes exactly those of the "nchw" route, and no view left in the
+    reuse_spectra() block after the backward."""
+    settings(tf32=False)
+    chosen = dict(zip(("fprop", "accgrad", "bprop"), routes))
+    monkeypatch.setattr(backends, "nhwc_route", lambda p, *a, **k: chosen[p])
+    nchw_ran = []
+    real_run = backends.run_pass
+    monkeypatch.setattr(backends, "run_pass", lambda name, p, *a, **k: nchw_ran.append(p) or real_run(name, p, *a, **k))
+    x, w, stride, padding = operands((4, 12, 10, 9, 7, 1, 1, (1, 1), (0, 0)), "cpu", seed=3)
+    bias = torch.randn(10, generator=torch.Generator().manual_seed(5)).requires_grad_()
+    x, w = (t.requires_grad_() for t in channels_last(x, w))
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, bias))
+    y64 = TF.conv2d(x64, w64, b64)
+    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y64.backward(gy)
+    with reuse_spectra():
+        y = conv2d(x, w, stride, padding, "auto", bias)
+        y.backward(gy.float().contiguous(memory_format=torch.channels_last))
+        assert not pt._views
+    assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw")
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
+        assert rel_error(got.detach().numpy(), ref.detach().numpy()) <= 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ["cufft", "fbfft"])
+def test_channels_last_layer_on_an_fft_backend_shares_gy_and_holds_nothing(device, backend, settings):
+    """A channels-last 3x3 layer with backend cufft or fbfft (not auto: no route is timed; on the GPU
+    through the one-scope copy path, on the CPU through contiguous copies): forward with its bias and
+    backward equal to float64 and channels-last; inside reuse_spectra() no view is left after the backward,
+    and on the GPU accGrad's gy spectrum serves bprop (both run NCHW on the one copy of gy; the CPU copies
+    gy for each pass, and shares nothing)."""
+    if backend == "fbfft" and device == "cpu":
+        pytest.skip("fbfft is a GPU backend")
+    settings(tf32=False, cufft_tune="off")
+    x, w, stride, padding = operands((4, 6, 8, 13, 11, 3, 3, (1, 1), (1, 1)), device, seed=5)
+    bias = torch.randn(8, generator=torch.Generator().manual_seed(2)).to(device).requires_grad_()
+    x, w = (t.requires_grad_() for t in channels_last(x, w))
+    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
+    y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
+    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y64.backward(gy)
+    with reuse_spectra() as cache:
+        y = conv2d(x, w, stride, padding, backend, bias)
+        y.backward(gy.float().to(device).contiguous(memory_format=torch.channels_last))
+        assert not pt._views
+    assert ("gy" in [k.role for k in cache.hit_keys]) == (device == "cuda"), cache.hit_keys
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
+        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
 
 
 @pytest.mark.gpu
