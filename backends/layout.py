@@ -3,7 +3,8 @@
 
 An array's logical shape is (N, C, H, W) in both layouts; channels-last ("NHWC") is its memory laid
 out as (N, H, W, C), the strides a channels-last PyTorch tensor has. On the GPU each copy is one
-launch of a tiled batched transpose (kernels/layout.cu), coalesced on both sides: CuPy's
+launch of a tiled batched transpose (kernels/layout.cu; an image of IMAGE_MAX floats or more, past
+its 32-bit offsets, CuPy's strided copy), coalesced on both sides: CuPy's
 ascontiguousarray of a transposed view is coalesced on one side only, and in session 44 it made
 VGG-16 conv1_2's copies (two 822 MB tensors a pass) cost 2.5 ms against the pass's own 3.0. On the CPU,
 NumPy's copy.

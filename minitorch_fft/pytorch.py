@@ -299,8 +299,9 @@ def _run(pass_name, backend, a, b, x_shape, w_shape, stride, padding, later=None
     with the bias added (_crossing).
     later: the layer's passes still to run on these tensors in this step (run_pass's argument:
     which spectra this pass keeps for them, inside reuse_spectra()); None is fprop's, after which
-    both backward passes may run. A view of `a` is held for a later pass that takes it (fprop's x
-    for accGrad, accGrad's gy for bprop), of `b` only in fprop (w, for bprop): _array."""
+    both backward passes may run (a channels-last layer's fprop keeps nothing: _channels_last_passes).
+    A view of `a` is held for a later pass that takes it (fprop's x for accGrad, accGrad's gy for
+    bprop), of `b` only in fprop (w, for bprop): _array."""
     nhwc = _nhwc(a, b)   # (x, w), (gy, w) or (gy, x): as the operators' fake implementations say
     return _crossing(backend, x_shape, w_shape, stride, padding, [(pass_name, a, b, later)], nhwc, bias)[0]
 
@@ -533,8 +534,9 @@ def _pass(pass_name, backend, a, b, cp, geometry, later):
 
 def _keeps(later):
     """(keep a, keep b): whether a pass's two operands' views are held for a later pass (_array): both
-    for fprop (later None: both backward passes may follow), else a, gradOutput, where a later pass
-    of the crossing takes it (accGrad's for bprop)."""
+    for fprop (later None: both backward passes may follow; not a channels-last layer's, whose fprop
+    _channels_last_passes gives ()), else a, gradOutput, where a later pass of the crossing takes it
+    (accGrad's for bprop)."""
     return (True, True) if later is None else (bool(later), False)
 
 

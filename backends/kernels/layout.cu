@@ -6,8 +6,8 @@
 // so both sides are coalesced (a plain strided copy is coalesced on one side only). The tile's rows
 // are padded by one float, so the column reads of the write phase hit 32 different banks. Edge tiles
 // check both bounds. Images go along the grid's z, strided by gridDim.z (the grid's z is at most
-// 65535); offsets within an image are 32-bit (layout.py refuses an image of 2^31 floats or more), the
-// image's base 64-bit.
+// 65535); offsets within an image are 32-bit (layout.py gives an image of 2^31 floats or more, its
+// IMAGE_MAX, to CuPy's strided copy instead), the image's base 64-bit.
 
 #define LAYOUT_TILE 32
 #define LAYOUT_ROWS 8
