@@ -96,6 +96,22 @@ def channels_last(*tensors):
     return [t.contiguous(memory_format=torch.channels_last) for t in tensors]
 
 
+def float64_layer(x, w, bias, stride, padding):
+    """A layer's float64 reference on the CPU: a seeded float64 gradOutput of its output's shape, and
+    (y, gx, gw, gb), the output and the gradients that gradOutput gives."""
+    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
+    y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
+    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y64.backward(gy)
+    return gy, (y64, x64.grad, w64.grad, b64.grad)
+
+
+def assert_matches(got, refs, tol=1e-5):
+    """Each tensor of `got` within tol of its float64 reference in `refs` (relative error)."""
+    for t, ref in zip(got, refs, strict=True):
+        assert rel_error(t.detach().cpu().numpy(), ref.detach().numpy()) <= tol
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES)
@@ -264,16 +280,13 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes, gy_l
     x, w, stride, padding = operands((4, 6, 8, 13, 11, 3, 3, (1, 1), (1, 1)), "cuda", seed=5)
     bias = torch.randn(8, generator=torch.Generator().manual_seed(2)).cuda().requires_grad_()
     x, w = (t.requires_grad_() for t in channels_last(x, w))
-    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
-    y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
-    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    gy, refs = float64_layer(x, w, bias, stride, padding)
     gy32 = gy.float().cuda().contiguous(
         memory_format=torch.channels_last if gy_layout == "channels_last" else torch.contiguous_format)
     with reuse_spectra():
         y = conv2d(x, w, stride, padding, bias=bias)
         y.backward(gy32)
         assert not pt._views
-    y64.backward(gy)
     assert sorted(asked) == ["accgrad", "bprop", "fprop"]
     assert sorted(p for p, _ in nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw")
     # an NCHW accGrad keeps gradOutput's copy (and its spectrum) for bprop only where bprop runs NCHW too
@@ -287,9 +300,7 @@ def test_channels_last_routes_mixed_per_pass(monkeypatch, settings, routes, gy_l
     assert copied.count(tuple(y.shape)) == int(backward_nchw and gy_layout == "channels_last")
     gx, gw, gb = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, True)
     assert all(t.is_contiguous(memory_format=torch.channels_last) for t in (y, gx, gw))
-    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad), (gx, x64.grad),
-                     (gw, w64.grad), (gb, b64.grad)):
-        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+    assert_matches((y, x.grad, w.grad, bias.grad, gx, gw, gb), refs + refs[1:])
 
 
 @pytest.mark.gpu
@@ -315,11 +326,8 @@ def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, strid
     x, w, _, padding = operands((4, 12, 10, 9, 7, 1, 1, stride, (0, 0)), "cuda", seed=9)
     bias = torch.randn(10, generator=torch.Generator().manual_seed(4)).cuda().requires_grad_()
     x, w = (t.requires_grad_() for t in channels_last(x, w))
-    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
-    y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
-    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    gy, refs = float64_layer(x, w, bias, stride, padding)
     gy32 = gy.float().cuda().contiguous(memory_format=torch.channels_last)
-    y64.backward(gy)
     geometry = (tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding))
     for call in range(2):
         x.grad = w.grad = bias.grad = None
@@ -328,9 +336,7 @@ def test_channels_last_pointwise_gemm_route(monkeypatch, settings, routes, strid
             y.backward(gy32)
         gx, gw, gb = pt._grads(gy32, x.detach(), w.detach(), stride, padding, "auto", True, True, True)
         assert all(t.is_contiguous(memory_format=torch.channels_last) for t in (y, gx))
-        for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad), (gx, x64.grad),
-                         (gw, w64.grad), (gb, b64.grad)):
-            assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+        assert_matches((y, x.grad, w.grad, bias.grad, gx, gw, gb), refs + refs[1:])
     # two calls, each a forward, its backward and _grads (accGrad and bprop once more)
     assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw"
                                       for _ in range(2 if p == "fprop" else 4))
@@ -367,10 +373,7 @@ def test_channels_last_pointwise_layers_take_the_gemm_route_without_cudnn(monkey
         x, w, _, _ = operands((4, 12, 10, 9, 7, kernel, kernel, stride, (0, 0)), device, seed=9)
         bias = torch.randn(10, generator=torch.Generator().manual_seed(4)).to(device).requires_grad_()
         x, w = (t.requires_grad_() for t in channels_last(x, w))
-        x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
-        y64 = TF.conv2d(x64, w64, b64, stride=stride)
-        gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-        y64.backward(gy)
+        gy, refs = float64_layer(x, w, bias, stride, (0, 0))
         timed = device == "cuda" and backend == "auto"   # the first call times the routes: its NCHW passes too
         for call in range(2):
             nchw_ran.clear()
@@ -378,8 +381,7 @@ def test_channels_last_pointwise_layers_take_the_gemm_route_without_cudnn(monkey
             y = conv2d(x, w, stride, (0, 0), backend, bias)
             y.backward(gy.float().to(device).contiguous(memory_format=torch.channels_last))
             assert y.is_contiguous(memory_format=torch.channels_last)
-            for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
-                assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+            assert_matches((y, x.grad, w.grad, bias.grad), refs)
             if kernel == 1 and not timed:
                 assert nchw_ran == [], (call, nchw_ran)
         if kernel == 3:
@@ -414,18 +416,14 @@ def test_channels_last_pointwise_routes_mixed_on_the_cpu(monkeypatch, settings, 
     x, w, stride, padding = operands((4, 12, 10, 9, 7, 1, 1, (1, 1), (0, 0)), "cpu", seed=3)
     bias = torch.randn(10, generator=torch.Generator().manual_seed(5)).requires_grad_()
     x, w = (t.requires_grad_() for t in channels_last(x, w))
-    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, bias))
-    y64 = TF.conv2d(x64, w64, b64)
-    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    y64.backward(gy)
+    gy, refs = float64_layer(x, w, bias, stride, padding)
     with reuse_spectra():
         y = conv2d(x, w, stride, padding, "auto", bias)
         y.backward(gy.float().contiguous(memory_format=torch.channels_last))
         assert not pt._views
     assert sorted(nchw_ran) == sorted(p for p, r in chosen.items() if r == "nchw")
     assert y.is_contiguous(memory_format=torch.channels_last)
-    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
-        assert rel_error(got.detach().numpy(), ref.detach().numpy()) <= 1e-5
+    assert_matches((y, x.grad, w.grad, bias.grad), refs)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -442,10 +440,7 @@ def test_channels_last_layer_on_an_fft_backend_shares_gy_and_holds_nothing(devic
     x, w, stride, padding = operands((4, 6, 8, 13, 11, 3, 3, (1, 1), (1, 1)), device, seed=5)
     bias = torch.randn(8, generator=torch.Generator().manual_seed(2)).to(device).requires_grad_()
     x, w = (t.requires_grad_() for t in channels_last(x, w))
-    x64, w64, b64 = (t.detach().double().cpu().requires_grad_() for t in (x, w, bias))
-    y64 = TF.conv2d(x64, w64, b64, stride=stride, padding=padding)
-    gy = torch.randn(y64.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    y64.backward(gy)
+    gy, refs = float64_layer(x, w, bias, stride, padding)
     with reuse_spectra() as cache:
         y = conv2d(x, w, stride, padding, backend, bias)
         y.backward(gy.float().to(device).contiguous(memory_format=torch.channels_last))
@@ -453,8 +448,7 @@ def test_channels_last_layer_on_an_fft_backend_shares_gy_and_holds_nothing(devic
     if device == "cuda":   # the CPU's copies share nothing (benchmarks/NOTES.md, session 47), and keep no view
         assert "gy" in [k.role for k in cache.hit_keys], cache.hit_keys
     assert y.is_contiguous(memory_format=torch.channels_last)
-    for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (bias.grad, b64.grad)):
-        assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
+    assert_matches((y, x.grad, w.grad, bias.grad), refs)
 
 
 @pytest.mark.gpu
