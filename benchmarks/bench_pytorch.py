@@ -161,12 +161,16 @@ def peak_held(torch):
 
 def timed_row(step, args, peak_from, leftover):
     """(median ms of single steps, median ms a step back to back, median issue ms, peak MiB,
-    requested peak MiB) of step() after warm-up: the second over bursts of BURST steps with no wait
-    between them (module docstring), the third the host's time to issue one step on a drained GPU
-    (where it nears the step's time, the row is host-bound); the peaks over all (and over
-    `peak_from`), less `leftover` (what earlier rows left allocated). peak_from and leftover are
-    (allocated, requested) byte pairs, as held() gives them."""
+    requested peak MiB, pass-graph pool MiB) of step() after warm-up: the second over bursts of
+    BURST steps with no wait between them (module docstring), the third the host's time to issue one
+    step on a drained GPU (where it nears the step's time, the row is host-bound); the peaks over all
+    (and over `peak_from`), less `leftover` (what earlier rows left allocated), plus the pool the
+    converted layers' pass graphs hold (minitorch_fft.pytorch.pass_graph_stats: reserved for their
+    temporaries at every moment, and not counted as allocated between replays). peak_from and
+    leftover are (allocated, requested) byte pairs, as held() gives them."""
     import torch
+
+    from minitorch_fft.pytorch import pass_graph_stats
     for _ in range(args.warmup):
         step()
     torch.cuda.synchronize()
@@ -178,24 +182,29 @@ def timed_row(step, args, peak_from, leftover):
             step()
     steady = median_ms(burst, "torch", 0, max(3, args.repeat // BURST)) / BURST
     issue = median_ms(step, "cpu", 0, args.repeat, before=torch.cuda.synchronize)
-    peak, requested = (max(now, before) - left
+    pool = pass_graph_stats()["pool_bytes"]
+    peak, requested = (max(now, before) - left + pool
                        for now, before, left in zip(peak_held(torch), peak_from, leftover))
-    return ms, steady, issue, peak / 2**20, requested / 2**20
+    return ms, steady, issue, peak / 2**20, requested / 2**20, pool / 2**20
 
 
 def timed_fields(mode, timed, batch):
-    """A row's fields from timed_row's (ms, back to back ms, issue ms, peak MiB, requested peak MiB),
-    in `mode`."""
-    ms, steady, issue, peak, requested = timed
+    """A row's fields from timed_row's (ms, back to back ms, issue ms, peak MiB, requested peak MiB,
+    pass-graph pool MiB), in `mode`, with the pass graphs' counts so far (pass_graph_stats)."""
+    from minitorch_fft.pytorch import pass_graph_stats
+    ms, steady, issue, peak, requested, pool = timed
+    stats = pass_graph_stats()
     return {"mode": mode, "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
-            "images_per_s": batch / ms * 1e3, "peak_mib": peak, "peak_requested_mib": requested}
+            "images_per_s": batch / ms * 1e3, "peak_mib": peak, "peak_requested_mib": requested,
+            "pass_graph_pool_mib": pool,
+            "pass_graphs": {k: stats[k] for k in ("eager", "captures", "replays", "failed", "graphs")}}
 
 
 def timed_text(timed):
     """timed_row's result as a log line gives it."""
-    ms, steady, issue, peak, requested = timed
+    ms, steady, issue, peak, requested, pool = timed
     return (f"{ms:8.2f} ms ({steady:.2f} back to back, issue {issue:.2f})  peak {peak:8.0f} MiB "
-            f"(requested {requested:.1f})")
+            f"(requested {requested:.1f}{f'; pass graphs pool {pool:.1f}' if pool else ''})")
 
 
 def run_network(net, args, log, on_rows=None):
@@ -377,6 +386,10 @@ def earlier_estimate(name, batch, folder):
 
 def _graph_row(step, args, net, label, log, leftover):
     import torch
+
+    from minitorch_fft.pytorch import release_pass_graphs
+    release_pass_graphs()      # the eager row's: this row captures the whole step, passes as they run
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -433,6 +446,8 @@ def _free(torch):
     differed from stock's by exactly 33 MiB requested), PyTorch's cached blocks. So every row pays
     for its own workspaces, made in its check and warm-up steps."""
     import backends
+    from minitorch_fft.pytorch import release_pass_graphs
+    release_pass_graphs()      # the converted row's pass graphs, their pool and the buffers they held
     backends.cufft.release_buffers()
     torch.cuda.synchronize()
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)   # private; absent in another PyTorch

@@ -85,7 +85,7 @@ import numpy as np
 import torch
 
 import backends
-from backends import cgemm
+from backends import cgemm, cufft_buffers
 
 log = logging.getLogger(__name__)
 Tensor = torch.Tensor
@@ -317,6 +317,15 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
     for pass_name, a, b, _ in passes:
         _check_float32(pass_name, a, b)
     geometry = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
+    if passes[0][1].is_cuda and backends.config.get("pass_graphs"):
+        results = _graphed(backend, geometry, passes, nhwc, bias)
+        if results is not None:
+            return results
+    return _passes(backend, geometry, passes, nhwc, bias)
+
+
+def _passes(backend, geometry, passes, nhwc=False, bias=None):
+    """_crossing's passes, run one by one (checked, geometry as tuples)."""
     if nhwc:
         return _channels_last_passes(backend, geometry, passes, bias)
     first = passes[0][1]
@@ -519,8 +528,7 @@ def _nchw_array(copies, t, cp, keep):
 def _nchw_passes(backend, geometry, passes, bias):
     """A channels-last layer's passes run as NCHW ones (_crossing, on contiguous copies of their
     operands), each result copied back to channels-last."""
-    x_shape, w_shape, stride, padding = geometry
-    plain = _crossing(backend, x_shape, w_shape, stride, padding, passes, bias=bias)
+    plain = _passes(backend, geometry, passes, bias=bias)
     return [t.contiguous(memory_format=torch.channels_last) for t in plain]
 
 
@@ -563,6 +571,201 @@ def _check_float32(what, a, b):
     if a.device != b.device:
         raise ValueError(f"minitorch_fft.conv2d ({what}): tensors on different devices, {a.device} "
                          f"and {b.device}")
+
+
+# -- a layer's passes as one CUDA graph (the pass_graphs setting) ---------------------------------
+# A crossing (one layer's fprop, or its backward's passes) costs the host ~80-350 us of Python a
+# call (benchmarks/NOTES.md, session 46), about what its kernels take on the GPU for AlexNet's and
+# ResNet-50's small layers, whose converted steps were therefore host-bound. In a training loop the
+# caching allocator hands the same addresses out step after step, so a crossing whose operands and
+# results sit where they sat before can replay what it launched then: one cudaGraphLaunch.
+# - Key: the device, PyTorch's current stream, the backend, geometry, passes, layout, the settings
+#   (backends.config.state()) and each operand's address, shape and strides.
+# - The results are new tensors from the caching allocator, as eagerly; the graph writes them at the
+#   addresses they had when it was captured, so it replays only where they come out there again
+#   (else the passes run eagerly). A result the caller holds on to is never written again.
+# - Captured at the third call of a key whose results came out at the same addresses as at its
+#   second: the first calls tune and plan (auto, cuDNN's search, cuFFT's plans), which a capture
+#   cannot hold. Until then each call runs eagerly and copies its results to those addresses, so
+#   the next layer's operands sit where they will sit once this one replays.
+# - The passes' temporaries (workspaces, spectra, their own results, copied out at the end) come
+#   from one private memory pool per device and stream, which every pass graph there shares: the
+#   graphs replay one at a time on that stream, and none holds anything past its end. Its bytes
+#   are held while graphs live (pass_graph_stats()["pool_bytes"]; release_pass_graphs()).
+# - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
+#   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
+#   replay would sit in memory another graph's temporaries reuse). inputs=True and the
+#   reuse_weight_spectra setting therefore share nothing where pass graphs run.
+# - cufft's scratch buffers and plans the graph uses are held as long as it lives (as
+#   minitorch_fft.graphs does for a whole step).
+# - Inside a caller's own capture (torch.cuda.graph, CUDA graph trees) the passes run as they are
+#   and are captured with the caller's graph. A key whose capture fails, or whose results moved
+#   GRAPH_CAPTURES times, runs eagerly from then on.
+
+GRAPH_AFTER = 2        # eager calls of a key before its first capture
+GRAPH_SEEN = 2         # the results' addresses of this many recent eager calls are candidates (a caller
+                       # that holds one call's results through the next alternates between two)
+GRAPH_CAPTURES = 4     # captures of one key at most
+GRAPH_KEYS = 4096      # keys remembered, least recent dropped (with its graphs)
+GRAPH_NEW_KEYS = 32    # keys of one backend, geometry and passes made beyond this many (8 more per capture):
+                       # its new keys run as they are, without the copy (operands that move every call)
+
+_pass_graphs = {}      # key -> _PassGraph, least recent first
+_families = collections.Counter()   # (backend, geometry, passes) -> keys made, less 8 per capture
+_capture_on = {}       # (device index, stream pointer) -> (side stream, memory pool id): where captures run
+_graph_counts = collections.Counter()   # "eager", "captures", "replays", "failed" (pass_graph_stats)
+
+
+class _PassGraph:
+    """One key's state (_graphed): its graphs by the results' addresses they write ({where: (graph,
+    what it holds alive)}), the eager calls made and their results' recent addresses, captures made,
+    off (runs as it is)."""
+    __slots__ = ("graphs", "runs", "seen", "captures", "off")
+
+    def __init__(self):
+        self.graphs, self.seen = {}, []
+        self.runs = self.captures = 0
+        self.off = False
+
+
+def _graphed(backend, geometry, passes, nhwc, bias):
+    """The crossing's results through its pass graph (replayed, or captured and replayed), or
+    eagerly into the addresses a capture would take; None where it runs as it is (_passes): inside
+    a caller's capture, a key that is off, or the first call of a key whose layer's operands move."""
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    first = passes[0][1]
+    index = first.get_device()
+    stream = torch._C._cuda_getCurrentRawStream(index)
+    operands = [t for _, a, b, _ in passes for t in (a, b)] + ([] if bias is None else [bias])
+    names = tuple((p, later) for p, _, _, later in passes)
+    key = (index, stream, backend, geometry, names, nhwc, backends.config.state(),
+           tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
+    entry = _pass_graphs.pop(key, None)
+    if entry is None:
+        family = (backend, geometry, names)
+        _families[family] += 1
+        if _families[family] > GRAPH_NEW_KEYS:
+            return None
+        entry = _PassGraph()
+        while len(_pass_graphs) >= GRAPH_KEYS:
+            _pass_graphs.pop(next(iter(_pass_graphs)))   # a launch in flight finishes (cudaGraphExecDestroy)
+    _pass_graphs[key] = entry
+    if entry.off:
+        return None
+    outs = [_laid_out(first, _result_shape(p, geometry), nhwc) for p, _, _, _ in passes]
+    where = tuple(o.data_ptr() for o in outs)
+    graph = entry.graphs.get(where)
+    if graph is not None:
+        graph[0].replay()
+        _graph_counts["replays"] += 1
+        return outs
+    if entry.runs < GRAPH_AFTER or where not in entry.seen:
+        entry.runs += 1
+        entry.seen = (entry.seen + [where])[-GRAPH_SEEN:]
+        _graph_counts["eager"] += 1
+        return _into(outs, _isolated(backend, geometry, passes, nhwc, bias))
+    if entry.captures >= GRAPH_CAPTURES:
+        entry.off, entry.graphs = True, {}
+        log.info("pass graphs: %s's results moved %d times; it runs eagerly", _what(backend, geometry, names),
+                 entry.captures)
+        return None
+    entry.captures += 1
+    _families[backend, geometry, names] -= 8
+    try:
+        graph = _capture(backend, geometry, passes, nhwc, bias, outs, index, stream)
+    except Exception as e:  # noqa: BLE001 - whatever a capture refuses: the passes run eagerly
+        entry.off, entry.graphs = True, {}
+        _graph_counts["failed"] += 1
+        log.warning("pass graphs: %s could not be captured (%s: %s); it runs eagerly",
+                    _what(backend, geometry, names), type(e).__name__, str(e)[:200])
+        return None
+    while len(entry.graphs) >= GRAPH_SEEN:
+        entry.graphs.pop(next(iter(entry.graphs)))
+    entry.graphs[where] = graph
+    _graph_counts["captures"] += 1
+    graph[0].replay()
+    _graph_counts["replays"] += 1
+    return outs
+
+
+def _what(backend, geometry, names):
+    return f"{'+'.join(p for p, _ in names)} on {backend} of x {geometry[0]}, w {geometry[1]}"
+
+
+def _result_shape(pass_name, geometry):
+    """The shape of a pass's result: y for fprop, x's for bprop, w's for accGrad."""
+    x_shape, w_shape, stride, padding = geometry
+    if pass_name == "bprop":
+        return x_shape
+    if pass_name == "accgrad":
+        return w_shape
+    return (x_shape[0], w_shape[0], _out_size(x_shape[2], w_shape[2], stride[0], padding[0]),
+            _out_size(x_shape[3], w_shape[3], stride[1], padding[1]))
+
+
+def _into(outs, results):
+    """outs, each overwritten with its result."""
+    for out, result in zip(outs, results):
+        out.copy_(result)
+    return outs
+
+
+def _isolated(backend, geometry, passes, nhwc, bias):
+    """The crossing's passes sharing spectra among themselves alone: a view dict and a spectrum
+    block of their own, fprop keeping nothing for the backward (a pass graph holds nothing past
+    its end)."""
+    global _views
+    outer, _views = _views, {}
+    try:
+        with backends.reuse_spectra(inputs=False):
+            return _passes(backend, geometry, [(p, a, b, () if p == "fprop" else later) for p, a, b, later in passes],
+                           nhwc, bias)
+    finally:
+        _views = outer
+
+
+def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
+    """(graph, what it holds) of the crossing writing its results into outs, captured on a side
+    stream of this stream's into their shared pool (nothing runs: the caller replays it)."""
+    side, pool = _capture_on.get((index, stream), (None, None))
+    if side is None:
+        side, pool = _capture_on[index, stream] = torch.cuda.Stream(index), torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
+    side.wait_stream(torch.cuda.current_stream(index))
+    with cufft_buffers.keeping_retired() as retired, torch.cuda.stream(side):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            _into(outs, _isolated(backend, geometry, passes, nhwc, bias))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                graph.capture_end()
+            raise
+        graph.capture_end()
+    return graph, tuple(cufft_buffers.held_on_device()) + tuple(retired)
+
+
+def pass_graph_stats():
+    """{"eager", "captures", "replays", "failed": crossings so far run each way under pass_graphs
+    (eager: before their capture), "graphs": graphs alive, "pool_bytes": the bytes their shared
+    pools reserve on the GPU (none of it counted by torch.cuda.memory_allocated() between
+    replays)}."""
+    pools = {pool for _, pool in _capture_on.values()}
+    pool_bytes = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                     if tuple(seg.get("segment_pool_id", ())) in pools) if pools else 0
+    return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed")},
+            "graphs": sum(len(e.graphs) for e in _pass_graphs.values()), "pool_bytes": pool_bytes}
+
+
+def release_pass_graphs():
+    """Drop every pass graph, the buffers they hold and their pools' memory (PyTorch frees a pool
+    once no graph uses it, at the next torch.cuda.empty_cache()); later calls start over."""
+    if _pass_graphs or _capture_on:
+        torch.cuda.synchronize()       # nothing they launched still runs when their buffers go
+    _pass_graphs.clear()
+    _families.clear()
+    _capture_on.clear()
+    _graph_counts.clear()
 
 
 # -- the operators ------------------------------------------------------------------------------
@@ -893,4 +1096,5 @@ def convert(model, backend="auto"):
     return model
 
 
-__all__ = ["Conv2d", "EagerConv2d", "convert", "conv2d", "reuse_spectra", "unsupported"]
+__all__ = ["Conv2d", "EagerConv2d", "convert", "conv2d", "pass_graph_stats", "release_pass_graphs", "reuse_spectra",
+           "unsupported"]

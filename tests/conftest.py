@@ -61,6 +61,17 @@ def host_library(tmp_path_factory, name, source, flags=()):
 
 
 @pytest.fixture(autouse=True)
+def pass_graphs_released():
+    """The PyTorch adapter's pass graphs (and the pools and buffers they hold) end with the test that
+    made them (config.reload() gives every test new keys anyway: without this they would only hold memory)."""
+    yield
+    import sys
+    adapter = sys.modules.get("minitorch_fft.pytorch")
+    if adapter is not None:
+        adapter.release_pass_graphs()
+
+
+@pytest.fixture(autouse=True)
 def settings_read_afresh(monkeypatch):
     """backends.config reads each variable once; every test starts from the environment as it is,
     and monkeypatch.setenv/delenv take effect at once (config.reload() after each)."""

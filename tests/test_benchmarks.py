@@ -954,16 +954,21 @@ def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 300 * 2**20)
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {"requested_bytes.all.peak": 290 * 2**20})
     args = argparse.Namespace(warmup=2, repeat=10)
-    ms, steady, issue, peak, requested = bench_pytorch.timed_row(lambda: calls.append(1), args, (0, 0),
-                                                                 (100 * 2**20, 99 * 2**20))
+    ms, steady, issue, peak, requested, pool = bench_pytorch.timed_row(lambda: calls.append(1), args, (0, 0),
+                                                                       (100 * 2**20, 99 * 2**20))
     burst = bench_pytorch.BURST
     # one step a call; BURST a burst, 3 bursts at least; the issue time on the host clock, drained first
     assert timed == [("torch", 1, 10, None), ("torch", burst, 3, None), ("cpu", 1, 10, torch.cuda.synchronize)]
     assert len(calls) == 2 + 1 + burst + 1                   # warm-up, then one call of each (the stub's)
-    assert (ms, steady, issue, peak, requested) == (10.0, 10.0, 4.0, 200.0, 191.0)
+    assert (ms, steady, issue, peak, requested, pool) == (10.0, 10.0, 4.0, 200.0, 191.0, 0.0)
     # a CUDA graph row's capture peak counts where it is the higher (allocated and requested apart)
-    *_, peak, requested = bench_pytorch.timed_row(lambda: None, args, (350 * 2**20, 10), (0, 0))
+    *_, peak, requested, _ = bench_pytorch.timed_row(lambda: None, args, (350 * 2**20, 10), (0, 0))
     assert (peak, requested) == (350.0, 290.0)
+    # the pass graphs' pool is held at every moment and allocated at none between replays: added to both
+    import minitorch_fft.pytorch as adapter
+    monkeypatch.setattr(adapter, "pass_graph_stats", lambda: {"pool_bytes": 64 * 2**20})
+    *_, peak, requested, pool = bench_pytorch.timed_row(lambda: None, args, (0, 0), (0, 0))
+    assert (peak, requested, pool) == (364.0, 354.0, 64.0)
 
 
 def test_bench_pytorch_frees_the_cublas_workspaces_between_rows(monkeypatch):

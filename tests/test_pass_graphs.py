@@ -1,0 +1,163 @@
+"""minitorch_fft.pytorch's pass graphs (the pass_graphs setting): a layer's passes replayed as one CUDA
+graph once their operands and results come out at the same addresses again. Every result is checked
+against PyTorch's convolution in float64 at every step, before the capture, at it and after it."""
+import logging
+
+import pytest
+import torch
+
+import backends
+from minitorch_fft import pytorch as pt
+from minitorch_fft.pytorch import Conv2d
+from test_pytorch import assert_matches, float64_layer
+
+STEPS = 6   # eager (tuning), eager, captured, then replays
+
+
+def stats():
+    return pt.pass_graph_stats()
+
+
+def layer(backend, f=3, fo=4, k=3, stride=1, padding=1, nhwc=False, seed=0):
+    torch.manual_seed(seed)
+    conv = Conv2d(f, fo, k, stride=stride, padding=padding, backend=backend).cuda()
+    return conv.to(memory_format=torch.channels_last) if nhwc else conv
+
+
+def fill(t, seed):
+    """t's memory refilled in place with seeded normal values (same address, new data)."""
+    with torch.no_grad():
+        t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(seed)))
+    return t
+
+
+def steps(conv, x, n=STEPS, tol=1e-5):
+    """n training-style calls of conv on x, refilled with new data in place before each: forward and
+    backward, every output and gradient against float64 at every call."""
+    for i in range(n):
+        fill(x, 100 + i)
+        x.grad = conv.weight.grad = conv.bias.grad = None
+        y = conv(x)
+        gy, refs = float64_layer(x, conv.weight, conv.bias, conv.stride, conv.padding)
+        y.backward(gy.float().cuda().contiguous(memory_format=torch.channels_last if x.dim() == 4 and
+                                                 not x.is_contiguous() else torch.contiguous_format))
+        assert_matches((y, x.grad, conv.weight.grad, conv.bias.grad), refs, tol)
+
+
+BACKENDS = ["auto", "gemm", "cufft", pytest.param("cudnn", marks=pytest.mark.skipif(
+    "not __import__('conftest').backend_usable('cudnn')", reason="cuDNN frontend not installed"))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nhwc", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_replays_match_float64(backend, nhwc):
+    """A layer trained at fixed addresses: its forward and backward are captured at the third call
+    and replayed after, reading each call's new data, every result within fp32 of float64."""
+    conv = layer(backend, nhwc=nhwc)
+    x = torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True)
+    if nhwc:
+        x = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    steps(conv, x)
+    s = stats()
+    assert s["failed"] == 0
+    assert s["captures"] >= 2 and s["replays"] >= 2 * (STEPS - 3), s   # forward and backward, each
+
+
+@pytest.mark.gpu
+def test_tf32_mode_replays_its_own_graphs():
+    """TF32 mode is a setting in the key: its calls capture graphs of their own, never replay the
+    strict ones (checked within TF32's bound)."""
+    conv = layer("auto", f=16, fo=16)
+    x = torch.empty(4, 16, 12, 12, device="cuda", requires_grad=True)
+    steps(conv, x)
+    strict = stats()["captures"]
+    with backends.config.override(tf32=True):
+        steps(conv, x, tol=5e-3)
+    assert stats()["captures"] >= strict + 2
+
+
+@pytest.mark.gpu
+def test_results_held_by_the_caller_are_not_written_again():
+    """Each call's results are new tensors: one the caller keeps is what it was after later calls,
+    which take other addresses and run eagerly, then replay graphs of their own."""
+    conv = layer("auto")
+    x = torch.empty(2, 3, 9, 9, device="cuda")
+    with torch.no_grad():
+        for i in range(STEPS):
+            conv(fill(x, i))
+        replays = stats()["replays"]
+        kept = conv(fill(x, 50))
+        assert stats()["replays"] == replays + 1
+        copy = kept.clone()
+        y = None
+        for i in range(STEPS):
+            y = conv(fill(x, 60 + i))     # the last result held through the next call: two addresses in turn
+        _, refs = float64_layer(x, conv.weight, conv.bias, conv.stride, conv.padding)
+        assert_matches((y,), refs[:1])
+    assert torch.equal(kept, copy)
+    assert stats()["replays"] >= replays + 3, stats()
+
+
+@pytest.mark.gpu
+def test_moving_operands_run_eagerly_and_correctly(strict_fp32):
+    """Operands at a new address every call (each kept alive): no key repeats, nothing is captured,
+    and every result is right."""
+    conv = layer("auto")
+    xs = []
+    for i in range(STEPS):
+        xs.append(fill(torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True), i))
+        y = conv(xs[-1])
+        gy, refs = float64_layer(xs[-1], conv.weight, conv.bias, conv.stride, conv.padding)
+        assert_matches((y,), refs[:1])
+    assert stats()["captures"] == 0 and stats()["replays"] == 0
+
+
+@pytest.mark.gpu
+def test_off_runs_every_pass_eagerly(strict_fp32):
+    conv = layer("auto")
+    x = torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True)
+    with backends.config.override(pass_graphs=False):
+        steps(conv, x)
+    assert stats() == {**stats(), "eager": 0, "captures": 0, "replays": 0, "graphs": 0}
+
+
+@pytest.mark.gpu
+def test_a_capture_that_fails_leaves_the_key_eager(monkeypatch, caplog):
+    """Something in the passes a capture refuses (here: a wait for the device): the capture's error
+    is logged, the key runs eagerly from then on, and every result is right."""
+    passes = pt._passes
+
+    def waiting(*args, **kwargs):
+        if torch.cuda.is_current_stream_capturing():
+            torch.cuda.current_stream().synchronize()
+        return passes(*args, **kwargs)
+    monkeypatch.setattr(pt, "_passes", waiting)
+    conv = layer("auto")
+    x = torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True)
+    with caplog.at_level(logging.WARNING, logger="minitorch_fft.pytorch"):
+        steps(conv, x)
+    assert stats()["failed"] >= 1 and stats()["replays"] == 0 and stats()["graphs"] == 0
+    assert "could not be captured" in caplog.text
+
+
+@pytest.mark.gpu
+def test_the_pool_is_reported_and_released(strict_fp32):
+    conv = layer("cufft", f=8, fo=8)
+    x = torch.empty(4, 8, 16, 16, device="cuda", requires_grad=True)
+    steps(conv, x, n=4)
+    assert stats()["graphs"] >= 2 and stats()["pool_bytes"] > 0
+    pt.release_pass_graphs()
+    torch.cuda.empty_cache()
+    assert stats() == {"eager": 0, "captures": 0, "replays": 0, "failed": 0, "graphs": 0, "pool_bytes": 0}
+
+
+def test_cpu_passes_take_no_graphs():
+    """On the CPU the setting changes nothing: no graph, no count."""
+    conv = Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 9, 9, requires_grad=True)
+    for _ in range(4):
+        y = conv(x)
+        y.sum().backward()
+    assert stats() == {"eager": 0, "captures": 0, "replays": 0, "failed": 0, "graphs": 0, "pool_bytes": 0}
+    assert backends.config.get("pass_graphs") is True
