@@ -64,9 +64,9 @@ SETTINGS = {s.name: s for s in (
             True),
     Setting("cudnn_workspace_mb", "MINITORCH_CUDNN_WORKSPACE_MB", "mib", 4096.0,
             "cudnn's workspace: cuDNN plans needing more are not used", True),
-    Setting("pass_graphs", "MINITORCH_PASS_GRAPHS", "bool", True,
-            "the PyTorch adapter replays a layer's passes as one CUDA graph once their addresses repeat (0: eager)",
-            False),
+    Setting("pass_graphs", "MINITORCH_PASS_GRAPHS", "bool", False,
+            "the PyTorch adapter replays a layer's passes as one CUDA graph once their addresses repeat "
+            "(1: less host time, a pool of their temporaries held)", False),
     Setting("auto_tune", "MINITORCH_AUTO_TUNE", "tune", "auto",
             "auto times the backends: auto = on the GPU only, on, off (first supported backend)", True),
     Setting("auto_margin", "MINITORCH_AUTO_MARGIN", "fraction", 0.03,

@@ -24,6 +24,10 @@ no spectrum held from forward to backward, accGrad's gradOutput spectrum serving
 leaves that out (result files *_no_reuse); --input-reuse also keeps each layer's input spectrum
 from forward for accGrad (reuse_spectra(inputs=True): faster, and on AlexNet b128 310 MiB more at
 the step's peak, above stock's; benchmarks/NOTES.md sessions 11-13; result files *_input_reuse).
+--pass-graphs turns the pass_graphs setting on for the converted rows (minitorch_fft.pytorch: a layer's
+passes replayed as one CUDA graph; result files *_pass_graphs): their warm-up runs on until a step
+captures nothing more (at most SETTLE steps past --warmup), and the pool of the graphs' temporaries,
+held throughout and allocated at no moment between replays, is added to the row's peaks.
 
 Each row gives two times a step: the median of single steps, each waited for (CUDA events, a
 wait after every step: the step's latency from an idle GPU, which the targets judge), and "back to
@@ -93,6 +97,7 @@ IMPLS = {  # --impls name: (label, converted, precision "strict" | "tf32"); each
 }
 STOCK_OF = {"fp32": "strict", "tf32": "default"}   # the stock row a converted one is judged against
 BURST = 5   # steps queued back to back per timed burst (the "back to back" column)
+SETTLE = 8  # warm-up steps at most past --warmup while the pass graphs still capture (timed_row)
 
 
 def result_name(net, args):
@@ -102,7 +107,7 @@ def result_name(net, args):
     tf32_only = all(IMPLS[i][2] == "tf32" for i in args.impls)
     return (f"bench_pytorch_{net}" + ("_tf32" if tf32_only else "") + ("_quick" if args.quick else "")
             + ("_no_reuse" if args.no_reuse else "") + ("_input_reuse" if args.input_reuse else "")
-            + ("_channels_last" if args.channels_last else ""))
+            + ("_channels_last" if args.channels_last else "") + ("_pass_graphs" if args.pass_graphs else ""))
 
 
 def row_rounds(impls, compile_rows):
@@ -173,6 +178,11 @@ def timed_row(step, args, peak_from, leftover):
     from minitorch_fft.pytorch import pass_graph_stats
     for _ in range(args.warmup):
         step()
+    for _ in range(SETTLE):   # pass graphs still warming (eager calls, captures): steps until a step has none
+        before = _warming(pass_graph_stats())
+        step()
+        if _warming(pass_graph_stats()) == before:
+            break
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     ms = median_ms(step, "torch", 0, args.repeat)
@@ -186,6 +196,11 @@ def timed_row(step, args, peak_from, leftover):
     peak, requested = (max(now, before) - left + pool
                        for now, before, left in zip(peak_held(torch), peak_from, leftover))
     return ms, steady, issue, peak / 2**20, requested / 2**20, pool / 2**20
+
+
+def _warming(stats):
+    """The pass graphs' calls that are not replays: eager ones before a capture, captures, failures."""
+    return stats["eager"] + stats["captures"] + stats["failed"]
 
 
 def timed_fields(mode, timed, batch):
@@ -234,7 +249,7 @@ def run_network(net, args, log, on_rows=None):
         first = len(rows)
         leftover = tuple(now - f for now, f in zip(held(torch), floor))   # earlier rows' (after _free)
         set_tf32(precision)
-        with backends.config.override(tf32=converted and precision == "tf32"):
+        with backends.config.override(tf32=converted and precision == "tf32", pass_graphs=args.pass_graphs):
             model = copy.deepcopy(base).cuda().to(memory_format=layout)
             if converted:
                 convert(model)
@@ -472,6 +487,9 @@ def main():
     parser.add_argument("--no-graphs", action="store_true", help="eager rows only")
     parser.add_argument("--no-reuse", action="store_true",
                         help="converted rows without spectra reuse (less memory; result files *_no_reuse)")
+    parser.add_argument("--pass-graphs", action="store_true",
+                        help="the converted layers replay their passes as CUDA graphs (the pass_graphs setting; "
+                             "its pool counted in each row's peak; result files *_pass_graphs)")
     parser.add_argument("--input-reuse", action="store_true",
                         help="converted rows also keep each layer's input spectrum from forward for accGrad "
                              "(reuse_spectra(inputs=True): faster, more memory; result files *_input_reuse)")

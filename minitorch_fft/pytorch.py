@@ -78,6 +78,7 @@ import collections
 import contextlib
 import functools
 import logging
+import math
 import warnings
 from typing import Optional, Sequence
 
@@ -607,6 +608,8 @@ GRAPH_SEEN = 2         # the results' addresses of this many recent eager calls 
                        # that holds one call's results through the next alternates between two)
 GRAPH_CAPTURES = 4     # captures of one key at most
 GRAPH_KEYS = 4096      # keys remembered, least recent dropped (with its graphs)
+GRAPH_TENSOR_BYTES = 32 * 2**20   # a crossing with an operand or result larger than this runs as it is: its
+                       # GPU time hides its host time, and its temporaries would set the pool's size
 GRAPH_NEW_KEYS = 32    # keys of one backend, geometry and passes made beyond this many (8 more per capture):
                        # its new keys run as they are, without the copy (operands that move every call)
 
@@ -643,6 +646,9 @@ def _graphed(backend, geometry, passes, nhwc, bias):
            tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
     entry = _pass_graphs.pop(key, None)
     if entry is None:
+        if max(math.prod(t.shape) for t in operands) * 4 > GRAPH_TENSOR_BYTES or any(
+                math.prod(_result_shape(p, geometry)) * 4 > GRAPH_TENSOR_BYTES for p, _ in names):
+            return None
         family = (backend, geometry, names)
         _families[family] += 1
         if _families[family] > GRAPH_NEW_KEYS:

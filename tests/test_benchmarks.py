@@ -959,16 +959,27 @@ def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     burst = bench_pytorch.BURST
     # one step a call; BURST a burst, 3 bursts at least; the issue time on the host clock, drained first
     assert timed == [("torch", 1, 10, None), ("torch", burst, 3, None), ("cpu", 1, 10, torch.cuda.synchronize)]
-    assert len(calls) == 2 + 1 + burst + 1                   # warm-up, then one call of each (the stub's)
+    assert len(calls) == 2 + 1 + 1 + burst + 1               # warm-up, one settling step, then one call of each
     assert (ms, steady, issue, peak, requested, pool) == (10.0, 10.0, 4.0, 200.0, 191.0, 0.0)
     # a CUDA graph row's capture peak counts where it is the higher (allocated and requested apart)
     *_, peak, requested, _ = bench_pytorch.timed_row(lambda: None, args, (350 * 2**20, 10), (0, 0))
     assert (peak, requested) == (350.0, 290.0)
     # the pass graphs' pool is held at every moment and allocated at none between replays: added to both
     import minitorch_fft.pytorch as adapter
-    monkeypatch.setattr(adapter, "pass_graph_stats", lambda: {"pool_bytes": 64 * 2**20})
+    quiet = {"eager": 0, "captures": 0, "failed": 0, "pool_bytes": 64 * 2**20}
+    monkeypatch.setattr(adapter, "pass_graph_stats", lambda: quiet)
     *_, peak, requested, pool = bench_pytorch.timed_row(lambda: None, args, (0, 0), (0, 0))
     assert (peak, requested, pool) == (364.0, 354.0, 64.0)
+    # warm-up goes on while a step still captures (or runs a key eagerly before its capture), SETTLE at most
+    counts = iter([0, 1, 1, 3, 3, 3] + [100 * i for i in range(2 * bench_pytorch.SETTLE + 2)])
+    monkeypatch.setattr(adapter, "pass_graph_stats", lambda: {**quiet, "eager": next(counts)})
+    calls.clear()
+    bench_pytorch.timed_row(lambda: calls.append(1), argparse.Namespace(warmup=0, repeat=10), (0, 0), (0, 0))
+    assert len(calls) == 3 + 1 + burst + 1                   # settled at the third step: 3 -> 3
+    counts = iter(100 * i for i in range(2 * bench_pytorch.SETTLE + 2))
+    calls.clear()
+    bench_pytorch.timed_row(lambda: calls.append(1), argparse.Namespace(warmup=0, repeat=10), (0, 0), (0, 0))
+    assert len(calls) == bench_pytorch.SETTLE + 1 + burst + 1   # never settled: SETTLE steps, then timed
 
 
 def test_bench_pytorch_frees_the_cublas_workspaces_between_rows(monkeypatch):
@@ -1454,7 +1465,7 @@ def test_bench_pytorch_writes_tf32_and_strict_runs_apart():
     never replaces the other's (both were bench_pytorch_vgg16_channels_last before session 44)."""
     import argparse
     from benchmarks.bench_pytorch import result_name
-    base = dict(quick=False, no_reuse=False, input_reuse=False, channels_last=True)
+    base = dict(quick=False, no_reuse=False, input_reuse=False, channels_last=True, pass_graphs=False)
     names = {impls: result_name("vgg16", argparse.Namespace(impls=list(impls), **base))
              for impls in (("strict", "fp32"), ("default", "tf32"), ("strict", "default", "fp32", "tf32"))}
     assert names[("default", "tf32")] == "bench_pytorch_vgg16_tf32_channels_last"
