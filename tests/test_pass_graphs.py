@@ -100,14 +100,14 @@ def test_results_held_by_the_caller_are_not_written_again():
         y = None
         for i in range(STEPS):
             y = conv(fill(x, 60 + i))     # the last result held through the next call: two addresses in turn
-        _, refs = float64_layer(x, conv.weight, conv.bias, conv.stride, conv.padding)
-        assert_matches((y,), refs[:1])
+    _, refs = float64_layer(x, conv.weight, conv.bias, conv.stride, conv.padding)
+    assert_matches((y,), refs[:1])
     assert torch.equal(kept, copy)
     assert stats()["replays"] >= replays + 3, stats()
 
 
 @pytest.mark.gpu
-def test_moving_operands_run_eagerly_and_correctly(strict_fp32):
+def test_moving_operands_run_eagerly_and_correctly():
     """Operands at a new address every call (each kept alive): no key repeats, nothing is captured,
     and every result is right."""
     conv = layer("auto")
@@ -121,7 +121,7 @@ def test_moving_operands_run_eagerly_and_correctly(strict_fp32):
 
 
 @pytest.mark.gpu
-def test_off_runs_every_pass_eagerly(strict_fp32):
+def test_off_runs_every_pass_eagerly():
     conv = layer("auto")
     x = torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True)
     with backends.config.override(pass_graphs=False):
@@ -149,7 +149,7 @@ def test_a_capture_that_fails_leaves_the_key_eager(monkeypatch, caplog):
 
 
 @pytest.mark.gpu
-def test_the_pool_is_reported_and_released(strict_fp32):
+def test_the_pool_is_reported_and_released():
     conv = layer("cufft", f=8, fo=8)
     x = torch.empty(4, 8, 16, 16, device="cuda", requires_grad=True)
     steps(conv, x, n=4)

@@ -1,0 +1,102 @@
+"""Experiment (not a benchmark of record): what fills the pass graphs' pool (minitorch_fft.pytorch)?
+
+Session 48, call 2: converted AlexNet b128's pass graphs held a pool of 338-374 MiB with only conv3-5
+graphed (GRAPH_TENSOR_BYTES 32 MiB), 486 MiB with every layer graphed, and the converted eager rows'
+peaks were that much over their eager steps'. Per cap (the largest operand or result a graphed layer
+may have, MiB; 0: none) this runs bench_pytorch's step (forward, loss, backward inside
+reuse_spectra(), SGD) with pass graphs on until a step captures nothing, and reports:
+- each capture: the layer and passes, and the pool's bytes before and after it (what it added);
+- the pool's segments at the end: each one's bytes, and its blocks in use between replays (what stays
+  allocated in the pool: a backend buffer or workspace made during a capture) and free;
+- the step's peak allocated bytes with the pool beside it, and the eager step's peak without graphs.
+
+  MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_pass_graph_pool --caps 0,32 [--tf32]
+"""
+import argparse
+import copy
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--net", default="alexnet")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--caps", default="0,32", help="GRAPH_TENSOR_BYTES values to try, MiB (0: no cap)")
+    ap.add_argument("--tf32", action="store_true", help="TF32 mode (PyTorch's TF32 default for the rest)")
+    args = ap.parse_args()
+
+    import torch
+
+    import backends
+    from benchmarks.harness import set_tf32, torch_model
+    from minitorch_fft import pytorch as pt
+
+    set_tf32("tf32" if args.tf32 else "strict")
+    base = torch_model(args.net, 1000)
+    x = torch.randn(args.batch, 3, 224, 224).cuda()
+    y = torch.randint(0, 1000, (args.batch,)).cuda()
+    mib = 2.0**-20
+
+    def run(cap, graphs):
+        model = pt.convert(copy.deepcopy(base).cuda())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            with pt.reuse_spectra():
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        captures, real = [], pt._capture
+
+        def capture(backend, geometry, passes, *rest):
+            before = pt.pass_graph_stats()["pool_bytes"]
+            graph = real(backend, geometry, passes, *rest)
+            captures.append((pt._what(backend, geometry, [(p, later) for p, _, _, later in passes]), before,
+                             pt.pass_graph_stats()["pool_bytes"]))
+            return graph
+        pt._capture, saved_cap = capture, pt.GRAPH_TENSOR_BYTES
+        pt.GRAPH_TENSOR_BYTES = cap * 2**20 if cap else float("inf")
+        try:
+            with backends.config.override(tf32=args.tf32, pass_graphs=graphs):
+                for _ in range(3):
+                    step()
+                for _ in range(8):
+                    warming = pt.pass_graph_stats()
+                    step()
+                    now = pt.pass_graph_stats()
+                    if all(now[k] == warming[k] for k in ("eager", "captures", "failed")):
+                        break
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                start = torch.cuda.memory_allocated()
+                step()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated()
+        finally:
+            pt._capture, pt.GRAPH_TENSOR_BYTES = real, saved_cap
+        stats = pt.pass_graph_stats()
+        pools = {pool for _, pool in pt._capture_on.values()}
+        segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) in pools]
+        label = f"cap {cap or 'none'} MiB" if graphs else "no pass graphs"
+        print(f"\n== {args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'}, {label}: step peak "
+              f"{peak * mib:.0f} MiB allocated ({(peak - start) * mib:.0f} above the step's start), pool "
+              f"{stats['pool_bytes'] * mib:.0f} MiB; {stats}")
+        for what, before, after in captures:
+            print(f"  capture {what:70s} pool {before * mib:7.1f} -> {after * mib:7.1f} MiB")
+        for s in segments:
+            used = [b["size"] for b in s["blocks"] if b["state"] == "active_allocated"]
+            free = [b["size"] for b in s["blocks"] if b["state"] != "active_allocated"]
+            print(f"  segment {s['total_size'] * mib:8.1f} MiB: in use {len(used)} blocks "
+                  f"{sum(used) * mib:.1f} MiB ({', '.join(f'{u * mib:.1f}' for u in sorted(used)[-4:])}), "
+                  f"free {sum(free) * mib:.1f} MiB")
+        pt.release_pass_graphs()
+        backends.cufft.release_buffers()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+    run(0, False)
+    for cap in (int(c) for c in args.caps.split(",")):
+        run(cap, True)
+
+
+if __name__ == "__main__":
+    main()
