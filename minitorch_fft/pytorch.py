@@ -56,8 +56,10 @@ forward and its backward each replay as one CUDA graph once their operands and r
 the addresses they had (a training loop's caching allocator repeats them), instead of ~80-350 us of
 Python a call. The results stay new tensors of the caching allocator's; the passes' temporaries live
 in a pool the graphs share, held while they live (pass_graph_stats(), release_pass_graphs()); each
-layer's passes then share spectra among themselves only. Layers with a tensor over GRAPH_TENSOR_BYTES
-run as they are. The section "a layer's passes as one CUDA graph" below has the details.
+layer's passes then share spectra among themselves only. The pool is as large as the largest graphed
+layer's temporaries and more (converted AlexNet b128: 486 MiB, conv1's fprop; benchmarks/NOTES.md,
+session 48), held beside the step's peak, where eagerly they come and go: hence off by default. The
+section "a layer's passes as one CUDA graph" below has the details.
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
@@ -86,7 +88,6 @@ import collections
 import contextlib
 import functools
 import logging
-import math
 import warnings
 from typing import Optional, Sequence
 
@@ -616,8 +617,6 @@ GRAPH_SEEN = 2         # the results' addresses of this many recent eager calls 
                        # that holds one call's results through the next alternates between two)
 GRAPH_CAPTURES = 4     # captures of one key at most
 GRAPH_KEYS = 4096      # keys remembered, least recent dropped (with its graphs)
-GRAPH_TENSOR_BYTES = 32 * 2**20   # a crossing with an operand or result larger than this runs as it is: its
-                       # GPU time hides its host time, and its temporaries would set the pool's size
 GRAPH_NEW_KEYS = 32    # keys of one backend, geometry and passes made beyond this many (8 more per capture):
                        # its new keys run as they are, without the copy (operands that move every call)
 
@@ -654,9 +653,6 @@ def _graphed(backend, geometry, passes, nhwc, bias):
            tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
     entry = _pass_graphs.pop(key, None)
     if entry is None:
-        if max(math.prod(t.shape) for t in operands) * 4 > GRAPH_TENSOR_BYTES or any(
-                math.prod(_result_shape(p, geometry)) * 4 > GRAPH_TENSOR_BYTES for p, _ in names):
-            return None
         family = (backend, geometry, names)
         _families[family] += 1
         if _families[family] > GRAPH_NEW_KEYS:

@@ -1,16 +1,16 @@
 """Experiment (not a benchmark of record): what fills the pass graphs' pool (minitorch_fft.pytorch)?
 
-Session 48, call 2: converted AlexNet b128's pass graphs held a pool of 338-374 MiB with only conv3-5
-graphed (GRAPH_TENSOR_BYTES 32 MiB), 486 MiB with every layer graphed, and the converted eager rows'
-peaks were that much over their eager steps'. Per cap (the largest operand or result a graphed layer
-may have, MiB; 0: none) this runs bench_pytorch's step (forward, loss, backward inside
-reuse_spectra(), SGD) with pass graphs on until a step captures nothing, and reports:
+Session 48, calls 1-2: converted AlexNet b128's pass graphs held a pool of 486 MiB (338-374 MiB with
+only conv3-5 graphed, under a cap on the graphed layers' tensors since removed), and the converted
+eager rows' peaks were that much over their eager steps'. This runs bench_pytorch's step (forward,
+loss, backward inside reuse_spectra(), SGD) with pass graphs on until a step captures nothing, and
+reports:
 - each capture: the layer and passes, and the pool's bytes before and after it (what it added);
 - the pool's segments at the end: each one's bytes, and its blocks in use between replays (what stays
   allocated in the pool: a backend buffer or workspace made during a capture) and free;
 - the step's peak allocated bytes with the pool beside it, and the eager step's peak without graphs.
 
-  MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_pass_graph_pool --caps 0,32 [--tf32]
+  MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_pass_graph_pool [--tf32]
 """
 import argparse
 import copy
@@ -20,23 +20,23 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--net", default="alexnet")
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--caps", default="0,32", help="GRAPH_TENSOR_BYTES values to try, MiB (0: no cap)")
     ap.add_argument("--tf32", action="store_true", help="TF32 mode (PyTorch's TF32 default for the rest)")
     args = ap.parse_args()
 
     import torch
 
     import backends
-    from benchmarks.harness import set_tf32, torch_model
+    from benchmarks.harness import set_tf32, setup_cudnn, torch_model
     from minitorch_fft import pytorch as pt
 
+    setup_cudnn()
     set_tf32("tf32" if args.tf32 else "strict")
     base = torch_model(args.net, 1000)
     x = torch.randn(args.batch, 3, 224, 224).cuda()
     y = torch.randint(0, 1000, (args.batch,)).cuda()
     mib = 2.0**-20
 
-    def run(cap, graphs):
+    def run(graphs):
         model = pt.convert(copy.deepcopy(base).cuda())
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
@@ -53,8 +53,7 @@ def main():
             captures.append((pt._what(backend, geometry, [(p, later) for p, _, _, later in passes]), before,
                              pt.pass_graph_stats()["pool_bytes"]))
             return graph
-        pt._capture, saved_cap = capture, pt.GRAPH_TENSOR_BYTES
-        pt.GRAPH_TENSOR_BYTES = cap * 2**20 if cap else float("inf")
+        pt._capture = capture
         try:
             with backends.config.override(tf32=args.tf32, pass_graphs=graphs):
                 for _ in range(3):
@@ -72,11 +71,11 @@ def main():
                 torch.cuda.synchronize()
                 peak = torch.cuda.max_memory_allocated()
         finally:
-            pt._capture, pt.GRAPH_TENSOR_BYTES = real, saved_cap
+            pt._capture = real
         stats = pt.pass_graph_stats()
         pools = {pool for _, pool in pt._capture_on.values()}
         segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) in pools]
-        label = f"cap {cap or 'none'} MiB" if graphs else "no pass graphs"
+        label = "pass graphs" if graphs else "no pass graphs"
         print(f"\n== {args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'}, {label}: step peak "
               f"{peak * mib:.0f} MiB allocated ({(peak - start) * mib:.0f} above the step's start), pool "
               f"{stats['pool_bytes'] * mib:.0f} MiB; {stats}")
@@ -93,9 +92,8 @@ def main():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
-    run(0, False)
-    for cap in (int(c) for c in args.caps.split(",")):
-        run(cap, True)
+    run(False)
+    run(True)
 
 
 if __name__ == "__main__":
