@@ -56,7 +56,8 @@ forward and its backward each replay as one CUDA graph once their operands and r
 the addresses they had (a training loop's caching allocator repeats them), instead of ~80-350 us of
 Python a call. The results stay new tensors of the caching allocator's; the passes' temporaries live
 in a pool the graphs share, held while they live (pass_graph_stats(), release_pass_graphs()); each
-layer's passes then share spectra among themselves only. The pool is as large as the largest graphed
+layer's passes then share spectra among themselves only, and each result is copied once on the
+device into the tensor returned (the boundary is no longer copy-free). The pool is as large as the largest graphed
 layer's temporaries and more (converted AlexNet b128: 486 MiB, conv1's fprop; benchmarks/NOTES.md,
 session 48), held beside the step's peak, where eagerly they come and go: hence off by default. The
 section "a layer's passes as one CUDA graph" below has the details.

@@ -29,7 +29,7 @@ def main():
     from benchmarks.harness import set_tf32, setup_cudnn, torch_model
     from minitorch_fft import pytorch as pt
 
-    setup_cudnn()
+    setup_cudnn(torch)
     set_tf32("tf32" if args.tf32 else "strict")
     base = torch_model(args.net, 1000)
     x = torch.randn(args.batch, 3, 224, 224).cuda()
