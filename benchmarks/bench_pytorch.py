@@ -27,7 +27,10 @@ the step's peak, above stock's; benchmarks/NOTES.md sessions 11-13; result files
 --pass-graphs turns the pass_graphs setting on for the converted rows (minitorch_fft.pytorch: a layer's
 passes replayed as one CUDA graph; result files *_pass_graphs): their warm-up runs on until a step
 captures nothing more (at most SETTLE steps past --warmup), and the pool of the graphs' temporaries,
-held throughout and allocated at no moment between replays, is added to the row's peaks.
+held throughout and allocated at no moment between replays, is added to the row's peaks (its free
+bytes: what it holds allocated is counted already). The CUDA-graph rows run with the setting off: a
+whole-step capture records the passes as they run, and the pass graphs' warm-up path would only add
+its copies to the row's peak.
 
 Each row gives two times a step: the median of single steps, each waited for (CUDA events, a
 wait after every step: the step's latency from an idle GPU, which the targets judge), and "back to
@@ -169,9 +172,10 @@ def timed_row(step, args, peak_from, leftover):
     requested peak MiB, pass-graph pool MiB) of step() after warm-up: the second over bursts of
     BURST steps with no wait between them (module docstring), the third the host's time to issue one
     step on a drained GPU (where it nears the step's time, the row is host-bound); the peaks over all
-    (and over `peak_from`), less `leftover` (what earlier rows left allocated), plus the pool the
-    converted layers' pass graphs hold (minitorch_fft.pytorch.pass_graph_stats: reserved for their
-    temporaries at every moment, and not counted as allocated between replays). peak_from and
+    (and over `peak_from`), less `leftover` (what earlier rows left allocated), plus the part of the
+    converted layers' pass-graph pool that is not allocated between replays (pass_graph_stats'
+    pool_free_bytes: their temporaries, reserved at every moment; the pool's allocated blocks, such
+    as a cuBLAS workspace made in a capture, are in the allocated peak already). peak_from and
     leftover are (allocated, requested) byte pairs, as held() gives them."""
     import torch
 
@@ -192,7 +196,7 @@ def timed_row(step, args, peak_from, leftover):
             step()
     steady = median_ms(burst, "torch", 0, max(3, args.repeat // BURST)) / BURST
     issue = median_ms(step, "cpu", 0, args.repeat, before=torch.cuda.synchronize)
-    pool = pass_graph_stats()["pool_bytes"]
+    pool = pass_graph_stats()["pool_free_bytes"]
     peak, requested = (max(now, before) - left + pool
                        for now, before, left in zip(peak_held(torch), peak_from, leftover))
     return ms, steady, issue, peak / 2**20, requested / 2**20, pool / 2**20
@@ -402,9 +406,16 @@ def earlier_estimate(name, batch, folder):
 def _graph_row(step, args, net, label, log, leftover):
     import torch
 
+    import backends
     from minitorch_fft.pytorch import release_pass_graphs
     release_pass_graphs()      # the eager row's: this row captures the whole step, passes as they run
     torch.cuda.empty_cache()
+    with backends.config.override(pass_graphs=False):   # module docstring
+        return _captured_row(step, args, net, label, log, leftover)
+
+
+def _captured_row(step, args, net, label, log, leftover):
+    import torch
     torch.cuda.reset_peak_memory_stats()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -595,20 +595,25 @@ def _check_float32(what, a, b):
 # - The results are new tensors from the caching allocator, as eagerly; the graph writes them at the
 #   addresses they had when it was captured, so it replays only where they come out there again
 #   (else the passes run eagerly). A result the caller holds on to is never written again.
-# - Captured at the third call of a key whose results came out at the same addresses as at its
-#   second: the first calls tune and plan (auto, cuDNN's search, cuFFT's plans), which a capture
+# - Captured at the third call of a key (or later) whose results came out where one of its last
+#   GRAPH_SEEN eager calls' did: the first calls tune and plan (auto, cuDNN's search, cuFFT's plans), which a capture
 #   cannot hold. Until then each call runs eagerly and copies its results to those addresses, so
 #   the next layer's operands sit where they will sit once this one replays.
 # - The passes' temporaries (workspaces, spectra, their own results, copied out at the end) come
 #   from one private memory pool per device and stream, which every pass graph there shares: the
 #   graphs replay one at a time on that stream, and none holds anything past its end. Its bytes
-#   are held while graphs live (pass_graph_stats()["pool_bytes"]; release_pass_graphs()).
+#   are held while graphs live (pass_graph_stats()["pool_bytes"]; release_pass_graphs()). A capture
+#   that fails leaves its pool unusable (PyTorch still counts it as being captured into), and a pool
+#   whose graphs are all gone may not be captured into again: a fresh pool serves the next capture.
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
 #   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
 #   replay would sit in memory another graph's temporaries reuse). inputs=True and the
-#   reuse_weight_spectra setting therefore share nothing where pass graphs run.
-# - cufft's scratch buffers and plans the graph uses are held as long as it lives (as
-#   minitorch_fft.graphs does for a whole step).
+#   reuse_weight_spectra setting therefore share nothing where pass graphs run. A crossing that runs
+#   eagerly under the setting (a key that is off, operands that move) is self-contained too, so
+#   that no view or spectrum it keeps waits for a graphed backward that never takes it.
+# - cufft's scratch buffers and plans, and cudnn's built plans, alive at the capture are held as
+#   long as the graph lives (minitorch_fft.graphs holds cufft's for a whole step): an out-of-memory
+#   fallback that drops them does not free what a graph still launches.
 # - Inside a caller's own capture (torch.cuda.graph, CUDA graph trees) the passes run as they are
 #   and are captured with the caller's graph. A key whose capture fails, or whose results moved
 #   GRAPH_CAPTURES times, runs eagerly from then on.
@@ -619,11 +624,12 @@ GRAPH_SEEN = 2         # the results' addresses of this many recent eager calls 
 GRAPH_CAPTURES = 4     # captures of one key at most
 GRAPH_KEYS = 4096      # keys remembered, least recent dropped (with its graphs)
 GRAPH_NEW_KEYS = 32    # keys of one backend, geometry and passes made beyond this many (8 more per capture):
-                       # its new keys run as they are, without the copy (operands that move every call)
+                       # its new keys run eagerly without the copy (operands that move every call)
 
 _pass_graphs = {}      # key -> _PassGraph, least recent first
 _families = collections.Counter()   # (backend, geometry, passes) -> keys made, less 8 per capture
 _capture_on = {}       # (device index, stream pointer) -> (side stream, memory pool id): where captures run
+_pools = set()         # (device index, memory pool id) of every pool captured into since the last release
 _graph_counts = collections.Counter()   # "eager", "captures", "replays", "failed" (pass_graph_stats)
 
 
@@ -641,8 +647,8 @@ class _PassGraph:
 
 def _graphed(backend, geometry, passes, nhwc, bias):
     """The crossing's results through its pass graph (replayed, or captured and replayed), or
-    eagerly into the addresses a capture would take; None where it runs as it is (_passes): inside
-    a caller's capture, a key that is off, or the first call of a key whose layer's operands move."""
+    eagerly into the addresses a capture would take, or eagerly on its own (_isolated: a key that is
+    off, a layer whose operands move); None inside a caller's capture, where it runs as it is."""
     if torch.cuda.is_current_stream_capturing():
         return None
     first = passes[0][1]
@@ -655,15 +661,15 @@ def _graphed(backend, geometry, passes, nhwc, bias):
     entry = _pass_graphs.pop(key, None)
     if entry is None:
         family = (backend, geometry, names)
+        if _families[family] >= GRAPH_NEW_KEYS:
+            return _isolated(backend, geometry, passes, nhwc, bias)
         _families[family] += 1
-        if _families[family] > GRAPH_NEW_KEYS:
-            return None
         entry = _PassGraph()
         while len(_pass_graphs) >= GRAPH_KEYS:
             _pass_graphs.pop(next(iter(_pass_graphs)))   # a launch in flight finishes (cudaGraphExecDestroy)
     _pass_graphs[key] = entry
     if entry.off:
-        return None
+        return _isolated(backend, geometry, passes, nhwc, bias)
     outs = [_laid_out(first, _result_shape(p, geometry), nhwc) for p, _, _, _ in passes]
     where = tuple(o.data_ptr() for o in outs)
     graph = entry.graphs.get(where)
@@ -680,9 +686,8 @@ def _graphed(backend, geometry, passes, nhwc, bias):
         entry.off, entry.graphs = True, {}
         log.info("pass graphs: %s's results moved %d times; it runs eagerly", _what(backend, geometry, names),
                  entry.captures)
-        return None
+        return _isolated(backend, geometry, passes, nhwc, bias)
     entry.captures += 1
-    _families[backend, geometry, names] -= 8
     try:
         graph = _capture(backend, geometry, passes, nhwc, bias, outs, index, stream)
     except Exception as e:  # noqa: BLE001 - whatever a capture refuses: the passes run eagerly
@@ -690,7 +695,9 @@ def _graphed(backend, geometry, passes, nhwc, bias):
         _graph_counts["failed"] += 1
         log.warning("pass graphs: %s could not be captured (%s: %s); it runs eagerly",
                     _what(backend, geometry, names), type(e).__name__, str(e)[:200])
-        return None
+        _capture_on.pop((index, stream), None)   # its pool: PyTorch may still count it as being captured into
+        return _isolated(backend, geometry, passes, nhwc, bias)
+    _families[backend, geometry, names] -= 8
     while len(entry.graphs) >= GRAPH_SEEN:
         entry.graphs.pop(next(iter(entry.graphs)))
     entry.graphs[where] = graph
@@ -740,8 +747,10 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
     """(graph, what it holds) of the crossing writing its results into outs, captured on a side
     stream of this stream's into their shared pool (nothing runs: the caller replays it)."""
     side, pool = _capture_on.get((index, stream), (None, None))
-    if side is None:
-        side, pool = _capture_on[index, stream] = torch.cuda.Stream(index), torch.cuda.graph_pool_handle()
+    if side is None or not any(key[:2] == (index, stream) and e.graphs for key, e in _pass_graphs.items()):
+        # the first capture here, or every graph of the pool is gone (PyTorch may have let it go): a new one
+        side, pool = _capture_on[index, stream] = side or torch.cuda.Stream(index), torch.cuda.graph_pool_handle()
+        _pools.add((index, pool))
     graph = torch.cuda.CUDAGraph()
     side.wait_stream(torch.cuda.current_stream(index))
     with cufft_buffers.keeping_retired() as retired, torch.cuda.stream(side):
@@ -753,29 +762,40 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
                 graph.capture_end()
             raise
         graph.capture_end()
-    return graph, tuple(cufft_buffers.held_on_device()) + tuple(retired)
+    return graph, (*cufft_buffers.held_on_device(), *retired, *backends.cudnn._built.values())
 
 
 def pass_graph_stats():
     """{"eager", "captures", "replays", "failed": crossings so far run each way under pass_graphs
-    (eager: before their capture), "graphs": graphs alive, "pool_bytes": the bytes their shared
-    pools reserve on the GPU (none of it counted by torch.cuda.memory_allocated() between
-    replays)}."""
-    pools = {pool for _, pool in _capture_on.values()}
-    pool_bytes = sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
-                     if tuple(seg.get("segment_pool_id", ())) in pools) if pools else 0
+    ("eager": into the addresses a capture would take, before a key's capture or where its results
+    moved), "graphs": graphs alive, "pool_bytes": the bytes the pools captured into since the last
+    release reserve on the GPU, "pool_free_bytes": those of them not allocated between replays (the
+    graphs' temporaries: torch.cuda.memory_allocated() counts the rest, e.g. a cuBLAS workspace made
+    in a capture)}."""
+    pool_bytes = pool_free = 0
+    if _pools:
+        pools = {pool for _, pool in _pools}
+        for seg in torch.cuda.memory_snapshot():
+            if tuple(seg.get("segment_pool_id", ())) in pools:
+                pool_bytes += seg["total_size"]
+                pool_free += seg["total_size"] - seg["allocated_size"]
     return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed")},
-            "graphs": sum(len(e.graphs) for e in _pass_graphs.values()), "pool_bytes": pool_bytes}
+            "graphs": sum(len(e.graphs) for e in _pass_graphs.values()), "pool_bytes": pool_bytes,
+            "pool_free_bytes": pool_free}
 
 
 def release_pass_graphs():
-    """Drop every pass graph, the buffers they hold and their pools' memory (PyTorch frees a pool
-    once no graph uses it, at the next torch.cuda.empty_cache()); later calls start over."""
-    if _pass_graphs or _capture_on:
-        torch.cuda.synchronize()       # nothing they launched still runs when their buffers go
+    """Drop every pass graph and the buffers they hold; later calls start over. PyTorch frees a pool's
+    segments once no graph uses it, at the next torch.cuda.empty_cache(), except those with a block
+    still allocated: a cuBLAS workspace made during a capture (PyTorch keeps one per handle and stream
+    until torch._C._cuda_clearCublasWorkspaces()), a cufft scratch buffer grown during one (until
+    backends.cufft.release_buffers())."""
+    for index in {index for index, _ in _pools}:
+        torch.cuda.synchronize(index)  # nothing they launched still runs when their buffers go
     _pass_graphs.clear()
     _families.clear()
     _capture_on.clear()
+    _pools.clear()
     _graph_counts.clear()
 
 
