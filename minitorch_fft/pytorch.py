@@ -596,15 +596,19 @@ def _check_float32(what, a, b):
 #   addresses they had when it was captured, so it replays only where they come out there again
 #   (else the passes run eagerly). A result the caller holds on to is never written again.
 # - Captured at the third call of a key (or later) whose results came out where one of its last
-#   GRAPH_SEEN eager calls' did: the first calls tune and plan (auto, cuDNN's search, cuFFT's plans), which a capture
-#   cannot hold. Until then each call runs eagerly and copies its results to those addresses, so
-#   the next layer's operands sit where they will sit once this one replays.
+#   GRAPH_SEEN eager calls' did: the first calls tune and plan (auto, cuDNN's search, cuFFT's
+#   plans), which a capture cannot hold. Until then each call runs eagerly and copies its results to
+#   those addresses, so the next layer's operands sit where they will sit once this one replays.
 # - The passes' temporaries (workspaces, spectra, their own results, copied out at the end) come
-#   from one private memory pool per device and stream, which every pass graph there shares: the
-#   graphs replay one at a time on that stream, and none holds anything past its end. Its bytes
-#   are held while graphs live (pass_graph_stats()["pool_bytes"]; release_pass_graphs()). A capture
-#   that fails leaves its pool unusable (PyTorch still counts it as being captured into), and a pool
-#   whose graphs are all gone may not be captured into again: a fresh pool serves the next capture.
+#   from a private memory pool per device and stream (a new one after a failed capture), which the
+#   pass graphs captured there share: the graphs replay one at a time on that stream, and none holds
+#   anything past its end. Its bytes are held while graphs live (pass_graph_stats()["pool_bytes"];
+#   release_pass_graphs()). A capture that fails leaves its pool unusable (PyTorch still counts it
+#   as being captured into; where PyTorch's capture_end raises before it ends allocating to the
+#   pool, that pool stays reserved for the process), and a pool whose graphs are all gone may not be
+#   captured into again: a fresh pool serves the next capture. Known gap: whether graphs are gone is
+#   asked of the stream, not the pool, so after a failure a pool emptied later may be captured into
+#   again; that capture fails, and its key runs eagerly (benchmarks/NOTES.md, session 48).
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
 #   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
 #   replay would sit in memory another graph's temporaries reuse). inputs=True and the
@@ -636,7 +640,7 @@ _graph_counts = collections.Counter()   # "eager", "captures", "replays", "faile
 class _PassGraph:
     """One key's state (_graphed): its graphs by the results' addresses they write ({where: (graph,
     what it holds alive)}), the eager calls made and their results' recent addresses, captures made,
-    off (runs as it is)."""
+    off (runs eagerly, self-contained: _isolated)."""
     __slots__ = ("graphs", "runs", "seen", "captures", "off")
 
     def __init__(self):
@@ -789,7 +793,8 @@ def release_pass_graphs():
     segments once no graph uses it, at the next torch.cuda.empty_cache(), except those with a block
     still allocated: a cuBLAS workspace made during a capture (PyTorch keeps one per handle and stream
     until torch._C._cuda_clearCublasWorkspaces()), a cufft scratch buffer grown during one (until
-    backends.cufft.release_buffers())."""
+    backends.cufft.release_buffers()), and a pool a capture failed in where PyTorch never ended
+    allocating to it."""
     for index in {index for index, _ in _pools}:
         torch.cuda.synchronize(index)  # nothing they launched still runs when their buffers go
     _pass_graphs.clear()
