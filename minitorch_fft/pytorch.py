@@ -537,7 +537,7 @@ def _nchw_array(copies, t, cp, keep):
 
 
 def _nchw_passes(backend, geometry, passes, bias):
-    """A channels-last layer's passes run as NCHW ones (_crossing, on contiguous copies of their
+    """A channels-last layer's passes run as NCHW ones (_passes, on contiguous copies of their
     operands), each result copied back to channels-last."""
     plain = _passes(backend, geometry, passes, bias=bias)
     return [t.contiguous(memory_format=torch.channels_last) for t in plain]
