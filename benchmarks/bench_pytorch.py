@@ -30,7 +30,8 @@ captures nothing more (at most SETTLE steps past --warmup), and the pool of the 
 held throughout and allocated at no moment between replays, is added to the row's peaks (its free
 bytes: what it holds allocated is counted already). The CUDA-graph rows run with the setting off: a
 whole-step capture records the passes as they run, and the pass graphs' warm-up path would only add
-its copies to the row's peak.
+its copies to the row's peak. --pass-graph-mb N captures only the layers whose passes take at most N MiB
+of temporaries (the pass_graph_mb setting; files *_pass_graphs_Nmb): a smaller pool, more host time.
 
 Each row gives two times a step: the median of single steps, each waited for (CUDA events, a
 wait after every step: the step's latency from an idle GPU, which the targets judge), and "back to
@@ -110,7 +111,8 @@ def result_name(net, args):
     tf32_only = all(IMPLS[i][2] == "tf32" for i in args.impls)
     return (f"bench_pytorch_{net}" + ("_tf32" if tf32_only else "") + ("_quick" if args.quick else "")
             + ("_no_reuse" if args.no_reuse else "") + ("_input_reuse" if args.input_reuse else "")
-            + ("_channels_last" if args.channels_last else "") + ("_pass_graphs" if args.pass_graphs else ""))
+            + ("_channels_last" if args.channels_last else "") + ("_pass_graphs" if args.pass_graphs else "")
+            + (f"_{args.pass_graph_mb:g}mb" if args.pass_graphs and args.pass_graph_mb else ""))
 
 
 def row_rounds(impls, compile_rows):
@@ -216,7 +218,7 @@ def timed_fields(mode, timed, batch):
     return {"mode": mode, "step_ms": ms, "steady_ms": steady, "issue_ms": issue,
             "images_per_s": batch / ms * 1e3, "peak_mib": peak, "peak_requested_mib": requested,
             "pass_graph_pool_mib": pool,
-            "pass_graphs": {k: stats[k] for k in ("eager", "captures", "replays", "failed", "graphs")}}
+            "pass_graphs": {k: stats[k] for k in ("eager", "captures", "replays", "failed", "over", "graphs")}}
 
 
 def timed_text(timed):
@@ -253,7 +255,8 @@ def run_network(net, args, log, on_rows=None):
         first = len(rows)
         leftover = tuple(now - f for now, f in zip(held(torch), floor))   # earlier rows' (after _free)
         set_tf32(precision)
-        with backends.config.override(tf32=converted and precision == "tf32", pass_graphs=args.pass_graphs):
+        with backends.config.override(tf32=converted and precision == "tf32", pass_graphs=args.pass_graphs,
+                                      pass_graph_mb=args.pass_graph_mb):
             model = copy.deepcopy(base).cuda().to(memory_format=layout)
             if converted:
                 convert(model)
@@ -501,6 +504,9 @@ def main():
     parser.add_argument("--pass-graphs", action="store_true",
                         help="the converted layers replay their passes as CUDA graphs (the pass_graphs setting; "
                              "its pool counted in each row's peak; result files *_pass_graphs)")
+    parser.add_argument("--pass-graph-mb", type=float, default=None,
+                        help="with --pass-graphs: capture only the layers whose passes take at most this many MiB "
+                             "of temporaries (the pass_graph_mb setting; result files *_pass_graphs_<N>mb)")
     parser.add_argument("--input-reuse", action="store_true",
                         help="converted rows also keep each layer's input spectrum from forward for accGrad "
                              "(reuse_spectra(inputs=True): faster, more memory; result files *_input_reuse)")
@@ -514,6 +520,9 @@ def main():
     args = parser.parse_args()
     if args.no_reuse and args.input_reuse:
         parser.error("--no-reuse and --input-reuse exclude each other")
+    if args.pass_graph_mb is not None and (not args.pass_graphs or not 0 < args.pass_graph_mb < float("inf")):
+        parser.error(f"--pass-graph-mb takes MiB > 0 with --pass-graphs, got {args.pass_graph_mb}"
+                     f"{'' if args.pass_graphs else ' without --pass-graphs'}")
     nets = args.nets.split(",")
     if any(n not in NETS for n in nets):
         parser.error(f"--nets takes some of {', '.join(NETS)}, got {args.nets!r}")

@@ -207,6 +207,30 @@ def reuse_spectra(inputs=False):
         _views = outer
 
 
+class _Temporaries:
+    """The bytes a crossing's CuPy arrays hold at their most (peak), counted by the allocator
+    (_Stream) while this is `_measuring`: workspaces, spectra, copies and its own results. Memory
+    freed here that was allocated before is not subtracted."""
+    __slots__ = ("sizes", "live", "peak")
+
+    def __init__(self):
+        self.sizes, self.live, self.peak = {}, 0, 0
+
+    def took(self, p, size):
+        self.sizes[p] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+
+    def gave(self, p):
+        self.live -= self.sizes.pop(p, 0)
+
+    def add(self, t):
+        """A result PyTorch allocated for the crossing (the prepared GEMM route's), counted held to the end."""
+        self.live += t.numel() * t.element_size()
+        self.peak = max(self.peak, self.live)
+
+
+_measuring = None     # a _Temporaries while _graphed runs a key's eager calls, else None
 _cupy = None
 _graph_handles = {}   # device index -> None (captures borrow PyTorch's handle) or cgemm.GraphHandle:
                       # set at the device's first eager pass
@@ -234,8 +258,18 @@ class _Stream:
             self.stream = cp.cuda.ExternalStream(ptr, device_index)
         alloc = torch._C._cuda_cudaCachingAllocator_raw_alloc      # (size, stream): on the current device
         delete = torch._C._cuda_cudaCachingAllocator_raw_delete    # (pointer): device and stream recorded
-        self.malloc = cp.cuda.memory.PythonFunctionAllocator(
-            lambda size, device_id: alloc(size, ptr), lambda p, device_id: delete(p)).malloc
+
+        def malloc(size, device_id):
+            p = alloc(size, ptr)
+            if _measuring is not None:
+                _measuring.took(p, size)
+            return p
+
+        def free(p, device_id):
+            if _measuring is not None:
+                _measuring.gave(p)
+            delete(p)
+        self.malloc = cp.cuda.memory.PythonFunctionAllocator(malloc, free).malloc
         # the memory checks count what PyTorch's allocator keeps reserved unused (it frees that and
         # retries before it fails): the GPU's free memory alone refused passes it could serve
         backends.common.register_pool(self.malloc, functools.partial(_cached_unused_bytes, device_index),
@@ -328,10 +362,10 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
     for pass_name, a, b, _ in passes:
         _check_float32(pass_name, a, b)
     geometry = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
-    if passes[0][1].is_cuda and backends.config.get("pass_graphs"):
+    if (passes[0][1].is_cuda and backends.config.get("pass_graphs")
+            and not torch.cuda.is_current_stream_capturing()):   # in a caller's capture: as they are
         results = _graphed(backend, geometry, passes, nhwc, bias)
-        if results is not None:
-            return results
+        return _isolated(backend, geometry, passes, nhwc, bias) if results is None else results
     return _passes(backend, geometry, passes, nhwc, bias)
 
 
@@ -500,6 +534,8 @@ def _gemm_prepared(cp, geometry, pass_name, a, b):
     if not a.numel() or not all(_dense_as(t, p) for t, p in zip((a, b), pixels)):
         return None
     out = torch.empty(out_shape, dtype=torch.float32, device=a.device, memory_format=torch.channels_last)
+    if _measuring is not None:
+        _measuring.add(out)
     run(*(_cupy_matrix(t, cp, p) for t, p in zip((a, b, out), pixels)))
     return out
 
@@ -606,9 +642,13 @@ def _check_float32(what, a, b):
 #   release_pass_graphs()). A capture that fails leaves its pool unusable (PyTorch still counts it
 #   as being captured into; where PyTorch's capture_end raises before it ends allocating to the
 #   pool, that pool stays reserved for the process), and a pool whose graphs are all gone may not be
-#   captured into again: a fresh pool serves the next capture. Known gap: whether graphs are gone is
-#   asked of the stream, not the pool, so after a failure a pool emptied later may be captured into
-#   again; that capture fails, and its key runs eagerly (benchmarks/NOTES.md, session 48).
+#   captured into again: a fresh pool serves the next capture.
+# - The pool is about the largest captured crossing's temporaries (benchmarks/NOTES.md, session 48:
+#   conv1's fprop, 486 MiB, on converted AlexNet b128), held beside the step's own peak. The
+#   pass_graph_mb setting bounds it: the allocator counts each key's temporaries in its eager calls
+#   (_Temporaries: its CuPy arrays at their most, its results among them), and a key whose latest
+#   eager call took more runs eagerly. Fragmentation (a later crossing's temporaries that do not fit
+#   the blocks already there) and PyTorch's cuBLAS workspaces for the capture stream come on top.
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
 #   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
 #   replay would sit in memory another graph's temporaries reuse). inputs=True and the
@@ -639,22 +679,20 @@ _graph_counts = collections.Counter()   # "eager", "captures", "replays", "faile
 
 class _PassGraph:
     """One key's state (_graphed): its graphs by the results' addresses they write ({where: (graph,
-    what it holds alive)}), the eager calls made and their results' recent addresses, captures made,
-    off (runs eagerly, self-contained: _isolated)."""
-    __slots__ = ("graphs", "runs", "seen", "captures", "off")
+    what it holds alive, its pool)}), the eager calls made, their results' recent addresses and their
+    temporaries at the most (bytes), captures made, off (runs eagerly, self-contained: _isolated)."""
+    __slots__ = ("graphs", "runs", "seen", "temporaries", "captures", "off")
 
     def __init__(self):
         self.graphs, self.seen = {}, []
-        self.runs = self.captures = 0
+        self.runs = self.temporaries = self.captures = 0
         self.off = False
 
 
 def _graphed(backend, geometry, passes, nhwc, bias):
     """The crossing's results through its pass graph (replayed, or captured and replayed), or
-    eagerly into the addresses a capture would take, or eagerly on its own (_isolated: a key that is
-    off, a layer whose operands move); None inside a caller's capture, where it runs as it is."""
-    if torch.cuda.is_current_stream_capturing():
-        return None
+    eagerly into the addresses a capture would take; None where it runs eagerly on its own
+    (_isolated: a key that is off, a layer whose operands move). Not inside a caller's capture."""
     first = passes[0][1]
     index = first.get_device()
     stream = torch._C._cuda_getCurrentRawStream(index)
@@ -666,15 +704,16 @@ def _graphed(backend, geometry, passes, nhwc, bias):
     if entry is None:
         family = (backend, geometry, names)
         if _families[family] >= GRAPH_NEW_KEYS:
-            return _isolated(backend, geometry, passes, nhwc, bias)
+            return None
         _families[family] += 1
         entry = _PassGraph()
         while len(_pass_graphs) >= GRAPH_KEYS:
             _pass_graphs.pop(next(iter(_pass_graphs)))   # a launch in flight finishes (cudaGraphExecDestroy)
     _pass_graphs[key] = entry
     if entry.off:
-        return _isolated(backend, geometry, passes, nhwc, bias)
-    outs = [_laid_out(first, _result_shape(p, geometry), nhwc) for p, _, _, _ in passes]
+        return None
+    g = backends.geometry(*geometry)
+    outs = [_laid_out(first, backends.common.pass_output_shape(g, p), nhwc) for p, _, _, _ in passes]
     where = tuple(o.data_ptr() for o in outs)
     graph = entry.graphs.get(where)
     if graph is not None:
@@ -685,22 +724,36 @@ def _graphed(backend, geometry, passes, nhwc, bias):
         entry.runs += 1
         entry.seen = (entry.seen + [where])[-GRAPH_SEEN:]
         _graph_counts["eager"] += 1
-        return _into(outs, _isolated(backend, geometry, passes, nhwc, bias))
+        global _measuring
+        _measuring = measured = _Temporaries()
+        try:
+            results = _isolated(backend, geometry, passes, nhwc, bias)
+        finally:
+            _measuring = None
+        entry.temporaries = measured.peak   # the latest call's: the first may have tuned (auto's candidates)
+        return _into(outs, results)
+    what = _what(backend, geometry, names)
+    limit = backends.config.get("pass_graph_mb")
+    if limit is not None and entry.temporaries > limit * 2**20:
+        entry.off, entry.graphs = True, {}
+        _graph_counts["over"] += 1
+        log.info("pass graphs: %s takes %.1f MiB of temporaries, over pass_graph_mb (%g); it runs eagerly",
+                 what, entry.temporaries / 2**20, limit)
+        return None
     if entry.captures >= GRAPH_CAPTURES:
         entry.off, entry.graphs = True, {}
-        log.info("pass graphs: %s's results moved %d times; it runs eagerly", _what(backend, geometry, names),
-                 entry.captures)
-        return _isolated(backend, geometry, passes, nhwc, bias)
+        log.info("pass graphs: %s's results moved %d times; it runs eagerly", what, entry.captures)
+        return None
     entry.captures += 1
     try:
         graph = _capture(backend, geometry, passes, nhwc, bias, outs, index, stream)
     except Exception as e:  # noqa: BLE001 - whatever a capture refuses: the passes run eagerly
         entry.off, entry.graphs = True, {}
         _graph_counts["failed"] += 1
-        log.warning("pass graphs: %s could not be captured (%s: %s); it runs eagerly",
-                    _what(backend, geometry, names), type(e).__name__, str(e)[:200])
+        log.warning("pass graphs: %s could not be captured (%s: %s); it runs eagerly", what, type(e).__name__,
+                    str(e)[:200])
         _capture_on.pop((index, stream), None)   # its pool: PyTorch may still count it as being captured into
-        return _isolated(backend, geometry, passes, nhwc, bias)
+        return None
     _families[backend, geometry, names] -= 8
     while len(entry.graphs) >= GRAPH_SEEN:
         entry.graphs.pop(next(iter(entry.graphs)))
@@ -713,17 +766,6 @@ def _graphed(backend, geometry, passes, nhwc, bias):
 
 def _what(backend, geometry, names):
     return f"{'+'.join(p for p, _ in names)} on {backend} of x {geometry[0]}, w {geometry[1]}"
-
-
-def _result_shape(pass_name, geometry):
-    """The shape of a pass's result: y for fprop, x's for bprop, w's for accGrad."""
-    x_shape, w_shape, stride, padding = geometry
-    if pass_name == "bprop":
-        return x_shape
-    if pass_name == "accgrad":
-        return w_shape
-    return (x_shape[0], w_shape[0], _out_size(x_shape[2], w_shape[2], stride[0], padding[0]),
-            _out_size(x_shape[3], w_shape[3], stride[1], padding[1]))
 
 
 def _into(outs, results):
@@ -747,11 +789,17 @@ def _isolated(backend, geometry, passes, nhwc, bias):
         _views = outer
 
 
+def _pool_live(pool, entries):
+    """Whether a graph of `entries` (_PassGraph) was captured into `pool`: PyTorch may let a pool whose
+    graphs are all gone go, and it must not be captured into again."""
+    return any(graph[2] == pool for entry in entries for graph in entry.graphs.values())
+
+
 def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
-    """(graph, what it holds) of the crossing writing its results into outs, captured on a side
-    stream of this stream's into their shared pool (nothing runs: the caller replays it)."""
+    """(graph, what it holds, its pool) of the crossing writing its results into outs, captured on a
+    side stream of this stream's into their shared pool (nothing runs: the caller replays it)."""
     side, pool = _capture_on.get((index, stream), (None, None))
-    if side is None or not any(key[:2] == (index, stream) and e.graphs for key, e in _pass_graphs.items()):
+    if side is None or not _pool_live(pool, _pass_graphs.values()):
         # the first capture here, or every graph of the pool is gone (PyTorch may have let it go): a new one
         side, pool = _capture_on[index, stream] = side or torch.cuda.Stream(index), torch.cuda.graph_pool_handle()
         _pools.add((index, pool))
@@ -766,13 +814,13 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
                 graph.capture_end()
             raise
         graph.capture_end()
-    return graph, (*cufft_buffers.held_on_device(), *retired, *backends.cudnn._built.values())
+    return graph, (*cufft_buffers.held_on_device(), *retired, *backends.cudnn._built.values()), pool
 
 
 def pass_graph_stats():
-    """{"eager", "captures", "replays", "failed": crossings so far run each way under pass_graphs
+    """{"eager", "captures", "replays", "failed", "over": crossings so far run each way under pass_graphs
     ("eager": into the addresses a capture would take, before a key's capture or where its results
-    moved), "graphs": graphs alive, "pool_bytes": the bytes the pools captured into since the last
+    moved; "over": keys left eager, their temporaries over pass_graph_mb), "graphs": graphs alive, "pool_bytes": the bytes the pools captured into since the last
     release reserve on the GPU, "pool_free_bytes": those of them not allocated between replays (the
     graphs' temporaries: torch.cuda.memory_allocated() counts the rest, e.g. a cuBLAS workspace made
     in a capture)}."""
@@ -783,7 +831,7 @@ def pass_graph_stats():
             if tuple(seg.get("segment_pool_id", ())) in pools:
                 pool_bytes += seg["total_size"]
                 pool_free += seg["total_size"] - seg["allocated_size"]
-    return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed")},
+    return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed", "over")},
             "graphs": sum(len(e.graphs) for e in _pass_graphs.values()), "pool_bytes": pool_bytes,
             "pool_free_bytes": pool_free}
 

@@ -1472,3 +1472,17 @@ def test_bench_pytorch_writes_tf32_and_strict_runs_apart():
     assert names[("strict", "fp32")] == names[("strict", "default", "fp32", "tf32")] == "bench_pytorch_vgg16_channels_last"
     assert result_name("alexnet", argparse.Namespace(impls=["default", "tf32"], **dict(base, channels_last=False))) \
         == "bench_pytorch_alexnet_tf32"
+    bounded = dict(base, channels_last=False, pass_graphs=True, pass_graph_mb=128.0)
+    assert result_name("alexnet", argparse.Namespace(impls=["strict", "fp32"], **bounded)) \
+        == "bench_pytorch_alexnet_pass_graphs_128mb"
+
+
+@pytest.mark.parametrize("argv", [["--pass-graph-mb", "64"], ["--pass-graphs", "--pass-graph-mb", "0"],
+                                  ["--pass-graphs", "--pass-graph-mb", "inf"]])
+def test_bench_pytorch_refuses_a_pass_graph_bound_it_cannot_use(monkeypatch, capsys, argv):
+    """--pass-graph-mb without --pass-graphs, or not a size in MiB > 0: refused by name before any work."""
+    from benchmarks import bench_pytorch
+    monkeypatch.setattr(sys, "argv", ["bench_pytorch", *argv])
+    with pytest.raises(SystemExit) as e:
+        bench_pytorch.main()
+    assert e.value.code == 2 and "--pass-graph-mb takes MiB > 0 with --pass-graphs" in capsys.readouterr().err

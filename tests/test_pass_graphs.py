@@ -13,7 +13,8 @@ from minitorch_fft.pytorch import Conv2d
 from test_pytorch import assert_matches, float64_layer
 
 STEPS = 8   # eager (tuning), eager, captured, then replays (a key whose results move once captures again)
-ZERO = {"eager": 0, "captures": 0, "replays": 0, "failed": 0, "graphs": 0, "pool_bytes": 0, "pool_free_bytes": 0}
+ZERO = {"eager": 0, "captures": 0, "replays": 0, "failed": 0, "over": 0, "graphs": 0, "pool_bytes": 0,
+        "pool_free_bytes": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -179,6 +180,57 @@ def test_the_pool_is_reported_and_released():
     assert stats() == ZERO
     left = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id", ())) in pools]
     assert all(seg["allocated_size"] > 0 for seg in left), left
+
+
+@pytest.mark.gpu
+def test_pass_graph_mb_leaves_the_layers_over_it_eager(settings):
+    """Each key's temporaries are counted in its eager calls (its results among them); under the
+    pass_graph_mb setting the keys that took more run eagerly, correctly, and the others replay."""
+    small, large = layer("auto"), layer("cufft", f=16, fo=16, k=5, padding=2, seed=1)
+    xs = (torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True),
+          torch.empty(8, 16, 32, 32, device="cuda", requires_grad=True))
+
+    def train():
+        for conv, x in zip((small, large), xs):
+            steps(conv, x)
+    train()
+    took = {key: entry.temporaries for key, entry in pt._pass_graphs.items()}
+    assert pt._measuring is None
+    results = {key: sum(4 * torch.Size(backends.common.pass_output_shape(backends.geometry(*key[3]), p)).numel()
+                        for p, _ in key[4]) for key in took}
+    assert all(took[key] >= results[key] for key in took), (took, results)   # the eager results are counted
+    limit = (max(took.values()) + min(took.values())) / 2 / 2**20
+    under = sum(t <= limit * 2**20 for t in took.values())
+    assert 0 < under < len(took), took
+    pt.release_pass_graphs()
+    settings(pass_graph_mb=limit)
+    train()
+    s = stats()
+    assert s["over"] == len(took) - under and s["failed"] == 0, (s, took, limit)
+    assert s["graphs"] == under and s["replays"] >= under * (STEPS - 4), (s, took, limit)
+
+
+def test_temporaries_count_what_is_held_at_most():
+    """_Temporaries: the bytes held at their most; memory given back that was taken before counts nothing."""
+    t = pt._Temporaries()
+    t.took(1, 100)
+    t.took(2, 50)
+    t.gave(1)
+    t.took(3, 80)
+    t.gave(99)   # taken before the count began
+    assert (t.live, t.peak) == (130, 150)
+    t.add(torch.empty(10))
+    assert (t.live, t.peak) == (170, 170)
+
+
+def test_a_pool_is_live_while_a_graph_of_it_is():
+    """Captures reuse a pool only while one of its own graphs lives (not one of another pool on the
+    same stream, which a failed capture leaves behind)."""
+    entry, other = pt._PassGraph(), pt._PassGraph()
+    entry.graphs[(1,)] = ("graph", (), "pool a")
+    assert pt._pool_live("pool a", [entry, other]) and not pt._pool_live("pool b", [entry, other])
+    entry.graphs.clear()
+    assert not pt._pool_live("pool a", [entry, other])
 
 
 def test_cpu_passes_take_no_graphs():

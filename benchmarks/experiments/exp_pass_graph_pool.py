@@ -8,9 +8,13 @@ reports:
 - each capture: the layer and passes, and the pool's bytes before and after it (what it added);
 - the pool's segments at the end: each one's bytes, and its blocks in use between replays (what stays
   allocated in the pool: a backend buffer or workspace made during a capture) and free;
-- the step's peak allocated bytes with the pool beside it, and the eager step's peak without graphs.
+- the step's peak allocated bytes with the pool beside it, and the eager step's peak without graphs;
+- each key's temporaries as counted in its eager calls (what the pass_graph_mb setting bounds), and
+  whether it was captured;
+- with --limits, the same again under each of those pass_graph_mb bounds.
 
-  MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_pass_graph_pool [--tf32]
+  MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_pass_graph_pool [--tf32] \
+      [--limits 64,128,256]
 """
 import argparse
 import copy
@@ -21,7 +25,14 @@ def main():
     ap.add_argument("--net", default="alexnet")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--tf32", action="store_true", help="TF32 mode (PyTorch's TF32 default for the rest)")
+    ap.add_argument("--limits", default="", help="comma-separated pass_graph_mb bounds (MiB > 0) to run too")
     args = ap.parse_args()
+    try:
+        limits = [float(v) for v in args.limits.split(",") if v]
+    except ValueError:
+        ap.error(f"--limits takes numbers, comma-separated, got {args.limits!r}")
+    if any(not 0 < v < float("inf") for v in limits):
+        ap.error(f"--limits takes MiB > 0, got {args.limits!r}")
 
     import torch
 
@@ -36,7 +47,7 @@ def main():
     y = torch.randint(0, 1000, (args.batch,)).cuda()
     mib = 2.0**-20
 
-    def run(graphs):
+    def run(graphs, limit=None):
         model = pt.convert(copy.deepcopy(base).cuda())
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
@@ -55,7 +66,7 @@ def main():
             return graph
         pt._capture = capture
         try:
-            with backends.config.override(tf32=args.tf32, pass_graphs=graphs):
+            with backends.config.override(tf32=args.tf32, pass_graphs=graphs, pass_graph_mb=limit):
                 for _ in range(3):
                     step()
                 for _ in range(8):
@@ -75,12 +86,16 @@ def main():
         stats = pt.pass_graph_stats()
         pools = {pool for _, pool in pt._capture_on.values()}
         segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) in pools]
-        label = "pass graphs" if graphs else "no pass graphs"
+        label = ("pass graphs" + (f", pass_graph_mb {limit:g}" if limit else "")) if graphs else "no pass graphs"
         print(f"\n== {args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'}, {label}: step peak "
               f"{peak * mib:.0f} MiB allocated ({(peak - start) * mib:.0f} above the step's start), pool "
               f"{stats['pool_bytes'] * mib:.0f} MiB; {stats}")
         for what, before, after in captures:
             print(f"  capture {what:70s} pool {before * mib:7.1f} -> {after * mib:7.1f} MiB")
+        for key, entry in sorted(pt._pass_graphs.items(), key=lambda item: -item[1].temporaries):
+            what = pt._what(key[2], key[3], key[4])
+            state = "captured" if entry.graphs else "eager"
+            print(f"  temporaries {entry.temporaries * mib:8.1f} MiB  {state:8s} {what}")
         for s in segments:
             used = [b["size"] for b in s["blocks"] if b["state"] == "active_allocated"]
             free = [b["size"] for b in s["blocks"] if b["state"] != "active_allocated"]
@@ -94,6 +109,8 @@ def main():
 
     run(False)
     run(True)
+    for limit in limits:
+        run(True, limit)
 
 
 if __name__ == "__main__":
