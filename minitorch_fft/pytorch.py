@@ -645,9 +645,11 @@ def _check_float32(what, a, b):
 #   captured into again: a fresh pool serves the next capture.
 # - The pool is about the largest captured crossing's temporaries (benchmarks/NOTES.md, session 48:
 #   conv1's fprop, 486 MiB, on converted AlexNet b128), held beside the step's own peak. The
-#   pass_graph_mb setting bounds it: the allocator counts each key's temporaries in its eager calls
-#   (_Temporaries: its CuPy arrays at their most, its results among them), and a key whose latest
-#   eager call took more runs eagerly. Fragmentation (a later crossing's temporaries that do not fit
+#   pass_graph_mb setting bounds it: the allocator counts a key's temporaries in its eager calls
+#   (_Temporaries: its CuPy arrays at their most, its results among them; not a key's first call,
+#   which may tune), and a layer's passes whose latest count was more run eagerly, whatever their
+#   operands' addresses (a per-key choice made each new key run two eager calls with copies first, and
+#   left AlexNet's addresses moving for steps). Fragmentation (a later crossing's temporaries that do not fit
 #   the blocks already there) and PyTorch's cuBLAS workspaces for the capture stream come on top.
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
 #   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
@@ -672,6 +674,8 @@ GRAPH_NEW_KEYS = 32    # keys of one backend, geometry and passes made beyond th
 
 _pass_graphs = {}      # key -> _PassGraph, least recent first
 _families = collections.Counter()   # (backend, geometry, passes) -> keys made, less 8 per capture
+_temporaries = {}      # (backend, geometry, passes, layout, config.state()) -> bytes of temporaries a key's
+                       # latest eager call took (_Temporaries), the pass_graph_mb setting's measure
 _capture_on = {}       # (device index, stream pointer) -> (side stream, memory pool id): where captures run
 _pools = set()         # (device index, memory pool id) of every pool captured into since the last release
 _graph_counts = collections.Counter()   # "eager", "captures", "replays", "failed" (pass_graph_stats)
@@ -679,13 +683,13 @@ _graph_counts = collections.Counter()   # "eager", "captures", "replays", "faile
 
 class _PassGraph:
     """One key's state (_graphed): its graphs by the results' addresses they write ({where: (graph,
-    what it holds alive, its pool)}), the eager calls made, their results' recent addresses and their
-    temporaries at the most (bytes), captures made, off (runs eagerly, self-contained: _isolated)."""
-    __slots__ = ("graphs", "runs", "seen", "temporaries", "captures", "off")
+    what it holds alive, its pool)}), the eager calls made and their results' recent addresses,
+    captures made, off (runs eagerly, self-contained: _isolated)."""
+    __slots__ = ("graphs", "runs", "seen", "captures", "off")
 
     def __init__(self):
         self.graphs, self.seen = {}, []
-        self.runs = self.temporaries = self.captures = 0
+        self.runs = self.captures = 0
         self.off = False
 
 
@@ -698,8 +702,11 @@ def _graphed(backend, geometry, passes, nhwc, bias):
     stream = torch._C._cuda_getCurrentRawStream(index)
     operands = [t for _, a, b, _ in passes for t in (a, b)] + ([] if bias is None else [bias])
     names = tuple((p, later) for p, _, _, later in passes)
-    key = (index, stream, backend, geometry, names, nhwc, backends.config.state(),
-           tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
+    kind = (backend, geometry, names, nhwc, backends.config.state())
+    limit = backends.config.get("pass_graph_mb")
+    if limit is not None and _temporaries.get(kind, 0) > limit * 2**20:
+        return None
+    key = (index, stream, *kind, tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
     entry = _pass_graphs.pop(key, None)
     if entry is None:
         family = (backend, geometry, names)
@@ -730,16 +737,13 @@ def _graphed(backend, geometry, passes, nhwc, bias):
             results = _isolated(backend, geometry, passes, nhwc, bias)
         finally:
             _measuring = None
-        entry.temporaries = measured.peak   # the latest call's: the first may have tuned (auto's candidates)
+        if entry.runs > 1:   # not a key's first call, which may have tuned (auto's candidates)
+            _temporaries[kind] = measured.peak
+            if limit is not None and measured.peak > limit * 2**20:
+                log.info("pass graphs: %s takes %.1f MiB of temporaries, over pass_graph_mb (%g); it runs eagerly",
+                         _what(backend, geometry, names), measured.peak / 2**20, limit)
         return _into(outs, results)
     what = _what(backend, geometry, names)
-    limit = backends.config.get("pass_graph_mb")
-    if limit is not None and entry.temporaries > limit * 2**20:
-        entry.off, entry.graphs = True, {}
-        _graph_counts["over"] += 1
-        log.info("pass graphs: %s takes %.1f MiB of temporaries, over pass_graph_mb (%g); it runs eagerly",
-                 what, entry.temporaries / 2**20, limit)
-        return None
     if entry.captures >= GRAPH_CAPTURES:
         entry.off, entry.graphs = True, {}
         log.info("pass graphs: %s's results moved %d times; it runs eagerly", what, entry.captures)
@@ -818,10 +822,11 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
 
 
 def pass_graph_stats():
-    """{"eager", "captures", "replays", "failed", "over": crossings so far run each way under pass_graphs
+    """{"eager", "captures", "replays", "failed": crossings so far run each way under pass_graphs
     ("eager": into the addresses a capture would take, before a key's capture or where its results
-    moved; "over": keys left eager, their temporaries over pass_graph_mb), "graphs": graphs alive, "pool_bytes": the bytes the pools captured into since the last
-    release reserve on the GPU, "pool_free_bytes": those of them not allocated between replays (the
+    moved), "over": layers' passes (a backend, geometry, passes, layout and settings) left eager, their
+    temporaries over pass_graph_mb, "graphs": graphs alive, "pool_bytes": the bytes the pools captured
+    into since the last release reserve on the GPU, "pool_free_bytes": those of them not allocated between replays (the
     graphs' temporaries: torch.cuda.memory_allocated() counts the rest, e.g. a cuBLAS workspace made
     in a capture)}."""
     pool_bytes = pool_free = 0
@@ -831,7 +836,9 @@ def pass_graph_stats():
             if tuple(seg.get("segment_pool_id", ())) in pools:
                 pool_bytes += seg["total_size"]
                 pool_free += seg["total_size"] - seg["allocated_size"]
-    return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed", "over")},
+    limit = backends.config.get("pass_graph_mb")
+    over = 0 if limit is None else sum(t > limit * 2**20 for t in _temporaries.values())
+    return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed")}, "over": over,
             "graphs": sum(len(e.graphs) for e in _pass_graphs.values()), "pool_bytes": pool_bytes,
             "pool_free_bytes": pool_free}
 
@@ -847,6 +854,7 @@ def release_pass_graphs():
         torch.cuda.synchronize(index)  # nothing they launched still runs when their buffers go
     _pass_graphs.clear()
     _families.clear()
+    _temporaries.clear()
     _capture_on.clear()
     _pools.clear()
     _graph_counts.clear()
