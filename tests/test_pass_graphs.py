@@ -194,7 +194,8 @@ def test_pass_graph_mb_leaves_the_layers_over_it_eager(settings):
         for conv, x in zip((small, large), xs):
             steps(conv, x)
     train()
-    took = dict(pt._temporaries)   # (backend, geometry, passes, layout, settings) -> bytes
+    # (backend, geometry, passes, layout) -> bytes; the settings' state left out: the bound changes it
+    took = {kind[:4]: t for kind, t in pt._temporaries.items()}
     assert pt._measuring is None
     results = {kind: sum(4 * torch.Size(backends.common.pass_output_shape(backends.geometry(*kind[1]), p)).numel()
                          for p, _ in kind[2]) for kind in took}
@@ -207,7 +208,7 @@ def test_pass_graph_mb_leaves_the_layers_over_it_eager(settings):
     train()
     s = stats()
     assert s["over"] == len(took) - len(under) and s["failed"] == 0, (s, took, limit)
-    assert {key[2:7] for key, entry in pt._pass_graphs.items() if entry.graphs} == under, (took, limit)
+    assert {key[2:6] for key, entry in pt._pass_graphs.items() if entry.graphs} == under, (took, limit)
     assert s["replays"] >= len(under) * (STEPS - 4), s
 
 
