@@ -646,10 +646,10 @@ def _check_float32(what, a, b):
 # - The pool is about the largest captured crossing's temporaries (benchmarks/NOTES.md, session 48:
 #   conv1's fprop, 486 MiB, on converted AlexNet b128), held beside the step's own peak. The
 #   pass_graph_mb setting bounds it: the allocator counts a key's temporaries in its eager calls
-#   (_Temporaries: its CuPy arrays at their most, its results among them; not a key's first call,
+#   (_Temporaries: its CuPy arrays at their most, its results among them; not the layer's first call,
 #   which may tune), and a layer's passes whose latest count was more run eagerly, whatever their
-#   operands' addresses (a per-key choice made each new key run two eager calls with copies first, and
-#   left AlexNet's addresses moving for steps). Fragmentation (a later crossing's temporaries that do not fit
+#   operands' addresses: a choice per key made each new key run eager calls with copies first, and
+#   left AlexNet's addresses moving for steps (benchmarks/NOTES.md, session 49). Fragmentation (a later crossing's temporaries that do not fit
 #   the blocks already there) and PyTorch's cuBLAS workspaces for the capture stream come on top.
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
 #   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
@@ -674,8 +674,9 @@ GRAPH_NEW_KEYS = 32    # keys of one backend, geometry and passes made beyond th
 
 _pass_graphs = {}      # key -> _PassGraph, least recent first
 _families = collections.Counter()   # (backend, geometry, passes) -> keys made, less 8 per capture
-_temporaries = {}      # (backend, geometry, passes, layout, config.state()) -> bytes of temporaries a key's
-                       # latest eager call took (_Temporaries), the pass_graph_mb setting's measure
+_temporaries = {}      # (backend, geometry, passes, layout, config.state()) -> bytes of temporaries the
+                       # layer's latest eager call took, any key's (_Temporaries; 0 after its first call, which
+                       # is not counted): the pass_graph_mb setting's measure
 _capture_on = {}       # (device index, stream pointer) -> (side stream, memory pool id): where captures run
 _pools = set()         # (device index, memory pool id) of every pool captured into since the last release
 _graph_counts = collections.Counter()   # "eager", "captures", "replays", "failed" (pass_graph_stats)
@@ -737,11 +738,11 @@ def _graphed(backend, geometry, passes, nhwc, bias):
             results = _isolated(backend, geometry, passes, nhwc, bias)
         finally:
             _measuring = None
-        if entry.runs > 1:   # not a key's first call, which may have tuned (auto's candidates)
-            _temporaries[kind] = measured.peak
-            if limit is not None and measured.peak > limit * 2**20:
-                log.info("pass graphs: %s takes %.1f MiB of temporaries, over pass_graph_mb (%g); it runs eagerly",
-                         _what(backend, geometry, names), measured.peak / 2**20, limit)
+        # the layer's first eager call may have tuned (auto's candidates): 0, seen; its later ones count
+        _temporaries[kind] = measured.peak if kind in _temporaries else 0
+        if limit is not None and _temporaries[kind] > limit * 2**20:
+            log.info("pass graphs: %s takes %.1f MiB of temporaries, over pass_graph_mb (%g); it runs eagerly",
+                     _what(backend, geometry, names), measured.peak / 2**20, limit)
         return _into(outs, results)
     what = _what(backend, geometry, names)
     if entry.captures >= GRAPH_CAPTURES:
