@@ -158,35 +158,35 @@ def check_geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
 
 # -- public passes ------------------------------------------------------------------------------
 
-def fprop(x, w, stride=(1, 1), padding=(0, 0), layout="nchw", bias=None):
+def fprop(x, w, stride=(1, 1), padding=(0, 0), layout="nchw", bias=None, out=None):
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with w (f', f, kh, kw), plus bias (f')
     on every plane if given (the module docstring: fused or not). layout "nhwc": x and w are
-    channels-last (_checked), and so is y."""
+    channels-last (_checked), and so is y. out: an array to write y into (_checked_out), returned."""
     xp, x, w = _checked(layout, x=x, w=w)
     g = geometry(x.shape, w.shape, stride, padding)
     if bias is not None:
         bias = _checked_bias(xp, bias, g.fo)
     _require(xp)
-    return _run(xp, "fprop" if bias is None else "fprop_bias", g, x, w, (g.S, g.fo, g.oh, g.ow), layout, bias)
+    return _run(xp, "fprop" if bias is None else "fprop_bias", g, x, w, (g.S, g.fo, g.oh, g.ow), layout, bias, out)
 
 
-def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), layout="nchw"):
-    """gx (S, f, h, w): gradient w.r.t. the input of fprop (layout: as fprop's)."""
+def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), layout="nchw", out=None):
+    """gx (S, f, h, w): gradient w.r.t. the input of fprop (layout and out: as fprop's)."""
     xp, gy, w = _checked(layout, gy=gy, w=w)
     g = geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     _require(xp)
-    return _run(xp, "bprop", g, gy, w, (g.S, g.f, g.h, g.w), layout)
+    return _run(xp, "bprop", g, gy, w, (g.S, g.f, g.h, g.w), layout, out=out)
 
 
-def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), layout="nchw"):
-    """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch (layout: as fprop's;
-    "nhwc" gives gw channels-last too, as PyTorch's channels-last convolutions do)."""
+def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), layout="nchw", out=None):
+    """gw (f', f, kh, kw): gradient w.r.t. the weight, summed over the batch (layout and out: as
+    fprop's; "nhwc" gives gw channels-last too, as PyTorch's channels-last convolutions do)."""
     xp, gy, x = _checked(layout, gy=gy, x=x)
     g = geometry(x.shape, w_shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
     _require(xp)
-    return _run(xp, "accgrad", g, x, gy, (g.fo, g.f, g.kh, g.kw), layout)   # cuDNN's wgrad takes (x, dy)
+    return _run(xp, "accgrad", g, x, gy, (g.fo, g.f, g.kh, g.kw), layout, out=out)   # cuDNN's wgrad: (x, dy)
 
 
 LAYOUTS = ("nchw", "nhwc")
@@ -220,6 +220,21 @@ def _checked(layout, **arrays):
             raise ValueError(f"cudnn: layout 'nhwc' takes 4-d float32 arrays laid out channels-last, got {name} "
                              f"of dtype {a.dtype}, shape {a.shape}, strides {a.strides}")
     return (cp, *arrays.values())
+
+
+def _checked_out(cp, out, shape, layout):
+    """out, where a pass may write its result there: a CuPy float32 array of the result's logical
+    shape, laid out as `layout` (C-contiguous for "nchw"; channels-last for "nhwc"), on the current
+    device; else ValueError (TypeError for another kind of array) naming what differs."""
+    if type(out) is not cp.ndarray:
+        raise TypeError(f"cudnn: out must be a CuPy array, got {type(out).__name__}")
+    dense = out.flags.c_contiguous if layout == "nchw" else out.ndim == 4 and out.transpose(0, 2, 3, 1).flags.c_contiguous
+    if out.dtype != np.float32 or out.shape != tuple(shape) or not dense:
+        raise ValueError(f"cudnn: out must be a float32 array of shape {tuple(shape)} laid out {layout}, got dtype "
+                         f"{out.dtype}, shape {out.shape}, strides {out.strides}")
+    if out.device.id != cp.cuda.runtime.getDevice():
+        raise ValueError(f"cudnn: out is on GPU {out.device.id}, the pass runs on GPU {cp.cuda.runtime.getDevice()}")
+    return out
 
 
 def _strides(dims, layout):
@@ -400,8 +415,12 @@ def _plan_key(cp, pass_name, g, layout="nchw"):
             tuning.enabled("cudnn_tune", cp), layout)
 
 
-def _run(cp, pass_name, g, a, b, out_shape, layout="nchw", c=None):
-    return _plan(cp, pass_name, g, a, b, out_shape, layout, c).run(cp, a, b, _empty(cp, out_shape, layout), c)
+def _run(cp, pass_name, g, a, b, out_shape, layout="nchw", c=None, out=None):
+    if out is None:
+        out = _empty(cp, out_shape, layout)
+    elif cp.may_share_memory(_checked_out(cp, out, out_shape, layout), a) or cp.may_share_memory(out, b):
+        raise ValueError("cudnn: out overlaps an operand of the pass; it must be memory of its own")
+    return _plan(cp, pass_name, g, a, b, out_shape, layout, c).run(cp, a, b, out, c)
 
 
 def _plan(cp, pass_name, g, a, b, out_shape, layout="nchw", c=None):

@@ -369,10 +369,12 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
     return _passes(backend, geometry, passes, nhwc, bias)
 
 
-def _passes(backend, geometry, passes, nhwc=False, bias=None):
-    """_crossing's passes, run one by one (checked, geometry as tuples)."""
+def _passes(backend, geometry, passes, nhwc=False, bias=None, outs=None):
+    """_crossing's passes, run one by one (checked, geometry as tuples). outs: tensors the results
+    may be written into, one a pass, laid out as the results are (a pass graph's); the routes that
+    take an output array write there (_channels_last_passes), the others ignore them."""
     if nhwc:
-        return _channels_last_passes(backend, geometry, passes, bias)
+        return _channels_last_passes(backend, geometry, passes, bias, outs)
     first = passes[0][1]
     if first.is_cpu:
         results = [torch.from_numpy(np.ascontiguousarray(_pass(pass_name, backend, a, b, None, geometry, later)))
@@ -388,7 +390,7 @@ def _passes(backend, geometry, passes, nhwc=False, bias=None):
     return results
 
 
-def _channels_last_passes(backend, geometry, passes, bias=None):
+def _channels_last_passes(backend, geometry, passes, bias=None, outs=None):
     """A channels-last layer's passes, each result channels-last (as the fake implementations say). Each
     pass takes a route (_route): "cudnn", cuDNN's NHWC kernels on the tensors as they are (an operand in
     the other layout copied to channels-last first), with no layout conversion (VGG-16 b64 in TF32 mode,
@@ -396,8 +398,9 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
     as workspace); "gemm", a 1x1 layer's GEMM on the tensors as they are; or "nchw", our NCHW passes on
     copies made by backends.layout's transpose (_nchw_array), their results copied back. With auto,
     the route auto timed for the pass (backends.nhwc_route, among those its candidates offer: the
-    auto_backends setting); with cudnn or gemm, that backend's own where it takes the geometry. A bias
-    goes into cuDNN's fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is
+    auto_backends setting); with cudnn or gemm, that backend's own where it takes the geometry. The
+    cudnn route and the prepared GEMM one write a pass's result into its tensor of outs where given
+    (_nhwc_pass), with no copy. A bias goes into cuDNN's fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is
     added to the GEMM route's result, or to the NCHW fprop's once it is copied back. On the GPU the
     device's CuPy scope is entered once for all of it: the copies stay CuPy arrays, and nothing crosses
     to a tensor but the results (a copy's two crossings and two scope entries a pass were ~1 ms of
@@ -415,20 +418,21 @@ def _channels_last_passes(backend, geometry, passes, bias=None):
                 for (pass_name, a, b, _), route in zip(passes, routes)]
     if not first.is_cuda:
         return _nchw_passes(backend, geometry, passes, bias)   # which says what it runs on
+    outs = outs or [None] * len(passes)
     with _scope(first.get_device()) as cp:   # once for the crossing: routes, copies, passes and copies back
         routes = [_route(backend, p[0], geometry, cp) for p in passes]
         if "nchw" not in routes:   # every pass on cuDNN's plans or the GEMM route: no copies to count or release
-            return [_nhwc_pass(route, cp, geometry, pass_name, a, b, bias)
-                    for (pass_name, a, b, _), route in zip(passes, routes)]
+            return [_nhwc_pass(route, cp, geometry, pass_name, a, b, bias, out)
+                    for (pass_name, a, b, _), route, out in zip(passes, routes, outs)]
         results, copies = [], {}
         # the NCHW passes' uses of each tensor: its copy is dropped after the last of them (the other routes
         # take the tensors as they are)
         uses = collections.Counter(id(t) for (_, a, b, _), route in zip(passes, routes) if route == "nchw"
                                    for t in (a, b))
         route_of = {p[0]: route for p, route in zip(passes, routes)}
-        for (pass_name, a, b, later), route in zip(passes, routes):   # in the order given (accGrad before bprop)
+        for (pass_name, a, b, later), route, out in zip(passes, routes, outs):   # in the order given (accGrad first)
             if route != "nchw":
-                results.append(_nhwc_pass(route, cp, geometry, pass_name, a, b, bias))
+                results.append(_nhwc_pass(route, cp, geometry, pass_name, a, b, bias, out))
                 continue
             # Views and spectra are kept only for a later pass of this crossing that also runs NCHW on the
             # same copies: fprop's feed none (the backward copies x anew, and even an NCHW x is seen as a
@@ -478,20 +482,25 @@ def _scope(index):
         yield cp
 
 
-def _nhwc_pass(route, cp, geometry, pass_name, a, b, bias):
+def _nhwc_pass(route, cp, geometry, pass_name, a, b, bias, out=None):
     """One pass on the tensors laid out channels-last as they are (inside the device's CuPy scope; cp
     None: on the CPU, on NumPy views), as a channels-last tensor: route "cudnn", cuDNN's NHWC plans, the
     bias, if given, into fprop's (the only pass that takes one); route "gemm", a 1x1 layer's pass as one
-    GEMM on the pixels (gemm.fprop_nhwc, bprop_nhwc, accgrad_nhwc), fprop's bias added after."""
-    y = _gemm_prepared(cp, geometry, pass_name, a, b) if route == "gemm" and cp is not None else None
+    GEMM on the pixels (gemm.fprop_nhwc, bprop_nhwc, accgrad_nhwc), fprop's bias added after. out: a
+    channels-last tensor of the result's shape (a pass graph's, _graphed) that cuDNN's plan and the
+    prepared GEMM write into and return; the GEMM route's full path ignores it."""
+    y = _gemm_prepared(cp, geometry, pass_name, a, b, out) if route == "gemm" and cp is not None else None
     if y is None:
         x_shape, w_shape, stride, padding = geometry
         third = _third(pass_name, x_shape, w_shape)
         a, b = (_nhwc_array(t.contiguous(memory_format=torch.channels_last), cp) for t in (a, b))
         if route == "cudnn":
             extra = {} if pass_name != "fprop" or bias is None else {"bias": _cupy_view(bias.contiguous(), cp)}
-            return _from_cupy(getattr(backends.get("cudnn"), pass_name)(a, b, *third, stride=stride, padding=padding,
-                                                                        layout="nhwc", **extra))
+            if out is not None:
+                extra["out"] = _cupy_nhwc(out, cp)
+            y = getattr(backends.get("cudnn"), pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc",
+                                                          **extra)
+            return _from_cupy(y) if out is None else out
         y = getattr(backends.gemm, f"{pass_name}_nhwc")(a, b, *third, stride=stride, padding=padding)
         y = torch.from_numpy(y) if cp is None else _from_cupy(y)
     return _add_bias(y, bias) if pass_name == "fprop" else y
@@ -507,12 +516,13 @@ _gemm_runs = {}   # (pass, geometry, config.state()) -> gemm.prepare_nhwc's run,
 _FIRST = object()  # seen once: the full path ran (and tuned accGrad's form); prepared at the next call
 
 
-def _gemm_prepared(cp, geometry, pass_name, a, b):
+def _gemm_prepared(cp, geometry, pass_name, a, b, out=None):
     """A 1x1 layer's pass on the "gemm" route as one prepared GEMM (gemm.prepare_nhwc) from its second
     call on, its matrices made straight from the tensors (_cupy_matrix) and its result a new tensor laid
     out as the operator says; None where the full path must run (the first call, which tunes accGrad's
     form; a pass that is more than one GEMM; an operand not dense in the layout the GEMM reads: the full
-    path lays it out). What it skips, a pass: the full path's operand and layout checks, the geometry
+    path lays it out). out: the result's tensor where given (a pass graph's, laid out as the operator
+    says), else a new one. What it skips, a pass: the full path's operand and layout checks, the geometry
     and chunk look-ups, the 4-d views and the DLPack crossing back (session 46: ResNet-50's channels-last
     step is host-bound on a slow host, 108 such passes a step)."""
     key = (pass_name, geometry, backends.config.state())
@@ -533,9 +543,10 @@ def _gemm_prepared(cp, geometry, pass_name, a, b):
         pixels = (True, False, True)
     if not a.numel() or not all(_dense_as(t, p) for t, p in zip((a, b), pixels)):
         return None
-    out = torch.empty(out_shape, dtype=torch.float32, device=a.device, memory_format=torch.channels_last)
-    if _measuring is not None:
-        _measuring.add(out)
+    if out is None:
+        out = torch.empty(out_shape, dtype=torch.float32, device=a.device, memory_format=torch.channels_last)
+        if _measuring is not None:
+            _measuring.add(out)
     run(*(_cupy_matrix(t, cp, p) for t, p in zip((a, b, out), pixels)))
     return out
 
@@ -735,7 +746,7 @@ def _graphed(backend, geometry, passes, nhwc, bias):
         global _measuring
         _measuring = measured = _Temporaries()
         try:
-            results = _isolated(backend, geometry, passes, nhwc, bias)
+            results = _isolated(backend, geometry, passes, nhwc, bias, outs)
         finally:
             _measuring = None
         # the layer's first eager call may have tuned (auto's candidates): 0, seen; its later ones count
@@ -774,22 +785,23 @@ def _what(backend, geometry, names):
 
 
 def _into(outs, results):
-    """outs, each overwritten with its result."""
+    """outs, each overwritten with its result (unless the pass wrote it there: the same tensor)."""
     for out, result in zip(outs, results):
-        out.copy_(result)
+        if result is not out:
+            out.copy_(result)
     return outs
 
 
-def _isolated(backend, geometry, passes, nhwc, bias):
+def _isolated(backend, geometry, passes, nhwc, bias, outs=None):
     """The crossing's passes sharing spectra among themselves alone: a view dict and a spectrum
     block of their own, fprop keeping nothing for the backward (a pass graph holds nothing past
-    its end)."""
+    its end). outs: as _passes takes them."""
     global _views
     outer, _views = _views, {}
     try:
         with backends.reuse_spectra(inputs=False):
             return _passes(backend, geometry, [(p, a, b, () if p == "fprop" else later) for p, a, b, later in passes],
-                           nhwc, bias)
+                           nhwc, bias, outs)
     finally:
         _views = outer
 
@@ -813,7 +825,7 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
     with cufft_buffers.keeping_retired() as retired, torch.cuda.stream(side):
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
-            _into(outs, _isolated(backend, geometry, passes, nhwc, bias))
+            _into(outs, _isolated(backend, geometry, passes, nhwc, bias, outs))
         except BaseException:
             with contextlib.suppress(Exception):
                 graph.capture_end()

@@ -276,6 +276,52 @@ def test_fprop_with_a_bias(xs, ws, stride, pad, tf32, layout, search, settings, 
         assert record["choice"]["name"] == name and "unfused" in tried and len(tried) > 1, record
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_passes_write_into_an_out_array_or_refuse_it(layout, settings, tmp_path):
+    """out=: each pass writes its result into the array given and returns it (float64's values);
+    an out of another shape, layout or kind, or overlapping an operand, is refused by name."""
+    cp = _need_cudnn()
+    settings(tune_cache=str(tmp_path / "t.json"))
+    xs, ws, stride, pad = GEOMETRIES[1]
+    rng = np.random.default_rng(26)
+    x, w = rng.standard_normal(xs).astype(f32), rng.standard_normal(ws).astype(f32)
+    g = backends.geometry(xs, ws, stride, pad)
+    gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow)).astype(f32)
+    lay = (lambda a: _nhwc(cp, a)) if layout == "nhwc" else cp.asarray
+    refs = conv_reference(x, w, gy, stride, pad)
+    calls = {"fprop": lambda out: cudnn.fprop(lay(x), lay(w), stride, pad, layout=layout, out=out),
+             "bprop": lambda out: cudnn.bprop(lay(gy), lay(w), xs, stride, pad, layout=layout, out=out),
+             "accgrad": lambda out: cudnn.accgrad(lay(gy), lay(x), ws, stride, pad, layout=layout, out=out)}
+    for (name, call), ref in zip(calls.items(), refs):
+        out = lay(np.full(ref.shape, np.nan, f32))
+        assert call(out) is out
+        assert rel_error(cp.asnumpy(out), ref) <= cudnn.CHECK_TOL, name
+    y = lay(np.zeros(refs[0].shape, f32))
+    with pytest.raises(ValueError, match=rf"out must be a float32 array of shape \({g.S}, {g.fo}, {g.oh}, {g.ow}\)"):
+        calls["fprop"](y[:, :1])
+    other = cp.zeros(refs[0].shape, f32) if layout == "nhwc" else _nhwc(cp, np.zeros(refs[0].shape, f32))
+    with pytest.raises(ValueError, match=f"laid out {layout}"):
+        calls["fprop"](other)
+    with pytest.raises(TypeError, match="out must be a CuPy array"):
+        calls["fprop"](np.zeros(refs[0].shape, f32))
+
+
+@pytest.mark.gpu
+def test_an_out_array_overlapping_an_operand_is_refused():
+    """out= sharing memory with x (one element of it): refused before any work, x as it was."""
+    cp = _need_cudnn()
+    xs, ws, stride, pad = GEOMETRIES[0]
+    g = backends.geometry(xs, ws, stride, pad)
+    size = int(np.prod(xs))
+    memory = cp.arange(size + g.S * g.fo * g.oh * g.ow, dtype=f32)
+    x = memory[:size].reshape(xs)
+    out = memory[size - 1:size - 1 + g.S * g.fo * g.oh * g.ow].reshape(g.S, g.fo, g.oh, g.ow)
+    with pytest.raises(ValueError, match="out overlaps an operand"):
+        cudnn.fprop(x, cp.ones(ws, f32), stride, pad, out=out)
+    assert bool((memory == cp.arange(memory.size, dtype=f32)).all())
+
+
 def test_a_bad_bias_is_refused_before_any_work():
     """The bias is one float32 per output plane, an array of x's kind: else an error naming it."""
     x, w = np.zeros((2, 3, 5, 5), f32), np.zeros((4, 3, 3, 3), f32)

@@ -62,8 +62,8 @@ def steps(conv, x, n=STEPS, tol=1e-5):
         assert_matches((y, x.grad, conv.weight.grad, conv.bias.grad), refs, tol)
 
 
-BACKENDS = ["auto", "gemm", "cufft", pytest.param("cudnn", marks=pytest.mark.skipif(
-    "not __import__('conftest').backend_usable('cudnn')", reason="cuDNN frontend not installed"))]
+CUDNN = pytest.mark.skipif("not __import__('conftest').backend_usable('cudnn')", reason="cuDNN frontend not installed")
+BACKENDS = ["auto", "gemm", "cufft", pytest.param("cudnn", marks=CUDNN)]
 
 
 @pytest.mark.gpu
@@ -210,6 +210,25 @@ def test_pass_graph_mb_leaves_the_layers_over_it_eager(settings):
     assert s["over"] == len(took) - len(under) and s["failed"] == 0, (s, took, limit)
     assert {key[2:6] for key, entry in pt._pass_graphs.items() if entry.graphs} == under, (took, limit)
     assert s["replays"] >= len(under) * (STEPS - 4), s
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend,k", [pytest.param("cudnn", 3, marks=CUDNN), ("gemm", 1)])
+def test_channels_last_routes_write_the_results_in_place(backend, k, monkeypatch):
+    """A channels-last layer on cuDNN's plans, or a 1x1 one on the prepared GEMM route: from the
+    third call on (the GEMM route prepares at its second), every pass writes its result into the
+    tensor the caller gets, in its eager calls and in the graph, with no copy; every value right."""
+    written, into = [], pt._into
+
+    def recording(outs, results):
+        written.append([r is o for o, r in zip(outs, results)])
+        return into(outs, results)
+    monkeypatch.setattr(pt, "_into", recording)
+    conv = layer(backend, f=8, fo=8, k=k, padding=k // 2, nhwc=True)
+    x = torch.empty(2, 8, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last).requires_grad_()
+    steps(conv, x)
+    assert stats()["captures"] >= 2 and stats()["failed"] == 0, stats()
+    assert len(written) > 4 and all(all(w) for w in written[4:]), written
 
 
 def test_temporaries_count_what_is_held_at_most():
