@@ -228,13 +228,33 @@ def _checked_out(cp, out, shape, layout):
     device; else ValueError (TypeError for another kind of array) naming what differs."""
     if type(out) is not cp.ndarray:
         raise TypeError(f"cudnn: out must be a CuPy array, got {type(out).__name__}")
-    dense = out.flags.c_contiguous if layout == "nchw" else out.ndim == 4 and out.transpose(0, 2, 3, 1).flags.c_contiguous
+    if layout == "nchw":
+        dense = out.flags.c_contiguous
+    else:
+        dense = out.ndim == 4 and out.transpose(0, 2, 3, 1).flags.c_contiguous
     if out.dtype != np.float32 or out.shape != tuple(shape) or not dense:
         raise ValueError(f"cudnn: out must be a float32 array of shape {tuple(shape)} laid out {layout}, got dtype "
                          f"{out.dtype}, shape {out.shape}, strides {out.strides}")
     if out.device.id != cp.cuda.runtime.getDevice():
         raise ValueError(f"cudnn: out is on GPU {out.device.id}, the pass runs on GPU {cp.cuda.runtime.getDevice()}")
     return out
+
+
+def _span(a):
+    """[first, last) device addresses of array a's elements (a view's strides may be negative)."""
+    low = high = a.data.ptr
+    for n, stride in zip(a.shape, a.strides):
+        low, high = low + min(0, (n - 1) * stride), high + max(0, (n - 1) * stride)
+    return low, high + a.itemsize
+
+
+def _overlap(a, b):
+    """Whether the address ranges of arrays a and b meet (by address, not by CuPy allocation: two
+    wrappers of one buffer, such as the PyTorch adapter's views, are separate allocations to CuPy)."""
+    if not a.size or not b.size:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
 
 
 def _strides(dims, layout):
@@ -418,8 +438,8 @@ def _plan_key(cp, pass_name, g, layout="nchw"):
 def _run(cp, pass_name, g, a, b, out_shape, layout="nchw", c=None, out=None):
     if out is None:
         out = _empty(cp, out_shape, layout)
-    elif cp.may_share_memory(_checked_out(cp, out, out_shape, layout), a) or cp.may_share_memory(out, b):
-        raise ValueError("cudnn: out overlaps an operand of the pass; it must be memory of its own")
+    elif any(_overlap(_checked_out(cp, out, out_shape, layout), t) for t in (a, b, c) if t is not None):
+        raise ValueError("cudnn: out overlaps an operand of the pass (or the bias); it must be memory of its own")
     return _plan(cp, pass_name, g, a, b, out_shape, layout, c).run(cp, a, b, out, c)
 
 

@@ -32,6 +32,8 @@ bytes: what it holds allocated is counted already). The CUDA-graph rows run with
 whole-step capture records the passes as they run, and the pass graphs' warm-up path would only add
 its copies to the row's peak. --pass-graph-mb N captures only the layers whose passes take at most N MiB
 of temporaries (the pass_graph_mb setting; files *_pass_graphs_Nmb): a smaller pool, more host time.
+Both flags decide for the converted rows: MINITORCH_PASS_GRAPHS and MINITORCH_PASS_GRAPH_MB in the
+environment are overridden there (the header's settings list what the environment had).
 
 Each row gives two times a step: the median of single steps, each waited for (CUDA events, a
 wait after every step: the step's latency from an idle GPU, which the targets judge), and "back to

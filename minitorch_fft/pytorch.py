@@ -209,8 +209,10 @@ def reuse_spectra(inputs=False):
 
 class _Temporaries:
     """The bytes a crossing's CuPy arrays hold at their most (peak), counted by the allocator
-    (_Stream) while this is `_measuring`: workspaces, spectra, copies and its own results. Memory
-    freed here that was allocated before is not subtracted."""
+    (_Stream) while this is `_measuring`: workspaces, spectra, copies, and the results of the routes
+    that do not write into the caller's tensors. Not counted: what PyTorch allocates in the crossing
+    (a copy of an operand in another layout, and a capture's cuBLAS workspaces, which come from the
+    pool too). Memory freed here that was allocated before is not subtracted."""
     __slots__ = ("sizes", "live", "peak")
 
     def __init__(self):
@@ -223,11 +225,6 @@ class _Temporaries:
 
     def gave(self, p):
         self.live -= self.sizes.pop(p, 0)
-
-    def add(self, t):
-        """A result PyTorch allocated for the crossing (the prepared GEMM route's), counted held to the end."""
-        self.live += t.numel() * t.element_size()
-        self.peak = max(self.peak, self.live)
 
 
 _measuring = None     # a _Temporaries while _graphed runs a key's eager calls, else None
@@ -261,13 +258,15 @@ class _Stream:
 
         def malloc(size, device_id):
             p = alloc(size, ptr)
-            if _measuring is not None:
-                _measuring.took(p, size)
+            measuring = _measuring   # read once: another thread may end its count meanwhile
+            if measuring is not None:
+                measuring.took(p, size)
             return p
 
         def free(p, device_id):
-            if _measuring is not None:
-                _measuring.gave(p)
+            measuring = _measuring
+            if measuring is not None:
+                measuring.gave(p)
             delete(p)
         self.malloc = cp.cuda.memory.PythonFunctionAllocator(malloc, free).malloc
         # the memory checks count what PyTorch's allocator keeps reserved unused (it frees that and
@@ -400,12 +399,13 @@ def _channels_last_passes(backend, geometry, passes, bias=None, outs=None):
     the route auto timed for the pass (backends.nhwc_route, among those its candidates offer: the
     auto_backends setting); with cudnn or gemm, that backend's own where it takes the geometry. The
     cudnn route and the prepared GEMM one write a pass's result into its tensor of outs where given
-    (_nhwc_pass), with no copy. A bias goes into cuDNN's fprop (its conv + bias graph where that is the faster: backends/cudnn.py), or is
-    added to the GEMM route's result, or to the NCHW fprop's once it is copied back. On the GPU the
-    device's CuPy scope is entered once for all of it: the copies stay CuPy arrays, and nothing crosses
-    to a tensor but the results (a copy's two crossings and two scope entries a pass were ~1 ms of
-    converted AlexNet's host time a step, session 45). On the CPU the GEMM route runs on NumPy views
-    of the tensors; the "nchw" passes on contiguous copies (_nchw_passes)."""
+    (_nhwc_pass), with no copy. A bias goes into cuDNN's fprop (its conv + bias graph where that is
+    the faster: backends/cudnn.py), or is added to the GEMM route's result, or to the NCHW fprop's
+    once it is copied back. On the GPU the device's CuPy scope is entered once for all of it: the
+    copies stay CuPy arrays, and nothing crosses to a tensor but the results (a copy's two crossings
+    and two scope entries a pass were ~1 ms of converted AlexNet's host time a step, session 45). On
+    the CPU the GEMM route runs on NumPy views of the tensors; the "nchw" passes on contiguous copies
+    (_nchw_passes)."""
     first = passes[0][1]
     if first.is_cpu:
         # fprop keeps no view for the backward, as on the GPU: the backward's passes may take the GEMM route
@@ -545,8 +545,6 @@ def _gemm_prepared(cp, geometry, pass_name, a, b, out=None):
         return None
     if out is None:
         out = torch.empty(out_shape, dtype=torch.float32, device=a.device, memory_format=torch.channels_last)
-        if _measuring is not None:
-            _measuring.add(out)
     run(*(_cupy_matrix(t, cp, p) for t, p in zip((a, b, out), pixels)))
     return out
 
@@ -644,9 +642,11 @@ def _check_float32(what, a, b):
 #   (else the passes run eagerly). A result the caller holds on to is never written again.
 # - Captured at the third call of a key (or later) whose results came out where one of its last
 #   GRAPH_SEEN eager calls' did: the first calls tune and plan (auto, cuDNN's search, cuFFT's
-#   plans), which a capture cannot hold. Until then each call runs eagerly and copies its results to
+#   plans), which a capture cannot hold. Until then each call runs eagerly with its results at
 #   those addresses, so the next layer's operands sit where they will sit once this one replays.
-# - The passes' temporaries (workspaces, spectra, their own results, copied out at the end) come
+# - The results are written into those tensors where the route takes an output (cuDNN's NHWC plans,
+#   the prepared 1x1 GEMM), else copied there at the end.
+# - The passes' temporaries (workspaces, spectra, the copied results before their copy) come
 #   from a private memory pool per device and stream (a new one after a failed capture), which the
 #   pass graphs captured there share: the graphs replay one at a time on that stream, and none holds
 #   anything past its end. Its bytes are held while graphs live (pass_graph_stats()["pool_bytes"];
@@ -655,18 +655,19 @@ def _check_float32(what, a, b):
 #   pool, that pool stays reserved for the process), and a pool whose graphs are all gone may not be
 #   captured into again: a fresh pool serves the next capture.
 # - The pool is about the largest captured crossing's temporaries (benchmarks/NOTES.md, session 48:
-#   conv1's fprop, 486 MiB, on converted AlexNet b128), held beside the step's own peak. The
-#   pass_graph_mb setting bounds it: the allocator counts a key's temporaries in its eager calls
-#   (_Temporaries: its CuPy arrays at their most, its results among them; not the layer's first call,
-#   which may tune), and a layer's passes whose latest count was more run eagerly, whatever their
-#   operands' addresses: a choice per key made each new key run eager calls with copies first, and
-#   left AlexNet's addresses moving for steps (benchmarks/NOTES.md, session 49). Fragmentation (a later crossing's temporaries that do not fit
-#   the blocks already there) and PyTorch's cuBLAS workspaces for the capture stream come on top.
+#   conv1's fprop, 486 MiB, on converted AlexNet b128), held beside the step's own peak.
+# - The pass_graph_mb setting bounds each captured crossing's temporaries, not the pool. The
+#   allocator counts a layer's temporaries in its eager calls (_Temporaries; not the layer's first
+#   call on a device, which may tune). A layer's passes whose latest count is over the bound run
+#   eagerly, whatever their operands' addresses, and graphs they had are dropped. Fragmentation (a
+#   later crossing's temporaries that do not fit the blocks already there: ~2x the largest) and
+#   PyTorch's cuBLAS workspaces for the capture stream come on top (benchmarks/NOTES.md, session 49).
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
 #   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
 #   replay would sit in memory another graph's temporaries reuse). inputs=True and the
 #   reuse_weight_spectra setting therefore share nothing where pass graphs run. A crossing that runs
-#   eagerly under the setting (a key that is off, operands that move) is self-contained too, so
+#   eagerly under the setting (a key that is off, a layer over pass_graph_mb, operands that move)
+#   is self-contained too, so
 #   that no view or spectrum it keeps waits for a graphed backward that never takes it.
 # - cufft's scratch buffers and plans, and cudnn's built plans, alive at the capture are held as
 #   long as the graph lives (minitorch_fft.graphs holds cufft's for a whole step): an out-of-memory
@@ -685,9 +686,10 @@ GRAPH_NEW_KEYS = 32    # keys of one backend, geometry and passes made beyond th
 
 _pass_graphs = {}      # key -> _PassGraph, least recent first
 _families = collections.Counter()   # (backend, geometry, passes) -> keys made, less 8 per capture
-_temporaries = {}      # (backend, geometry, passes, layout, config.state()) -> bytes of temporaries the
-                       # layer's latest eager call took, any key's (_Temporaries; 0 after its first call, which
-                       # is not counted): the pass_graph_mb setting's measure
+_temporaries = {}      # (device, backend, geometry, passes, layout, config.state()), a layer's passes -> the
+                       # bytes of temporaries its latest eager call took, any key's (_Temporaries; 0 after
+                       # its first, not counted): the pass_graph_mb setting's measure
+_over = set()          # the kinds above found over pass_graph_mb: they run eagerly
 _capture_on = {}       # (device index, stream pointer) -> (side stream, memory pool id): where captures run
 _pools = set()         # (device index, memory pool id) of every pool captured into since the last release
 _graph_counts = collections.Counter()   # "eager", "captures", "replays", "failed" (pass_graph_stats)
@@ -708,17 +710,17 @@ class _PassGraph:
 def _graphed(backend, geometry, passes, nhwc, bias):
     """The crossing's results through its pass graph (replayed, or captured and replayed), or
     eagerly into the addresses a capture would take; None where it runs eagerly on its own
-    (_isolated: a key that is off, a layer whose operands move). Not inside a caller's capture."""
+    (_isolated: a key that is off, a layer over pass_graph_mb, a layer whose operands move). Not
+    inside a caller's capture."""
     first = passes[0][1]
     index = first.get_device()
     stream = torch._C._cuda_getCurrentRawStream(index)
     operands = [t for _, a, b, _ in passes for t in (a, b)] + ([] if bias is None else [bias])
     names = tuple((p, later) for p, _, _, later in passes)
-    kind = (backend, geometry, names, nhwc, backends.config.state())
-    limit = backends.config.get("pass_graph_mb")
-    if limit is not None and _temporaries.get(kind, 0) > limit * 2**20:
+    kind = (index, backend, geometry, names, nhwc, backends.config.state())
+    if kind in _over:
         return None
-    key = (index, stream, *kind, tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
+    key = (stream, *kind, tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
     entry = _pass_graphs.pop(key, None)
     if entry is None:
         family = (backend, geometry, names)
@@ -751,7 +753,12 @@ def _graphed(backend, geometry, passes, nhwc, bias):
             _measuring = None
         # the layer's first eager call may have tuned (auto's candidates): 0, seen; its later ones count
         _temporaries[kind] = measured.peak if kind in _temporaries else 0
+        limit = backends.config.get("pass_graph_mb")
         if limit is not None and _temporaries[kind] > limit * 2**20:
+            _over.add(kind)
+            for k, e in _pass_graphs.items():   # its keys' graphs, captured before a count went over: dropped
+                if k[1:7] == kind:
+                    e.off, e.graphs = True, {}
             log.info("pass graphs: %s takes %.1f MiB of temporaries, over pass_graph_mb (%g); it runs eagerly",
                      _what(backend, geometry, names), measured.peak / 2**20, limit)
         return _into(outs, results)
@@ -837,11 +844,11 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
 def pass_graph_stats():
     """{"eager", "captures", "replays", "failed": crossings so far run each way under pass_graphs
     ("eager": into the addresses a capture would take, before a key's capture or where its results
-    moved), "over": layers' passes (a backend, geometry, passes, layout and settings) left eager, their
-    temporaries over pass_graph_mb, "graphs": graphs alive, "pool_bytes": the bytes the pools captured
-    into since the last release reserve on the GPU, "pool_free_bytes": those of them not allocated between replays (the
-    graphs' temporaries: torch.cuda.memory_allocated() counts the rest, e.g. a cuBLAS workspace made
-    in a capture)}."""
+    moved), "over": layers' passes (a device, backend, geometry, passes, layout and settings) found
+    over pass_graph_mb, which run eagerly, "graphs": graphs alive, "pool_bytes": the bytes the pools
+    captured into since the last release reserve on the GPU, "pool_free_bytes": those of them not
+    allocated between replays (the graphs' temporaries: torch.cuda.memory_allocated() counts the
+    rest, e.g. a cuBLAS workspace made in a capture)}."""
     pool_bytes = pool_free = 0
     if _pools:
         pools = {pool for _, pool in _pools}
@@ -849,9 +856,7 @@ def pass_graph_stats():
             if tuple(seg.get("segment_pool_id", ())) in pools:
                 pool_bytes += seg["total_size"]
                 pool_free += seg["total_size"] - seg["allocated_size"]
-    limit = backends.config.get("pass_graph_mb")
-    over = 0 if limit is None else sum(t > limit * 2**20 for t in _temporaries.values())
-    return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed")}, "over": over,
+    return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed")}, "over": len(_over),
             "graphs": sum(len(e.graphs) for e in _pass_graphs.values()), "pool_bytes": pool_bytes,
             "pool_free_bytes": pool_free}
 
@@ -868,6 +873,7 @@ def release_pass_graphs():
     _pass_graphs.clear()
     _families.clear()
     _temporaries.clear()
+    _over.clear()
     _capture_on.clear()
     _pools.clear()
     _graph_counts.clear()

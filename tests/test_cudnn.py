@@ -309,16 +309,22 @@ def test_passes_write_into_an_out_array_or_refuse_it(layout, settings, tmp_path)
 
 @pytest.mark.gpu
 def test_an_out_array_overlapping_an_operand_is_refused():
-    """out= sharing memory with x (one element of it): refused before any work, x as it was."""
+    """out= sharing memory with x (one element of it), as a slice of one array or as another CuPy
+    allocation over the same addresses (the PyTorch adapter's views), or with the bias: refused
+    before any work, the memory as it was."""
     cp = _need_cudnn()
     xs, ws, stride, pad = GEOMETRIES[0]
     g = backends.geometry(xs, ws, stride, pad)
-    size = int(np.prod(xs))
-    memory = cp.arange(size + g.S * g.fo * g.oh * g.ow, dtype=f32)
+    size, y_size = int(np.prod(xs)), g.S * g.fo * g.oh * g.ow
+    memory = cp.arange(size + y_size, dtype=f32)
     x = memory[:size].reshape(xs)
-    out = memory[size - 1:size - 1 + g.S * g.fo * g.oh * g.ow].reshape(g.S, g.fo, g.oh, g.ow)
-    with pytest.raises(ValueError, match="out overlaps an operand"):
-        cudnn.fprop(x, cp.ones(ws, f32), stride, pad, out=out)
+    out = memory[size - 1:size - 1 + y_size].reshape(g.S, g.fo, g.oh, g.ow)
+    alias = cp.ndarray(out.shape, f32, cp.cuda.MemoryPointer(
+        cp.cuda.UnownedMemory(out.data.ptr, out.nbytes, memory), 0))   # CuPy sees another allocation
+    w, bias = cp.ones(ws, f32), memory[size:size + g.fo]
+    for y, b in ((out, None), (alias, None), (memory[size:].reshape(out.shape), bias)):
+        with pytest.raises(ValueError, match=r"out overlaps an operand of the pass \(or the bias\)"):
+            cudnn.fprop(x, w, stride, pad, out=y, bias=b)
     assert bool((memory == cp.arange(memory.size, dtype=f32)).all())
 
 

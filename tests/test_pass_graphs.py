@@ -62,7 +62,8 @@ def steps(conv, x, n=STEPS, tol=1e-5):
         assert_matches((y, x.grad, conv.weight.grad, conv.bias.grad), refs, tol)
 
 
-CUDNN = pytest.mark.skipif("not __import__('conftest').backend_usable('cudnn')", reason="cuDNN frontend not installed")
+CUDNN = pytest.mark.skipif("not __import__('conftest').backend_usable('cudnn')",
+                           reason="cuDNN frontend not installed")
 BACKENDS = ["auto", "gemm", "cufft", pytest.param("cudnn", marks=CUDNN)]
 
 
@@ -195,14 +196,17 @@ def test_pass_graph_mb_leaves_the_layers_over_it_eager(settings):
             steps(conv, x)
     train()
     # (backend, geometry, passes, layout) -> bytes; the settings' state left out: the bound changes it
-    took = {kind[:4]: t for kind, t in pt._temporaries.items()}
+    took = {kind[1:5]: t for kind, t in pt._temporaries.items()}
     assert pt._measuring is None
     results = {kind: sum(4 * torch.Size(backends.common.pass_output_shape(backends.geometry(*kind[1]), p)).numel()
                          for p, _ in kind[2]) for kind in took}
     assert len(took) == 4 and all(took[kind] >= results[kind] for kind in took), (took, results)  # results counted
-    limit = (max(took.values()) + min(took.values())) / 2 / 2**20
-    under = {kind for kind, t in took.items() if t <= limit * 2**20}
-    assert 0 < len(under) < len(took), took
+    # the bound in the widest gap between the counts (by ratio), far from every one of them
+    ordered = sorted(took.values())
+    low, high = max(zip(ordered, ordered[1:]), key=lambda pair: pair[1] / pair[0])
+    assert high >= 1.5 * low, ordered
+    limit = (low * high) ** 0.5 / 2**20
+    under = {kind for kind, t in took.items() if t <= low}
     pt.release_pass_graphs()
     settings(pass_graph_mb=limit)
     train()
@@ -213,11 +217,34 @@ def test_pass_graph_mb_leaves_the_layers_over_it_eager(settings):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend,k", [pytest.param("cudnn", 3, marks=CUDNN), ("gemm", 1)])
-def test_channels_last_routes_write_the_results_in_place(backend, k, monkeypatch):
-    """A channels-last layer on cuDNN's plans, or a 1x1 one on the prepared GEMM route: from the
-    third call on (the GEMM route prepares at its second), every pass writes its result into the
-    tensor the caller gets, in its eager calls and in the graph, with no copy; every value right."""
+def test_a_count_that_fails_is_ended(monkeypatch):
+    """A pass that raises during a counted eager call: the error reaches the caller and the
+    allocator's count ends with it (a later allocation is not counted into it)."""
+    passes, calls = pt._passes, []
+
+    def failing(*args, **kwargs):
+        calls.append(pt._measuring)
+        if len(calls) == 2:
+            raise RuntimeError("a pass failed (test)")
+        return passes(*args, **kwargs)
+    monkeypatch.setattr(pt, "_passes", failing)
+    conv = layer("auto")
+    x = fill(torch.empty(2, 3, 9, 9, device="cuda"), 1)
+    with torch.no_grad():
+        conv(x)
+        with pytest.raises(RuntimeError, match="a pass failed"):
+            conv(x)
+    assert calls[1] is not None and pt._measuring is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend,k,first", [pytest.param("cudnn", 3, 0, marks=CUDNN), ("gemm", 1, 2)])
+def test_channels_last_routes_write_the_results_in_place(backend, k, first, monkeypatch, settings):
+    """A channels-last layer on cuDNN's plans (from its first call), or a 1x1 one on the prepared GEMM
+    route (from its second, accGrad's one form pinned: gemm_tune off): every pass writes its result
+    into the tensor the caller gets, in the eager calls and in the graph, with no copy; every value
+    right."""
+    settings(gemm_tune="off")
     written, into = [], pt._into
 
     def recording(outs, results):
@@ -228,7 +255,7 @@ def test_channels_last_routes_write_the_results_in_place(backend, k, monkeypatch
     x = torch.empty(2, 8, 9, 9, device="cuda").contiguous(memory_format=torch.channels_last).requires_grad_()
     steps(conv, x)
     assert stats()["captures"] >= 2 and stats()["failed"] == 0, stats()
-    assert len(written) > 4 and all(all(w) for w in written[4:]), written
+    assert len(written) > 4 and all(all(w) for w in written[first:]), written
 
 
 def test_temporaries_count_what_is_held_at_most():
@@ -240,8 +267,6 @@ def test_temporaries_count_what_is_held_at_most():
     t.took(3, 80)
     t.gave(99)   # taken before the count began
     assert (t.live, t.peak) == (130, 150)
-    t.add(torch.empty(10))
-    assert (t.live, t.peak) == (170, 170)
 
 
 def test_a_pool_is_live_while_a_graph_of_it_is():

@@ -92,10 +92,10 @@ def main():
               f"{stats['pool_bytes'] * mib:.0f} MiB; {stats}")
         for what, before, after in captures:
             print(f"  capture {what:70s} pool {before * mib:7.1f} -> {after * mib:7.1f} MiB")
-        graphed = {key[2:7] for key, entry in pt._pass_graphs.items() if entry.graphs}
+        graphed = {key[1:7] for key, entry in pt._pass_graphs.items() if entry.graphs}   # keys' kinds
         for kind, took in sorted(pt._temporaries.items(), key=lambda item: -item[1]):   # a layer's passes
             state = "captured" if kind in graphed else "eager"
-            print(f"  temporaries {took * mib:8.1f} MiB  {state:8s} {pt._what(*kind[:3])}")
+            print(f"  temporaries {took * mib:8.1f} MiB  {state:8s} {pt._what(*kind[1:4])}")
         for s in segments:
             used = [b["size"] for b in s["blocks"] if b["state"] == "active_allocated"]
             free = [b["size"] for b in s["blocks"] if b["state"] != "active_allocated"]
