@@ -667,8 +667,8 @@ def _check_float32(what, a, b):
 #   replay would sit in memory another graph's temporaries reuse). inputs=True and the
 #   reuse_weight_spectra setting therefore share nothing where pass graphs run. A crossing that runs
 #   eagerly under the setting (a key that is off, a layer over pass_graph_mb, operands that move)
-#   is self-contained too, so
-#   that no view or spectrum it keeps waits for a graphed backward that never takes it.
+#   is self-contained too, so that no view or spectrum it keeps waits for a graphed backward that
+#   never takes it.
 # - cufft's scratch buffers and plans, and cudnn's built plans, alive at the capture are held as
 #   long as the graph lives (minitorch_fft.graphs holds cufft's for a whole step): an out-of-memory
 #   fallback that drops them does not free what a graph still launches.

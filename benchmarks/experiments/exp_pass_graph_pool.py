@@ -9,8 +9,8 @@ reports:
 - the pool's segments at the end: each one's bytes, and its blocks in use between replays (what stays
   allocated in the pool: a backend buffer or workspace made during a capture) and free;
 - the step's peak allocated bytes with the pool beside it, and the eager step's peak without graphs;
-- each key's temporaries as counted in its eager calls (what the pass_graph_mb setting bounds), and
-  whether it was captured;
+- each layer's passes' temporaries as counted in their eager calls (what the pass_graph_mb setting
+  bounds), and whether they were captured;
 - with --limits, the same again under each of those pass_graph_mb bounds.
 
   MINITORCH_TUNE_CACHE=/tmp/t.json python -m benchmarks.experiments.exp_pass_graph_pool [--tf32] \
