@@ -216,7 +216,7 @@ def _checked(layout, **arrays):
     for name, a in arrays.items():
         if cp is None or type(a) is not cp.ndarray:
             raise TypeError(f"cudnn: layout 'nhwc' takes CuPy arrays, got {type(a).__name__} for {name}")
-        if a.dtype != np.float32 or a.ndim != 4 or not a.transpose(0, 2, 3, 1).flags.c_contiguous:
+        if a.dtype != np.float32 or not _laid_out(a, "nhwc"):
             raise ValueError(f"cudnn: layout 'nhwc' takes 4-d float32 arrays laid out channels-last, got {name} "
                              f"of dtype {a.dtype}, shape {a.shape}, strides {a.strides}")
     return (cp, *arrays.values())
@@ -228,16 +228,20 @@ def _checked_out(cp, out, shape, layout):
     device; else ValueError (TypeError for another kind of array) naming what differs."""
     if type(out) is not cp.ndarray:
         raise TypeError(f"cudnn: out must be a CuPy array, got {type(out).__name__}")
-    if layout == "nchw":
-        dense = out.flags.c_contiguous
-    else:
-        dense = out.ndim == 4 and out.transpose(0, 2, 3, 1).flags.c_contiguous
-    if out.dtype != np.float32 or out.shape != tuple(shape) or not dense:
+    if out.dtype != np.float32 or out.shape != tuple(shape) or not _laid_out(out, layout):
         raise ValueError(f"cudnn: out must be a float32 array of shape {tuple(shape)} laid out {layout}, got dtype "
                          f"{out.dtype}, shape {out.shape}, strides {out.strides}")
     if out.device.id != cp.cuda.runtime.getDevice():
         raise ValueError(f"cudnn: out is on GPU {out.device.id}, the pass runs on GPU {cp.cuda.runtime.getDevice()}")
     return out
+
+
+def _laid_out(a, layout):
+    """Whether array a is dense laid out as `layout`: C-contiguous for "nchw"; for "nhwc", 4-d with
+    its transpose to (S, H, W, C) C-contiguous (a channels-last PyTorch tensor's memory)."""
+    if layout == "nchw":
+        return a.flags.c_contiguous
+    return a.ndim == 4 and a.transpose(0, 2, 3, 1).flags.c_contiguous
 
 
 def _span(a):

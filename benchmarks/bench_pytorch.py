@@ -26,12 +26,13 @@ from forward for accGrad (reuse_spectra(inputs=True): faster, and on AlexNet b12
 the step's peak, above stock's; benchmarks/NOTES.md sessions 11-13; result files *_input_reuse).
 --pass-graphs turns the pass_graphs setting on for the converted rows (minitorch_fft.pytorch: a layer's
 passes replayed as one CUDA graph; result files *_pass_graphs): their warm-up runs on until a step
-captures nothing more (at most SETTLE steps past --warmup), and the pool of the graphs' temporaries,
-held throughout and allocated at no moment between replays, is added to the row's peaks (its free
-bytes: what it holds allocated is counted already). The CUDA-graph rows run with the setting off: a
+captures nothing more (at most SETTLE steps past --warmup). The graphs' temporaries are held
+throughout: their arena is a tensor, in the row's peaks already; what of the pool is allocated at no
+moment between replays (temporaries that did not fit the arena) is added to them. The row's pass
+graphs' MiB are the two together. The CUDA-graph rows run with the setting off: a
 whole-step capture records the passes as they run, and the pass graphs' warm-up path would only add
 its copies to the row's peak. --pass-graph-mb N captures only the layers whose passes take at most N MiB
-of temporaries (the pass_graph_mb setting; files *_pass_graphs_Nmb): a smaller pool, more host time.
+of temporaries (the pass_graph_mb setting; files *_pass_graphs_Nmb): a smaller arena, more host time.
 Both flags decide for the converted rows: MINITORCH_PASS_GRAPHS and MINITORCH_PASS_GRAPH_MB in the
 environment are overridden there (the header's settings list what the environment had).
 
@@ -178,9 +179,10 @@ def timed_row(step, args, peak_from, leftover):
     step on a drained GPU (where it nears the step's time, the row is host-bound); the peaks over all
     (and over `peak_from`), less `leftover` (what earlier rows left allocated), plus the part of the
     converted layers' pass-graph pool that is not allocated between replays (pass_graph_stats'
-    pool_free_bytes: their temporaries, reserved at every moment; the pool's allocated blocks, such
-    as a cuBLAS workspace made in a capture, are in the allocated peak already). peak_from and
-    leftover are (allocated, requested) byte pairs, as held() gives them."""
+    pool_free_bytes: temporaries that did not fit the arena, reserved at every moment; the pool's
+    allocated blocks, such as a cuBLAS workspace made in a capture, and the arena, a tensor, are in
+    the allocated peak already). The pass graphs' MiB reported: the arena and that free part.
+    peak_from and leftover are (allocated, requested) byte pairs, as held() gives them."""
     import torch
 
     from minitorch_fft.pytorch import pass_graph_stats
@@ -200,10 +202,11 @@ def timed_row(step, args, peak_from, leftover):
             step()
     steady = median_ms(burst, "torch", 0, max(3, args.repeat // BURST)) / BURST
     issue = median_ms(step, "cpu", 0, args.repeat, before=torch.cuda.synchronize)
-    pool = pass_graph_stats()["pool_free_bytes"]
+    stats = pass_graph_stats()
+    pool = stats["pool_free_bytes"]
     peak, requested = (max(now, before) - left + pool
                        for now, before, left in zip(peak_held(torch), peak_from, leftover))
-    return ms, steady, issue, peak / 2**20, requested / 2**20, pool / 2**20
+    return ms, steady, issue, peak / 2**20, requested / 2**20, (pool + stats["arena_bytes"]) / 2**20
 
 
 def _warming(stats):

@@ -55,11 +55,14 @@ Pass graphs (the pass_graphs setting, MINITORCH_PASS_GRAPHS=1; off by default): 
 forward and its backward each replay as one CUDA graph once their operands and results come back to
 the addresses they had (a training loop's caching allocator repeats them), instead of ~80-350 us of
 Python a call. The results stay new tensors of the caching allocator's; the passes' temporaries live
-in a pool the graphs share, held while they live (pass_graph_stats(), release_pass_graphs()); each
-layer's passes then share spectra among themselves only, and each result is copied once on the
-device into the tensor returned (the boundary is no longer copy-free). The pool is as large as the largest graphed
-layer's temporaries and more (converted AlexNet b128: 486 MiB, conv1's fprop; benchmarks/NOTES.md,
-session 48), held beside the step's peak, where eagerly they come and go: hence off by default. The
+in an arena the graphs share (one tensor, sized to the largest layer's temporaries as counted in its
+eager calls; what does not fit it comes from a pool), held while they live (pass_graph_stats(),
+release_pass_graphs()); each layer's passes then share spectra among themselves only, and each
+result is copied once on the device into the tensor returned, but on cuDNN's NHWC plans and the 1x1
+GEMM route, which write it there (elsewhere the boundary is no longer copy-free). The arena is as
+large as the largest layer's temporaries (converted AlexNet b128: 443 MiB, conv1's fprop;
+benchmarks/NOTES.md, sessions 48-50), held beside the step's peak, where eagerly they come and go:
+hence off by default, and pass_graph_mb leaves the layers that take more eager. The
 section "a layer's passes as one CUDA graph" below has the details.
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
@@ -85,6 +88,7 @@ the stock model's 1499; a step 9.0 against 9.6 ms measured alone, 9.82 against 9
 bench_pytorch's run). A view is held only until its last pass (accGrad takes x last, bprop gy and w). Keep
 the block outside a torch.compile'd function (Dynamo does not trace it).
 """
+import bisect
 import collections
 import contextlib
 import functools
@@ -227,7 +231,50 @@ class _Temporaries:
         self.live -= self.sizes.pop(p, 0)
 
 
+class _Arena:
+    """One block of device memory (`tensor`: a uint8 tensor of PyTorch's caching allocator, on the
+    stream the graphs replay on) that the CuPy allocations of the pass-graph captures on one stream
+    are cut from, first fit, in multiples of 512 bytes (PyTorch's own alignment). The graphs replay
+    one at a time on that stream and none holds anything past its end, so their temporaries share it
+    as they shared the pool; cut from one block sized to the largest layer's counted temporaries,
+    they do not fragment across the pool's segments (~2x the largest, benchmarks/NOTES.md, session
+    49). take() answers None where no hole fits: that allocation comes from the pool."""
+    ALIGN = 512
+    __slots__ = ("tensor", "base", "size", "holes", "taken")
+
+    def __init__(self, base, size, tensor=None):
+        self.tensor, self.base, self.size = tensor, base, size
+        self.holes = [(base, size)]   # free (address, bytes), by address; no two adjacent
+        self.taken = {}               # address -> bytes, of the allocations cut and not given back
+
+    def take(self, size):
+        """The address of `size` bytes (rounded up to ALIGN) at the first hole they fit, or None."""
+        size = max(1, -(-size // self.ALIGN)) * self.ALIGN
+        for i, (p, n) in enumerate(self.holes):
+            if n >= size:
+                if n == size:
+                    del self.holes[i]
+                else:
+                    self.holes[i] = (p + size, n - size)
+                self.taken[p] = size
+                return p
+        return None
+
+    def give(self, p):
+        """The allocation at p back to the holes, merged with its neighbours."""
+        size = self.taken.pop(p)
+        i = bisect.bisect_left(self.holes, (p, 0))
+        if i < len(self.holes) and self.holes[i][0] == p + size:
+            size += self.holes.pop(i)[1]
+        if i and sum(self.holes[i - 1]) == p:
+            self.holes[i - 1] = (self.holes[i - 1][0], self.holes[i - 1][1] + size)
+        else:
+            self.holes.insert(i, (p, size))
+
+
 _measuring = None     # a _Temporaries while _graphed runs a key's eager calls, else None
+_arena = None         # (capture stream pointer, _Arena) while _capture captures, else None
+_arena_of = {}        # address -> the _Arena it was cut from, until given back
 _cupy = None
 _graph_handles = {}   # device index -> None (captures borrow PyTorch's handle) or cgemm.GraphHandle:
                       # set at the device's first eager pass
@@ -257,6 +304,12 @@ class _Stream:
         delete = torch._C._cuda_cudaCachingAllocator_raw_delete    # (pointer): device and stream recorded
 
         def malloc(size, device_id):
+            arena = _arena   # read once, as _measuring below (not set while _measuring is)
+            if arena is not None and arena[0] == ptr:
+                p = arena[1].take(size)
+                if p is not None:
+                    _arena_of[p] = arena[1]
+                    return p
             p = alloc(size, ptr)
             measuring = _measuring   # read once: another thread may end its count meanwhile
             if measuring is not None:
@@ -264,6 +317,11 @@ class _Stream:
             return p
 
         def free(p, device_id):
+            if _arena_of:
+                arena = _arena_of.pop(p, None)
+                if arena is not None:
+                    arena.give(p)
+                    return
             measuring = _measuring
             if measuring is not None:
                 measuring.gave(p)
@@ -646,22 +704,26 @@ def _check_float32(what, a, b):
 #   those addresses, so the next layer's operands sit where they will sit once this one replays.
 # - The results are written into those tensors where the route takes an output (cuDNN's NHWC plans,
 #   the prepared 1x1 GEMM), else copied there at the end.
-# - The passes' temporaries (workspaces, spectra, the copied results before their copy) come
-#   from a private memory pool per device and stream (a new one after a failed capture), which the
-#   pass graphs captured there share: the graphs replay one at a time on that stream, and none holds
-#   anything past its end. Its bytes are held while graphs live (pass_graph_stats()["pool_bytes"];
-#   release_pass_graphs()). A capture that fails leaves its pool unusable (PyTorch still counts it
+# - The passes' temporaries (workspaces, spectra, the copied results before their copy) are cut
+#   from an arena per device and stream (_Arena: one tensor, first fit), which the pass graphs
+#   captured there share: the graphs replay one at a time on that stream, and none holds anything
+#   past its end. It is sized to the largest layer's temporaries counted on the device, and 1/16
+#   more (_arena_for; a new one where a later count outgrows it). What does not fit it, and what
+#   PyTorch allocates in a capture (a cuBLAS workspace), comes from a private memory pool per device
+#   and stream (a new one after a failed capture), shared the same way. Both are held while graphs
+#   live (pass_graph_stats()["arena_bytes"] and ["pool_bytes"]; release_pass_graphs()). A capture that fails leaves its pool unusable (PyTorch still counts it
 #   as being captured into; where PyTorch's capture_end raises before it ends allocating to the
 #   pool, that pool stays reserved for the process), and a pool whose graphs are all gone may not be
 #   captured into again: a fresh pool serves the next capture.
-# - The pool is about the largest captured crossing's temporaries (benchmarks/NOTES.md, session 48:
-#   conv1's fprop, 486 MiB, on converted AlexNet b128), held beside the step's own peak.
+# - The arena is about the largest crossing's temporaries (benchmarks/NOTES.md, session 48: conv1's
+#   fprop, 443 MiB, on converted AlexNet b128), held beside the step's own peak. The pool alone
+#   fragmented to ~2x it where crossings of different sizes took turns in its blocks (session 49).
 # - The pass_graph_mb setting bounds each captured crossing's temporaries, not the pool. The
 #   allocator counts a layer's temporaries in its eager calls (_Temporaries; not the layer's first
 #   call on a device, which may tune). A layer's passes whose latest count is over the bound run
-#   eagerly, whatever their operands' addresses, and graphs they had are dropped. Fragmentation (a
-#   later crossing's temporaries that do not fit the blocks already there: ~2x the largest) and
-#   PyTorch's cuBLAS workspaces for the capture stream come on top (benchmarks/NOTES.md, session 49).
+#   eagerly, whatever their operands' addresses, and graphs they had are dropped; the arena is
+#   sized among the others. What overflows the arena into the pool, and PyTorch's cuBLAS workspaces
+#   for the capture stream, come on top.
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
 #   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
 #   replay would sit in memory another graph's temporaries reuse). inputs=True and the
@@ -691,13 +753,14 @@ _temporaries = {}      # (device, backend, geometry, passes, layout, config.stat
                        # its first, not counted): the pass_graph_mb setting's measure
 _over = set()          # the kinds above found over pass_graph_mb: they run eagerly
 _capture_on = {}       # (device index, stream pointer) -> (side stream, memory pool id): where captures run
+_arenas = {}           # (device index, stream pointer) -> the _Arena its captures cut their CuPy allocations from
 _pools = set()         # (device index, memory pool id) of every pool captured into since the last release
 _graph_counts = collections.Counter()   # "eager", "captures", "replays", "failed" (pass_graph_stats)
 
 
 class _PassGraph:
     """One key's state (_graphed): its graphs by the results' addresses they write ({where: (graph,
-    what it holds alive, its pool)}), the eager calls made and their results' recent addresses,
+    what it holds alive, its pool, its arena)}), the eager calls made and their results' recent addresses,
     captures made, off (runs eagerly, self-contained: _isolated)."""
     __slots__ = ("graphs", "runs", "seen", "captures", "off")
 
@@ -720,7 +783,7 @@ def _graphed(backend, geometry, passes, nhwc, bias):
     kind = (index, backend, geometry, names, nhwc, backends.config.state())
     if kind in _over:
         return None
-    key = (stream, *kind, tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
+    key = (stream, kind, tuple((t.data_ptr(), t.shape, t.stride()) for t in operands))
     entry = _pass_graphs.pop(key, None)
     if entry is None:
         family = (backend, geometry, names)
@@ -757,7 +820,7 @@ def _graphed(backend, geometry, passes, nhwc, bias):
         if limit is not None and _temporaries[kind] > limit * 2**20:
             _over.add(kind)
             for k, e in _pass_graphs.items():   # its keys' graphs, captured before a count went over: dropped
-                if k[1:7] == kind:
+                if k[1] == kind:
                     e.off, e.graphs = True, {}
             log.info("pass graphs: %s takes %.1f MiB of temporaries, over pass_graph_mb (%g); it runs eagerly",
                      _what(backend, geometry, names), measured.peak / 2**20, limit)
@@ -813,6 +876,26 @@ def _isolated(backend, geometry, passes, nhwc, bias, outs=None):
         _views = outer
 
 
+def _arena_for(index, stream):
+    """The _Arena for a capture on this device and stream: sized to the largest temporaries counted
+    on the device (_temporaries; the layers over pass_graph_mb left out) and 1/16 more, made anew
+    where that outgrew the last one, whose graphs are then dropped (captured again at their keys'
+    next calls, into the new one); None where nothing was counted."""
+    need = max((t for kind, t in _temporaries.items() if kind[0] == index and kind not in _over), default=0)
+    arena = _arenas.get((index, stream))
+    if arena is not None and arena.size >= need:
+        return arena
+    if arena is not None:
+        for entry in _pass_graphs.values():
+            entry.graphs = {w: g for w, g in entry.graphs.items() if g[3] is not arena}
+    if not need:
+        return None
+    size = -(-(need + need // 16) // 2**21) * 2**21
+    tensor = torch.empty(size, dtype=torch.uint8, device=f"cuda:{index}")
+    arena = _arenas[index, stream] = _Arena(tensor.data_ptr(), size, tensor)
+    return arena
+
+
 def _pool_live(pool, entries):
     """Whether a graph of `entries` (_PassGraph) was captured into `pool`: PyTorch may let a pool whose
     graphs are all gone go, and it must not be captured into again."""
@@ -820,8 +903,11 @@ def _pool_live(pool, entries):
 
 
 def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
-    """(graph, what it holds, its pool) of the crossing writing its results into outs, captured on a
-    side stream of this stream's into their shared pool (nothing runs: the caller replays it)."""
+    """(graph, what it holds, its pool, its arena) of the crossing writing its results into outs,
+    captured on a side stream of this stream's, its CuPy allocations cut from the stream's arena
+    (_arena_for) and the rest from the graphs' shared pool (nothing runs: the caller replays it)."""
+    global _arena
+    arena = _arena_for(index, stream)   # first: a new arena drops the old one's graphs, perhaps a pool's last
     side, pool = _capture_on.get((index, stream), (None, None))
     if side is None or not _pool_live(pool, _pass_graphs.values()):
         # the first capture here, or every graph of the pool is gone (PyTorch may have let it go): a new one
@@ -831,14 +917,17 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
     side.wait_stream(torch.cuda.current_stream(index))
     with cufft_buffers.keeping_retired() as retired, torch.cuda.stream(side):
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        _arena = None if arena is None else (side.cuda_stream, arena)
         try:
             _into(outs, _isolated(backend, geometry, passes, nhwc, bias, outs))
         except BaseException:
             with contextlib.suppress(Exception):
                 graph.capture_end()
             raise
+        finally:
+            _arena = None
         graph.capture_end()
-    return graph, (*cufft_buffers.held_on_device(), *retired, *backends.cudnn._built.values()), pool
+    return graph, (*cufft_buffers.held_on_device(), *retired, *backends.cudnn._built.values()), pool, arena
 
 
 def pass_graph_stats():
@@ -847,8 +936,10 @@ def pass_graph_stats():
     moved), "over": layers' passes (a device, backend, geometry, passes, layout and settings) found
     over pass_graph_mb, which run eagerly, "graphs": graphs alive, "pool_bytes": the bytes the pools
     captured into since the last release reserve on the GPU, "pool_free_bytes": those of them not
-    allocated between replays (the graphs' temporaries: torch.cuda.memory_allocated() counts the
-    rest, e.g. a cuBLAS workspace made in a capture)}."""
+    allocated between replays (temporaries that did not fit the arena: torch.cuda.memory_allocated()
+    counts the rest, e.g. a cuBLAS workspace made in a capture), "arena_bytes": the arenas' bytes the
+    captures cut their CuPy allocations from (the graphs' temporaries; allocated, so counted by
+    torch.cuda.memory_allocated())}."""
     pool_bytes = pool_free = 0
     if _pools:
         pools = {pool for _, pool in _pools}
@@ -858,7 +949,7 @@ def pass_graph_stats():
                 pool_free += seg["total_size"] - seg["allocated_size"]
     return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed")}, "over": len(_over),
             "graphs": sum(len(e.graphs) for e in _pass_graphs.values()), "pool_bytes": pool_bytes,
-            "pool_free_bytes": pool_free}
+            "pool_free_bytes": pool_free, "arena_bytes": sum(a.size for a in _arenas.values())}
 
 
 def release_pass_graphs():
@@ -875,6 +966,7 @@ def release_pass_graphs():
     _temporaries.clear()
     _over.clear()
     _capture_on.clear()
+    _arenas.clear()   # an arena whose allocation a buffer still holds lives until that is given back
     _pools.clear()
     _graph_counts.clear()
 

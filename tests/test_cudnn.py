@@ -241,6 +241,11 @@ def _nhwc(cp, a):
     return cp.ascontiguousarray(cp.asarray(a).transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
 
 
+def _laid_out(cp, layout):
+    """A function giving an array's values as a CuPy array laid out as `layout` ("nchw" or "nhwc")."""
+    return (lambda a: _nhwc(cp, a)) if layout == "nhwc" else cp.asarray
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("search", ["on", "off"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
@@ -258,7 +263,7 @@ def test_fprop_with_a_bias(xs, ws, stride, pad, tf32, layout, search, settings, 
     b = (rng.standard_normal(ws[0]) * 3).astype(f32)
     g = backends.geometry(xs, ws, stride, pad)
     y64 = conv_reference(x, w, np.zeros((g.S, g.fo, g.oh, g.ow)), stride, pad)[0] + b.astype(np.float64)[:, None, None]
-    lay = (lambda a: _nhwc(cp, a)) if layout == "nhwc" else cp.asarray
+    lay = _laid_out(cp, layout)
     tol = cgemm.TF32_TOL if tf32 else cudnn.CHECK_TOL
     for _ in range(2):
         y = cudnn.fprop(lay(x), lay(w), stride, pad, layout=layout, bias=cp.asarray(b))
@@ -288,7 +293,7 @@ def test_passes_write_into_an_out_array_or_refuse_it(layout, settings, tmp_path)
     x, w = rng.standard_normal(xs).astype(f32), rng.standard_normal(ws).astype(f32)
     g = backends.geometry(xs, ws, stride, pad)
     gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow)).astype(f32)
-    lay = (lambda a: _nhwc(cp, a)) if layout == "nhwc" else cp.asarray
+    lay = _laid_out(cp, layout)
     refs = conv_reference(x, w, gy, stride, pad)
     calls = {"fprop": lambda out: cudnn.fprop(lay(x), lay(w), stride, pad, layout=layout, out=out),
              "bprop": lambda out: cudnn.bprop(lay(gy), lay(w), xs, stride, pad, layout=layout, out=out),

@@ -14,7 +14,7 @@ from test_pytorch import assert_matches, float64_layer
 
 STEPS = 8   # eager (tuning), eager, captured, then replays (a key whose results move once captures again)
 ZERO = {"eager": 0, "captures": 0, "replays": 0, "failed": 0, "over": 0, "graphs": 0, "pool_bytes": 0,
-        "pool_free_bytes": 0}
+        "pool_free_bytes": 0, "arena_bytes": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -212,7 +212,7 @@ def test_pass_graph_mb_leaves_the_layers_over_it_eager(settings):
     train()
     s = stats()
     assert s["over"] == len(took) - len(under) and s["failed"] == 0, (s, took, limit)
-    assert {key[2:6] for key, entry in pt._pass_graphs.items() if entry.graphs} == under, (took, limit)
+    assert {key[1][1:5] for key, entry in pt._pass_graphs.items() if entry.graphs} == under, (took, limit)
     assert s["replays"] >= len(under) * (STEPS - 4), s
 
 
@@ -258,6 +258,108 @@ def test_channels_last_routes_write_the_results_in_place(backend, k, first, monk
     assert len(written) > 4 and all(all(w) for w in written[first:]), written
 
 
+@pytest.mark.gpu
+def test_a_layer_found_over_after_its_capture_drops_its_graphs(settings, monkeypatch):
+    """A layer's forward captured under the bound, then counted over it in a later eager call (its
+    result held, so the next comes out elsewhere): the forward's graphs are dropped and it runs
+    eagerly from then on, correctly, while its backward still replays."""
+    settings(pass_graph_mb=1024)
+    conv = layer("auto")
+    x = torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True)
+    steps(conv, x)
+    assert stats()["graphs"] >= 2 and stats()["over"] == 0, stats()
+
+    class Huge(pt._Temporaries):
+        def took(self, p, size):
+            super().took(p, size + 2**31)
+    monkeypatch.setattr(pt, "_Temporaries", Huge)
+    with torch.no_grad():
+        kept = [conv(fill(x, i)) for i in range(3)]   # held: a replay, then results elsewhere, counted
+    monkeypatch.setattr(pt, "_Temporaries", Huge.__mro__[1])
+    forward = {key for key in pt._pass_graphs if key[1][3][0][0] == "fprop"}
+    assert stats()["over"] == 1 and forward, stats()
+    assert all(pt._pass_graphs[key].off and not pt._pass_graphs[key].graphs for key in forward)
+    _, refs = float64_layer(x, conv.weight, conv.bias, conv.stride, conv.padding)
+    assert_matches(kept[-1:], refs[:1])
+    replays = stats()["replays"]
+    steps(conv, x, n=3)
+    assert stats()["replays"] >= replays + 2 and stats()["over"] == 1, stats()   # the backward's, not the forward's
+
+
+@pytest.mark.gpu
+def test_captures_cut_their_temporaries_from_the_arena(monkeypatch):
+    """The CuPy allocations of a capture come from the stream's arena, sized to the layer's counted
+    temporaries and more: each fits (none falls to the pool), and every graph holds that arena."""
+    cut, take = [], pt._Arena.take
+    monkeypatch.setattr(pt._Arena, "take", lambda arena, size: cut.append(take(arena, size)) or cut[-1])
+    conv = layer("cufft", f=16, fo=16, k=5, padding=2)
+    x = torch.empty(8, 16, 32, 32, device="cuda", requires_grad=True)
+    steps(conv, x)
+    (arena,) = pt._arenas.values()
+    assert cut and None not in cut
+    assert stats()["arena_bytes"] == arena.size >= max(pt._temporaries.values()) > 0
+    graphs = [g for entry in pt._pass_graphs.values() for g in entry.graphs.values()]
+    assert len(graphs) >= 2 and all(g[3] is arena for g in graphs)
+
+
+@pytest.mark.gpu
+def test_an_outgrown_arena_is_replaced_and_its_graphs_captured_again():
+    """A small layer captured first (an arena its size), then a larger one counted and captured: a
+    new arena of the larger size; the small layer's graphs, made in the old one, are dropped and
+    captured again in the new one at its next calls, every result right."""
+    small, large = layer("auto"), layer("cufft", f=16, fo=16, k=5, padding=2, seed=1)
+    xs = (torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True),
+          torch.empty(8, 16, 32, 32, device="cuda", requires_grad=True))
+    steps(small, xs[0])
+    (first,) = pt._arenas.values()
+    steps(large, xs[1])
+    (second,) = pt._arenas.values()
+    assert second.size > first.size and second.size >= max(pt._temporaries.values())
+    graphs = [g for entry in pt._pass_graphs.values() for g in entry.graphs.values()]
+    assert graphs and all(g[3] is second for g in graphs)
+    captures = stats()["captures"]
+    steps(small, xs[0])
+    assert stats()["captures"] >= captures + 2 and stats()["failed"] == 0, stats()
+    assert all(g[3] is second for entry in pt._pass_graphs.values() for g in entry.graphs.values())
+
+
+def test_the_arena_cuts_first_fit_and_merges_what_is_given_back():
+    """_Arena: allocations in multiples of 512 bytes at the first hole they fit, never overlapping
+    nor past its end; None where no hole fits; given back, holes merge, so that after random takes
+    and gives, all given back, it is one hole again."""
+    import random
+    arena = pt._Arena(4096, 64 * 512)
+    a, b, c = arena.take(1), arena.take(600), arena.take(512)
+    assert (a, b, c) == (4096, 4096 + 512, 4096 + 3 * 512)
+    arena.give(b)
+    assert arena.take(1024) == b and arena.take(61 * 512) is None and arena.take(60 * 512) == 4096 + 4 * 512
+    for p in (a, b, c, 4096 + 4 * 512):
+        arena.give(p)
+    assert arena.holes == [(4096, 64 * 512)]
+    rng = random.Random(5)
+    live = set()
+    for _ in range(2000):
+        if live and rng.random() < 0.5:
+            p = rng.choice(sorted(live))
+            live.discard(p)
+            arena.give(p)
+        else:
+            size = rng.randint(1, 8 * 512)
+            p = arena.take(size)
+            if p is None:
+                assert all(n < size for _, n in arena.holes)
+                continue
+            live.add(p)
+            assert p % 512 == 0 and 4096 <= p and p + size <= 4096 + 64 * 512
+        spans = sorted([(q, arena.taken[q]) for q in live] + arena.holes)   # taken and holes tile the arena
+        assert spans[0][0] == 4096 and all(q + n == r for (q, n), (r, _) in zip(spans, spans[1:]))
+        assert sum(spans[-1]) == 4096 + 64 * 512
+        assert all(q + n < r for (q, n), (r, _) in zip(arena.holes, arena.holes[1:]))   # no two holes adjacent
+    for p in list(live):
+        arena.give(p)
+    assert arena.holes == [(4096, 64 * 512)] and not arena.taken
+
+
 def test_temporaries_count_what_is_held_at_most():
     """_Temporaries: the bytes held at their most; memory given back that was taken before counts nothing."""
     t = pt._Temporaries()
@@ -273,7 +375,7 @@ def test_a_pool_is_live_while_a_graph_of_it_is():
     """Captures reuse a pool only while one of its own graphs lives (not one of another pool on the
     same stream, which a failed capture leaves behind)."""
     entry, other = pt._PassGraph(), pt._PassGraph()
-    entry.graphs[(1,)] = ("graph", (), "pool a")
+    entry.graphs[(1,)] = ("graph", (), "pool a", None)
     assert pt._pool_live("pool a", [entry, other]) and not pt._pool_live("pool b", [entry, other])
     entry.graphs.clear()
     assert not pt._pool_live("pool a", [entry, other])

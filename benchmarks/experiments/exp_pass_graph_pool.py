@@ -5,7 +5,9 @@ only conv3-5 graphed, under a cap on the graphed layers' tensors since removed),
 eager rows' peaks were that much over their eager steps'. This runs bench_pytorch's step (forward,
 loss, backward inside reuse_spectra(), SGD) with pass graphs on until a step captures nothing, and
 reports:
-- each capture: the layer and passes, and the pool's bytes before and after it (what it added);
+- each capture: the layer and passes, and the arena's and the pool's bytes before and after it (what
+  it added: the arena is made at the first capture, and anew where a later count outgrows it; the
+  pool takes what does not fit the arena, and PyTorch's own allocations in a capture);
 - the pool's segments at the end: each one's bytes, and its blocks in use between replays (what stays
   allocated in the pool: a backend buffer or workspace made during a capture) and free;
 - the step's peak allocated bytes with the pool beside it, and the eager step's peak without graphs;
@@ -59,10 +61,10 @@ def main():
         captures, real = [], pt._capture
 
         def capture(backend, geometry, passes, *rest):
-            before = pt.pass_graph_stats()["pool_bytes"]
+            before = pt.pass_graph_stats()
             graph = real(backend, geometry, passes, *rest)
             captures.append((pt._what(backend, geometry, [(p, later) for p, _, _, later in passes]), before,
-                             pt.pass_graph_stats()["pool_bytes"]))
+                             pt.pass_graph_stats()))
             return graph
         pt._capture = capture
         try:
@@ -88,11 +90,13 @@ def main():
         segments = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id", ())) in pools]
         label = ("pass graphs" + (f", pass_graph_mb {limit:g}" if limit else "")) if graphs else "no pass graphs"
         print(f"\n== {args.net} b{args.batch} {'TF32' if args.tf32 else 'fp32'}, {label}: step peak "
-              f"{peak * mib:.0f} MiB allocated ({(peak - start) * mib:.0f} above the step's start), pool "
-              f"{stats['pool_bytes'] * mib:.0f} MiB; {stats}")
+              f"{peak * mib:.0f} MiB allocated ({(peak - start) * mib:.0f} above the step's start; the arena "
+              f"{stats['arena_bytes'] * mib:.0f} MiB of it), pool {stats['pool_bytes'] * mib:.0f} MiB; {stats}")
         for what, before, after in captures:
-            print(f"  capture {what:70s} pool {before * mib:7.1f} -> {after * mib:7.1f} MiB")
-        graphed = {key[1:7] for key, entry in pt._pass_graphs.items() if entry.graphs}   # keys' kinds
+            print(f"  capture {what:70s} arena {before['arena_bytes'] * mib:7.1f} -> "
+                  f"{after['arena_bytes'] * mib:7.1f} MiB, pool {before['pool_bytes'] * mib:7.1f} -> "
+                  f"{after['pool_bytes'] * mib:7.1f} MiB")
+        graphed = {key[1] for key, entry in pt._pass_graphs.items() if entry.graphs}   # keys' kinds
         for kind, took in sorted(pt._temporaries.items(), key=lambda item: -item[1]):   # a layer's passes
             state = "captured" if kind in graphed else "eager"
             print(f"  temporaries {took * mib:8.1f} MiB  {state:8s} {pt._what(*kind[1:4])}")
