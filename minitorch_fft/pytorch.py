@@ -216,19 +216,43 @@ class _Temporaries:
     (_Stream) while this is `_measuring`: workspaces, spectra, copies, and the results of the routes
     that do not write into the caller's tensors. Not counted: what PyTorch allocates in the crossing
     (a copy of an operand in another layout, and a capture's cuBLAS workspaces, which come from the
-    pool too). Memory freed here that was allocated before is not subtracted."""
-    __slots__ = ("sizes", "live", "peak")
+    pool too). Memory freed here that was allocated before is not subtracted. It keeps the order of
+    the allocations too, for transient(): what a capture of the same passes would take."""
+    __slots__ = ("sizes", "live", "peak", "events")
 
     def __init__(self):
-        self.sizes, self.live, self.peak = {}, 0, 0
+        self.sizes, self.live, self.peak, self.events = {}, 0, 0, []
 
     def took(self, p, size):
-        self.sizes[p] = size
+        self.sizes[p] = (size, len(self.events))
+        self.events.append(size)
         self.live += size
         self.peak = max(self.peak, self.live)
 
     def gave(self, p):
-        self.live -= self.sizes.pop(p, 0)
+        size, i = self.sizes.pop(p, (0, None))
+        if i is not None:
+            self.events.append(-1 - i)
+        self.live -= size
+
+    def transient(self):
+        """(peak, footprint) of the allocations given back before the count ended, those still held
+        left out (made once and kept: a cuFFT buffer, which a capture of the same passes finds made):
+        the bytes they held at their most, and the bytes an _Arena cutting them in their order (first
+        fit) spans, its holes included: what a capture of these passes takes of one."""
+        kept = {i for _, i in self.sizes.values()}
+        arena, at = _Arena(0, 1 << 62), {}
+        live = peak = end = 0
+        for i, event in enumerate(self.events):
+            if event < 0:
+                if -1 - event not in kept:
+                    live -= self.events[-1 - event]
+                    arena.give(at.pop(-1 - event))
+            elif i not in kept:
+                q = at[i] = arena.take(event)
+                live += event
+                peak, end = max(peak, live), max(end, q + arena.taken[q])
+        return peak, end
 
 
 class _Arena:
@@ -707,21 +731,25 @@ def _check_float32(what, a, b):
 # - The passes' temporaries (workspaces, spectra, the copied results before their copy) are cut
 #   from an arena per device and stream (_Arena: one tensor, first fit), which the pass graphs
 #   captured there share: the graphs replay one at a time on that stream, and none holds anything
-#   past its end. It is sized to the largest layer's temporaries counted on the device, and 1/16
-#   more (_arena_for; a new one where a later count outgrows it). What does not fit it, and what
-#   PyTorch allocates in a capture (a cuBLAS workspace), comes from a private memory pool per device
-#   and stream (a new one after a failed capture), shared the same way. Both are held while graphs
-#   live (pass_graph_stats()["arena_bytes"] and ["pool_bytes"]; release_pass_graphs()). A capture that fails leaves its pool unusable (PyTorch still counts it
-#   as being captured into; where PyTorch's capture_end raises before it ends allocating to the
-#   pool, that pool stays reserved for the process), and a pool whose graphs are all gone may not be
-#   captured into again: a fresh pool serves the next capture.
+#   past its end. It is sized to the largest layer's footprint counted on the device: its eager
+#   call's temporaries cut in their order by the same first fit, those it keeps (a cuFFT buffer
+#   made once, found made by the capture) left out (_Temporaries.transient, _arena_for; a new arena
+#   where a later count outgrows it). What does not fit it, and what PyTorch allocates in a capture
+#   (a cuBLAS workspace), comes from a private memory pool per device and stream (a new one after a
+#   failed capture), shared the same way. Both are held while graphs live
+#   (pass_graph_stats()["arena_bytes"] and ["pool_bytes"]; release_pass_graphs()). A capture that
+#   fails leaves its pool unusable (PyTorch still counts it as being captured into; where PyTorch's
+#   capture_end raises before it ends allocating to the pool, that pool stays reserved for the
+#   process), and a pool whose graphs are all gone may not be captured into again: a fresh pool
+#   serves the next capture.
 # - The arena is about the largest crossing's temporaries (benchmarks/NOTES.md, session 48: conv1's
-#   fprop, 443 MiB, on converted AlexNet b128), held beside the step's own peak. The pool alone
-#   fragmented to ~2x it where crossings of different sizes took turns in its blocks (session 49).
+#   fprop on converted AlexNet b128), held beside the step's own peak. The pool alone fragmented to
+#   ~2x it where crossings of different sizes took turns in its blocks (sessions 49-50).
 # - The pass_graph_mb setting bounds each captured crossing's temporaries, not the pool. The
-#   allocator counts a layer's temporaries in its eager calls (_Temporaries; not the layer's first
-#   call on a device, which may tune). A layer's passes whose latest count is over the bound run
-#   eagerly, whatever their operands' addresses, and graphs they had are dropped; the arena is
+#   allocator counts a layer's temporaries in its eager calls (_Temporaries: at their most, those the
+#   passes keep left out; not the layer's first call on a device, which may tune). A layer's passes
+#   whose latest count is over the bound run eagerly, whatever their operands' addresses, and
+#   graphs they had are dropped; the arena is
 #   sized among the others. What overflows the arena into the pool, and PyTorch's cuBLAS workspaces
 #   for the capture stream, come on top.
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
@@ -751,6 +779,8 @@ _families = collections.Counter()   # (backend, geometry, passes) -> keys made, 
 _temporaries = {}      # (device, backend, geometry, passes, layout, config.state()), a layer's passes -> the
                        # bytes of temporaries its latest eager call took, any key's (_Temporaries; 0 after
                        # its first, not counted): the pass_graph_mb setting's measure
+_footprints = {}       # the same kinds -> the bytes of an _Arena their latest eager call's temporaries span (the
+                       # arena is sized to the largest: _arena_for)
 _over = set()          # the kinds above found over pass_graph_mb: they run eagerly
 _capture_on = {}       # (device index, stream pointer) -> (side stream, memory pool id): where captures run
 _arenas = {}           # (device index, stream pointer) -> the _Arena its captures cut their CuPy allocations from
@@ -811,11 +841,11 @@ def _graphed(backend, geometry, passes, nhwc, bias):
         global _measuring
         _measuring = measured = _Temporaries()
         try:
-            results = _isolated(backend, geometry, passes, nhwc, bias, outs)
+            outs = _into(outs, _isolated(backend, geometry, passes, nhwc, bias, outs))   # results given back
         finally:
             _measuring = None
         # the layer's first eager call may have tuned (auto's candidates): 0, seen; its later ones count
-        _temporaries[kind] = measured.peak if kind in _temporaries else 0
+        _temporaries[kind], _footprints[kind] = measured.transient() if kind in _temporaries else (0, 0)
         limit = backends.config.get("pass_graph_mb")
         if limit is not None and _temporaries[kind] > limit * 2**20:
             _over.add(kind)
@@ -823,8 +853,8 @@ def _graphed(backend, geometry, passes, nhwc, bias):
                 if k[1] == kind:
                     e.off, e.graphs = True, {}
             log.info("pass graphs: %s takes %.1f MiB of temporaries, over pass_graph_mb (%g); it runs eagerly",
-                     _what(backend, geometry, names), measured.peak / 2**20, limit)
-        return _into(outs, results)
+                     _what(backend, geometry, names), _temporaries[kind] / 2**20, limit)
+        return outs
     what = _what(backend, geometry, names)
     if entry.captures >= GRAPH_CAPTURES:
         entry.off, entry.graphs = True, {}
@@ -877,11 +907,12 @@ def _isolated(backend, geometry, passes, nhwc, bias, outs=None):
 
 
 def _arena_for(index, stream):
-    """The _Arena for a capture on this device and stream: sized to the largest temporaries counted
-    on the device (_temporaries; the layers over pass_graph_mb left out) and 1/16 more, made anew
-    where that outgrew the last one, whose graphs are then dropped (captured again at their keys'
-    next calls, into the new one); None where nothing was counted."""
-    need = max((t for kind, t in _temporaries.items() if kind[0] == index and kind not in _over), default=0)
+    """The _Arena for a capture on this device and stream: sized to the largest footprint counted on
+    the device (_footprints: a layer's temporaries cut in their order, first fit, as a capture of its
+    passes cuts them; the layers over pass_graph_mb left out), made anew where that outgrew the last
+    one, whose graphs are then dropped (captured again at their keys' next calls, into the new one);
+    None where nothing was counted."""
+    need = max((t for kind, t in _footprints.items() if kind[0] == index and kind not in _over), default=0)
     arena = _arenas.get((index, stream))
     if arena is not None and arena.size >= need:
         return arena
@@ -890,7 +921,7 @@ def _arena_for(index, stream):
             entry.graphs = {w: g for w, g in entry.graphs.items() if g[3] is not arena}
     if not need:
         return None
-    size = -(-(need + need // 16) // 2**21) * 2**21
+    size = -(-need // 2**21) * 2**21
     tensor = torch.empty(size, dtype=torch.uint8, device=f"cuda:{index}")
     arena = _arenas[index, stream] = _Arena(tensor.data_ptr(), size, tensor)
     return arena
@@ -964,6 +995,7 @@ def release_pass_graphs():
     _pass_graphs.clear()
     _families.clear()
     _temporaries.clear()
+    _footprints.clear()
     _over.clear()
     _capture_on.clear()
     _arenas.clear()   # an arena whose allocation a buffer still holds lives until that is given back
