@@ -242,17 +242,17 @@ class _Temporaries:
         fit) spans, its holes included: what a capture of these passes takes of one."""
         kept = {i for _, i in self.sizes.values()}
         arena, at = _Arena(0, 1 << 62), {}
-        live = peak = end = 0
+        live = peak = 0
         for i, event in enumerate(self.events):
             if event < 0:
                 if -1 - event not in kept:
                     live -= self.events[-1 - event]
                     arena.give(at.pop(-1 - event))
             elif i not in kept:
-                q = at[i] = arena.take(event)
+                at[i] = arena.take(event)
                 live += event
-                peak, end = max(peak, live), max(end, q + arena.taken[q])
-        return peak, end
+                peak = max(peak, live)
+        return peak, arena.high
 
 
 class _Arena:
@@ -264,12 +264,13 @@ class _Arena:
     they do not fragment across the pool's segments (~2x the largest, benchmarks/NOTES.md, session
     49). take() answers None where no hole fits: that allocation comes from the pool."""
     ALIGN = 512
-    __slots__ = ("tensor", "base", "size", "holes", "taken")
+    __slots__ = ("tensor", "base", "size", "holes", "taken", "high")
 
     def __init__(self, base, size, tensor=None):
         self.tensor, self.base, self.size = tensor, base, size
         self.holes = [(base, size)]   # free (address, bytes), by address; no two adjacent
         self.taken = {}               # address -> bytes, of the allocations cut and not given back
+        self.high = 0                 # the most bytes from base any allocation reached (what was used)
 
     def take(self, size):
         """The address of `size` bytes (rounded up to ALIGN) at the first hole they fit, or None."""
@@ -281,6 +282,7 @@ class _Arena:
                 else:
                     self.holes[i] = (p + size, n - size)
                 self.taken[p] = size
+                self.high = max(self.high, p + size - self.base)
                 return p
         return None
 

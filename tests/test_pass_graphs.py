@@ -331,9 +331,10 @@ def test_the_arena_cuts_first_fit_and_merges_what_is_given_back():
     import random
     arena = pt._Arena(4096, 64 * 512)
     a, b, c = arena.take(1), arena.take(600), arena.take(512)
-    assert (a, b, c) == (4096, 4096 + 512, 4096 + 3 * 512)
+    assert (a, b, c) == (4096, 4096 + 512, 4096 + 3 * 512) and arena.high == 4 * 512   # the most bytes reached
     arena.give(b)
     assert arena.take(1024) == b and arena.take(61 * 512) is None and arena.take(60 * 512) == 4096 + 4 * 512
+    assert arena.high == 64 * 512
     for p in (a, b, c, 4096 + 4 * 512):
         arena.give(p)
     assert arena.holes == [(4096, 64 * 512)]
