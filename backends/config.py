@@ -66,10 +66,10 @@ SETTINGS = {s.name: s for s in (
             "cudnn's workspace: cuDNN plans needing more are not used", True),
     Setting("pass_graphs", "MINITORCH_PASS_GRAPHS", "bool", False,
             "the PyTorch adapter replays a layer's passes as one CUDA graph once their addresses repeat "
-            "(1: less host time, a pool of their temporaries held)", False),
+            "(1: less host time, an arena of their temporaries held)", False),
     Setting("pass_graph_mb", "MINITORCH_PASS_GRAPH_MB", "mib", None,
             "pass graphs: a layer's passes are captured only where their eager calls' temporaries peak at most "
-            "this, the others run eagerly (unset: every layer's); the pool can be ~2x the largest captured", False),
+            "this, the others run eagerly (unset: every layer's); the arena held is the largest layer's under the bound", False),
     Setting("auto_tune", "MINITORCH_AUTO_TUNE", "tune", "auto",
             "auto times the backends: auto = on the GPU only, on, off (first supported backend)", True),
     Setting("auto_margin", "MINITORCH_AUTO_MARGIN", "fraction", 0.03,
