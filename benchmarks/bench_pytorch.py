@@ -174,15 +174,15 @@ def peak_held(torch):
 
 def timed_row(step, args, peak_from, leftover):
     """(median ms of single steps, median ms a step back to back, median issue ms, peak MiB,
-    requested peak MiB, pass-graph pool MiB) of step() after warm-up: the second over bursts of
-    BURST steps with no wait between them (module docstring), the third the host's time to issue one
-    step on a drained GPU (where it nears the step's time, the row is host-bound); the peaks over all
-    (and over `peak_from`), less `leftover` (what earlier rows left allocated), plus the part of the
-    converted layers' pass-graph pool that is not allocated between replays (pass_graph_stats'
-    pool_free_bytes: temporaries that did not fit the arena, reserved at every moment; the pool's
-    allocated blocks, such as a cuBLAS workspace made in a capture, and the arena, a tensor, are in
-    the allocated peak already). The pass graphs' MiB reported: the arena and that free part.
-    peak_from and leftover are (allocated, requested) byte pairs, as held() gives them."""
+    requested peak MiB, pass graphs' MiB: arena and pool's free bytes) of step() after warm-up: the
+    second over bursts of BURST steps with no wait between them (module docstring), the third the
+    host's time to issue one step on a drained GPU (where it nears the step's time, the row is
+    host-bound); the peaks over all (and over `peak_from`), less `leftover` (what earlier rows left
+    allocated), plus the part of the converted layers' pass-graph pool that is not allocated between
+    replays (pass_graph_stats' pool_free_bytes: temporaries that did not fit the arena, reserved at
+    every moment; the pool's allocated blocks, such as a cuBLAS workspace made in a capture, and the
+    arena, a tensor, are in the allocated peak already). peak_from and leftover are (allocated,
+    requested) byte pairs, as held() gives them."""
     import torch
 
     from minitorch_fft.pytorch import pass_graph_stats
@@ -216,7 +216,8 @@ def _warming(stats):
 
 def timed_fields(mode, timed, batch):
     """A row's fields from timed_row's (ms, back to back ms, issue ms, peak MiB, requested peak MiB,
-    pass-graph pool MiB), in `mode`, with the pass graphs' counts so far (pass_graph_stats)."""
+    pass graphs' MiB: arena and pool's free bytes), in `mode`, with the pass graphs' counts so far
+    (pass_graph_stats)."""
     from minitorch_fft.pytorch import pass_graph_stats
     ms, steady, issue, peak, requested, pool = timed
     stats = pass_graph_stats()

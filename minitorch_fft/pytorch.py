@@ -60,7 +60,7 @@ eager calls; what does not fit it comes from a pool), held while they live (pass
 release_pass_graphs()); each layer's passes then share spectra among themselves only, and each
 result is copied once on the device into the tensor returned, but on cuDNN's NHWC plans and the 1x1
 GEMM route, which write it there (elsewhere the boundary is no longer copy-free). The arena is as
-large as the largest layer's temporaries (converted AlexNet b128: 443 MiB, conv1's fprop;
+large as the largest layer's temporaries (converted AlexNet b128: 444 MiB, conv1's fprop;
 benchmarks/NOTES.md, sessions 48-50), held beside the step's peak, where eagerly they come and go:
 hence off by default, and pass_graph_mb leaves the layers that take more eager. The
 section "a layer's passes as one CUDA graph" below has the details.
@@ -93,6 +93,7 @@ import collections
 import contextlib
 import functools
 import logging
+import threading
 import warnings
 from typing import Optional, Sequence
 
@@ -216,7 +217,7 @@ class _Temporaries:
     (_Stream) while this is `_measuring`: workspaces, spectra, copies, and the results of the routes
     that do not write into the caller's tensors. Not counted: what PyTorch allocates in the crossing
     (a copy of an operand in another layout, and a capture's cuBLAS workspaces, which come from the
-    pool too). Memory freed here that was allocated before is not subtracted. It keeps the order of
+    graphs' pool, not their arena). Memory freed here that was allocated before is not subtracted. It keeps the order of
     the allocations too, for transient(): what a capture of the same passes would take."""
     __slots__ = ("sizes", "live", "peak", "events")
 
@@ -244,10 +245,9 @@ class _Temporaries:
         arena, at = _Arena(0, 1 << 62), {}
         live = peak = 0
         for i, event in enumerate(self.events):
-            if event < 0:
-                if -1 - event not in kept:
-                    live -= self.events[-1 - event]
-                    arena.give(at.pop(-1 - event))
+            if event < 0:   # a take given back, so not kept
+                live -= self.events[-1 - event]
+                arena.give(at.pop(-1 - event))
             elif i not in kept:
                 at[i] = arena.take(event)
                 live += event
@@ -260,47 +260,70 @@ class _Arena:
     stream the graphs replay on) that the CuPy allocations of the pass-graph captures on one stream
     are cut from, first fit, in multiples of 512 bytes (PyTorch's own alignment). The graphs replay
     one at a time on that stream and none holds anything past its end, so their temporaries share it
-    as they shared the pool; cut from one block sized to the largest layer's counted temporaries,
+    as they shared the pool; cut from one block sized to the largest layer's footprint (_arena_for),
     they do not fragment across the pool's segments (~2x the largest, benchmarks/NOTES.md, session
-    49). take() answers None where no hole fits: that allocation comes from the pool."""
+    49). take() answers None where no hole fits: that allocation comes from the pool.
+
+    The allocator's free calls give() whenever CuPy lets go of a block, which may be inside take()
+    or give() themselves (the garbage collector runs there) or on another thread: a give() that
+    finds the arena busy is queued and done by whichever call holds it, so the holes are only ever
+    changed by one call at a time."""
     ALIGN = 512
-    __slots__ = ("tensor", "base", "size", "holes", "taken", "high")
+    __slots__ = ("tensor", "base", "size", "holes", "taken", "high", "lock", "queued")
 
     def __init__(self, base, size, tensor=None):
         self.tensor, self.base, self.size = tensor, base, size
         self.holes = [(base, size)]   # free (address, bytes), by address; no two adjacent
         self.taken = {}               # address -> bytes, of the allocations cut and not given back
         self.high = 0                 # the most bytes from base any allocation reached (what was used)
+        self.lock = threading.Lock()
+        self.queued = []              # addresses given back while the arena was busy
 
     def take(self, size):
         """The address of `size` bytes (rounded up to ALIGN) at the first hole they fit, or None."""
         size = max(1, -(-size // self.ALIGN)) * self.ALIGN
-        for i, (p, n) in enumerate(self.holes):
-            if n >= size:
-                if n == size:
-                    del self.holes[i]
-                else:
-                    self.holes[i] = (p + size, n - size)
-                self.taken[p] = size
-                self.high = max(self.high, p + size - self.base)
-                return p
-        return None
+        with self.lock:
+            self._given_queued()
+            for i, (p, n) in enumerate(self.holes):
+                if n >= size:
+                    if n == size:
+                        del self.holes[i]
+                    else:
+                        self.holes[i] = (p + size, n - size)
+                    self.taken[p] = size
+                    self.high = max(self.high, p + size - self.base)
+                    self._given_queued()
+                    return p
+            self._given_queued()
+            return None
 
     def give(self, p):
-        """The allocation at p back to the holes, merged with its neighbours."""
-        size = self.taken.pop(p)
-        i = bisect.bisect_left(self.holes, (p, 0))
-        if i < len(self.holes) and self.holes[i][0] == p + size:
-            size += self.holes.pop(i)[1]
-        if i and sum(self.holes[i - 1]) == p:
-            self.holes[i - 1] = (self.holes[i - 1][0], self.holes[i - 1][1] + size)
-        else:
-            self.holes.insert(i, (p, size))
+        """The allocation at p back to the holes, merged with its neighbours (queued where busy)."""
+        if not self.lock.acquire(blocking=False):
+            self.queued.append(p)   # list.append is atomic: the call holding the arena takes it
+            return
+        try:
+            self.queued.append(p)
+            self._given_queued()
+        finally:
+            self.lock.release()
+
+    def _given_queued(self):
+        while self.queued:
+            p = self.queued.pop()
+            size = self.taken.pop(p)
+            i = bisect.bisect_left(self.holes, (p, 0))
+            if i < len(self.holes) and self.holes[i][0] == p + size:
+                size += self.holes.pop(i)[1]
+            if i and sum(self.holes[i - 1]) == p:
+                self.holes[i - 1] = (self.holes[i - 1][0], self.holes[i - 1][1] + size)
+            else:
+                self.holes.insert(i, (p, size))
 
 
 _measuring = None     # a _Temporaries while _graphed runs a key's eager calls, else None
-_arena = None         # (capture stream pointer, _Arena) while _capture captures, else None
-_arena_of = {}        # address -> the _Arena it was cut from, until given back
+_capturing = {}       # capture stream pointer -> the _Arena its CuPy allocations are cut from, while _capture captures
+_arena_of = {}        # address -> the _Arena it was cut from, until given back (a block kept keeps its arena)
 _cupy = None
 _graph_handles = {}   # device index -> None (captures borrow PyTorch's handle) or cgemm.GraphHandle:
                       # set at the device's first eager pass
@@ -312,7 +335,8 @@ class _Stream:
     """What a pass on one PyTorch stream needs from CuPy, made once per stream: CuPy's device,
     the stream as CuPy's ExternalStream, and an allocator that takes memory from PyTorch's
     caching allocator on that stream (so it counts in torch.cuda.max_memory_allocated, and a
-    capture gets it from the graph's pool: a cudaMalloc inside a capture is an error).
+    capture gets it from the graph's pool: a cudaMalloc inside a capture is an error), or, while a
+    pass graph is captured on the stream, cuts it from that capture's arena (_capturing, _Arena).
 
     The allocator calls the caching allocator's raw functions, not torch.cuda.caching_allocator_alloc:
     that wrapper enters a device guard (Python) on every allocation, and a pass makes 4-6 of them.
@@ -330,12 +354,13 @@ class _Stream:
         delete = torch._C._cuda_cudaCachingAllocator_raw_delete    # (pointer): device and stream recorded
 
         def malloc(size, device_id):
-            arena = _arena   # read once, as _measuring below (not set while _measuring is)
-            if arena is not None and arena[0] == ptr:
-                p = arena[1].take(size)
-                if p is not None:
-                    _arena_of[p] = arena[1]
-                    return p
+            if _capturing:
+                arena = _capturing.get(ptr)
+                if arena is not None:
+                    p = arena.take(size)
+                    if p is not None:
+                        _arena_of[p] = arena
+                        return p
             p = alloc(size, ptr)
             measuring = _measuring   # read once: another thread may end its count meanwhile
             if measuring is not None:
@@ -747,13 +772,13 @@ def _check_float32(what, a, b):
 # - The arena is about the largest crossing's temporaries (benchmarks/NOTES.md, session 48: conv1's
 #   fprop on converted AlexNet b128), held beside the step's own peak. The pool alone fragmented to
 #   ~2x it where crossings of different sizes took turns in its blocks (sessions 49-50).
-# - The pass_graph_mb setting bounds each captured crossing's temporaries, not the pool. The
+# - The pass_graph_mb setting bounds each captured crossing's temporaries, not the arena. The
 #   allocator counts a layer's temporaries in its eager calls (_Temporaries: at their most, those the
 #   passes keep left out; not the layer's first call on a device, which may tune). A layer's passes
 #   whose latest count is over the bound run eagerly, whatever their operands' addresses, and
-#   graphs they had are dropped; the arena is
-#   sized among the others. What overflows the arena into the pool, and PyTorch's cuBLAS workspaces
-#   for the capture stream, come on top.
+#   graphs they had are dropped; the arena is sized among the others' footprints (which can exceed
+#   the bound a little: holes, and 512-byte blocks). What overflows the arena into the pool, and
+#   PyTorch's cuBLAS workspaces for the capture stream, come on top.
 # - Each crossing is self-contained: its own reuse_spectra() block (accGrad's gradOutput spectrum
 #   serves bprop in it) and nothing kept from or for another crossing (a spectrum kept across a
 #   replay would sit in memory another graph's temporaries reuse). inputs=True and the
@@ -779,8 +804,9 @@ GRAPH_NEW_KEYS = 32    # keys of one backend, geometry and passes made beyond th
 _pass_graphs = {}      # key -> _PassGraph, least recent first
 _families = collections.Counter()   # (backend, geometry, passes) -> keys made, less 8 per capture
 _temporaries = {}      # (device, backend, geometry, passes, layout, config.state()), a layer's passes -> the
-                       # bytes of temporaries its latest eager call took, any key's (_Temporaries; 0 after
-                       # its first, not counted): the pass_graph_mb setting's measure
+                       # bytes of temporaries its latest eager call took at their most, any key's, those it
+                       # kept left out (_Temporaries.transient; 0 after its first, not counted): the
+                       # pass_graph_mb setting's measure
 _footprints = {}       # the same kinds -> the bytes of an _Arena their latest eager call's temporaries span (the
                        # arena is sized to the largest: _arena_for)
 _over = set()          # the kinds above found over pass_graph_mb: they run eagerly
@@ -911,20 +937,29 @@ def _isolated(backend, geometry, passes, nhwc, bias, outs=None):
 def _arena_for(index, stream):
     """The _Arena for a capture on this device and stream: sized to the largest footprint counted on
     the device (_footprints: a layer's temporaries cut in their order, first fit, as a capture of its
-    passes cuts them; the layers over pass_graph_mb left out), made anew where that outgrew the last
-    one, whose graphs are then dropped (captured again at their keys' next calls, into the new one);
-    None where nothing was counted."""
+    passes cuts them; the layers over pass_graph_mb left out, and not only the layers captured so
+    far: a layer's later capture then finds it large enough), made anew where that outgrew the last
+    one, whose graphs are then dropped first (captured again at their keys' next calls, into the new
+    one); None where nothing was counted, or where PyTorch cannot give the new one (the capture
+    then takes its temporaries from the pool, as before the arena)."""
     need = max((t for kind, t in _footprints.items() if kind[0] == index and kind not in _over), default=0)
     arena = _arenas.get((index, stream))
     if arena is not None and arena.size >= need:
         return arena
-    if arena is not None:
+    if arena is not None:   # let go of it before the new one is made (a block kept past a capture keeps it)
+        del _arenas[index, stream]
         for entry in _pass_graphs.values():
             entry.graphs = {w: g for w, g in entry.graphs.items() if g[3] is not arena}
+        arena = None
     if not need:
         return None
     size = -(-need // 2**21) * 2**21
-    tensor = torch.empty(size, dtype=torch.uint8, device=f"cuda:{index}")
+    try:
+        tensor = torch.empty(size, dtype=torch.uint8, device=f"cuda:{index}")
+    except torch.OutOfMemoryError as e:
+        log.warning("pass graphs: no %.1f MiB arena (%s); captures take their temporaries from the pool",
+                    size / 2**20, str(e)[:200])
+        return None
     arena = _arenas[index, stream] = _Arena(tensor.data_ptr(), size, tensor)
     return arena
 
@@ -939,7 +974,6 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
     """(graph, what it holds, its pool, its arena) of the crossing writing its results into outs,
     captured on a side stream of this stream's, its CuPy allocations cut from the stream's arena
     (_arena_for) and the rest from the graphs' shared pool (nothing runs: the caller replays it)."""
-    global _arena
     arena = _arena_for(index, stream)   # first: a new arena drops the old one's graphs, perhaps a pool's last
     side, pool = _capture_on.get((index, stream), (None, None))
     if side is None or not _pool_live(pool, _pass_graphs.values()):
@@ -950,7 +984,8 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
     side.wait_stream(torch.cuda.current_stream(index))
     with cufft_buffers.keeping_retired() as retired, torch.cuda.stream(side):
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-        _arena = None if arena is None else (side.cuda_stream, arena)
+        if arena is not None:
+            _capturing[side.cuda_stream] = arena
         try:
             _into(outs, _isolated(backend, geometry, passes, nhwc, bias, outs))
         except BaseException:
@@ -958,7 +993,7 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
                 graph.capture_end()
             raise
         finally:
-            _arena = None
+            _capturing.pop(side.cuda_stream, None)
         graph.capture_end()
     return graph, (*cufft_buffers.held_on_device(), *retired, *backends.cudnn._built.values()), pool, arena
 
@@ -972,7 +1007,8 @@ def pass_graph_stats():
     allocated between replays (temporaries that did not fit the arena: torch.cuda.memory_allocated()
     counts the rest, e.g. a cuBLAS workspace made in a capture), "arena_bytes": the arenas' bytes the
     captures cut their CuPy allocations from (the graphs' temporaries; allocated, so counted by
-    torch.cuda.memory_allocated())}."""
+    torch.cuda.memory_allocated()), an arena let go of included while a block cut from it is kept
+    (a cufft buffer made in a capture: until backends.cufft.release_buffers())}."""
     pool_bytes = pool_free = 0
     if _pools:
         pools = {pool for _, pool in _pools}
@@ -982,7 +1018,8 @@ def pass_graph_stats():
                 pool_free += seg["total_size"] - seg["allocated_size"]
     return {**{k: _graph_counts[k] for k in ("eager", "captures", "replays", "failed")}, "over": len(_over),
             "graphs": sum(len(e.graphs) for e in _pass_graphs.values()), "pool_bytes": pool_bytes,
-            "pool_free_bytes": pool_free, "arena_bytes": sum(a.size for a in _arenas.values())}
+            "pool_free_bytes": pool_free,
+            "arena_bytes": sum(a.size for a in {id(a): a for a in (*_arenas.values(), *_arena_of.values())}.values())}
 
 
 def release_pass_graphs():
@@ -991,7 +1028,8 @@ def release_pass_graphs():
     still allocated: a cuBLAS workspace made during a capture (PyTorch keeps one per handle and stream
     until torch._C._cuda_clearCublasWorkspaces()), a cufft scratch buffer grown during one (until
     backends.cufft.release_buffers()), and a pool a capture failed in where PyTorch never ended
-    allocating to it."""
+    allocating to it. An arena goes with its graphs, unless a block cut from it is still kept (the
+    same cufft buffer: it goes at release_buffers())."""
     for index in {index for index, _ in _pools}:
         torch.cuda.synchronize(index)  # nothing they launched still runs when their buffers go
     _pass_graphs.clear()
