@@ -49,7 +49,7 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_compile_gap", "benchmarks.experiments.exp_op_dispatch",
                 "benchmarks.experiments.exp_capture_handle", "benchmarks.experiments.exp_fbfft_pieces",
                 "benchmarks.experiments.exp_call_host", "benchmarks.experiments.exp_step_ab",
-                "benchmarks.experiments.exp_step_profile",
+                "benchmarks.experiments.exp_step_profile", "benchmarks.experiments.exp_pass_graph_pool",
                 "benchmarks.tune_coverage", "benchmarks.tune_zoo")
 
 
@@ -107,6 +107,15 @@ def test_help_works_without_a_gpu(module):
     p = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0 and "usage" in p.stdout, p.stderr
+
+
+@pytest.mark.parametrize("limits", ["abc", "64,x", "0", "-5", "inf"])
+def test_exp_pass_graph_pool_refuses_bad_limits_before_it_starts(limits):
+    """--limits takes MiB > 0, comma-separated: anything else is refused by argparse (exit 2, the flag
+    named), before torch is imported or a model built."""
+    p = subprocess.run([sys.executable, "-m", "benchmarks.experiments.exp_pass_graph_pool", "--limits", limits],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--limits" in p.stderr, p.stderr
 
 
 def test_bench_cufft_help_lists_its_layers():
