@@ -69,7 +69,8 @@ SETTINGS = {s.name: s for s in (
             "(1: less host time, an arena of their temporaries held)", False),
     Setting("pass_graph_mb", "MINITORCH_PASS_GRAPH_MB", "mib", None,
             "pass graphs: a layer's passes are captured only where their eager calls' temporaries peak at most "
-            "this, the others run eagerly (unset: every layer's); the arena held is the largest layer's under the bound", False),
+            "this, the others run eagerly (unset: every layer's); the arena held is the largest layer's under the "
+            "bound", False),
     Setting("auto_tune", "MINITORCH_AUTO_TUNE", "tune", "auto",
             "auto times the backends: auto = on the GPU only, on, off (first supported backend)", True),
     Setting("auto_margin", "MINITORCH_AUTO_MARGIN", "fraction", 0.03,

@@ -217,8 +217,9 @@ class _Temporaries:
     (_Stream) while this is `_measuring`: workspaces, spectra, copies, and the results of the routes
     that do not write into the caller's tensors. Not counted: what PyTorch allocates in the crossing
     (a copy of an operand in another layout, and a capture's cuBLAS workspaces, which come from the
-    graphs' pool, not their arena). Memory freed here that was allocated before is not subtracted. It keeps the order of
-    the allocations too, for transient(): what a capture of the same passes would take."""
+    graphs' pool, not their arena). Memory freed here that was allocated before is not subtracted.
+    It keeps the order of the allocations too, for transient(): what a capture of the same passes
+    would take."""
     __slots__ = ("sizes", "live", "peak", "events")
 
     def __init__(self):
@@ -818,8 +819,8 @@ _graph_counts = collections.Counter()   # "eager", "captures", "replays", "faile
 
 class _PassGraph:
     """One key's state (_graphed): its graphs by the results' addresses they write ({where: (graph,
-    what it holds alive, its pool, its arena)}), the eager calls made and their results' recent addresses,
-    captures made, off (runs eagerly, self-contained: _isolated)."""
+    what it holds alive, its pool, its arena)}), the eager calls made and their results' recent
+    addresses, captures made, off (runs eagerly, self-contained: _isolated)."""
     __slots__ = ("graphs", "runs", "seen", "captures", "off")
 
     def __init__(self):
