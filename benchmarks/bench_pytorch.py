@@ -188,10 +188,11 @@ def timed_row(step, args, peak_from, leftover):
     from minitorch_fft.pytorch import pass_graph_stats
     for _ in range(args.warmup):
         step()
+    warming = _warming(pass_graph_stats())
     for _ in range(SETTLE):   # pass graphs still warming (eager calls, captures): steps until a step has none
-        before = _warming(pass_graph_stats())
         step()
-        if _warming(pass_graph_stats()) == before:
+        before, warming = warming, _warming(pass_graph_stats())
+        if warming == before:
             break
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

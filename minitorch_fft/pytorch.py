@@ -282,21 +282,23 @@ class _Arena:
 
     def take(self, size):
         """The address of `size` bytes (rounded up to ALIGN) at the first hole they fit, or None."""
-        size = max(1, -(-size // self.ALIGN)) * self.ALIGN
         with self.lock:
             self._given_queued()
-            for i, (p, n) in enumerate(self.holes):
-                if n >= size:
-                    if n == size:
-                        del self.holes[i]
-                    else:
-                        self.holes[i] = (p + size, n - size)
-                    self.taken[p] = size
-                    self.high = max(self.high, p + size - self.base)
-                    self._given_queued()
-                    return p
-            self._given_queued()
-            return None
+            p = self._cut(max(1, -(-size // self.ALIGN)) * self.ALIGN)
+            self._given_queued()   # what was given back meanwhile (the garbage collector, in _cut)
+            return p
+
+    def _cut(self, size):
+        for i, (p, n) in enumerate(self.holes):
+            if n >= size:
+                if n == size:
+                    del self.holes[i]
+                else:
+                    self.holes[i] = (p + size, n - size)
+                self.taken[p] = size
+                self.high = max(self.high, p + size - self.base)
+                return p
+        return None
 
     def give(self, p):
         """The allocation at p back to the holes, merged with its neighbours (queued where busy)."""
