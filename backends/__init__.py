@@ -350,10 +350,13 @@ def _release(backend):
 
 
 def held_on_device():
-    """Device memory the backends keep across calls (cufft's scratch buffers and plans; the other
-    backends allocate per call): what a captured CUDA graph must keep alive (minitorch_fft.graphs).
-    `with cufft.keeping_retired() as kept:` also keeps what the caches drop during a capture."""
-    return cufft.held_on_device()
+    """What the backends keep across calls and a captured CUDA graph must keep alive as long as it
+    may replay (minitorch_fft.graphs, the PyTorch adapter's pass graphs): cufft's scratch buffers and
+    plans (device memory the graph's kernels address), and cudnn's built plans (a runtime-compiled
+    engine's code and state; the other backends allocate per call). An out-of-memory fallback
+    (run_pass's _release) drops both caches, which must not free what a live graph launches.
+    `with cufft.keeping_retired() as kept:` also keeps what cufft's caches drop during a capture."""
+    return [*cufft.held_on_device(), *cudnn.built_plans()]
 
 
 def _free_gpu_pool():

@@ -767,6 +767,12 @@ def built():
     return {k: (p.name, p.workspace) for k, p in _built.items()}
 
 
+def built_plans():
+    """The built plans themselves (_Plan, _Unfused): what a captured CUDA graph holds while it lives
+    (backends.held_on_device)."""
+    return list(_built.values())
+
+
 def release_buffers():
     """Forget the built graphs (their plans hold no device memory of ours; workspace is per call)."""
     _built.clear()

@@ -20,9 +20,10 @@ A graph replays fixed addresses with fixed kernel arguments, which decides how t
   every allocation's size and lifetime, plan_arena lays them out in one arena (blocks alive at the
   same time never overlap), and the second capture takes its memory from there. Where the second
   capture's allocations differ from the first's in any size or lifetime, it is captured a third
-  time from the pool alone. Memory a
-  backend keeps across calls (cufft's scratch buffers and plans) is held by the graph as well, so
-  a buffer that grows later or a plan evicted from its cache is not freed under it.
+  time from the pool alone. What a
+  backend keeps across calls (cufft's scratch buffers and plans, cudnn's built plans:
+  backends.held_on_device) is held by the graph as well, so a buffer that grows later, a plan
+  evicted from its cache, or a cache an out-of-memory fallback drops is not freed under it.
 - The parameters, the module buffers (BatchNorm's running statistics), the optimiser's momentum
   buffers, the learning rate and the modes (training, TF32, spectra reuse) are baked in. Layers
   update buffers in place, so each replay moves the running statistics in the memory the graph

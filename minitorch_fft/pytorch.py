@@ -790,7 +790,7 @@ def _check_float32(what, a, b):
 #   is self-contained too, so that no view or spectrum it keeps waits for a graphed backward that
 #   never takes it.
 # - cufft's scratch buffers and plans, and cudnn's built plans, alive at the capture are held as
-#   long as the graph lives (minitorch_fft.graphs holds cufft's for a whole step): an out-of-memory
+#   long as the graph lives (backends.held_on_device; minitorch_fft.graphs holds both for a step): an out-of-memory
 #   fallback that drops them does not free what a graph still launches.
 # - Inside a caller's own capture (torch.cuda.graph, CUDA graph trees) the passes run as they are
 #   and are captured with the caller's graph. A key whose capture fails, or whose results moved
@@ -998,7 +998,7 @@ def _capture(backend, geometry, passes, nhwc, bias, outs, index, stream):
         finally:
             _capturing.pop(side.cuda_stream, None)
         graph.capture_end()
-    return graph, (*cufft_buffers.held_on_device(), *retired, *backends.cudnn._built.values()), pool, arena
+    return graph, (*backends.held_on_device(), *retired), pool, arena
 
 
 def pass_graph_stats():

@@ -225,9 +225,9 @@ def _batches(n, S=16, seed=0):
     return [(r.standard_normal((S, 3, 16, 16), dtype=np.float32), r.integers(0, 10, S)) for _ in range(n)]
 
 
-def _train(backend, batches, graphed, lr_at=None):
+def _train(backend, batches, graphed, lr_at=None, before=None):
     """Weights after training on `batches`, eagerly or through GraphedStep, from seed 0; lr_at =
-    (step, lr) changes the learning rate before that step."""
+    (step, lr) changes the learning rate before that step; before(i, step) runs before step i."""
     import cupy as cp
     mt.manual_seed(0)
     model = _net(backend).to("cuda")
@@ -238,6 +238,8 @@ def _train(backend, batches, graphed, lr_at=None):
     for i, (x, y) in enumerate(batches):
         if lr_at and i == lr_at[0]:
             opt.lr = lr_at[1]
+        if before is not None:
+            before(i, step)
         if step is not None:
             loss, _ = step(cp.asarray(x), y)
         else:
@@ -487,6 +489,47 @@ def test_memory_the_graph_uses_is_not_handed_out_after_cufft_lets_it_go():
     step(cp.asarray(x), y)
     cp.cuda.Device().synchronize()
     assert all(bool((j == 7.0).all()) for j in junk)
+
+
+def test_the_graph_holds_cudnns_built_plans(monkeypatch):
+    """held_on_device(), what a captured graph keeps alive, lists cudnn's built plans beside cufft's
+    buffers: an out-of-memory fallback drops both caches (backends._release), and a graph replays
+    the plans it captured."""
+    import backends
+    plan = object()
+    monkeypatch.setitem(backends.cudnn._built, ("a key",), plan)
+    assert any(h is plan for h in backends.held_on_device())
+    backends.cudnn.release_buffers()
+    assert not any(h is plan for h in backends.held_on_device())
+
+
+@pytest.mark.gpu
+def test_a_graphed_step_keeps_its_cudnn_plans_when_the_cache_drops_them():
+    """cudnn's built plans, captured in a step, live as long as the graph: dropped from the cache
+    (as an out-of-memory fallback drops them) they are still alive, and the replays train as the
+    eager steps do."""
+    import gc
+    import weakref
+
+    import backends
+    from conftest import backend_usable
+    if not backend_usable("cudnn"):
+        pytest.skip("cuDNN not usable here")
+    batches, refs = _batches(5), []
+
+    def drop(i, step):
+        if step is not None and i == 3:            # captured at step 1, replayed at 2
+            refs.extend(weakref.ref(p) for p in backends.cudnn.built_plans())
+            backends._release(backends.cudnn)      # what run_pass's out-of-memory fallback does
+            gc.collect()
+
+    eager_w, eager_loss, _ = _train("cudnn", batches, graphed=False)
+    graph_w, graph_loss, step = _train("cudnn", batches, graphed=True, before=drop)
+    assert step.captures == 1 and refs and all(r() is not None for r in refs)
+    # (a plan that splits its reduction sums in another order from run to run: not bit for bit)
+    np.testing.assert_allclose(graph_loss, eager_loss, rtol=1e-4)
+    for g, e in zip(graph_w, eager_w):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 
 
 class _Residual(mt.Module):
