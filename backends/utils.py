@@ -33,12 +33,14 @@ def positive_int(v, name):
 
 
 @contextlib.contextmanager
-def atomic_file(path, mode="w", prefix=None):
+def atomic_file(path, mode="w", prefix=None, replace=True):
     """Write `path` through the yielded file: it holds the old contents or the new, never part of
     either. A temporary file beside it is written, fsynced, given the umask's usual permissions
     (mkstemp's 0600 would hide it from a shared group), and renamed over `path`; the folder is
     then fsynced so the rename survives a power cut. On any error the temporary file is removed
-    and `path` is untouched. The folder must exist."""
+    and `path` is untouched. The folder must exist. replace=False: `path` is made, never replaced
+    (a hard link of the temporary file, which fails where anything is at `path`: FileExistsError,
+    and nothing there is touched)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix or os.path.basename(path) + ".", suffix=".tmp")
     try:
@@ -47,7 +49,21 @@ def atomic_file(path, mode="w", prefix=None):
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+        if replace:
+            os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
+        else:
+            try:
+                os.link(tmp, path)     # atomic too, and refused where a file (or a link) is there
+            except FileExistsError:
+                raise FileExistsError(f"{path!r} appeared while it was being written; left as it is") from None
+            except OSError:            # a file system without hard links: claim the name, then rename onto it
+                try:
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)))
+                except FileExistsError:
+                    raise FileExistsError(f"{path!r} appeared while it was being written; left as it is") from None
+                os.replace(tmp, path)
+            else:
+                os.remove(tmp)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)

@@ -134,7 +134,9 @@ def _read(path, keep_arrays=True):
     """(header, {name: array}) of a checked checkpoint file; CheckpointError for anything wrong."""
     name = f"checkpoint {path!r}"
     if not os.path.isfile(path):
-        raise CheckpointError(f"{name} does not exist")
+        raise CheckpointError(f"{name} is a directory; give the checkpoint's file path" if os.path.isdir(path)
+                              else f"{name} does not exist" if not os.path.lexists(path)
+                              else f"{name} is not a regular file")
     raw, digest, arrays, array_hash = None, None, {}, hashlib.sha256()
     try:
         with zipfile.ZipFile(path) as zf:
@@ -391,31 +393,94 @@ def _check_rng_state(rng, bad):
         bad("rng", f"is refused by NumPy's {kind}: {e}")
 
 
+LOCK_MARK = "minitorch-fft checkpoint lock, pid "   # what a lock file of ours holds
+
+
+def lock_path(path):
+    """The lock file that held() keeps beside checkpoint `path`."""
+    return os.path.abspath(path) + ".lock"
+
+
 @contextlib.contextmanager
 def held(path):
-    """Hold checkpoint `path` for one run: an exclusive lock on <path>.lock, kept while the block
-    runs. A second run on the same path gets a CheckpointError naming it and the holder's pid
-    (two runs on one path would otherwise both write it, and the later would silently win).
-    The lock is fcntl.flock's: the kernel drops it when its process ends, so a run that crashed
-    or was killed leaves the lock file but never a stuck lock. The lock file is made for this
-    (opened non-blocking, never through a link, checked to be a regular file) and kept: removing
-    it while another run opens it would let two runs hold two different files."""
-    lock = os.path.abspath(path) + ".lock"
+    """Hold checkpoint `path` for one run: an exclusive lock on <path>.lock (lock_path), kept while
+    the block runs. A second run on the same path gets a CheckpointError naming it and the holder's
+    pid (two runs on one path would otherwise both write it, and the later would silently win).
+    The lock is fcntl.flock's: the kernel drops it when its process ends, so a run that crashed or
+    was killed may leave the lock file but never a stuck lock.
+
+    The lock file is this program's: made for it (opened non-blocking, never through a link,
+    checked to be a regular file), it holds LOCK_MARK and the pid. A file already at that path
+    that holds anything else (someone's poetry.lock beside --checkpoint poetry) is refused, never
+    written. The folders the path needs are made here; the lock file, and those folders where the
+    run left them empty, are removed when the block ends. A run that opened the lock file before
+    another removed it finds, once it holds the lock, that the path names another file (or none),
+    and opens it again: two runs never hold two different files."""
+    lock = lock_path(path)
+    made = _make_folders(os.path.dirname(lock))
     try:
-        fd = open_lock_file(lock, os.O_RDWR)
-    except OSError as e:
-        raise CheckpointError(f"cannot make {lock!r}, the lock that keeps other runs off checkpoint "
-                              f"{path!r} ({e})") from None
-    try:
-        if fcntl is not None:
+        fd = _open_lock(lock, path)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                if fcntl is not None:
+                    os.remove(lock)    # while still held: a run that opened it will see it gone
+            os.close(fd)               # releases the lock
+    finally:
+        for folder in made:            # deepest first; a folder the run wrote into stays
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+
+
+def _make_folders(folder):
+    """Make `folder` and its missing parents; the ones made, deepest first."""
+    missing = []
+    while not os.path.exists(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for f in reversed(missing):
+        try:
+            os.mkdir(f)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise CheckpointError(f"cannot make the folder {f!r} for the checkpoint ({e.strerror})") from None
+    return missing
+
+
+def _open_lock(lock, path):
+    """A file descriptor holding the lock at `lock` (held()'s rules)."""
+    for _ in range(100):
+        try:
+            fd = open_lock_file(lock, os.O_RDWR)
+        except OSError as e:
+            raise CheckpointError(f"cannot make {lock!r}, the lock that keeps other runs off checkpoint "
+                                  f"{path!r} ({e})") from None
+        try:
+            text = os.read(fd, 256).decode("utf-8", "replace")
+            if text.strip() and not (text.startswith(LOCK_MARK) or text.strip().isdigit()):   # digits: before LOCK_MARK
+                raise CheckpointError(f"{lock!r} is not a checkpoint lock of minitorch-fft (it holds other data), "
+                                      f"and the run would need that path to lock checkpoint {path!r}; move that file, "
+                                      "or choose another --checkpoint")
+            if fcntl is None:
+                return fd
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
-                raise CheckpointError(f"checkpoint {path!r} is in use by another run (pid {holder}, holding "
-                                      f"{lock!r}); wait for it to end, or choose another --checkpoint") from None
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)   # releases the lock
+                holder = text[len(LOCK_MARK):] if text.startswith(LOCK_MARK) else text
+                raise CheckpointError(f"checkpoint {path!r} is in use by another run (pid {holder.strip() or 'unknown'}, "
+                                      f"holding {lock!r}); wait for it to end, or choose another --checkpoint") from None
+            try:
+                same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{LOCK_MARK}{os.getpid()}\n".encode(), 0)
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)                   # the holder before us removed it: open the path again
+    raise CheckpointError(f"could not hold {lock!r}: it was replaced 100 times while this run opened it")

@@ -33,6 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 import backends
+from backends.common import check_fits
 import minitorch_fft as mt
 import models
 from minitorch_fft import distributed
@@ -49,14 +50,14 @@ RUN_FLAGS = ("model", "data", "epochs", "batch_size", "lr", "momentum", "weight_
 EXIT_DIVERGED = 3
 
 
-def int_at_least(lo, what):
-    """An argparse type: an int >= lo, else an error saying `expected <what>, got ...`."""
+def int_at_least(lo, what, hi=None):
+    """An argparse type: an int >= lo (and <= hi), else an error saying `expected <what>, got ...`."""
     def parse(s):
         try:
             v = int(s)
         except ValueError:
             v = None
-        if v is None or v < lo:
+        if v is None or v < lo or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
         return v
     return parse
@@ -64,6 +65,17 @@ def int_at_least(lo, what):
 
 positive_int = int_at_least(1, "a positive integer")
 nonneg_int = int_at_least(0, "an integer >= 0")
+seed_int = int_at_least(0, "an integer from 0 to 2**32 - 1 (NumPy's seeds)", 2**32 - 1)
+
+
+def momentum_float(s):
+    """--momentum: a number in [0, 1) (at 1 or more the momentum buffer grows without bound; the
+    library's SGD takes what PyTorch's does)."""
+    v = nonneg_float(s)
+    if v >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {s!r} (at 1 or more SGD's steps "
+                                         "grow without bound)")
+    return v
 
 
 def nonneg_float(s, allow_zero=True):
@@ -104,11 +116,11 @@ def _parser(explicit_only=False, prog=None):
     p.add_argument("--batch-size", type=positive_int, default=default("batch_size"), help="images per step")
     p.add_argument("--lr", type=lambda s: nonneg_float(s, allow_zero=False), default=default("lr"),
                    help="SGD's learning rate at the start (cosine schedule down to 0 over --epochs)")
-    p.add_argument("--momentum", type=nonneg_float, default=default("momentum"), help="SGD's momentum")
+    p.add_argument("--momentum", type=momentum_float, default=default("momentum"), help="SGD's momentum, in [0, 1)")
     p.add_argument("--weight-decay", type=nonneg_float, default=default("weight_decay"),
                    help="SGD's L2 weight decay")
     p.add_argument("--device", default=default("device"), help="auto (GPU if CuPy sees one) | cpu | cuda")
-    p.add_argument("--seed", type=nonneg_int, default=default("seed"),
+    p.add_argument("--seed", type=seed_int, default=default("seed"),
                    help="seeds the weights, the data order, the digits' train/test split and dropout")
     p.add_argument("--fake-size", type=positive_int, default=default("fake_size"),
                    help="training images per epoch with --data fake")
@@ -132,7 +144,8 @@ def _parser(explicit_only=False, prog=None):
                    help="GPU only: replay each full-batch training step as one captured CUDA graph "
                         "(default: eager steps)")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bars; the per-epoch lines stay (default: bars on stderr)")
+                   help="no progress bars; the per-epoch lines stay (default: bars on stderr where it is a "
+                        "terminal, none where it goes to a file or a pipe)")
     p.add_argument("--gpus", type=positive_int, default=default("gpus"),
                    help="data-parallel training on this many GPUs, one process each; --batch-size is "
                         "then per GPU (default: one process, no NCCL)")
@@ -163,7 +176,9 @@ def check_fake_flags(args):
 
 
 def check_outputs(args):
-    """Fail before training, not after it, on output paths that cannot be written."""
+    """Fail before training, not after it, on output paths that cannot be written, and on any that
+    would replace a file the run did not make (nothing is created here: a folder a path needs is
+    made when the run first writes there)."""
     if args.checkpoint:
         if os.path.isdir(args.checkpoint):
             raise ValueError(f"--checkpoint {args.checkpoint!r} is a directory; give a file path")
@@ -177,17 +192,32 @@ def check_outputs(args):
                              f"got --backend {args.backend}")
         if os.path.isdir(args.tune_report):
             raise ValueError(f"--tune-report {args.tune_report!r} is a directory; give a file path")
+        if os.path.lexists(args.tune_report):
+            raise ValueError(f"--tune-report {args.tune_report!r} already exists; a report never replaces a "
+                             "file: choose another path (or remove that one)")
+        if args.checkpoint and _same_path(args.tune_report, args.checkpoint):
+            raise ValueError(f"--tune-report {args.tune_report!r} is the --checkpoint path; give them two paths")
+        if args.checkpoint and _same_path(args.tune_report, mt.checkpoint.lock_path(args.checkpoint)):
+            raise ValueError(f"--tune-report {args.tune_report!r} is the checkpoint's lock file; choose another path")
         _check_writable_folder(args.tune_report, "--tune-report")
 
 
+def _same_path(a, b):
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def _check_writable_folder(path, flag):
+    """ValueError unless `path`'s folder is writable or can be made: its nearest existing ancestor
+    is a writable folder (made by the run's first write there, not here)."""
     folder = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{flag} {path!r}: cannot create its folder ({e.strerror})") from None
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"{flag} {path!r}: its folder {folder!r} is not writable")
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{flag} {path!r}: cannot create its folder ({existing!r} is a file)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path!r}: " + (f"its folder {folder!r} is not writable" if existing == folder
+                                                 else f"cannot create its folder ({existing!r} is not writable)"))
 
 
 def restore_run(args, meta):
@@ -234,6 +264,24 @@ def load_data(spec, model, seed, fake_size, num_classes, workers=None, skip_bad_
         train, test = mt.data.cifar10(path, shape, seed=seed, workers=workers)
         return train, test, 10
     raise ValueError(f"bad --data {spec!r}; expected digits, fake, imagefolder:PATH or cifar10:PATH")
+
+
+BIG_HEAD = 10_000   # classes above which check_model_fits sizes the model before it is made
+
+
+def check_model_fits(model, num_classes, device):
+    """ValueError, before the model is made, where its parameters with their gradients and momentum
+    buffers cannot fit (a --num-classes in the millions: the classifier's last layer is num_classes
+    rows of its input features). Up to BIG_HEAD classes the zoo's models are what they are: unchecked."""
+    if num_classes <= BIG_HEAD:
+        return
+    one = models.get(model, num_classes=1, backend="gemm")     # the same model with one class, on the host
+    head = [m for m in one.modules() if isinstance(m, mt.nn.Linear)][-1]
+    params = sum(p.data.size for p in one.parameters()) + (num_classes - 1) * (head.in_features + 1)
+    what = f"model {model} with {num_classes:,} classes ({params:,} parameters, with gradients and momentum)"
+    check_fits(params * 4 * 3, np, what)
+    if device == "cuda":
+        check_fits(params * 4 * 3, mt.device.cupy_or_none(), what + " on the GPU")
 
 
 def evaluate(model, dataset, batch_size, device):
@@ -303,6 +351,9 @@ def _train_in(args, resumed, prog, group):
     mt.manual_seed(args.seed)
     train, test, n_cls = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes,
                                    args.workers, args.skip_bad_images)
+    if group is None and len(train) < args.batch_size:   # (data-parallel: check_launch refused it)
+        print(f"{prog}: --batch-size {args.batch_size} is more than the {len(train):,} training images: each "
+              "epoch is one step of them all", file=sys.stderr)
     skipped = getattr(train, "skipped", [])
     for file, reason in skipped:
         print(f"{prog}: skipped {file}: {reason}", file=sys.stderr)
@@ -311,7 +362,12 @@ def _train_in(args, resumed, prog, group):
                              np if device == "cpu" else mt.device.cupy_or_none())
     if resumed is not None:   # the progress must fit this data set: found now, not after an epoch
         mt.checkpoint.check_run_state(resumed, n_train=len(train))
-    model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)
+    check_model_fits(args.model, n_cls, device)
+    try:
+        model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)
+    except MemoryError as e:   # numpy's or CuPy's: one line, before any step
+        raise ValueError(f"model {args.model} with {n_cls:,} classes does not fit in the "
+                         f"{'GPU' if device == 'cuda' else 'host'}'s memory ({e})") from None
     opt = mt.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay,
                        lr_schedule=lambda e: 0.5 * (1 + np.cos(np.pi * e / args.epochs)))  # cosine
@@ -346,7 +402,8 @@ def _train_in(args, resumed, prog, group):
     first_epoch = state["epoch"]
     tuned_report_shown = False
     t_start, imgs_per_s = time.perf_counter(), None
-    epochs = tqdm(range(state["epoch"], args.epochs), desc="epochs", disable=args.no_progress,
+    bars_off = True if args.no_progress else None     # None: tqdm's own, off where stderr is no terminal
+    epochs = tqdm(range(state["epoch"], args.epochs), desc="epochs", disable=bars_off,
                   initial=state["epoch"], total=args.epochs)
     # Ctrl-C or SIGTERM (what schedulers send) sets a flag; the step in flight finishes, so the
     # checkpoint is consistent. A second signal interrupts at once.
@@ -364,7 +421,7 @@ def _train_in(args, resumed, prog, group):
             bar = tqdm(mt.data.batches(train, args.batch_size, seed=args.seed, epoch=epoch, start=state["batch"],
                                        rank=rank, world_size=world),
                        total=n_batches, initial=state["batch"], desc=f"epoch {epoch + 1}", leave=False,
-                       disable=args.no_progress)
+                       disable=bars_off)
             mt.synchronize(model.parameters()[0].xp)
             t0, imgs = time.perf_counter(), 0
             for x, y in bar:
@@ -440,7 +497,8 @@ def _train_in(args, resumed, prog, group):
         "skipped_images": len(skipped),
     }
     if args.tune_report:
-        with atomic_file(args.tune_report) as f:
+        os.makedirs(os.path.dirname(os.path.abspath(args.tune_report)), exist_ok=True)
+        with atomic_file(args.tune_report, replace=False) as f:   # a file made since the start stays
             json.dump(backends.auto.choices(), f, indent=1)
     print(summary(result, device), file=sys.stderr)
     print(json.dumps(result, allow_nan=False))     # the last line on stdout: what scripts parse

@@ -421,6 +421,55 @@ def test_a_killed_run_leaves_no_stuck_lock(tmp_path):
             holder.kill()
 
 
+def test_a_file_of_someone_elses_at_the_lock_path_is_refused_and_kept(tmp_path):
+    """--checkpoint poetry locks poetry.lock: a file there that is not a lock of ours (a user's
+    poetry.lock) is refused, byte for byte untouched; an empty one or an older version's (a pid
+    alone) is ours and taken."""
+    lock = tmp_path / "poetry.lock"
+    lock.write_text("[[package]]\nname = 'x'\n")
+    with pytest.raises(mt.checkpoint.CheckpointError, match="is not a checkpoint lock of minitorch-fft"):
+        with mt.checkpoint.held(str(tmp_path / "poetry")):
+            pass
+    assert lock.read_text() == "[[package]]\nname = 'x'\n"
+    for old in ("", "12345\n"):
+        lock.write_text(old)
+        with mt.checkpoint.held(str(tmp_path / "poetry")):
+            assert lock.read_text() == f"{mt.checkpoint.LOCK_MARK}{os.getpid()}\n"
+        assert not lock.exists()
+
+
+def test_a_run_leaves_no_lock_file_and_no_folder_it_made_empty(tmp_path):
+    """The lock file goes when the run ends; the folders held() made for it go too where the run
+    wrote nothing into them, and stay where it did."""
+    ckpt = tmp_path / "a" / "b" / "r.ckpt"
+    with mt.checkpoint.held(str(ckpt)):
+        assert (tmp_path / "a" / "b" / "r.ckpt.lock").exists()
+    assert not (tmp_path / "a").exists()
+    with mt.checkpoint.held(str(ckpt)):
+        mt.checkpoint.save(str(ckpt), mt.nn.Linear(2, 2))
+    assert ckpt.exists() and os.listdir(tmp_path / "a" / "b") == ["r.ckpt"]
+
+
+def test_a_lock_file_replaced_before_it_is_held_is_opened_again(tmp_path, monkeypatch):
+    """A run that opened the lock file just before its holder ended (and removed it), and a third
+    run made a new one: holding the old, removed file would let two runs in; it opens the path
+    again and holds the file that is there."""
+    if mt.checkpoint.fcntl is None:
+        pytest.skip("no fcntl here")
+    ckpt, lock = str(tmp_path / "r.ckpt"), tmp_path / "r.ckpt.lock"
+    real, calls = mt.checkpoint.fcntl.flock, []
+
+    def flock(fd, op):
+        calls.append(op)
+        if len(calls) == 1:                      # the holder removes it, another run makes it again
+            os.remove(lock)
+            lock.write_text("")
+        return real(fd, op)
+    monkeypatch.setattr(mt.checkpoint.fcntl, "flock", flock)
+    with mt.checkpoint.held(ckpt):
+        assert len(calls) == 2 and lock.read_text() == f"{mt.checkpoint.LOCK_MARK}{os.getpid()}\n"
+
+
 def test_the_lock_is_never_made_through_a_link(tmp_path):
     ckpt = tmp_path / "r.ckpt"
     (tmp_path / "r.ckpt.lock").symlink_to(tmp_path / "elsewhere")

@@ -136,17 +136,57 @@ def train_history(epochs):
     (["--lr", "abc"], "expected a number"),
     (["--resume", "--checkpoint", "/no/such.ckpt"], "does not exist"),
     (["--device", "tpu"], "unknown device"),
-    (["--seed", "-1"], "--seed: expected an integer >= 0"),
+    (["--seed", "-1"], "--seed: expected an integer from 0 to 2**32 - 1"),
+    (["--seed", "4294967296"], "--seed: expected an integer from 0 to 2**32 - 1"),
+    (["--momentum", "1"], "--momentum: expected a number in [0, 1)"),
     (["--max-epochs-this-run", "1"], "--max-epochs-this-run needs --checkpoint"),
     (["--fake-size", "10"], "--fake-size applies to --data fake only"),
     (["--backend", "gemm", "--tune-report", "r.json"], "needs --backend auto"),
     (["--checkpoint", "tests"], "is a directory"),
     (["--tune-report", "README.md/r.json"], "cannot create its folder"),
+    (["--tune-report", "README.md"], "already exists; a report never replaces a file"),
+    (["--resume", "--checkpoint", "tests"], "is a directory"),
+    (["--model", "resnet50", "--data", "fake", "--num-classes", "100000000"], "more than the"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, msg):
     p = run_train(*args, check=False)
     assert p.returncode != 0
     assert msg in p.stderr and "Traceback" not in p.stderr
+
+
+def test_outputs_never_replace_or_leave_what_the_run_did_not_make(tmp_path, capsys):
+    """--tune-report never replaces a file (nor the run's own checkpoint); a run refused on its
+    input makes no folder for its checkpoint; a finished run leaves its checkpoint and report, no
+    lock file."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert cli.main(["--no-progress", "--epochs", "1", "--tune-report", str(notes)]) == 2
+    assert notes.read_text() == "mine"
+    same = str(tmp_path / "same.ckpt")
+    assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", same, "--tune-report", same]) == 2
+    assert "is the --checkpoint path" in capsys.readouterr().err and not os.path.exists(same)
+    lock = mt.checkpoint.lock_path(same)
+    assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", same, "--tune-report", lock]) == 2
+    assert "the checkpoint's lock file" in capsys.readouterr().err
+    assert cli.main(["--no-progress", "--model", "alexnet", "--checkpoint", str(tmp_path / "new" / "x.ckpt")]) == 2
+    assert not (tmp_path / "new").exists()
+    ckpt, report = tmp_path / "run" / "r.ckpt", tmp_path / "reports" / "t.json"
+    assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt), "--tune-report", str(report)]) == 0
+    assert os.listdir(ckpt.parent) == ["r.ckpt"] and json.loads(report.read_text())
+
+
+def test_a_report_written_over_a_file_made_meanwhile_is_refused(tmp_path):
+    """atomic_file(replace=False): where something appeared at the path while the run went on, it
+    stays as it is, and no temporary file is left."""
+    from minitorch_fft.utils import atomic_file
+    path = tmp_path / "r.json"
+    with atomic_file(str(path), replace=False) as f:
+        f.write("new")
+    assert path.read_text() == "new"
+    with pytest.raises(FileExistsError, match="appeared while it was being written"):
+        with atomic_file(str(path), replace=False) as f:
+            f.write("newer")
+    assert path.read_text() == "new" and os.listdir(tmp_path) == ["r.json"]
 
 
 def test_imagefolder_and_cifar10_read_local_files(tmp_path, capsys):
