@@ -1323,8 +1323,15 @@ def unsupported(conv):
 
 
 def _check_backend(backend):
+    """ValueError for a backend name that is not registered, or one that cannot run in this process
+    (cudnn without cuDNN's frontend, libcudnn or a GPU): said when the layer is made, not at its
+    first forward."""
     if backend != "auto":
-        backends.get(backend)   # ValueError naming the registered ones
+        module = backends.get(backend)   # ValueError naming the registered ones
+        if not getattr(module, "available", lambda: True)():
+            why = getattr(module, "_frontend", lambda: (None, "not available"))()[1]
+            raise ValueError(f"backend {backend!r} cannot run in this process ({why}); use 'auto' or another of "
+                             f"{[n for n in backends.names() if n != backend]}")
 
 
 class Conv2d(torch.nn.Conv2d):
@@ -1341,6 +1348,12 @@ class Conv2d(torch.nn.Conv2d):
         self.backend = backend
 
     def forward(self, x):
+        # What nn.Conv2d takes beside a batch, it takes too: an unbatched (C, H, W) image, as a
+        # batch of one; an empty batch, through nn.Conv2d itself (an empty output and gradients).
+        if isinstance(x, torch.Tensor) and x.dim() == 3:
+            return self.forward(x.unsqueeze(0)).squeeze(0)
+        if isinstance(x, torch.Tensor) and x.dim() == 4 and x.shape[0] == 0:
+            return super().forward(x)
         # the bias goes into the operator, which adds it in place on its fresh output (as
         # nn.Conv2d's cuDNN path does: no second output-sized tensor; a channels-last layer on
         # cuDNN may add it inside the convolution) and returns its gradient
@@ -1355,6 +1368,8 @@ def convert(model, backend="auto"):
     """Every nn.Conv2d of `model` it can serve becomes a Conv2d in place (the same module object,
     so the same Parameters, hooks and state_dict keys); returns the model. The layers left alone
     are logged (logger minitorch_fft.pytorch) with the reason; unsupported() says it for one."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"convert() takes a torch.nn.Module, got {type(model).__name__}")
     _check_backend(backend)
     converted, left = 0, []
     for name, m in model.named_modules():

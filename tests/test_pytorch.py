@@ -854,6 +854,43 @@ def test_convert_in_place_and_reports(caplog):
     assert rel_error(model(x).detach().numpy(), _stock_copy(model)(x).detach().numpy()) <= 1e-5
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_converted_layer_takes_what_nn_conv2d_takes(device):
+    """An unbatched (C, H, W) image and an empty batch, which nn.Conv2d takes: the same output and
+    gradients as the stock layer (float64 reference for the image)."""
+    torch.manual_seed(0)
+    ours = Conv2d(3, 4, 3, padding=1).to(device)
+    stock = _stock_copy(ours).double()
+    x = torch.randn(3, 8, 8, device=device, requires_grad=True)
+    y = ours(x)
+    x64 = x.detach().double().requires_grad_()
+    ref = stock(x64)
+    assert y.shape == ref.shape == (4, 8, 8)
+    assert rel_error(y.detach().cpu().numpy(), ref.detach().cpu().numpy()) <= 1e-5
+    y.sum().backward()
+    ref.sum().backward()
+    assert rel_error(x.grad.cpu().numpy(), x64.grad.cpu().numpy()) <= 1e-5
+    assert rel_error(ours.weight.grad.cpu().numpy(), stock.weight.grad.cpu().numpy()) <= 1e-5
+    empty = torch.randn(0, 3, 8, 8, device=device, requires_grad=True)
+    out = ours(empty)
+    assert out.shape == (0, 4, 8, 8)
+    out.sum().backward()
+    assert empty.grad.shape == empty.shape
+
+
+def test_convert_refuses_what_it_cannot_serve_when_asked():
+    """Not a module: a TypeError naming the type. A backend this process cannot run (cudnn without
+    cuDNN or a GPU): a ValueError when the layer is made, not at its first forward."""
+    with pytest.raises(TypeError, match="takes a torch.nn.Module, got NoneType"):
+        convert(None)
+    if backends.get("cudnn").available():
+        pytest.skip("cuDNN runs here")
+    with pytest.raises(ValueError, match="backend 'cudnn' cannot run in this process"):
+        convert(torch.nn.Conv2d(3, 4, 3), backend="cudnn")
+    with pytest.raises(ValueError, match="backend 'cudnn' cannot run in this process"):
+        Conv2d(3, 4, 3, backend="cudnn")
+
+
 def _stock_copy(model):
     """A deep copy with every Conv2d back to nn.Conv2d (the reference)."""
     ref = copy.deepcopy(model)
