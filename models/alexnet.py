@@ -6,10 +6,14 @@ weights can be exchanged (its AdaptiveAvgPool2d is the identity at 224x224).
 """
 import minitorch_fft as mt
 
+from .shapes import check_features
+
 INPUT_SHAPE = (3, 224, 224)
 
 
 class AlexNet(mt.Module):
+    INPUT_SHAPE = INPUT_SHAPE
+
     def __init__(self, num_classes=1000, backend="auto"):
         conv = lambda i, o, k, **kw: mt.SpatialConvolution(i, o, k, backend=backend, **kw)  # noqa: E731
         self.features = mt.Sequential(
@@ -30,4 +34,6 @@ class AlexNet(mt.Module):
         )
 
     def forward(self, x):
-        return self.classifier(self.flatten(self.features(x)))
+        features = self.features(x)
+        check_features(self, features, (256, 6, 6), x)
+        return self.classifier(self.flatten(features))

@@ -1,10 +1,14 @@
 """A small CNN for scikit-learn's bundled 8x8 digits: trains on a 2-core CPU in seconds."""
 import minitorch_fft as mt
 
+from .shapes import check_features
+
 INPUT_SHAPE = (1, 8, 8)
 
 
 class DigitsNet(mt.Module):
+    INPUT_SHAPE = INPUT_SHAPE
+
     def __init__(self, num_classes=10, backend="auto"):
         self.features = mt.Sequential(
             mt.SpatialConvolution(1, 16, 3, padding=1, backend=backend), mt.ReLU(),   # 8x8
@@ -18,4 +22,6 @@ class DigitsNet(mt.Module):
         )
 
     def forward(self, x):
-        return self.classifier(self.flatten(self.features(x)))
+        features = self.features(x)
+        check_features(self, features, (32, 4, 4), x)
+        return self.classifier(self.flatten(features))

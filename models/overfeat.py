@@ -2,10 +2,14 @@
 paper's Table 3 time it. Input 3x231x231."""
 import minitorch_fft as mt
 
+from .shapes import check_features
+
 INPUT_SHAPE = (3, 231, 231)
 
 
 class OverFeatFast(mt.Module):
+    INPUT_SHAPE = INPUT_SHAPE
+
     def __init__(self, num_classes=1000, backend="auto"):
         conv = lambda i, o, k, **kw: mt.SpatialConvolution(i, o, k, backend=backend, **kw)  # noqa: E731
         self.features = mt.Sequential(
@@ -26,4 +30,6 @@ class OverFeatFast(mt.Module):
         )
 
     def forward(self, x):
-        return self.classifier(self.flatten(self.features(x)))
+        features = self.features(x)
+        check_features(self, features, (1024, 6, 6), x)
+        return self.classifier(self.flatten(features))

@@ -4,23 +4,32 @@ worker, the digits net on the GPU (a) with that test's NaN/inf input: its output
 with the two bad pixels zeroed: its output must equal the CPU's (relative 1e-4). A worker's first three
 failures dump the state: the tests before, the output re-read after a device sync, streams, auto's
 choices, prepared calls, each layer against the CPU's, conv1 on each backend, the net again with
-backends' prepared calls cleared. Appends to $OUT/state_check.log (else /tmp).
+backends' prepared calls cleared. Appends to the file --state-check-log names (state_check.log).
 
-    PYTEST_ADDOPTS="-p benchmarks.experiments.exp_state_check" bash benchmarks/gpu_all.sh
+    PYTEST_ADDOPTS="-p benchmarks.experiments.exp_state_check --state-check-log $OUT/state_check.log" \
+        bash benchmarks/gpu_all.sh
 """
-import os
 import time
 import traceback
 
 import numpy as np
 
-_state = {"n": 0, "fails": 0, "recent": [], "ref": None, "dumped": 0, "t": 0.0}
-LOG = os.path.join(os.environ.get("OUT", "/tmp"), "state_check.log")
-WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+_state = {"n": 0, "fails": 0, "recent": [], "ref": None, "dumped": 0, "t": 0.0, "log": "state_check.log"}
+WORKER = "main"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--state-check-log", default="state_check.log", help="exp_state_check's log (appended)")
+
+
+def pytest_configure(config):
+    global WORKER
+    _state["log"] = config.getoption("--state-check-log")
+    WORKER = getattr(config, "workerinput", {}).get("workerid", "main")   # pytest-xdist's worker name
 
 
 def _log(text):
-    with open(LOG, "a") as f:
+    with open(_state["log"], "a") as f:
         f.write(text if text.endswith("\n") else text + "\n")
 
 
@@ -84,7 +93,7 @@ def _dump(nodeid, problems, ctx):
         except Exception as e:  # noqa: BLE001
             lines.append(f"cudnn: {e!r}")
         lines.append(f"config.state(): {config.state()!r}")
-        lines.append(f"env MINITORCH_*: {sorted((k, v) for k, v in os.environ.items() if k.startswith('MINITORCH'))}")
+        lines.append(f"settings not at their defaults: {config.changed()}")
         lines.append("auto's choices:\n" + backends.auto.format_choices())
         geoms = {((1, 1, 8, 8), (16, 1, 3, 3)), ((1, 16, 8, 8), (32, 16, 3, 3))}
         for k, v in backends._prepared.items():
