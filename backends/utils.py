@@ -61,7 +61,12 @@ def atomic_file(path, mode="w", prefix=None, replace=True):
                     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)))
                 except FileExistsError:
                     raise FileExistsError(f"{path!r} appeared while it was being written; left as it is") from None
-                os.replace(tmp, path)
+                try:
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.remove(path)            # the empty file that claimed the name: ours
+                    raise
             else:
                 os.remove(tmp)
     except BaseException:

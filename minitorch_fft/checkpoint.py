@@ -409,32 +409,34 @@ def held(path):
     The lock is fcntl.flock's: the kernel drops it when its process ends, so a run that crashed or
     was killed may leave the lock file but never a stuck lock.
 
-    The lock file is this program's: made for it (opened non-blocking, never through a link,
-    checked to be a regular file), it holds LOCK_MARK and the pid. A file already at that path
-    that holds anything else (someone's poetry.lock beside --checkpoint poetry) is refused, never
-    written. The folders the path needs are made here; the lock file, and those folders where the
-    run left them empty, are removed when the block ends. A run that opened the lock file before
-    another removed it finds, once it holds the lock, that the path names another file (or none),
-    and opens it again: two runs never hold two different files."""
-    lock = lock_path(path)
-    made = _make_folders(os.path.dirname(lock))
+    The lock file is opened non-blocking, never through a link, and only if it is a regular file.
+    One this run makes, or one that holds LOCK_MARK (a lock of ours a run left), gets LOCK_MARK and
+    the pid, and is removed when the block ends. A file already there that is empty or holds a
+    number alone (an older version's lock, or someone's pid file) is locked as it is: neither
+    written nor removed. Anything else there (someone's poetry.lock beside --checkpoint poetry) is
+    refused, untouched. The folders the path needs are made here, and those the run made and left
+    empty are removed when the block ends. A run that opened the lock file before its holder
+    removed it finds, once it holds the lock, that the path names another file (or none), and
+    opens it again: two runs never hold two different files."""
+    lock, made = lock_path(path), []
     try:
-        fd = _open_lock(lock, path)
+        fd, ours = _open_lock(lock, path, made)
         try:
             yield
         finally:
-            with contextlib.suppress(OSError):
-                if fcntl is not None:
+            if ours and fcntl is not None:
+                with contextlib.suppress(OSError):
                     os.remove(lock)    # while still held: a run that opened it will see it gone
             os.close(fd)               # releases the lock
     finally:
-        for folder in made:            # deepest first; a folder the run wrote into stays
+        for folder in reversed(made):  # deepest first; a folder the run wrote into (or another run's) stays
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
 
 
-def _make_folders(folder):
-    """Make `folder` and its missing parents; the ones made, deepest first."""
+def _make_folders(folder, made):
+    """Make `folder` and its missing parents, appending each one this call made to `made` (parents
+    first); one another run made meanwhile is not ours. CheckpointError where one cannot be made."""
     missing = []
     while not os.path.exists(folder):
         missing.append(folder)
@@ -443,42 +445,60 @@ def _make_folders(folder):
         try:
             os.mkdir(f)
         except FileExistsError:
-            pass
+            continue
         except OSError as e:
             raise CheckpointError(f"cannot make the folder {f!r} for the checkpoint ({e.strerror})") from None
-    return missing
+        made.append(f)
 
 
-def _open_lock(lock, path):
-    """A file descriptor holding the lock at `lock` (held()'s rules)."""
+def _open_lock(lock, path, made):
+    """(file descriptor holding the lock at `lock`, whether the file is ours to write and remove),
+    by held()'s rules; the folders it makes are appended to `made`."""
+    nofollow, nonblock = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_NONBLOCK", 0)
     for _ in range(100):
+        _make_folders(os.path.dirname(lock), made)   # again after a run that ended took an empty one away
         try:
-            fd = open_lock_file(lock, os.O_RDWR)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow | nonblock, 0o666)
+            created = True
+        except FileExistsError:
+            created = False
+            try:
+                fd = open_lock_file(lock, os.O_RDWR)
+            except FileNotFoundError:
+                continue                                # removed since: make it
+            except OSError as e:
+                raise CheckpointError(f"cannot open {lock!r}, the lock that keeps other runs off checkpoint "
+                                      f"{path!r} ({e})") from None
+        except FileNotFoundError:
+            continue                                    # its folder went: make it again
         except OSError as e:
             raise CheckpointError(f"cannot make {lock!r}, the lock that keeps other runs off checkpoint "
                                   f"{path!r} ({e})") from None
         try:
-            text = os.read(fd, 256).decode("utf-8", "replace")
-            if text.strip() and not (text.startswith(LOCK_MARK) or text.strip().isdigit()):   # digits: before LOCK_MARK
+            text = "" if created else os.read(fd, 256).decode("utf-8", "replace")
+            marked = text.startswith(LOCK_MARK)
+            if text.strip() and not (marked or text.strip().isdigit()):
                 raise CheckpointError(f"{lock!r} is not a checkpoint lock of minitorch-fft (it holds other data), "
                                       f"and the run would need that path to lock checkpoint {path!r}; move that file, "
                                       "or choose another --checkpoint")
             if fcntl is None:
-                return fd
+                return fd, False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = text[len(LOCK_MARK):] if text.startswith(LOCK_MARK) else text
-                raise CheckpointError(f"checkpoint {path!r} is in use by another run (pid {holder.strip() or 'unknown'}, "
+                holder = text[len(LOCK_MARK):].strip() if marked else "unknown"
+                raise CheckpointError(f"checkpoint {path!r} is in use by another run (pid {holder or 'unknown'}, "
                                       f"holding {lock!r}); wait for it to end, or choose another --checkpoint") from None
             try:
                 same = os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
                 same = False
             if same:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"{LOCK_MARK}{os.getpid()}\n".encode(), 0)
-                return fd
+                ours = created or marked
+                if ours:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, f"{LOCK_MARK}{os.getpid()}\n".encode(), 0)
+                return fd, ours
         except BaseException:
             os.close(fd)
             raise

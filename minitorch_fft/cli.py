@@ -50,14 +50,14 @@ RUN_FLAGS = ("model", "data", "epochs", "batch_size", "lr", "momentum", "weight_
 EXIT_DIVERGED = 3
 
 
-def int_at_least(lo, what, hi=None):
-    """An argparse type: an int >= lo (and <= hi), else an error saying `expected <what>, got ...`."""
+def int_at_least(lo, what):
+    """An argparse type: an int >= lo, else an error saying `expected <what>, got ...`."""
     def parse(s):
         try:
             v = int(s)
         except ValueError:
             v = None
-        if v is None or v < lo or (hi is not None and v > hi):
+        if v is None or v < lo:
             raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
         return v
     return parse
@@ -65,7 +65,6 @@ def int_at_least(lo, what, hi=None):
 
 positive_int = int_at_least(1, "a positive integer")
 nonneg_int = int_at_least(0, "an integer >= 0")
-seed_int = int_at_least(0, "an integer from 0 to 2**32 - 1 (NumPy's seeds)", 2**32 - 1)
 
 
 def momentum_float(s):
@@ -120,7 +119,7 @@ def _parser(explicit_only=False, prog=None):
     p.add_argument("--weight-decay", type=nonneg_float, default=default("weight_decay"),
                    help="SGD's L2 weight decay")
     p.add_argument("--device", default=default("device"), help="auto (GPU if CuPy sees one) | cpu | cuda")
-    p.add_argument("--seed", type=seed_int, default=default("seed"),
+    p.add_argument("--seed", type=nonneg_int, default=default("seed"),
                    help="seeds the weights, the data order, the digits' train/test split and dropout")
     p.add_argument("--fake-size", type=positive_int, default=default("fake_size"),
                    help="training images per epoch with --data fake")
@@ -175,10 +174,11 @@ def check_fake_flags(args):
             raise ValueError(f"--{flag.replace('_', '-')} applies to --data {kind} only (got --data {args.data})")
 
 
-def check_outputs(args):
+def check_outputs(args, resumed=None):
     """Fail before training, not after it, on output paths that cannot be written, and on any that
     would replace a file the run did not make (nothing is created here: a folder a path needs is
-    made when the run first writes there)."""
+    made when the run first writes there). resumed: the checkpoint's run state (restore_run), whose
+    saved --tune-report, the same path, the resumed run may replace (args.replace_report)."""
     if args.checkpoint:
         if os.path.isdir(args.checkpoint):
             raise ValueError(f"--checkpoint {args.checkpoint!r} is a directory; give a file path")
@@ -192,9 +192,11 @@ def check_outputs(args):
                              f"got --backend {args.backend}")
         if os.path.isdir(args.tune_report):
             raise ValueError(f"--tune-report {args.tune_report!r} is a directory; give a file path")
-        if os.path.lexists(args.tune_report):
+        saved = ((resumed or {}).get("args") or {}).get("tune_report")
+        args.replace_report = bool(resumed and saved and _same_path(saved, args.tune_report))
+        if os.path.lexists(args.tune_report) and not args.replace_report:   # (a resumed run's own: replaced)
             raise ValueError(f"--tune-report {args.tune_report!r} already exists; a report never replaces a "
-                             "file: choose another path (or remove that one)")
+                             "file but the resumed run's own: choose another path (or remove that one)")
         if args.checkpoint and _same_path(args.tune_report, args.checkpoint):
             raise ValueError(f"--tune-report {args.tune_report!r} is the --checkpoint path; give them two paths")
         if args.checkpoint and _same_path(args.tune_report, mt.checkpoint.lock_path(args.checkpoint)):
@@ -248,6 +250,9 @@ def load_data(spec, model, seed, fake_size, num_classes, workers=None, skip_bad_
     shape = models.input_shape(model)
     kind, _, path = spec.partition(":")
     if kind == "digits" and not path:
+        if seed >= 2**32:
+            raise ValueError(f"--data digits is split as scikit-learn splits it, with NumPy's RandomState, whose seeds "
+                             f"go up to 2**32 - 1; got --seed {seed}")
         if shape != (1, 8, 8):
             raise ValueError(f"model {model!r} expects input {shape}; the digits are 1x8x8 "
                              "(use --data fake, imagefolder:PATH or cifar10:PATH)")
@@ -269,19 +274,32 @@ def load_data(spec, model, seed, fake_size, num_classes, workers=None, skip_bad_
 BIG_HEAD = 10_000   # classes above which check_model_fits sizes the model before it is made
 
 
-def check_model_fits(model, num_classes, device):
-    """ValueError, before the model is made, where its parameters with their gradients and momentum
-    buffers cannot fit (a --num-classes in the millions: the classifier's last layer is num_classes
-    rows of its input features). Up to BIG_HEAD classes the zoo's models are what they are: unchecked."""
+def check_model_fits(model, num_classes, device, momentum=0.9):
+    """ValueError, before the model is made, where its parameters with their gradients (and momentum
+    buffers where momentum is not 0) cannot fit (a --num-classes in the millions: the classifier's
+    last layer is num_classes rows of its input features); on the GPU the host holds the weights
+    alone while they are made. Sized by making the model with one class (up to ~4 s for VGG-16, the
+    random state put back after it). Up to BIG_HEAD classes the zoo's models are what they are: unchecked."""
     if num_classes <= BIG_HEAD:
         return
-    one = models.get(model, num_classes=1, backend="gemm")     # the same model with one class, on the host
+    rng = mt.random.get_state()          # the sizing model's draws must not move the run's weights
+    try:
+        one = models.get(model, num_classes=1, backend="gemm")     # the same model with one class, on the host
+    except MemoryError as e:
+        raise ValueError(f"model {model} does not fit in the host's memory ({e})") from None
+    finally:
+        mt.random.set_state(rng)
     head = [m for m in one.modules() if isinstance(m, mt.nn.Linear)][-1]
     params = sum(p.data.size for p in one.parameters()) + (num_classes - 1) * (head.in_features + 1)
-    what = f"model {model} with {num_classes:,} classes ({params:,} parameters, with gradients and momentum)"
-    check_fits(params * 4 * 3, np, what)
-    if device == "cuda":
-        check_fits(params * 4 * 3, mt.device.cupy_or_none(), what + " on the GPU")
+    del one
+    arrays = 3 if momentum else 2        # weights, gradients, momentum buffers
+    what = f"model {model} with {num_classes:,} classes ({params:,} parameters"
+    if device == "cuda":                 # made on the host, trained on the GPU
+        check_fits(params * 4, np, what + ")")
+        check_fits(params * 4 * arrays, mt.device.cupy_or_none(), what + ", with their gradients"
+                   f"{' and momentum' if momentum else ''}) on the GPU")
+    else:
+        check_fits(params * 4 * arrays, np, what + f", with their gradients{' and momentum' if momentum else ''})")
 
 
 def evaluate(model, dataset, batch_size, device):
@@ -315,7 +333,7 @@ def run(argv=None, prog="train.py"):
     backends.auto_registry()  # and an auto_backends name that is not registered
     args = parse_args(argv, prog)
     resumed = restore_run(args, mt.checkpoint.header(args.checkpoint)) if args.resume else None
-    check_outputs(args)
+    check_outputs(args, resumed)
     if args.gpus is not None and distributed.launched() is None:   # start one process per GPU
         train, _, _ = load_data(args.data, args.model, args.seed, args.fake_size, args.num_classes, args.workers,
                                 args.skip_bad_images)
@@ -362,7 +380,7 @@ def _train_in(args, resumed, prog, group):
                              np if device == "cpu" else mt.device.cupy_or_none())
     if resumed is not None:   # the progress must fit this data set: found now, not after an epoch
         mt.checkpoint.check_run_state(resumed, n_train=len(train))
-    check_model_fits(args.model, n_cls, device)
+    check_model_fits(args.model, n_cls, device, args.momentum)
     try:
         model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)
     except MemoryError as e:   # numpy's or CuPy's: one line, before any step
@@ -388,7 +406,7 @@ def _train_in(args, resumed, prog, group):
         if group is not None:
             group.barrier()             # every rank has finished the epoch's steps
         if args.checkpoint and not quiet:
-            saved_args = {k: v for k, v in vars(args).items() if k != "explicit"}
+            saved_args = {k: v for k, v in vars(args).items() if k not in ("explicit", "replace_report")}
             mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"],
                                extra={"progress": state, "rng": mt.random.get_state(), "args": saved_args})
 
@@ -496,13 +514,25 @@ def _train_in(args, resumed, prog, group):
         "seconds": round(time.perf_counter() - t_start, 2), "history": state["history"],
         "skipped_images": len(skipped),
     }
-    if args.tune_report:
-        os.makedirs(os.path.dirname(os.path.abspath(args.tune_report)), exist_ok=True)
-        with atomic_file(args.tune_report, replace=False) as f:   # a file made since the start stays
-            json.dump(backends.auto.choices(), f, indent=1)
     print(summary(result, device), file=sys.stderr)
     print(json.dumps(result, allow_nan=False))     # the last line on stdout: what scripts parse
+    if args.tune_report:    # after the result: a report refused now (a file made there since) loses no result
+        write_report(args.tune_report, backends.auto.choices(), replace=getattr(args, "replace_report", False))
     return 0
+
+
+def write_report(path, rows, replace=False):
+    """`rows` as JSON at `path`, its folder made if missing (again if another run's end removed it,
+    empty, in between); replace=False: a file there is never replaced (FileExistsError)."""
+    for attempt in range(3):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            with atomic_file(path, replace=replace) as f:
+                json.dump(rows, f, indent=1)
+            return
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
 
 
 def summary(result, device):

@@ -423,19 +423,26 @@ def test_a_killed_run_leaves_no_stuck_lock(tmp_path):
 
 def test_a_file_of_someone_elses_at_the_lock_path_is_refused_and_kept(tmp_path):
     """--checkpoint poetry locks poetry.lock: a file there that is not a lock of ours (a user's
-    poetry.lock) is refused, byte for byte untouched; an empty one or an older version's (a pid
-    alone) is ours and taken."""
+    poetry.lock) is refused, byte for byte untouched. An empty one, or one holding a number alone (an
+    older version's lock, or someone's pid file), is locked as it is: neither written nor removed.
+    One holding our mark (a run of ours left it) is ours: marked with this pid, removed at the end."""
     lock = tmp_path / "poetry.lock"
     lock.write_text("[[package]]\nname = 'x'\n")
     with pytest.raises(mt.checkpoint.CheckpointError, match="is not a checkpoint lock of minitorch-fft"):
         with mt.checkpoint.held(str(tmp_path / "poetry")):
             pass
     assert lock.read_text() == "[[package]]\nname = 'x'\n"
-    for old in ("", "12345\n"):
+    for old in ("", "12345\n", " 7 \n"):
         lock.write_text(old)
         with mt.checkpoint.held(str(tmp_path / "poetry")):
-            assert lock.read_text() == f"{mt.checkpoint.LOCK_MARK}{os.getpid()}\n"
-        assert not lock.exists()
+            with pytest.raises(mt.checkpoint.CheckpointError, match=r"in use by another run \(pid unknown"):
+                with mt.checkpoint.held(str(tmp_path / "poetry")):
+                    pass
+        assert lock.read_text() == old
+    lock.write_text(f"{mt.checkpoint.LOCK_MARK}99999999\n")
+    with mt.checkpoint.held(str(tmp_path / "poetry")):
+        assert lock.read_text() == f"{mt.checkpoint.LOCK_MARK}{os.getpid()}\n"
+    assert not lock.exists()
 
 
 def test_a_run_leaves_no_lock_file_and_no_folder_it_made_empty(tmp_path):
@@ -461,19 +468,38 @@ def test_a_lock_file_replaced_before_it_is_held_is_opened_again(tmp_path, monkey
 
     def flock(fd, op):
         calls.append(op)
-        if len(calls) == 1:                      # the holder removes it, another run makes it again
+        if len(calls) == 1:                      # the holder removes it, another run makes it again (and ends)
             os.remove(lock)
-            lock.write_text("")
+            lock.write_text(f"{mt.checkpoint.LOCK_MARK}424242\n")
         return real(fd, op)
     monkeypatch.setattr(mt.checkpoint.fcntl, "flock", flock)
     with mt.checkpoint.held(ckpt):
         assert len(calls) == 2 and lock.read_text() == f"{mt.checkpoint.LOCK_MARK}{os.getpid()}\n"
 
 
+def test_a_folder_another_run_removed_before_the_lock_was_made_is_made_again(tmp_path, monkeypatch):
+    """Two runs into one new folder: the first ends and removes the folder (empty but for its lock)
+    while the second is about to make its lock there; the second makes the folder again, and it is
+    the second's to remove."""
+    folder, real, calls = tmp_path / "new", os.open, []
+    folder.mkdir()                                    # made by the first run, not this one
+
+    def racing_open(path, flags, *mode):
+        calls.append(path)
+        if len(calls) == 1:
+            os.rmdir(folder)                          # the first run's end, just now
+        return real(path, flags, *mode)
+    monkeypatch.setattr(mt.checkpoint.os, "open", racing_open)
+    with mt.checkpoint.held(str(folder / "b.ckpt")):
+        monkeypatch.setattr(mt.checkpoint.os, "open", real)
+        assert (folder / "b.ckpt.lock").exists() and len(calls) == 2
+    assert not folder.exists()
+
+
 def test_the_lock_is_never_made_through_a_link(tmp_path):
     ckpt = tmp_path / "r.ckpt"
     (tmp_path / "r.ckpt.lock").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(mt.checkpoint.CheckpointError, match="cannot make"):
+    with pytest.raises(mt.checkpoint.CheckpointError, match="cannot (make|open)"):
         with mt.checkpoint.held(str(ckpt)):
             pass
     assert not (tmp_path / "elsewhere").exists()

@@ -874,8 +874,10 @@ def test_a_converted_layer_takes_what_nn_conv2d_takes(device):
     empty = torch.randn(0, 3, 8, 8, device=device, requires_grad=True)
     out = ours(empty)
     assert out.shape == (0, 4, 8, 8)
+    grads = [p.grad.clone() for p in ours.parameters()]
     out.sum().backward()
-    assert empty.grad.shape == empty.shape
+    assert empty.grad.shape == empty.shape                       # and the layer's gradients gain nothing
+    assert all(torch.equal(p.grad, g) for p, g in zip(ours.parameters(), grads))
 
 
 def test_convert_refuses_what_it_cannot_serve_when_asked():
