@@ -294,12 +294,12 @@ def check_model_fits(model, num_classes, device, momentum=0.9):
     del one
     arrays = 3 if momentum else 2        # weights, gradients, momentum buffers
     what = f"model {model} with {num_classes:,} classes ({params:,} parameters"
+    training = what + f", with their gradients{' and momentum' if momentum else ''})"
     if device == "cuda":                 # made on the host, trained on the GPU
         check_fits(params * 4, np, what + ")")
-        check_fits(params * 4 * arrays, mt.device.cupy_or_none(), what + ", with their gradients"
-                   f"{' and momentum' if momentum else ''}) on the GPU")
+        check_fits(params * 4 * arrays, mt.device.cupy_or_none(), training + " on the GPU")
     else:
-        check_fits(params * 4 * arrays, np, what + f", with their gradients{' and momentum' if momentum else ''})")
+        check_fits(params * 4 * arrays, np, training)
 
 
 def evaluate(model, dataset, batch_size, device):
