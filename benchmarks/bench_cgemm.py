@@ -43,8 +43,8 @@ def layers(quick):
 
 def shapes(x_shape, w_shape, padding):
     """{pass: (F, p, r, q)} for the per-frequency GEMMs of fbfft's basis."""
-    import backends
-    from backends import fbfft
+    from minitorch_fft import backends
+    from minitorch_fft.backends import fbfft
     g = backends.geometry(x_shape, w_shape, (1, 1), padding)
     n = fbfft.basis(g)
     F = n * (n // 2 + 1)
@@ -171,7 +171,7 @@ def main():
     import cupy as cp
     from tqdm import tqdm
 
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     fn3m = _cublas3m()
     rng = cp.random.default_rng(0)
     rows, names = [], ["current", "opc", "gauss"] + (["3m"] if fn3m else [])

@@ -54,8 +54,8 @@ def bench_mask(K, args, rng):
     import cupyx.scipy.signal as sig
     import torch
 
-    from backends import tuning
-    from backends.correlate1d import correlate1d
+    from minitorch_fft.backends import tuning
+    from minitorch_fft.backends.correlate1d import correlate1d
     L = args.length
     n_out = L - K + 1
     x = rng.standard_normal(L, dtype=cp.float32)
@@ -131,7 +131,7 @@ def main(argv=None):
     import cupy as cp
     import torch
 
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     if not torch.cuda.is_available():
         sys.exit("bench_correlate1d needs a CUDA GPU")
     device = tuning.device_name(cp)

@@ -32,7 +32,7 @@ import sys
 import time
 import traceback
 
-from backends import config
+from minitorch_fft.backends import config
 from benchmarks.harness import (PASSES, RESULTS_DIR, median_ms, provenance, reference64, rel_error, set_tf32,
                                 setup_cudnn, write_results)
 
@@ -73,8 +73,8 @@ def bench_layer(name, args):
     import cupy as cp
     import torch
 
-    from backends import cudnn, gemm
-    from backends.common import geometry
+    from minitorch_fft.backends import cudnn, gemm
+    from minitorch_fft.backends.common import geometry
 
     S, f, fo, hw, k, s, p = LAYERS[name]
     stride, pad = (s, s), (p, p)
@@ -200,7 +200,7 @@ def main(argv=None):
     import cupy as cp
     import torch
 
-    from backends import cudnn, tuning
+    from minitorch_fft.backends import cudnn, tuning
     if not cudnn.available():
         log(f"cuDNN's frontend is not usable: {cudnn._frontend()[1]}")
         return 1

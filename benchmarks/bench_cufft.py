@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from backends import config
+from minitorch_fft.backends import config
 from benchmarks.harness import NETWORK_LAYERS as LAYERS
 from benchmarks.harness import (PASSES, RESULTS_DIR, cupy_tf32, median_ms, peak_extra_bytes, poisoned,
                                 provenance, reference64, rel_error, set_tf32, setup_cudnn, write_results)
@@ -99,8 +99,8 @@ def bench_layer(name, args, tqdm_bar):
     import torch
     import torch.nn.functional as TF
 
-    import backends
-    from backends import cufft, gemm
+    from minitorch_fft import backends
+    from minitorch_fft.backends import cufft, gemm
 
     f, fo, hw, k, p = LAYERS[name]
     S, pad, stride = args.batch, (p, p), (1, 1)
@@ -195,7 +195,7 @@ def fused_step(backend, x, w, gy, stride, padding):
 
     Returns ((y, gx, gw), the block's StepCache).
     """
-    import backends
+    from minitorch_fft import backends
     with backends.reuse_spectra() as cache:
         out = (backend.fprop(x, w, stride, padding), backend.bprop(gy, w, x.shape, stride, padding),
                backend.accgrad(gy, x, w.shape, stride, padding))
@@ -208,7 +208,7 @@ def main():
     import torch
     from tqdm import tqdm
 
-    from backends import tuning
+    from minitorch_fft.backends import tuning
 
     if not torch.cuda.is_available():
         sys.exit("bench_cufft needs a CUDA GPU visible to PyTorch and CuPy")

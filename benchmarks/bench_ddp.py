@@ -57,8 +57,8 @@ def setup_rank(net, batch, backend, seed, prog):
     import cupy as cp
 
     import minitorch_fft as mt
-    import models
-    from backends import cgemm
+    from minitorch_fft import models
+    from minitorch_fft.backends import cgemm
     from minitorch_fft import distributed
     group = distributed.init_process_group(distributed.launched(), "nccl", prog=prog)
     cgemm.set_tf32(False)                 # strict fp32, as the PyTorch rows
@@ -198,8 +198,8 @@ def main():
     import cupy as cp
     import torch
 
-    import models
-    from backends import tuning
+    from minitorch_fft import models
+    from minitorch_fft.backends import tuning
     from minitorch_fft import distributed
     visible = distributed.visible_gpus()
     counts = [n for n in map(int, args.gpus.split(",")) if n <= visible]

@@ -29,7 +29,7 @@ import time
 import traceback
 from pathlib import Path
 
-from backends import config
+from minitorch_fft.backends import config
 from benchmarks.harness import (PASSES, RESULTS_DIR, median_ms, provenance, reference64, rel_error, set_tf32,
                                 setup_cudnn, write_results, write_text)
 
@@ -119,7 +119,7 @@ def check_configs(args):
     """Force every configuration of every pass on CHECK_GEOMETRIES; poisoned outputs; vs float64."""
     import cupy as cp
 
-    from backends import common, direct, direct_plans
+    from minitorch_fft.backends import common, direct, direct_plans
     rows = []
     with config.override(direct_poison=True):   # outputs NaN-filled before each launch
         for gi, (name, (xs, ws, stride, pad)) in enumerate(CHECK_GEOMETRIES.items()):
@@ -157,8 +157,8 @@ def bench_layer(name, args):
     import cupy as cp
     import torch
 
-    from backends import direct, gemm, tuning
-    from backends.common import geometry
+    from minitorch_fft.backends import direct, gemm, tuning
+    from minitorch_fft.backends.common import geometry
 
     f, fo, hw, k, s, p = LAYERS[name]
     S, stride, pad = args.batch, (s, s), (p, p)
@@ -236,8 +236,8 @@ def bench_plane(args):
     import cupyx.scipy.ndimage as ndi
     import cupyx.scipy.signal as sig
 
-    from backends import direct, tuning
-    from backends.common import geometry
+    from minitorch_fft.backends import direct, tuning
+    from minitorch_fft.backends.common import geometry
     n = PLANE_SIZE
     bandwidth = copy_bandwidth(n * n * 4, args)
     log(f"plane: device-to-device copy {bandwidth / 1e12:.2f} TB/s (read + write)")
@@ -325,7 +325,7 @@ def main(argv=None):
     import cupy as cp
     import torch
 
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     if not torch.cuda.is_available():
         sys.exit("bench_direct needs a CUDA GPU visible to PyTorch and CuPy")
     cudnn_setup = setup_cudnn(torch)

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from backends import config
+from minitorch_fft.backends import config
 from benchmarks.harness import (PASSES, RESULTS_DIR, markdown_table, median_ms, poisoned, provenance, reference64,
                                 rel_error, save_figure, slug, write_results)
 
@@ -100,8 +100,8 @@ def bench_config(size, p, args, seed, bar):
     import cupy as cp
     import torch
 
-    import backends
-    from backends import cufft, fbfft
+    from minitorch_fft import backends
+    from minitorch_fft.backends import cufft, fbfft
 
     x_shape, w_shape = (p, p, size, size), (p, p, KERNEL, KERNEL)
     g = backends.geometry(x_shape, w_shape)
@@ -245,7 +245,7 @@ def main(argv=None):
     import torch
     from tqdm import tqdm
 
-    from backends import tuning
+    from minitorch_fft.backends import tuning
 
     if not torch.cuda.is_available():
         sys.exit("bench_fbfft_vs_cufft needs a CUDA GPU visible to PyTorch and CuPy")

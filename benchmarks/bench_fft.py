@@ -36,7 +36,7 @@ def device_name():
     """The CUDA device's name, as every result file names it."""
     import cupy as cp
 
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     return tuning.device_name(cp)
 
 
@@ -60,7 +60,7 @@ def case_bytes(n, B, dim=2, stored=False):
     """(bytes of the real data, bytes of the half-spectra) for B planes of n x n (dim 2) or
     B signals of n (dim 1). stored: the 2-D half-spectrum as fbfft stores it, without its
     conjugate duplicates (n^2/2 + 2 values, not n (n/2 + 1)): the bytes it really moves."""
-    from backends.fbfft_plan import stored_frequencies
+    from minitorch_fft.backends.fbfft_plan import stored_frequencies
     if dim == 1:
         return B * n * 4, (n // 2 + 1) * B * 8
     return B * n * n * 4, (stored_frequencies(n) if stored else n * (n // 2 + 1)) * B * 8
@@ -73,8 +73,8 @@ def bench_case(n, B, warmup=WARMUP, iters=ITERS, dim=2):
     import cupyx.scipy.fft as cpx_fft
     from cupy.cuda import cufft
 
-    from backends import fbfft_kernels
-    from backends.fbfft_plan import compact, stored_frequencies
+    from minitorch_fft.backends import fbfft_kernels
+    from minitorch_fft.backends.fbfft_plan import compact, stored_frequencies
 
     nh = n // 2 + 1
     shape = (B, n, n) if dim == 2 else (B, n)

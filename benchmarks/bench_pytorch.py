@@ -240,7 +240,7 @@ def run_network(net, args, log, on_rows=None):
     each implementation's rows are in (main writes them as the network's partial result)."""
     import torch
 
-    import backends
+    from minitorch_fft import backends
     from minitorch_fft.pytorch import convert, reuse_spectra
     torch.manual_seed(args.seed)
     base = torch_model(net, 1000)
@@ -416,7 +416,7 @@ def earlier_estimate(name, batch, folder):
 def _graph_row(step, args, net, label, log, leftover):
     import torch
 
-    import backends
+    from minitorch_fft import backends
     from minitorch_fft.pytorch import release_pass_graphs
     release_pass_graphs()      # the eager row's: this row captures the whole step, passes as they run
     torch.cuda.empty_cache()
@@ -481,7 +481,7 @@ def _free(torch):
     made one would count it and a later row on the same stream would not; session 34's graph rows
     differed from stock's by exactly 33 MiB requested), PyTorch's cached blocks. So every row pays
     for its own workspaces, made in its check and warm-up steps."""
-    import backends
+    from minitorch_fft import backends
     from minitorch_fft.pytorch import release_pass_graphs
     release_pass_graphs()      # the converted row's pass graphs, their pool and the buffers they held
     backends.cufft.release_buffers()
@@ -549,8 +549,8 @@ def main():
         sys.exit("bench_pytorch.py needs a CUDA GPU visible to PyTorch and CuPy")
     import cupy as cp
 
-    from backends import cudnn as cudnn_backend
-    from backends import tuning
+    from minitorch_fft.backends import cudnn as cudnn_backend
+    from minitorch_fft.backends import tuning
     cudnn_setup = setup_cudnn(torch)
     # whether auto had the cudnn backend among its candidates (session 39: two runs without the frontend
     # installed retuned the layer-passes a cache had on cudnn, and nothing in the result said so)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import cgemm, fbfft_plan, tiledfft, winograd
+from minitorch_fft.backends import cgemm, fbfft_plan, tiledfft, winograd
 from benchmarks.bench_winograd import ceilings
 from benchmarks.harness import (PASSES, RESULTS_DIR, median_ms, poisoned, provenance, reference64, rel_error,
                                 set_tf32, setup_cudnn, write_results)
@@ -148,7 +148,7 @@ def main(argv=None):
     args = parse_args(argv)
     import cupy as cp
     import torch
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     cudnn_meta = setup_cudnn(torch)
     set_tf32("strict")
     if cgemm.mode(cp) != "fp32":

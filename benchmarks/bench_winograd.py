@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import cgemm, gemm, winograd
+from minitorch_fft.backends import cgemm, gemm, winograd
 from benchmarks.harness import (PASSES, RESULTS_DIR, median_ms, poisoned, provenance, reference64, rel_error,
                                 set_tf32, setup_cudnn, write_results)
 
@@ -198,7 +198,7 @@ def main(argv=None):
     args = parse_args(argv)
     import cupy as cp
     import torch
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     cudnn_meta = setup_cudnn(torch)
     set_tf32("strict")
     if cgemm.mode(cp) != "fp32":

@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 
-from backends import config
+from minitorch_fft.backends import config
 from benchmarks import bench_direct
 
 

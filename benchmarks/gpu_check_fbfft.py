@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import config
+from minitorch_fft.backends import config
 from benchmarks import bench_fft
 from benchmarks.harness import rel_error, write_text
 
@@ -118,8 +118,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import cupy as cp
 
-    from backends import fbfft_kernels
-    from backends import fbfft_plan as model
+    from minitorch_fft.backends import fbfft_kernels
+    from minitorch_fft.backends import fbfft_plan as model
 
     t0 = time.time()
     report = {"device": bench_fft.device_name(), "cupy": cp.__version__,

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-import backends
+from minitorch_fft import backends
 from minitorch_fft.utils import atomic_file
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
@@ -67,7 +67,7 @@ def conv_layers(model_name, batch):
     import numpy as np
 
     import minitorch_fft as mt
-    import models
+    from minitorch_fft import models
     from minitorch_fft import functional as F
 
     found = []
@@ -845,7 +845,7 @@ def host_probe_ms(repeat=7):
 def device_identity(cp):
     """Which GPU of the host this process runs on, from CuPy: {"device_index", "pci_bus_id",
     "device_name"} (what CUDA_VISIBLE_DEVICES selected, named by the device itself)."""
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     device = cp.cuda.Device()
     return {"device_index": device.id, "pci_bus_id": device.pci_bus_id,
             "device_name": tuning.device_name(cp)}

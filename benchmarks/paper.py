@@ -49,7 +49,7 @@ import sys
 import time
 from pathlib import Path
 
-from backends import auto
+from minitorch_fft.backends import auto
 from benchmarks.harness import (BATCH, PASSES, RESULTS_DIR, TABLE4, TOLERANCE, Layer, conv_layers,  # noqa: F401
                                 distinct_conv_layers, peak_step_bytes,
                                 KINK_TOL, OurBranch, host_probe_ms, median_ms, our_gradients, provenance, set_tf32,
@@ -86,7 +86,7 @@ def implementations(which):
     no row of their own. polyphase serves only the strided conv1 (as fbfft on its phase images),
     so it has no row of its own: the autos, and the rows of the backends that cannot take conv1,
     pick it there when it is the fastest."""
-    import backends
+    from minitorch_fft import backends
     autos = ["auto[ours]", "auto"]
     if which == "auto":
         return autos
@@ -99,8 +99,8 @@ def run_ours(layer, impl, pass_name, args, tf32=False):
     the FFT backends' complex GEMM on TF32 (checked to TOLERANCE["tf32"] then)."""
     import cupy as cp
 
-    import backends
-    from backends import cgemm, config
+    from minitorch_fft import backends
+    from minitorch_fft.backends import cgemm, config
     x_shape, w_shape, s, p = layer.geom
     candidates = {"auto_backends": ("ours",)} if impl == "auto[ours]" else {}
     impl = "auto" if impl == "auto[ours]" else impl
@@ -239,8 +239,8 @@ def basis_label(backend, pass_name, layer, tf32):
     (its choices are keyed by GEMM precision too); '' for the other backends."""
     import cupy as cp
 
-    import backends
-    from backends import cgemm
+    from minitorch_fft import backends
+    from minitorch_fft.backends import cgemm
     if backend == "fbfft":
         n = backends.fbfft.basis(layer.g)
         return f"{n}x{n}"
@@ -350,8 +350,8 @@ def step(args, bar):
     import torch
 
     import minitorch_fft as mt
-    import models
-    from backends import cgemm
+    from minitorch_fft import models
+    from minitorch_fft.backends import cgemm
     rows, failures, shortfalls = [], [], []
     n_steps = max(3, args.repeat // 2)
     gib = 2.0**30
@@ -503,7 +503,7 @@ def branch_errors(model, net, x_np, y_np, tf32):
     would have taken the other way, size relative to its input's RMS."""
     import torch
 
-    from backends import cgemm
+    from minitorch_fft.backends import cgemm
     branch = OurBranch()
     with cgemm.tf32(tf32):
         ours = our_gradients(model, x_np, y_np, branch)
@@ -543,7 +543,7 @@ def tf32_step_rows(net, batch, impl, model, crit, opt, x, y, x_np, y_np, n_steps
     (the caller measures their kernel fractions, and then drops the graph); `phase` (Phases) is
     told as each part starts."""
     import minitorch_fft as mt
-    from backends import cgemm
+    from minitorch_fft.backends import cgemm
 
     def tf32_step():
         with cgemm.tf32(True):
@@ -582,7 +582,7 @@ def graph_check(model, opt, crit, graphed, x, y, y_np):
     import cupy as cp
 
     import minitorch_fft as mt
-    from backends import cgemm
+    from minitorch_fft.backends import cgemm
     params = model.parameters()
     before = [p.data.copy() for p in params]
     buffers = [b.data.copy() for b in model.buffers()]   # batch norms' running statistics
@@ -707,10 +707,10 @@ def main():
     import torch
     from tqdm import tqdm
 
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     if not torch.cuda.is_available():
         sys.exit("paper.py needs a CUDA GPU visible to PyTorch and CuPy")
-    from backends import cgemm
+    from minitorch_fft.backends import cgemm
     cudnn_setup = setup_cudnn(torch)
     set_tf32("strict")
     meta = provenance(tuning.device_name(cp), torch=torch.__version__, cudnn=torch.backends.cudnn.version(),

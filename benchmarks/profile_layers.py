@@ -68,8 +68,8 @@ def main():
     import torch
     from tqdm import tqdm
 
-    import backends
-    from backends import tuning
+    from minitorch_fft import backends
+    from minitorch_fft.backends import tuning
     cudnn_setup = setup_cudnn(torch)
     torch.backends.cudnn.allow_tf32 = False      # strict: the baseline this profile compares with
     specs = []
@@ -107,7 +107,7 @@ def main():
             t[k] = t.get(k, 0.0) + r[k]
     for t in totals.values():
         t["x_strict"] = t["cudnn_strict_ms"] / t["wall_ms"]
-    from backends import cgemm
+    from minitorch_fft.backends import cgemm
     meta = provenance(tuning.device_name(cp), cupy=cp.__version__, torch=torch.__version__,
                       backend=args.backend, iters=args.iters, warmup=args.warmup, repeat=args.repeat,
                       cgemm_mode=cgemm.mode(cp), **cudnn_setup)

@@ -246,7 +246,7 @@ def measure(config, args, commit):
     pass, errors checked."""
     import cupy as cp
 
-    import backends
+    from minitorch_fft import backends
     S, f, fo, k, y = config
     h = y + k - 1
     layer = Layer((S, f, h, h), (fo, f, k, k), (1, 1), (0, 0), seed=args.seed)
@@ -287,7 +287,7 @@ def run(args):
     import torch
     from tqdm import tqdm
 
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     cudnn_setup = setup_cudnn(torch)
     name = ("sweep_small" if args.small_kernels else "sweep") + ("_quick" if args.quick else "")
     out = args.out / slug(tuning.device_name(cp)) / f"{name}.jsonl"

@@ -17,7 +17,7 @@ memory bounds have keys of their own), unless --label names others.
 import argparse
 import sys
 
-from backends import auto, tuning
+from minitorch_fft.backends import auto, tuning
 from benchmarks.harness import PASSES, distinct_conv_layers
 from benchmarks.paper import NETWORKS
 

@@ -27,8 +27,8 @@ import traceback
 
 from tqdm import tqdm
 
-import backends
-from backends import auto, cgemm, config, tuning
+from minitorch_fft import backends
+from minitorch_fft.backends import auto, cgemm, config, tuning
 from benchmarks.paper import NETWORKS
 from benchmarks.tune_coverage import (PRECISIONS, add_network_arguments, choice_key, coverage, networks,
                                       step_choices)

@@ -32,10 +32,10 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-import backends
-from backends.common import check_fits
+from . import backends
+from .backends.common import check_fits
 import minitorch_fft as mt
-import models
+from . import models
 from minitorch_fft import distributed
 from minitorch_fft.checkpoint import CheckpointError
 from minitorch_fft.utils import atomic_file

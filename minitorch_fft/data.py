@@ -21,7 +21,7 @@ from importlib import resources
 
 import numpy as np
 
-from backends.common import check_fits
+from .backends.common import check_fits
 
 from .utils import is_int, positive_int
 

@@ -52,7 +52,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from backends import config
+from .backends import config
 
 from .device import get_array_module
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-import backends
-from backends import cgemm
-from backends.common import cuda_module, launch_1d
+from . import backends
+from .backends import cgemm
+from .backends.common import cuda_module, launch_1d
 
 from . import fused, random as _random
 from .device import get_array_module

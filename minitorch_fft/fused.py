@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.common import sm_count, cuda_module, launch_1d
-from backends.device import is_cupy
+from .backends.common import sm_count, cuda_module, launch_1d
+from .backends.device import is_cupy
 
 _KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 BLOCK = 256              # threads per block (a multiple of 32: ReLU's mask words, the warp sums)

@@ -97,7 +97,7 @@ class GraphedStep:
         parameters train, every module's scalar settings (training mode, Dropout's p, a layer's
         backend, ...), every setting that changes what a pass computes or launches (backends.config.snapshot(): the
         GEMM precision, the workspace sizes, the tuning modes) and spectrum reuse."""
-        from backends import config
+        from .backends import config
         opt = self.optimizer
         return (opt.lr, opt.momentum, opt.weight_decay,
                 tuple(p.data.data.ptr for p in opt.params), tuple(p.requires_grad for p in opt.params),
@@ -191,7 +191,7 @@ class GraphedStep:
     def _capture(self, x, key):
         import cupyx
 
-        from backends import cgemm
+        from .backends import cgemm
         cp = self.cp
         self.graph = self.loss = self.logits = None         # the old graph's memory is free again
         borrow = x is self._last_x and x.flags.c_contiguous
@@ -230,7 +230,7 @@ class GraphedStep:
         # blocks the backends' caches hold after the drop (cuFFT plans, scratch buffers made in this
         # capture): the next capture finds them made and asks for none of them. The others still
         # held (the parameters' gradients) it asks for again, and they live on past it.
-        import backends
+        from . import backends
         cached = _pointers(backends.held_on_device())
         blocks = _expected(lifetimes.blocks, ended, [p in cached for p in lifetimes.ptrs])
         offsets, size = plan_arena(blocks)
@@ -274,8 +274,8 @@ class GraphedStep:
 
     def _record(self, key, malloc):
         """Capture one step on the graph's stream, its memory from `malloc`."""
-        import backends
-        from backends import cgemm
+        from . import backends
+        from .backends import cgemm
         cp, s, opt = self.cp, self.stream, self.optimizer
         self.records += 1
         velocity = list(opt.velocity)          # a buffer made in the capture is never initialised

@@ -197,7 +197,7 @@ class SpatialConvolution(Module):
         if min(self.padding) < 0:
             raise ValueError(f"padding must be >= 0, got {self.padding}")
         if backend != "auto":
-            import backends
+            from . import backends
             backends.get(backend)  # fail now on an unknown name, not at the first batch
         self.in_planes, self.out_planes, self.backend = in_planes, out_planes, backend
         kh, kw = self.kernel_size

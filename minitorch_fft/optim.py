@@ -4,8 +4,8 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import reuse
-from backends.common import cuda_module, launch_1d
+from .backends import reuse
+from .backends.common import cuda_module, launch_1d
 
 from .checkpoint import CheckpointError, finite_number, state_array
 from .device import get_array_module, to_device

@@ -100,8 +100,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-import backends
-from backends import cgemm, cufft_buffers
+from . import backends
+from .backends import cgemm, cufft_buffers
 
 log = logging.getLogger(__name__)
 Tensor = torch.Tensor

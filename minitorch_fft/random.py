@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.common import cuda_module, launch_1d
+from .backends.common import cuda_module, launch_1d
 
 
 _rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ in place and a spectrum of the old weights must not outlive them.
 """
 import contextlib
 
-import backends
+from . import backends
 
 from . import functional as F
 

@@ -25,7 +25,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 def backend_usable(name):
     """Whether backend `name` can run on this machine (cudnn: only where cuDNN is installed)."""
-    import backends
+    from minitorch_fft import backends
     return getattr(backends.get(name), "available", lambda: True)()
 
 
@@ -75,7 +75,7 @@ def pass_graphs_released():
 def settings_read_afresh(monkeypatch):
     """backends.config reads each variable once; every test starts from the environment as it is,
     and monkeypatch.setenv/delenv take effect at once (config.reload() after each)."""
-    from backends import config
+    from minitorch_fft.backends import config
     config.reload()
     for name in ("setenv", "delenv"):
         def follow(*args, _real=getattr(monkeypatch, name), **kwargs):
@@ -90,6 +90,6 @@ def settings_read_afresh(monkeypatch):
 def settings():
     """settings(name=value, ...) overrides backends.config settings until the test ends: the one
     way tests change a setting (never by patching module attributes)."""
-    from backends import config
+    from minitorch_fft.backends import config
     with contextlib.ExitStack() as stack:
         yield lambda **values: stack.enter_context(config.override(**values))

@@ -5,8 +5,8 @@ import types
 import numpy as np
 import pytest
 
-import backends
-from backends import auto, config, gemm, tuning
+from minitorch_fft import backends
+from minitorch_fft.backends import auto, config, gemm, tuning
 
 GEOM = dict(x_shape=(2, 3, 9, 9), w_shape=(4, 3, 3, 3), stride=(1, 1), padding=(1, 1))
 
@@ -383,7 +383,7 @@ def test_tuning_leaves_no_cufft_buffers(tmp_path, monkeypatch, settings):
     """Timing cufft grows its persistent scratch buffers and plan cache to the tuned layer's size;
     auto drops them once the choice is made, whichever backend won (a converted ResNet-50's step
     held them at its peak: benchmarks/NOTES.md, session 13)."""
-    from backends import cufft, cufft_buffers
+    from minitorch_fft.backends import cufft, cufft_buffers
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
     monkeypatch.setattr(auto, "_memory", {})
     settings(auto_tune="on")
@@ -453,7 +453,7 @@ def test_a_processs_first_settings_block_gets_a_label_of_its_own():
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINITORCH_")}   # every setting at its default
-    code = ("from backends import auto, config\n"
+    code = ("from minitorch_fft.backends import auto, config\n"
             "start, text = config.state(), auto.label()\n"
             "with config.override(cudnn_workspace_mb=1024):\n"
             "    print(config.state() != start, text, auto.label())\n"

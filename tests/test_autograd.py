@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-import backends
+from minitorch_fft import backends
 import minitorch_fft as mt
 import minitorch_fft.functional as F
 

@@ -246,7 +246,7 @@ def test_sweep_report_counts_what_it_leaves_out(tmp_path, monkeypatch):
 def test_sweep_chunks_carry_their_provenance(tmp_path, monkeypatch):
     """Each run (chunk) of a resumable sweep leaves a provenance line, commit included, and the
     report lists them."""
-    from backends import config
+    from minitorch_fft.backends import config
     from benchmarks import harness, sweep
     path = tmp_path / "sweep.jsonl"
     for done_before, c in enumerate(sweep.quick_sample()[:2]):
@@ -456,7 +456,7 @@ def test_bench_cufft_fused_step_runs_the_three_passes_sharing_spectra(name):
     """The fused step bench_cufft times: right against float64, 3 FFTs saved, the block closed."""
     import numpy as np
 
-    import backends
+    from minitorch_fft import backends
     from benchmarks.bench_cufft import fused_step
     from reference import conv_reference, rel_error
     rng = np.random.default_rng(0)
@@ -490,7 +490,7 @@ def test_paper_tables_bookkeeping_without_a_gpu(monkeypatch):
     and passes, ratios are cuDNN over ours, and cuDNN's own precision misses are reported."""
     import types
 
-    import backends
+    from minitorch_fft import backends
     from benchmarks import paper
     calls = []
 
@@ -628,9 +628,9 @@ def test_step_check_agrees_with_pytorch_and_catches_a_wrong_gradient(monkeypatch
     gradient 1 % off in one pass of the conv backend is caught."""
     import numpy as np
 
-    import backends
+    from minitorch_fft import backends
     import minitorch_fft as mt
-    import models
+    from minitorch_fft import models
     from benchmarks import harness, paper
     mt.manual_seed(0)
     net = models.get("alexnet", num_classes=10, backend="gemm")
@@ -683,7 +683,7 @@ def test_our_branch_is_replayed_in_the_reference_and_a_far_flip_is_reported():
     import torch
 
     import minitorch_fft as mt
-    import models
+    from minitorch_fft import models
     from benchmarks import harness, paper
     mt.manual_seed(0)
     net = models.get("alexnet", num_classes=10, backend="gemm")
@@ -720,7 +720,7 @@ def test_step_check_carries_the_running_statistics_over():
     import torch
 
     import minitorch_fft as mt
-    import models
+    from minitorch_fft import models
     from benchmarks import harness, paper
     mt.manual_seed(0)
     net = models.get("resnet18", num_classes=10, backend="gemm")
@@ -884,7 +884,7 @@ def _bench_pytorch_main(monkeypatch, tmp_path, run_network):
 
     import torch
 
-    from backends import cudnn, tuning
+    from minitorch_fft.backends import cudnn, tuning
     from benchmarks import bench_pytorch
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(__version__="0"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -998,7 +998,7 @@ def test_bench_pytorch_frees_the_cublas_workspaces_between_rows(monkeypatch):
     the next would be counted by the first only), cleared before the cached blocks are returned."""
     import torch
 
-    import backends
+    from minitorch_fft import backends
     from benchmarks import bench_pytorch
     calls = []
     monkeypatch.setattr(backends.cufft, "release_buffers", lambda: calls.append("cufft"))
@@ -1043,7 +1043,7 @@ def test_bench_pytorch_overfeat_fast_runs_at_its_image_size():
 def test_tune_coverage_counts_the_choices_a_step_asks_for(tmp_path, capsys, monkeypatch):
     import numpy as np
 
-    from backends import auto, config, tuning
+    from minitorch_fft.backends import auto, config, tuning
     from benchmarks import tune_coverage
     device = "NVIDIA H100 80GB HBM3"
     monkeypatch.setattr(tuning, "device_name", lambda xp: device)
@@ -1078,7 +1078,7 @@ def test_tune_coverage_counts_the_choices_a_step_asks_for(tmp_path, capsys, monk
     (["--device", "NVIDIA A100"], "holds no choices for 'NVIDIA A100'"),
 ])
 def test_tune_coverage_names_what_it_cannot_read(tmp_path, capsys, args, message):
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     from benchmarks import tune_coverage
     tuning.TuneCache(tmp_path / "tune.json").put(("NVIDIA H100 80GB HBM3", "float32", "fp32", (1,) * 11, "fprop",
                                                   "auto"), {"choice": "gemm"})
@@ -1113,7 +1113,7 @@ def tiny_zoo(monkeypatch, settings):
     (auto_tune on; NumPy also where a GPU answers), with no choice remembered from earlier tests."""
     import numpy as np
 
-    from backends import auto
+    from minitorch_fft.backends import auto
     from benchmarks import tune_coverage, tune_zoo
     monkeypatch.setattr(tune_coverage, "distinct_conv_layers", lambda net, batch: list(TINY_NET))
     monkeypatch.setattr(tune_zoo, "_array_module", lambda: np)
@@ -1124,7 +1124,7 @@ def tiny_zoo(monkeypatch, settings):
 
 def _a_new_process(monkeypatch):
     """auto's in-process memory and the cache objects gone: only the cache file remembers."""
-    from backends import auto, tuning
+    from minitorch_fft.backends import auto, tuning
     monkeypatch.setattr(auto, "_memory", {})
     monkeypatch.setattr(auto, "_fast", {})
     monkeypatch.setattr(tuning, "_caches", {})
@@ -1133,8 +1133,8 @@ def _a_new_process(monkeypatch):
 def test_tune_zoo_tunes_what_the_cache_lacks_and_keeps_it(tmp_path, capsys, monkeypatch, tiny_zoo):
     """Every choice the step asks for lands in the file, in step order; a second run finds them
     all and tunes nothing; tune_coverage (an independent count, from the file) agrees."""
-    import backends
-    from backends import tuning
+    from minitorch_fft import backends
+    from minitorch_fft.backends import tuning
     from benchmarks import tune_coverage, tune_zoo
     asked, real = [], backends.choose
 
@@ -1216,7 +1216,7 @@ def test_tune_zoo_refuses_what_it_cannot_do(tmp_path, capsys, monkeypatch, setti
 @pytest.mark.parametrize("place", ["foreign", "under a file"])
 def test_tune_zoo_refuses_a_cache_it_could_not_write_before_tuning(tmp_path, capsys, monkeypatch, tiny_zoo, place):
     """Minutes of tuning into a cache that keeps them in memory only would be lost: refused first."""
-    import backends
+    from minitorch_fft import backends
     from benchmarks import tune_zoo
     monkeypatch.setattr(backends, "choose", lambda *a, **k: pytest.fail("tuned before refusing"))
     if place == "foreign":
@@ -1237,7 +1237,7 @@ def test_tune_zoo_refuses_a_cache_it_could_not_write_before_tuning(tmp_path, cap
 def test_tune_zoo_tunes_a_choice_two_networks_share_once(tmp_path, capsys, monkeypatch, tiny_zoo):
     """The same layers under two network names (as ResNet-18 and ResNet-50 share their stem): each
     choice is asked for and counted once, under the first network, and both are complete after."""
-    import backends
+    from minitorch_fft import backends
     from benchmarks import tune_zoo
     asked, real = [], backends.choose
     monkeypatch.setattr(backends, "choose", lambda *a, **k: asked.append(a[:2]) or real(*a, **k))
@@ -1274,8 +1274,8 @@ def test_bench_pytorch_times_compiled_rows_after_every_eager_one():
 def test_tune_zoo_keeps_what_it_made_when_a_choice_fails(tmp_path, capsys, monkeypatch, tiny_zoo):
     """A choice that raises (every backend failed) ends the run with its traceback, the table of what
     was done, and exit 1; the choices made before it are in the file."""
-    import backends
-    from backends import tuning
+    from minitorch_fft import backends
+    from minitorch_fft.backends import tuning
     from benchmarks import tune_coverage, tune_zoo
     real, calls = backends.choose, []
 
@@ -1312,7 +1312,7 @@ def test_gpu_tables_refuses_a_tune_cache_that_is_not_there(tmp_path):
 def test_exp_step_error_tf32_rows_are_settings_the_config_takes():
     """exp_step_error --tf32's rows: auto as tuned, winograd at F(2x2), and every default candidate
     but winograd; each row's settings are ones config.override accepts (checked before a GPU run)."""
-    from backends import auto, config
+    from minitorch_fft.backends import auto, config
     from benchmarks.experiments import exp_step_error
     rows = exp_step_error.tf32_rows()
     assert list(rows) == ["auto", "auto, winograd F(2x2) only", "auto without winograd"]
@@ -1326,7 +1326,7 @@ def test_exp_step_error_tf32_rows_are_settings_the_config_takes():
 def test_exp_winograd_chunks_runs_both_factors_side_by_side_on_the_cpu(tmp_path, monkeypatch):
     """The experiment's NumPy smoke run: a tiny layer whose chunks differ between the factors
     (the floor off), results equal between them, the module's factor restored, files written."""
-    from backends import winograd
+    from minitorch_fft.backends import winograd
     from benchmarks.experiments import exp_winograd_chunks as exp
     monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))     # (f, f', h = w, batch)
     monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
@@ -1414,7 +1414,7 @@ def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
     the end groups what the trace left alive."""
     from benchmarks.experiments import exp_compile_gap as exp
     ours = [{"filename": "/x/torch/nn/modules/module.py", "line": 1, "name": "__call__"},
-            {"filename": "/x/backends/tiledfft.py", "line": 214, "name": "_correlate"}]
+            {"filename": "/x/minitorch_fft/backends/tiledfft.py", "line": 214, "name": "_correlate"}]
     step = [{"filename": "/x/benchmarks/bench.py", "line": 9, "name": "step"}]
     trace = [{"action": "alloc", "addr": 1, "size": 100, "frames": step},
              {"action": "alloc", "addr": 2, "size": 50, "frames": ours},
@@ -1441,7 +1441,7 @@ def test_exp_step_profile_turns_py_spys_samples_into_host_ms_a_step(tmp_path):
 
     from benchmarks.experiments import exp_step_profile as exp
     loop = "<module> (x.py:1);_profiled_steps (benchmarks/experiments/exp_step_profile.py:150)"
-    raw = [f"thread (0x1): MainThread;{loop};_crossing (minitorch_fft/pytorch.py:270);_gemm (backends/cgemm.py:170);"
+    raw = [f"thread (0x1): MainThread;{loop};_crossing (minitorch_fft/pytorch.py:270);_gemm (minitorch_fft/backends/cgemm.py:170);"
            "cublasGemmEx (libcublas.so.13) 30",
            f"thread (0x1): MainThread;{loop};relu (torch/nn/functional.py:1721) 20",
            f"thread (0x1): MainThread;{loop};synchronize (torch/cuda/__init__.py:1083) 10",
@@ -1460,9 +1460,9 @@ def test_exp_step_profile_turns_py_spys_samples_into_host_ms_a_step(tmp_path):
                 "| native:libcublas | 30.000 | 30.000 | 0.000 |", "| py:torch | 20.000 | 0.000 | 20.000 |",
                 "| native-source:core.cpp | 20.000 | 20.000 | 0.000 |", "| (no Python frame) | 10.000 | 0.000 | 10.000 |",
                 "| all | 80.000 | 50.000 | 30.000 |", "| _crossing (minitorch_fft/pytorch.py) | 30.000 | 37.50 |",
-                "| _gemm (backends/cgemm.py) | 30.000 | 37.50 |", "| _grads (minitorch_fft/pytorch.py) | 20.000 | 25.00 |",
+                "| _gemm (minitorch_fft/backends/cgemm.py) | 30.000 | 37.50 |", "| _grads (minitorch_fft/pytorch.py) | 20.000 | 25.00 |",
                 "| all | 50.000 | 62.50 |",
-                "| cublasGemmEx (libcublas.so.13) <- _gemm (backends/cgemm.py:170) | 30.000 | 37.50 |"):
+                "| cublasGemmEx (libcublas.so.13) <- _gemm (minitorch_fft/backends/cgemm.py:170) | 30.000 | 37.50 |"):
         assert row in text, (row, text)
     assert "make_steps" not in text and "25 instants not read" in text
     assert text.count("| _crossing (minitorch_fft/pytorch.py) |") == 1     # not deepest anywhere: no self row

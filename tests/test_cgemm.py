@@ -6,7 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from backends import cgemm
+from minitorch_fft.backends import cgemm
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import backends
+from minitorch_fft import backends
 
-from backends import config
+from minitorch_fft.backends import config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,25 +119,33 @@ def test_the_readme_table_lists_every_variable():
 
 def test_a_bad_value_never_breaks_the_import():
     env = {"MINITORCH_GEMM_WORKSPACE_MB": "abc", "MINITORCH_CGEMM_TF32": "yes", "PATH": "/usr/bin:/bin"}
-    res = subprocess.run([sys.executable, "-c", "import backends, minitorch_fft, models"], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-c", "import minitorch_fft.backends, minitorch_fft.models"], cwd=ROOT,
                          env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
 
 def test_backends_import_nothing_of_the_framework():
-    """backends/ is the ground floor: importing it loads no minitorch_fft module."""
-    code = "import sys, backends; print(sorted(m for m in sys.modules if m.split('.')[0] == 'minitorch_fft'))"
+    """minitorch_fft.backends is the ground floor: it imports nothing of the framework above it.
+    The package's own __init__ (which loads the framework) is kept out with an empty parent module,
+    so any other minitorch_fft module that backends pulled in would show in sys.modules."""
+    code = ("import sys, types; pkg = types.ModuleType('minitorch_fft'); "
+            f"pkg.__path__ = [{str(ROOT / 'minitorch_fft')!r}]; sys.modules['minitorch_fft'] = pkg; "
+            "import minitorch_fft.backends; "
+            "print(sorted(m for m in sys.modules if m.startswith('minitorch_fft.') "
+            "and not m.startswith('minitorch_fft.backends')))")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
-    for path in (ROOT / "backends").rglob("*.py"):
+    for path in (ROOT / "minitorch_fft" / "backends").rglob("*.py"):
         source = path.read_text()
-        assert not re.search(r"^\s*(from|import) minitorch_fft", source, re.M), path
+        assert not re.search(r"^\s*from \.\.", source, re.M), path
+        for line in re.findall(r"^\s*(?:from|import) minitorch_fft\S*", source, re.M):
+            assert line.split()[-1].startswith("minitorch_fft.backends"), (path, line)
 
 
 def test_only_the_settings_module_reads_the_environment():
     readers = []
-    for folder in ("backends", "minitorch_fft", "models", "benchmarks"):
+    for folder in ("minitorch_fft", "benchmarks"):
         for path in (ROOT / folder).rglob("*.py"):
             if path.name != "config.py" and re.search(r"os\.environ|os\.getenv|getenv\(", path.read_text()):
                 readers.append(str(path.relative_to(ROOT)))

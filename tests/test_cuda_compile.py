@@ -1,4 +1,4 @@
-"""Every CUDA source under backends/kernels/ and minitorch_fft/kernels/ (the core's pooling,
+"""Every CUDA source under minitorch_fft/backends/kernels/ and minitorch_fft/kernels/ (the core's pooling,
 dropout, SGD and fused layer kernels) compiles for sm_90, and its kernels live in registers: ptxas reports
 no spill stores or loads (and, for the fbfft kernels, whose register arrays must be indexed by
 constants only, no stack frame at all).
@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 import minitorch_fft
-from backends import fbfft_kernels, tiledfft, winograd
-from backends.common import KERNEL_DIR, kernel_source
+from minitorch_fft.backends import fbfft_kernels, tiledfft, winograd
+from minitorch_fft.backends.common import KERNEL_DIR, kernel_source
 from conftest import host_library
 from minitorch_fft import functional
 
@@ -249,7 +249,7 @@ def core_gpu_branch(lib, module):
     arrays are NumPy arrays that answer .data.ptr (cp.empty poisons them), and `module`'s
     cuda_module compiling nothing but handing out HostKernels of `lib`. Yields the launch log,
     [(kernel, grid, block)]."""
-    from backends import common, device
+    from minitorch_fft.backends import common, device
     from test_cgemm import _Device
     log = []
     as_device = lambda a: a.view(_Device)                                           # noqa: E731

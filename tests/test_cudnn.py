@@ -10,8 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import backends
-from backends import auto, cgemm, config, cudnn, tuning
+from minitorch_fft import backends
+from minitorch_fft.backends import auto, cgemm, config, cudnn, tuning
 from reference import check_backend, conv_reference, rel_error
 
 f32 = np.float32

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends import config, cufft, cufft_buffers, reuse, tuning
-from backends.common import geometry
+from minitorch_fft.backends import config, cufft, cufft_buffers, reuse, tuning
+from minitorch_fft.backends.common import geometry
 from conftest import DEVICES
 from minitorch_fft.device import get_array_module, to_device
 from reference import check_backend

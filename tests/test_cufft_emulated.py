@@ -12,8 +12,8 @@ import types
 import numpy as np
 import pytest
 
-from backends import cgemm, cufft, cufft_buffers
-from backends.common import geometry
+from minitorch_fft.backends import cgemm, cufft, cufft_buffers
+from minitorch_fft.backends.common import geometry
 
 R2C, C2R = 0x2A, 0x2C
 

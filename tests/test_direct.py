@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from backends import common, correlate1d, direct, direct_plans, tuning
+from minitorch_fft.backends import common, correlate1d, direct, direct_plans, tuning
 from conftest import DEVICES
 from minitorch_fft.device import to_device
 from reference import check_backend, conv_reference, rel_error

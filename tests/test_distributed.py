@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import minitorch_fft as mt
-import models
+from minitorch_fft import models
 from minitorch_fft import distributed
 from minitorch_fft.cli import main, parse_args
 

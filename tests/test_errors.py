@@ -5,10 +5,10 @@ BAD_INPUTS is the table RELIABILITY.md counts; each row is (entry point, call, e
 import numpy as np
 import pytest
 
-import backends
+from minitorch_fft import backends
 import minitorch_fft as mt
-import models
-from backends.common import geometry
+from minitorch_fft import models
+from minitorch_fft.backends.common import geometry
 from conftest import DEVICES
 
 f32 = np.float32

@@ -21,9 +21,9 @@ import warnings
 import numpy as np
 import pytest
 
-import backends
+from minitorch_fft import backends
 import minitorch_fft as mt
-import models
+from minitorch_fft import models
 from conftest import backend_usable
 from minitorch_fft import cli
 
@@ -193,7 +193,7 @@ def test_a_pass_output_beyond_the_pools_limit_is_refused_before_allocating():
 def test_a_pass_output_beyond_the_gpus_free_memory_is_refused_before_allocating():
     """More than the GPU has free but less than the host's memory: refused at the pass, naming it."""
     import cupy as cp
-    from backends import common
+    from minitorch_fft.backends import common
     cp.get_default_memory_pool().free_all_blocks()
     free = cp.cuda.runtime.memGetInfo()[0]
     side = int(np.ceil(np.sqrt((free + 2**30) / 4))) | 1

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-import backends
-from backends import fbfft
+from minitorch_fft import backends
+from minitorch_fft.backends import fbfft
 from conftest import DEVICES
 from reference import check_backend
 

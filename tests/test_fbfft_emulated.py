@@ -27,12 +27,12 @@ import types
 import numpy as np
 import pytest
 
-import backends
-from backends import cgemm, fbfft, fbfft_kernels, fbfft_plan
-from backends.common import KERNEL_DIR, geometry
-from backends.reuse import Key
+from minitorch_fft import backends
+from minitorch_fft.backends import cgemm, fbfft, fbfft_kernels, fbfft_plan
+from minitorch_fft.backends.common import KERNEL_DIR, geometry
+from minitorch_fft.backends.reuse import Key
 from conftest import host_library
-from backends import device
+from minitorch_fft.backends import device
 from reference import check_backend
 from test_cgemm import CALLS as GEMM_CALLS
 from test_cgemm import _Device, _gemm_strided_batched_ex

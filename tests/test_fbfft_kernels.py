@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from backends import fbfft_emulator, fbfft_kernels, fbfft_plan
-from backends.common import KERNEL_DIR
+from minitorch_fft.backends import fbfft_emulator, fbfft_kernels, fbfft_plan
+from minitorch_fft.backends.common import KERNEL_DIR
 from conftest import host_library
 
 

@@ -6,9 +6,9 @@ import types
 import numpy as np
 import pytest
 
-import backends
-from backends import gemm, layout
-from backends.common import KERNEL_DIR, batch_slices
+from minitorch_fft import backends
+from minitorch_fft.backends import gemm, layout
+from minitorch_fft.backends.common import KERNEL_DIR, batch_slices
 from conftest import DEVICES, host_library
 from minitorch_fft.device import to_device
 from reference import check_backend, conv_reference, rel_error
@@ -407,7 +407,7 @@ def test_accgrad_tunes_the_implicit_form_where_its_block_fits(settings, tmp_path
     """The implicit form is a candidate only where accgrad_small's block fits (1024 threads, 48 KiB
     of tiles): VGG-16's conv1_1 and ResNet's conv1, not a 512 x 4608 gradient. Each candidate the
     geometry takes is timed."""
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     fits = lambda xs, ws, s, p: gemm._implicit_fits(backends.geometry(xs, ws, s, p))
     assert fits((64, 3, 224, 224), (64, 3, 3, 3), (1, 1), (1, 1)) and fits((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3))
     assert not fits((8, 512, 14, 14), (512, 512, 3, 3), (1, 1), (1, 1))
@@ -433,7 +433,7 @@ def test_the_untuned_form_rule():
 def test_pointwise_form_is_tuned_where_gemm_tune_tunes(settings, tmp_path):
     """gemm_tune on (the CPU here): both forms timed, the choice cached under gemm.form_key;
     off: the rule's default, nothing cached."""
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     settings(gemm_tune="on", tune_cache=str(tmp_path / "t.json"))
     rng = np.random.default_rng(14)
     x, w = rng.standard_normal((2, 6, 7, 7)).astype(np.float32), rng.standard_normal((5, 6, 1, 1)).astype(np.float32)
@@ -737,7 +737,7 @@ def test_fused_forms_are_tuned_and_agree(settings, tmp_path):
     """gemm_tune on the GPU: a strided 1x1 fprop and bprop time all four forms, the fused ones checked
     against per_image (none skipped)."""
     import cupy as cp
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     settings(gemm_tune="on", tune_cache=str(tmp_path / "t.json"))
     xs, ws = (16, 128, 28, 28), (256, 128, 1, 1)
     x, w = cp.random.standard_normal(xs, dtype=cp.float32), cp.random.standard_normal(ws, dtype=cp.float32)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import minitorch_fft as mt
-from backends import cgemm
+from minitorch_fft.backends import cgemm
 from minitorch_fft import random as mrandom
 from test_cuda_compile import core_gpu_branch, core_host_library
 from test_cgemm import CALLS, _Device, _gemm_strided_batched_ex, cublas_model, rand  # noqa: F401
@@ -243,7 +243,7 @@ def _train(backend, batches, graphed, lr_at=None, before=None):
         if step is not None:
             loss, _ = step(cp.asarray(x), y)
         else:
-            import backends
+            from minitorch_fft import backends
             with backends.reuse_spectra():
                 loss = crit(model(mt.Tensor(cp.asarray(x))), cp.asarray(y))
                 opt.zero_grad()
@@ -478,7 +478,7 @@ def test_memory_the_graph_uses_is_not_handed_out_after_cufft_lets_it_go():
     next replay would overwrite them."""
     import cupy as cp
 
-    import backends
+    from minitorch_fft import backends
     batches = _batches(3)
     _, _, step = _train("cufft", batches, graphed=True)
     sizes = [b.nbytes for b in backends.cufft.held_on_device() if hasattr(b, "nbytes")]
@@ -495,7 +495,7 @@ def test_the_graph_holds_cudnns_built_plans(monkeypatch):
     """held_on_device(), what a captured graph keeps alive, lists cudnn's built plans beside cufft's
     buffers: an out-of-memory fallback drops both caches (backends._release), and a graph replays
     the plans it captured."""
-    import backends
+    from minitorch_fft import backends
     plan = object()
     monkeypatch.setitem(backends.cudnn._built, ("a key",), plan)
     assert any(h is plan for h in backends.held_on_device())
@@ -511,7 +511,7 @@ def test_a_graphed_step_keeps_its_cudnn_plans_when_the_cache_drops_them():
     import gc
     import weakref
 
-    import backends
+    from minitorch_fft import backends
     from conftest import backend_usable
     if not backend_usable("cudnn"):
         pytest.skip("cuDNN not usable here")

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import backends
-from backends import config
+from minitorch_fft import backends
+from minitorch_fft.backends import config
 from benchmarks import harness
 
 ROOT = Path(__file__).resolve().parent.parent

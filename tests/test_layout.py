@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from backends import layout
+from minitorch_fft.backends import layout
 from conftest import DEVICES
 
 SHAPES = [(2, 3, 5, 7), (3, 64, 9, 33), (1, 40, 32, 32), (2, 1, 1, 1), (0, 3, 4, 4),

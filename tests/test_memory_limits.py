@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-import backends
+from minitorch_fft import backends
 import minitorch_fft as mt
-from backends import common
+from minitorch_fft.backends import common
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 f32 = np.float32

@@ -6,7 +6,7 @@ import torch
 import torchvision
 
 import minitorch_fft as mt
-import models
+from minitorch_fft import models
 from conftest import DEVICES
 from reference import rel_error
 

@@ -14,7 +14,7 @@ import pytest
 import minitorch_fft
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("minitorch_fft", "backends", "models")
+PACKAGES = ("minitorch_fft",)
 # Run in a subprocess: importing sklearn or scipy fails, so any use of them shows.
 WITHOUT_SKLEARN = "import sys; sys.modules['sklearn'] = None; sys.modules['scipy'] = None; "
 
@@ -61,6 +61,9 @@ def test_the_wheel_holds_the_cuda_sources_the_digits_and_the_license(wheel):
                for p in (ROOT / package).rglob("*.cu*") if p.suffix in (".cu", ".cuh")}
     assert sources and sources <= names, f"missing from the wheel: {sorted(sources - names)}"
     assert "minitorch_fft/digits.npz" in names
+    # One top-level package: nothing named `backends` or `models` lands in site-packages beside
+    # (or over) a user's own or another distribution's.
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"minitorch_fft"}
     assert "minitorch_fft/cli.py" in names and "minitorch_fft/__main__.py" in names
     assert meta["License-Expression"] == "BSD-3-Clause"
     assert meta.get_all("License-File") == ["LICENSE"]
@@ -91,7 +94,7 @@ def test_the_installed_wheel_trains_from_its_own_files(wheel, tmp_path):
 
 
 def test_the_runtime_needs_neither_sklearn_nor_scipy():
-    code = (WITHOUT_SKLEARN + "import backends, models, minitorch_fft as mt, minitorch_fft.cli; "
+    code = (WITHOUT_SKLEARN + "import minitorch_fft as mt, minitorch_fft.backends, minitorch_fft.models, minitorch_fft.cli; "
             "train, test = mt.data.digits(seed=3); print(len(train), len(test))")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-import backends
+from minitorch_fft import backends
 from minitorch_fft import pytorch as pt
 from minitorch_fft.pytorch import Conv2d
 from test_pytorch import assert_matches, float64_layer

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-import backends
-from backends import cufft, fbfft, polyphase
+from minitorch_fft import backends
+from minitorch_fft.backends import cufft, fbfft, polyphase
 from conftest import DEVICES, host_library
 from reference import check_backend, conv_reference, rel_error
 
@@ -96,7 +96,7 @@ extern "C" void scatter(ARGS) { launch(grid, tx, ty, [=] { polyphase_scatter(x, 
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    from backends.common import KERNEL_DIR
+    from minitorch_fft.backends.common import KERNEL_DIR
     return host_library(tmp_path_factory, "polyphase_emu",
                         EMULATION.replace("KERNEL_PATH", str(KERNEL_DIR / "polyphase.cu")), ("-std=c++17",))
 

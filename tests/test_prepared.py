@@ -8,8 +8,8 @@ path's answer or error. The settings' state number on the CPU."""
 import numpy as np
 import pytest
 
-import backends
-from backends import auto, common, config, cudnn, gemm, tuning
+from minitorch_fft import backends
+from minitorch_fft.backends import auto, common, config, cudnn, gemm, tuning
 from reference import conv_reference, rel_error
 
 f32 = np.float32
@@ -299,7 +299,7 @@ def test_prepared_roles_are_kept_only_once_final(settings, monkeypatch):
     auto's memory: an accGrad whose bprop is not chosen yet keeps gy for it and does not remember
     that answer; once bprop is chosen (gemm) it keeps nothing, and that is remembered per (later,
     the block's inputs). Outside a reuse block no roles are asked for."""
-    from backends import reuse
+    from minitorch_fft.backends import reuse
     settings(reuse_weight_spectra=False)
     chosen = {}
     monkeypatch.setattr(auto, "remembered", lambda registry, pass_name, *args: chosen.get(pass_name))

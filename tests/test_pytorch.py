@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as TF
 
-import backends
+from minitorch_fft import backends
 from conftest import DEVICES
 from minitorch_fft import pytorch as pt
 from minitorch_fft.pytorch import Conv2d, conv2d, convert, reuse_spectra, unsupported
@@ -1160,7 +1160,7 @@ def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, own_handle, monke
     takes (from its pool), never an eager pass. Strict fp32 stays strict where PyTorch allows TF32
     matmuls (it sets TF32 math on its handle). Two captures on two streams replay right, the first
     freed first."""
-    from backends import cgemm
+    from minitorch_fft.backends import cgemm
     monkeypatch.setattr(pt, "_graph_handles", {})
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     if own_handle:
@@ -1211,7 +1211,7 @@ def test_pytorch_shares_our_libcublas_where_one_is_loaded():
     single libcublas file loaded (a pip install, as on the lent GPUs) means one library, shared."""
     from pathlib import Path
 
-    from backends import cgemm
+    from minitorch_fft.backends import cgemm
     torch.ones(2, 2, device="cuda") @ torch.ones(2, 2, device="cuda")     # PyTorch's cuBLAS, loaded
     cgemm._libcublas()                                                      # and CuPy's
     if len(cgemm._libcublas_paths()) != 1 or not (Path(torch.__file__).parent / "lib" / "libtorch_cuda.so").exists():
@@ -1372,7 +1372,7 @@ def test_a_pass_that_fits_in_pytorchs_cache_is_not_refused(monkeypatch):
     allocator holds gigabytes unused, which it hands out to the passes. The output check counts
     them (before: a 71 MiB fprop output refused as 'more than the 40 MiB free on the GPU'). The
     driver's figure is made 40 MiB here (filling the GPU would starve the other test processes)."""
-    from backends import common
+    from minitorch_fft.backends import common
     monkeypatch.setattr(backends, "_prepared", {})                  # the full path, with its check
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(17, 64, 128, 128, device="cuda", generator=g)  # output 17x64x128x128: 71 MiB
@@ -1410,7 +1410,7 @@ def test_the_memory_checks_count_a_registered_pools_unused_bytes(monkeypatch):
     pool's unused bytes to the GPU's free memory and names them (a stand-in CuPy here)."""
     import types
 
-    from backends import common
+    from minitorch_fft.backends import common
     allocator = object()
     cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
         get_current_stream=lambda: types.SimpleNamespace(is_capturing=lambda: False),

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import backends
+from minitorch_fft import backends
 import minitorch_fft as mt
-import models
+from minitorch_fft import models
 import train
 from conftest import backend_usable
 from reference import check_backend
@@ -240,7 +240,7 @@ def test_gpu_out_of_memory_in_fft_buffers_falls_back_and_frees(monkeypatch):
     warns once, returns the right answer, and leaves no scratch allocated."""
     import cupy as cp
 
-    from backends import cufft
+    from minitorch_fft.backends import cufft
     monkeypatch.setattr(backends, "_warned", set())
     mt.manual_seed(0)
     layer = mt.SpatialConvolution(64, 64, 9, bias=False, backend="cufft").to("cuda")

@@ -6,10 +6,10 @@ FFTs on the same arrays, computed once instead of twice), and both must match Py
 import numpy as np
 import pytest
 
-import backends
+from minitorch_fft import backends
 import minitorch_fft as mt
-from backends import auto, cufft, fbfft, reuse
-from backends.common import geometry
+from minitorch_fft.backends import auto, cufft, fbfft, reuse
+from minitorch_fft.backends.common import geometry
 from conftest import DEVICES
 from minitorch_fft.device import to_device
 from reference import conv_reference, rel_error

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 
-import backends
+from minitorch_fft import backends
 import test_fbfft_kernels
-from backends import tiledfft
-from backends.common import KERNEL_DIR
+from minitorch_fft.backends import tiledfft
+from minitorch_fft.backends.common import KERNEL_DIR
 from conftest import host_library
 from reference import check_backend
 
@@ -192,7 +192,7 @@ def test_tf32_mode_compares_the_bases_at_the_tf32_tolerance(settings, tmp_path, 
     tuner compares them at cgemm.TF32_TOL (at 1e-4 it refused all but the default, session 22), and
     the revision is one higher there, so records tuned the old way are timed again. The mode is
     stood in for on the CPU (NumPy's GEMMs never round)."""
-    from backends import cgemm, tuning
+    from minitorch_fft.backends import cgemm, tuning
     geom = ((2, 3, 40, 40), (4, 3, 3, 3), (1, 1), (1, 1))
     assert [tiledfft.revision(p, *geom, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [2, 2, 1]
     tols, tune = [], tuning.tune

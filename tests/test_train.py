@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-import backends
+from minitorch_fft import backends
 import minitorch_fft as mt
-import models
+from minitorch_fft import models
 from minitorch_fft import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends import cgemm, tuning
-from backends.common import geometry
+from minitorch_fft.backends import cgemm, tuning
+from minitorch_fft.backends.common import geometry
 
 GEOMETRY = geometry((2, 3, 8, 8), (4, 3, 3, 3), (1, 1), (1, 1))
 
@@ -534,7 +534,7 @@ def test_enabled_reads_the_three_tune_settings(settings):
 def test_auto_cufft_and_direct_store_the_same_record_format(tmp_path, monkeypatch, settings):
     """Each tuner's entry in the file is tune()'s record: auto's, cufft's (CPU, cufft_tune on)
     and direct's (its GPU tuner driven through a fake run on NumPy arrays)."""
-    from backends import auto, cufft, direct
+    from minitorch_fft.backends import auto, cufft, direct
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
     monkeypatch.setattr(auto, "_memory", {})
     settings(auto_tune="on", cufft_tune="on")
@@ -559,7 +559,7 @@ def test_auto_cufft_and_direct_store_the_same_record_format(tmp_path, monkeypatc
 
 
 def backends_gemm():
-    from backends import gemm
+    from minitorch_fft.backends import gemm
     return gemm
 
 
@@ -622,7 +622,7 @@ def test_a_reference_that_is_not_finite_tunes_nothing_and_caches_nothing(fake_cl
 
 
 def test_cufft_on_nan_data_runs_untuned_and_tunes_later(monkeypatch, tmp_path, settings):
-    from backends import cufft
+    from minitorch_fft.backends import cufft
     settings(cufft_tune="on")
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
     rng = np.random.default_rng(0)
@@ -638,7 +638,7 @@ def test_cufft_on_nan_data_runs_untuned_and_tunes_later(monkeypatch, tmp_path, s
 
 
 def test_unwritable_says_why_a_cache_would_stay_in_memory(tmp_path):
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     assert tuning.TuneCache(tmp_path / "new" / "deeper" / "tune.json").unwritable() is None   # folders made
     cache = tmp_path / "tune.json"
     tuning.TuneCache(cache).put(("cpu", "float32", "fp32", (1,) * 11, "fprop", "auto"), {"choice": "gemm"})

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hsettings
 from hypothesis import strategies as st
 
-import backends
-from backends import winograd
-from backends.common import KERNEL_DIR
+from minitorch_fft import backends
+from minitorch_fft.backends import winograd
+from minitorch_fft.backends.common import KERNEL_DIR
 from conftest import DEVICES
 from reference import check_backend
 
@@ -150,7 +150,7 @@ def test_tf32_mode_runs_f2_alone(settings, tmp_path, monkeypatch):
     """On TF32 GEMMs F(4x4) is 2.1e-3 from float64, 7x a direct TF32 convolution (session 31):
     in TF32 mode the tile is F(2x2), untuned, whatever winograd_f4 says; strict fp32 still tunes
     both at TUNE_TOL. The mode is stood in for on the CPU."""
-    from backends import cgemm, tuning
+    from minitorch_fft.backends import cgemm, tuning
     tols, tune = [], tuning.tune
     monkeypatch.setattr(tuning, "tune", lambda *a, tol, **k: tols.append(tol) or tune(*a, tol=tol, **k))
     rng = np.random.default_rng(5)
@@ -330,7 +330,7 @@ def test_cuda_random_geometries_against_float64(fresh_rng):
 def test_cuda_tf32_mode_stays_near_a_direct_tf32_convolution(settings, tmp_path, fresh_rng):
     """In TF32 mode (F(2x2) alone) each pass of OverFeat-fast's 1024-plane layer stays within 1e-3
     of float64: F(4x4) gave 2.1e-3 there, 7x a direct TF32 convolution's 2.9e-4 (session 31)."""
-    from backends import cgemm
+    from minitorch_fft.backends import cgemm
     settings(winograd_f4=True, winograd_tune="on", tune_cache=str(tmp_path / "cache.json"))
     x = fresh_rng.standard_normal((8, 1024, 12, 12)).astype(np.float32)
     wt = (fresh_rng.standard_normal((1024, 1024, 3, 3)) / 96).astype(np.float32)

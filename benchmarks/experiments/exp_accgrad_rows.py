@@ -9,8 +9,8 @@ partial gradients' sum by CuPy's axis-0 reduction against sum_rows.
 import json
 import sys
 import cupy as cp, torch
-from backends import gemm
-from backends.common import geometry
+from minitorch_fft.backends import gemm
+from minitorch_fft.backends.common import geometry
 from benchmarks.harness import median_ms, setup_cudnn, set_tf32
 setup_cudnn(torch); set_tf32("strict")
 LAYERS = (("vgg16 conv1_1", (64, 3, 224, 224), (64, 3, 3, 3), (1, 1), (1, 1)),

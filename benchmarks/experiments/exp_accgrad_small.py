@@ -6,10 +6,10 @@ whole implicit pass (its own grid, and the partials' sum).
   PYTHONPATH=. python3 benchmarks/experiments/exp_accgrad_small.py"""
 from pathlib import Path
 import numpy as np, cupy as cp
-from backends import gemm
-from backends.common import geometry, sm_count
+from minitorch_fft.backends import gemm
+from minitorch_fft.backends.common import geometry, sm_count
 from benchmarks.harness import median_ms
-src = (Path(__file__).resolve().parents[2] / "backends" / "kernels" / "im2col.cu").read_text()
+src = (Path(__file__).resolve().parents[2] / "minitorch_fft" / "backends" / "kernels" / "im2col.cu").read_text()
 nocomp = src.replace("for (int q = 0; q < AG_TP; ++q) {\n            const float4 a", "for (int q = 0; q < (NOCOMP ? 0 : AG_TP); ++q) {\n            const float4 a")
 noload = (src.replace("? gy[q_gy[q] + (long long)o * P] : 0.f", "? 1.f : 0.f")
           .replace("? x[q_img[q] + k_off[k] + iy * w + ix] : 0.f", "? 2.f : 0.f")

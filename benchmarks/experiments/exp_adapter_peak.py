@@ -107,7 +107,7 @@ def modes(torch, base, x, y, chosen):
 
 
 def passes(torch, base, x, y, chosen):
-    from backends import auto, cufft_buffers
+    from minitorch_fft.backends import auto, cufft_buffers
     from minitorch_fft import pytorch as mp
     real_run = mp._run
     for mode in chosen:
@@ -182,7 +182,7 @@ def main(argv=None):
                     help="stock in PyTorch's default (cuDNN TF32), converted in the framework's TF32 mode")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     args = ap.parse_args(argv)
-    import backends
+    from minitorch_fft import backends
     from benchmarks.bench_pytorch import BATCH
     torch, base, x, y = setup(args.net, args.batch or BATCH[args.net], "tf32" if args.tf32 else "strict")
     with backends.config.override(tf32=args.tf32):

@@ -194,7 +194,7 @@ def main():
     args = p.parse_args()
     if args.bisect:
         return bisect(args.bisect)
-    from backends import config
+    from minitorch_fft.backends import config
     with config.override(**({"tune_cache": args.tune_cache} if args.tune_cache else {})):
         run(args)
 
@@ -202,13 +202,13 @@ def main():
 def run(args):
     import torch
 
-    import backends
+    from minitorch_fft import backends
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     one_pass("first (tuning)", args.watch, args.probe, args.kinks)
     print(backends.auto.format_choices())
     if args.first_only:
         return
-    from backends import tuning
+    from minitorch_fft.backends import tuning
     path = tuning.cache_path()
     if path.exists():
         records = json.loads(path.read_text()).get("devices", {})

@@ -99,8 +99,8 @@ def main(argv=None):
     import cupy as cp
     import torch
 
-    from backends import cgemm, config, cudnn
-    from backends.common import geometry
+    from minitorch_fft.backends import cgemm, config, cudnn
+    from minitorch_fft.backends.common import geometry
     from minitorch_fft import fused
 
     front, why = cudnn._frontend()

@@ -52,7 +52,7 @@ def one(mode):
     if mode == "identity":
         import cupy
         cupy.ones(4) @ cupy.ones(4)                 # CuPy loads its libcublas
-        from backends import cgemm
+        from minitorch_fft.backends import cgemm
         from minitorch_fft import pytorch as pt
         print("identity: libcublas files", cgemm._libcublas_paths(), "torch shares:", pt._torch_shares_libcublas())
         return
@@ -60,7 +60,7 @@ def one(mode):
     try:
         with torch.cuda.graph(graph, stream=stream):
             if mode == "handle_relaxed":
-                from backends import cgemm
+                from minitorch_fft.backends import cgemm
                 with cgemm.relaxed_capture_mode():
                     torch.cuda.current_blas_handle()
             elif mode == "handle":

@@ -300,7 +300,7 @@ def issue_split(step, steps):
 
     import torch
 
-    import backends
+    from minitorch_fft import backends
     from minitorch_fft import pytorch as pt
     rows, full, spent, seen = [], Counter(), Counter(), Counter()
     piece_s, piece_n = Counter(), Counter()
@@ -345,8 +345,8 @@ def pass_peaks(step, top, crossings=False):
     a channels-last layer's passes on cuDNN's NHWC plans go through and run_pass does not."""
     import torch
 
-    import backends
-    from backends import config
+    from minitorch_fft import backends
+    from minitorch_fft.backends import config
     from minitorch_fft import pytorch as pt
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -409,7 +409,7 @@ def _pieces():
     """[((object, attribute), label)]: what issue_split times under the passes, each call labelled."""
     import cupy
 
-    from backends import cgemm, common, cudnn, fbfft_kernels, polyphase
+    from minitorch_fft.backends import cgemm, common, cudnn, fbfft_kernels, polyphase
     return [((cgemm, "_gemm"), lambda xp, a, b, out, op_a, op_b, *_: f"cgemm._gemm {a.shape} {op_a} {b.shape} {op_b} "
                                                                       f"({cgemm.mode(xp)})"),
             ((cudnn._Plan, "run"), lambda plan, cp, a, b, out, *_: f"cudnn plan run -> {out.shape}"),
@@ -501,7 +501,7 @@ def main():
 
     import torch
 
-    import backends
+    from minitorch_fft import backends
     from minitorch_fft.pytorch import convert
     setup_cudnn(torch)                               # cuDNN's full search, as bench_pytorch's stock rows
     set_tf32("tf32" if args.tf32 else "strict")

@@ -26,7 +26,7 @@ def child(case):
     import cupy as cp
     import numpy as np
 
-    from backends import config, cudnn
+    from minitorch_fft.backends import config, cudnn
     with config.override(tf32=False, cudnn_tune="off"):
         xs, ws = (8, 64, 28, 28), (64, 64, 3, 3)
         x = cp.random.standard_normal(xs, dtype=cp.float32)

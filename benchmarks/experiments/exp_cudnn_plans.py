@@ -72,8 +72,8 @@ def main(argv=None):
     import cupy as cp
     import torch
 
-    from backends import cgemm, config, cudnn, tuning
-    from backends.common import geometry
+    from minitorch_fft.backends import cgemm, config, cudnn, tuning
+    from minitorch_fft.backends.common import geometry
 
     if args.geometry:
         args.layer = args.geometry

@@ -86,9 +86,9 @@ def main():
     import cupy as cp
     import torch
 
-    from backends import cgemm, config, gemm
-    from backends import cudnn as cd
-    from backends.common import geometry
+    from minitorch_fft.backends import cgemm, config, gemm
+    from minitorch_fft.backends import cudnn as cd
+    from minitorch_fft.backends.common import geometry
     cgemm.set_tf32(False)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     cudnn, why = cd._frontend()

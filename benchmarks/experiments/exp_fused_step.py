@@ -16,7 +16,7 @@ import cupy as cp
 import numpy as np
 
 import minitorch_fft as mt
-import models
+from minitorch_fft import models
 
 WARMUP, STEPS = 3, 10
 

@@ -87,8 +87,8 @@ def main(argv=None):
 
     import torch
 
-    from backends import cgemm, gemm
-    from backends.common import geometry
+    from minitorch_fft.backends import cgemm, gemm
+    from minitorch_fft.backends.common import geometry
 
     if args.cpu:
         xp, device = np, "CPU (NumPy), no timing"

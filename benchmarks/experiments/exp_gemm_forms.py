@@ -8,8 +8,8 @@ on 3-plane first layers.
 import json
 import sys
 import cupy as cp, torch
-from backends import gemm, tuning, config
-from backends.common import geometry
+from minitorch_fft.backends import gemm, tuning, config
+from minitorch_fft.backends.common import geometry
 from benchmarks.harness import distinct_conv_layers, median_ms, setup_cudnn, set_tf32
 setup_cudnn(torch); set_tf32("strict")
 a = cp.zeros((4, 8, 6, 6), cp.float32)

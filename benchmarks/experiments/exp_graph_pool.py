@@ -38,9 +38,9 @@ def main():
     import numpy as np
 
     import minitorch_fft as mt
-    import models
-    import backends
-    from backends import cgemm, cufft_buffers
+    from minitorch_fft import models
+    from minitorch_fft import backends
+    from minitorch_fft.backends import cgemm, cufft_buffers
 
     mib = 2.0**20
     rows, shares = [], []

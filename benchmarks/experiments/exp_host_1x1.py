@@ -8,8 +8,8 @@ Session 13 ran it at 349d866 with a bug in the auto call for bprop and accGrad (
 argument missing, fixed since): only the two fprop rows ran."""
 
 import cupy as cp
-import backends
-from backends import config, gemm
+from minitorch_fft import backends
+from minitorch_fft.backends import config, gemm
 from benchmarks.harness import median_ms
 for xs, ws, p in [((128, 64, 56, 56), (128, 64, 1, 1), "fprop"), ((128, 256, 14, 14), (512, 256, 1, 1), "fprop"),
                   ((128, 128, 28, 28), (256, 128, 1, 1), "accgrad"), ((128, 256, 14, 14), (512, 256, 1, 1), "bprop")]:

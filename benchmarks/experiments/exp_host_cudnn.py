@@ -34,8 +34,8 @@ import pstats
 import cupy as cp
 import torch
 
-import backends
-from backends import config
+from minitorch_fft import backends
+from minitorch_fft.backends import config
 from benchmarks.harness import Layer, median_ms
 
 CASES = [  # (name, x shape, w shape, stride, pass)

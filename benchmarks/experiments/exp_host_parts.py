@@ -43,8 +43,8 @@ def main():
     import torch
     from cupy_backends.cuda.libs import cublas
 
-    import backends
-    from backends import cgemm, common, fbfft, fbfft_kernels
+    from minitorch_fft import backends
+    from minitorch_fft.backends import cgemm, common, fbfft, fbfft_kernels
 
     rows = []
 

@@ -12,8 +12,8 @@ import cupy as cp
 import torch
 import torch.nn.functional as TF
 
-import backends
-from backends import cgemm, common, cudnn, device
+from minitorch_fft import backends
+from minitorch_fft.backends import cgemm, common, cudnn, device
 
 
 def us(fn, n=2000):

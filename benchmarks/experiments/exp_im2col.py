@@ -1,7 +1,7 @@
 """session 14: gemm's im2col/col2im, three kernels side by side, outputs compared exactly: the element-
 per-thread form before session 14 ("old", im2col_s14/im2col_element.cu, a42914b), one row per block
 ("rows", im2col_s14/im2col_rows.cu, a26d51f) and the (positions, taps, images) grid ("new",
-backends/kernels/im2col.cu); with the fprop's parts (the GEMM, the transpose into y) and whole gemm
+minitorch_fft/backends/kernels/im2col.cu); with the fprop's parts (the GEMM, the transpose into y) and whole gemm
 passes beside cuDNN strict.
 
   PYTHONPATH=. python3 benchmarks/experiments/exp_im2col.py out.json"""
@@ -9,12 +9,12 @@ import json
 import sys
 from pathlib import Path
 import cupy as cp, torch
-from backends import gemm, cgemm
-from backends.common import geometry, launch_1d, sm_count
+from minitorch_fft.backends import gemm, cgemm
+from minitorch_fft.backends.common import geometry, launch_1d, sm_count
 from benchmarks.harness import median_ms, setup_cudnn, set_tf32
 setup_cudnn(torch); set_tf32("strict")
 HERE = Path(__file__).resolve().parent / "im2col_s14"
-KERNEL = Path(__file__).resolve().parents[2] / "backends" / "kernels" / "im2col.cu"
+KERNEL = Path(__file__).resolve().parents[2] / "minitorch_fft" / "backends" / "kernels" / "im2col.cu"
 mods = {v: cp.RawModule(code=open(f).read(), options=("--std=c++17",)) for v, f in
         (("old", HERE / "im2col_element.cu"), ("rows", HERE / "im2col_rows.cu"), ("new", KERNEL))}
 def rows_launch(kernel, rows, row_len, args):

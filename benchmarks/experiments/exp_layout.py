@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from backends import config
+from minitorch_fft.backends import config
 from benchmarks.harness import NETWORK_LAYERS as LAYERS
 from benchmarks.harness import PASSES, RESULTS_DIR, Layer, median_ms, provenance, rel_error, write_results
 
@@ -95,7 +95,7 @@ def main():
 
     import cupy as cp
 
-    from backends import cufft, tuning
+    from minitorch_fft.backends import cufft, tuning
     baseline = load_baseline(args.baseline)
     versions = {args.label: (baseline, None), **{layout: (cufft, layout) for layout in cufft.LAYOUTS}}
     if hasattr(baseline, "TUNE"):   # an earlier file, from before backends.config: its own switch

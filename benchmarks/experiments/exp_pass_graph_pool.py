@@ -40,7 +40,7 @@ def main():
 
     import torch
 
-    import backends
+    from minitorch_fft import backends
     from benchmarks.harness import set_tf32, setup_cudnn, torch_model
     from minitorch_fft import pytorch as pt
 

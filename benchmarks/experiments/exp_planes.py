@@ -23,9 +23,9 @@ def main():
     import numpy as np
     from cupy.cuda import cufft
 
-    from backends import tuning
-    from backends.common import KERNEL_DIR
-    from backends.fbfft_plan import compact, stored_frequencies
+    from minitorch_fft.backends import tuning
+    from minitorch_fft.backends.common import KERNEL_DIR
+    from minitorch_fft.backends.fbfft_plan import compact, stored_frequencies
 
     src = (KERNEL_DIR / "fbfft.cu").read_text()
     rows = []

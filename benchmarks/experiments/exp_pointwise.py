@@ -27,7 +27,7 @@ from pathlib import Path
 import cupy as cp
 import torch
 
-from backends import config, gemm, tuning
+from minitorch_fft.backends import config, gemm, tuning
 from benchmarks.harness import Layer, median_ms, rel_error, set_tf32, setup_cudnn
 
 LAYERS = [("64->128 56x56 s2", (64, 56, 56), (128, 64, 1, 1)),     # ResNet-18's conv8 (ResNet-50's too)

@@ -40,8 +40,8 @@ def main():
     import torch
 
     import minitorch_fft as mt
-    import models
-    from backends import cgemm
+    from minitorch_fft import models
+    from minitorch_fft.backends import cgemm
     from benchmarks.paper import kernel_fraction
 
     setup_cudnn(torch)   # benchmark mode, full search, PyTorch's TF32 defaults recorded for set_tf32

@@ -371,7 +371,7 @@ def main():
     import torch
     import torchvision
 
-    import backends
+    from minitorch_fft import backends
     from minitorch_fft import pytorch as pt
     torch.backends.cudnn.allow_tf32 = False    # strict fp32, as bench_pytorch's fp32 rows
     torch.backends.cuda.matmul.allow_tf32 = False

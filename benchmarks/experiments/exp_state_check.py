@@ -43,7 +43,7 @@ def _inputs():
 
 def _net(device):
     import minitorch_fft as mt
-    import models
+    from minitorch_fft import models
     mt.manual_seed(0)
     return models.get("digits", 10).to(device).eval()
 
@@ -76,8 +76,8 @@ def _check():
 def _dump(nodeid, problems, ctx):
     import cupy as cp
     import minitorch_fft as mt
-    import backends
-    from backends import cgemm, config
+    from minitorch_fft import backends
+    from minitorch_fft.backends import cgemm, config
     net, bad, clean, y_bad, y_clean = ctx
     lines = [f"==== {WORKER}: FAIL after {nodeid} (check {_state['n']})", *problems,
              "recent tests: " + " | ".join(_state["recent"][-12:])]
@@ -88,7 +88,7 @@ def _dump(nodeid, problems, ctx):
         lines.append(f"current stream {cp.cuda.get_current_stream()!r} ptr {cp.cuda.get_current_stream().ptr}")
         lines.append(f"cgemm capture: {getattr(cgemm._capture, 'now', None)!r}")
         try:
-            from backends import cudnn
+            from minitorch_fft.backends import cudnn
             lines.append(f"cudnn handles: {[(d, getattr(h, 'stream', None)) for d, h in cudnn._handles.items()]}")
         except Exception as e:  # noqa: BLE001
             lines.append(f"cudnn: {e!r}")

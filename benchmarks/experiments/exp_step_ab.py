@@ -38,8 +38,8 @@ def _driver_check_per_pass():
     """Every prepared pass with an output above the threshold first asks the driver for its free
     memory (cudaMemGetInfo), as common.check_fits did there in the adapter, whose allocator is not
     CuPy's pool, before session 37."""
-    import backends
-    from backends import common
+    from minitorch_fft import backends
+    from minitorch_fft.backends import common
     call = backends._Prepared.__call__
     big = {}
 
@@ -92,7 +92,7 @@ def make_steps(net, batch, tf32, kinds, compiled=False, channels_last=False):
     channels_last: models and input channels-last (bench_pytorch --channels-last)."""
     import torch
 
-    import backends
+    from minitorch_fft import backends
     from minitorch_fft.pytorch import convert
     setup_cudnn(torch)
     set_tf32("tf32" if tf32 else "strict")

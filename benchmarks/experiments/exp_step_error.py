@@ -42,8 +42,8 @@ def main():
     import cupy as cp
 
     import minitorch_fft as mt
-    import models
-    from backends import cgemm, tuning
+    from minitorch_fft import models
+    from minitorch_fft.backends import cgemm, tuning
     rows = []
     for net in args.nets.split(","):
         x_np, y_np = step_batch(net, args)
@@ -74,7 +74,7 @@ def step_batch(net, args):
     """(x, labels) of the step: a Gaussian batch and random labels, seeded by --seed."""
     import numpy as np
 
-    import models
+    from minitorch_fft import models
     shape = (args.batch,) + models.input_shape(net)
     return (np.random.default_rng(args.seed).standard_normal(shape, dtype=np.float32),
             np.random.default_rng(args.seed + 1).integers(0, 1000, args.batch))
@@ -82,7 +82,7 @@ def step_batch(net, args):
 
 def tf32_rows():
     """{row: settings}: auto's candidates in each TF32 row, overridden for the model's whole step."""
-    from backends import auto
+    from minitorch_fft.backends import auto
     return {"auto": {},
             "auto, winograd F(2x2) only": {"winograd_f4": False},
             "auto without winograd": {"auto_backends": tuple(b for b in auto.PREFERENCE if b != "winograd")}}
@@ -93,8 +93,8 @@ def tf32_study(args):
     import torch
 
     import minitorch_fft as mt
-    import models
-    from backends import auto, config, tuning
+    from minitorch_fft import models
+    from minitorch_fft.backends import auto, config, tuning
     from benchmarks.harness import setup_cudnn
     from benchmarks.paper import TF32_STEP_CAP, branch_errors, step_verdict
     setup_cudnn(torch)                              # records PyTorch's TF32 defaults: the yardstick's mode

@@ -63,8 +63,8 @@ def main():
     import numpy as np
 
     import minitorch_fft as mt
-    import models
-    from backends import auto, cgemm
+    from minitorch_fft import models
+    from minitorch_fft.backends import auto, cgemm
 
     mt.manual_seed(0)
     model = models.get(args.net, num_classes=1000, backend="auto").to("cuda")

@@ -13,10 +13,10 @@ Results: results/nvidia-h100-80gb-hbm3/structure_ab/step_parts_*.log (benchmarks
 import cupy as cp
 import numpy as np
 
-import backends
+from minitorch_fft import backends
 import minitorch_fft as mt
 import minitorch_fft.functional as F
-import models
+from minitorch_fft import models
 
 tuner = getattr(backends, "auto", None) or backends.autotune
 

@@ -38,7 +38,7 @@ import time
 from benchmarks.experiments.exp_step_ab import make_steps
 from benchmarks.harness import median_ms, source_commit
 
-OURS = ("backends/", "minitorch_fft/")
+OURS = ("minitorch_fft/",)
 _FRAME = re.compile(r"^(?P<name>.*) \((?P<where>[^()]*)\)$")
 _PYLINE = re.compile(r"^(?P<file>.*):(?P<line>\d+)$")
 

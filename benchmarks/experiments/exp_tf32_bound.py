@@ -136,8 +136,8 @@ def step_layers(net, batch, seed, device="cpu"):
 def layer_rows(net, batch, passes, factor, seed, real=False, gpu=False):
     """The table's rows for one network. gpu: the operands on the GPU, each backend also run in
     the real TF32 mode (cuBLAS's TF32 GEMMs: "<backend> gpu") and cuDNN's TF32 pass beside them."""
-    import backends
-    from backends import cgemm, config, gemm
+    from minitorch_fft import backends
+    from minitorch_fft.backends import cgemm, config, gemm
     rows = []
     layers = step_layers(net, batch, seed, "cuda" if gpu else "cpu") if real else random_layers(net, batch, seed)
     for name, x, w, gy, stride, padding in layers:

@@ -17,7 +17,7 @@ import json
 import sys
 
 import numpy as np, cupy as cp, torch
-from backends import cgemm, fbfft_plan, tiledfft, winograd
+from minitorch_fft.backends import cgemm, fbfft_plan, tiledfft, winograd
 from benchmarks.harness import median_ms, setup_cudnn, set_tf32, reference64, rel_error
 
 setup_cudnn(torch); set_tf32("strict")

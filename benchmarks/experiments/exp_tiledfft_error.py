@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import tiledfft
+from minitorch_fft.backends import tiledfft
 from benchmarks.harness import PASSES, RESULTS_DIR, distinct_conv_layers, provenance, reference64, rel_error, \
     write_results
 

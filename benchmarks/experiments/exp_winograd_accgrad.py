@@ -14,7 +14,7 @@ import json
 import sys
 
 import cupy as cp, torch
-from backends import cgemm, config, tiledfft, winograd
+from minitorch_fft.backends import cgemm, config, tiledfft, winograd
 from benchmarks.bench_winograd import ceilings
 from benchmarks.harness import median_ms, reference64, rel_error, setup_cudnn, set_tf32
 

@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 
-from backends import config, winograd
+from minitorch_fft.backends import config, winograd
 from benchmarks import bench_winograd
 from benchmarks.harness import PASSES, RESULTS_DIR, median_ms, peak_extra_bytes, provenance, write_results
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import winograd
+from minitorch_fft.backends import winograd
 from benchmarks.harness import PASSES, RESULTS_DIR, provenance, reference64, rel_error, write_results
 
 HALF = Fraction(1, 2)

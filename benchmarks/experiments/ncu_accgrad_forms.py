@@ -9,8 +9,8 @@ The session's ncu logs (results/<device>/experiments/ncu_accgrad_*.txt) came fro
 that did the same for the implicit forms and for the rows form."""
 import sys
 import cupy as cp
-from backends import gemm
-from backends.common import geometry
+from minitorch_fft.backends import gemm
+from minitorch_fft.backends.common import geometry
 forms = sys.argv[1:] or ["implicit", "implicit8", "rows"]
 for xs, ws, s, p in (((64, 3, 224, 224), (64, 3, 3, 3), (1, 1), (1, 1)), ((128, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3))):
     g = geometry(xs, ws, s, p)

@@ -6,8 +6,8 @@ import copy, sys, json
 import numpy as np, cupy as cp, torch, torchvision
 import torch.nn.functional as TF
 sys.path.insert(0, "tests")
-import backends
-from backends import auto
+from minitorch_fft import backends
+from minitorch_fft.backends import auto
 torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
 def rel(a, b):
     a = np.asarray(a, np.float64); b = np.asarray(b, np.float64); return float(np.linalg.norm(a - b) / np.linalg.norm(b))

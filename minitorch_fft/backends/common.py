@@ -286,7 +286,7 @@ def check_output_shape(name, arr, g, expected_oh_ow):
 @functools.lru_cache(maxsize=None)
 def cuda_module(filename, options=("--std=c++17",), name_expressions=None, directory=KERNEL_DIR):
     """Compile <directory>/<filename> once per process through CuPy (NVRTC): the backends'
-    kernels (backends/kernels/, the default) and the core's (minitorch_fft/kernels/)."""
+    kernels (minitorch_fft/backends/kernels/, the default) and the core's (minitorch_fft/kernels/)."""
     import cupy as cp
     src = kernel_source(Path(directory) / filename)
     return cp.RawModule(code=src, options=options, name_expressions=name_expressions)

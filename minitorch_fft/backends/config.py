@@ -1,7 +1,7 @@
 """Settings: every MINITORCH_* environment variable, declared once, read in one place.
 
 Each setting has a name (used in code), an environment variable, a type with its allowed
-range, a default and one line of doc (SETTINGS below; `python -m backends` prints the
+range, a default and one line of doc (SETTINGS below; `python -m minitorch_fft.backends` prints the
 table the README shows). Code reads a setting with `config.get("gemm_workspace_mb")`; nothing
 else in the project reads os.environ.
 
