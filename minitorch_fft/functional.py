@@ -15,7 +15,7 @@ from .backends.common import cuda_module, launch_1d
 from . import fused, random as _random
 from .device import get_array_module
 from .utils import is_number, pair as _pair
-from .tensor import Function, Tensor, check_sizes, is_grad_enabled
+from .tensor import Function, Tensor, check_sizes, check_tensors, is_grad_enabled
 
 
 # -- elementwise and shape ---------------------------------------------------
@@ -180,6 +180,7 @@ class LinearFn(Function):
 
 
 def linear(x, weight, bias=None):
+    check_tensors("linear", x=x, weight=weight, bias=bias)
     if x.ndim != 2:
         raise ValueError(f"linear expects input of shape (batch, features), got {tuple(x.shape)}")
     if x.shape[1] != weight.shape[1]:
@@ -294,6 +295,7 @@ def _pool(kind, size, *args):
 def _pool_args(x, kernel_size, stride, padding, op):
     """The checked (kernel, stride, padding) pairs of a pooling of NCHW `x`; ValueError naming
     `op` and the limit otherwise. Padding is at most half the kernel, as torch requires."""
+    check_tensors(op, x=x)
     k = _pair(kernel_size, "kernel_size")
     s = k if stride is None else _pair(stride, "stride")
     p = _pair(padding, "padding")
@@ -410,6 +412,7 @@ def adaptive_avg_pool2d(x, output_size):
     """Average pooling to an (oh, ow) output whatever the input's size (torchvision's avgpool):
     the input itself when it already has that size, one mean per plane for 1x1, equal windows
     (avg_pool2d) where the sizes divide, else torch's overlapping windows."""
+    check_tensors("adaptive_avg_pool2d", x=x)
     o = _pair(output_size, "output_size")
     if x.ndim != 4:
         raise ValueError(f"adaptive_avg_pool2d expects NCHW input (4 dims), got shape {tuple(x.shape)}")
@@ -485,6 +488,7 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training=Fa
     in training, for batch statistics only), updated in place in training with
     new = (1 - momentum) * old + momentum * batch; `momentum` may be a 0-d array (the cumulative
     average's 1/n, computed on the device). weight and bias: Tensors of shape (C,), or None."""
+    check_tensors("batch_norm", x=x, weight=weight, bias=bias)
     if x.ndim != 4:
         raise ValueError(f"batch_norm expects NCHW input (4 dims), got shape {tuple(x.shape)}")
     planes = x.shape[1]
@@ -544,6 +548,7 @@ class LogSoftmaxFn(Function):
 
 
 def log_softmax(x):
+    check_tensors("log_softmax", x=x)
     if x.ndim != 2:
         raise ValueError(f"log_softmax expects (batch, classes), got shape {tuple(x.shape)}")
     return LogSoftmaxFn.apply(x)
@@ -686,10 +691,12 @@ class CrossEntropyFn(Function):
 
 
 def nll_loss(logp, target):
+    check_tensors("nll_loss", logp=logp)
     return NLLFn.apply(logp, target=_check_targets(logp, target))
 
 
 def cross_entropy(x, target):
+    check_tensors("cross_entropy", x=x)
     if x.ndim != 2:
         raise ValueError(f"cross_entropy expects (batch, classes), got shape {tuple(x.shape)}")
     return CrossEntropyFn.apply(x, target=_check_targets(x, target))
@@ -734,6 +741,7 @@ class Conv2dFn(Function):
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, backend="auto"):
     """Cross-correlation of NCHW `x` with `weight` (out, in, kh, kw), as Torch computes it."""
+    check_tensors("conv2d", x=x, weight=weight, bias=bias)
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
     # Validate here, with the caller's names, before any backend sees the arrays.
     backends.geometry(x.shape, weight.shape, stride, padding)

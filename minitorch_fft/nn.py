@@ -13,7 +13,7 @@ from . import functional as F
 from . import random as _random
 from .checkpoint import CheckpointError, buffer_array, state_array
 from .device import device_of, to_device
-from .tensor import Parameter, Tensor, check_sizes
+from .tensor import Parameter, Tensor, check_sizes, check_tensors
 from .utils import pair, positive_int
 
 
@@ -304,6 +304,7 @@ class SpatialBatchNormalization(Module):
         self.num_batches_tracked = Buffer(np.zeros((), np.int64))
 
     def forward(self, x):
+        check_tensors("batch_norm", x=x)
         if x.ndim != 4 or x.shape[1] != self.planes:
             raise ValueError(f"{self!r} expects NCHW input with {self.planes} planes, got shape "
                              f"{tuple(x.shape)}")
@@ -360,6 +361,7 @@ class View(Module):
         self.shape = check_sizes(shape, "View")
 
     def forward(self, x):
+        check_tensors("View", x=x)
         return F.reshape(x, (x.shape[0],) + self.shape)
 
     def __repr__(self):
@@ -368,6 +370,7 @@ class View(Module):
 
 class Flatten(Module):
     def forward(self, x):
+        check_tensors("Flatten", x=x)
         return F.reshape(x, (x.shape[0], -1))
 
 

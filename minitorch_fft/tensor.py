@@ -76,6 +76,14 @@ def overflow_value(src, cast):
     return float(src[bad].reshape(-1)[0])
 
 
+def check_tensors(op, **named):
+    """TypeError naming `op` and the argument, before any shape is read, where one that must be a
+    Tensor is not (None passes: the optional ones are checked by their callers)."""
+    for name, value in named.items():
+        if value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"{op}: {name} must be a Tensor, got {type(value).__name__}")
+
+
 def check_sizes(sizes, what):
     """`sizes` (ints, or one tuple/list of them) as a tuple of Python ints for a view or reshape;
     as torch's view: a TypeError naming a size that is not an integer (a float, a bool), a

@@ -15,6 +15,8 @@ f32 = np.float32
 X = np.ones((2, 3, 8, 8), f32)
 W = np.ones((4, 3, 3, 3), f32)
 GY = np.ones((2, 4, 6, 6), f32)
+T4 = mt.Tensor(np.ones((1, 1, 2, 2), f32))
+F = mt.functional
 
 
 def conv_layer_call(x):
@@ -79,6 +81,21 @@ OTHER_ROWS = [
     ("data", lambda: list(mt.data.batches(mt.data.ArrayDataset(np.ones((2, 1)), [0, 1]), 0)), ValueError, "batch_size"),
     ("data", lambda: mt.data.ArrayDataset(np.ones((3, 1)), [0, 1]), ValueError, "differ in count"),
     ("data", lambda: mt.data.ArrayDataset(np.ones((2, 1)), [0.5, 1.2]), TypeError, "fractional values"),
+    # a list or an array where a Tensor belongs: named before any shape is read (no AttributeError)
+    ("layer", lambda: mt.SpatialConvolution(1, 1, 1)([[1.0]]), TypeError, "conv2d: x must be a Tensor, got list"),
+    ("functional", lambda: F.conv2d(T4, [[[[1.0]]]]), TypeError, "conv2d: weight must be a Tensor, got list"),
+    ("functional", lambda: F.conv2d(T4, mt.Tensor(np.ones((1, 1, 1, 1))), bias=[1.0]), TypeError,
+     "conv2d: bias must be a Tensor, got list"),
+    ("layer", lambda: mt.Linear(1, 1)(np.ones((1, 1))), TypeError, "linear: x must be a Tensor, got ndarray"),
+    ("layer", lambda: mt.SpatialMaxPooling(2)([[1.0]]), TypeError, "max_pool2d: x must be a Tensor"),
+    ("layer", lambda: mt.SpatialAveragePooling(2)([[1.0]]), TypeError, "avg_pool2d: x must be a Tensor"),
+    ("layer", lambda: mt.SpatialAdaptiveAveragePooling(1)([[1.0]]), TypeError, "adaptive_avg_pool2d: x must be a Tensor"),
+    ("layer", lambda: mt.SpatialBatchNormalization(1)([[1.0]]), TypeError, "batch_norm: x must be a Tensor"),
+    ("layer", lambda: mt.LogSoftMax()([[1.0]]), TypeError, "log_softmax: x must be a Tensor"),
+    ("criterion", lambda: mt.CrossEntropyCriterion()([[1.0]], np.array([0])), TypeError, "cross_entropy: x must be a Tensor"),
+    ("criterion", lambda: mt.ClassNLLCriterion()([[1.0]], np.array([0])), TypeError, "nll_loss: logp must be a Tensor"),
+    ("layer", lambda: mt.View(1)([[1.0]]), TypeError, "View: x must be a Tensor, got list"),
+    ("layer", lambda: mt.Flatten()(np.ones((1, 1))), TypeError, "Flatten: x must be a Tensor, got ndarray"),
 ]
 
 

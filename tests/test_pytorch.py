@@ -880,6 +880,17 @@ def test_a_converted_layer_takes_what_nn_conv2d_takes(device):
     assert all(torch.equal(p.grad, g) for p, g in zip(ours.parameters(), grads))
 
 
+def test_a_list_where_a_tensor_belongs_is_a_type_error_naming_it():
+    """As nn.Conv2d: a TypeError (the dispatcher would raise a RuntimeError), naming the argument."""
+    layer = Conv2d(1, 1, 1)
+    with pytest.raises(TypeError, match="conv2d: x must be a torch.Tensor, got list"):
+        layer([[1.0]])
+    with pytest.raises(TypeError, match="conv2d: weight must be a torch.Tensor, got ndarray"):
+        conv2d(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 1, 1).numpy())
+    with pytest.raises(TypeError, match="conv2d: bias must be a torch.Tensor, got list"):
+        conv2d(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 1, 1), bias=[0.0])
+
+
 def test_convert_refuses_what_it_cannot_serve_when_asked():
     """Not a module: a TypeError naming the type. A backend this process cannot run (cudnn without
     cuDNN or a GPU): a ValueError when the layer is made, not at its first forward."""
