@@ -7,5 +7,6 @@ from .nn import (Buffer, ClassNLLCriterion, CrossEntropyCriterion, Dropout, Flat
 from .random import manual_seed
 from .tensor import Function, Parameter, Tensor, is_grad_enabled, no_grad
 from .training import train_step
+from . import backends, models   # mt.backends (the ground floor) and mt.models (the zoo), as submodules
 
 __version__ = "0.1.0"
