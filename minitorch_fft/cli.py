@@ -105,7 +105,7 @@ def _parser(explicit_only=False, prog=None):
                                 epilog=__doc__.split("\n", 2)[2],
                                 argument_default=argparse.SUPPRESS if explicit_only else None)
     p.add_argument("--model", choices=models.names(), default=default("model"),
-                   help="the network (models/): digits takes 1x8x8 images, overfeat_fast 3x231x231, the "
+                   help="the network (minitorch_fft.models): digits takes 1x8x8 images, overfeat_fast 3x231x231, the "
                         "others 3x224x224")
     p.add_argument("--backend", choices=["auto"] + backends.names(), default=default("backend"),
                    help="convolution algorithm for every layer (auto: best that supports each layer)")

@@ -1295,7 +1295,8 @@ def conv2d(x, weight, stride=1, padding=0, backend="auto", bias=None):
     """torch.ops.minitorch_fft.conv2d with int-or-pair stride and padding, and the bias (f') added
     if given; an eager call runs EagerConv2d instead, the same passes without the dispatcher."""
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
-        if t is not None and not isinstance(t, torch.Tensor):   # TypeError, as nn.Conv2d's, not the dispatcher's
+        # TypeError, as nn.Conv2d's, not the dispatcher's; a tracer's proxy (torch.fx) takes Tensors' place
+        if t is not None and not isinstance(t, torch.Tensor) and not hasattr(type(t), "__torch_function__"):
             raise TypeError(f"conv2d: {name} must be a torch.Tensor, got {type(t).__name__}")
     stride, padding = _pair(stride), _pair(padding)
     if _eager(x, weight, bias):

@@ -1,5 +1,5 @@
 """backends.config: every setting declared once, checked with a message that names it, read in
-one place; and backends/ as the ground floor that imports nothing of the framework."""
+one place; and minitorch_fft.backends as the ground floor that imports nothing of the framework."""
 import re
 import subprocess
 import sys

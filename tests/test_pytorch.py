@@ -891,6 +891,17 @@ def test_a_list_where_a_tensor_belongs_is_a_type_error_naming_it():
         conv2d(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 1, 1), bias=[0.0])
 
 
+def test_torch_fx_traces_a_converted_model():
+    """The type check lets a tracer's proxies through (torch.fx.Proxy is no Tensor): the traced module
+    computes what the model does."""
+    torch.manual_seed(0)
+    model = convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(4, 2, 3, stride=2)))
+    traced = torch.fx.symbolic_trace(model)
+    x = torch.randn(2, 3, 9, 9)
+    assert torch.equal(traced(x), model(x))
+
+
 def test_convert_refuses_what_it_cannot_serve_when_asked():
     """Not a module: a TypeError naming the type. A backend this process cannot run (cudnn without
     cuDNN or a GPU): a ValueError when the layer is made, not at its first forward."""

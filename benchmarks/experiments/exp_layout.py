@@ -28,8 +28,9 @@ TOLERANCE = 1e-4
 
 
 def load_baseline(path):
-    """The file at `path` as the module backends._baseline_cufft (its relative imports resolve in backends)."""
-    spec = importlib.util.spec_from_file_location("backends._baseline_cufft", path)
+    """The file at `path` as the module minitorch_fft.backends._baseline_cufft (its relative imports
+    resolve in minitorch_fft.backends)."""
+    spec = importlib.util.spec_from_file_location("minitorch_fft.backends._baseline_cufft", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)

@@ -14,7 +14,7 @@ Values come from, in this order:
 Each variable is read from the environment once, at its first use, and remembered (a setting is
 read on every pass, and os.environ costs a microsecond or two a look-up); `reload()` forgets what
 was read, for code that changes os.environ after the fact. Nothing is read at import, so a bad
-value never breaks `import backends`. Overrides are process-wide, not per thread.
+value never breaks `import minitorch_fft`. Overrides are process-wide, not per thread.
 
 `snapshot()` is the tuple of every setting that changes what a pass computes or launches: the
 CUDA-graph key (minitorch_fft.graphs) is built from it, so a graph is never replayed under other
@@ -352,7 +352,3 @@ def show(name, value):
     if s.kind == "names":
         return ",".join(value)
     return str(value)
-
-
-if __name__ == "__main__":
-    print(table())
