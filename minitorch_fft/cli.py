@@ -20,7 +20,8 @@ last checkpoint stays, and --resume with the same --gpus continues from it).
 Progress bars, one line per epoch and a one-line summary go to stderr; stdout holds one line, a
 JSON object with the results. Exit codes: 0 done, 2 bad input, 3 the loss became NaN or infinite
 (nothing is saved: the last checkpoint is the last good state), 4 another data-parallel rank
-failed, 130 / 143 stopped by SIGINT / SIGTERM after saving.
+failed, 5 out of memory while training (the activations of a batch: what the checks before training
+do not size; the last checkpoint stays), 130 / 143 stopped by SIGINT / SIGTERM after saving.
 """
 import argparse
 import json
@@ -48,6 +49,7 @@ DEFAULTS = dict(model="digits", backend="auto", data="digits", epochs=10, batch_
 RUN_FLAGS = ("model", "data", "epochs", "batch_size", "lr", "momentum", "weight_decay", "seed",
              "fake_size", "num_classes", "gpus", "skip_bad_images")
 EXIT_DIVERGED = 3
+EXIT_OUT_OF_MEMORY = 5
 
 
 def int_at_least(lo, what):
@@ -313,6 +315,14 @@ def evaluate(model, dataset, batch_size, device):
     return correct / len(dataset)
 
 
+def _place(epochs_done, batches_done):
+    """Where a run stands, counted as the progress bars count (epochs from 1): "in epoch 3 after
+    batch 25", or "at the start of epoch 3"."""
+    if batches_done:
+        return f"in epoch {epochs_done + 1} after batch {batches_done}"
+    return f"at the start of epoch {epochs_done + 1}"
+
+
 def main(argv=None, prog="train.py"):
     """Run the command line `argv` (default: sys.argv[1:]) and return its exit code (module
     docstring). Bad input, a bad MINITORCH_* setting included, is one line on stderr and exit code
@@ -324,6 +334,12 @@ def main(argv=None, prog="train.py"):
             raise
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:   # NumPy's or CuPy's, once training runs (a model that cannot fit is exit 2)
+        if _debug():
+            raise
+        print(f"{prog}: out of memory while training ({e}); try a smaller --batch-size (a --checkpoint "
+              "keeps its last save)", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
 
 
 def run(argv=None, prog="train.py"):
@@ -400,7 +416,7 @@ def _train_in(args, resumed, prog, group):
         if group is not None:     # rank 0's snapshot, its GPU's mask count moved to this rank's GPU
             rng = mt.random.on_device(rng, mt.device.cupy_or_none().cuda.Device().id)
         mt.random.set_state(rng)
-        print(f"resumed {args.checkpoint} at epoch {state['epoch']} batch {state['batch']}", file=sys.stderr)
+        print(f"resumed {args.checkpoint} {_place(state['epoch'], state['batch'])}", file=sys.stderr)
 
     def save():
         if group is not None:
@@ -433,6 +449,9 @@ def _train_in(args, resumed, prog, group):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     handler = on_signal if group is None else group.on_signal    # a rank: every rank stops, no save
     previous_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    # NumPy's overflow and invalid-value warnings on the way to a diverging loss: the loss check below
+    # says it in one line instead
+    previous_errors = np.seterr(over="ignore", invalid="ignore", divide="ignore")
     try:
         for epoch in epochs:
             opt.start_epoch(epoch)
@@ -452,9 +471,13 @@ def _train_in(args, resumed, prog, group):
                                                  y, not args.no_reuse_spectra, sync)   # y checked on the host
                     loss_value, logits_np = loss.item(), logits.numpy()
                 if not np.isfinite(loss_value):
-                    print(f"{prog}: the loss became {loss_value} at epoch {epoch + 1} batch "
-                          f"{state['batch'] + 1} (try a smaller --lr); stopping without saving"
-                          f"{', ' + args.checkpoint + ' keeps the last good epoch' if args.checkpoint else ''}",
+                    kept = ""
+                    if args.checkpoint:   # what is on disk: the last epoch's save, a resumed run's, or nothing
+                        kept = (f"; {args.checkpoint} keeps the run as last saved"
+                                if resumed is not None or state["epoch"] > first_epoch
+                                else "; no epoch had finished, so there is no checkpoint")
+                    print(f"{prog}: the loss became {loss_value} in epoch {epoch + 1} at batch "
+                          f"{state['batch'] + 1} (try a smaller --lr); stopping without saving{kept}",
                           file=sys.stderr)
                     return EXIT_DIVERGED
                 state["loss_sum"] += loss_value * len(y)
@@ -491,14 +514,14 @@ def _train_in(args, resumed, prog, group):
             if args.max_epochs_this_run and epoch + 1 - first_epoch >= args.max_epochs_this_run:
                 break
     finally:
+        np.seterr(**previous_errors)
         for s, handler in previous_handlers.items():
             signal.signal(s, handler)
     if interrupted:
         save()
         where = f"; saved {args.checkpoint} (resume with --resume)" if args.checkpoint else ""
         name = signal.Signals(interrupted[0]).name
-        print(f"{prog}: {name}: interrupted at epoch {state['epoch']} batch {state['batch']}{where}",
-              file=sys.stderr)
+        print(f"{prog}: {name}: interrupted {_place(state['epoch'], state['batch'])}{where}", file=sys.stderr)
         return 128 + interrupted[0]
     if quiet:
         return 0

@@ -212,7 +212,7 @@ def imagefolder(path, input_shape, test_fraction=0.1, seed=0, workers=None, skip
         full.samples = full.imgs = [s for s in full.samples if s[0] not in left_out]
         full.targets = [t for _, t in full.samples]
     if len(full) < 2:
-        raise ValueError(f"imagefolder {path!r} holds {len(full)} images; need at least 2")
+        raise ValueError(f"imagefolder {path!r} holds {len(full)} image{'s' if len(full) != 1 else ''}; need at least 2")
     perm = np.random.default_rng(seed).permutation(len(full))
     n_test = max(1, int(len(full) * test_fraction))
     import torch.utils.data as tud
@@ -265,7 +265,9 @@ def cifar10(path, input_shape, seed=0, workers=None):
         train = tv.datasets.CIFAR10(path, train=True, transform=_resize(T, input_shape), download=False)
         test = tv.datasets.CIFAR10(path, train=False, transform=_resize(T, input_shape), download=False)
     except RuntimeError as e:
-        raise ValueError(f"no CIFAR-10 found under {path!r} ({e})") from None
+        # torchvision's message suggests download=True, which train.py never does: name the files instead
+        raise ValueError(f"no CIFAR-10 found under {path!r}: it needs torchvision's cifar-10-batches-py folder "
+                         "there (data_batch_1..5 and test_batch from the CIFAR-10 python archive)") from None
     common = dict(input_shape=input_shape, stats=CIFAR10_STATS, seed=seed, workers=workers)
     return TorchvisionDataset(train, augment=True, **common), TorchvisionDataset(test, augment=False, **common)
 

@@ -132,6 +132,7 @@ class ReLUFn(Function):
 
 
 def relu(x):
+    check_tensors("relu", x=x)
     return ReLUFn.apply(x)
 
 
@@ -523,6 +524,7 @@ class DropoutFn(Function):
 
 
 def dropout(x, p=0.5, training=True):
+    check_tensors("dropout", x=x)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:

@@ -181,9 +181,14 @@ class Sequential(Module):
 
 
 class SpatialConvolution(Module):
-    """2-D cross-correlation layer; `backend` picks the algorithm ("auto", "gemm", ...)."""
+    """2-D cross-correlation layer; `backend` picks the algorithm ("auto", "gemm", ...).
 
-    def __init__(self, in_planes, out_planes, kernel_size, stride=1, padding=0, bias=True,
+    The arguments come in PyTorch's order, (in_planes, out_planes, kernel_size, stride, padding), each
+    size an int or an (h, w) pair; not Lua Torch's (nIn, nOut, kW, kH, dW, dH, padW, padH), whose
+    fourth argument is a kernel width. `bias` and `backend` are keywords only, so a Lua-style call
+    with more than five numbers is refused."""
+
+    def __init__(self, in_planes, out_planes, kernel_size, stride=1, padding=0, *, bias=True,
                  backend="auto"):
         in_planes = positive_int(in_planes, "in_planes")
         out_planes = positive_int(out_planes, "out_planes")

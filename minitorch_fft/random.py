@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .backends.common import cuda_module, launch_1d
+from .utils import is_int
 
 
 _rng = np.random.default_rng(0)
@@ -28,8 +29,13 @@ PHILOX_W = (0x9E3779B9, 0xBB67AE85)
 
 
 def manual_seed(seed):
-    """Seed the CPU generator and the GPU dropout stream (its mask counter back to 0)."""
+    """Seed the CPU generator and the GPU dropout stream (its mask counter back to 0). `seed`: an
+    int >= 0, as NumPy's generators take."""
     global _rng, _seed
+    if not is_int(seed):
+        raise TypeError(f"manual_seed takes an int >= 0, got {type(seed).__name__} {seed!r}")
+    if seed < 0:
+        raise ValueError(f"manual_seed takes an int >= 0, got {seed}")
     _rng = np.random.default_rng(seed)
     _seed = int(seed)
     _pending.clear()

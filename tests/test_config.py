@@ -1,5 +1,6 @@
 """backends.config: every setting declared once, checked with a message that names it, read in
 one place; and minitorch_fft.backends as the ground floor that imports nothing of the framework."""
+import os
 import re
 import subprocess
 import sys
@@ -110,11 +111,26 @@ def test_snapshot_follows_the_settings_that_change_a_pass():
         assert config.snapshot() == before
 
 
-def test_the_readme_table_lists_every_variable():
+def test_the_readme_table_is_the_settings_table():
+    """README.md's Settings table is what `python -m minitorch_fft.backends` prints, row for row."""
     readme = (ROOT / "README.md").read_text()
     for s in config.SETTINGS.values():
         assert f"`{s.env}`" in config.table()
-        assert s.env in readme, f"README.md does not mention {s.env}"
+    assert config.table() in readme, "README.md's Settings table differs from config.table()"
+
+
+@pytest.mark.parametrize("args, env, rc, said", [
+    ([], {}, 0, "| `MINITORCH_CGEMM_TF32` |"),
+    ([], {"MINITORCH_CGEMM_TF32": "7"}, 2, "MINITORCH_CGEMM_TF32='7' is not allowed"),
+    (["--bogus"], {}, 2, "unrecognized arguments: --bogus"),
+])
+def test_python_m_backends_prints_the_table_or_says_what_is_wrong(args, env, rc, said):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MINITORCH_")}
+    res = subprocess.run([sys.executable, "-m", "minitorch_fft.backends", *args], cwd=ROOT, capture_output=True,
+                         text=True, env={**clean, **env}, timeout=60)
+    assert res.returncode == rc, res.stderr
+    assert said in (res.stdout if rc == 0 else res.stderr) and "Traceback" not in res.stderr
+    assert res.stdout.strip() == (config.table() if rc == 0 else "")
 
 
 def test_a_bad_value_never_breaks_the_import():

@@ -51,6 +51,7 @@ OTHER_ROWS = [
     ("layer", lambda: mt.SpatialConvolution(3, 4, 3, stride=0), ValueError, "stride must be >= 1"),
     ("layer", lambda: mt.SpatialConvolution(3, 4, 3, padding=-2), ValueError, "padding must be >= 0"),
     ("layer", lambda: mt.SpatialConvolution(3, 4, (3, 3, 3)), TypeError, "kernel_size must be an int or a pair"),
+    ("layer", lambda: mt.SpatialConvolution(3, 8, 3, 3, 1, 1, 1, 1), TypeError, "positional argument"),   # Lua's order
     ("layer", lambda: conv_layer_call(np.ones((3, 8, 8), f32)), ValueError, "4-D"),
     ("layer", lambda: conv_layer_call(np.ones((1, 2, 8, 8), f32)), ValueError, "channel mismatch"),
     ("layer", lambda: conv_layer_call(np.ones((1, 3, 2, 2), f32)), ValueError, "larger than the padded input"),
@@ -95,6 +96,10 @@ OTHER_ROWS = [
     ("criterion", lambda: mt.CrossEntropyCriterion()([[1.0]], np.array([0])), TypeError, "cross_entropy: x must be a Tensor"),
     ("criterion", lambda: mt.ClassNLLCriterion()([[1.0]], np.array([0])), TypeError, "nll_loss: logp must be a Tensor"),
     ("layer", lambda: mt.View(1)([[1.0]]), TypeError, "View: x must be a Tensor, got list"),
+    ("layer", lambda: mt.ReLU()([[1.0]]), TypeError, "relu: x must be a Tensor, got list"),
+    ("layer", lambda: mt.Dropout(0.5)(np.ones(2)), TypeError, "dropout: x must be a Tensor, got ndarray"),
+    ("random", lambda: mt.manual_seed("a"), TypeError, "manual_seed takes an int >= 0, got str 'a'"),
+    ("random", lambda: mt.manual_seed(-1), ValueError, "manual_seed takes an int >= 0, got -1"),
     ("layer", lambda: mt.Flatten()(np.ones((1, 1))), TypeError, "Flatten: x must be a Tensor, got ndarray"),
 ]
 

@@ -125,3 +125,10 @@ def test_resnet_gradients_match_torchvision(rng):
     grads = dict(tv.named_parameters())
     for k, p in ours.named_parameters():
         assert rel_error(p.grad, grads[k].grad.numpy()) <= 1e-3, k
+
+
+def test_each_model_has_its_own_number_of_classes_by_default():
+    """digits has 10 classes, the ImageNet networks 1000, unless num_classes says otherwise."""
+    assert models.get("digits").classifier[-1].weight.shape[0] == 10
+    assert models.get("alexnet").classifier[-1].weight.shape[0] == 1000
+    assert models.get("digits", num_classes=3).classifier[-1].weight.shape[0] == 3

@@ -191,7 +191,7 @@ def test_ctrl_c_saves_and_resume_matches_the_uninterrupted_run(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "interrupted at epoch" in err and "Traceback" not in err
+    assert "interrupted in epoch" in err and "Traceback" not in err
     meta = mt.checkpoint.load(ckpt, models.get("digits", 10))
     assert meta["epoch"] < int(epochs)
 

@@ -230,6 +230,7 @@ def test_imagefolder_and_cifar10_read_local_files(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     p = run_train("--data", f"cifar10:{tmp_path / 'empty'}", "--model", "alexnet", check=False)
     assert p.returncode == 2 and "no CIFAR-10 found" in p.stderr and "Traceback" not in p.stderr
+    assert "cifar-10-batches-py" in p.stderr and "download" not in p.stderr   # train.py never downloads
 
 
 def test_a_resnet_trains_on_an_imagefolder(tmp_path, capsys):
@@ -318,8 +319,25 @@ def test_a_diverging_run_stops_without_saving(tmp_path):
     ckpt = tmp_path / "run.ckpt"
     p = run_train("--backend", "gemm", "--lr", "1e6", "--epochs", "2", "--checkpoint", str(ckpt), check=False)
     assert p.returncode == cli.EXIT_DIVERGED, p.stderr
-    assert "the loss became" in p.stderr and "Traceback" not in p.stderr
+    assert "the loss became" in p.stderr and "Traceback" not in p.stderr and "Warning" not in p.stderr
+    assert "no epoch had finished, so there is no checkpoint" in p.stderr   # not "keeps the last good epoch"
     assert p.stdout.strip() == "" and not ckpt.exists()
+
+
+def test_out_of_memory_while_training_is_one_line_and_exit_5(tmp_path, monkeypatch, capsys):
+    """A batch's activations are not sized before training: NumPy's (or CuPy's) MemoryError in a step
+    is one line and its own exit code, the checkpoint's lock released."""
+    ckpt = tmp_path / "run.ckpt"
+
+    def no_memory(*args, **kwargs):
+        return np.empty(1 << 55, np.float32)            # 128 PiB: NumPy's own MemoryError
+    monkeypatch.setattr(mt, "train_step", no_memory)
+    rc = cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)])
+    err = capsys.readouterr().err
+    assert rc == cli.EXIT_OUT_OF_MEMORY == 5, err
+    assert "out of memory while training (Unable to allocate" in err and "--batch-size" in err
+    assert "Traceback" not in err and not ckpt.exists()
+    assert list(tmp_path.iterdir()) == []                  # no lock or folder left behind
 
 
 def test_sigterm_saves_like_ctrl_c(tmp_path):
@@ -333,7 +351,7 @@ def test_sigterm_saves_like_ctrl_c(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "SIGTERM: interrupted at epoch" in err and "Traceback" not in err
+    assert "SIGTERM: interrupted in epoch" in err and "Traceback" not in err
     assert 1 <= mt.checkpoint.load(ckpt, models.get("digits", 10))["epoch"] < 50
 
 
