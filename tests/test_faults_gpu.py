@@ -248,7 +248,8 @@ def test_nan_in_a_replayed_step_exits_3_and_keeps_the_last_good_checkpoint(tmp_p
     calls = _replays(monkeypatch)
     assert cli.main(RUN + ["--epochs", "3", "--checkpoint", str(ckpt)]) == cli.EXIT_DIVERGED
     out, err = capsys.readouterr()
-    assert "the loss became nan at epoch 2 batch 5" in err and "Traceback" not in err and out == ""
+    assert "the loss became nan in epoch 2 at batch 5" in err and "Traceback" not in err and out == ""
+    assert "keeps the run as last saved" in err                 # epoch 1's save is there
     assert (True, True) in calls                            # the NaN went through a replay
     assert ckpt.read_bytes() == saved["bytes"]              # nothing saved after it
     meta = mt.checkpoint.load(str(ckpt), models.get("digits", 10))

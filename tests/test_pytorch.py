@@ -139,9 +139,14 @@ def test_channels_last_in_channels_last_out(case, device, path, strict_fp32):
     for got, ref in ((y, y64), (x.grad, x64.grad), (w.grad, w64.grad), (gx, x64.grad), (gw, w64.grad)):
         assert rel_error(got.detach().cpu().numpy(), ref.detach().numpy()) <= 1e-5
     if device == "cuda" and backends.get("cudnn").available():
+        # each pass that auto routes to cuDNN's NHWC plans built one (a route another test's worker timed
+        # first may be "nchw" for this small geometry, read from the shared tuning cache: session 52)
+        import cupy
         g = backends.geometry(tuple(x.shape), tuple(w.shape), stride, padding)
+        routes = {p: backends.nhwc_route(p, tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), cupy)
+                  for p in ("fprop", "bprop", "accgrad")}
         laid = {k[1] for k in backends.get("cudnn").built() if k[2] == g and k[-1] == "nhwc"}
-        assert laid == {"fprop", "bprop", "accgrad"}, laid
+        assert {p for p, r in routes.items() if r == "cudnn"} <= laid, (laid, routes)
 
 
 @pytest.mark.parametrize("device", DEVICES)
