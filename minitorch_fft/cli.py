@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -212,16 +213,25 @@ def _same_path(a, b):
 
 def _check_writable_folder(path, flag):
     """ValueError unless `path`'s folder is writable or can be made: its nearest existing ancestor
-    is a writable folder (made by the run's first write there, not here)."""
+    is a writable folder (made by the run's first write there, not here). Writable is tried, not read
+    from the mode bits: a file is made there and removed (root passes os.access anywhere, /proc too)."""
     folder = os.path.dirname(os.path.abspath(path))
     existing = folder
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise ValueError(f"{flag} {path!r}: cannot create its folder ({existing!r} is a file)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {path!r}: " + (f"its folder {folder!r} is not writable" if existing == folder
-                                                 else f"cannot create its folder ({existing!r} is not writable)"))
+    why = None if os.access(existing, os.W_OK | os.X_OK) else "permission denied"
+    if why is None:
+        try:
+            fd, probe = tempfile.mkstemp(dir=existing, prefix=".minitorch_fft_probe_")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            why = e.strerror or str(e)
+    if why is not None:
+        raise ValueError(f"{flag} {path!r}: " + (f"its folder {folder!r} is not writable ({why})" if existing == folder
+                                                 else f"cannot create its folder ({existing!r} is not writable: {why})"))
 
 
 def restore_run(args, meta):

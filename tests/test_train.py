@@ -154,6 +154,16 @@ def test_bad_input_is_one_line_and_nonzero(args, msg):
     assert msg in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("flag", ["--tune-report", "--checkpoint"])
+def test_a_folder_that_takes_no_file_is_refused_before_training(flag, capsys):
+    """Writable is tried, not read from the mode bits: /proc passes os.access for root, and a run
+    told to write there was refused only at its end (the report) or by a misleading lock message."""
+    assert cli.main(["--no-progress", "--epochs", "1", flag, "/proc/minitorch_fft_x.json"]) == 2
+    err = capsys.readouterr().err
+    assert "its folder '/proc' is not writable" in err and "epoch 1/1" not in err
+
+
 def test_outputs_never_replace_or_leave_what_the_run_did_not_make(tmp_path, capsys):
     """--tune-report never replaces a file (nor the run's own checkpoint); a run refused on its
     input makes no folder for its checkpoint; a finished run leaves its checkpoint and report, no
