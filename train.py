@@ -12,8 +12,9 @@ Examples:
   python -m minitorch_fft --help                    # the same command line, from an installed package
 
 What each flag does, the output (a summary line on stderr, one JSON line on stdout) and the exit
-codes (0 done, 2 bad input, 3 the loss became NaN or infinite, 130 / 143 stopped by SIGINT /
-SIGTERM after saving): `python train.py --help` and minitorch_fft/cli.py, where the code lives.
+codes (0 done, 2 bad input, 3 the loss became NaN or infinite, 4 another data-parallel rank failed,
+5 out of memory while training, 130 / 143 stopped by SIGINT / SIGTERM after saving): `python
+train.py --help` and minitorch_fft/cli.py, where the code lives.
 """
 import sys
 

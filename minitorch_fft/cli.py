@@ -53,6 +53,10 @@ EXIT_DIVERGED = 3
 EXIT_OUT_OF_MEMORY = 5
 
 
+class OutOfMemoryInTraining(Exception):
+    """A MemoryError in the training loop or the evaluation after it: main() says it in one line, exit 5."""
+
+
 def int_at_least(lo, what):
     """An argparse type: an int >= lo, else an error saying `expected <what>, got ...`."""
     def parse(s):
@@ -325,11 +329,13 @@ def evaluate(model, dataset, batch_size, device):
     return correct / len(dataset)
 
 
-def _place(epochs_done, batches_done):
-    """Where a run stands, counted as the progress bars count (epochs from 1): "in epoch 3 after
-    batch 25", or "at the start of epoch 3"."""
+def _place(epochs_done, batches_done, epochs):
+    """Where a run of `epochs` stands, counted as the progress bars count (epochs from 1): "in epoch
+    3 after batch 25", "at the start of epoch 3", or "after its last epoch (3 of 3)"."""
     if batches_done:
         return f"in epoch {epochs_done + 1} after batch {batches_done}"
+    if epochs_done >= epochs:
+        return f"after its last epoch ({epochs_done} of {epochs})"
     return f"at the start of epoch {epochs_done + 1}"
 
 
@@ -344,12 +350,16 @@ def main(argv=None, prog="train.py"):
             raise
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    except MemoryError as e:   # NumPy's or CuPy's, once training runs (a model that cannot fit is exit 2)
+    except OutOfMemoryInTraining as e:
         if _debug():
             raise
-        print(f"{prog}: out of memory while training ({e}); try a smaller --batch-size (a --checkpoint "
-              "keeps its last save)", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
+    except MemoryError as e:   # before training (reading a checkpoint, the data): bad input's exit code
+        if _debug():
+            raise
+        print(f"{prog}: error: out of memory before training ({e})", file=sys.stderr)
+        return 2
 
 
 def run(argv=None, prog="train.py"):
@@ -426,7 +436,7 @@ def _train_in(args, resumed, prog, group):
         if group is not None:     # rank 0's snapshot, its GPU's mask count moved to this rank's GPU
             rng = mt.random.on_device(rng, mt.device.cupy_or_none().cuda.Device().id)
         mt.random.set_state(rng)
-        print(f"resumed {args.checkpoint} {_place(state['epoch'], state['batch'])}", file=sys.stderr)
+        print(f"resumed {args.checkpoint} {_place(state['epoch'], state['batch'], args.epochs)}", file=sys.stderr)
 
     def save():
         if group is not None:
@@ -459,6 +469,14 @@ def _train_in(args, resumed, prog, group):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     handler = on_signal if group is None else group.on_signal    # a rank: every rank stops, no save
     previous_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def kept():
+        """What a run that stops now leaves on disk: the last epoch's save, a resumed run's, or nothing."""
+        if not args.checkpoint:
+            return ""
+        if resumed is not None or state["epoch"] > first_epoch:
+            return f"; {args.checkpoint} keeps the run as last saved"
+        return "; no epoch had finished, so there is no checkpoint"
     # NumPy's overflow and invalid-value warnings on the way to a diverging loss: the loss check below
     # says it in one line instead
     previous_errors = np.seterr(over="ignore", invalid="ignore", divide="ignore")
@@ -481,13 +499,8 @@ def _train_in(args, resumed, prog, group):
                                                  y, not args.no_reuse_spectra, sync)   # y checked on the host
                     loss_value, logits_np = loss.item(), logits.numpy()
                 if not np.isfinite(loss_value):
-                    kept = ""
-                    if args.checkpoint:   # what is on disk: the last epoch's save, a resumed run's, or nothing
-                        kept = (f"; {args.checkpoint} keeps the run as last saved"
-                                if resumed is not None or state["epoch"] > first_epoch
-                                else "; no epoch had finished, so there is no checkpoint")
                     print(f"{prog}: the loss became {loss_value} in epoch {epoch + 1} at batch "
-                          f"{state['batch'] + 1} (try a smaller --lr); stopping without saving{kept}",
+                          f"{state['batch'] + 1} (try a smaller --lr); stopping without saving{kept()}",
                           file=sys.stderr)
                     return EXIT_DIVERGED
                 state["loss_sum"] += loss_value * len(y)
@@ -523,6 +536,9 @@ def _train_in(args, resumed, prog, group):
                            f"{last['train_accuracy']:.3f}, lr {opt.lr:.4g}, {imgs_per_s:.0f} images/s", file=sys.stderr)
             if args.max_epochs_this_run and epoch + 1 - first_epoch >= args.max_epochs_this_run:
                 break
+    except MemoryError as e:   # NumPy's or CuPy's: a batch's activations, which nothing sized before
+        raise OutOfMemoryInTraining(f"out of memory {_place(state['epoch'], state['batch'], args.epochs)} ({e}); "
+                                    f"try a smaller --batch-size{kept()}") from None
     finally:
         np.seterr(**previous_errors)
         for s, handler in previous_handlers.items():
@@ -531,17 +547,23 @@ def _train_in(args, resumed, prog, group):
         save()
         where = f"; saved {args.checkpoint} (resume with --resume)" if args.checkpoint else ""
         name = signal.Signals(interrupted[0]).name
-        print(f"{prog}: {name}: interrupted {_place(state['epoch'], state['batch'])}{where}", file=sys.stderr)
+        print(f"{prog}: {name}: interrupted {_place(state['epoch'], state['batch'], args.epochs)}{where}",
+              file=sys.stderr)
         return 128 + interrupted[0]
     if quiet:
         return 0
 
+    try:
+        accuracy = evaluate(model, test, args.batch_size, device)
+    except MemoryError as e:
+        raise OutOfMemoryInTraining(f"out of memory evaluating the test set after training ({e}); try a smaller "
+                                    f"--batch-size{kept()}") from None
     result = {
         "model": args.model, "backend": args.backend, "reuse_spectra": not args.no_reuse_spectra,
         "cuda_graph": args.cuda_graph, "gpus": world if group is not None else None,
         "batch_size_per_gpu": args.batch_size if group is not None else None,
         "device": backends.tuning.device_name(mt.get_array_module(model.parameters()[0].data)), "data": args.data,
-        "epochs": state["epoch"], "test_accuracy": round(evaluate(model, test, args.batch_size, device), 4),
+        "epochs": state["epoch"], "test_accuracy": round(accuracy, 4),
         "train_loss": state["history"][-1]["loss"] if state["history"] else None,
         "images_per_s": None if imgs_per_s is None else round(imgs_per_s, 1),
         "seconds": round(time.perf_counter() - t_start, 2), "history": state["history"],

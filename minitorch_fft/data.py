@@ -267,7 +267,8 @@ def cifar10(path, input_shape, seed=0, workers=None):
     except RuntimeError as e:
         # torchvision's message suggests download=True, which train.py never does: name the files instead
         raise ValueError(f"no CIFAR-10 found under {path!r}: it needs torchvision's cifar-10-batches-py folder "
-                         "there (data_batch_1..5 and test_batch from the CIFAR-10 python archive)") from None
+                         "there (data_batch_1..5 and test_batch from the CIFAR-10 python archive), each file "
+                         "passing torchvision's checksum") from None
     common = dict(input_shape=input_shape, stats=CIFAR10_STATS, seed=seed, workers=workers)
     return TorchvisionDataset(train, augment=True, **common), TorchvisionDataset(test, augment=False, **common)
 

@@ -59,6 +59,7 @@ from .device import get_array_module
 EXIT_PEER_FAILED = 4          # this rank stopped because another one failed
 RENDEZVOUS_TIMEOUT_S = 120    # how long ranks wait for each other at the start
 TERMINATE_GRACE_S = 10        # spawn: how long children get to exit after SIGTERM, before SIGKILL
+CAUSE_GRACE_S = 5             # spawn: how long the others get to end on their own after a rank's EXIT_PEER_FAILED
 BUCKET_MB = 25                # gradient bucket size (PyTorch DDP's default)
 
 Launch = namedtuple("Launch", "rank world_size local_rank master_addr master_port")
@@ -133,8 +134,11 @@ def free_port(host="127.0.0.1"):
 
 def spawn(world_size, command, prog="train.py", port=None, poll_s=0.1):
     """Run `command` (an argv list) as `world_size` processes on this host, ranks 0 .. N-1, and
-    return the exit code: 0 when all end with 0, else the first failure's (the others are sent
-    SIGTERM, then SIGKILL after TERMINATE_GRACE_S). SIGTERM / SIGINT here is passed on to them."""
+    return the exit code: 0 when all end with 0, else the failure's cause. The rank that fails tells
+    the others before it unwinds, so their EXIT_PEER_FAILED (4) often comes first: then every rank gets
+    CAUSE_GRACE_S to end on its own, and the first code other than 0 and 4 is the answer (4 if there
+    is none). The ranks still running are sent SIGTERM, and SIGKILL after TERMINATE_GRACE_S. SIGTERM /
+    SIGINT here is passed on to them."""
     port = port or free_port()
     children = []
     for rank in range(world_size):
@@ -156,6 +160,11 @@ def spawn(world_size, command, prog="train.py", port=None, poll_s=0.1):
                 failed = next(((r, c.returncode) for r, c in enumerate(children)
                                if c.returncode not in (None, 0)), None)
                 if failed is not None:
+                    if failed[1] == EXIT_PEER_FAILED:   # told by the rank that failed: let it end with its own
+                        _wait_all(children, CAUSE_GRACE_S)
+                        cause = next(((r, c.returncode) for r, c in enumerate(children)
+                                      if c.returncode not in (None, 0, EXIT_PEER_FAILED)), None)
+                        failed = cause or failed
                     print(f"{prog}: rank {failed[0]} exited with status {failed[1]}; stopping the "
                           "other ranks", file=sys.stderr, flush=True)
                     _terminate(children)
@@ -169,7 +178,15 @@ def spawn(world_size, command, prog="train.py", port=None, poll_s=0.1):
         return 128 + stopping[0]
     if failed is not None:
         return failed[1]
-    return next((c for c in codes if c != 0), 0)
+    # every rank ended between two polls: the cause first, as above
+    return next((c for c in codes if c not in (0, EXIT_PEER_FAILED)), next((c for c in codes if c != 0), 0))
+
+
+def _wait_all(children, seconds):
+    """Wait up to `seconds` for every child to end (poll: no signal sent)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and [c.poll() for c in children].count(None):
+        time.sleep(0.05)
 
 
 def _terminate(children):

@@ -253,7 +253,12 @@ CHILD = textwrap.dedent("""
         if mode == "fail" and launch.rank == 1:
             time.sleep(0.5)
             raise RuntimeError("planted failure")
-        if mode in ("fail", "wait"):
+        if mode == "cause" and launch.rank == 1:      # as train.py's exit 5 after an out-of-memory step
+            time.sleep(0.5)
+            group.channel.fail("MemoryError: planted")   # what failing_together does on the way out
+            time.sleep(1.0)                               # slower to end than the peer it told
+            os._exit(5)
+        if mode in ("fail", "wait", "cause"):
             time.sleep(60)
 """)
 
@@ -292,6 +297,15 @@ def test_an_exception_in_one_rank_brings_the_other_down_with_its_reason(tmp_path
     assert time.monotonic() - t0 < 30                    # not the 60 s the other rank sleeps
     assert proc.returncode != 0
     assert "rank 0: stopping because rank 1: RuntimeError: planted failure" in err, err
+
+
+def test_the_launcher_exits_with_the_failing_ranks_code_not_its_peers(tmp_path):
+    """The failing rank tells its peers first, so their EXIT_PEER_FAILED (4) comes before its own code;
+    spawn waits for the cause (here 5, train.py's out of memory) and returns it."""
+    proc = _launch(tmp_path, "cause")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5, err
+    assert "rank 1 exited with status 5" in err, err
 
 
 def test_sigterm_to_one_rank_stops_every_rank_within_seconds(tmp_path):

@@ -345,9 +345,20 @@ def test_out_of_memory_while_training_is_one_line_and_exit_5(tmp_path, monkeypat
     rc = cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)])
     err = capsys.readouterr().err
     assert rc == cli.EXIT_OUT_OF_MEMORY == 5, err
-    assert "out of memory while training (Unable to allocate" in err and "--batch-size" in err
+    assert "out of memory at the start of epoch 1 (Unable to allocate" in err and "--batch-size" in err
+    assert "no epoch had finished, so there is no checkpoint" in err
     assert "Traceback" not in err and not ckpt.exists()
     assert list(tmp_path.iterdir()) == []                  # no lock or folder left behind
+
+
+def test_out_of_memory_before_training_is_bad_inputs_exit_2(monkeypatch, capsys):
+    """Reading the data or a checkpoint: what the README counts as bad input (exit 2), not exit 5."""
+    def no_memory(*args, **kwargs):
+        return np.empty(1 << 55, np.float32)
+    monkeypatch.setattr(cli, "load_data", no_memory)
+    assert cli.main(["--no-progress", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "error: out of memory before training (Unable to allocate" in err and "Traceback" not in err
 
 
 def test_sigterm_saves_like_ctrl_c(tmp_path):
@@ -371,3 +382,9 @@ def test_a_backend_that_does_not_run_on_the_device_is_refused_before_training(mo
     monkeypatch.setattr(cli, "load_data", lambda *a, **k: pytest.fail("the data was loaded"))
     assert cli.main(["--backend", "cudnn", "--device", "cpu", "--epochs", "1", "--no-progress"]) == 2
     assert "--backend cudnn does not run on the CPU (it runs on: cuda)" in capsys.readouterr().err
+
+
+def test_a_runs_place_is_counted_as_the_progress_bars_count():
+    assert cli._place(2, 25, 40) == "in epoch 3 after batch 25"
+    assert cli._place(1, 0, 3) == "at the start of epoch 2"
+    assert cli._place(1, 0, 1) == "after its last epoch (1 of 1)"   # a finished run resumed: no epoch 2

@@ -27,7 +27,7 @@ WARMUP, STEPS = 3, 10
 def time_step(name, batch, backend, warmup=WARMUP, steps=STEPS):
     """(median ms, min ms) of `steps` eager training steps of zoo network `name`."""
     mt.manual_seed(0)
-    model = models.get(name, backend=backend).to("cuda")
+    model = models.get(name, num_classes=1000, backend=backend).to("cuda")
     opt = mt.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
     crit = mt.CrossEntropyCriterion()
     shape = (batch,) + tuple(models.input_shape(name))
