@@ -157,29 +157,29 @@ def spawn(world_size, command, prog="train.py", port=None, poll_s=0.1):
         failed = None
         while [c.poll() for c in children].count(None):     # poll() every child, each time
             if failed is None:
-                failed = next(((r, c.returncode) for r, c in enumerate(children)
-                               if c.returncode not in (None, 0)), None)
+                failed = _failure(children)
                 if failed is not None:
                     if failed[1] == EXIT_PEER_FAILED:   # told by the rank that failed: let it end with its own
                         _wait_all(children, CAUSE_GRACE_S)
-                        cause = next(((r, c.returncode) for r, c in enumerate(children)
-                                      if c.returncode not in (None, 0, EXIT_PEER_FAILED)), None)
-                        failed = cause or failed
+                        failed = _failure(children, EXIT_PEER_FAILED) or failed
                     print(f"{prog}: rank {failed[0]} exited with status {failed[1]}; stopping the "
                           "other ranks", file=sys.stderr, flush=True)
                     _terminate(children)
             time.sleep(poll_s)
-        codes = [c.returncode for c in children]
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
         _terminate(children)
     if stopping:
         return 128 + stopping[0]
-    if failed is not None:
-        return failed[1]
-    # every rank ended between two polls: the cause first, as above
-    return next((c for c in codes if c not in (0, EXIT_PEER_FAILED)), next((c for c in codes if c != 0), 0))
+    # failed is None where every rank ended between two polls: the cause first, as above
+    failed = failed or _failure(children, EXIT_PEER_FAILED) or _failure(children)
+    return 0 if failed is None else failed[1]
+
+
+def _failure(children, *but):
+    """(rank, exit code) of the first child that has ended with a code other than 0 and `but`, or None."""
+    return next(((r, c.returncode) for r, c in enumerate(children) if c.returncode not in (None, 0, *but)), None)
 
 
 def _wait_all(children, seconds):

@@ -52,15 +52,16 @@ def atomic_file(path, mode="w", prefix=None, replace=True):
         if replace:
             os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
         else:
+            appeared = f"{path!r} appeared while it was being written; left as it is"
             try:
                 os.link(tmp, path)     # atomic too, and refused where a file (or a link) is there
             except FileExistsError:
-                raise FileExistsError(f"{path!r} appeared while it was being written; left as it is") from None
+                raise FileExistsError(appeared) from None
             except OSError:            # a file system without hard links: claim the name, then rename onto it
                 try:
                     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)))
                 except FileExistsError:
-                    raise FileExistsError(f"{path!r} appeared while it was being written; left as it is") from None
+                    raise FileExistsError(appeared) from None
                 try:
                     os.replace(tmp, path)
                 except BaseException:
