@@ -7,7 +7,7 @@ from .nn import (Buffer, ClassNLLCriterion, CrossEntropyCriterion, Dropout, Flat
                  Module, ReLU, Sequential, SpatialAdaptiveAveragePooling, SpatialAveragePooling,
                  SpatialBatchNormalization, SpatialConvolution, SpatialMaxPooling, View)
 from .random import manual_seed
-from .tensor import Function, Parameter, Tensor, is_grad_enabled, no_grad
+from .tensor import Function, Parameter, Tensor, enable_grad, is_grad_enabled, no_grad
 from .training import train_step
 from . import backends, models   # mt.backends (the ground floor) and mt.models (the zoo), as submodules
 

@@ -20,8 +20,9 @@ last checkpoint stays, and --resume with the same --gpus continues from it).
 Progress bars, one line per epoch and a one-line summary go to stderr; stdout holds one line, a
 JSON object with the results. Exit codes: 0 done, 2 bad input, 3 the loss became NaN or infinite
 (nothing is saved: the last checkpoint is the last good state), 4 another data-parallel rank
-failed, 5 out of memory while training (the activations of a batch: what the checks before training
-do not size; the last checkpoint stays), 130 / 143 stopped by SIGINT / SIGTERM after saving.
+failed, 5 out of memory while training (the checks before training size what a batch's forward keeps
+for backward, a lower bound, not the backward's own arrays or a backend's scratch; the last
+checkpoint stays), 130 / 143 stopped by SIGINT / SIGTERM after saving.
 """
 import argparse
 import json
@@ -35,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import backends
-from .backends.common import check_fits
+from .backends.common import available_bytes, check_fits, format_bytes
 import minitorch_fft as mt
 from . import models
 from minitorch_fft import distributed
@@ -318,6 +319,27 @@ def check_model_fits(model, num_classes, device, momentum=0.9):
         check_fits(params * 4 * arrays, np, training)
 
 
+def check_activations_fit(model, input_shape, images, device):
+    """ValueError, before training, where what a step keeps for its backward pass on a batch of
+    `images` (training.saved_bytes_per_image, a lower bound) cannot fit in the memory the device
+    has available now (the model, on the host still, not yet on the GPU). Where the kernel
+    overcommits, the host's allocations would succeed and the OOM killer end the run mid-epoch, with
+    no message; on the GPU the step would fail (exit 5) after the data were read and auto had timed
+    its first layers."""
+    xp = np if device == "cpu" else mt.device.cupy_or_none()
+    limit, source = available_bytes(xp)
+    if limit is None:
+        return
+    per_image = mt.training.saved_bytes_per_image(model, input_shape)
+    if images * per_image <= limit:
+        return
+    fits = limit // per_image
+    raise ValueError(f"a training step on a batch of {images:,} images of {tuple(input_shape)} keeps at least "
+                     f"{format_bytes(images * per_image)} for its backward pass ({format_bytes(per_image)} an "
+                     f"image), more than the {format_bytes(limit)} {source}; "
+                     + (f"try --batch-size {fits:,} or less" if fits else "not even one image fits"))
+
+
 def evaluate(model, dataset, batch_size, device):
     model.eval()
     correct = 0
@@ -418,7 +440,9 @@ def _train_in(args, resumed, prog, group):
         mt.checkpoint.check_run_state(resumed, n_train=len(train))
     check_model_fits(args.model, n_cls, device, args.momentum)
     try:
-        model = models.get(args.model, num_classes=n_cls, backend=args.backend).to(device)
+        model = models.get(args.model, num_classes=n_cls, backend=args.backend)
+        check_activations_fit(model, models.input_shape(args.model), min(args.batch_size, len(train)), device)
+        model.to(device)
     except MemoryError as e:   # numpy's or CuPy's: one line, before any step
         raise ValueError(f"model {args.model} with {n_cls:,} classes does not fit in the "
                          f"{'GPU' if device == 'cuda' else 'host'}'s memory ({e})") from None

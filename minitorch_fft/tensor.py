@@ -22,14 +22,23 @@ _grad_enabled = True
 
 
 @contextlib.contextmanager
-def no_grad():
-    """Inside this block no graph is recorded (evaluation, optimiser updates)."""
+def _grad_mode(enabled):
     global _grad_enabled
-    prev, _grad_enabled = _grad_enabled, False
+    prev, _grad_enabled = _grad_enabled, enabled
     try:
         yield
     finally:
         _grad_enabled = prev
+
+
+def no_grad():
+    """Inside this block no graph is recorded (evaluation, optimiser updates)."""
+    return _grad_mode(False)
+
+
+def enable_grad():
+    """Inside this block the graph is recorded, under a no_grad() too."""
+    return _grad_mode(True)
 
 
 def is_grad_enabled():

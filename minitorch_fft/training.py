@@ -8,6 +8,8 @@ in place and a spectrum of the old weights must not outlive them.
 """
 import contextlib
 
+import numpy as np
+
 from . import backends
 
 from . import functional as F
@@ -34,3 +36,50 @@ def train_step(model, criterion, optimizer, x, y, reuse_spectra=True, sync=None)
         sync.finish()
     optimizer.step()
     return loss, logits
+
+
+def saved_bytes_per_image(model, input_shape):
+    """Bytes that a training step of `model` (on the host) keeps for its backward pass for each image
+    of a batch: the arrays its forward saves (each layer's input, masks, ...), each counted once however
+    many layers hold it, parameters and buffers not counted. Found by forward passes of one image and
+    of two (zeros of `input_shape`, (C, H, W)) with gradients recorded: the difference is what one more
+    image adds. Every convolution runs on `gemm` for them (the saved arrays are a layer's input and
+    weight whatever its backend; auto would time the two tiny batches), in evaluation mode (no dropout
+    draw, no running statistic moved): nothing of the model changes.
+
+    A lower bound of what an image costs a step: backward's gradients and a backend's scratch (spectra,
+    columns) come on top, and training mode saves dropout's masks and more of batch normalisation."""
+    from . import nn
+    from .tensor import Function, Tensor, _topological_order, enable_grad
+    params = {id(_base(p.data)) for p in model.parameters()} | {id(_base(b.data)) for b in model.buffers()}
+    convs = [m for m in model.modules() if isinstance(m, nn.SpatialConvolution)]
+    chosen, mode = [m.backend for m in convs], model.training
+
+    def saved(images):
+        out = model(Tensor(np.zeros((images, *input_shape), np.float32)))
+        arrays = {}
+        for node in _topological_order(out._ctx if out._ctx is not None else out):
+            if isinstance(node, Function):
+                for name, value in vars(node).items():
+                    for a in value if isinstance(value, (tuple, list)) else (value,):
+                        if isinstance(a, np.ndarray) and name not in Function._GRAPH:
+                            arrays.setdefault(id(_base(a)), _base(a).nbytes)
+        return sum(n for key, n in arrays.items() if key not in params)
+
+    try:
+        for m in convs:
+            m.backend = "gemm"
+        model.eval()
+        with enable_grad():
+            return max(0, saved(2) - saved(1))
+    finally:
+        for m, backend in zip(convs, chosen):
+            m.backend = backend
+        model.train(mode)
+
+
+def _base(a):
+    """The array that owns a's memory (a itself unless a is a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a

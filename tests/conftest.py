@@ -1,6 +1,7 @@
 """Shared fixtures: the `gpu` marker skips cleanly where CuPy or a GPU is missing."""
 import contextlib
 import ctypes
+import os
 import shutil
 import subprocess
 
@@ -58,6 +59,28 @@ def host_library(tmp_path_factory, name, source, flags=()):
         pytest.skip(f"{cxx} lacks C++20 <barrier>")
     assert res.returncode == 0, f"host compile of {name} failed:\n{res.stderr[-4000:]}"
     return ctypes.CDLL(str(lib))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tuning_cache_of_this_process(tmp_path_factory):
+    """auto's tuning cache, one file for each test process (each xdist worker): a copy of the one
+    $MINITORCH_TUNE_CACHE names (a seed of timed records, so the GPU tests need not time them all
+    again), else an empty file. Shared, one worker's timed choice was what another's test read,
+    so a test asserting what a timed choice built passed or failed by the order the files ran in
+    (session 52); and the tests never write to the user's own cache (~/.cache/minitorch_fft)."""
+    from minitorch_fft.backends import config, tuning
+    seed = os.environ.get("MINITORCH_TUNE_CACHE")
+    mine = tmp_path_factory.mktemp("tuning") / "autotune.json"
+    if seed and tuning.cache_path().is_file():
+        shutil.copyfile(tuning.cache_path(), mine)
+    os.environ["MINITORCH_TUNE_CACHE"] = str(mine)
+    config.reload()
+    yield mine
+    if seed is None:
+        os.environ.pop("MINITORCH_TUNE_CACHE", None)
+    else:
+        os.environ["MINITORCH_TUNE_CACHE"] = seed
+    config.reload()
 
 
 @pytest.fixture(autouse=True)

@@ -334,9 +334,54 @@ def test_a_diverging_run_stops_without_saving(tmp_path):
     assert p.stdout.strip() == "" and not ckpt.exists()
 
 
+def test_a_batch_whose_saved_activations_cannot_fit_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    """Where the kernel overcommits, a batch too large for the host ran until the OOM killer ended it
+    (exit 137, no message): what a step keeps for backward is sized first, and the batch that fits named."""
+    per_image = mt.training.saved_bytes_per_image(models.get("digits"), models.input_shape("digits"))
+    assert per_image > 0
+    limit = 10 * per_image + per_image // 2                 # ten images fit, the default 32 do not
+    monkeypatch.setattr(cli, "available_bytes", lambda xp: (limit, "of memory available on the host (MemAvailable)"))
+    ckpt = tmp_path / "run.ckpt"
+    rc = cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "a training step on a batch of 32 images of (1, 8, 8) keeps at least" in err, err
+    assert "the host (MemAvailable); try --batch-size 10 or less" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+    assert cli.main(["--no-progress", "--epochs", "1", "--batch-size", "10"]) == 0, capsys.readouterr().err
+
+
+def test_the_saved_activations_bound_a_step_from_below_and_change_nothing():
+    """saved_bytes_per_image against NumPy's own count of a real step's allocations (tracemalloc): at most
+    what the step takes, and not vacuous. The model comes back as it was: backends, mode, weights, statistics."""
+    import tracemalloc
+    mt.manual_seed(0)
+    net = models.get("resnet18", num_classes=10, backend="direct")
+    before = {k: v.copy() for k, v in net.state_dict().items()}
+    rng = mt.random.get_state()
+    per_image = mt.training.saved_bytes_per_image(net, models.input_shape("resnet18"))
+    assert [m.backend for m in net.modules() if isinstance(m, mt.nn.SpatialConvolution)] == ["direct"] * 20
+    assert net.training and mt.random.get_state() == rng
+    assert all(np.array_equal(v, before[k]) for k, v in net.state_dict().items())
+    for m in net.modules():
+        if isinstance(m, mt.nn.SpatialConvolution):
+            m.backend = "gemm"
+    opt, crit = mt.optim.SGD(net.parameters(), lr=0.01, momentum=0.9), mt.CrossEntropyCriterion()
+    x, y = mt.Tensor(np.random.default_rng(0).random((4, 3, 224, 224), np.float32)), np.arange(4)
+    mt.train_step(net, crit, opt, x, y)                    # gradients and momentum made: not the step's
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        mt.train_step(net, crit, opt, x, y)
+        peak = tracemalloc.get_traced_memory()[1] - start
+    finally:
+        tracemalloc.stop()
+    assert 0.3 * peak <= 4 * per_image <= peak, (4 * per_image, peak)
+
+
 def test_out_of_memory_while_training_is_one_line_and_exit_5(tmp_path, monkeypatch, capsys):
-    """A batch's activations are not sized before training: NumPy's (or CuPy's) MemoryError in a step
-    is one line and its own exit code, the checkpoint's lock released."""
+    """What a step keeps for backward is a lower bound of what it takes: NumPy's (or CuPy's) MemoryError
+    in a step is one line and its own exit code, the checkpoint's lock released."""
     ckpt = tmp_path / "run.ckpt"
 
     def no_memory(*args, **kwargs):

@@ -318,6 +318,13 @@ def test_cache_location_follows_the_environment(tmp_path, monkeypatch):
     assert tuning.cache_path() == Path(tmp_path) / ".cache" / "minitorch_fft" / "autotune.json"
 
 
+def test_each_test_process_tunes_into_a_cache_of_its_own(tuning_cache_of_this_process, tmp_path_factory):
+    """conftest's copy: not the user's ~/.cache file, and not one file shared by the xdist workers."""
+    assert tuning.cache_path() == tuning_cache_of_this_process
+    assert tmp_path_factory.getbasetemp() in tuning.cache_path().parents
+    assert Path.home() / ".cache" not in tuning.cache_path().parents
+
+
 def test_cache_location_expands_home_and_stays_put_after_chdir(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", "~/tc.json")
