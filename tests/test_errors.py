@@ -52,9 +52,10 @@ OTHER_ROWS = [
     ("layer", lambda: mt.SpatialConvolution(3, 4, 3, padding=-2), ValueError, "padding must be >= 0"),
     ("layer", lambda: mt.SpatialConvolution(3, 4, (3, 3, 3)), TypeError, "kernel_size must be an int or a pair"),
     ("layer", lambda: mt.SpatialConvolution(3, 8, 3, 3, 1, 1, 1, 1), TypeError, "positional argument"),   # Lua's order
-    ("layer", lambda: conv_layer_call(np.ones((3, 8, 8), f32)), ValueError, "4-D"),
-    ("layer", lambda: conv_layer_call(np.ones((1, 2, 8, 8), f32)), ValueError, "channel mismatch"),
-    ("layer", lambda: conv_layer_call(np.ones((1, 3, 2, 2), f32)), ValueError, "larger than the padded input"),
+    ("layer", lambda: conv_layer_call(np.ones((3, 8, 8), f32)), ValueError,
+     r"conv2d: input must be 4-D \(batch, planes, height, width\), got shape \(3, 8, 8\)"),
+    ("layer", lambda: conv_layer_call(np.ones((1, 2, 8, 8), f32)), ValueError, "conv2d: channel mismatch: input has 2"),
+    ("layer", lambda: conv_layer_call(np.ones((1, 3, 2, 2), f32)), ValueError, "conv2d: kernel 3x3 is larger than the padded input"),
     ("layer", lambda: mt.SpatialMaxPooling(3, 2)(mt.Tensor(np.ones((1, 1, 2, 2)))), ValueError, "larger than the input"),
     ("layer", lambda: mt.Linear(4, 2)(mt.Tensor(np.ones((3, 5)))), ValueError, "5 features"),
     ("layer", lambda: mt.View(7)(mt.Tensor(np.ones((2, 6)))), ValueError, "cannot view"),

@@ -288,3 +288,21 @@ def test_a_graphed_run_stopped_and_resumed_ends_as_the_uninterrupted_one(tmp_pat
     for v, w in zip(opts[1].velocity, opts[0].velocity):
         np.testing.assert_allclose(v, w, rtol=1e-5, atol=1e-6)
     capsys.readouterr()
+
+
+def test_a_batch_whose_saved_activations_exceed_the_gpus_free_memory_is_refused_before_training(capsys):
+    """Sized on the host before the model goes to the GPU: exit 2 and the batch that fits, where the
+    step would have run out of memory (exit 5) after the data were read and auto had timed layers."""
+    import cupy as cp
+    cp.get_default_memory_pool().free_all_blocks()
+    per_image = mt.training.saved_bytes_per_image(models.get("resnet18", num_classes=10),
+                                                  models.input_shape("resnet18"))
+    free = cp.cuda.runtime.memGetInfo()[0]
+    batch = 2 * free // per_image                          # twice what the GPU has free, whatever GPU
+    assert cli.main(["--model", "resnet18", "--data", "fake", "--num-classes", "10", "--device", "cuda",
+                     "--batch-size", str(batch), "--fake-size", str(batch), "--epochs", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"a training step on a batch of {batch:,} images of (3, 224, 224) keeps at least" in err, err
+    fits = int(re.search(r"free on the GPU \(with CuPy's pool's unused blocks\); try --batch-size ([\d,]+) or less",
+                         err).group(1).replace(",", ""))
+    assert batch // 3 < fits <= 0.55 * batch and "Traceback" not in err   # about half: free at the check

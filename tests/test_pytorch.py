@@ -569,7 +569,7 @@ def test_bad_input_says_why(path):
         call(path, x.half(), w, stride, padding)
     with pytest.raises(ValueError, match="unknown convolution backend"):
         call(path, x, w, stride, padding, "no_such_backend")
-    with pytest.raises(ValueError, match="channel mismatch"):
+    with pytest.raises(ValueError, match="conv2d: channel mismatch"):   # the op named
         call(path, x, w[:, :2], stride, padding)
     with pytest.raises(ValueError, match=rf"bias of shape \(3,\).*one value per output plane, \({w.shape[0]},\)"):
         call(path, x, w, stride, padding, bias=torch.zeros(3))
