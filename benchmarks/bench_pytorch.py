@@ -18,7 +18,8 @@ with momentum. Rows per network:
 each eager and captured as one CUDA graph (torch.cuda.graph, replayed on the same static batch),
 and with --compile also under torch.compile (inductor; those rows after every eager and graph row,
 each compiled in a fresh Dynamo state, inductor's compile workers shut before each is timed:
-row_rounds, _compiled_row). The converted rows share spectra across a
+row_rounds, _compiled_row; --compile-mode reduce-overhead: inductor's CUDA graphs, files
+*_reduce_overhead). The converted rows share spectra across a
 layer's passes (minitorch_fft.pytorch.reuse_spectra() around forward and backward, its default:
 no spectrum held from forward to backward, accGrad's gradOutput spectrum serving bprop); --no-reuse
 leaves that out (result files *_no_reuse); --input-reuse also keeps each layer's input spectrum
@@ -115,7 +116,8 @@ def result_name(net, args):
     return (f"bench_pytorch_{net}" + ("_tf32" if tf32_only else "") + ("_quick" if args.quick else "")
             + ("_no_reuse" if args.no_reuse else "") + ("_input_reuse" if args.input_reuse else "")
             + ("_channels_last" if args.channels_last else "") + ("_pass_graphs" if args.pass_graphs else "")
-            + (f"_{args.pass_graph_mb:g}mb" if args.pass_graphs and args.pass_graph_mb else ""))
+            + (f"_{args.pass_graph_mb:g}mb" if args.pass_graphs and args.pass_graph_mb else "")
+            + ("_reduce_overhead" if args.compile_mode == "reduce-overhead" else ""))
 
 
 def row_rounds(impls, compile_rows):
@@ -448,9 +450,12 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
     process; 9.17 and 9.64 with a reset before each (exp_compile_gap --reset)."""
     import torch
     torch._dynamo.reset()
-    compiled = torch.compile(model)
+    graphs = args.compile_mode == "reduce-overhead"
+    compiled = torch.compile(model, mode=args.compile_mode if graphs else None)
 
     def step():
+        if graphs:   # a new step: the trees' graphs may reuse the last step's outputs' memory
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=False)
         with scope():
             loss = torch.nn.functional.cross_entropy(compiled(x), y)
@@ -462,7 +467,8 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
     _stop_compile_workers()
     timed = timed_row(step, args, (0, 0), leftover)
     log(f"{net:9s} {label:30s} compiled {timed_text(timed)}  (compile {compile_s:.0f} s)")
-    return timed_fields("torch.compile", timed, args.batch)
+    return timed_fields("torch.compile" + ("" if args.compile_mode == "default" else f" {args.compile_mode}"),
+                        timed, args.batch)
 
 
 def _stop_compile_workers():
@@ -518,6 +524,10 @@ def main():
                         help="converted rows also keep each layer's input spectrum from forward for accGrad "
                              "(reuse_spectra(inputs=True): faster, more memory; result files *_input_reuse)")
     parser.add_argument("--compile", action="store_true", help="add torch.compile (inductor) rows")
+    parser.add_argument("--compile-mode", choices=("default", "reduce-overhead"), default="default",
+                        help="with --compile: torch.compile's mode; reduce-overhead replays the compiled forward "
+                             "and backward as CUDA graphs (inductor's cudagraph trees; result files "
+                             "*_reduce_overhead)")
     parser.add_argument("--channels-last", action="store_true",
                         help="every row's model and input channels-last (model.to(memory_format=torch.channels_last)): "
                              "each converted pass runs cuDNN's NHWC plans or our NCHW passes on copies, whichever auto "
@@ -525,6 +535,8 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
+    if args.compile_mode != "default" and not args.compile:
+        parser.error(f"--compile-mode {args.compile_mode} needs --compile")
     if args.no_reuse and args.input_reuse:
         parser.error("--no-reuse and --input-reuse exclude each other")
     if args.pass_graph_mb is not None and (not args.pass_graphs or not 0 < args.pass_graph_mb < float("inf")):

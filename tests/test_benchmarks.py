@@ -1476,7 +1476,8 @@ def test_bench_pytorch_writes_tf32_and_strict_runs_apart():
     never replaces the other's (both were bench_pytorch_vgg16_channels_last before session 44)."""
     import argparse
     from benchmarks.bench_pytorch import result_name
-    base = dict(quick=False, no_reuse=False, input_reuse=False, channels_last=True, pass_graphs=False)
+    base = dict(quick=False, no_reuse=False, input_reuse=False, channels_last=True, pass_graphs=False,
+                compile_mode="default")
     names = {impls: result_name("vgg16", argparse.Namespace(impls=list(impls), **base))
              for impls in (("strict", "fp32"), ("default", "tf32"), ("strict", "default", "fp32", "tf32"))}
     assert names[("default", "tf32")] == "bench_pytorch_vgg16_tf32_channels_last"
@@ -1486,6 +1487,9 @@ def test_bench_pytorch_writes_tf32_and_strict_runs_apart():
     bounded = dict(base, channels_last=False, pass_graphs=True, pass_graph_mb=128.0)
     assert result_name("alexnet", argparse.Namespace(impls=["strict", "fp32"], **bounded)) \
         == "bench_pytorch_alexnet_pass_graphs_128mb"
+    graphed = dict(base, channels_last=False, compile_mode="reduce-overhead")
+    assert result_name("alexnet", argparse.Namespace(impls=["strict", "fp32"], **graphed)) \
+        == "bench_pytorch_alexnet_reduce_overhead"
 
 
 @pytest.mark.parametrize("argv", [["--pass-graph-mb", "64"], ["--pass-graphs", "--pass-graph-mb", "0"],
@@ -1497,3 +1501,11 @@ def test_bench_pytorch_refuses_a_pass_graph_bound_it_cannot_use(monkeypatch, cap
     with pytest.raises(SystemExit) as e:
         bench_pytorch.main()
     assert e.value.code == 2 and "--pass-graph-mb takes MiB > 0 with --pass-graphs" in capsys.readouterr().err
+
+
+def test_bench_pytorch_refuses_a_compile_mode_without_compile(monkeypatch, capsys):
+    from benchmarks import bench_pytorch
+    monkeypatch.setattr(sys, "argv", ["bench_pytorch", "--compile-mode", "reduce-overhead"])
+    with pytest.raises(SystemExit) as e:
+        bench_pytorch.main()
+    assert e.value.code == 2 and "--compile-mode reduce-overhead needs --compile" in capsys.readouterr().err

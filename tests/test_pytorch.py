@@ -1179,6 +1179,43 @@ def test_cuda_graph_training_step_replays(strict_fp32, path, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_torch_compile_reduce_overhead_training_replays(strict_fp32, monkeypatch):
+    """torch.compile(mode="reduce-overhead"): inductor records the compiled forward and backward, the
+    operators in them, as CUDA graphs (its cudagraph trees, on a pool and stream of their own) and
+    skips none; steps that replay them match the same steps run eagerly from the same state."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    replays = [0]
+
+    def replay(graph, _real=torch.cuda.CUDAGraph.replay):
+        replays[0] += 1
+        return _real(graph)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", replay)
+    model = convert(small_net()).cuda()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt_eager = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    for i in range(5):             # the trees run eagerly once, record at the next call, then replay
+        x, y = torch.randn(4, 3, 12, 12, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
+        losses = []
+        for net, optimizer in ((compiled, opt), (eager, opt_eager)):
+            if net is compiled:
+                torch.compiler.cudagraph_mark_step_begin()
+            optimizer.zero_grad(set_to_none=False)
+            loss = TF.cross_entropy(net(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1]), (i, losses)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            assert rel_error(p.detach().cpu().numpy(), q.detach().cpu().numpy()) <= 1e-5
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert replays[0] >= 3          # steps 3-5 at least replayed graphs
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("own_handle", [False, True], ids=["as found", "own handle forced"])
 def test_captured_gemms_take_no_workspace_of_ours(strict_fp32, own_handle, monkeypatch):
     """Where PyTorch calls our libcublas, a captured pass's GEMMs run on PyTorch's cuBLAS handle for
