@@ -93,6 +93,7 @@ import collections
 import contextlib
 import functools
 import logging
+import math
 import threading
 import warnings
 from typing import Optional, Sequence
@@ -192,8 +193,50 @@ def _laid_out(t, shape, nhwc):
 def _from_cupy(a):
     """A CuPy array as a tensor on its memory, through a DLPack capsule made with stream -1: the
     consumer, PyTorch, is on the producer's stream, so neither side orders anything (3 us against
-    12 for torch.from_dlpack(a), which asks CuPy for a capsule on its current stream)."""
+    12 for torch.from_dlpack(a), which asks CuPy for a capsule on its current stream).
+
+    While an operator runs (_owned_outputs), a view of the tensor whose block holds it instead: a
+    storage of PyTorch's own, with its allocator's deleter, which inductor's CUDA graphs (torch.compile's
+    reduce-overhead) require of a graph's outputs (they free a warm-up's outputs through it; a DLPack
+    capsule's deleter stopped them: "Expected standard deleter"). Where no owned block holds it (a
+    result of a size not foreseen), a copy into a new tensor, counted in _copied_out."""
+    if _owning:
+        base = _owned.get(a.data.mem.ptr)
+        if base is None:
+            _copied_out[0] += 1
+            t = torch.empty_strided(a.shape, [s // 4 for s in a.strides], dtype=torch.float32,
+                                    device=torch.device("cuda", a.device.id))
+            _cupy_view(t, _cupy, a.strides)[...] = a
+            return t
+        offset = a.data.ptr - a.data.mem.ptr
+        return base.view(torch.float32).as_strided(a.shape, [s // 4 for s in a.strides], offset // 4)
     return torch.from_dlpack(a.__dlpack__(stream=-1))
+
+
+_operator = [False]   # True while an operator's implementation runs (torch.ops' call: traced code's)
+
+
+@contextlib.contextmanager
+def _as_operator():
+    was, _operator[0] = _operator[0], True
+    try:
+        yield
+    finally:
+        _operator[0] = was
+
+
+@contextlib.contextmanager
+def _owned_outputs(passes, geometry):
+    """The operators' results as views of tensors of PyTorch's (_from_cupy): the CuPy allocations of each
+    result's byte size, while the passes run, come from torch.empty (_Stream's malloc; a temporary of the
+    same size too, a few us each). The eager path keeps DLPack's zero-copy tensors."""
+    global _owning
+    g = backends.geometry(*geometry)
+    _owning = frozenset(4 * math.prod(backends.common.pass_output_shape(g, p[0])) for p in passes)
+    try:
+        yield
+    finally:
+        _owning = frozenset()
 
 
 @contextlib.contextmanager
@@ -325,6 +368,9 @@ class _Arena:
 
 
 _measuring = None     # a _Temporaries while _graphed runs a key's eager calls, else None
+_owning = frozenset()  # byte sizes whose CuPy allocations a torch tensor serves, while an operator runs (_owned_outputs)
+_owned = {}           # address -> the uint8 tensor that serves that CuPy allocation, until CuPy frees it
+_copied_out = [0]     # results copied into a tensor of PyTorch's because no owned block held them (_from_cupy)
 _capturing = {}       # capture stream pointer -> the _Arena its CuPy allocations are cut from, while _capture captures
 _arena_of = {}        # address -> the _Arena it was cut from, until given back (a block kept keeps its arena)
 _cupy = None
@@ -348,6 +394,7 @@ class _Stream:
 
     def __init__(self, cp, device_index, ptr):
         self.device = cp.cuda.Device(device_index)
+        self.device_name = torch.device("cuda", device_index)
         with warnings.catch_warnings():
             # CuPy 14 deprecates ExternalStream for Stream.from_external, which wants the
             # __cuda_stream__ protocol; a pointer is what we have
@@ -364,7 +411,12 @@ class _Stream:
                     if p is not None:
                         _arena_of[p] = arena
                         return p
-            p = alloc(size, ptr)
+            if size in _owning:   # a result's size: a tensor's own block, for the result to be a view of
+                t = torch.empty(size, dtype=torch.uint8, device=self.device_name)
+                p = t.data_ptr()
+                _owned[p] = t
+            else:
+                p = alloc(size, ptr)
             measuring = _measuring   # read once: another thread may end its count meanwhile
             if measuring is not None:
                 measuring.took(p, size)
@@ -379,6 +431,8 @@ class _Stream:
             measuring = _measuring
             if measuring is not None:
                 measuring.gave(p)
+            if _owned and _owned.pop(p, None) is not None:
+                return            # the tensor's block: PyTorch's again once no view of it is left
             delete(p)
         self.malloc = cp.cuda.memory.PythonFunctionAllocator(malloc, free).malloc
         # the memory checks count what PyTorch's allocator keeps reserved unused (it frees that and
@@ -473,6 +527,13 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
     for pass_name, a, b, _ in passes:
         _check_float32(pass_name, a, b)
     geometry = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
+    if _operator[0] and passes[0][1].is_cuda:
+        with _owned_outputs(passes, geometry):
+            return _dispatch(backend, geometry, passes, nhwc, bias)
+    return _dispatch(backend, geometry, passes, nhwc, bias)
+
+
+def _dispatch(backend, geometry, passes, nhwc, bias):
     if (passes[0][1].is_cuda and backends.config.get("pass_graphs")
             and not torch.cuda.is_current_stream_capturing()):   # in a caller's capture: as they are
         results = _graphed(backend, geometry, passes, nhwc, bias)
@@ -1054,21 +1115,24 @@ def _conv2d(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with weight (f', f, kh, kw), plus bias (f')
     if given: fprop, the bias added in place on its fresh output (or inside cuDNN's fprop: _crossing)."""
     _check_bias(x, weight, bias)
-    return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding, bias=bias)
+    with _as_operator():
+        return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding, bias=bias)
 
 
 @torch.library.custom_op("minitorch_fft::conv2d_bprop", mutates_args=())
 def _conv2d_bprop(gy: Tensor, weight: Tensor, x_shape: Sequence[int], stride: Sequence[int],
                   padding: Sequence[int], backend: str) -> Tensor:
     """gx (S, f, h, w) from gy (S, f', oh, ow): bprop."""
-    return _run("bprop", backend, gy, weight, x_shape, weight.shape, stride, padding, later=())
+    with _as_operator():
+        return _run("bprop", backend, gy, weight, x_shape, weight.shape, stride, padding, later=())
 
 
 @torch.library.custom_op("minitorch_fft::conv2d_accgrad", mutates_args=())
 def _conv2d_accgrad(gy: Tensor, x: Tensor, w_shape: Sequence[int], stride: Sequence[int],
                     padding: Sequence[int], backend: str) -> Tensor:
     """gw (f', f, kh, kw) from gy and x, summed over the batch: accGrad."""
-    return _run("accgrad", backend, gy, x, x.shape, w_shape, stride, padding, later=())
+    with _as_operator():
+        return _run("accgrad", backend, gy, x, x.shape, w_shape, stride, padding, later=())
 
 
 @torch.library.custom_op("minitorch_fft::conv2d_grads", mutates_args=())
@@ -1086,7 +1150,8 @@ def _conv2d_grads(gy: Tensor, x: Tensor, weight: Tensor, stride: Sequence[int], 
     and a second copy of conv1's gradOutput, 190 MiB, the compiled step's peak above the stock
     model's)."""
     want_x, want_w, _ = output_mask
-    with reuse_spectra(inputs=False) if _views is None and want_x and want_w else contextlib.nullcontext():
+    with reuse_spectra(inputs=False) if _views is None and want_x and want_w else contextlib.nullcontext(), \
+            _as_operator():
         grads = _grads(gy, x, weight, stride, padding, backend, *output_mask)
     return tuple(gy.new_empty(0) if g is None else g for g in grads)   # the unwanted: empty, each its own
 

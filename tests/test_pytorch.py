@@ -1182,7 +1182,9 @@ def test_cuda_graph_training_step_replays(strict_fp32, path, monkeypatch):
 def test_torch_compile_reduce_overhead_training_replays(strict_fp32, monkeypatch):
     """torch.compile(mode="reduce-overhead"): inductor records the compiled forward and backward, the
     operators in them, as CUDA graphs (its cudagraph trees, on a pool and stream of their own) and
-    skips none; steps that replay them match the same steps run eagerly from the same state."""
+    skips none; steps that replay them match the same steps run eagerly from the same state. The
+    operators' results are tensors of PyTorch's allocator, with no copy (a DLPack capsule's deleter
+    stopped the trees at the end of their warm-up: "Expected standard deleter")."""
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
@@ -1192,6 +1194,7 @@ def test_torch_compile_reduce_overhead_training_replays(strict_fp32, monkeypatch
         replays[0] += 1
         return _real(graph)
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", replay)
+    copied = pt._copied_out[0]
     model = convert(small_net()).cuda()
     eager = copy.deepcopy(model)
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
@@ -1213,6 +1216,7 @@ def test_torch_compile_reduce_overhead_training_replays(strict_fp32, monkeypatch
             assert rel_error(p.detach().cpu().numpy(), q.detach().cpu().numpy()) <= 1e-5
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     assert replays[0] >= 3          # steps 3-5 at least replayed graphs
+    assert pt._copied_out[0] == copied
 
 
 @pytest.mark.gpu
@@ -1350,6 +1354,7 @@ def test_no_device_copies_at_the_boundary(path, monkeypatch):
     x = torch.randn(4, 16, 20, 20, device="cuda", requires_grad=True)
     conv(x).sum().backward()              # tunes first
     torch.cuda.synchronize()
+    copied = pt._copied_out[0]
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         y = conv(x)
         y.backward(torch.ones_like(y))
@@ -1358,6 +1363,7 @@ def test_no_device_copies_at_the_boundary(path, monkeypatch):
     assert any(n == ("EagerConv2d" if path == "eager" else "minitorch_fft::conv2d") for n in names)
     copies = [n for n in names if n.startswith("Memcpy") or n in ("aten::copy_", "aten::contiguous", "aten::clone")]
     assert copies == []
+    assert pt._copied_out[0] == copied    # the operators' results are views of the blocks they were made in
 
 
 @pytest.mark.gpu
