@@ -456,7 +456,10 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
     def step():
         if graphs:   # a new step: the trees' graphs may reuse the last step's outputs' memory
             torch.compiler.cudagraph_mark_step_begin()
-        opt.zero_grad(set_to_none=False)
+        # under the trees, the gradients are the last replay's outputs, which the next overwrites: set to
+        # None, not zeroed in place (PyTorch refuses to accumulate into them: "accessing tensor output of
+        # CUDAGraphs that has been overwritten by a subsequent run")
+        opt.zero_grad(set_to_none=graphs)
         with scope():
             loss = torch.nn.functional.cross_entropy(compiled(x), y)
             loss.backward()

@@ -1206,7 +1206,9 @@ def test_torch_compile_reduce_overhead_training_replays(strict_fp32, monkeypatch
         for net, optimizer in ((compiled, opt), (eager, opt_eager)):
             if net is compiled:
                 torch.compiler.cudagraph_mark_step_begin()
-            optimizer.zero_grad(set_to_none=False)
+            # (not zeroed in place: a gradient the last replay made is the graph's output, overwritten
+            # by the next replay, and PyTorch refuses to accumulate into it)
+            optimizer.zero_grad(set_to_none=True)
             loss = TF.cross_entropy(net(x), y)
             loss.backward()
             optimizer.step()
