@@ -464,11 +464,16 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
             loss = torch.nn.functional.cross_entropy(compiled(x), y)
             loss.backward()
         opt.step()
+    torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     step()
     compile_s = time.perf_counter() - t0
     _stop_compile_workers()
-    timed = timed_row(step, args, (0, 0), leftover)
+    peak_from = (0, 0)
+    if graphs:   # the trees run eagerly at the first call and record at the second: as a captured row's
+        step()   # capture, the recording's peak counts (between replays its pool is reserved, not allocated)
+        peak_from = peak_held(torch)
+    timed = timed_row(step, args, peak_from, leftover)
     log(f"{net:9s} {label:30s} compiled {timed_text(timed)}  (compile {compile_s:.0f} s)")
     return timed_fields("torch.compile" + ("" if args.compile_mode == "default" else f" {args.compile_mode}"),
                         timed, args.batch)
