@@ -464,14 +464,14 @@ def _compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
             loss = torch.nn.functional.cross_entropy(compiled(x), y)
             loss.backward()
         opt.step()
-    torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     step()
     compile_s = time.perf_counter() - t0
     _stop_compile_workers()
     peak_from = (0, 0)
     if graphs:   # the trees run eagerly at the first call and record at the second: as a captured row's
-        step()   # capture, the recording's peak counts (between replays its pool is reserved, not allocated)
+        torch.cuda.reset_peak_memory_stats()   # capture, the recording's peak counts (between replays the
+        step()                                 # pool is reserved, not allocated); the compiling call's not
         peak_from = peak_held(torch)
     timed = timed_row(step, args, peak_from, leftover)
     log(f"{net:9s} {label:30s} compiled {timed_text(timed)}  (compile {compile_s:.0f} s)")
