@@ -330,14 +330,15 @@ def check_activations_fit(model, input_shape, images, device):
     limit, source = available_bytes(xp)
     if limit is None:
         return
-    per_image = mt.training.saved_bytes_per_image(model, input_shape)
+    per_image = mt.training.saved_bytes_per_image(model, input_shape, device)
     if images * per_image <= limit:
         return
     fits = limit // per_image
     raise ValueError(f"a training step on a batch of {images:,} images of {tuple(input_shape)} keeps at least "
                      f"{format_bytes(images * per_image)} for its backward pass ({format_bytes(per_image)} an "
                      f"image), more than the {format_bytes(limit)} {source}; "
-                     + (f"try --batch-size {fits:,} or less" if fits else "not even one image fits"))
+                     + (f"--batch-size {fits:,} is the most that could fit (the weights, gradients and the "
+                        "backward's scratch come on top): try less" if fits else "not even one image fits"))
 
 
 def evaluate(model, dataset, batch_size, device):

@@ -198,45 +198,69 @@ def _from_cupy(a):
     While an operator runs (_owned_outputs), a view of the tensor whose block holds it instead: a
     storage of PyTorch's own, with its allocator's deleter, which inductor's CUDA graphs (torch.compile's
     reduce-overhead) require of a graph's outputs (they free a warm-up's outputs through it; a DLPack
-    capsule's deleter stopped them: "Expected standard deleter"). Where no owned block holds it (a
-    result of a size not foreseen), a copy into a new tensor, counted in _copied_out."""
-    if _owning:
+    capsule's deleter stopped them: "Expected standard deleter"). Not a view in autograd's sense (an
+    operator's output that is one may not be changed in place: a ReLU(inplace=True) after it, where
+    the torch.ops path runs untraced). Where no owned block holds it (a result of a size not
+    foreseen), a copy into a new tensor, counted in _copied_out."""
+    if _local.owning:
         base = _owned.get(a.data.mem.ptr)
         if base is None:
             _copied_out[0] += 1
+            if not _dense(a):
+                a = _cupy.ascontiguousarray(a)
             t = torch.empty_strided(a.shape, [s // 4 for s in a.strides], dtype=torch.float32,
                                     device=torch.device("cuda", a.device.id))
             _cupy_view(t, _cupy, a.strides)[...] = a
             return t
-        offset = a.data.ptr - a.data.mem.ptr
-        return base.view(torch.float32).as_strided(a.shape, [s // 4 for s in a.strides], offset // 4)
+        return _on_storage(base, a.shape, a.strides, a.data.ptr - a.data.mem.ptr)
     return torch.from_dlpack(a.__dlpack__(stream=-1))
 
 
-_operator = [False]   # True while an operator's implementation runs (torch.ops' call: traced code's)
+def _on_storage(base, shape, strides, offset):
+    """A float32 tensor of `shape` and `strides` (bytes) on base's storage from byte `offset`: its
+    own tensor (set_), not a view of base."""
+    return torch.empty(0, dtype=torch.float32, device=base.device).set_(
+        base.untyped_storage(), offset // 4, tuple(shape), tuple(s // 4 for s in strides))
+
+
+def _dense(a):
+    """Whether array a covers its bytes once each, with no negative stride (C order, channels-last, ...)."""
+    return all(s >= 0 for s in a.strides) and (
+        a.size == 0 or sum((n - 1) * s for n, s in zip(a.shape, a.strides)) + a.itemsize == a.nbytes)
+
+
+class _OperatorState(threading.local):
+    """Per thread (autograd runs each device's backward on a thread of its own): whether an operator's
+    implementation runs (torch.ops' call: traced code's), and the byte sizes whose CuPy allocations a
+    tensor of PyTorch's serves meanwhile (_owned_outputs)."""
+    operator = False
+    owning = frozenset()
+
+
+_local = _OperatorState()
 
 
 @contextlib.contextmanager
 def _as_operator():
-    was, _operator[0] = _operator[0], True
+    was, _local.operator = _local.operator, True
     try:
         yield
     finally:
-        _operator[0] = was
+        _local.operator = was
 
 
 @contextlib.contextmanager
 def _owned_outputs(passes, geometry):
-    """The operators' results as views of tensors of PyTorch's (_from_cupy): the CuPy allocations of each
+    """The operators' results on tensors of PyTorch's (_from_cupy): the CuPy allocations of each
     result's byte size, while the passes run, come from torch.empty (_Stream's malloc; a temporary of the
     same size too, a few us each). The eager path keeps DLPack's zero-copy tensors."""
-    global _owning
     g = backends.geometry(*geometry)
-    _owning = frozenset(4 * math.prod(backends.common.pass_output_shape(g, p[0])) for p in passes)
+    was, _local.owning = _local.owning, frozenset(
+        4 * math.prod(backends.common.pass_output_shape(g, p[0])) for p in passes)
     try:
         yield
     finally:
-        _owning = frozenset()
+        _local.owning = was
 
 
 @contextlib.contextmanager
@@ -368,8 +392,7 @@ class _Arena:
 
 
 _measuring = None     # a _Temporaries while _graphed runs a key's eager calls, else None
-_owning = frozenset()  # byte sizes whose CuPy allocations a torch tensor serves, while an operator runs (_owned_outputs)
-_owned = {}           # address -> the uint8 tensor that serves that CuPy allocation, until CuPy frees it
+_owned = {}           # address -> the uint8 tensor that serves that CuPy allocation (_owned_outputs), until CuPy frees it
 _copied_out = [0]     # results copied into a tensor of PyTorch's because no owned block held them (_from_cupy)
 _capturing = {}       # capture stream pointer -> the _Arena its CuPy allocations are cut from, while _capture captures
 _arena_of = {}        # address -> the _Arena it was cut from, until given back (a block kept keeps its arena)
@@ -411,7 +434,7 @@ class _Stream:
                     if p is not None:
                         _arena_of[p] = arena
                         return p
-            if size in _owning:   # a result's size: a tensor's own block, for the result to be a view of
+            if size in _local.owning:   # a result's size: a tensor's own block, for the result to be made on
                 t = torch.empty(size, dtype=torch.uint8, device=self.device_name)
                 p = t.data_ptr()
                 _owned[p] = t
@@ -527,18 +550,17 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
     for pass_name, a, b, _ in passes:
         _check_float32(pass_name, a, b)
     geometry = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
-    if _operator[0] and passes[0][1].is_cuda:
-        with _owned_outputs(passes, geometry):
-            return _dispatch(backend, geometry, passes, nhwc, bias)
-    return _dispatch(backend, geometry, passes, nhwc, bias)
-
-
-def _dispatch(backend, geometry, passes, nhwc, bias):
+    owned = (_owned_outputs(passes, geometry) if _local.operator and passes[0][1].is_cuda
+             else contextlib.nullcontext())
     if (passes[0][1].is_cuda and backends.config.get("pass_graphs")
             and not torch.cuda.is_current_stream_capturing()):   # in a caller's capture: as they are
-        results = _graphed(backend, geometry, passes, nhwc, bias)
-        return _isolated(backend, geometry, passes, nhwc, bias) if results is None else results
-    return _passes(backend, geometry, passes, nhwc, bias)
+        results = _graphed(backend, geometry, passes, nhwc, bias)   # into tensors of PyTorch's already
+        if results is not None:
+            return results
+        with owned:
+            return _isolated(backend, geometry, passes, nhwc, bias)
+    with owned:
+        return _passes(backend, geometry, passes, nhwc, bias)
 
 
 def _passes(backend, geometry, passes, nhwc=False, bias=None, outs=None):

@@ -38,14 +38,15 @@ def train_step(model, criterion, optimizer, x, y, reuse_spectra=True, sync=None)
     return loss, logits
 
 
-def saved_bytes_per_image(model, input_shape):
-    """Bytes that a training step of `model` (on the host) keeps for its backward pass for each image
-    of a batch: the arrays its forward saves (each layer's input, masks, ...), each counted once however
-    many layers hold it, parameters and buffers not counted. Found by forward passes of one image and
-    of two (zeros of `input_shape`, (C, H, W)) with gradients recorded: the difference is what one more
-    image adds. Every convolution runs on `gemm` for them (the saved arrays are a layer's input and
-    weight whatever its backend; auto would time the two tiny batches), in evaluation mode (no dropout
-    draw, no running statistic moved): nothing of the model changes.
+def saved_bytes_per_image(model, input_shape, device="cpu"):
+    """Bytes that a training step of `model` (on the host) on `device` ("cpu" or "cuda") keeps for its
+    backward pass for each image of a batch: the arrays its forward saves (each layer's input, masks, ...),
+    each counted once however many layers hold it, parameters and buffers not counted. Found by forward
+    passes of one image and of two on the host (zeros of `input_shape`, (C, H, W)) with gradients
+    recorded: the difference is what one more image adds. Every convolution runs on `gemm` for them (the
+    saved arrays are a layer's input and weight whatever its backend; auto would time the two tiny
+    batches), in evaluation mode (no dropout draw, no running statistic moved): nothing of the model
+    changes. A ReLU's mask is a byte a value on the host, a bit on the GPU (fused.relu): counted so.
 
     A lower bound of what an image costs a step: backward's gradients and a backend's scratch (spectra,
     columns) come on top, and training mode saves dropout's masks and more of batch normalisation."""
@@ -53,7 +54,10 @@ def saved_bytes_per_image(model, input_shape):
     from .tensor import Function, Tensor, _topological_order, enable_grad
     params = {id(_base(p.data)) for p in model.parameters()} | {id(_base(b.data)) for b in model.buffers()}
     convs = [m for m in model.modules() if isinstance(m, nn.SpatialConvolution)]
-    chosen, mode = [m.backend for m in convs], model.training
+    chosen, modes = [m.backend for m in convs], [(m, m.training) for m in model.modules()]
+
+    def nbytes(a):
+        return (a.size + 7) // 8 if device == "cuda" and a.dtype == np.bool_ else a.nbytes
 
     def saved(images):
         out = model(Tensor(np.zeros((images, *input_shape), np.float32)))
@@ -63,7 +67,7 @@ def saved_bytes_per_image(model, input_shape):
                 for name, value in vars(node).items():
                     for a in value if isinstance(value, (tuple, list)) else (value,):
                         if isinstance(a, np.ndarray) and name not in Function._GRAPH:
-                            arrays.setdefault(id(_base(a)), _base(a).nbytes)
+                            arrays.setdefault(id(_base(a)), nbytes(_base(a)))
         return sum(n for key, n in arrays.items() if key not in params)
 
     try:
@@ -75,7 +79,8 @@ def saved_bytes_per_image(model, input_shape):
     finally:
         for m, backend in zip(convs, chosen):
             m.backend = backend
-        model.train(mode)
+        for m, training in modes:    # each as it was (a frozen batch norm stays in evaluation)
+            m.training = training
 
 
 def _base(a):

@@ -25,18 +25,19 @@ def conv_layer_call(x):
 
 BAD_INPUTS = [
     # backends, for every registered backend (expanded below)
-    ("backend.fprop", lambda b: b.fprop(X[0], W), ValueError, "4-D"),
-    ("backend.fprop", lambda b: b.fprop(X, np.ones((4, 2, 3, 3), f32)), ValueError, "channel mismatch"),
-    ("backend.fprop", lambda b: b.fprop(X, np.ones((4, 3, 9, 9), f32)), ValueError, "larger than the padded input"),
-    ("backend.fprop", lambda b: b.fprop(np.ones((0, 3, 8, 8), f32), W), ValueError, "zero-size"),
-    ("backend.fprop", lambda b: b.fprop(X, W, padding=(-1, 0)), ValueError, "padding must be >= 0"),
-    ("backend.fprop", lambda b: b.fprop(X, W, stride=(0, 1)), ValueError, "stride must be >= 1"),
+    ("backend.fprop", lambda b: b.fprop(X[0], W), ValueError, "^conv2d: input must be 4-D"),
+    ("backend.fprop", lambda b: b.fprop(X, np.ones((4, 2, 3, 3), f32)), ValueError, "^conv2d: channel mismatch"),
+    ("backend.fprop", lambda b: b.fprop(X, np.ones((4, 3, 9, 9), f32)), ValueError,
+     "^conv2d: kernel 9x9 is larger than the padded input"),
+    ("backend.fprop", lambda b: b.fprop(np.ones((0, 3, 8, 8), f32), W), ValueError, "^conv2d: input has a zero-size"),
+    ("backend.fprop", lambda b: b.fprop(X, W, padding=(-1, 0)), ValueError, "^conv2d: padding must be >= 0"),
+    ("backend.fprop", lambda b: b.fprop(X, W, stride=(0, 1)), ValueError, "^conv2d: stride must be >= 1"),
     ("backend.fprop", lambda b: b.fprop(X.astype(np.float64), W), TypeError, "float32"),
     ("backend.fprop", lambda b: b.fprop(X.astype(np.float16), W), TypeError, "float32"),
     ("backend.fprop", lambda b: b.fprop(X, W, stride=1.5), TypeError, "stride must be an int"),
     ("backend.bprop", lambda b: b.bprop(GY[:, :3], W, X.shape), ValueError, "gy must have shape"),
     ("backend.accgrad", lambda b: b.accgrad(GY, X.astype(np.int32), W.shape), TypeError, "float32"),
-    ("backend.accgrad", lambda b: b.accgrad(GY, X, (4, 3, 3)), ValueError, "4-D"),
+    ("backend.accgrad", lambda b: b.accgrad(GY, X, (4, 3, 3)), ValueError, "^conv2d: weight must be 4-D"),
     ("backend.bprop", lambda b: b.bprop(GY, "weights", X.shape), TypeError, "array"),
 ]
 BACKEND_ROWS = [pytest.param(name, call, err, pat, id=f"{name}-{entry}-{i}")

@@ -296,13 +296,13 @@ def test_a_batch_whose_saved_activations_exceed_the_gpus_free_memory_is_refused_
     import cupy as cp
     cp.get_default_memory_pool().free_all_blocks()
     per_image = mt.training.saved_bytes_per_image(models.get("resnet18", num_classes=10),
-                                                  models.input_shape("resnet18"))
+                                                  models.input_shape("resnet18"), "cuda")
     free = cp.cuda.runtime.memGetInfo()[0]
     batch = 2 * free // per_image                          # twice what the GPU has free, whatever GPU
     assert cli.main(["--model", "resnet18", "--data", "fake", "--num-classes", "10", "--device", "cuda",
                      "--batch-size", str(batch), "--fake-size", str(batch), "--epochs", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert f"a training step on a batch of {batch:,} images of (3, 224, 224) keeps at least" in err, err
-    fits = int(re.search(r"free on the GPU \(with CuPy's pool's unused blocks\); try --batch-size ([\d,]+) or less",
-                         err).group(1).replace(",", ""))
+    fits = int(re.search(r"free on the GPU \(with CuPy's pool's unused blocks\); --batch-size ([\d,]+) is the most "
+                         r"that could fit", err).group(1).replace(",", ""))
     assert batch // 3 < fits <= 0.55 * batch and "Traceback" not in err   # about half: free at the check

@@ -1346,6 +1346,44 @@ def test_a_conv_only_step_captures_in_a_fresh_process():
     assert f"replayed; PyTorch's handle borrowed: {pt._torch_shares_libcublas()}" in run.stdout, run.stdout
 
 
+def test_a_result_on_a_tensors_block_is_its_own_tensor_not_a_view():
+    """The operators' results on the GPU, while an operator runs, are tensors on the storage of the torch.empty
+    block that CuPy's allocation took (_from_cupy: PyTorch's own deleter, for inductor's CUDA graphs). Not
+    views: an operator's output that autograd sees as a view may not be changed in place, and a converted
+    model's ReLU(inplace=True) runs after it wherever the torch.ops path runs untraced (a torch function
+    mode, or a direct call). Checked here with CPU tensors and a toy operator: the same calls."""
+    base = torch.arange(16, dtype=torch.float32).view(torch.uint8)        # a block of 64 bytes
+    t = pt._on_storage(base, (2, 3), (12, 4), 8)                          # from its third float
+    assert not t._is_view() and t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert torch.equal(t, torch.arange(2, 8, dtype=torch.float32).view(2, 3))
+    nhwc = pt._on_storage(base, (1, 2, 2, 2), (32, 4, 16, 8), 0)          # channels-last strides
+    assert torch.equal(nhwc, base.view(torch.float32)[:8].view(1, 2, 2, 2).permute(0, 3, 1, 2))
+
+    @torch.library.custom_op("minitorch_fft_test::on_block", mutates_args=())
+    def on_block(x: torch.Tensor) -> torch.Tensor:
+        block = torch.empty(x.numel() * 4, dtype=torch.uint8)
+        y = pt._on_storage(block, x.shape, [4 * s for s in x.contiguous().stride()], 0)
+        y.copy_(x)
+        return y
+    on_block.register_autograd(lambda ctx, g: g)
+    x = torch.randn(3, 4, requires_grad=True)
+    y = torch.ops.minitorch_fft_test.on_block(x)
+    torch.nn.functional.relu(y, inplace=True)                             # refused on a view
+    y.sum().backward()
+    assert torch.equal(x.grad, (x > 0).float())
+
+
+def test_dense_arrays_keep_their_layout_in_a_copied_result():
+    """_from_cupy's copy (a result no owned block holds) keeps a dense array's strides, channels-last
+    included, and makes the others contiguous first (their strides would not make a tensor): NumPy
+    arrays have the same strides and flags as CuPy's."""
+    import numpy as np
+    a = np.zeros((2, 3, 4, 5), np.float32)
+    assert pt._dense(a) and pt._dense(a.transpose(0, 2, 3, 1).copy().transpose(0, 3, 1, 2))
+    assert not pt._dense(a[:, :, ::2]) and not pt._dense(a[::-1]) and pt._dense(a[:0])
+    assert not pt._dense(np.broadcast_to(np.zeros(5, np.float32), (3, 5)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", PATHS)
 def test_no_device_copies_at_the_boundary(path, monkeypatch):

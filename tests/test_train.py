@@ -346,7 +346,7 @@ def test_a_batch_whose_saved_activations_cannot_fit_is_refused_before_training(t
     err = capsys.readouterr().err
     assert rc == 2, err
     assert "a training step on a batch of 32 images of (1, 8, 8) keeps at least" in err, err
-    assert "the host (MemAvailable); try --batch-size 10 or less" in err and "Traceback" not in err
+    assert "the host (MemAvailable); --batch-size 10 is the most that could fit" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
     assert cli.main(["--no-progress", "--epochs", "1", "--batch-size", "10"]) == 0, capsys.readouterr().err
 
@@ -357,12 +357,18 @@ def test_the_saved_activations_bound_a_step_from_below_and_change_nothing():
     import tracemalloc
     mt.manual_seed(0)
     net = models.get("resnet18", num_classes=10, backend="direct")
+    frozen = net.bn1.eval()                                # a frozen batch norm stays frozen
     before = {k: v.copy() for k, v in net.state_dict().items()}
     rng = mt.random.get_state()
     per_image = mt.training.saved_bytes_per_image(net, models.input_shape("resnet18"))
     assert [m.backend for m in net.modules() if isinstance(m, mt.nn.SpatialConvolution)] == ["direct"] * 20
-    assert net.training and mt.random.get_state() == rng
+    assert net.training and not frozen.training and mt.random.get_state() == rng
+    assert all(m.training for m in net.modules() if m is not frozen)
     assert all(np.array_equal(v, before[k]) for k, v in net.state_dict().items())
+    # on the GPU a ReLU's mask is a bit a value (fused.relu), not a byte: less, by at most a mask's 7/8
+    on_gpu = mt.training.saved_bytes_per_image(net, models.input_shape("resnet18"), "cuda")
+    assert 0.75 * per_image < on_gpu < per_image
+    frozen.train()
     for m in net.modules():
         if isinstance(m, mt.nn.SpatialConvolution):
             m.backend = "gemm"
