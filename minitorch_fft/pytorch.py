@@ -195,12 +195,12 @@ def _from_cupy(a):
     consumer, PyTorch, is on the producer's stream, so neither side orders anything (3 us against
     12 for torch.from_dlpack(a), which asks CuPy for a capsule on its current stream).
 
-    While an operator runs (_owned_outputs), a view of the tensor whose block holds it instead: a
-    storage of PyTorch's own, with its allocator's deleter, which inductor's CUDA graphs (torch.compile's
-    reduce-overhead) require of a graph's outputs (they free a warm-up's outputs through it; a DLPack
-    capsule's deleter stopped them: "Expected standard deleter"). Not a view in autograd's sense (an
-    operator's output that is one may not be changed in place: a ReLU(inplace=True) after it, where
-    the torch.ops path runs untraced). Where no owned block holds it (a result of a size not
+    While an operator runs (_owned_outputs), a tensor on the storage of the torch.empty block that holds
+    it instead: a storage of PyTorch's own, with its allocator's deleter, which inductor's CUDA graphs
+    (torch.compile's reduce-overhead) require of a graph's outputs (they free a warm-up's outputs through
+    it; a DLPack capsule's deleter stopped them: "Expected standard deleter"). Its own tensor, not a
+    view of the block's (an operator's output that autograd sees as a view may not be changed in place:
+    a ReLU(inplace=True) after it, where the torch.ops path runs untraced). Where no owned block holds it (a result of a size not
     foreseen), a copy into a new tensor, counted in _copied_out."""
     if _local.owning:
         base = _owned.get(a.data.mem.ptr)
