@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -1005,12 +1006,36 @@ def test_bench_pytorch_frees_the_cublas_workspaces_between_rows(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("cublas"), raising=False)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    # first what a compiled row keeps (its model with it): Dynamo's caches, and inductor's cudagraph trees
+    # where a row made some (their module imported)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append("dynamo"))
+    trees = types.SimpleNamespace(reset_cudagraph_trees=lambda: calls.append("trees"))
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
     bench_pytorch._free(torch)
-    assert calls == ["cufft", "sync", "cublas", "empty"]
+    assert calls == ["dynamo", "trees", "cufft", "sync", "cublas", "empty"]
     monkeypatch.delattr(torch._C, "_cuda_clearCublasWorkspaces")      # another PyTorch: nothing to clear
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees")   # no row made trees
     calls.clear()
     bench_pytorch._free(torch)
-    assert calls == ["cufft", "sync", "empty"]
+    assert calls == ["dynamo", "cufft", "sync", "empty"]
+
+
+def test_bench_pytorch_charges_a_freed_leftover_to_the_row():
+    """What earlier rows held at a row's start is subtracted from its peak; where the row freed some of
+    it, that part is added back (an upper bound), recorded and logged; a kept leftover changes nothing."""
+    from benchmarks.bench_pytorch import charge_freed_leftover
+    mib = 2**20
+    rows = [{"network": "alexnet", "implementation": "converted fp32", "mode": "torch.compile",
+             "peak_mib": 900.0, "peak_requested_mib": 896.0}]
+    lines = []
+    charge_freed_leftover(rows, (243 * mib, 242 * mib), (0, 0), lines.append)
+    assert (rows[0]["peak_mib"], rows[0]["peak_requested_mib"], rows[0]["leftover_freed_mib"]) == (1143, 1138, 243)
+    assert len(lines) == 1 and "243.0 MiB of earlier rows' leftover freed" in lines[0] and "1143 MiB" in lines[0]
+    rows = [{**rows[0], "peak_mib": 900.0, "peak_requested_mib": 896.0}]
+    lines.clear()
+    charge_freed_leftover(rows, (130 * mib, 130 * mib), (160 * mib, 130 * mib), lines.append)   # kept, and more
+    assert (rows[0]["peak_mib"], rows[0]["peak_requested_mib"], rows[0]["leftover_freed_mib"]) == (900, 896, 0)
+    assert lines == []
 
 
 def test_bench_pytorch_estimates_from_its_last_result(tmp_path):
