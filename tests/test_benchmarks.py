@@ -1455,6 +1455,30 @@ def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
         "bench.py:9 step <- benchmarks/bench.py:9": 100, "(torch or CuPy only) <- -": 10}
 
 
+def test_exp_compile_gap_steps_under_cuda_graph_trees_as_bench_pytorch_does(monkeypatch):
+    """--compile-mode reduce-overhead: each step begins a step of the cudagraph trees and sets the
+    gradients to None (new gradient tensors every step, where the default mode zeroes them in place);
+    the rows' listing then comes from the trees' recording step, so --left is refused with it."""
+    import torch
+
+    from benchmarks.experiments import exp_compile_gap as exp
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    for graphs in (False, True):
+        model = torch.nn.Linear(3, 2)
+        opt, step = exp.training_step(model, model, x, y, converted=False, graphs=graphs)
+        step()
+        first = model.weight.grad
+        step()
+        assert (model.weight.grad is not first) == graphs
+        assert len(marks) == 2 * graphs
+    monkeypatch.setattr(sys, "argv", ["exp_compile_gap", "--compile-mode", "reduce-overhead", "--left"])
+    with pytest.raises(SystemExit) as stop:
+        exp.main()
+    assert stop.value.code == 2
+
+
 def test_exp_step_profile_turns_py_spys_samples_into_host_ms_a_step(tmp_path):
     """A synthetic py-spy record (raw, gzipped, thread names as --threads writes them; its counts add
     up to py-spy's "Samples", one trace per active thread an instant): a trace is wall / traces /

@@ -50,6 +50,16 @@ With --output-code, inductor's generated code for the converted model goes to st
 With --tf32, the stock rows run PyTorch's TF32 defaults and the converted ones the framework's
 TF32 mode (bench_pytorch's "default" and "tf32" rows).
 
+With --compile-mode reduce-overhead, the compiled rows run under inductor's CUDA graphs (cudagraph
+trees), stepped as bench_pytorch steps them (cudagraph_mark_step_begin each step, the gradients set
+to None). A replay allocates nothing, so such a row's peak and what is alive at it come from the
+trees' recording step (the second call), traced as it runs; every row then starts from a clean
+state (bench_pytorch._free: Dynamo and the trees reset, so no earlier row's compiled model is freed
+inside it). --left does not go with it (its three recorded steps would hold the recording).
+
+  python -m benchmarks.experiments.exp_compile_gap --net overfeat_fast --tf32 --compile-mode reduce-overhead \
+      --rows "stock compiled,converted compiled"
+
   python -m benchmarks.experiments.exp_compile_gap --net alexnet --batch 128 2> code.log
 """
 import argparse
@@ -58,7 +68,7 @@ import copy
 import time
 from collections import Counter
 
-from benchmarks.bench_pytorch import IMAGE, held, peak_held
+from benchmarks.bench_pytorch import IMAGE, _free, held, peak_held
 from benchmarks.harness import median_ms, set_tf32, setup_cudnn, torch_model
 
 LEFT_ENTRIES = 1_000_000   # --left: the allocator trace's length (a row's first three steps fit)
@@ -270,10 +280,12 @@ class Timed:
         setattr(self.module, self.name, self.original)
 
 
-def training_step(model, run, x, y, converted):
+def training_step(model, run, x, y, converted, graphs=False):
     """(optimizer, step): SGD with momentum over the model's parameters, and step() one training step
     of `run` (the model, or its compiled form) on x, y, inside reuse_spectra() where the model is
-    converted, as bench_pytorch's rows step."""
+    converted, as bench_pytorch's rows step. graphs: `run` is compiled with mode="reduce-overhead":
+    each step begins a new step of the cudagraph trees and sets the gradients to None (the trees'
+    outputs, which the next replay overwrites), as bench_pytorch's compiled rows do."""
     import torch
 
     from minitorch_fft.pytorch import reuse_spectra
@@ -281,7 +293,9 @@ def training_step(model, run, x, y, converted):
     scope = reuse_spectra if converted else contextlib.nullcontext
 
     def step():
-        opt.zero_grad(set_to_none=False)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        opt.zero_grad(set_to_none=graphs)
         with scope():
             torch.nn.functional.cross_entropy(run(x), y).backward()
         opt.step()
@@ -458,8 +472,13 @@ def memory_trace(step):
 
 def memory_at_peak(step):
     """(peak MiB of one step above what was allocated before it, [(where, MiB)])."""
-    peak, groups = alive_at_peak(memory_trace(step))
-    return peak / 2**20, [(w, b / 2**20) for w, b in groups.most_common(12)]
+    return listed_at_peak(memory_trace(step))
+
+
+def listed_at_peak(trace, top=12):
+    """alive_at_peak(trace) in MiB: (peak MiB above the trace's start, [(where, MiB)], the `top` largest)."""
+    peak, groups = alive_at_peak(trace)
+    return peak / 2**20, [(w, b / 2**20) for w, b in groups.most_common(top)]
 
 
 def main():
@@ -494,10 +513,17 @@ def main():
                     help="every row's model and input channels-last (the converted layers run cuDNN's NHWC plans)")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
+    ap.add_argument("--compile-mode", choices=("default", "reduce-overhead"), default="default",
+                    help="torch.compile's mode for the compiled rows (reduce-overhead: inductor's CUDA graphs; the "
+                         "peak and what is alive at it from the trees' recording step)")
     args = ap.parse_args()
     rows = [r.strip() for r in args.rows.split(",")]
     if any(r not in ROWS for r in rows):
         ap.error(f"unknown row in --rows {args.rows!r}; choose from {', '.join(ROWS)}")
+    graphs = args.compile_mode == "reduce-overhead"
+    if graphs and args.left:
+        ap.error("--left does not go with --compile-mode reduce-overhead (its recorded steps would hold the trees' "
+                 "recording step)")
 
     import torch
 
@@ -516,6 +542,8 @@ def main():
     summary = []
     for label in rows:
         converted, compiled = ROWS[label]
+        if graphs:    # no earlier row's compiled model (the trees keep it) to be freed inside this one
+            _free(torch)
         if args.reset or (compiled and NCHW_ROWS & set(rows)):
             # inductor's layout flag is not among Dynamo's guards: a row under the other flag could
             # reuse a graph compiled under this one
@@ -529,8 +557,8 @@ def main():
             convert(model)
         if compiled:   # inductor reads it at compile time (the first step)
             torch._inductor.config.layout_optimization = label not in NCHW_ROWS
-        run = torch.compile(model) if compiled else model
-        opt, step = training_step(model, run, x, y, converted)
+        run = torch.compile(model, mode=args.compile_mode if graphs else None) if compiled else model
+        opt, step = training_step(model, run, x, y, converted, graphs=compiled and graphs)
         if compiled and converted and args.output_code:
             torch._logging.set_logs(output_code=True)
         t0 = time.perf_counter()
@@ -548,6 +576,12 @@ def main():
                 print(f"warning: the trace of {label} filled its {LEFT_ENTRIES} entries: its first allocations "
                       "are missing from the listing below")
         torch._logging.set_logs()
+        recorded = None
+        if compiled and graphs:   # the trees record at the second call: a replay's memory is what it allocates
+            torch.cuda.reset_peak_memory_stats()
+            before = held(torch)
+            trace = memory_trace(step)
+            recorded = (peak_held(torch)[0] - before[0]) / 2**20, *listed_at_peak(trace)
         if compiled:
             from torch._inductor.async_compile import shutdown_compile_workers
             shutdown_compile_workers()
@@ -560,15 +594,19 @@ def main():
         # unless TEARDOWN_CUPTI=1 (benchmarks/NOTES.md, session 25)
         split = issue_split(step, args.split) if args.split and converted else None
         kernel_ms, kernels, host = profile_step(step, 5, args.top)
-        torch.cuda.reset_peak_memory_stats()
-        before = held(torch)
-        step()
-        torch.cuda.synchronize()
-        peak = peak_held(torch)
-        peak_mib = (peak[0] - before[0]) / 2**20
-        replayed_mib, groups = memory_at_peak(step)
+        if recorded is None:
+            torch.cuda.reset_peak_memory_stats()
+            before = held(torch)
+            step()
+            torch.cuda.synchronize()
+            peak = peak_held(torch)
+            peak_mib = (peak[0] - before[0]) / 2**20
+            replayed_mib, groups = memory_at_peak(step)
+        else:
+            peak_mib, replayed_mib, groups = recorded
+        which = "the trees' recording step's" if recorded is not None else "the step's"
         print(f"\n## {label}: step {ms:.2f} ms, issue {issue:.2f} ms, kernels {kernel_ms:.2f} ms, "
-              f"peak {peak_mib:.0f} MiB above the step's start (replayed {replayed_mib:.0f}), first step {first_s:.1f} s")
+              f"peak {peak_mib:.0f} MiB above {which} start (replayed {replayed_mib:.0f}), first step {first_s:.1f} s")
         print("kernels (ms a step):")
         for name, v in kernels:
             print(f"  {v:7.3f}  {name}")
@@ -609,7 +647,10 @@ def main():
             print("pieces under the passes: ms a step, calls a step, us a call (nested calls counted in each):")
             for piece, calls, us_ in per_piece:
                 print(f"  {calls * us_ / 1e3:6.3f}  {calls:5.1f}  {us_:7.1f}  {piece}")
-        if args.passes and converted:
+        if args.passes and converted and recorded is not None:
+            print("(--passes: a replay runs no pass, so none to time; the listing above names where each allocation "
+                  "alive at the recording's peak was made)")
+        elif args.passes and converted:
             step_peak, stretches = pass_peaks(step, args.top, crossings=args.channels_last)
             print(f"the highest stretches of one step (peak {step_peak:.0f} MiB above its start; MiB: peak, allocated at "
                   "the stretch's start, transient):")
