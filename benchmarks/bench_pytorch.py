@@ -328,20 +328,28 @@ def run_network(net, args, log, on_rows=None):
 
 def charge_freed_leftover(rows, leftover, after, log):
     """A row's peaks are its allocator peaks less `leftover`, what earlier rows held when it began.
-    Where less of that is held once the row is done and freed (`after`; both (allocated, requested)
-    byte pairs), the row released earlier rows' memory, perhaps before its peak, and the subtraction
-    may have taken what its own tensors used: the difference is added back to `rows`' peaks (an
-    upper bound: it counts as if freed before the peak), recorded as "leftover_freed_mib" and logged.
-    Session 54 found 243 MiB so freed on AlexNet's converted reduce-overhead row (_free now drops
-    compiled rows' models); this keeps any other such release from reading as a smaller peak."""
+    Where less is held once the row is done and freed (`after`; both (allocated, requested) byte
+    pairs), the row released earlier rows' memory, perhaps before its peak, and the subtraction may
+    have taken what its own tensors used: the difference is added back to `rows`' peaks (an upper
+    bound: it counts as if freed before the peak), recorded as "leftover_freed_mib" and
+    "leftover_freed_requested_mib", and logged. Session 54 found 243 MiB so freed on AlexNet's
+    converted reduce-overhead row (_free now drops compiled rows' models). The comparison is net:
+    memory the row itself leaves held (`after` above `leftover`; _free leaves none in the rows of
+    record) would hide as much freed, so that case is logged as unchecked."""
     freed = [max(0, left - now) for left, now in zip(leftover, after)]
+    kept = [max(0, now - left) for left, now in zip(leftover, after)]
     for row in rows:
         row["leftover_freed_mib"] = freed[0] / 2**20
+        row["leftover_freed_requested_mib"] = freed[1] / 2**20
+        what = f"{row['network']:9s} {row['implementation']:30s} {row['mode']}"
         if freed[0] or freed[1]:
             row["peak_mib"] += freed[0] / 2**20
             row["peak_requested_mib"] += freed[1] / 2**20
-            log(f"{row['network']:9s} {row['implementation']:30s} {row['mode']}: {freed[0] / 2**20:.1f} MiB of "
-                f"earlier rows' leftover freed during the row: added back to its peak, now {row['peak_mib']:.0f} MiB")
+            log(f"{what}: {freed[0] / 2**20:.1f} MiB ({freed[1] / 2**20:.1f} requested) of earlier rows' leftover "
+                f"freed during the row: added back to its peaks, now {row['peak_mib']:.0f} MiB")
+        if kept[0] or kept[1]:
+            log(f"{what}: the row left {kept[0] / 2**20:.1f} MiB ({kept[1] / 2**20:.1f} requested) held after it was "
+                "freed, which would hide as much of the earlier rows' leftover freed during it: unchecked")
 
 
 def speedups(rows):

@@ -1022,20 +1022,35 @@ def test_bench_pytorch_frees_the_cublas_workspaces_between_rows(monkeypatch):
 
 def test_bench_pytorch_charges_a_freed_leftover_to_the_row():
     """What earlier rows held at a row's start is subtracted from its peak; where the row freed some of
-    it, that part is added back (an upper bound), recorded and logged; a kept leftover changes nothing."""
+    it, that part is added back to each of its rows (an upper bound), allocated and requested apart,
+    recorded and logged; a kept leftover changes nothing, and memory the row leaves held (which would
+    hide as much freed) is logged as unchecked."""
     from benchmarks.bench_pytorch import charge_freed_leftover
     mib = 2**20
-    rows = [{"network": "alexnet", "implementation": "converted fp32", "mode": "torch.compile",
-             "peak_mib": 900.0, "peak_requested_mib": 896.0}]
+
+    def rows():
+        return [{"network": "alexnet", "implementation": "converted fp32", "mode": mode,
+                 "peak_mib": 900.0, "peak_requested_mib": 896.0} for mode in ("eager", "torch.compile")]
     lines = []
-    charge_freed_leftover(rows, (243 * mib, 242 * mib), (0, 0), lines.append)
-    assert (rows[0]["peak_mib"], rows[0]["peak_requested_mib"], rows[0]["leftover_freed_mib"]) == (1143, 1138, 243)
-    assert len(lines) == 1 and "243.0 MiB of earlier rows' leftover freed" in lines[0] and "1143 MiB" in lines[0]
-    rows = [{**rows[0], "peak_mib": 900.0, "peak_requested_mib": 896.0}]
+    charged = rows()
+    charge_freed_leftover(charged, (243 * mib, 242 * mib), (0, 0), lines.append)
+    assert [(r["peak_mib"], r["peak_requested_mib"], r["leftover_freed_mib"], r["leftover_freed_requested_mib"])
+            for r in charged] == [(1143, 1138, 243, 242)] * 2
+    assert len(lines) == 2 and "243.0 MiB (242.0 requested) of earlier rows' leftover freed" in lines[1]
+    assert "torch.compile" in lines[1] and "now 1143 MiB" in lines[1]
     lines.clear()
-    charge_freed_leftover(rows, (130 * mib, 130 * mib), (160 * mib, 130 * mib), lines.append)   # kept, and more
-    assert (rows[0]["peak_mib"], rows[0]["peak_requested_mib"], rows[0]["leftover_freed_mib"]) == (900, 896, 0)
+    charged = rows()
+    charge_freed_leftover(charged, (130 * mib, 130 * mib), (130 * mib, 129 * mib), lines.append)   # requested only
+    assert (charged[0]["peak_mib"], charged[0]["peak_requested_mib"]) == (900, 897)
+    assert "0.0 MiB (1.0 requested)" in lines[0]
+    lines.clear()
+    charged = rows()
+    charge_freed_leftover(charged, (130 * mib, 130 * mib), (130 * mib, 130 * mib), lines.append)   # kept
+    assert [(r["peak_mib"], r["peak_requested_mib"], r["leftover_freed_mib"]) for r in charged] == [(900, 896, 0)] * 2
     assert lines == []
+    charge_freed_leftover(charged, (130 * mib, 130 * mib), (160 * mib, 130 * mib), lines.append)   # the row left 30
+    assert [(r["peak_mib"], r["peak_requested_mib"]) for r in charged] == [(900, 896)] * 2
+    assert len(lines) == 2 and "left 30.0 MiB (0.0 requested) held" in lines[0] and "unchecked" in lines[0]
 
 
 def test_bench_pytorch_estimates_from_its_last_result(tmp_path):

@@ -55,7 +55,11 @@ trees), stepped as bench_pytorch steps them (cudagraph_mark_step_begin each step
 to None). A replay allocates nothing, so such a row's peak and what is alive at it come from the
 trees' recording step (the second call), traced as it runs; every row then starts from a clean
 state (bench_pytorch._free: Dynamo and the trees reset, so no earlier row's compiled model is freed
-inside it). --left does not go with it (its three recorded steps would hold the recording).
+inside it). Such a row's peak is above the recording step's start, after the trees have freed the
+warm-up's outputs (the gradients among them), where an eager row's is above a step's start with
+its gradients held: compare stock with converted in the same mode. --left does not go with it (its
+three recorded steps would hold the recording); --passes and --split have nothing to time in a
+replay and say so.
 
   python -m benchmarks.experiments.exp_compile_gap --net overfeat_fast --tf32 --compile-mode reduce-overhead \
       --rows "stock compiled,converted compiled"
@@ -592,7 +596,7 @@ def main():
         torch.cuda.synchronize()
         # before the profiler's session (profile_step), whose residue slows a host's CUDA calls
         # unless TEARDOWN_CUPTI=1 (benchmarks/NOTES.md, session 25)
-        split = issue_split(step, args.split) if args.split and converted else None
+        split = issue_split(step, args.split) if args.split and converted and recorded is None else None
         kernel_ms, kernels, host = profile_step(step, 5, args.top)
         if recorded is None:
             torch.cuda.reset_peak_memory_stats()
@@ -631,6 +635,8 @@ def main():
                   "operator running at each gap's end (ms a step, gaps a step):")
             for w, ms_, n in gaps:
                 print(f"  {ms_:7.3f}  {n:5.1f}  {w}")
+        if args.split and converted and recorded is not None:
+            print("(--split: a replay runs none of our crossings on the host, so there is nothing to split)")
         if split is not None:
             (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass, per_piece = split
             print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
