@@ -960,8 +960,8 @@ def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
         timed.append((lib, len(calls) - start, repeat, before))
         return 10.0 * (len(calls) - start) if lib == "torch" else 4.0   # 10 ms a step; issued in 4
     monkeypatch.setattr(bench_pytorch, "median_ms", median_ms)
-    for name, value in (("synchronize", None), ("reset_peak_memory_stats", None)):
-        monkeypatch.setattr(torch.cuda, name, lambda value=value: value)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset"))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 300 * 2**20)
     monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {"requested_bytes.all.peak": 290 * 2**20})
     args = argparse.Namespace(warmup=2, repeat=10)
@@ -970,8 +970,13 @@ def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     burst = bench_pytorch.BURST
     # one step a call; BURST a burst, 3 bursts at least; the issue time on the host clock, drained first
     assert timed == [("torch", 1, 10, None), ("torch", burst, 3, None), ("cpu", 1, 10, torch.cuda.synchronize)]
-    assert len(calls) == 2 + 1 + 1 + burst + 1               # warm-up, one settling step, then one call of each
+    # warm-up, one settling step, the peak window opened, then one call of each
+    assert calls == [1] * (2 + 1) + ["reset"] + [1] * (1 + burst + 1)
     assert (ms, steady, issue, peak, requested, pool) == (10.0, 10.0, 4.0, 200.0, 191.0, 0.0)
+    # a reduce-overhead row opened the window itself before the trees' recording: warm-up steps count too
+    calls.clear()
+    bench_pytorch.timed_row(lambda: calls.append(1), args, (0, 0), (0, 0), window_open=True)
+    assert calls == [1] * (2 + 1 + 1 + burst + 1)
     # a CUDA graph row's capture peak counts where it is the higher (allocated and requested apart)
     *_, peak, requested, _ = bench_pytorch.timed_row(lambda: None, args, (350 * 2**20, 10), (0, 0))
     assert (peak, requested) == (350.0, 290.0)
@@ -987,11 +992,11 @@ def test_bench_pytorch_times_single_steps_and_bursts(monkeypatch):
     monkeypatch.setattr(adapter, "pass_graph_stats", lambda: {**quiet, "eager": next(counts)})
     calls.clear()
     bench_pytorch.timed_row(lambda: calls.append(1), argparse.Namespace(warmup=0, repeat=10), (0, 0), (0, 0))
-    assert len(calls) == 3 + 1 + burst + 1                   # settled at the third step: 3 -> 3
+    assert calls.count(1) == 3 + 1 + burst + 1                   # settled at the third step: 3 -> 3
     counts = iter(100 * i for i in range(2 * bench_pytorch.SETTLE + 2))
     calls.clear()
     bench_pytorch.timed_row(lambda: calls.append(1), argparse.Namespace(warmup=0, repeat=10), (0, 0), (0, 0))
-    assert len(calls) == bench_pytorch.SETTLE + 1 + burst + 1   # never settled: SETTLE steps, then timed
+    assert calls.count(1) == bench_pytorch.SETTLE + 1 + burst + 1   # never settled: SETTLE steps, then timed
 
 
 def test_bench_pytorch_frees_the_cublas_workspaces_between_rows(monkeypatch):
