@@ -201,6 +201,57 @@ def test_a_block_without_input_spectra_keeps_nothing_across_forward(name, device
         np.testing.assert_array_equal(a, c)
 
 
+def test_a_gy_spectrum_no_pass_took_is_dropped_after_the_layer(monkeypatch, settings):
+    """auto's first step: bprop runs on cufft and keeps gy's spectrum for accGrad, not tuned yet (so
+    counted as cufft), which then runs on gemm. Nothing takes the spectrum; it is dropped once the
+    layer's last pass has run, not held to the end of the block. Results as without the block."""
+    settings(reuse_weight_spectra=False)
+    picks = {"fprop": "gemm", "bprop": "cufft", "accgrad": "gemm"}
+    monkeypatch.setattr(auto, "pick", lambda registry, pass_name, *args, **kwargs: picks[pass_name])
+    monkeypatch.setattr(auto, "remembered", lambda *args, **kwargs: None)   # nothing tuned yet
+    padding = (1, 2)
+    x, w, gy = operands(padding=padding)
+    layer = mt.SpatialConvolution(w.shape[1], w.shape[0], w.shape[2:], padding=padding, backend="auto")
+    layer.weight.data, layer.bias.data = w, np.zeros(w.shape[0], np.float32)
+    xt = mt.Tensor(x, requires_grad=True)
+    kept = []
+    real = backends.run_pass
+
+    def run_pass(name, pass_name, *args, **kwargs):
+        out = real(name, pass_name, *args, **kwargs)
+        kept.append((pass_name, kept_roles(reuse.active())))
+        return out
+    monkeypatch.setattr(backends, "run_pass", run_pass)
+    with backends.reuse_spectra(inputs=False) as cache:
+        y = layer(xt)
+        (y * mt.Tensor(gy)).sum().backward()
+        assert len(cache) == 0
+    assert kept == [("fprop", []), ("bprop", ["gy"]), ("accgrad", [])]
+    assert cache.hits == 0
+    y_ref, gx_ref, gw_ref = conv_reference(x, w, gy, (1, 1), padding)
+    assert rel_error(y.data, y_ref) < 1e-5 and rel_error(xt.grad, gx_ref) < 1e-5
+    assert rel_error(layer.weight.grad, gw_ref) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_adapters_order_drops_a_gy_spectrum_bprop_did_not_take(device):
+    """The PyTorch adapter's backward runs accGrad (later=("bprop",)) then bprop (later=()): an
+    accGrad on cufft keeps gy's spectrum for bprop, which runs on gemm and does not take it; after
+    bprop nothing is kept. Twice: on the GPU the second round takes run_pass's prepared path."""
+    padding = (1, 2)
+    x, w, gy = (to_device(a, device) for a in operands(padding=padding))
+    g = dict(x_shape=x.shape, w_shape=w.shape, stride=(1, 1), padding=padding)
+    _, gx_ref, gw_ref = conv_reference(*(to_device(a, "cpu") for a in (x, w, gy)), (1, 1), padding)
+    for _ in range(2):
+        with backends.reuse_spectra(inputs=False) as cache:
+            gw = backends.run_pass("cufft", "accgrad", gy, x, w.shape, later=("bprop",), **g)
+            assert kept_roles(cache) == ["gy"]
+            gx = backends.run_pass("gemm", "bprop", gy, w, x.shape, later=(), **g)
+            assert len(cache) == 0 and cache.hits == 0
+        assert rel_error(to_device(gw, "cpu"), gw_ref) < 1e-5
+        assert rel_error(to_device(gx, "cpu"), gx_ref) < 1e-5
+
+
 def test_no_sharing_across_bases(monkeypatch):
     """A cufft accGrad tuned to a larger basis than fprop and bprop computes its own spectra of x
     and gy; fprop's weight spectrum still serves bprop (same basis)."""

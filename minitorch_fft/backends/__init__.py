@@ -154,6 +154,7 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=No
     if ready is not None:
         out = ready(args, later)
         if out is not None:
+            _drop_unclaimed(pass_name, later, args[0])
             return out
     xp = get_array_module(*args[:2])
     backend = choose(name, pass_name, x_shape, w_shape, stride, padding, xp)
@@ -174,6 +175,7 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=No
         first_error = f"{type(e).__name__}: {e}"
     else:
         _prepare(name, pass_name, backend, args, xp, x_shape, w_shape, stride, padding)
+        _drop_unclaimed(pass_name, later, args[0])
         return out
     _release(backend)
     budget_mb = config.get("gemm_workspace_mb")
@@ -192,6 +194,17 @@ def run_pass(name, pass_name, *args, x_shape, w_shape, stride, padding, later=No
             if not _is_out_of_memory(e) or budget_mb < 2**-20:   # one byte: a single image already
                 raise
             _free_gpu_pool()
+
+
+def _drop_unclaimed(pass_name, later, gy):
+    """After a layer's last pass of the step (a backward pass with no pass of the layer to come),
+    drop any spectrum of its gy still kept: the earlier backward pass kept it for this one, which
+    ran on another backend or basis (backends/reuse.py, Hazards). No-op outside reuse_spectra()."""
+    block = reuse.active()
+    if (block is None or not len(block) or pass_name == "fprop"
+            or (PASSES[PASSES.index(pass_name) + 1:] if later is None else later)):
+        return
+    block.discard(gy, "gy")
 
 
 class _Prepared:

@@ -41,6 +41,14 @@ Hazards:
   reuse_weight_spectra setting asks (off by default: memory, see backends._kept_roles); then
   bprop computes its own, and a step saves 2 forward FFTs per layer instead of 3. Backend
   functions called directly (not through run_pass) keep every spectrum, as before.
+- A spectrum kept for a pass that then runs elsewhere (under auto, a consumer not tuned yet counts
+  as the same backend) or in another basis is never asked for. A gy spectrum is dropped after the
+  layer's last pass of the step (backends.run_pass): gy is the layer's own, and nothing later
+  takes it. Left to the end of the block it held memory through the rest of the backward, and
+  under torch.compile's reduce-overhead, whose cudagraph trees run each graph of the backward
+  from a pool of their own, it was a live allocation in that pool that no graph returned: the
+  trees refused the step ("tensor(s) in the cudagraph pool not tracked as outputs"; converted
+  AlexNet's first step in TF32 mode, benchmarks/NOTES.md, session 55).
 - Memory: between a layer's forward and its backward, its x spectrum stays alive (unless the
   block was opened with inputs=False), and its w spectrum where kept. A weight spectrum is the
   large one: n*(m//2+1) complex64 values per kh x kw float32 kernel.
@@ -75,6 +83,13 @@ class StepCache:
         if _keep is None or key.role in _keep:
             self._entries[(key, id(owner))] = (owner, spectrum)   # holding owner keeps its id unique
         return spectrum
+
+    def discard(self, owner, role):
+        """Drop what is kept of `owner` under `role`, asked for or not: a spectrum kept for a pass
+        that then ran elsewhere or in another basis (backends.run_pass, after a layer's last pass)."""
+        ident = id(owner)
+        for k in [k for k in self._entries if k[1] == ident and k[0].role == role]:
+            del self._entries[k]
 
     def clear(self):
         """Drop every kept spectrum (the counts stay)."""
