@@ -269,7 +269,10 @@ def reuse_spectra(inputs=False):
     docstring: where that is safe). Yields backends' StepCache (hits, misses). inputs=False (the
     default here, unlike backends.reuse_spectra) keeps no spectrum from forward to backward, where
     the step's memory peaks: with inputs=True converted AlexNet held 310 MiB of them there, its
-    peak above the stock model's (module docstring: the figures)."""
+    peak above the stock model's (module docstring: the figures). Under torch.compile's
+    reduce-overhead keep inputs=False: a spectrum kept from forward to backward would live in the
+    cudagraph trees' pool between their forward and backward graphs, and the trees refuse the step
+    ("tensor(s) in the cudagraph pool not tracked as outputs"; benchmarks/NOTES.md, session 55)."""
     global _views
     outer, _views = _views, {}
     try:

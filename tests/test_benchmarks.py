@@ -1475,6 +1475,23 @@ def test_exp_compile_gap_replays_an_allocator_trace_to_its_peak_and_its_end():
         "bench.py:9 step <- benchmarks/bench.py:9": 100, "(torch or CuPy only) <- -": 10}
 
 
+def test_exp_compile_gap_names_the_generated_call_an_allocation_of_ours_came_under(tmp_path):
+    """where_and_call: an allocation made inside our operator, called from inductor's generated code,
+    is named by where() and by that call's line of the code (which layer's pass); one made by the
+    generated code itself, or outside any, by where() alone."""
+    from benchmarks.experiments import exp_compile_gap as exp
+    code = tmp_path / "torchinductor_root" / "ab" / "cabcdef.py"
+    code.parent.mkdir(parents=True)
+    code.write_text("def call(args):\n    buf16 = torch.ops.minitorch_fft.conv2d_grads.default(buf15, relu_3)\n")
+    generated = {"filename": str(code), "line": 2, "name": "call"}
+    ours = [{"filename": "/x/minitorch_fft/pytorch.py", "line": 442, "name": "malloc"},
+            {"filename": "/x/cupy/_creation/basic.py", "line": 34, "name": "empty"}, generated]
+    assert exp.where_and_call(ours) == \
+        "pytorch.py:442 malloc <- buf16 = torch.ops.minitorch_fft.conv2d_grads.default(buf15, relu_3)"
+    assert exp.where_and_call([generated]) == "inductor cabcdef.py:2 call"
+    assert exp.where_and_call([{"filename": "/x/benchmarks/bench.py", "line": 9, "name": "step"}]) == "bench.py:9 step"
+
+
 def test_exp_compile_gap_steps_under_cuda_graph_trees_as_bench_pytorch_does(monkeypatch):
     """--compile-mode reduce-overhead: each step begins a step of the cudagraph trees and sets the
     gradients to None (new gradient tensors every step, where the default mode zeroes them in place);

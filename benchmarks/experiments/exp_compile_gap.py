@@ -100,14 +100,14 @@ def _replay(trace):
         yield total, alive
 
 
-def alive_at_peak(trace):
-    """(peak bytes above the trace's start, {where: bytes}): the allocations alive at the trace's
-    highest point (_replay) grouped by where(). Those alive at the trace's end: alive_at_end."""
+def alive_at_peak(trace, key=None):
+    """(peak bytes above the trace's start, {key(frames) (default where): bytes}): the allocations
+    alive at the trace's highest point (_replay). Those alive at the trace's end: alive_at_end."""
     peak, at_peak = 0, {}
     for total, alive in _replay(trace):
         if total > peak:
             peak, at_peak = total, dict(alive)
-    return peak, _grouped(at_peak.values())
+    return peak, _grouped(at_peak.values(), key)
 
 
 def alive_at_end(trace, key=None):
@@ -117,6 +117,20 @@ def alive_at_end(trace, key=None):
     for _, alive in _replay(trace):
         pass
     return _grouped(alive.values(), key)
+
+
+def where_and_call(frames):
+    """where(frames), and for an allocation made under a compiled graph's call of an operator (ours: the
+    adapter's allocator), that call's line of inductor's generated code (which layer's pass it is: the
+    operator and its buffers, read while the process still has the file)."""
+    import linecache
+    at = where(frames)
+    if not at.startswith("inductor"):
+        for f in frames:
+            if "torchinductor" in f.get("filename", ""):
+                call = linecache.getline(f["filename"], f.get("line", 0)).strip()
+                return f"{at} <- {call[:110] or f.get('name')}"
+    return at
 
 
 def where_and_inner(frames):
@@ -479,9 +493,10 @@ def memory_at_peak(step):
     return listed_at_peak(memory_trace(step))
 
 
-def listed_at_peak(trace, top=12):
-    """alive_at_peak(trace) in MiB: (peak MiB above the trace's start, [(where, MiB)], the `top` largest)."""
-    peak, groups = alive_at_peak(trace)
+def listed_at_peak(trace, top=12, key=None):
+    """alive_at_peak(trace, key) in MiB: (peak MiB above the trace's start, [(where, MiB)], the `top`
+    largest)."""
+    peak, groups = alive_at_peak(trace, key)
     return peak / 2**20, [(w, b / 2**20) for w, b in groups.most_common(top)]
 
 
@@ -585,7 +600,7 @@ def main():
             torch.cuda.reset_peak_memory_stats()
             before = held(torch)
             trace = memory_trace(step)
-            recorded = (peak_held(torch)[0] - before[0]) / 2**20, *listed_at_peak(trace)
+            recorded = (peak_held(torch)[0] - before[0]) / 2**20, *listed_at_peak(trace, args.top, where_and_call)
         if compiled:
             from torch._inductor.async_compile import shutdown_compile_workers
             shutdown_compile_workers()
