@@ -6,7 +6,9 @@ with a NaN and an inf, gives a finite output. Session 55's failure said where th
 plan the cudnn backend's search lists for three small fprops (heuristics A, B, the fallback list
 and every other engine, strict fp32 notes filter) and runs each on an input with NaN in a 3x3
 block of every plane of image 0, through the public execute and the pointer form. A plan that
-propagates gives NaN in exactly the outputs the block reaches, or (an FFT engine) in all of them.
+propagates gives NaN in exactly the outputs the block reaches, or (an FFT engine) in all of them;
+one that gives fewer is flagged. (Session 55's log, experiments/nan_engines_efe926e.log, came from the
+first version, which flagged the FFT engines' spread too and printed no "all N" count.)
 
   PYTHONPATH=. python3 benchmarks/experiments/exp_cudnn_nan_plans.py
 """
@@ -54,7 +56,8 @@ def main():
                 ptr = plan.run(cp, an, b, cp.full(out_shape, 7.0, cp.float32)).get()
             n_pub = int(np.isnan(pub[0]).sum())
             n_ptr = None if ptr is None else int(np.isnan(ptr[0]).sum())
-            flag = "" if n_pub == expect and n_ptr in (None, expect) else "   <-- NaN lost"
+            lost = [n for n in (n_pub, n_ptr) if n is not None and n < expect]
+            flag = "   <-- NaN lost" if lost else ""   # more than expected: an FFT engine spreads it (allowed)
             print(f"  {name:40s} ws {plan.workspace:9d}  clean err vs first {err:.1e}  NaN public {n_pub:4d} "
                   f"pointer {n_ptr}{flag}")
 

@@ -47,7 +47,7 @@ def main():
         torch.cuda.synchronize()
     eager = copy.deepcopy(model)
     opt_eager = torch.optim.SGD(eager.parameters(), lr=0.01, momentum=0.9)
-    opt_eager.load_state_dict(opt.state_dict())
+    opt_eager.load_state_dict(copy.deepcopy(opt.state_dict()))   # its own momentum buffers
     run = torch.compile(model, mode="reduce-overhead")
     print(f"== {net} {mode} eager_first={eager_first} reuse_spectra={scope_on} inputs={inputs}")
     try:
