@@ -1178,6 +1178,38 @@ def test_cuda_graph_training_step_replays(strict_fp32, path, monkeypatch):
             assert rel_error(p.detach().cpu().numpy(), q.detach().cpu().numpy()) <= 1e-5
 
 
+def reduce_overhead_steps(model, steps, scope=contextlib.nullcontext):
+    """`steps` training steps of `model` compiled with mode="reduce-overhead" and of an eager copy of it,
+    side by side on fresh random batches, each forward and backward inside scope(); after each step the
+    losses and the parameters agree to 1e-5. Returns, at the end of each backward (compiled, then eager,
+    per step), the length of what scope() yielded (reuse_spectra's StepCache: the spectra still kept), or
+    None where it yielded nothing. The gradients are set to None, not zeroed in place: a gradient the
+    last replay made is the graph's output, overwritten by the next replay, and PyTorch refuses to
+    accumulate into it."""
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt_eager = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    kept = []
+    for i in range(steps):
+        x, y = torch.randn(4, 3, 12, 12, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
+        losses = []
+        for net, optimizer in ((compiled, opt), (eager, opt_eager)):
+            if net is compiled:
+                torch.compiler.cudagraph_mark_step_begin()
+            optimizer.zero_grad(set_to_none=True)
+            with scope() as got:
+                loss = TF.cross_entropy(net(x), y)
+                loss.backward()
+                kept.append(None if got is None else len(got))
+            optimizer.step()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1]), (i, losses)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            assert rel_error(p.detach().cpu().numpy(), q.detach().cpu().numpy()) <= 1e-5
+    return kept
+
+
 @pytest.mark.gpu
 def test_torch_compile_reduce_overhead_training_replays(strict_fp32, monkeypatch):
     """torch.compile(mode="reduce-overhead"): inductor records the compiled forward and backward, the
@@ -1195,27 +1227,7 @@ def test_torch_compile_reduce_overhead_training_replays(strict_fp32, monkeypatch
         return _real(graph)
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", replay)
     copied = pt._copied_out[0]
-    model = convert(small_net()).cuda()
-    eager = copy.deepcopy(model)
-    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    opt_eager = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
-    for i in range(5):             # the trees run eagerly once, record at the next call, then replay
-        x, y = torch.randn(4, 3, 12, 12, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
-        losses = []
-        for net, optimizer in ((compiled, opt), (eager, opt_eager)):
-            if net is compiled:
-                torch.compiler.cudagraph_mark_step_begin()
-            # (not zeroed in place: a gradient the last replay made is the graph's output, overwritten
-            # by the next replay, and PyTorch refuses to accumulate into it)
-            optimizer.zero_grad(set_to_none=True)
-            loss = TF.cross_entropy(net(x), y)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1]), (i, losses)
-        for p, q in zip(model.parameters(), eager.parameters()):
-            assert rel_error(p.detach().cpu().numpy(), q.detach().cpu().numpy()) <= 1e-5
+    reduce_overhead_steps(convert(small_net()).cuda(), 5)   # the trees run eagerly once, record, then replay
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     assert replays[0] >= 3          # steps 3-5 at least replayed graphs
     assert pt._copied_out[0] == copied
@@ -1236,29 +1248,8 @@ def test_reduce_overhead_first_step_drops_a_gy_spectrum_bprop_did_not_take(stric
     monkeypatch.setattr(auto, "pick", pick)
     monkeypatch.setattr(auto, "remembered", lambda *args, **kwargs: None)   # every consumer untuned
     torch._dynamo.reset()
-    model = convert(small_net()).cuda()
-    eager = copy.deepcopy(model)
-    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    opt_eager = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
-    kept_after = []
-    for _ in range(4):             # the trees' warm-up, recording, then replays
-        x, y = torch.randn(4, 3, 12, 12, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
-        losses = []
-        for net, optimizer in ((compiled, opt), (eager, opt_eager)):
-            if net is compiled:
-                torch.compiler.cudagraph_mark_step_begin()
-            optimizer.zero_grad(set_to_none=True)
-            with reuse_spectra() as cache:
-                loss = TF.cross_entropy(net(x), y)
-                loss.backward()
-                kept_after.append(len(cache))
-            optimizer.step()
-            losses.append(loss.item())
-        assert abs(losses[0] - losses[1]) <= 1e-5 * abs(losses[1]), losses
-    assert kept_after == [0] * 8
-    for p, q in zip(model.parameters(), eager.parameters()):
-        assert rel_error(p.detach().cpu().numpy(), q.detach().cpu().numpy()) <= 1e-5
+    kept = reduce_overhead_steps(convert(small_net()).cuda(), 4, reuse_spectra)   # warm-up, recording, replays
+    assert kept == [0] * 8
 
 
 @pytest.mark.gpu
