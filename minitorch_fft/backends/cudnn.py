@@ -15,7 +15,8 @@ Engine search, once per (device, geometry, pass, precision), what torch.backends
 does with no limit, over a superset of its candidates: every plan cuDNN's heuristics modes A and
 B and its fallback list propose (deduplicated), plus every other engine of the graph at its
 default knobs; each plan that builds within the workspace bound runs once on the call's own data
-(twice where the first run is slow), is checked against `gemm` and timed by backends.tuning's recipe in
+(twice where the first run is slow), once on a copy with NaN in its first image (a plan whose output
+then holds no NaN is refused: _nan_probe), is checked against `gemm` and timed by backends.tuning's recipe in
 bursts of SEARCH_INNER back-to-back runs (a plan whose checked run and a second run are over
 FIRST_RUN_CUTOFF x the best so far is not timed, one over HOPELESS x the best after a round is
 timed no more). The winner is remembered in the tuning cache as its cuDNN
@@ -105,14 +106,15 @@ FIRST_RUN_CUTOFF, FIRST_RUN_SLACK_MS = 10, 2.0
 # eng67_k2=4_k27=4 at 0.3237 ms and eng67_k2=1_k27=8 at 0.3246; table3 gave them 0.331 and 0.312).
 SEARCH_INNER = 4   # costs 4x the runs of the timed rounds (24 a round per plan, against 6)
 HEURISTICS = ("A", "B", "FALLBACK")   # the heuristic modes whose plans are searched
-SEARCH_REVISION = 2   # in the tuning key and revision(): plans searched before it are searched again
+SEARCH_REVISION = 3   # in the tuning key and revision(): plans searched before it are searched again
 UNTUNED_HEURISTICS = ("A", "FALLBACK")  # cudnn_tune=off: the first of these plans that builds
 
 
 def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="fp32"):
     """auto's cue to time cudnn again (backends.auto): 1 since its plans are searched in bursts
     (SEARCH_INNER), so a choice between cudnn and the other backends made with a plan chosen the
-    old way is made again; 2 since a slow first run gets a second (FIRST_RUN_CUTOFF)."""
+    old way is made again; 2 since a slow first run gets a second (FIRST_RUN_CUTOFF); 3 since a
+    plan that hides a NaN of its input is no candidate (_nan_probe), so no cached choice keeps one."""
     return SEARCH_REVISION
 
 
@@ -652,6 +654,7 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     reference = _reference(pass_name, g, a, b, c)
     tol = cgemm.TF32_TOL if math == "tf32" else CHECK_TOL
     ran, first_ms = set(), {}   # plans run; their checked runs' ms (those that agree with gemm)
+    probe = _nan_probe(a)
 
     def run(name):
         plan, out = build(name), _empty(cp, out_shape, layout)
@@ -665,6 +668,9 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
         else:
             raise TimeoutError(f"its {attempt} run took {ms:.3f} ms, over {FIRST_RUN_CUTOFF}x the best plan's "
                                f"({min(first_ms.values()):.3f} ms) + {FIRST_RUN_SLACK_MS} ms: not timed")
+        if not bool(cp.isnan(plan.run(cp, probe, b, _empty(cp, out_shape, layout), c)).any()):
+            raise ValueError("hides a NaN of its input: NaN on every third row and column of image 0 gave a finite "
+                             "output (_nan_probe)")
         if tuning.rel_error(cp, out, reference) <= tol:   # tune() checks it again, and says why not
             first_ms[name] = ms
         return out
@@ -673,6 +679,23 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     record = tuning.tune(list(indices) + list(unfused), run, cp, reference=reference, reference_name="gemm", tol=tol,
                          drop_slower=HOPELESS, inner=SEARCH_INNER)
     return dict(record, choice=build(record["choice"]).choice)   # a lone candidate was never run
+
+
+def _nan_probe(a):
+    """A copy of a pass's first operand (fprop's and accGrad's x, bprop's gradOutput), laid out as it
+    is, with NaN on every third row and column of every plane of image 0: what _search runs each
+    plan on once, refusing a plan whose output then holds no NaN.
+
+    Session 55 (benchmarks/NOTES.md): cuDNN 9.19's fused Winograd engine for fp32 3x3 fprops (eng6)
+    gives a finite output for an input holding NaN, through the public execute and the pointer form
+    alike; every other plan listed for three small 3x3 fprops put NaN where the bad pixels reach (the
+    FFT engines everywhere). auto chose cudnn for the digits net's conv2 with eng6 now and then, and
+    test_errors' NaN test failed then: a silent wrong answer, which a check on finite data cannot
+    see. The grid reaches some output of every geometry a stride of up to 3 skips nothing of, and of
+    any other whose first row and column some output reads."""
+    probe = a.copy(order="K")
+    probe[0, :, ::3, ::3] = np.nan
+    return probe
 
 
 def _is_choice(choice):
