@@ -1374,23 +1374,49 @@ def test_exp_winograd_chunks_runs_both_factors_side_by_side_on_the_cpu(tmp_path,
     from minitorch_fft.backends import winograd
     from benchmarks.experiments import exp_winograd_chunks as exp
     monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))     # (f, f', h = w, batch)
-    monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
+    monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", {p: 0 for p in ("fprop", "bprop", "accgrad")})
     before = winograd.TRANSIENT_FACTOR
     rows = exp.main(["--cpu", "--layers", "tiny", "--factors", "8,2", "--rounds", "2", "--repeat", "1",
                      "--out", str(tmp_path)])
-    assert [(r["pass"], r["factor"]) for r in rows] == [(p, k) for p in ("fprop", "bprop", "accgrad") for k in (8, 2)]
-    by = {(r["pass"], r["factor"]): r for r in rows}
-    assert all(by[(p, 8)]["chunks"] == 1 and by[(p, 2)]["chunks"] == 3 for p in ("fprop", "bprop", "accgrad"))
+    assert [(r["pass"], r["bound"]) for r in rows] == [(p, f"factor {k}") for p in ("fprop", "bprop", "accgrad")
+                                                       for k in (8, 2)]
+    by = {(r["pass"], r["bound"]): r for r in rows}
+    assert all(by[(p, "factor 8")]["chunks"] == 1 and by[(p, "factor 2")]["chunks"] == 3
+               for p in ("fprop", "bprop", "accgrad"))
     assert all(r["rel_diff"] < 1e-6 and len(r["ms_rounds"]) == 2 for r in rows)
     assert winograd.TRANSIENT_FACTOR == before
     assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks.*")) == ["exp_winograd_chunks.json",
                                                                                "exp_winograd_chunks.md"]
 
 
+def test_exp_winograd_chunks_varies_one_pass_floor_with_floors(tmp_path, monkeypatch):
+    """--floors (MiB): the measured pass's TRANSIENT_FLOOR varied (the factors off, so the floor
+    alone bounds the chunks), the other passes' floors left as they are, both dicts restored;
+    --passes picks the passes; its own files."""
+    from minitorch_fft.backends import winograd
+    from benchmarks.experiments import exp_winograd_chunks as exp
+    monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))
+    monkeypatch.setattr(winograd, "TRANSIENT_FACTOR", {p: 0 for p in ("fprop", "bprop", "accgrad")})
+    floors = dict(winograd.TRANSIENT_FLOOR)
+    seen, own = [], winograd._chunks
+    monkeypatch.setattr(winograd, "_chunks", lambda *a: seen.append(dict(winograd.TRANSIENT_FLOOR)) or own(*a))
+    rows = exp.main(["--cpu", "--layers", "tiny", "--floors", "1,0.00001", "--passes", "bprop", "--rounds", "1",
+                     "--repeat", "1", "--out", str(tmp_path)])
+    assert [(r["pass"], r["bound"], r["chunks"]) for r in rows] == [("bprop", "floor 1 MiB", 1),
+                                                                    ("bprop", "floor 1e-05 MiB", 3)]
+    assert {d["bprop"] for d in seen} == {1 << 20, int(0.00001 * 2**20)}
+    assert all(d["fprop"] == floors["fprop"] and d["accgrad"] == floors["accgrad"] for d in seen)
+    assert winograd.TRANSIENT_FLOOR == floors and winograd.TRANSIENT_FACTOR == {p: 0 for p in floors}
+    assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks*.*")) == ["exp_winograd_chunks_floors.json",
+                                                                                "exp_winograd_chunks_floors.md"]
+
+
 def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
     from benchmarks.experiments import exp_winograd_chunks as exp
     for argv, says in ((["--layers", "nope"], "unknown layer"), (["--factors", "2,x"], "whole numbers"),
                        (["--factors", "0"], "positive"), (["--factors", "2,2"], "distinct"),
+                       (["--floors", "192,x"], "numbers of MiB"), (["--floors", "0"], "positive"),
+                       (["--passes", "bprop,nope"], "comma-separated list"),
                        (["--rounds", "0"], "at least 1"), (["--batch", "0"], "at least 1")):
         with pytest.raises(SystemExit):
             exp.main(["--cpu"] + argv)

@@ -1,5 +1,5 @@
-"""Experiment (not a benchmark of record): winograd's batch chunks at two TRANSIENT_FACTOR values,
-side by side in one process, per layer and pass.
+"""Experiment (not a benchmark of record): winograd's batch chunks at several bounds, TRANSIENT_FACTOR
+values (--factors) or TRANSIENT_FLOOR values (--floors), side by side in one process, per layer and pass.
 
 Session 32 (benchmarks/NOTES.md): converted OverFeat-fast's TF32 step under torch.compile peaked
 67 MiB above PyTorch's, during conv5's fprop. There a chunk held its tiles and GEMM output: 288 MiB,
@@ -8,8 +8,11 @@ chunks of 43 images) brought the peak under PyTorch's. It ran on another machine
 step was 3 % slower in a CUDA graph. This measures the cost of the smaller chunks apart from the
 host. (Session 33 ran it, then bounded bprop alone at once its operands: TRANSIENT_FACTOR is per
 pass since, and the factors given here are the measured pass's, the others' left as they are.)
+Session 56: converted OverFeat-fast's TF32 step under reduce-overhead peaked 39 MiB over PyTorch's
+in conv5's bprop, whose chunks the floor sets there (its operands are under it); --floors measures
+what a lower floor costs, the measured pass's floor varied, the factors left as they are.
 
-Per layer, pass and factor it reports:
+Per layer, pass and bound it reports:
 - the chunks the pass ran (count, images in the first);
 - the memory the pass takes beyond its inputs from an emptied CuPy pool (harness.peak_extra_bytes:
   the pool's new bytes after one call, an upper bound on the pass's peak, since the pool does not
@@ -24,6 +27,8 @@ tunes its own in the first round's warm-up.
 
   python -m benchmarks.experiments.exp_winograd_chunks --tf32
   python -m benchmarks.experiments.exp_winograd_chunks --layers overfeat_fast.conv5 --factors 2,1 --rounds 5
+  python -m benchmarks.experiments.exp_winograd_chunks --tf32 --passes bprop --floors 256,192,128 \
+      --layers overfeat_fast.conv3,overfeat_fast.conv4,overfeat_fast.conv5
 """
 import argparse
 import statistics
@@ -38,12 +43,13 @@ from benchmarks.harness import PASSES, RESULTS_DIR, median_ms, peak_extra_bytes,
 # name: (f, f', h = w, batch), as bench_winograd's table (3x3, stride 1, padding 1), and
 # OverFeat-fast's two 1024-plane layers, where auto runs winograd in TF32 mode
 LAYERS = {**{name: bench_winograd.LAYERS[name] for name in ("vgg16.conv1_2", "vgg16.conv4_2", "vgg16.conv5_1")},
+          "overfeat_fast.conv3": (256, 512, 12, 128),
           "overfeat_fast.conv4": (512, 1024, 12, 128),
           "overfeat_fast.conv5": (1024, 1024, 12, 128)}
-COLUMNS = [("layer", "layer", ""), ("pass", "pass", ""), ("factor", "factor", ""), ("chunks", "chunks", ""),
+COLUMNS = [("layer", "layer", ""), ("pass", "pass", ""), ("bound", "bound", ""), ("chunks", "chunks", ""),
            ("images a chunk", "chunk_images", ""), ("operands MiB", "operands_mib", ".1f"),
            ("pool MiB", "pool_mib", ".1f"), ("ms", "ms", ".3f"), ("ms by round", "ms_rounds", ""),
-           ("vs the first factor", "vs_first_factor", ".3f"), ("rel diff", "rel_diff", ".1e")]
+           ("vs the first bound", "vs_first_bound", ".3f"), ("rel diff", "rel_diff", ".1e")]
 
 
 def run(pass_name, arrays):
@@ -56,9 +62,20 @@ def run(pass_name, arrays):
     return winograd.accgrad(gy, x, w.shape, padding=(1, 1))
 
 
-def measure(xp, names, factors, rounds, repeat, batch=None):
-    """Rows of COLUMNS: every layer, pass and factor."""
-    rows, base = [], dict(winograd.TRANSIENT_FACTOR)   # the module's bound of each pass; one pass's varied
+def bounds(factors=None, floors_mib=None):
+    """[(label, {pass: factor} -> {pass: factor}, {pass: floor} -> {pass: floor})] for the bounds
+    compared: each maps the module's per-pass dicts to those with the measured pass's value set."""
+    if floors_mib:
+        return [(f"floor {v:g} MiB", lambda fac, p: fac, lambda flo, p, v=v: {**flo, p: int(v * 2**20)})
+                for v in floors_mib]
+    return [(f"factor {k}", lambda fac, p, k=k: {**fac, p: k}, lambda flo, p: flo) for k in factors]
+
+
+def measure(xp, names, compared, rounds, repeat, batch=None, passes=PASSES):
+    """Rows of COLUMNS: every layer, pass and bound (`compared`: bounds())."""
+    rows = []
+    base = dict(winograd.TRANSIENT_FACTOR), dict(winograd.TRANSIENT_FLOOR)   # the module's, per pass
+    labels = [label for label, _, _ in compared]
     lib = "cpu" if xp is np else "cupy"
     for name in names:
         f, fo, hw, S = LAYERS[name]
@@ -67,29 +84,30 @@ def measure(xp, names, factors, rounds, repeat, batch=None):
         arrays = [xp.asarray(rng.standard_normal(shape, dtype=np.float32))
                   for shape in ((S, f, hw, hw), (fo, f, 3, 3), (S, fo, hw, hw))]
         operands = (arrays[0].nbytes + arrays[2].nbytes) / 2**20
-        for pass_name in PASSES:
-            times = {k: [] for k in factors}
+        for pass_name in passes:
+            times = {k: [] for k in labels}
             out, memory, used = {}, {}, {}
             for r in range(rounds):
-                for k in factors:
-                    winograd.TRANSIENT_FACTOR = {**base, pass_name: k}
+                for k, factor_of, floor_of in compared:
+                    winograd.TRANSIENT_FACTOR = factor_of(base[0], pass_name)
+                    winograd.TRANSIENT_FLOOR = floor_of(base[1], pass_name)
                     fn = lambda: run(pass_name, arrays)   # noqa: E731
                     if r == 0:
                         out[k], used[k] = chunks_of(fn)             # tunes the tile and the groups
                         memory[k] = 0.0 if xp is np else peak_extra_bytes(fn, "cupy") / 2**20
                     times[k].append(median_ms(fn, lib, warmup=1, repeat=repeat))
-            first = statistics.median(times[factors[0]])
-            for k in factors:
+            first = statistics.median(times[labels[0]])
+            for k in labels:
                 chunks = used[k]
                 ms = statistics.median(times[k])
-                diff = float(xp.linalg.norm(out[k] - out[factors[0]]) / xp.linalg.norm(out[factors[0]]))
-                rows.append(dict(layer=name, **{"pass": pass_name}, factor=k, chunks=len(chunks),
+                diff = float(xp.linalg.norm(out[k] - out[labels[0]]) / xp.linalg.norm(out[labels[0]]))
+                rows.append(dict(layer=name, **{"pass": pass_name}, bound=k, chunks=len(chunks),
                                  chunk_images=chunks[0].stop - chunks[0].start, operands_mib=round(operands, 1),
                                  pool_mib=round(memory[k], 1), ms=round(ms, 4),
-                                 ms_rounds=[round(t, 4) for t in times[k]], vs_first_factor=round(first / ms, 3),
+                                 ms_rounds=[round(t, 4) for t in times[k]], vs_first_bound=round(first / ms, 3),
                                  rel_diff=diff))
-                print(f"{name:20} {pass_name:8} factor {k}: {len(chunks)} chunk(s), pool {memory[k]:7.1f} MiB "
-                      f"(operands {operands:.1f}), {ms:.3f} ms ({first / ms:.3f}x factor {factors[0]}), "
+                print(f"{name:20} {pass_name:8} {k}: {len(chunks)} chunk(s), pool {memory[k]:7.1f} MiB "
+                      f"(operands {operands:.1f}), {ms:.3f} ms ({first / ms:.3f}x {labels[0]}), "
                       f"diff {diff:.1e}", flush=True)
         del arrays
     return rows
@@ -119,6 +137,9 @@ def main(argv=None):
                     help="comma-separated, of: " + ", ".join(LAYERS))
     ap.add_argument("--factors", default="2,1", help="TRANSIENT_FACTOR values of the pass measured, the first "
                     "the baseline")
+    ap.add_argument("--floors", default=None, help="TRANSIENT_FLOOR values (MiB) of the pass measured, the first "
+                    "the baseline, instead of --factors")
+    ap.add_argument("--passes", default=",".join(PASSES), help="comma-separated, of: " + ", ".join(PASSES))
     ap.add_argument("--tf32", action="store_true", help="the framework's TF32 mode (Winograd F(2x2) alone)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=5, help="timed calls a round")
@@ -136,6 +157,17 @@ def main(argv=None):
         ap.error(f"--factors takes whole numbers separated by commas, got {args.factors!r}")
     if not factors or min(factors) <= 0 or len(set(factors)) < len(factors):
         ap.error(f"--factors must be positive and distinct, got {args.factors!r}")
+    floors = None
+    if args.floors is not None:
+        try:
+            floors = [float(v) for v in args.floors.split(",")]
+        except ValueError:
+            ap.error(f"--floors takes numbers of MiB separated by commas, got {args.floors!r}")
+        if min(floors) <= 0 or len(set(floors)) < len(floors):
+            ap.error(f"--floors must be positive and distinct, got {args.floors!r}")
+    passes = args.passes.split(",")
+    if not passes or any(p not in PASSES for p in passes):
+        ap.error(f"--passes takes a comma-separated list of {', '.join(PASSES)}, got {args.passes!r}")
     if args.batch is not None and args.batch < 1:
         ap.error(f"--batch must be at least 1, got {args.batch}")
     if args.rounds < 1 or args.repeat < 1:
@@ -144,17 +176,18 @@ def main(argv=None):
         xp = np
     else:
         import cupy as xp
-    saved = winograd.TRANSIENT_FACTOR
+    saved = winograd.TRANSIENT_FACTOR, winograd.TRANSIENT_FLOOR
     try:
         with config.override(tf32=args.tf32):
-            rows = measure(xp, names, factors, args.rounds, args.repeat, args.batch)
+            rows = measure(xp, names, bounds(factors, floors), args.rounds, args.repeat, args.batch, passes)
     finally:
-        winograd.TRANSIENT_FACTOR = saved
+        winograd.TRANSIENT_FACTOR, winograd.TRANSIENT_FLOOR = saved
     device = "cpu-numpy" if xp is np else xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     meta = provenance(device, command_line=" ".join(sys.argv[1:] if argv is None else argv), tf32=args.tf32,
-                      factors=factors, rounds=args.rounds, repeat=args.repeat)
-    name = "exp_winograd_chunks" + ("_tf32" if args.tf32 else "")
-    write_results(name, meta, rows, COLUMNS, "Winograd's batch chunks at two transient bounds, side by side",
+                      factors=None if floors else factors, floors_mib=floors, passes=passes, rounds=args.rounds,
+                      repeat=args.repeat)
+    name = "exp_winograd_chunks" + ("_floors" if floors else "") + ("_tf32" if args.tf32 else "")
+    write_results(name, meta, rows, COLUMNS, "Winograd's batch chunks at several transient bounds, side by side",
                   out_dir=args.out, subdir="experiments")
     return rows
 
