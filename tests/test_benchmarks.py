@@ -1374,7 +1374,7 @@ def test_exp_winograd_chunks_runs_both_factors_side_by_side_on_the_cpu(tmp_path,
     from minitorch_fft.backends import winograd
     from benchmarks.experiments import exp_winograd_chunks as exp
     monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))     # (f, f', h = w, batch)
-    monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", {p: 0 for p in ("fprop", "bprop", "accgrad")})
+    monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
     before = winograd.TRANSIENT_FACTOR
     rows = exp.main(["--cpu", "--layers", "tiny", "--factors", "8,2", "--rounds", "2", "--repeat", "1",
                      "--out", str(tmp_path)])
@@ -1390,23 +1390,23 @@ def test_exp_winograd_chunks_runs_both_factors_side_by_side_on_the_cpu(tmp_path,
 
 
 def test_exp_winograd_chunks_varies_one_pass_floor_with_floors(tmp_path, monkeypatch):
-    """--floors (MiB): the measured pass's TRANSIENT_FLOOR varied (the factors off, so the floor
-    alone bounds the chunks), the other passes' floors left as they are, both dicts restored;
-    --passes picks the passes; its own files."""
+    """--floors (MiB): TRANSIENT_FLOOR varied while the pass is measured (the factors off, so the
+    floor alone bounds the chunks), the module's floor and factors restored; --passes picks the
+    passes; its own files."""
     from minitorch_fft.backends import winograd
     from benchmarks.experiments import exp_winograd_chunks as exp
     monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))
     monkeypatch.setattr(winograd, "TRANSIENT_FACTOR", {p: 0 for p in ("fprop", "bprop", "accgrad")})
-    floors = dict(winograd.TRANSIENT_FLOOR)
+    floor = winograd.TRANSIENT_FLOOR
     seen, own = [], winograd._chunks
-    monkeypatch.setattr(winograd, "_chunks", lambda *a: seen.append(dict(winograd.TRANSIENT_FLOOR)) or own(*a))
+    monkeypatch.setattr(winograd, "_chunks", lambda *a: seen.append(winograd.TRANSIENT_FLOOR) or own(*a))
     rows = exp.main(["--cpu", "--layers", "tiny", "--floors", "1,0.00001", "--passes", "bprop", "--rounds", "1",
                      "--repeat", "1", "--out", str(tmp_path)])
     assert [(r["pass"], r["bound"], r["chunks"]) for r in rows] == [("bprop", "floor 1 MiB", 1),
                                                                     ("bprop", "floor 1e-05 MiB", 3)]
-    assert {d["bprop"] for d in seen} == {1 << 20, int(0.00001 * 2**20)}
-    assert all(d["fprop"] == floors["fprop"] and d["accgrad"] == floors["accgrad"] for d in seen)
-    assert winograd.TRANSIENT_FLOOR == floors and winograd.TRANSIENT_FACTOR == {p: 0 for p in floors}
+    assert set(seen) == {1 << 20, int(0.00001 * 2**20)}
+    assert winograd.TRANSIENT_FLOOR == floor and winograd.TRANSIENT_FACTOR == {p: 0 for p in ("fprop", "bprop",
+                                                                                               "accgrad")}
     assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks*.*")) == ["exp_winograd_chunks_floors.json",
                                                                                 "exp_winograd_chunks_floors.md"]
 

@@ -10,7 +10,8 @@ host. (Session 33 ran it, then bounded bprop alone at once its operands: TRANSIE
 pass since, and the factors given here are the measured pass's, the others' left as they are.)
 Session 56: converted OverFeat-fast's TF32 step under reduce-overhead peaked 39 MiB over PyTorch's
 in conv5's bprop, whose chunks the floor sets there (its operands are under it); --floors measures
-what a lower floor costs, the measured pass's floor varied, the factors left as they are.
+what another floor costs (TRANSIENT_FLOOR, which counts fprop's and bprop's weight transform: one
+value for every pass, one pass measured at a time), the factors left as they are.
 
 Per layer, pass and bound it reports:
 - the chunks the pass ran (count, images in the first);
@@ -63,18 +64,17 @@ def run(pass_name, arrays):
 
 
 def bounds(factors=None, floors_mib=None):
-    """[(label, {pass: factor} -> {pass: factor}, {pass: floor} -> {pass: floor})] for the bounds
-    compared: each maps the module's per-pass dicts to those with the measured pass's value set."""
+    """[(label, (factors, pass) -> factors, (floor, pass) -> floor)] for the bounds compared: each
+    maps the module's TRANSIENT_FACTOR (per pass) and TRANSIENT_FLOOR to those the pass measured runs at."""
     if floors_mib:
-        return [(f"floor {v:g} MiB", lambda fac, p: fac, lambda flo, p, v=v: {**flo, p: int(v * 2**20)})
-                for v in floors_mib]
+        return [(f"floor {v:g} MiB", lambda fac, p: fac, lambda flo, p, v=v: int(v * 2**20)) for v in floors_mib]
     return [(f"factor {k}", lambda fac, p, k=k: {**fac, p: k}, lambda flo, p: flo) for k in factors]
 
 
 def measure(xp, names, compared, rounds, repeat, batch=None, passes=PASSES):
     """Rows of COLUMNS: every layer, pass and bound (`compared`: bounds())."""
     rows = []
-    base = dict(winograd.TRANSIENT_FACTOR), dict(winograd.TRANSIENT_FLOOR)   # the module's, per pass
+    base = dict(winograd.TRANSIENT_FACTOR), winograd.TRANSIENT_FLOOR   # the module's
     labels = [label for label, _, _ in compared]
     lib = "cpu" if xp is np else "cupy"
     for name in names:
