@@ -10,8 +10,8 @@ host. (Session 33 ran it, then bounded bprop alone at once its operands: TRANSIE
 pass since, and the factors given here are the measured pass's, the others' left as they are.)
 Session 56: converted OverFeat-fast's TF32 step under reduce-overhead peaked 39 MiB over PyTorch's
 in conv5's bprop, whose chunks the floor sets there (its operands are under it); --floors measures
-what another floor costs (TRANSIENT_FLOOR, which counts fprop's and bprop's weight transform: one
-value for every pass, one pass measured at a time), the factors left as they are.
+what another floor costs (TRANSIENT_FLOOR: one value for every pass, one pass measured at a time),
+the factors left as they are. Its runs, and why the floor stayed: benchmarks/NOTES.md, session 56.
 
 Per layer, pass and bound it reports:
 - the chunks the pass ran (count, images in the first);

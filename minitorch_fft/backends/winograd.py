@@ -34,8 +34,8 @@ the tuner (tuning.remembered, winograd_tune) times them per geometry and pass. S
 winograd_f4=0 keeps F(2x2) alone (its error is about 4x smaller). In TF32 mode F(2x2) runs
 alone: on TF32 GEMMs F(4x4) is 7x a direct TF32 convolution's error (variants). A batch whose
 transformed tiles exceed winograd_workspace_mb runs in chunks; in every pass also where they
-exceed TRANSIENT_FACTOR times the pass's own operands (fprop and accGrad 2, bprop 1), or 256 MiB
-with the weight transform, whichever is more (_chunks, _conv_chunks).
+exceed TRANSIENT_FACTOR times the pass's own operands (fprop and accGrad 2, bprop 1), or 256 MB,
+whichever is more (_chunks).
 
 On the CPU the same algorithm runs in NumPy: same matrices, tiling, index arithmetic and layout.
 """
@@ -104,10 +104,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     F(2x2) at the TF32 tolerance, one since session 31 runs F(2x2) alone there (variants): the
     choices timed with F(4x4) are timed again. fprop and bprop 1 since their batch chunks are
     bounded by their operands too (_chunks, session 23); accGrad 3 since its chunks and partial
-    sums are too (session 32); bprop 2 since its bound is once its operands (session 33); fprop 2
-    and bprop 3 since the weight transform counts against the floor (_conv_chunks, session 56). The
+    sums are too (session 32); bprop 2 since its bound is once its operands (session 33). The
     tile's own tuning record is keyed by it too."""
-    return {"fprop": 2, "bprop": 3, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
+    return {"fprop": 1, "bprop": 2, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -138,21 +137,14 @@ def tiles(oh, ow, m):
 # (conv5, F(2x2), H200, exp_winograd_chunks, session 33: at 1, fprop 0.893 ms against 0.798, bprop
 # 0.884 against 0.787, accGrad 1.118 against 0.892).
 TRANSIENT_FACTOR = {"fprop": 2, "bprop": 1, "accgrad": 2}
-# fprop's and bprop's chunks also hold the weight transform (alpha^2 x f x f' floats), which counts
-# against the floor (_conv_chunks): under torch.compile's reduce-overhead the same step peaked 39 MiB
-# over PyTorch's (2188 / 2149 MiB), again in conv5's bprop, beside both of the layer's gradients. Its
-# operands (151 MB) are under the floor, so the floor set its chunks: 3 of 43 images, 97 MiB of tiles
-# and as much GEMM output, beside the 64 MiB transform. Counting the transform, 4 chunks of 32, no
-# slower (exp_winograd_chunks --floors, session 56: 0.845 against 0.854 ms; a floor of 192 MiB for the
-# tiles alone split conv3's and conv4's bprops too, 17 % and 10 % slower; benchmarks/NOTES.md).
 TRANSIENT_FLOOR = 256 << 20
 
 
-def _chunks(S, per_image_floats, operand_floats, factor, floor):
+def _chunks(S, per_image_floats, operand_floats, factor):
     """Slices of the batch whose transformed tiles (per_image_floats an image) fit
     winograd_workspace_mb (one image at least) and hold at most `factor` times the pass's
-    operands (operand_floats an image: its input and output planes), or `floor` bytes where that
-    is more.
+    operands (operand_floats an image: its input and output planes), or TRANSIENT_FLOOR bytes
+    where that is more.
 
     The tiles are 2.25 (F(4x4)) to 4 (F(2x2)) times the planes they come from, so a whole batch's
     took more memory than cuDNN's kernels take beside the same operands: OverFeat-fast's conv5
@@ -162,21 +154,18 @@ def _chunks(S, per_image_floats, operand_floats, factor, floor):
     workspace's bound alone until F(2x2) became the TF32 mode's only tile (session 31): its
     whole-batch tiles there (604 MB) and its partial sums (_group_cap) put the converted TF32 step
     ~600 MiB above PyTorch's; since session 32 it is bounded like the others."""
-    bound = min(config.mib_bytes("winograd_workspace_mb"), max(factor * 4 * S * operand_floats, floor))
+    bound = min(config.mib_bytes("winograd_workspace_mb"), max(factor * 4 * S * operand_floats, TRANSIENT_FLOOR))
     return batch_slices(S, bound // (4 * per_image_floats))
 
 
 def _conv_chunks(pass_name, S, f, fo, in_hw, out_hw, m):
     """_chunks of a pass at F(m x m) from f planes of in_hw to fo planes of out_hw: an image's
     tiles are alpha^2 times the output's tile count times (f + fo) floats, bounded by the
-    workspace and by the images' own planes (TRANSIENT_FACTOR[pass_name] times), or by
-    TRANSIENT_FLOOR less what the pass holds beside them (fprop's and bprop's weight transform,
-    alpha^2 f fo floats; accGrad's partial sums have their own bound, _group_cap)."""
+    workspace and by the images' own planes (TRANSIENT_FACTOR[pass_name] times)."""
     alpha = m + R - 1
     th, tw = tiles(*out_hw, m)
-    held = 0 if pass_name == "accgrad" else 4 * alpha * alpha * f * fo
     return _chunks(S, alpha * alpha * th * tw * (f + fo), _planes(f, fo, in_hw, out_hw),
-                   TRANSIENT_FACTOR[pass_name], max(TRANSIENT_FLOOR - held, 0))
+                   TRANSIENT_FACTOR[pass_name])
 
 
 def _planes(f, fo, in_hw, out_hw):
