@@ -1415,8 +1415,11 @@ def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
     from benchmarks.experiments import exp_winograd_chunks as exp
     for argv, says in ((["--layers", "nope"], "unknown layer"), (["--factors", "2,x"], "whole numbers"),
                        (["--factors", "0"], "positive"), (["--factors", "2,2"], "distinct"),
-                       (["--floors", "192,x"], "numbers of MiB"), (["--floors", "0"], "positive"),
-                       (["--passes", "bprop,nope"], "comma-separated list"),
+                       (["--floors", "192,x"], "numbers of MiB"), (["--floors", "0"], "at least one byte"),
+                       (["--floors", "nan"], "finite"), (["--floors", "inf"], "finite"),
+                       (["--floors", "1e-9"], "at least one byte"), (["--floors", "192,192.0000001"], "distinct"),
+                       (["--factors", "2,1", "--floors", "192"], "not both"),
+                       (["--passes", "bprop,nope"], "comma-separated list"), (["--passes", "bprop,bprop"], "distinct"),
                        (["--rounds", "0"], "at least 1"), (["--batch", "0"], "at least 1")):
         with pytest.raises(SystemExit):
             exp.main(["--cpu"] + argv)

@@ -32,6 +32,7 @@ tunes its own in the first round's warm-up.
       --layers overfeat_fast.conv3,overfeat_fast.conv4,overfeat_fast.conv5
 """
 import argparse
+import math
 import statistics
 import sys
 
@@ -135,8 +136,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="overfeat_fast.conv4,overfeat_fast.conv5,vgg16.conv1_2",
                     help="comma-separated, of: " + ", ".join(LAYERS))
-    ap.add_argument("--factors", default="2,1", help="TRANSIENT_FACTOR values of the pass measured, the first "
-                    "the baseline")
+    ap.add_argument("--factors", default=None, help="TRANSIENT_FACTOR values of the pass measured, the first "
+                    "the baseline (default 2,1)")
     ap.add_argument("--floors", default=None, help="TRANSIENT_FLOOR values (MiB) of the pass measured, the first "
                     "the baseline, instead of --factors")
     ap.add_argument("--passes", default=",".join(PASSES), help="comma-separated, of: " + ", ".join(PASSES))
@@ -151,11 +152,13 @@ def main(argv=None):
     unknown = [n for n in names if n not in LAYERS]
     if unknown:
         ap.error(f"unknown layer(s) {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
+    if args.factors is not None and args.floors is not None:
+        ap.error("give --factors or --floors, not both: one bound is varied at a time")
     try:
-        factors = [int(k) for k in args.factors.split(",")]
+        factors = [int(k) for k in (args.factors or "2,1").split(",")]
     except ValueError:
         ap.error(f"--factors takes whole numbers separated by commas, got {args.factors!r}")
-    if not factors or min(factors) <= 0 or len(set(factors)) < len(factors):
+    if min(factors) <= 0 or len(set(factors)) < len(factors):
         ap.error(f"--factors must be positive and distinct, got {args.factors!r}")
     floors = None
     if args.floors is not None:
@@ -163,11 +166,15 @@ def main(argv=None):
             floors = [float(v) for v in args.floors.split(",")]
         except ValueError:
             ap.error(f"--floors takes numbers of MiB separated by commas, got {args.floors!r}")
-        if min(floors) <= 0 or len(set(floors)) < len(floors):
-            ap.error(f"--floors must be positive and distinct, got {args.floors!r}")
+        # whole bytes, each labelled apart ("floor {v:g} MiB"): no two may round to one
+        if not all(math.isfinite(v) and int(v * 2**20) >= 1 for v in floors):
+            ap.error(f"--floors must be finite and at least one byte (1/1048576 MiB), got {args.floors!r}")
+        if len({int(v * 2**20) for v in floors}) < len(floors) or len({f"{v:g}" for v in floors}) < len(floors):
+            ap.error(f"--floors must be distinct, got {args.floors!r}")
     passes = args.passes.split(",")
-    if not passes or any(p not in PASSES for p in passes):
-        ap.error(f"--passes takes a comma-separated list of {', '.join(PASSES)}, got {args.passes!r}")
+    if any(p not in PASSES for p in passes) or len(set(passes)) < len(passes):
+        ap.error(f"--passes takes a comma-separated list of distinct passes of {', '.join(PASSES)}, got "
+                 f"{args.passes!r}")
     if args.batch is not None and args.batch < 1:
         ap.error(f"--batch must be at least 1, got {args.batch}")
     if args.rounds < 1 or args.repeat < 1:
