@@ -692,10 +692,12 @@ def _nan_probe(a):
     FFT engines everywhere). auto chose cudnn for the digits net's conv2 with eng6 now and then, and
     test_errors' NaN test failed then: a silent wrong answer, which a check on finite data cannot
     see. Its first GPU run (session 56) refused eng7 too, the fused Winograd bprop, on OverFeat-fast's
-    three 3x3 bprops; it costs the converted fp32 step about 1.4 ms there (reduce-overhead, 2.03x PyTorch
-    strict before, 1.89x after, in two processes: results/nvidia-h200/README.md), and it is on by default: a faster
-    wrong answer is no option. The grid reaches some output of every geometry a stride of up to 3 skips nothing of, and of
-    any other whose first row and column some output reads."""
+    three 3x3 bprops; it costs the converted fp32 step about 1.4 ms there (reduce-overhead, 2.03x
+    PyTorch strict before, 1.89x after, in two processes: results/nvidia-h200/README.md), and it is
+    on by default: a faster wrong answer is no option. Where the grid reaches no output (a layer
+    padded by its kernel size or more can read only padding at its rows) every plan is refused, so
+    such a layer finds no cuDNN plan; branch s56-cudnn-untuned-nan-probe checks against gemm's
+    output on the probe instead (benchmarks/NOTES.md, session 56)."""
     probe = a.copy(order="K")
     probe[0, :, ::3, ::3] = np.nan
     return probe
