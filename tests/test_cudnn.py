@@ -567,6 +567,53 @@ def test_the_search_keeps_no_plan_that_hides_a_nan(pass_name, settings, tmp_path
     assert np.isnan(out).any(), (record["choice"]["name"], refused)
 
 
+def test_the_untimed_plan_is_the_first_that_keeps_a_nan(monkeypatch):
+    """_first (cudnn_tune off; a first call on NaN data) passes over a plan that hides a NaN of its
+    input as over one that does not build, and says so where none is left; with no probe (inside a
+    capture) cuDNN's first plan, as before."""
+    monkeypatch.setattr(cudnn, "_planned_graph", lambda *args, **kwargs: (None, None))
+    monkeypatch.setattr(cudnn, "_plan_indices", lambda graph: {"eng6": 0, "eng9": 1, "eng1": 2})
+
+    def build(front, handle, graph, uids, index, limit):
+        if index == 1:
+            raise RuntimeError("does not fit")
+        return types.SimpleNamespace(name=("eng6", "eng9", "eng1")[index])
+    monkeypatch.setattr(cudnn, "_build", build)
+    g = backends.geometry((1, 16, 8, 8), (32, 16, 3, 3), (1, 1), (1, 1))
+    first = lambda keeps_nan: cudnn._first(None, None, "fprop", g, "fp32", 0, "nchw", keeps_nan)   # noqa: E731
+    assert first(lambda plan: plan.name != "eng6").name == "eng1"
+    assert first(None).name == "eng6"
+    with pytest.raises(RuntimeError, match=r"eng6': 'hides a NaN.*eng9': 'RuntimeError: does not fit.*eng1': 'hides"):
+        first(lambda plan: False)
+
+
+@pytest.mark.gpu
+def test_the_untimed_plan_keeps_a_nan_where_a_hiding_one_comes_first(settings, tmp_path, monkeypatch):
+    """cudnn_tune off on the digits net's conv2 fprop, with cuDNN's list put in an order where its
+    fused Winograd plan (eng6, which gives a finite output for NaN input on cuDNN 9.19) comes first:
+    the plan taken is another, and NaN input gives NaN output."""
+    cp = _need_cudnn()
+    settings(tf32=False, tune_cache=str(tmp_path / "t.json"), cudnn_tune="off")
+    planned, indices = cudnn._planned_graph, cudnn._plan_indices
+    monkeypatch.setattr(cudnn, "_planned_graph", lambda front, handle, p, g, math, limit, modes, every_engine, layout:
+                        planned(front, handle, p, g, math, limit, cudnn.HEURISTICS, True, layout))
+    listed = []
+    monkeypatch.setattr(cudnn, "_plan_indices", lambda graph: listed.append(indices(graph)) or dict(
+        sorted(listed[-1].items(), key=lambda kv: kv[0] != "eng6")))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 16, 8, 8)).astype(f32)
+    w = rng.standard_normal((32, 16, 3, 3)).astype(f32)
+    g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
+    limit = config.mib_bytes("cudnn_workspace_mb")
+    plan = cudnn._prepare(cp, "fprop", g, "fp32", limit, False, "nchw", cp.asarray(x), cp.asarray(w), (1, 32, 8, 8))
+    if "eng6" not in listed[0]:
+        pytest.skip(f"this cuDNN lists no eng6 for the geometry ({sorted(listed[0])})")
+    assert plan.name != "eng6"
+    x[0, 3, 4, 4] = np.nan
+    out = cp.asnumpy(plan.run(cp, cp.asarray(x), cp.asarray(w), cp.empty((1, 32, 8, 8), f32)))
+    assert np.isnan(out).any(), plan.name
+
+
 @pytest.mark.gpu
 def test_a_plan_first_built_inside_a_capture_is_checked_at_its_first_call_outside(settings, tmp_path):
     """A plan built inside a CUDA graph capture: the captured graph computes the convolution, no

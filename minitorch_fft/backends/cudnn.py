@@ -41,8 +41,9 @@ checked against gemm to CHECK_TOL); TF32 exactly when the framework's tf32 setti
 inputs (DOWN_CONVERT_INPUTS) are always excluded.
 
 MINITORCH_CUDNN_TUNE=off (cudnn_tune) skips the search: cuDNN's first plan (modes A, then the
-fallback list) that builds and fits is used, untimed and not cached on disk (the random-geometry
-tests run so).
+fallback list) that builds, fits and keeps a NaN of its input (_first: one run on _nan_probe's copy
+of the call's data, outside a capture) is used, untimed and not cached on disk (the random-geometry
+tests run so). A layer's first call on data holding NaN or inf, which is not searched, takes it too.
 
 Workspace: plans needing more than the cudnn_workspace_mb setting are skipped; the chosen plan's
 workspace is taken from CuPy's pool per call. Kernels run on CuPy's current stream. The default,
@@ -381,11 +382,7 @@ class _Plan:
         outside a capture, which checks (run())."""
         if self.pointer_form is None:
             return
-        try:
-            capturing = cp.cuda.get_current_stream().is_capturing()
-        except Exception:  # noqa: BLE001 - the legacy stream while another captures: as good as capturing
-            capturing = True
-        if capturing:
+        if _capturing(cp):
             self.unchecked, self.pointer_form = self.pointer_form, None
             return
         public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32), c)   # a failing plan raises here
@@ -602,9 +599,13 @@ def _plan_indices(graph):
     return indices
 
 
-def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw"):
+def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw", keeps_nan=None):
     """The first plan of cuDNN's heuristic order (UNTUNED_HEURISTICS) that builds and fits; for
-    fprop_bias, untimed, the unfused pair (its fused plans' speed varies too much to take one blind)."""
+    fprop_bias, untimed, the unfused pair (its fused plans' speed varies too much to take one blind).
+    keeps_nan: plan -> whether its output for _nan_probe's input holds NaN (_prepare's); a plan for
+    which it is False is passed over like one that does not build. The untimed paths (cudnn_tune
+    off, and a layer's first call on data holding NaN or inf, which is not searched) took cuDNN's
+    first plan blind, and cuDNN 9.19's fused Winograd engines hide NaN (session 56)."""
     if pass_name == "fprop_bias":
         return _Unfused(g, layout)
     graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, UNTUNED_HEURISTICS, every_engine=False,
@@ -612,9 +613,13 @@ def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw"):
     reasons = {}
     for name, index in _plan_indices(graph).items():
         try:
-            return _build(cudnn, handle, graph, uids, index, limit)
+            plan = _build(cudnn, handle, graph, uids, index, limit)
         except Exception as e:  # noqa: BLE001 - the next plan in cuDNN's order, then say why
             reasons[name] = f"{type(e).__name__}: {e}"[:200]
+            continue
+        if keeps_nan is None or keeps_nan(plan):
+            return plan
+        reasons[name] = "hides a NaN of its input (_nan_probe)"
     raise RuntimeError(f"no cuDNN plan builds for {pass_name} of geometry {tuple(g)}: {reasons or 'none proposed'}")
 
 
@@ -681,6 +686,21 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     return dict(record, choice=build(record["choice"]).choice)   # a lone candidate was never run
 
 
+def _keeps_nan(cp, a, b, out_shape, layout, c, plan):
+    """Whether plan's output for _nan_probe(a) holds a NaN (_first's check of an untimed plan)."""
+    return bool(cp.isnan(plan.run(cp, _nan_probe(a), b, _empty(cp, out_shape, layout), c)).any())
+
+
+def _capturing(cp):
+    """Whether the current stream is being captured; the legacy stream while another captures, which
+    CuPy cannot ask, counts as capturing. No check or probe runs then: its syncs are refused, and its
+    runs would join the graph (_Plan.check, _prepare)."""
+    try:
+        return cp.cuda.get_current_stream().is_capturing()
+    except Exception:  # noqa: BLE001 - as good as capturing
+        return True
+
+
 def _nan_probe(a):
     """A copy of a pass's first operand (fprop's and accGrad's x, bprop's gradOutput), laid out as it
     is, with NaN on every third row and column of every plane of image 0: what _search runs each
@@ -741,8 +761,9 @@ def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape, c=N
     (fprop_bias: the unfused pair)."""
     cudnn, _ = _frontend()
     handle = _handle(cp, cudnn)
+    keeps_nan = None if _capturing(cp) else functools.partial(_keeps_nan, cp, a, b, out_shape, layout, c)
     if not search:
-        plan = _first(cudnn, handle, pass_name, g, math, limit, layout)
+        plan = _first(cudnn, handle, pass_name, g, math, limit, layout, keeps_nan)
     else:
         replayed = {}
 
@@ -758,7 +779,7 @@ def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape, c=N
         record = tuning.remembered(key, lambda: _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape,
                                                         layout, c),
                                    valid=valid, untuned=lambda: _first(cudnn, handle, pass_name, g, math, limit,
-                                                                       layout).choice)
+                                                                       layout, keeps_nan).choice)
         plan = replayed.get("plan") or _replay(cudnn, handle, pass_name, g, math, limit, record["choice"], layout)
         plan.provisional = tuning.for_this_call_only(record)   # a, b held NaN or inf: not searched
     plan.check(cp, a, b, out_shape, c)
