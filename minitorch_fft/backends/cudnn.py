@@ -659,7 +659,12 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     reference = _reference(pass_name, g, a, b, c)
     tol = cgemm.TF32_TOL if math == "tf32" else CHECK_TOL
     ran, first_ms = set(), {}   # plans run; their checked runs' ms (those that agree with gemm)
-    probe = _nan_probe(a)
+    nan_check = []              # _nan_check's, made at the first plan's run
+
+    def refusal(plan):
+        if not nan_check:
+            nan_check.append(_nan_check(cp, pass_name, g, a, b, c, out_shape, layout))
+        return nan_check[0] and nan_check[0](plan)
 
     def run(name):
         plan, out = build(name), _empty(cp, out_shape, layout)
@@ -673,9 +678,9 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
         else:
             raise TimeoutError(f"its {attempt} run took {ms:.3f} ms, over {FIRST_RUN_CUTOFF}x the best plan's "
                                f"({min(first_ms.values()):.3f} ms) + {FIRST_RUN_SLACK_MS} ms: not timed")
-        if not bool(cp.isnan(plan.run(cp, probe, b, _empty(cp, out_shape, layout), c)).any()):
-            raise ValueError("hides a NaN of its input: NaN on every third row and column of image 0 gave a finite "
-                             "output (_nan_probe)")
+        why = refusal(plan)
+        if why:
+            raise ValueError(why)
         if tuning.rel_error(cp, out, reference) <= tol:   # tune() checks it again, and says why not
             first_ms[name] = ms
         return out
@@ -683,12 +688,39 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     # Disagreeing plans are expected here (FFT engines, default knobs), not kernel bugs: no warning.
     record = tuning.tune(list(indices) + list(unfused), run, cp, reference=reference, reference_name="gemm", tol=tol,
                          drop_slower=HOPELESS, inner=SEARCH_INNER)
-    return dict(record, choice=build(record["choice"]).choice)   # a lone candidate was never run
+    choice = build(record["choice"])
+    if record["choice"] not in ran and record["choice"] not in unfused:   # a lone candidate, never run
+        why = refusal(choice)
+        if why:
+            raise RuntimeError(f"cuDNN's only plan for {pass_name} of geometry {tuple(g)}, {record['choice']}, {why}")
+    return dict(record, choice=choice.choice)
 
 
-def _keeps_nan(cp, a, b, out_shape, layout, c, plan):
-    """Whether plan's output for _nan_probe(a) holds a NaN (_first's check of an untimed plan)."""
-    return bool(cp.isnan(plan.run(cp, _nan_probe(a), b, _empty(cp, out_shape, layout), c)).any())
+def _nan_check(cp, pass_name, g, a, b, c, out_shape, layout):
+    """plan -> why it is refused (a NaN of its input lost), or None: the plan runs on _nan_probe(a),
+    and every output that gemm's (_reference) makes NaN for the probe must be NaN in the plan's
+    too (an FFT or Winograd plan spreads NaN wider: allowed). None instead of a function where the
+    probe's NaN reaches no output (a layer padded by its kernel size or more can read only padding
+    at the grid's rows): nothing to check. The probe and the mask live as long as the function."""
+    probe = _nan_probe(a)
+    must = cp.isnan(_reference(pass_name, g, probe, b, c))
+    count = int(must.sum())
+    if count == 0:
+        return None
+
+    def refusal(plan):
+        lost = int((must & ~cp.isnan(plan.run(cp, probe, b, _empty(cp, out_shape, layout), c))).sum())
+        return (f"hides a NaN of its input: {lost} of the {count} outputs gemm makes NaN for the probe (NaN on "
+                f"every third row and column of image 0) came out finite (_nan_probe)") if lost else None
+    return refusal
+
+
+def _keeps_nan(cp, pass_name, g, a, b, c, out_shape, layout, made, plan):
+    """Whether plan keeps the NaN of _nan_probe(a) (_first's check of an untimed plan); `made` (a
+    list) holds the _nan_check, made at the first plan's check."""
+    if not made:
+        made.append(_nan_check(cp, pass_name, g, a, b, c, out_shape, layout))
+    return made[0] is None or made[0](plan) is None
 
 
 def _capturing(cp):
@@ -704,7 +736,8 @@ def _capturing(cp):
 def _nan_probe(a):
     """A copy of a pass's first operand (fprop's and accGrad's x, bprop's gradOutput), laid out as it
     is, with NaN on every third row and column of every plane of image 0: what _search runs each
-    plan on once, refusing a plan whose output then holds no NaN.
+    plan on once (and _first its untimed plan), refusing a plan whose output loses a NaN that gemm's
+    keeps (_nan_check).
 
     Session 55 (benchmarks/NOTES.md): cuDNN 9.19's fused Winograd engine for fp32 3x3 fprops (eng6)
     gives a finite output for an input holding NaN, through the public execute and the pointer form
@@ -714,8 +747,9 @@ def _nan_probe(a):
     see. Its first GPU run (session 56) refused eng7 too, the fused Winograd bprop, on OverFeat-fast's
     three 3x3 bprops; it costs the converted fp32 step about 1.4 ms there (reduce-overhead, 2.03x PyTorch
     strict before, 1.89x after, in two processes: results/nvidia-h200/README.md), and it is on by default: a faster
-    wrong answer is no option. The grid reaches some output of every geometry a stride of up to 3 skips nothing of, and of
-    any other whose first row and column some output reads."""
+    wrong answer is no option. Where the grid reaches no output (a layer padded by its kernel size or
+    more: its outputs can read only padding at those rows), there is nothing to check; the first
+    version refused every plan there, so such a layer found none (session 56's review)."""
     probe = a.copy(order="K")
     probe[0, :, ::3, ::3] = np.nan
     return probe
@@ -761,7 +795,8 @@ def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape, c=N
     (fprop_bias: the unfused pair)."""
     cudnn, _ = _frontend()
     handle = _handle(cp, cudnn)
-    keeps_nan = None if _capturing(cp) else functools.partial(_keeps_nan, cp, a, b, out_shape, layout, c)
+    keeps_nan = None if _capturing(cp) else functools.partial(_keeps_nan, cp, pass_name, g, a, b, c, out_shape,
+                                                               layout, [])
     if not search:
         plan = _first(cudnn, handle, pass_name, g, math, limit, layout, keeps_nan)
     else:
