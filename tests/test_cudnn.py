@@ -3,6 +3,7 @@ passes against PyTorch float64, strict fp32 and TF32 (ResNet-50's stride-2 layer
 geometries), the search no slower than cuDNN's first plan, the choice cached and replayed without
 a search, the pointer-form call, the workspace bound, and auto choosing among candidates that
 include it."""
+import functools
 import re
 import types
 import warnings
@@ -422,7 +423,9 @@ def test_search_is_no_slower_than_cudnns_first_plan(settings, tmp_path):
     record = tuning.default_cache().get(cudnn.tuning_key(cp, g, "fprop", "fp32",
                                                               config.mib_bytes("cudnn_workspace_mb")))
     lib = cudnn._frontend()[0]
-    first = cudnn._first(lib, cudnn._handle(cp, lib), "fprop", g, "fp32", config.mib_bytes("cudnn_workspace_mb"))
+    keeps_nan = functools.partial(cudnn._keeps_nan, cp, "fprop", g, x, w, None, xs, "nchw", [])   # as _prepare's
+    first = cudnn._first(lib, cudnn._handle(cp, lib), "fprop", g, "fp32", config.mib_bytes("cudnn_workspace_mb"),
+                         "nchw", keeps_nan)
     assert first.name in record["ms"] or first.name in record["skipped"], (first.name, record)   # a candidate
     out = cp.empty((32, 64, 28, 28), dtype=cp.float32)
     ms = {"chosen": [], "first": []}
@@ -619,6 +622,12 @@ def test_the_untimed_plan_is_the_first_that_keeps_a_nan(monkeypatch):
     with pytest.raises(RuntimeError, match=r"eng6': 'hides a NaN.*eng9': 'RuntimeError: does not fit.*eng1': 'hides"):
         first(lambda plan: False)
 
+    def probe_fails(plan):
+        if plan.name == "eng6":
+            raise MemoryError("out of memory")
+        return True
+    assert first(probe_fails).name == "eng1"                      # a failed probe run: the next plan
+
 
 @pytest.mark.gpu
 def test_the_untimed_plan_keeps_a_nan_where_a_hiding_one_comes_first(settings, tmp_path, monkeypatch):
@@ -630,18 +639,19 @@ def test_the_untimed_plan_keeps_a_nan_where_a_hiding_one_comes_first(settings, t
     planned, indices = cudnn._planned_graph, cudnn._plan_indices
     monkeypatch.setattr(cudnn, "_planned_graph", lambda front, handle, p, g, math, limit, modes, every_engine, layout:
                         planned(front, handle, p, g, math, limit, cudnn.HEURISTICS, True, layout))
-    listed = []
+    listed, probed, keeps = [], {}, cudnn._keeps_nan
     monkeypatch.setattr(cudnn, "_plan_indices", lambda graph: listed.append(indices(graph)) or dict(
         sorted(listed[-1].items(), key=lambda kv: kv[0] != "eng6")))
+    monkeypatch.setattr(cudnn, "_keeps_nan", lambda *args: probed.setdefault(args[-1].name, keeps(*args)))
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 16, 8, 8)).astype(f32)
     w = rng.standard_normal((32, 16, 3, 3)).astype(f32)
     g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
     limit = config.mib_bytes("cudnn_workspace_mb")
     plan = cudnn._prepare(cp, "fprop", g, "fp32", limit, False, "nchw", cp.asarray(x), cp.asarray(w), (1, 32, 8, 8))
-    if "eng6" not in listed[0]:
-        pytest.skip(f"this cuDNN lists no eng6 for the geometry ({sorted(listed[0])})")
-    assert plan.name != "eng6"
+    if "eng6" not in probed:
+        pytest.skip(f"this cuDNN lists or builds no eng6 for the geometry ({sorted(listed[0])})")
+    assert probed["eng6"] is False and plan.name != "eng6" and probed[plan.name] is True, probed
     x[0, 3, 4, 4] = np.nan
     out = cp.asnumpy(plan.run(cp, cp.asarray(x), cp.asarray(w), cp.empty((1, 32, 8, 8), f32)))
     assert np.isnan(out).any(), plan.name
@@ -720,4 +730,4 @@ def test_the_engine_search_keys_its_choices_by_its_bursts():
     g = backends.geometry((1, 2, 5, 5), (3, 2, 3, 3), (1, 1), (1, 1))
     key = cudnn.tuning_key(np, g, "fprop", "fp32", 1 << 30)
     assert key[-1] == f"cudnn@{1 << 30}B_b{cudnn.SEARCH_INNER}_s{cudnn.SEARCH_REVISION}"
-    assert cudnn.revision("fprop", (1, 2, 5, 5), (3, 2, 3, 3), (1, 1), (1, 1), "tf32") == 3   # auto times it again
+    assert cudnn.revision("fprop", (1, 2, 5, 5), (3, 2, 3, 3), (1, 1), (1, 1), "tf32") == 4   # auto times it again

@@ -16,7 +16,7 @@ does with no limit, over a superset of its candidates: every plan cuDNN's heuris
 B and its fallback list propose (deduplicated), plus every other engine of the graph at its
 default knobs; each plan that builds within the workspace bound runs once on the call's own data
 (twice where the first run is slow), once on a copy with NaN in its first image (a plan whose output
-then holds no NaN is refused: _nan_probe), is checked against `gemm` and timed by backends.tuning's recipe in
+loses a NaN that gemm's keeps is refused: _nan_check), is checked against `gemm` and timed by backends.tuning's recipe in
 bursts of SEARCH_INNER back-to-back runs (a plan whose checked run and a second run are over
 FIRST_RUN_CUTOFF x the best so far is not timed, one over HOPELESS x the best after a round is
 timed no more). The winner is remembered in the tuning cache as its cuDNN
@@ -107,7 +107,7 @@ FIRST_RUN_CUTOFF, FIRST_RUN_SLACK_MS = 10, 2.0
 # eng67_k2=4_k27=4 at 0.3237 ms and eng67_k2=1_k27=8 at 0.3246; table3 gave them 0.331 and 0.312).
 SEARCH_INNER = 4   # costs 4x the runs of the timed rounds (24 a round per plan, against 6)
 HEURISTICS = ("A", "B", "FALLBACK")   # the heuristic modes whose plans are searched
-SEARCH_REVISION = 3   # in the tuning key and revision(): plans searched before it are searched again
+SEARCH_REVISION = 4   # in the tuning key and revision(): plans searched before it are searched again
 UNTUNED_HEURISTICS = ("A", "FALLBACK")  # cudnn_tune=off: the first of these plans that builds
 
 
@@ -115,7 +115,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     """auto's cue to time cudnn again (backends.auto): 1 since its plans are searched in bursts
     (SEARCH_INNER), so a choice between cudnn and the other backends made with a plan chosen the
     old way is made again; 2 since a slow first run gets a second (FIRST_RUN_CUTOFF); 3 since a
-    plan that hides a NaN of its input is no candidate (_nan_probe), so no cached choice keeps one."""
+    plan that hides a NaN of its input is no candidate (_nan_probe), so no cached choice keeps one; 4
+    since a plan must keep every NaN gemm keeps, and a layer whose probe reaches no output is no
+    longer left without a plan (_nan_check)."""
     return SEARCH_REVISION
 
 
@@ -602,10 +604,12 @@ def _plan_indices(graph):
 def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw", keeps_nan=None):
     """The first plan of cuDNN's heuristic order (UNTUNED_HEURISTICS) that builds and fits; for
     fprop_bias, untimed, the unfused pair (its fused plans' speed varies too much to take one blind).
-    keeps_nan: plan -> whether its output for _nan_probe's input holds NaN (_prepare's); a plan for
-    which it is False is passed over like one that does not build. The untimed paths (cudnn_tune
-    off, and a layer's first call on data holding NaN or inf, which is not searched) took cuDNN's
-    first plan blind, and cuDNN 9.19's fused Winograd engines hide NaN (session 56)."""
+    keeps_nan: plan -> whether it keeps the NaN of _nan_probe's input (_prepare's _keeps_nan); a plan
+    for which it is False, or raises, is passed over like one that does not build. The untimed paths
+    (cudnn_tune off, and a layer's first call on data holding NaN or inf, which is not searched)
+    took cuDNN's first plan blind, and cuDNN 9.19's fused Winograd engines hide NaN (session 56).
+    Inside a CUDA graph capture no probe runs (keeps_nan None: its syncs are refused there), so a
+    plan first built there (after an out-of-memory error dropped the plans) is taken unprobed."""
     if pass_name == "fprop_bias":
         return _Unfused(g, layout)
     graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, UNTUNED_HEURISTICS, every_engine=False,
@@ -617,10 +621,14 @@ def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw", keeps_nan=No
         except Exception as e:  # noqa: BLE001 - the next plan in cuDNN's order, then say why
             reasons[name] = f"{type(e).__name__}: {e}"[:200]
             continue
-        if keeps_nan is None or keeps_nan(plan):
-            return plan
-        reasons[name] = "hides a NaN of its input (_nan_probe)"
-    raise RuntimeError(f"no cuDNN plan builds for {pass_name} of geometry {tuple(g)}: {reasons or 'none proposed'}")
+        try:
+            if keeps_nan is None or keeps_nan(plan):
+                return plan
+            reasons[name] = "hides a NaN of its input (_nan_check)"
+        except Exception as e:  # noqa: BLE001 - its probe run failed: the next plan, as for one that does not build
+            reasons[name] = f"its NaN probe failed: {type(e).__name__}: {e}"[:200]
+    raise RuntimeError(f"no cuDNN plan builds, fits and keeps a NaN for {pass_name} of geometry {tuple(g)}: "
+                       f"{reasons or 'none proposed'}")
 
 
 def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layout="nchw", c=None):
@@ -689,7 +697,7 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     record = tuning.tune(list(indices) + list(unfused), run, cp, reference=reference, reference_name="gemm", tol=tol,
                          drop_slower=HOPELESS, inner=SEARCH_INNER)
     choice = build(record["choice"])
-    if record["choice"] not in ran and record["choice"] not in unfused:   # a lone candidate, never run
+    if record["choice"] not in ran and record["choice"] not in unfused and not _capturing(cp):   # a lone one, never run
         why = refusal(choice)
         if why:
             raise RuntimeError(f"cuDNN's only plan for {pass_name} of geometry {tuple(g)}, {record['choice']}, {why}")
@@ -716,11 +724,22 @@ def _nan_check(cp, pass_name, g, a, b, c, out_shape, layout):
 
 
 def _keeps_nan(cp, pass_name, g, a, b, c, out_shape, layout, made, plan):
-    """Whether plan keeps the NaN of _nan_probe(a) (_first's check of an untimed plan); `made` (a
-    list) holds the _nan_check, made at the first plan's check."""
+    """Whether plan keeps the NaN of _nan_probe(a) (_first's check of an untimed plan), its pointer
+    form checked first (_Plan.check: the probe runs through it); `made` (a list) holds the
+    _nan_check, made at the first plan's check. Where that cannot be made (the probe's copy or
+    gemm's reference out of memory), a warning, and the plans are taken unprobed."""
     if not made:
-        made.append(_nan_check(cp, pass_name, g, a, b, c, out_shape, layout))
-    return made[0] is None or made[0](plan) is None
+        try:
+            made.append(_nan_check(cp, pass_name, g, a, b, c, out_shape, layout))
+        except Exception as e:  # noqa: BLE001 - the untimed path ran without a probe before: as it did
+            warnings.warn(f"cudnn: no NaN probe for the untimed plan of {pass_name}, geometry {tuple(g)} "
+                          f"({type(e).__name__}: {e}"[:300] + "); cuDNN's first plan is taken unprobed",
+                          RuntimeWarning, stacklevel=2)
+            made.append(None)
+    if made[0] is None:
+        return True
+    plan.check(cp, a, b, out_shape, c)
+    return made[0](plan) is None
 
 
 def _capturing(cp):
