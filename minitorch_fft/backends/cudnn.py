@@ -15,9 +15,9 @@ Engine search, once per (device, geometry, pass, precision), what torch.backends
 does with no limit, over a superset of its candidates: every plan cuDNN's heuristics modes A and
 B and its fallback list propose (deduplicated), plus every other engine of the graph at its
 default knobs; each plan that builds within the workspace bound runs once on the call's own data
-(twice where the first run is slow), once on a copy with NaN in its first image (a plan whose output
-then holds no NaN is refused: _nan_probe), is checked against `gemm` and timed by backends.tuning's recipe in
-bursts of SEARCH_INNER back-to-back runs (a plan whose checked run and a second run are over
+(twice where the first run is slow), once on a copy with NaN in its first image (a plan whose
+output loses a NaN that gemm's keeps is refused: _nan_check), is checked against `gemm` and timed
+by backends.tuning's recipe in bursts of SEARCH_INNER back-to-back runs (a plan whose checked run and a second run are over
 FIRST_RUN_CUTOFF x the best so far is not timed, one over HOPELESS x the best after a round is
 timed no more). The winner is remembered in the tuning cache as its cuDNN
 plan name, engine id and knobs, which rebuild exactly that plan on a fresh graph
@@ -41,8 +41,9 @@ checked against gemm to CHECK_TOL); TF32 exactly when the framework's tf32 setti
 inputs (DOWN_CONVERT_INPUTS) are always excluded.
 
 MINITORCH_CUDNN_TUNE=off (cudnn_tune) skips the search: cuDNN's first plan (modes A, then the
-fallback list) that builds and fits is used, untimed and not cached on disk (the random-geometry
-tests run so).
+fallback list) that builds, fits and keeps a NaN of its input (_first: one run on _nan_probe's copy
+of the call's data, outside a capture) is used, untimed and not cached on disk (the random-geometry
+tests run so). A layer's first call on data holding NaN or inf, which is not searched, takes it too.
 
 Workspace: plans needing more than the cudnn_workspace_mb setting are skipped; the chosen plan's
 workspace is taken from CuPy's pool per call. Kernels run on CuPy's current stream. The default,
@@ -106,7 +107,7 @@ FIRST_RUN_CUTOFF, FIRST_RUN_SLACK_MS = 10, 2.0
 # eng67_k2=4_k27=4 at 0.3237 ms and eng67_k2=1_k27=8 at 0.3246; table3 gave them 0.331 and 0.312).
 SEARCH_INNER = 4   # costs 4x the runs of the timed rounds (24 a round per plan, against 6)
 HEURISTICS = ("A", "B", "FALLBACK")   # the heuristic modes whose plans are searched
-SEARCH_REVISION = 3   # in the tuning key and revision(): plans searched before it are searched again
+SEARCH_REVISION = 4   # in the tuning key and revision(): plans searched before it are searched again
 UNTUNED_HEURISTICS = ("A", "FALLBACK")  # cudnn_tune=off: the first of these plans that builds
 
 
@@ -114,7 +115,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     """auto's cue to time cudnn again (backends.auto): 1 since its plans are searched in bursts
     (SEARCH_INNER), so a choice between cudnn and the other backends made with a plan chosen the
     old way is made again; 2 since a slow first run gets a second (FIRST_RUN_CUTOFF); 3 since a
-    plan that hides a NaN of its input is no candidate (_nan_probe), so no cached choice keeps one."""
+    plan that hides a NaN of its input is no candidate (_nan_probe), so no cached choice keeps one; 4
+    since a plan must keep every NaN gemm keeps, and a layer whose probe reaches no output is no
+    longer left without a plan (_nan_check)."""
     return SEARCH_REVISION
 
 
@@ -381,11 +384,7 @@ class _Plan:
         outside a capture, which checks (run())."""
         if self.pointer_form is None:
             return
-        try:
-            capturing = cp.cuda.get_current_stream().is_capturing()
-        except Exception:  # noqa: BLE001 - the legacy stream while another captures: as good as capturing
-            capturing = True
-        if capturing:
+        if _capturing(cp):
             self.unchecked, self.pointer_form = self.pointer_form, None
             return
         public = self.run_public(cp, a, b, cp.empty(out_shape, dtype=np.float32), c)   # a failing plan raises here
@@ -602,9 +601,15 @@ def _plan_indices(graph):
     return indices
 
 
-def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw"):
+def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw", keeps_nan=None):
     """The first plan of cuDNN's heuristic order (UNTUNED_HEURISTICS) that builds and fits; for
-    fprop_bias, untimed, the unfused pair (its fused plans' speed varies too much to take one blind)."""
+    fprop_bias, untimed, the unfused pair (its fused plans' speed varies too much to take one blind).
+    keeps_nan: plan -> whether it keeps the NaN of _nan_probe's input (_prepare's _keeps_nan); a plan
+    for which it is False, or raises, is passed over like one that does not build. The untimed paths
+    (cudnn_tune off, and a layer's first call on data holding NaN or inf, which is not searched)
+    took cuDNN's first plan blind, and cuDNN 9.19's fused Winograd engines hide NaN (session 56).
+    Inside a CUDA graph capture no probe runs (keeps_nan None: its syncs are refused there), so a
+    plan first built there (after an out-of-memory error dropped the plans) is taken unprobed."""
     if pass_name == "fprop_bias":
         return _Unfused(g, layout)
     graph, uids = _planned_graph(cudnn, handle, pass_name, g, math, limit, UNTUNED_HEURISTICS, every_engine=False,
@@ -612,10 +617,18 @@ def _first(cudnn, handle, pass_name, g, math, limit, layout="nchw"):
     reasons = {}
     for name, index in _plan_indices(graph).items():
         try:
-            return _build(cudnn, handle, graph, uids, index, limit)
+            plan = _build(cudnn, handle, graph, uids, index, limit)
         except Exception as e:  # noqa: BLE001 - the next plan in cuDNN's order, then say why
             reasons[name] = f"{type(e).__name__}: {e}"[:200]
-    raise RuntimeError(f"no cuDNN plan builds for {pass_name} of geometry {tuple(g)}: {reasons or 'none proposed'}")
+            continue
+        try:
+            if keeps_nan is None or keeps_nan(plan):
+                return plan
+            reasons[name] = "hides a NaN of its input (_nan_check)"
+        except Exception as e:  # noqa: BLE001 - its probe run failed: the next plan, as for one that does not build
+            reasons[name] = f"its NaN probe failed: {type(e).__name__}: {e}"[:200]
+    raise RuntimeError(f"no cuDNN plan builds, fits and keeps a NaN for {pass_name} of geometry {tuple(g)}: "
+                       f"{reasons or 'none proposed'}")
 
 
 def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layout="nchw", c=None):
@@ -654,7 +667,12 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     reference = _reference(pass_name, g, a, b, c)
     tol = cgemm.TF32_TOL if math == "tf32" else CHECK_TOL
     ran, first_ms = set(), {}   # plans run; their checked runs' ms (those that agree with gemm)
-    probe = _nan_probe(a)
+    nan_check = []              # _nan_check's, made at the first plan's run
+
+    def refusal(plan):
+        if not nan_check:
+            nan_check.append(_nan_check(cp, pass_name, g, a, b, c, out_shape, layout))
+        return nan_check[0] and nan_check[0](plan)
 
     def run(name):
         plan, out = build(name), _empty(cp, out_shape, layout)
@@ -668,9 +686,9 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
         else:
             raise TimeoutError(f"its {attempt} run took {ms:.3f} ms, over {FIRST_RUN_CUTOFF}x the best plan's "
                                f"({min(first_ms.values()):.3f} ms) + {FIRST_RUN_SLACK_MS} ms: not timed")
-        if not bool(cp.isnan(plan.run(cp, probe, b, _empty(cp, out_shape, layout), c)).any()):
-            raise ValueError("hides a NaN of its input: NaN on every third row and column of image 0 gave a finite "
-                             "output (_nan_probe)")
+        why = refusal(plan)
+        if why:
+            raise ValueError(why)
         if tuning.rel_error(cp, out, reference) <= tol:   # tune() checks it again, and says why not
             first_ms[name] = ms
         return out
@@ -678,13 +696,67 @@ def _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape, layou
     # Disagreeing plans are expected here (FFT engines, default knobs), not kernel bugs: no warning.
     record = tuning.tune(list(indices) + list(unfused), run, cp, reference=reference, reference_name="gemm", tol=tol,
                          drop_slower=HOPELESS, inner=SEARCH_INNER)
-    return dict(record, choice=build(record["choice"]).choice)   # a lone candidate was never run
+    choice = build(record["choice"])
+    if record["choice"] not in ran and record["choice"] not in unfused and not _capturing(cp):   # a lone one, never run
+        why = refusal(choice)
+        if why:
+            raise RuntimeError(f"cuDNN's only plan for {pass_name} of geometry {tuple(g)}, {record['choice']}, {why}")
+    return dict(record, choice=choice.choice)
+
+
+def _nan_check(cp, pass_name, g, a, b, c, out_shape, layout):
+    """plan -> why it is refused (a NaN of its input lost), or None: the plan runs on _nan_probe(a),
+    and every output that gemm's (_reference) makes NaN for the probe must be NaN in the plan's
+    too (an FFT or Winograd plan spreads NaN wider: allowed). None instead of a function where the
+    probe's NaN reaches no output (a layer padded by its kernel size or more can read only padding
+    at the grid's rows): nothing to check. The probe and the mask live as long as the function."""
+    probe = _nan_probe(a)
+    must = cp.isnan(_reference(pass_name, g, probe, b, c))
+    count = int(must.sum())
+    if count == 0:
+        return None
+
+    def refusal(plan):
+        lost = int((must & ~cp.isnan(plan.run(cp, probe, b, _empty(cp, out_shape, layout), c))).sum())
+        return (f"hides a NaN of its input: {lost} of the {count} outputs gemm makes NaN for the probe (NaN on "
+                f"every third row and column of image 0) came out finite (_nan_probe)") if lost else None
+    return refusal
+
+
+def _keeps_nan(cp, pass_name, g, a, b, c, out_shape, layout, made, plan):
+    """Whether plan keeps the NaN of _nan_probe(a) (_first's check of an untimed plan), its pointer
+    form checked first (_Plan.check: the probe runs through it); `made` (a list) holds the
+    _nan_check, made at the first plan's check. Where that cannot be made (the probe's copy or
+    gemm's reference out of memory), a warning, and the plans are taken unprobed."""
+    if not made:
+        try:
+            made.append(_nan_check(cp, pass_name, g, a, b, c, out_shape, layout))
+        except Exception as e:  # noqa: BLE001 - the untimed path ran without a probe before: as it did
+            warnings.warn(f"cudnn: no NaN probe for the untimed plan of {pass_name}, geometry {tuple(g)} "
+                          f"({type(e).__name__}: {e}"[:300] + "); cuDNN's first plan is taken unprobed",
+                          RuntimeWarning, stacklevel=2)
+            made.append(None)
+    if made[0] is None:
+        return True
+    plan.check(cp, a, b, out_shape, c)
+    return made[0](plan) is None
+
+
+def _capturing(cp):
+    """Whether the current stream is being captured; the legacy stream while another captures, which
+    CuPy cannot ask, counts as capturing. No check or probe runs then: its syncs are refused, and its
+    runs would join the graph (_Plan.check, _prepare)."""
+    try:
+        return cp.cuda.get_current_stream().is_capturing()
+    except Exception:  # noqa: BLE001 - as good as capturing
+        return True
 
 
 def _nan_probe(a):
     """A copy of a pass's first operand (fprop's and accGrad's x, bprop's gradOutput), laid out as it
     is, with NaN on every third row and column of every plane of image 0: what _search runs each
-    plan on once, refusing a plan whose output then holds no NaN.
+    plan on once (and _first its untimed plan), refusing a plan whose output loses a NaN that gemm's
+    keeps (_nan_check).
 
     Session 55 (benchmarks/NOTES.md): cuDNN 9.19's fused Winograd engine for fp32 3x3 fprops (eng6)
     gives a finite output for an input holding NaN, through the public execute and the pointer form
@@ -695,9 +767,9 @@ def _nan_probe(a):
     three 3x3 bprops; it costs the converted fp32 step about 1.4 ms there (reduce-overhead, 2.03x
     PyTorch strict before, 1.89x after, in two processes: results/nvidia-h200/README.md), and it is
     on by default: a faster wrong answer is no option. Where the grid reaches no output (a layer
-    padded by its kernel size or more can read only padding at its rows) every plan is refused, so
-    such a layer finds no cuDNN plan; branch s56-cudnn-untuned-nan-probe checks against gemm's
-    output on the probe instead (benchmarks/NOTES.md, session 56)."""
+    padded by its kernel size or more: its outputs can read only padding at those rows), there is
+    nothing to check; the first version refused every plan there, so such a layer found none
+    (session 56's review)."""
     probe = a.copy(order="K")
     probe[0, :, ::3, ::3] = np.nan
     return probe
@@ -743,8 +815,10 @@ def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape, c=N
     (fprop_bias: the unfused pair)."""
     cudnn, _ = _frontend()
     handle = _handle(cp, cudnn)
+    keeps_nan = None if _capturing(cp) else functools.partial(_keeps_nan, cp, pass_name, g, a, b, c, out_shape,
+                                                               layout, [])
     if not search:
-        plan = _first(cudnn, handle, pass_name, g, math, limit, layout)
+        plan = _first(cudnn, handle, pass_name, g, math, limit, layout, keeps_nan)
     else:
         replayed = {}
 
@@ -760,7 +834,7 @@ def _prepare(cp, pass_name, g, math, limit, search, layout, a, b, out_shape, c=N
         record = tuning.remembered(key, lambda: _search(cp, cudnn, handle, pass_name, g, math, limit, a, b, out_shape,
                                                         layout, c),
                                    valid=valid, untuned=lambda: _first(cudnn, handle, pass_name, g, math, limit,
-                                                                       layout).choice)
+                                                                       layout, keeps_nan).choice)
         plan = replayed.get("plan") or _replay(cudnn, handle, pass_name, g, math, limit, record["choice"], layout)
         plan.provisional = tuning.for_this_call_only(record)   # a, b held NaN or inf: not searched
     plan.check(cp, a, b, out_shape, c)
