@@ -301,6 +301,27 @@ def test_tiles_cover_the_output():
 
 # -- GPU: the CUDA kernels ------------------------------------------------------------------------
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_output_transform_writes_into_a_batch_slice(device, rng):
+    """_conv's chunks write their outputs into the pass's result (session 56: no chunk-sized
+    result, no copy): into a batch slice, the values a new array gets, the rest untouched; an out
+    of the wrong shape, dtype or layout is refused before the kernel runs."""
+    xp = np if device == "cpu" else pytest.importorskip("cupy")
+    m, n, fo, oh, ow = 2, 3, 4, 5, 7
+    th, tw = winograd.tiles(oh, ow, m)
+    prod = xp.asarray(rng.standard_normal(((m + 2) ** 2, fo, n * th * tw)).astype(np.float32))
+    y = xp.full((n + 2, fo, oh, ow), -1.0, dtype=np.float32)
+    host = (lambda a: a) if xp is np else xp.asnumpy
+    out = y[1:1 + n]
+    assert winograd._output_transform(xp, prod, n, oh, ow, m, out=out) is out
+    np.testing.assert_array_equal(host(y[1:1 + n]), host(winograd._output_transform(xp, prod, n, oh, ow, m)))
+    assert (host(y[0]) == -1).all() and (host(y[-1]) == -1).all()
+    wrong_layout = xp.empty((n, fo, ow, oh), dtype=np.float32).transpose(0, 1, 3, 2)
+    for bad in (y[:n + 1], y[1:1 + n].astype(np.float64), wrong_layout):
+        with pytest.raises(ValueError, match="C-contiguous float32 of shape"):
+            winograd._output_transform(xp, prod, n, oh, ow, m, out=bad)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", winograd.TILES)
 def test_cuda_outputs_every_element_against_float64(m, fresh_rng):

@@ -267,8 +267,12 @@ def _conv(xp, x, u, pad, out_hw, m, pass_name):
         n = sl.stop - sl.start
         v = _input_transform(xp, x[sl], pad, th, tw, m)             # (alpha^2, f, n*th*tw)
         prod = cgemm.matmul(xp, u, v)                               # (alpha^2, fo, n*th*tw)
-        y[sl] = _output_transform(xp, prod, n, oh, ow, m)
-        del v, prod                 # freed before the next chunk's are made, not after
+        # the input tiles freed before the output transform, which writes into y's slice (a
+        # contiguous block: no chunk-sized result, no copy): at conv5 of OverFeat-fast (F(2x2), 64
+        # images) a chunk held u, v, prod and a 36 MiB result at once, 388 MiB (session 56)
+        del v
+        _output_transform(xp, prod, n, oh, ow, m, out=y[sl])
+        del prod                    # freed before the next chunk's are made, not after
     return y
 
 
@@ -447,19 +451,28 @@ def _grouped(t, groups, per):
     return np.ascontiguousarray(full.reshape(a2, planes, groups, per).transpose(2, 0, 1, 3)).reshape(-1, planes, per)
 
 
-def _output_transform(xp, prod, n, oh, ow, m):
-    """prod (alpha^2, fo, n*th*tw) -> y (n, fo, oh, ow): A^T M A of every tile, clipped to oh x ow."""
+def _output_transform(xp, prod, n, oh, ow, m, out=None):
+    """prod (alpha^2, fo, n*th*tw) -> y (n, fo, oh, ow): A^T M A of every tile, clipped to oh x ow.
+    out: a C-contiguous float32 (n, fo, oh, ow) array to write y into (a batch slice of the pass's
+    result), else a new one."""
     fo, alpha = prod.shape[1], m + R - 1
     th, tw = tiles(oh, ow, m)
+    if out is not None and (out.shape != (n, fo, oh, ow) or out.dtype != np.float32 or not out.flags.c_contiguous):
+        raise ValueError(f"winograd: out must be C-contiguous float32 of shape {(n, fo, oh, ow)}, got {out.dtype} "
+                         f"{out.shape} (C-contiguous: {out.flags.c_contiguous})")
     if xp is not np:
-        y = xp.empty((n, fo, oh, ow), dtype=np.float32)
+        y = xp.empty((n, fo, oh, ow), dtype=np.float32) if out is None else out
         _launch(f"winograd_output<{m}>", fo * n * th * tw, (prod, y, *_ints(n, fo, oh, ow, th, tw)))
         return y
     AT, _, _ = matrices(m)
     t = prod.reshape(alpha, alpha, fo, n, th, tw)
     t = np.einsum("ia,abfnrs->ibfnrs", AT, t)                         # A^T M: rows first, as the kernel
     t = np.einsum("jb,ibfnrs->nfrisj", AT, t)                         # (n, fo, th, m, tw, m)
-    return np.ascontiguousarray(t.reshape(n, fo, th * m, tw * m)[:, :, :oh, :ow], dtype=np.float32)
+    y = t.reshape(n, fo, th * m, tw * m)[:, :, :oh, :ow]
+    if out is None:
+        return np.ascontiguousarray(y, dtype=np.float32)
+    out[...] = y
+    return out
 
 
 def _window(count, step, size, pad, limit):
