@@ -17,9 +17,9 @@ B and its fallback list propose (deduplicated), plus every other engine of the g
 default knobs; each plan that builds within the workspace bound runs once on the call's own data
 (twice where the first run is slow), once on a copy with NaN in its first image (a plan whose
 output loses a NaN that gemm's keeps is refused: _nan_check), is checked against `gemm` and timed
-by backends.tuning's recipe in bursts of SEARCH_INNER back-to-back runs (a plan whose checked run and a second run are over
-FIRST_RUN_CUTOFF x the best so far is not timed, one over HOPELESS x the best after a round is
-timed no more). The winner is remembered in the tuning cache as its cuDNN
+by backends.tuning's recipe in bursts of SEARCH_INNER back-to-back runs (a plan whose checked run
+and a second run are over FIRST_RUN_CUTOFF x the best so far is not timed, one over HOPELESS x the
+best after a round is timed no more). The winner is remembered in the tuning cache as its cuDNN
 plan name, engine id and knobs, which rebuild exactly that plan on a fresh graph
 (create_execution_plan), or where a knob has no name in the frontend's enum, find it by name
 among the listed plans: a later process times nothing. The search took 0.08-1.1 s per pass on an
