@@ -1411,26 +1411,26 @@ def test_exp_winograd_chunks_varies_one_pass_floor_with_floors(tmp_path, monkeyp
                                                                                 "exp_winograd_chunks_floors.md"]
 
 
-def test_exp_winograd_chunks_varies_min_columns(tmp_path, monkeypatch, settings):
-    """--min-columns: winograd.MIN_COLUMNS varied while the pass is measured. The tiny layer at
+def test_exp_winograd_chunks_varies_min_chunk_flop(tmp_path, monkeypatch, settings):
+    """--min-chunk-gflop: winograd.MIN_CHUNK_FLOP varied while the pass is measured. The tiny layer at
     F(2x2) (25 tiles, 8000 bytes of tiles an image) under a floor of three images' tiles: its 384
-    byte weight transform counted (MIN_COLUMNS 0), the floor holds two images (chunks of 2 and 1);
-    not counted (a width no chunk reaches), one chunk. The module's bounds restored; its own files."""
+    byte weight transform counted (0 GFLOP), the floor holds two images (chunks of 2 and 1); not
+    counted (more work than any chunk has), one chunk. The module's bounds restored; its own files."""
     from minitorch_fft.backends import winograd
     from benchmarks.experiments import exp_winograd_chunks as exp
     settings(winograd_f4=False)
     monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))
     monkeypatch.setattr(winograd, "TRANSIENT_FACTOR", {p: 0 for p in ("fprop", "bprop", "accgrad")})
     monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 3 * 4 * 16 * 25 * (2 + 3))
-    columns = winograd.MIN_COLUMNS
-    rows = exp.main(["--cpu", "--layers", "tiny", "--min-columns", "1000000,0", "--passes", "fprop,bprop",
+    work = winograd.MIN_CHUNK_FLOP
+    rows = exp.main(["--cpu", "--layers", "tiny", "--min-chunk-gflop", "1e6,0", "--passes", "fprop,bprop",
                      "--rounds", "1", "--repeat", "1", "--out", str(tmp_path)])
     assert [(r["pass"], r["bound"], r["chunks"], r["chunk_images"]) for r in rows] == [
-        (p, f"columns {c}", n, i) for p in ("fprop", "bprop") for c, n, i in ((1000000, 1, 3), (0, 2, 2))]
+        (p, f"min {v} GFLOP", n, i) for p in ("fprop", "bprop") for v, n, i in (("1e+06", 1, 3), ("0", 2, 2))]
     assert all(r["rel_diff"] < 1e-6 for r in rows)
-    assert winograd.MIN_COLUMNS == columns and winograd.TRANSIENT_FLOOR == 3 * 4 * 16 * 25 * 5
-    assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks*.*")) == ["exp_winograd_chunks_columns.json",
-                                                                                "exp_winograd_chunks_columns.md"]
+    assert winograd.MIN_CHUNK_FLOP == work and winograd.TRANSIENT_FLOOR == 3 * 4 * 16 * 25 * 5
+    assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks*.*")) == ["exp_winograd_chunks_min_flop.json",
+                                                                                "exp_winograd_chunks_min_flop.md"]
 
 
 def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
@@ -1441,9 +1441,9 @@ def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
                        (["--floors", "nan"], "finite"), (["--floors", "inf"], "finite"),
                        (["--floors", "1e-9"], "at least one byte"), (["--floors", "192,192.0000001"], "distinct"),
                        (["--factors", "2,1", "--floors", "192"], "one of"),
-                       (["--floors", "192", "--min-columns", "0,1152"], "one of"),
-                       (["--min-columns", "0,x"], "whole numbers"), (["--min-columns", "-1"], "at least 0"),
-                       (["--min-columns", "0,0"], "distinct"),
+                       (["--floors", "192", "--min-chunk-gflop", "0,38"], "one of"),
+                       (["--min-chunk-gflop", "0,x"], "numbers of GFLOP"), (["--min-chunk-gflop", "-1"], "at least 0"),
+                       (["--min-chunk-gflop", "inf"], "finite"), (["--min-chunk-gflop", "38,38.0"], "distinct"),
                        (["--passes", "bprop,nope"], "comma-separated list"), (["--passes", "bprop,bprop"], "distinct"),
                        (["--rounds", "0"], "at least 1"), (["--batch", "0"], "at least 1")):
         with pytest.raises(SystemExit):

@@ -129,8 +129,8 @@ def test_chunks_hold_at_most_twice_their_operands_in_tiles_bprop_once(settings):
 
     bprop's tiles hold at most once its operands (session 33: the compiled TF32 step peaked in
     conv5's bprop): at F(2x2), the 256 MB floor less the 64 MiB weight transform (session 57),
-    so four chunks of 32 images (1152 columns, MIN_COLUMNS); at F(4x4) two still (counted, its
-    chunks would be 387 columns wide: the floor is the tiles' alone); VGG-16's conv1_2 three."""
+    so four chunks of 32 images (MIN_CHUNK_FLOP); at F(4x4) two still (counted, its chunks would
+    hold too little GEMM work: the floor is the tiles' alone); VGG-16's conv1_2 three."""
     settings(winograd_workspace_mb=2048.0)
     conv5 = (128, 1024, 12, 12)
     assert [(sl.start, sl.stop) for sl in _pass_chunks(conv5, 1024, 4)] == [(0, 64), (64, 128)]
@@ -149,26 +149,29 @@ def test_chunks_hold_at_most_twice_their_operands_in_tiles_bprop_once(settings):
     assert len(_pass_chunks((128, 256, 14, 14), 256, 4)) == 3
 
 
-def test_the_weight_transform_counts_against_the_floor_where_the_gemms_stay_wide(settings, monkeypatch):
+def test_the_weight_transform_counts_against_the_floor_where_the_chunks_keep_their_work(settings, monkeypatch):
     """fprop's and bprop's chunks hold the weight transform beside their tiles; it counts against
-    TRANSIENT_FLOOR where every chunk keeps MIN_COLUMNS columns (images x tiles) for its GEMM
-    (session 57). OverFeat-fast's conv5 bprop at F(2x2): 4 chunks of 32 images (1152 columns; 3 of
-    43 with the tiles alone). At F(4x4) counting would split conv5's bprop into 43-image chunks (387
-    columns) and conv4's into 64-image ones (576), each ~15 % slower in strict fp32 (session 56): the
-    floor stays the tiles' alone there. accGrad holds no transform; fprop's chunks here are set by
-    twice its operands, over the floor, so they do not move."""
+    TRANSIENT_FLOOR where each chunk's GEMMs keep MIN_CHUNK_FLOP of work (session 57). OverFeat-fast's
+    conv5 bprop at F(2x2): 4 chunks of 32 images (38.7 GFLOP a chunk; 3 of 43 with the tiles alone).
+    Counted, conv5's F(4x4) bprop would split into chunks of 42-43 images (28.5 GFLOP) and conv4's
+    into 64 (21.7), each ~15 % slower in strict fp32 (session 56), and conv4's F(4x4) fprop into 64
+    (2 x its operands are under the floor): the floor stays the tiles' alone there. conv5's fprop
+    chunks are twice its operands', over the floor either way; accGrad holds no transform."""
     settings(winograd_workspace_mb=2048.0)
     conv4, conv5 = (128, 512, 12, 12), (128, 1024, 12, 12)
     spans = lambda chunks: [sl.stop - sl.start for sl in chunks]   # noqa: E731
     assert spans(_pass_chunks(conv5, 1024, 2, "bprop")) == [32] * 4
     assert spans(_pass_chunks(conv5, 1024, 4, "bprop")) == [64, 64]
     assert spans(_pass_chunks(conv4, 1024, 4, "bprop")) == [128]
+    assert spans(_pass_chunks(conv4, 1024, 4)) == [128]
     assert spans(_pass_chunks(conv5, 1024, 2)) == [64, 64]
-    monkeypatch.setattr(winograd, "MIN_COLUMNS", 0)                    # counted everywhere
+    monkeypatch.setattr(winograd, "MIN_CHUNK_FLOP", 0)                 # counted everywhere
     assert spans(_pass_chunks(conv5, 1024, 4, "bprop")) == [43, 43, 42]
     assert spans(_pass_chunks(conv4, 1024, 4, "bprop")) == [64, 64]
-    assert spans(_pass_chunks(conv5, 1024, 2, "accgrad")) == [64, 64]  # its bound alone
-    monkeypatch.setattr(winograd, "MIN_COLUMNS", 1153)                 # conv5's 1152 columns too narrow
+    assert spans(_pass_chunks(conv4, 1024, 4)) == [64, 64]
+    assert spans(_pass_chunks(conv5, 1024, 2)) == [64, 64]
+    assert spans(_pass_chunks(conv5, 1024, 2, "accgrad")) == [64, 64]  # its own bound alone
+    monkeypatch.setattr(winograd, "MIN_CHUNK_FLOP", 38.7e9)            # conv5's 38.65 GFLOP chunks too little
     assert spans(_pass_chunks(conv5, 1024, 2, "bprop")) == [43, 43, 42]
 
 

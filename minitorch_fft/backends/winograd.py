@@ -36,7 +36,7 @@ alone: on TF32 GEMMs F(4x4) is 7x a direct TF32 convolution's error (variants). 
 transformed tiles exceed winograd_workspace_mb runs in chunks; in every pass also where they
 exceed TRANSIENT_FACTOR times the pass's own operands (fprop and accGrad 2, bprop 1), or 256 MB,
 whichever is more (_chunks); fprop's and bprop's weight transform counts against the 256 MB where
-their GEMMs keep MIN_COLUMNS columns (_conv_chunks).
+their chunks' GEMMs keep MIN_CHUNK_FLOP of work (_conv_chunks).
 
 On the CPU the same algorithm runs in NumPy: same matrices, tiling, index arithmetic and layout.
 """
@@ -106,8 +106,8 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     choices timed with F(4x4) are timed again. fprop and bprop 1 since their batch chunks are
     bounded by their operands too (_chunks, session 23); accGrad 3 since its chunks and partial
     sums are too (session 32); bprop 2 since its bound is once its operands (session 33); fprop 2
-    and bprop 3 since the weight transform counts against the floor where the GEMMs stay wide
-    (_conv_chunks, session 57). The tile's own tuning record is keyed by it too."""
+    and bprop 3 since the weight transform counts against the floor where the chunks' GEMMs keep
+    their work (_conv_chunks, session 57). The tile's own tuning record is keyed by it too."""
     return {"fprop": 2, "bprop": 3, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
 
 
@@ -140,17 +140,17 @@ def tiles(oh, ow, m):
 # 0.884 against 0.787, accGrad 1.118 against 0.892).
 TRANSIENT_FACTOR = {"fprop": 2, "bprop": 1, "accgrad": 2}
 TRANSIENT_FLOOR = 256 << 20
-# fprop's and bprop's weight transform (alpha^2 x f x f' floats) counts against the floor where the
-# chunks' GEMMs keep at least this many columns (images x output tiles) (_conv_chunks). OverFeat-fast's
-# converted TF32 step under reduce-overhead peaked over PyTorch's at conv5's bprop (2163 / 2149 MiB,
-# session 57), whose chunks the floor sets: 3 of 43 images, 97 MiB of tiles and as much GEMM output
-# beside the 64 MiB transform. Counted there: 4 chunks of 32 images, 1152 columns, no slower (0.845
-# against 0.854 ms); counted at F(4x4) in strict fp32 it split conv5's bprop into 43-image chunks (387
-# columns, +15 %) and conv4's into 64-image ones (576, +14 %), which the rule leaves as they were
-# (exp_winograd_chunks, session 56; benchmarks/NOTES.md). The bound is the width measured to cost
-# nothing, not a rounder number below it: VGG-16's 512-plane bprop at 28x28, F(4x4), would split
-# into chunks of 1029 columns, a width not measured.
-MIN_COLUMNS = 1152
+# fprop's and bprop's weight transform (alpha^2 x f x f' floats) counts against the floor where each
+# chunk's GEMMs keep at least this much work, 2 alpha^2 f f' x its columns (images x output tiles)
+# flop (_conv_chunks). OverFeat-fast's converted TF32 step under reduce-overhead peaked over PyTorch's
+# (2163 / 2149 MiB, session 57) in conv5's passes; its bprop's chunks are the floor's: 3 of 43 images,
+# 97 MiB of tiles and as much GEMM output beside the 64 MiB transform. Counted there: 4 chunks of 32
+# images, 38.7 GFLOP a chunk, no slower (0.845 against 0.854 ms). Smaller chunks cost time wherever
+# else they were measured (exp_winograd_chunks, session 56; benchmarks/NOTES.md): TF32 conv3's bprop
+# 1 -> 2 chunks (9.7 GFLOP the smallest chunk, +17 %), conv4's 2 -> 3 (25.4, +11 %); strict fp32's
+# F(4x4) bprops counted, conv5's 2 -> 3 (28.5, +15 %) and conv4's 1 -> 2 (21.7, +14 %). So the transform
+# counts only where the chunks keep the work measured to cost nothing (38.7 GFLOP, rounded down).
+MIN_CHUNK_FLOP = 38e9
 
 
 def _chunks(S, per_image_floats, operand_floats, factor, floor=None):
@@ -177,15 +177,15 @@ def _conv_chunks(pass_name, S, f, fo, in_hw, out_hw, m):
     tiles are alpha^2 times the output's tile count times (f + fo) floats, bounded by the
     workspace and by the images' own planes (TRANSIENT_FACTOR[pass_name] times). fprop's and
     bprop's chunks also hold the weight transform (alpha^2 f fo floats), which counts against
-    TRANSIENT_FLOOR where every chunk then keeps MIN_COLUMNS columns (images x tiles) for its GEMM;
-    accGrad's partial sums have their own bound (_group_cap)."""
+    TRANSIENT_FLOOR where every chunk's GEMMs then keep MIN_CHUNK_FLOP of work; accGrad's partial
+    sums have their own bound (_group_cap)."""
     alpha = m + R - 1
     th, tw = tiles(*out_hw, m)
     args = S, alpha * alpha * th * tw * (f + fo), _planes(f, fo, in_hw, out_hw), TRANSIENT_FACTOR[pass_name]
     if pass_name == "accgrad":
         return _chunks(*args)
     counted = _chunks(*args, floor=max(TRANSIENT_FLOOR - 4 * alpha * alpha * f * fo, 0))
-    if min(sl.stop - sl.start for sl in counted) * th * tw >= MIN_COLUMNS:
+    if 2 * alpha * alpha * f * fo * th * tw * min(sl.stop - sl.start for sl in counted) >= MIN_CHUNK_FLOP:
         return counted
     return _chunks(*args)
 
