@@ -156,7 +156,8 @@ def test_the_weight_transform_counts_against_the_floor_where_the_chunks_keep_the
     Counted, conv5's F(4x4) bprop would split into chunks of 42-43 images (28.5 GFLOP) and conv4's
     into 64 (21.7), each ~15 % slower in strict fp32 (session 56), and conv4's F(4x4) fprop into 64
     (2 x its operands are under the floor): the floor stays the tiles' alone there. conv5's fprop
-    chunks are twice its operands', over the floor either way; accGrad holds no transform."""
+    chunks at batch 128 are twice its operands', over the floor either way (at batches 97-111, odd,
+    the counted floor is the larger: 3 chunks of ~32); accGrad holds no transform."""
     settings(winograd_workspace_mb=2048.0)
     conv4, conv5 = (128, 512, 12, 12), (128, 1024, 12, 12)
     spans = lambda chunks: [sl.stop - sl.start for sl in chunks]   # noqa: E731
