@@ -645,8 +645,20 @@ def test_the_untimed_plans_probe_takes_a_plan_unprobed_where_memory_runs_out(mon
 
     def out_of_memory(p):
         raise MemoryError("out of memory allocating 4096 bytes")
-    with pytest.warns(RuntimeWarning, match=r"NaN probe of plan eng6 .* ran out of memory.*taken unprobed"):
+    with pytest.warns(RuntimeWarning, match=r"out of memory checking plan eng6 .*NaN probe.*taken unprobed"):
         assert call([out_of_memory]) is True
+
+    class OutOfMemoryError(RuntimeError):    # PyTorch's (the adapter's passes allocate from its allocator)
+        pass
+
+    def torch_out_of_memory(p):
+        raise OutOfMemoryError("CUDA out of memory")
+    with pytest.warns(RuntimeWarning, match="taken unprobed"):
+        assert call([torch_out_of_memory]) is True
+    plan.check = _raising(MemoryError("out of memory for the check's outputs"))     # the check before the probe
+    with pytest.warns(RuntimeWarning, match="taken unprobed"):
+        assert call([_raising(AssertionError("the probe ran after a failed check"))]) is True
+    plan.check = lambda *args: checked.append(args)
 
     def fails(p):
         raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
@@ -681,6 +693,26 @@ def test_a_plans_pointer_form_is_compared_once(monkeypatch):
     plan.check(np, a, b, (1, 3, 4, 4))
     plan.check(np, a, b, (1, 3, 4, 4))
     assert runs == ["public", "pointer"] and plan.pointer_form is not None and plan.checked
+
+
+def test_a_disagreeing_pointer_form_is_dropped_before_its_warning(monkeypatch):
+    """Where the pointer form disagrees with the public execute, it is dropped before the warning,
+    so a warning raised as an error (warnings filtered to errors) leaves no disagreeing form in use,
+    and the plan unchecked: the next check compares again."""
+    monkeypatch.setattr(cudnn, "_capturing", lambda cp: False)
+
+    def runner(value):
+        def run(cp, a, b, out, c=None):
+            out[...] = value
+            return out
+        return run
+    plan = _stub_plan(run_public=runner(1.0), run=runner(2.0))
+    a, b = np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="pointer form disagrees"):
+            plan.check(np, a, b, (1, 3, 4, 4))
+    assert plan.pointer_form is None and not plan.checked
 
 
 @pytest.mark.gpu

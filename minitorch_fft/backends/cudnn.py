@@ -401,12 +401,12 @@ class _Plan:
             why = None if err <= CHECK_TOL else f"relative difference {err:.2e}"
         except Exception as e:  # noqa: BLE001 - another signature: the public execute serves
             why = f"{type(e).__name__}: {e}"[:200]
-        self.checked = True
         if why is not None:
+            self.pointer_form = None     # before the warning: one raised as an error leaves no disagreeing form
             warnings.warn(f"cudnn: the frontend's pointer form disagrees with its execute_plan_at_index ({why}) "
                           f"on plan {self.name}; using the latter (~40-130 us more host time per call)",
                           RuntimeWarning, stacklevel=2)
-            self.pointer_form = None
+        self.checked = True
 
 
 def _pointer_form(graph, uids, index):
@@ -730,9 +730,9 @@ def _keeps_nan(cp, pass_name, g, a, b, c, out_shape, layout, made, plan):
     form checked first (_Plan.check: the probe runs through it); `made` (a list) holds the
     _nan_check, made at the first plan's check. Where that cannot be made (the probe's copy or
     gemm's reference out of memory), a warning, and the plans are taken unprobed; where the plan's
-    probe run is out of memory, a warning, and this plan is taken unprobed (running out of memory
-    says nothing of NaN: passing over it, _first could refuse every plan where it ran before).
-    Any other failure of the probe run raises: _first passes to the next plan."""
+    check or probe run is out of memory, a warning, and this plan is taken unprobed (running out of
+    memory says nothing of NaN: passing over it, _first could refuse every plan where it ran
+    before). Any other failure raises: _first passes to the next plan."""
     if not made:
         try:
             made.append(_nan_check(cp, pass_name, g, a, b, c, out_shape, layout))
@@ -743,17 +743,17 @@ def _keeps_nan(cp, pass_name, g, a, b, c, out_shape, layout, made, plan):
             made.append(None)
     if made[0] is None:
         return True
-    plan.check(cp, a, b, out_shape, c)
     try:
+        plan.check(cp, a, b, out_shape, c)
         return made[0](plan) is None
     except Exception as e:  # noqa: BLE001 - out of memory: unprobed, as where the probe cannot be made
         from . import _is_out_of_memory
         if not _is_out_of_memory(e):
             raise
-        warnings.warn(f"cudnn: the NaN probe of plan {plan.name} for {pass_name}, geometry {tuple(g)}, ran out of "
-                      f"memory ({type(e).__name__}: {e}"[:300] + "); the plan is taken unprobed", RuntimeWarning,
+        warnings.warn(f"cudnn: out of memory checking plan {plan.name} for {pass_name}, geometry {tuple(g)}, on the "
+                      f"NaN probe ({type(e).__name__}: {e}"[:300] + "); the plan is taken unprobed", RuntimeWarning,
                       stacklevel=2)
-        return True
+        return True   # a check that ran out of memory left checked False: _prepare's raises it as before
 
 
 def _capturing(cp):
