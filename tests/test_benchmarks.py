@@ -1399,7 +1399,7 @@ def test_exp_winograd_chunks_varies_one_pass_floor_with_floors(tmp_path, monkeyp
     monkeypatch.setattr(winograd, "TRANSIENT_FACTOR", {p: 0 for p in ("fprop", "bprop", "accgrad")})
     floor = winograd.TRANSIENT_FLOOR
     seen, own = [], winograd._chunks
-    monkeypatch.setattr(winograd, "_chunks", lambda *a: seen.append(winograd.TRANSIENT_FLOOR) or own(*a))
+    monkeypatch.setattr(winograd, "_chunks", lambda *a, **k: seen.append(winograd.TRANSIENT_FLOOR) or own(*a, **k))
     rows = exp.main(["--cpu", "--layers", "tiny", "--floors", "1,0.00001", "--passes", "bprop", "--rounds", "1",
                      "--repeat", "1", "--out", str(tmp_path)])
     assert [(r["pass"], r["bound"], r["chunks"]) for r in rows] == [("bprop", "floor 1 MiB", 1),
@@ -1411,6 +1411,28 @@ def test_exp_winograd_chunks_varies_one_pass_floor_with_floors(tmp_path, monkeyp
                                                                                 "exp_winograd_chunks_floors.md"]
 
 
+def test_exp_winograd_chunks_varies_min_chunk_flop(tmp_path, monkeypatch, settings):
+    """--min-chunk-gflop: winograd.MIN_CHUNK_FLOP varied while the pass is measured. The tiny layer at
+    F(2x2) (25 tiles, 8000 bytes of tiles an image) under a floor of three images' tiles: its 384
+    byte weight transform counted (0 GFLOP), the floor holds two images (chunks of 2 and 1); not
+    counted (more work than any chunk has), one chunk. The module's bounds restored; its own files."""
+    from minitorch_fft.backends import winograd
+    from benchmarks.experiments import exp_winograd_chunks as exp
+    settings(winograd_f4=False)
+    monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))
+    monkeypatch.setattr(winograd, "TRANSIENT_FACTOR", {p: 0 for p in ("fprop", "bprop", "accgrad")})
+    monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 3 * 4 * 16 * 25 * (2 + 3))
+    work = winograd.MIN_CHUNK_FLOP
+    rows = exp.main(["--cpu", "--layers", "tiny", "--min-chunk-gflop", "1e6,0", "--passes", "fprop,bprop",
+                     "--rounds", "1", "--repeat", "1", "--out", str(tmp_path)])
+    assert [(r["pass"], r["bound"], r["chunks"], r["chunk_images"]) for r in rows] == [
+        (p, f"min {v} GFLOP", n, i) for p in ("fprop", "bprop") for v, n, i in (("1e+06", 1, 3), ("0", 2, 2))]
+    assert all(r["rel_diff"] < 1e-6 for r in rows)
+    assert winograd.MIN_CHUNK_FLOP == work and winograd.TRANSIENT_FLOOR == 3 * 4 * 16 * 25 * 5
+    assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks*.*")) == ["exp_winograd_chunks_min_flop.json",
+                                                                                "exp_winograd_chunks_min_flop.md"]
+
+
 def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
     from benchmarks.experiments import exp_winograd_chunks as exp
     for argv, says in ((["--layers", "nope"], "unknown layer"), (["--factors", "2,x"], "whole numbers"),
@@ -1418,7 +1440,10 @@ def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
                        (["--floors", "192,x"], "numbers of MiB"), (["--floors", "0"], "at least one byte"),
                        (["--floors", "nan"], "finite"), (["--floors", "inf"], "finite"),
                        (["--floors", "1e-9"], "at least one byte"), (["--floors", "192,192.0000001"], "distinct"),
-                       (["--factors", "2,1", "--floors", "192"], "not both"),
+                       (["--factors", "2,1", "--floors", "192"], "one of"),
+                       (["--floors", "192", "--min-chunk-gflop", "0,38"], "one of"),
+                       (["--min-chunk-gflop", "0,x"], "numbers of GFLOP"), (["--min-chunk-gflop", "-1"], "at least 0"),
+                       (["--min-chunk-gflop", "inf"], "finite"), (["--min-chunk-gflop", "38,38.0"], "distinct"),
                        (["--passes", "bprop,nope"], "comma-separated list"), (["--passes", "bprop,bprop"], "distinct"),
                        (["--rounds", "0"], "at least 1"), (["--batch", "0"], "at least 1")):
         with pytest.raises(SystemExit):

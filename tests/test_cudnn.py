@@ -89,7 +89,7 @@ _FORM = ("execute", (0, 1, 2), 0)   # a pointer form, as _pointer_form gives it
 def _stub_plan(**attrs):
     """A _Plan without cuDNN: named eng0, holding _FORM, with attrs set (run, check, ...)."""
     plan = object.__new__(cudnn._Plan)
-    plan.name, plan.pointer_form, plan.unchecked = "eng0", _FORM, None
+    plan.name, plan.pointer_form, plan.unchecked, plan.checked = "eng0", _FORM, None, False
     for name, value in attrs.items():
         setattr(plan, name, value)
     return plan
@@ -624,9 +624,95 @@ def test_the_untimed_plan_is_the_first_that_keeps_a_nan(monkeypatch):
 
     def probe_fails(plan):
         if plan.name == "eng6":
-            raise MemoryError("out of memory")
+            raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
         return True
     assert first(probe_fails).name == "eng1"                      # a failed probe run: the next plan
+
+
+def test_the_untimed_plans_probe_takes_a_plan_unprobed_where_memory_runs_out(monkeypatch):
+    """_keeps_nan, the untimed plan's probe, with stand-ins: the plan's pointer form checked first;
+    True where the plan keeps the probe's NaN, False where it hides one. Where the plan's probe run
+    is out of memory, a warning and the plan taken unprobed (out of memory says nothing of NaN, and
+    passing over it could leave no plan where one ran before: session 57's review); any other failure
+    of the run raises (_first passes to the next plan). Where the probe cannot be made, one warning,
+    and every plan of the call taken unprobed."""
+    g = backends.geometry((1, 2, 4, 4), (3, 2, 3, 3), (1, 1), (1, 1))
+    checked = []
+    plan = types.SimpleNamespace(name="eng6", check=lambda *args: checked.append(args))
+    call = lambda made: cudnn._keeps_nan(np, "fprop", g, None, None, None, (1, 3, 4, 4), "nchw", made, plan)  # noqa: E731
+    assert call([lambda p: None]) is True and call([lambda p: "hides a NaN"]) is False
+    assert len(checked) == 2
+
+    def out_of_memory(p):
+        raise MemoryError("out of memory allocating 4096 bytes")
+    with pytest.warns(RuntimeWarning, match=r"out of memory checking plan eng6 .*NaN probe.*taken unprobed"):
+        assert call([out_of_memory]) is True
+
+    class OutOfMemoryError(RuntimeError):    # PyTorch's (the adapter's passes allocate from its allocator)
+        pass
+
+    def torch_out_of_memory(p):
+        raise OutOfMemoryError("CUDA out of memory")
+    with pytest.warns(RuntimeWarning, match="taken unprobed"):
+        assert call([torch_out_of_memory]) is True
+    plan.check = _raising(MemoryError("out of memory for the check's outputs"))     # the check before the probe
+    with pytest.warns(RuntimeWarning, match="taken unprobed"):
+        assert call([_raising(AssertionError("the probe ran after a failed check"))]) is True
+    plan.check = lambda *args: checked.append(args)
+
+    def fails(p):
+        raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
+    with pytest.raises(RuntimeError, match="EXECUTION_FAILED"):
+        call([fails])
+
+    def no_room(*args):
+        raise MemoryError("no room for the probe")
+    monkeypatch.setattr(cudnn, "_nan_check", no_room)
+    made = []
+    with pytest.warns(RuntimeWarning, match=r"no NaN probe for the untimed plan.*taken unprobed"):
+        assert call(made) is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert made == [None] and call(made) is True             # said once a call
+
+
+def test_a_plans_pointer_form_is_compared_once(monkeypatch):
+    """_Plan.check compares the pointer form with the public execute once: _first's probe checks the
+    untimed plan, and _prepare's check after it is not a second pair of runs."""
+    monkeypatch.setattr(cudnn, "_capturing", lambda cp: False)
+    runs = []
+
+    def runner(kind):
+        def run(cp, a, b, out, c=None):
+            runs.append(kind)
+            out[...] = 1.0
+            return out
+        return run
+    plan = _stub_plan(run_public=runner("public"), run=runner("pointer"))
+    a, b = np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    plan.check(np, a, b, (1, 3, 4, 4))
+    plan.check(np, a, b, (1, 3, 4, 4))
+    assert runs == ["public", "pointer"] and plan.pointer_form is not None and plan.checked
+
+
+def test_a_disagreeing_pointer_form_is_dropped_before_its_warning(monkeypatch):
+    """Where the pointer form disagrees with the public execute, it is dropped before the warning,
+    so a warning raised as an error (warnings filtered to errors) leaves no disagreeing form in use,
+    and the plan unchecked: the next check compares again."""
+    monkeypatch.setattr(cudnn, "_capturing", lambda cp: False)
+
+    def runner(value):
+        def run(cp, a, b, out, c=None):
+            out[...] = value
+            return out
+        return run
+    plan = _stub_plan(run_public=runner(1.0), run=runner(2.0))
+    a, b = np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="pointer form disagrees"):
+            plan.check(np, a, b, (1, 3, 4, 4))
+    assert plan.pointer_form is None and not plan.checked
 
 
 @pytest.mark.gpu

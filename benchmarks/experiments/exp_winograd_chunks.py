@@ -1,5 +1,6 @@
 """Experiment (not a benchmark of record): winograd's batch chunks at several bounds, TRANSIENT_FACTOR
-values (--factors) or TRANSIENT_FLOOR values (--floors), side by side in one process, per layer and pass.
+values (--factors), TRANSIENT_FLOOR values (--floors) or MIN_CHUNK_FLOP values (--min-chunk-gflop), side by side
+in one process, per layer and pass.
 
 Session 32 (benchmarks/NOTES.md): converted OverFeat-fast's TF32 step under torch.compile peaked
 67 MiB above PyTorch's, during conv5's fprop. There a chunk held its tiles and GEMM output: 288 MiB,
@@ -12,6 +13,9 @@ Session 56: converted OverFeat-fast's TF32 step under reduce-overhead peaked 39 
 in conv5's bprop, whose chunks the floor sets there (its operands are under it); --floors measures
 what another floor costs (TRANSIENT_FLOOR: one value for every pass, one pass measured at a time),
 the factors left as they are. Its runs, and why the floor stayed: benchmarks/NOTES.md, session 56.
+Session 57: fprop's and bprop's weight transform counts against the floor where each chunk's GEMMs
+keep MIN_CHUNK_FLOP of work; --min-chunk-gflop compares values of it (a large one: the transform never
+counted, as before; 0: always).
 
 Per layer, pass and bound it reports:
 - the chunks the pass ran (count, images in the first);
@@ -30,6 +34,8 @@ tunes its own in the first round's warm-up.
   python -m benchmarks.experiments.exp_winograd_chunks --layers overfeat_fast.conv5 --factors 2,1 --rounds 5
   python -m benchmarks.experiments.exp_winograd_chunks --tf32 --passes bprop --floors 256,192,128 \
       --layers overfeat_fast.conv3,overfeat_fast.conv4,overfeat_fast.conv5
+  python -m benchmarks.experiments.exp_winograd_chunks --passes fprop,bprop --min-chunk-gflop 1e9,38,0 \
+      --layers overfeat_fast.conv4,overfeat_fast.conv5,vgg16.conv4_2
 """
 import argparse
 import math
@@ -64,19 +70,26 @@ def run(pass_name, arrays):
     return winograd.accgrad(gy, x, w.shape, padding=(1, 1))
 
 
-def bounds(factors=None, floors_mib=None):
-    """[(label, (factors, pass) -> factors, (floor, pass) -> floor)] for the bounds compared: each
-    maps the module's TRANSIENT_FACTOR (per pass) and TRANSIENT_FLOOR to those the pass measured runs at."""
+KNOBS = ("TRANSIENT_FACTOR", "TRANSIENT_FLOOR", "MIN_CHUNK_FLOP")   # winograd's bounds the experiment sets
+
+
+def bounds(factors=None, floors_mib=None, min_gflop=None):
+    """[(label, (module's KNOBS, pass) -> the KNOBS the pass measured runs at)] for the bounds
+    compared: one of TRANSIENT_FACTOR (the measured pass's), TRANSIENT_FLOOR or MIN_CHUNK_FLOP set."""
+    if min_gflop is not None:
+        return [(f"min {v:g} GFLOP", lambda base, p, v=v: {**base, "MIN_CHUNK_FLOP": v * 1e9}) for v in min_gflop]
     if floors_mib:
-        return [(f"floor {v:g} MiB", lambda fac, p: fac, lambda flo, p, v=v: int(v * 2**20)) for v in floors_mib]
-    return [(f"factor {k}", lambda fac, p, k=k: {**fac, p: k}, lambda flo, p: flo) for k in factors]
+        return [(f"floor {v:g} MiB", lambda base, p, v=v: {**base, "TRANSIENT_FLOOR": int(v * 2**20)})
+                for v in floors_mib]
+    return [(f"factor {k}", lambda base, p, k=k: {**base, "TRANSIENT_FACTOR": {**base["TRANSIENT_FACTOR"], p: k}})
+            for k in factors]
 
 
 def measure(xp, names, compared, rounds, repeat, batch=None, passes=PASSES):
     """Rows of COLUMNS: every layer, pass and bound (`compared`: bounds())."""
     rows = []
-    base = dict(winograd.TRANSIENT_FACTOR), winograd.TRANSIENT_FLOOR   # the module's
-    labels = [label for label, _, _ in compared]
+    base = {name: getattr(winograd, name) for name in KNOBS}   # the module's
+    labels = [label for label, _ in compared]
     lib = "cpu" if xp is np else "cupy"
     for name in names:
         f, fo, hw, S = LAYERS[name]
@@ -89,9 +102,9 @@ def measure(xp, names, compared, rounds, repeat, batch=None, passes=PASSES):
             times = {k: [] for k in labels}
             out, memory, used = {}, {}, {}
             for r in range(rounds):
-                for k, factor_of, floor_of in compared:
-                    winograd.TRANSIENT_FACTOR = factor_of(base[0], pass_name)
-                    winograd.TRANSIENT_FLOOR = floor_of(base[1], pass_name)
+                for k, knobs_of in compared:
+                    for knob, value in knobs_of(base, pass_name).items():
+                        setattr(winograd, knob, value)
                     fn = lambda: run(pass_name, arrays)   # noqa: E731
                     if r == 0:
                         out[k], used[k] = chunks_of(fn)             # tunes the tile and the groups
@@ -132,6 +145,14 @@ def chunks_of(fn):
     return out, seen[-1]
 
 
+def _numbers(ap, option, text, kind, what):
+    """text's comma-separated values as `kind` (int or float), or the parser's error naming option."""
+    try:
+        return [kind(v) for v in text.split(",")]
+    except ValueError:
+        ap.error(f"{option} takes {what} separated by commas, got {text!r}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="overfeat_fast.conv4,overfeat_fast.conv5,vgg16.conv1_2",
@@ -139,6 +160,9 @@ def main(argv=None):
     ap.add_argument("--factors", default=None, help="TRANSIENT_FACTOR values of the pass measured, the first "
                     "the baseline (default 2,1)")
     ap.add_argument("--floors", default=None, help="TRANSIENT_FLOOR values (MiB) of the pass measured, the first "
+                    "the baseline, instead of --factors")
+    ap.add_argument("--min-chunk-gflop", default=None, help="MIN_CHUNK_FLOP values in GFLOP (a chunk's GEMM work "
+                    "under which fprop's and bprop's weight transform does not count against the floor), the first "
                     "the baseline, instead of --factors")
     ap.add_argument("--passes", default=",".join(PASSES), help="comma-separated, of: " + ", ".join(PASSES))
     ap.add_argument("--tf32", action="store_true", help="the framework's TF32 mode (Winograd F(2x2) alone)")
@@ -152,25 +176,25 @@ def main(argv=None):
     unknown = [n for n in names if n not in LAYERS]
     if unknown:
         ap.error(f"unknown layer(s) {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
-    if args.factors is not None and args.floors is not None:
-        ap.error("give --factors or --floors, not both: one bound is varied at a time")
-    try:
-        factors = [int(k) for k in (args.factors or "2,1").split(",")]
-    except ValueError:
-        ap.error(f"--factors takes whole numbers separated by commas, got {args.factors!r}")
+    if sum(v is not None for v in (args.factors, args.floors, args.min_chunk_gflop)) > 1:
+        ap.error("give one of --factors, --floors and --min-chunk-gflop: one bound is varied at a time")
+    factors = _numbers(ap, "--factors", args.factors or "2,1", int, "whole numbers")
     if min(factors) <= 0 or len(set(factors)) < len(factors):
         ap.error(f"--factors must be positive and distinct, got {args.factors!r}")
     floors = None
     if args.floors is not None:
-        try:
-            floors = [float(v) for v in args.floors.split(",")]
-        except ValueError:
-            ap.error(f"--floors takes numbers of MiB separated by commas, got {args.floors!r}")
+        floors = _numbers(ap, "--floors", args.floors, float, "numbers of MiB")
         # whole bytes, each labelled apart ("floor {v:g} MiB"): no two may round to one
         if not all(math.isfinite(v) and int(v * 2**20) >= 1 for v in floors):
             ap.error(f"--floors must be finite and at least one byte (1/1048576 MiB), got {args.floors!r}")
         if len({int(v * 2**20) for v in floors}) < len(floors) or len({f"{v:g}" for v in floors}) < len(floors):
             ap.error(f"--floors must be distinct, got {args.floors!r}")
+    min_gflop = None
+    if args.min_chunk_gflop is not None:
+        min_gflop = _numbers(ap, "--min-chunk-gflop", args.min_chunk_gflop, float, "numbers of GFLOP")
+        distinct = len({f"{v:g}" for v in min_gflop}) == len(min_gflop)   # each labelled apart
+        if not (all(math.isfinite(v) and v >= 0 for v in min_gflop) and distinct):
+            ap.error(f"--min-chunk-gflop must be finite, at least 0 and distinct, got {args.min_chunk_gflop!r}")
     passes = args.passes.split(",")
     if any(p not in PASSES for p in passes) or len(set(passes)) < len(passes):
         ap.error(f"--passes takes a comma-separated list of distinct passes of {', '.join(PASSES)}, got "
@@ -183,17 +207,20 @@ def main(argv=None):
         xp = np
     else:
         import cupy as xp
-    saved = winograd.TRANSIENT_FACTOR, winograd.TRANSIENT_FLOOR
+    saved = {name: getattr(winograd, name) for name in KNOBS}
     try:
         with config.override(tf32=args.tf32):
-            rows = measure(xp, names, bounds(factors, floors), args.rounds, args.repeat, args.batch, passes)
+            rows = measure(xp, names, bounds(factors, floors, min_gflop), args.rounds, args.repeat, args.batch,
+                           passes)
     finally:
-        winograd.TRANSIENT_FACTOR, winograd.TRANSIENT_FLOOR = saved
+        for name, value in saved.items():
+            setattr(winograd, name, value)
     device = "cpu-numpy" if xp is np else xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     meta = provenance(device, command_line=" ".join(sys.argv[1:] if argv is None else argv), tf32=args.tf32,
-                      factors=None if floors else factors, floors_mib=floors, passes=passes, rounds=args.rounds,
-                      repeat=args.repeat)
-    name = "exp_winograd_chunks" + ("_floors" if floors else "") + ("_tf32" if args.tf32 else "")
+                      factors=None if floors or min_gflop is not None else factors, floors_mib=floors,
+                      min_chunk_gflop=min_gflop, passes=passes, rounds=args.rounds, repeat=args.repeat)
+    name = ("exp_winograd_chunks" + ("_floors" if floors else "") + ("_min_flop" if min_gflop is not None else "")
+            + ("_tf32" if args.tf32 else ""))
     write_results(name, meta, rows, COLUMNS, "Winograd's batch chunks at several transient bounds, side by side",
                   out_dir=args.out, subdir="experiments")
     return rows

@@ -332,6 +332,7 @@ class _Plan:
                        "knobs": sorted([int(k), int(v)] for k, v in knobs.items())}
         self.pointer_form = _pointer_form(graph, uids, index)
         self.unchecked = None        # check(): the pointer form, where its check waits for a call outside a capture
+        self.checked = False         # check(): compared once, not again (_first's probe checks it before _prepare)
         self.provisional = False     # _prepare: built for one call, unsearched (_run keeps it not)
 
     def run(self, cp, a, b, out, c=None):
@@ -382,7 +383,7 @@ class _Plan:
         the plans, test_faults_gpu's graphed steps) nothing can be compared, and a check run there
         would be captured with the step: the public execute serves until the plan's first call
         outside a capture, which checks (run())."""
-        if self.pointer_form is None:
+        if self.pointer_form is None or self.checked:
             return
         if _capturing(cp):
             self.unchecked, self.pointer_form = self.pointer_form, None
@@ -401,10 +402,11 @@ class _Plan:
         except Exception as e:  # noqa: BLE001 - another signature: the public execute serves
             why = f"{type(e).__name__}: {e}"[:200]
         if why is not None:
+            self.pointer_form = None     # before the warning: one raised as an error leaves no disagreeing form
             warnings.warn(f"cudnn: the frontend's pointer form disagrees with its execute_plan_at_index ({why}) "
                           f"on plan {self.name}; using the latter (~40-130 us more host time per call)",
                           RuntimeWarning, stacklevel=2)
-            self.pointer_form = None
+        self.checked = True
 
 
 def _pointer_form(graph, uids, index):
@@ -727,7 +729,10 @@ def _keeps_nan(cp, pass_name, g, a, b, c, out_shape, layout, made, plan):
     """Whether plan keeps the NaN of _nan_probe(a) (_first's check of an untimed plan), its pointer
     form checked first (_Plan.check: the probe runs through it); `made` (a list) holds the
     _nan_check, made at the first plan's check. Where that cannot be made (the probe's copy or
-    gemm's reference out of memory), a warning, and the plans are taken unprobed."""
+    gemm's reference out of memory), a warning, and the plans are taken unprobed; where the plan's
+    check or probe run is out of memory, a warning, and this plan is taken unprobed (running out of
+    memory says nothing of NaN: passing over it, _first could refuse every plan where it ran
+    before). Any other failure raises: _first passes to the next plan."""
     if not made:
         try:
             made.append(_nan_check(cp, pass_name, g, a, b, c, out_shape, layout))
@@ -738,8 +743,17 @@ def _keeps_nan(cp, pass_name, g, a, b, c, out_shape, layout, made, plan):
             made.append(None)
     if made[0] is None:
         return True
-    plan.check(cp, a, b, out_shape, c)
-    return made[0](plan) is None
+    try:
+        plan.check(cp, a, b, out_shape, c)
+        return made[0](plan) is None
+    except Exception as e:  # noqa: BLE001 - out of memory: unprobed, as where the probe cannot be made
+        from . import _is_out_of_memory
+        if not _is_out_of_memory(e):
+            raise
+        warnings.warn(f"cudnn: out of memory checking plan {plan.name} for {pass_name}, geometry {tuple(g)}, on the "
+                      f"NaN probe ({type(e).__name__}: {e}"[:300] + "); the plan is taken unprobed", RuntimeWarning,
+                      stacklevel=2)
+        return True   # a check that ran out of memory left checked False: _prepare's raises it as before
 
 
 def _capturing(cp):

@@ -35,7 +35,8 @@ winograd_f4=0 keeps F(2x2) alone (its error is about 4x smaller). In TF32 mode F
 alone: on TF32 GEMMs F(4x4) is 7x a direct TF32 convolution's error (variants). A batch whose
 transformed tiles exceed winograd_workspace_mb runs in chunks; in every pass also where they
 exceed TRANSIENT_FACTOR times the pass's own operands (fprop and accGrad 2, bprop 1), or 256 MB,
-whichever is more (_chunks).
+whichever is more (_chunks); fprop's and bprop's weight transform counts against the 256 MB where
+their chunks' GEMMs keep MIN_CHUNK_FLOP of work (_conv_chunks).
 
 On the CPU the same algorithm runs in NumPy: same matrices, tiling, index arithmetic and layout.
 """
@@ -104,9 +105,10 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     F(2x2) at the TF32 tolerance, one since session 31 runs F(2x2) alone there (variants): the
     choices timed with F(4x4) are timed again. fprop and bprop 1 since their batch chunks are
     bounded by their operands too (_chunks, session 23); accGrad 3 since its chunks and partial
-    sums are too (session 32); bprop 2 since its bound is once its operands (session 33). The
-    tile's own tuning record is keyed by it too."""
-    return {"fprop": 1, "bprop": 2, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
+    sums are too (session 32); bprop 2 since its bound is once its operands (session 33); fprop 2
+    and bprop 3 since the weight transform counts against the floor where the chunks' GEMMs keep
+    their work (_conv_chunks, session 57). The tile's own tuning record is keyed by it too."""
+    return {"fprop": 2, "bprop": 3, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -138,13 +140,24 @@ def tiles(oh, ow, m):
 # 0.884 against 0.787, accGrad 1.118 against 0.892).
 TRANSIENT_FACTOR = {"fprop": 2, "bprop": 1, "accgrad": 2}
 TRANSIENT_FLOOR = 256 << 20
+# fprop's and bprop's weight transform (alpha^2 x f x f' floats) counts against the floor where each
+# chunk's GEMMs keep at least this much work, 2 alpha^2 f f' x its columns (images x output tiles)
+# flop (_conv_chunks). OverFeat-fast's converted TF32 step under reduce-overhead peaked over PyTorch's
+# (2163 / 2149 MiB, session 57) in conv5's passes; its bprop's chunks are the floor's: 3 of 43 images,
+# 97 MiB of tiles and as much GEMM output beside the 64 MiB transform. Counted there: 4 chunks of 32
+# images, 38.7 GFLOP a chunk, no slower (0.845 against 0.854 ms). Smaller chunks cost time wherever
+# else they were measured (exp_winograd_chunks, session 56; benchmarks/NOTES.md): TF32 conv3's bprop
+# 1 -> 2 chunks (9.7 GFLOP the smallest chunk, +17 %), conv4's 2 -> 3 (25.4, +11 %); strict fp32's
+# F(4x4) bprops counted, conv5's 2 -> 3 (28.5, +15 %) and conv4's 1 -> 2 (21.7, +14 %). So the transform
+# counts only where the chunks keep the work measured to cost nothing (38.7 GFLOP, rounded down).
+MIN_CHUNK_FLOP = 38e9
 
 
-def _chunks(S, per_image_floats, operand_floats, factor):
+def _chunks(S, per_image_floats, operand_floats, factor, floor=None):
     """Slices of the batch whose transformed tiles (per_image_floats an image) fit
     winograd_workspace_mb (one image at least) and hold at most `factor` times the pass's
-    operands (operand_floats an image: its input and output planes), or TRANSIENT_FLOOR bytes
-    where that is more.
+    operands (operand_floats an image: its input and output planes), or `floor` bytes
+    (TRANSIENT_FLOOR if None) where that is more.
 
     The tiles are 2.25 (F(4x4)) to 4 (F(2x2)) times the planes they come from, so a whole batch's
     took more memory than cuDNN's kernels take beside the same operands: OverFeat-fast's conv5
@@ -154,18 +167,27 @@ def _chunks(S, per_image_floats, operand_floats, factor):
     workspace's bound alone until F(2x2) became the TF32 mode's only tile (session 31): its
     whole-batch tiles there (604 MB) and its partial sums (_group_cap) put the converted TF32 step
     ~600 MiB above PyTorch's; since session 32 it is bounded like the others."""
-    bound = min(config.mib_bytes("winograd_workspace_mb"), max(factor * 4 * S * operand_floats, TRANSIENT_FLOOR))
+    floor = TRANSIENT_FLOOR if floor is None else floor
+    bound = min(config.mib_bytes("winograd_workspace_mb"), max(factor * 4 * S * operand_floats, floor))
     return batch_slices(S, bound // (4 * per_image_floats))
 
 
 def _conv_chunks(pass_name, S, f, fo, in_hw, out_hw, m):
     """_chunks of a pass at F(m x m) from f planes of in_hw to fo planes of out_hw: an image's
     tiles are alpha^2 times the output's tile count times (f + fo) floats, bounded by the
-    workspace and by the images' own planes (TRANSIENT_FACTOR[pass_name] times)."""
+    workspace and by the images' own planes (TRANSIENT_FACTOR[pass_name] times). fprop's and
+    bprop's chunks also hold the weight transform (alpha^2 f fo floats), which counts against
+    TRANSIENT_FLOOR where every chunk's GEMMs then keep MIN_CHUNK_FLOP of work; accGrad's partial
+    sums have their own bound (_group_cap)."""
     alpha = m + R - 1
     th, tw = tiles(*out_hw, m)
-    return _chunks(S, alpha * alpha * th * tw * (f + fo), _planes(f, fo, in_hw, out_hw),
-                   TRANSIENT_FACTOR[pass_name])
+    args = S, alpha * alpha * th * tw * (f + fo), _planes(f, fo, in_hw, out_hw), TRANSIENT_FACTOR[pass_name]
+    if pass_name == "accgrad":
+        return _chunks(*args)
+    counted = _chunks(*args, floor=max(TRANSIENT_FLOOR - 4 * alpha * alpha * f * fo, 0))
+    if 2 * alpha * alpha * f * fo * th * tw * min(sl.stop - sl.start for sl in counted) >= MIN_CHUNK_FLOP:
+        return counted
+    return _chunks(*args)
 
 
 def _planes(f, fo, in_hw, out_hw):
