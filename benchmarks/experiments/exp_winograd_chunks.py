@@ -43,6 +43,7 @@ tunes its own in the first round's warm-up.
       --layers overfeat_fast.conv4,overfeat_fast.conv5,vgg16.conv4_2
 """
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -113,7 +114,7 @@ def measure(xp, names, compared, rounds, repeat, batch=None, passes=PASSES):
                 for k, knobs_of in compared:
                     for knob, value in knobs_of(base, pass_name).items():
                         setattr(winograd, knob, value)
-                    fn = lambda: run(pass_name, arrays)   # noqa: E731
+                    fn = functools.partial(run, pass_name, arrays)
                     if r == 0:
                         out[k], used[k], parts[k] = chunks_of(fn)   # tunes the tile and the groups
                         memory[k] = 0.0 if xp is np else peak_extra_bytes(fn, "cupy") / 2**20
