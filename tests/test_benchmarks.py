@@ -1435,13 +1435,14 @@ def test_exp_winograd_chunks_varies_min_chunk_flop(tmp_path, monkeypatch, settin
 
 def test_exp_winograd_chunks_varies_accgrads_row_parts(tmp_path, monkeypatch, settings):
     """--row-factors: winograd.ROW_FACTOR varied while accGrad is measured. The tiny layer at F(2x2),
-    its floor at zero: inf makes no parts, a tiny factor a row each (4); both match, each row names
+    its floor and MIN_CHUNK_FLOP at zero: inf makes no parts, a tiny factor a row each (4); both match, each row names
     its parts. The module's bound restored; its own files."""
     from minitorch_fft.backends import winograd
     from benchmarks.experiments import exp_winograd_chunks as exp
     settings(winograd_f4=False)
     monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))
     monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
+    monkeypatch.setattr(winograd, "MIN_CHUNK_FLOP", 0)
     factor = winograd.ROW_FACTOR
     rows = exp.main(["--cpu", "--layers", "tiny", "--row-factors", "inf,1e-9", "--passes", "accgrad",
                      "--rounds", "1", "--repeat", "1", "--out", str(tmp_path)])

@@ -183,17 +183,26 @@ def test_accgrad_row_parts_keep_a_chunks_tiles_under_its_operands(settings):
     (session 58). OverFeat-fast's conv5 at F(2x2), b128: a chunk of 64 images holds 288 MiB of
     tiles for 144 MiB of operands, so two parts of two rows, 144 MiB each (the converted TF32 step
     peaked there, 352 MiB with the partial sums). Tiles under the bound: one part; F(4x4)'s alpha of
-    6 splits in 2, 3 or 6; past alpha parts, a row each."""
-    MiB = 2**20
+    6 splits in 2, 3 or 6; past alpha parts, a row each. Each part's GEMM keeps MIN_CHUNK_FLOP of
+    work (conv5's 38.7 GFLOP a part; VGG-16's conv4_2 at b64, chunks of 32 images, would have 26:
+    0.86x measured, so one part)."""
+    MiB, lots = 2**20, 1e15
     floor = winograd.TRANSIENT_FLOOR
-    assert winograd._row_parts(4 * 64 * 36 * 16 * 2048, 4 * 128 * 2 * 1024 * 144, 4) == 2
-    assert winograd._row_parts(floor, MiB, 4) == 1
-    assert winograd._row_parts(floor + 1, MiB, 4) == 2
-    assert winograd._row_parts(2 * floor + 1, MiB, 4) == 4
-    assert winograd._row_parts(2 * floor + 1, MiB, 6) == 3
-    assert winograd._row_parts(3 * floor + 1, MiB, 6) == 6
-    assert winograd._row_parts(100 * floor, MiB, 6) == 6
-    assert winograd._row_parts(3 * floor, 2 * floor, 4) == 2          # the operands' bound where larger
+    conv5_flop = 2 * 1024 * 1024 * 64 * 36 * 16
+    assert winograd._row_parts(4 * 64 * 36 * 16 * 2048, 4 * 128 * 2 * 1024 * 144, 4, conv5_flop) == 2
+    vgg_flop = 2 * 512 * 512 * 32 * 196 * 16
+    assert winograd._row_parts(4 * 32 * 196 * 16 * 1024, 4 * 64 * 2 * 512 * 784, 4, vgg_flop) == 1
+    assert winograd._row_parts(floor, MiB, 4, lots) == 1
+    assert winograd._row_parts(floor + 1, MiB, 4, lots) == 2
+    assert winograd._row_parts(2 * floor + 1, MiB, 4, lots) == 4
+    assert winograd._row_parts(2 * floor + 1, MiB, 6, lots) == 3
+    assert winograd._row_parts(3 * floor + 1, MiB, 6, lots) == 6
+    assert winograd._row_parts(100 * floor, MiB, 6, lots) == 6
+    assert winograd._row_parts(3 * floor, 2 * floor, 4, lots) == 2          # the operands' bound where larger
+    work = 3 * winograd.MIN_CHUNK_FLOP
+    assert winograd._row_parts(100 * floor, MiB, 6, work) == 3              # as many as keep the work
+    assert winograd._row_parts(100 * floor, MiB, 6, work - 1) == 2
+    assert winograd._row_parts(100 * floor, MiB, 6, winograd.MIN_CHUNK_FLOP) == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -228,6 +237,7 @@ def test_accgrad_in_row_parts_matches_the_reference(device, m, row_factor, works
     monkeypatch.setattr(winograd, "GROUP_TILES", group_tiles)
     monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
     monkeypatch.setattr(winograd, "ROW_FACTOR", row_factor)
+    monkeypatch.setattr(winograd, "MIN_CHUNK_FLOP", 0)
     seen, own = [], winograd._row_parts
     monkeypatch.setattr(winograd, "_row_parts", lambda *a: seen.append(own(*a)) or seen[-1])
     x = rng.standard_normal((5, 4, 10, 12)).astype(np.float32)

@@ -397,8 +397,10 @@ def _accgrad_grouped(xp, gy, x, g, m, chunks, per_group):
     alpha = m + R - 1
     th, tw = tiles(g.oh, g.ow, m)
     groups = -(-(chunks[0].stop - chunks[0].start) // per_group)
-    parts = _row_parts(4 * groups * per_group * th * tw * alpha * alpha * (g.f + g.fo),
-                       4 * g.S * _planes(g.f, g.fo, (g.h, g.w), (g.oh, g.ow)), alpha)
+    tiles_a_chunk = groups * per_group * th * tw
+    parts = _row_parts(4 * tiles_a_chunk * alpha * alpha * (g.f + g.fo),
+                       4 * g.S * _planes(g.f, g.fo, (g.h, g.w), (g.oh, g.ow)), alpha,
+                       2 * g.f * g.fo * tiles_a_chunk * alpha * alpha)
     count = alpha // parts                                          # rows a part
     part = xp.empty((parts, groups * count * alpha, g.fo, g.f), dtype=np.float32)
     for k, sl in enumerate(chunks):
@@ -420,16 +422,21 @@ def _accgrad_grouped(xp, gy, x, g, m, chunks, per_group):
 # once a part. OverFeat-fast's converted TF32 step under reduce-overhead peaked at conv5's accGrad
 # (session 58): a chunk of 64 images held 144 MiB of input tiles, 144 of gradient tiles and the
 # 64 MiB partial sum, 2 times the pass's operands (TRANSIENT_FACTOR, at which the chunks cost
-# nothing measured; at 1, three chunks, 1.20x the time, session 33). In two row parts, 144 MiB.
+# nothing measured; at 1, three chunks, 1.20x the time, session 33). In two row parts, 144 MiB, at
+# 0.99x. A part's GEMM keeps MIN_CHUNK_FLOP of work, as fprop's and bprop's chunks do where their
+# weight transform counts: VGG-16's conv4_2 (b64, TF32) in two parts of 26 GFLOP ran at 0.86x
+# (exp_winograd_chunks --row-factors, session 58), conv5's of 38.7 at 0.99x.
 ROW_FACTOR = 1
 
 
-def _row_parts(tile_bytes, operand_bytes, alpha):
-    """Row parts (a divisor of alpha) for a chunk whose whole tiles take tile_bytes: the fewest
-    whose tiles each fit max(ROW_FACTOR * operand_bytes, TRANSIENT_FLOOR); alpha (a row each) if
-    none does."""
+def _row_parts(tile_bytes, operand_bytes, alpha, flop):
+    """Row parts (a divisor of alpha) for a chunk whose whole tiles take tile_bytes and whose GEMM
+    does `flop`: the fewest whose tiles each fit max(ROW_FACTOR * operand_bytes, TRANSIENT_FLOOR),
+    among those that leave each part's GEMM MIN_CHUNK_FLOP of work; the most of those if none fits
+    (1 where no split keeps the work)."""
     bound = max(ROW_FACTOR * operand_bytes, TRANSIENT_FLOOR)
-    return next((p for p in range(1, alpha + 1) if alpha % p == 0 and tile_bytes <= p * bound), alpha)
+    options = [p for p in range(1, alpha + 1) if alpha % p == 0 and (p == 1 or flop / p >= MIN_CHUNK_FLOP)]
+    return next((p for p in options if tile_bytes <= p * bound), options[-1])
 
 
 def _weight_gradient(xp, part, groups, m, parts=1):
