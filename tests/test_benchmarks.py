@@ -1433,6 +1433,27 @@ def test_exp_winograd_chunks_varies_min_chunk_flop(tmp_path, monkeypatch, settin
                                                                                 "exp_winograd_chunks_min_flop.md"]
 
 
+def test_exp_winograd_chunks_varies_accgrads_row_parts(tmp_path, monkeypatch, settings):
+    """--row-factors: winograd.ROW_FACTOR varied while accGrad is measured. The tiny layer at F(2x2),
+    its floor and MIN_CHUNK_FLOP at zero: inf makes no parts, a tiny factor a row each (4); both match, each row names
+    its parts. The module's bound restored; its own files."""
+    from minitorch_fft.backends import winograd
+    from benchmarks.experiments import exp_winograd_chunks as exp
+    settings(winograd_f4=False)
+    monkeypatch.setitem(exp.LAYERS, "tiny", (2, 3, 10, 3))
+    monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
+    monkeypatch.setattr(winograd, "MIN_CHUNK_FLOP", 0)
+    factor = winograd.ROW_FACTOR
+    rows = exp.main(["--cpu", "--layers", "tiny", "--row-factors", "inf,1e-9", "--passes", "accgrad",
+                     "--rounds", "1", "--repeat", "1", "--out", str(tmp_path)])
+    assert [(r["pass"], r["bound"], r["row_parts"]) for r in rows] == [("accgrad", "rows infx", 1),
+                                                                       ("accgrad", "rows 1e-09x", 4)]
+    assert all(r["rel_diff"] < 1e-6 for r in rows)
+    assert winograd.ROW_FACTOR == factor
+    assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks*.*")) == ["exp_winograd_chunks_rows.json",
+                                                                                "exp_winograd_chunks_rows.md"]
+
+
 def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
     from benchmarks.experiments import exp_winograd_chunks as exp
     for argv, says in ((["--layers", "nope"], "unknown layer"), (["--factors", "2,x"], "whole numbers"),
@@ -1444,6 +1465,9 @@ def test_exp_winograd_chunks_refuses_bad_arguments(capsys):
                        (["--floors", "192", "--min-chunk-gflop", "0,38"], "one of"),
                        (["--min-chunk-gflop", "0,x"], "numbers of GFLOP"), (["--min-chunk-gflop", "-1"], "at least 0"),
                        (["--min-chunk-gflop", "inf"], "finite"), (["--min-chunk-gflop", "38,38.0"], "distinct"),
+                       (["--row-factors", "inf,x"], "numbers (inf"), (["--row-factors", "0"], "above 0"),
+                       (["--row-factors", "nan"], "above 0"), (["--row-factors", "1,1.0"], "distinct"),
+                       (["--row-factors", "inf,1", "--floors", "192"], "one of"),
                        (["--passes", "bprop,nope"], "comma-separated list"), (["--passes", "bprop,bprop"], "distinct"),
                        (["--rounds", "0"], "at least 1"), (["--batch", "0"], "at least 1")):
         with pytest.raises(SystemExit):

@@ -106,11 +106,12 @@ def test_accgrad_groups_fill_the_gpu_and_revision_marks_it(settings):
     # fprop and bprop at 1 since session 23 (chunks bounded by their operands), accGrad at 3 since
     # session 32 (its chunks and partial sums bounded by its operands), bprop at 2 since session 33
     # (its chunks bounded by once its operands); fprop 2 and bprop 3 since session 57 (the weight
-    # transform counted against the floor where the GEMMs stay wide)
-    assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [2, 3, 3]
+    # transform counted against the floor where the GEMMs stay wide); accGrad 4 since session 58 (its
+    # tiles made in row parts)
+    assert [winograd.revision(p, *shapes) for p in ("fprop", "bprop", "accgrad")] == [2, 3, 4]
     # TF32 mode: two more (session 22 compared the tiles at the TF32 tolerance; session 31 runs
     # F(2x2) alone there, so auto times winograd's TF32 passes again)
-    assert [winograd.revision(p, *shapes, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [4, 5, 5]
+    assert [winograd.revision(p, *shapes, math="tf32") for p in ("fprop", "bprop", "accgrad")] == [4, 5, 6]
 
 
 def _pass_chunks(x_shape, fo, m, pass_name="fprop"):
@@ -176,6 +177,77 @@ def test_the_weight_transform_counts_against_the_floor_where_the_chunks_keep_the
     assert spans(_pass_chunks(conv5, 1024, 2, "bprop")) == [43, 43, 42]
 
 
+def test_accgrad_row_parts_keep_a_chunks_tiles_under_its_operands(settings):
+    """accGrad's chunks may hold twice the pass's operands in tiles (the speed of session 33); those
+    tiles are made in parts of whole alpha rows of at most once the operands or TRANSIENT_FLOOR
+    (session 58). OverFeat-fast's conv5 at F(2x2), b128: a chunk of 64 images holds 288 MiB of
+    tiles for 144 MiB of operands, so two parts of two rows, 144 MiB each (the converted TF32 step
+    peaked there, 352 MiB with the partial sums). Tiles under the bound: one part; F(4x4)'s alpha of
+    6 splits in 2, 3 or 6; past alpha parts, a row each. Each part's GEMM keeps MIN_CHUNK_FLOP of
+    work (conv5's 38.7 GFLOP a part; VGG-16's conv4_2 at b64, chunks of 32 images, would have 26:
+    0.86x measured, so one part)."""
+    MiB, lots = 2**20, 1e15
+    floor = winograd.TRANSIENT_FLOOR
+    conv5_flop = 2 * 1024 * 1024 * 64 * 36 * 16
+    assert winograd._row_parts(4 * 64 * 36 * 16 * 2048, 4 * 128 * 2 * 1024 * 144, 4, conv5_flop) == 2
+    vgg_flop = 2 * 512 * 512 * 32 * 196 * 16
+    assert winograd._row_parts(4 * 32 * 196 * 16 * 1024, 4 * 64 * 2 * 512 * 784, 4, vgg_flop) == 1
+    assert winograd._row_parts(floor, MiB, 4, lots) == 1
+    assert winograd._row_parts(floor + 1, MiB, 4, lots) == 2
+    assert winograd._row_parts(2 * floor + 1, MiB, 4, lots) == 4
+    assert winograd._row_parts(2 * floor + 1, MiB, 6, lots) == 3
+    assert winograd._row_parts(3 * floor + 1, MiB, 6, lots) == 6
+    assert winograd._row_parts(100 * floor, MiB, 6, lots) == 6
+    assert winograd._row_parts(3 * floor, 2 * floor, 4, lots) == 2          # the operands' bound where larger
+    work = 3 * winograd.MIN_CHUNK_FLOP
+    assert winograd._row_parts(100 * floor, MiB, 6, work) == 3              # as many as keep the work
+    assert winograd._row_parts(100 * floor, MiB, 6, work - 1) == 2
+    assert winograd._row_parts(100 * floor, MiB, 6, winograd.MIN_CHUNK_FLOP) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", winograd.TILES)
+def test_row_parts_of_the_transforms_are_the_whole_ones_rows(device, m, rng):
+    """_input_transform and _gradient_transform with rows=(a0, count) give exactly the elements of
+    those rows of the whole transform, in the grouped layout (images past the last are zeros)."""
+    xp = np if device == "cpu" else pytest.importorskip("cupy")
+    alpha = m + 2
+    n, f, h, w, groups, per_group = 3, 2, 7, 9, 2, 2
+    th, tw = winograd.tiles(h, w, m)
+    x = xp.asarray(rng.standard_normal((n, f, h, w)).astype(np.float32))
+    layout = (groups, per_group * th * tw)
+    host = (lambda a: a) if xp is np else xp.asnumpy
+    for transform, args in ((winograd._input_transform, (x, (1, 1), th, tw, m, layout)),
+                            (winograd._gradient_transform, (x, th, tw, m, layout))):
+        whole = host(transform(xp, *args)).reshape(groups, alpha, alpha, f, -1)
+        for count in (c for c in range(1, alpha + 1) if alpha % c == 0):
+            for a0 in range(0, alpha, count):
+                got = host(transform(xp, *args, rows=(a0, count))).reshape(groups, count, alpha, f, -1)
+                np.testing.assert_array_equal(got, whole[:, a0:a0 + count])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", winograd.TILES)
+@pytest.mark.parametrize("row_factor, workspace_mb, group_tiles", [(1e-9, 64, 4096), (1e-9, 0.026, 1), (0.5, 64, 1)])
+def test_accgrad_in_row_parts_matches_the_reference(device, m, row_factor, workspace_mb, group_tiles, settings,
+                                                     monkeypatch, rng):
+    """accGrad with its tiles made in row parts (a row each where the bound is tiny; some where it
+    is half the operands), with one chunk or several, one group or several, against float64."""
+    settings(winograd_workspace_mb=workspace_mb)
+    monkeypatch.setattr(winograd, "GROUP_TILES", group_tiles)
+    monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
+    monkeypatch.setattr(winograd, "ROW_FACTOR", row_factor)
+    monkeypatch.setattr(winograd, "MIN_CHUNK_FLOP", 0)
+    seen, own = [], winograd._row_parts
+    monkeypatch.setattr(winograd, "_row_parts", lambda *a: seen.append(own(*a)) or seen[-1])
+    x = rng.standard_normal((5, 4, 10, 12)).astype(np.float32)
+    wt = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
+    check_backend(forced(m), x, wt, (1, 1), (1, 1), device=device, tol=TOL, rng=rng)
+    assert seen and all(p > 1 for p in seen)
+    if row_factor < 1e-3:
+        assert set(seen) == {m + 2}
+
+
 def test_tf32_mode_runs_f2_alone(settings, tmp_path, monkeypatch):
     """On TF32 GEMMs F(4x4) is 2.1e-3 from float64, 7x a direct TF32 convolution (session 31):
     in TF32 mode the tile is F(2x2), untuned, whatever winograd_f4 says; strict fp32 still tunes
@@ -238,7 +310,7 @@ def test_the_group_count_is_tuned_and_remembered(settings, tmp_path, rng):
     groups = {json.loads(k)[4]: v for k, v in records.items() if "winograd_groups" in k}
     g = backends.geometry(x.shape, (4, 3, 3, 3), 1, 1)
     ws = f"{backends.config.get('winograd_workspace_mb'):g}"
-    assert set(groups) == {f"winograd_groups_r3_f2_n6_ws{ws}", f"winograd_groups_r3_f4_n6_ws{ws}"}
+    assert set(groups) == {f"winograd_groups_r4_f2_n6_ws{ws}", f"winograd_groups_r4_f4_n6_ws{ws}"}
     for name, record in groups.items():
         tile = int(name.split("_f")[1].split("_")[0])
         assert record["choice"] in winograd.group_options(g, tile, 6)

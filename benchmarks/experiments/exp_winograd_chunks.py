@@ -1,6 +1,6 @@
 """Experiment (not a benchmark of record): winograd's batch chunks at several bounds, TRANSIENT_FACTOR
-values (--factors), TRANSIENT_FLOOR values (--floors) or MIN_CHUNK_FLOP values (--min-chunk-gflop), side by side
-in one process, per layer and pass.
+values (--factors), TRANSIENT_FLOOR values (--floors), MIN_CHUNK_FLOP values (--min-chunk-gflop) or accGrad's
+ROW_FACTOR values (--row-factors), side by side in one process, per layer and pass.
 
 Session 32 (benchmarks/NOTES.md): converted OverFeat-fast's TF32 step under torch.compile peaked
 67 MiB above PyTorch's, during conv5's fprop. There a chunk held its tiles and GEMM output: 288 MiB,
@@ -16,6 +16,9 @@ the factors left as they are. Its runs, and why the floor stayed: benchmarks/NOT
 Session 57: fprop's and bprop's weight transform counts against the floor where each chunk's GEMMs
 keep MIN_CHUNK_FLOP of work; --min-chunk-gflop compares values of it (a large one: the transform never
 counted, as before; 0: always).
+Session 58: the step's peak was conv5's accGrad chunk (tiles twice its operands); its tiles are made in
+row parts of at most ROW_FACTOR times the operands (or the floor); --row-factors compares values of it
+(inf: no parts, as before), and the rows report the parts each chunk ran in.
 
 Per layer, pass and bound it reports:
 - the chunks the pass ran (count, images in the first);
@@ -36,8 +39,11 @@ tunes its own in the first round's warm-up.
       --layers overfeat_fast.conv3,overfeat_fast.conv4,overfeat_fast.conv5
   python -m benchmarks.experiments.exp_winograd_chunks --passes fprop,bprop --min-chunk-gflop 1e9,38,0 \
       --layers overfeat_fast.conv4,overfeat_fast.conv5,vgg16.conv4_2
+  python -m benchmarks.experiments.exp_winograd_chunks --tf32 --passes accgrad --row-factors inf,1 \
+      --layers overfeat_fast.conv4,overfeat_fast.conv5,vgg16.conv4_2
 """
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -55,7 +61,7 @@ LAYERS = {**{name: bench_winograd.LAYERS[name] for name in ("vgg16.conv1_2", "vg
           "overfeat_fast.conv4": (512, 1024, 12, 128),
           "overfeat_fast.conv5": (1024, 1024, 12, 128)}
 COLUMNS = [("layer", "layer", ""), ("pass", "pass", ""), ("bound", "bound", ""), ("chunks", "chunks", ""),
-           ("images a chunk", "chunk_images", ""), ("operands MiB", "operands_mib", ".1f"),
+           ("images a chunk", "chunk_images", ""), ("row parts", "row_parts", ""), ("operands MiB", "operands_mib", ".1f"),
            ("pool MiB", "pool_mib", ".1f"), ("ms", "ms", ".3f"), ("ms by round", "ms_rounds", ""),
            ("vs the first bound", "vs_first_bound", ".3f"), ("rel diff", "rel_diff", ".1e")]
 
@@ -70,12 +76,15 @@ def run(pass_name, arrays):
     return winograd.accgrad(gy, x, w.shape, padding=(1, 1))
 
 
-KNOBS = ("TRANSIENT_FACTOR", "TRANSIENT_FLOOR", "MIN_CHUNK_FLOP")   # winograd's bounds the experiment sets
+KNOBS = ("TRANSIENT_FACTOR", "TRANSIENT_FLOOR", "MIN_CHUNK_FLOP", "ROW_FACTOR")   # winograd's bounds set here
 
 
-def bounds(factors=None, floors_mib=None, min_gflop=None):
+def bounds(factors=None, floors_mib=None, min_gflop=None, row_factors=None):
     """[(label, (module's KNOBS, pass) -> the KNOBS the pass measured runs at)] for the bounds
-    compared: one of TRANSIENT_FACTOR (the measured pass's), TRANSIENT_FLOOR or MIN_CHUNK_FLOP set."""
+    compared: one of TRANSIENT_FACTOR (the measured pass's), TRANSIENT_FLOOR, MIN_CHUNK_FLOP or
+    ROW_FACTOR set."""
+    if row_factors is not None:
+        return [(f"rows {v:g}x", lambda base, p, v=v: {**base, "ROW_FACTOR": v}) for v in row_factors]
     if min_gflop is not None:
         return [(f"min {v:g} GFLOP", lambda base, p, v=v: {**base, "MIN_CHUNK_FLOP": v * 1e9}) for v in min_gflop]
     if floors_mib:
@@ -100,14 +109,14 @@ def measure(xp, names, compared, rounds, repeat, batch=None, passes=PASSES):
         operands = (arrays[0].nbytes + arrays[2].nbytes) / 2**20
         for pass_name in passes:
             times = {k: [] for k in labels}
-            out, memory, used = {}, {}, {}
+            out, memory, used, parts = {}, {}, {}, {}
             for r in range(rounds):
                 for k, knobs_of in compared:
                     for knob, value in knobs_of(base, pass_name).items():
                         setattr(winograd, knob, value)
-                    fn = lambda: run(pass_name, arrays)   # noqa: E731
+                    fn = functools.partial(run, pass_name, arrays)
                     if r == 0:
-                        out[k], used[k] = chunks_of(fn)             # tunes the tile and the groups
+                        out[k], used[k], parts[k] = chunks_of(fn)   # tunes the tile and the groups
                         memory[k] = 0.0 if xp is np else peak_extra_bytes(fn, "cupy") / 2**20
                     times[k].append(median_ms(fn, lib, warmup=1, repeat=repeat))
             first = statistics.median(times[labels[0]])
@@ -116,11 +125,13 @@ def measure(xp, names, compared, rounds, repeat, batch=None, passes=PASSES):
                 ms = statistics.median(times[k])
                 diff = float(xp.linalg.norm(out[k] - out[labels[0]]) / xp.linalg.norm(out[labels[0]]))
                 rows.append(dict(layer=name, **{"pass": pass_name}, bound=k, chunks=len(chunks),
-                                 chunk_images=chunks[0].stop - chunks[0].start, operands_mib=round(operands, 1),
+                                 chunk_images=chunks[0].stop - chunks[0].start, row_parts=parts[k],
+                                 operands_mib=round(operands, 1),
                                  pool_mib=round(memory[k], 1), ms=round(ms, 4),
                                  ms_rounds=[round(t, 4) for t in times[k]], vs_first_bound=round(first / ms, 3),
                                  rel_diff=diff))
-                print(f"{name:20} {pass_name:8} {k}: {len(chunks)} chunk(s), pool {memory[k]:7.1f} MiB "
+                print(f"{name:20} {pass_name:8} {k}: {len(chunks)} chunk(s), {parts[k]} row part(s), "
+                      f"pool {memory[k]:7.1f} MiB "
                       f"(operands {operands:.1f}), {ms:.3f} ms ({first / ms:.3f}x {labels[0]}), "
                       f"diff {diff:.1e}", flush=True)
         del arrays
@@ -128,21 +139,27 @@ def measure(xp, names, compared, rounds, repeat, batch=None, passes=PASSES):
 
 
 def chunks_of(fn):
-    """(fn(), the batch slices winograd._conv_chunks gave the pass it ran): the chunks as run, the
-    tile winograd chose included."""
+    """(fn(), the batch slices winograd._conv_chunks gave the pass it ran, the row parts
+    winograd._row_parts gave its accGrad, 1 for fprop and bprop): as run, the tile winograd chose
+    included."""
     seen, own = [], winograd._conv_chunks
+    seen_parts, own_parts = [], winograd._row_parts
 
     def recording(*args):
         seen.append(own(*args))
         return seen[-1]
-    winograd._conv_chunks = recording
+
+    def recording_parts(*args):
+        seen_parts.append(own_parts(*args))
+        return seen_parts[-1]
+    winograd._conv_chunks, winograd._row_parts = recording, recording_parts
     try:
         out = fn()
     finally:
-        winograd._conv_chunks = own
+        winograd._conv_chunks, winograd._row_parts = own, own_parts
     if not seen:
         raise RuntimeError("the pass made no chunks: winograd._conv_chunks was not called")
-    return out, seen[-1]
+    return out, seen[-1], seen_parts[-1] if seen_parts else 1
 
 
 def _numbers(ap, option, text, kind, what):
@@ -164,6 +181,9 @@ def main(argv=None):
     ap.add_argument("--min-chunk-gflop", default=None, help="MIN_CHUNK_FLOP values in GFLOP (a chunk's GEMM work "
                     "under which fprop's and bprop's weight transform does not count against the floor), the first "
                     "the baseline, instead of --factors")
+    ap.add_argument("--row-factors", default=None, help="accGrad's ROW_FACTOR values (its tiles made in row "
+                    "parts of at most this times the operands, or the floor; inf: no parts), the first the "
+                    "baseline, instead of --factors")
     ap.add_argument("--passes", default=",".join(PASSES), help="comma-separated, of: " + ", ".join(PASSES))
     ap.add_argument("--tf32", action="store_true", help="the framework's TF32 mode (Winograd F(2x2) alone)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -176,8 +196,8 @@ def main(argv=None):
     unknown = [n for n in names if n not in LAYERS]
     if unknown:
         ap.error(f"unknown layer(s) {', '.join(unknown)}; choose from {', '.join(LAYERS)}")
-    if sum(v is not None for v in (args.factors, args.floors, args.min_chunk_gflop)) > 1:
-        ap.error("give one of --factors, --floors and --min-chunk-gflop: one bound is varied at a time")
+    if sum(v is not None for v in (args.factors, args.floors, args.min_chunk_gflop, args.row_factors)) > 1:
+        ap.error("give one of --factors, --floors, --min-chunk-gflop and --row-factors: one bound is varied at a time")
     factors = _numbers(ap, "--factors", args.factors or "2,1", int, "whole numbers")
     if min(factors) <= 0 or len(set(factors)) < len(factors):
         ap.error(f"--factors must be positive and distinct, got {args.factors!r}")
@@ -195,6 +215,11 @@ def main(argv=None):
         distinct = len({f"{v:g}" for v in min_gflop}) == len(min_gflop)   # each labelled apart
         if not (all(math.isfinite(v) and v >= 0 for v in min_gflop) and distinct):
             ap.error(f"--min-chunk-gflop must be finite, at least 0 and distinct, got {args.min_chunk_gflop!r}")
+    row_factors = None
+    if args.row_factors is not None:
+        row_factors = _numbers(ap, "--row-factors", args.row_factors, float, "numbers (inf: no parts)")
+        if not (all(v > 0 for v in row_factors) and len({f"{v:g}" for v in row_factors}) == len(row_factors)):
+            ap.error(f"--row-factors must be above 0 (inf allowed) and distinct, got {args.row_factors!r}")
     passes = args.passes.split(",")
     if any(p not in PASSES for p in passes) or len(set(passes)) < len(passes):
         ap.error(f"--passes takes a comma-separated list of distinct passes of {', '.join(PASSES)}, got "
@@ -210,17 +235,17 @@ def main(argv=None):
     saved = {name: getattr(winograd, name) for name in KNOBS}
     try:
         with config.override(tf32=args.tf32):
-            rows = measure(xp, names, bounds(factors, floors, min_gflop), args.rounds, args.repeat, args.batch,
-                           passes)
+            rows = measure(xp, names, bounds(factors, floors, min_gflop, row_factors), args.rounds, args.repeat,
+                           args.batch, passes)
     finally:
         for name, value in saved.items():
             setattr(winograd, name, value)
     device = "cpu-numpy" if xp is np else xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     meta = provenance(device, command_line=" ".join(sys.argv[1:] if argv is None else argv), tf32=args.tf32,
-                      factors=None if floors or min_gflop is not None else factors, floors_mib=floors,
-                      min_chunk_gflop=min_gflop, passes=passes, rounds=args.rounds, repeat=args.repeat)
+                      factors=None if floors or min_gflop is not None or row_factors is not None else factors,
+                      floors_mib=floors, min_chunk_gflop=min_gflop, row_factors=row_factors, passes=passes, rounds=args.rounds, repeat=args.repeat)
     name = ("exp_winograd_chunks" + ("_floors" if floors else "") + ("_min_flop" if min_gflop is not None else "")
-            + ("_tf32" if args.tf32 else ""))
+            + ("_rows" if row_factors is not None else "") + ("_tf32" if args.tf32 else ""))
     write_results(name, meta, rows, COLUMNS, "Winograd's batch chunks at several transient bounds, side by side",
                   out_dir=args.out, subdir="experiments")
     return rows

@@ -107,8 +107,9 @@ def revision(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), math="f
     bounded by their operands too (_chunks, session 23); accGrad 3 since its chunks and partial
     sums are too (session 32); bprop 2 since its bound is once its operands (session 33); fprop 2
     and bprop 3 since the weight transform counts against the floor where the chunks' GEMMs keep
-    their work (_conv_chunks, session 57). The tile's own tuning record is keyed by it too."""
-    return {"fprop": 2, "bprop": 3, "accgrad": 3}[pass_name] + 2 * (math == "tf32")
+    their work (_conv_chunks, session 57); accGrad 4 since its chunks' tiles are made in row parts
+    (_row_parts, session 58). The tile's own tuning record is keyed by it too."""
+    return {"fprop": 2, "bprop": 3, "accgrad": 4}[pass_name] + 2 * (math == "tf32")
 
 
 def supports(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
@@ -391,48 +392,85 @@ def _accgrad(xp, gy, x, g, m):
 
 
 def _accgrad_grouped(xp, gy, x, g, m, chunks, per_group):
-    """_accgrad with `per_group` images a group (the chunks' groups summed into one partial)."""
+    """_accgrad with `per_group` images a group (the chunks' groups summed into one partial), each
+    chunk's tiles made and summed in _row_parts."""
     alpha = m + R - 1
     th, tw = tiles(g.oh, g.ow, m)
     groups = -(-(chunks[0].stop - chunks[0].start) // per_group)
-    part = xp.empty((groups * alpha * alpha, g.fo, g.f), dtype=np.float32)
+    tiles_a_chunk = groups * per_group * th * tw
+    parts = _row_parts(4 * tiles_a_chunk * alpha * alpha * (g.f + g.fo),
+                       4 * g.S * _planes(g.f, g.fo, (g.h, g.w), (g.oh, g.ow)), alpha,
+                       2 * g.f * g.fo * tiles_a_chunk * alpha * alpha)
+    count = alpha // parts                                          # rows a part
+    part = xp.empty((parts, groups * count * alpha, g.fo, g.f), dtype=np.float32)
     for k, sl in enumerate(chunks):
         n_groups = -(-(sl.stop - sl.start) // per_group)            # the last chunk may have fewer
         layout = (n_groups, per_group * th * tw)
-        v = _input_transform(xp, x[sl], (g.ph, g.pw), th, tw, m, layout)   # (n_groups*alpha^2, f, Pg)
-        z = _gradient_transform(xp, gy[sl], th, tw, m, layout)             # (n_groups*alpha^2, fo, Pg)
-        cgemm.matmul(xp, z, v, out=part[:n_groups * alpha * alpha], op_b="T", accumulate=k > 0)
-        del v, z                    # freed before the next chunk's are made
-    return _weight_gradient(xp, part, groups, m)                            # (fo, f, 3, 3)
+        for q in range(parts):
+            rows = (q * count, count)
+            v = _input_transform(xp, x[sl], (g.ph, g.pw), th, tw, m, layout, rows)   # (n_groups*E, f, Pg)
+            z = _gradient_transform(xp, gy[sl], th, tw, m, layout, rows)             # (n_groups*E, fo, Pg)
+            cgemm.matmul(xp, z, v, out=part[q, :n_groups * count * alpha], op_b="T", accumulate=k > 0)
+            del v, z                # freed before the next part's are made
+    return _weight_gradient(xp, part.reshape(-1, g.fo, g.f), groups, m, parts)   # (fo, f, 3, 3)
 
 
-def _weight_gradient(xp, part, groups, m):
+# accGrad's tiles of a chunk are made in ranges of their alpha x alpha rows where they would hold
+# more than this times the pass's operands (or TRANSIENT_FLOOR bytes, where that is more): the
+# GEMM keeps the chunk's length (its sum over the tiles) and each part has as many whole-row
+# elements, a batch of count * alpha products instead of alpha^2; the transforms read their planes
+# once a part. OverFeat-fast's converted TF32 step under reduce-overhead peaked at conv5's accGrad
+# (session 58): a chunk of 64 images held 144 MiB of input tiles, 144 of gradient tiles and the
+# 64 MiB partial sum, 2 times the pass's operands (TRANSIENT_FACTOR, at which the chunks cost
+# nothing measured; at 1, three chunks, 1.20x the time, session 33). In two row parts, 144 MiB, at
+# 0.99x. A part's GEMM keeps MIN_CHUNK_FLOP of work, as fprop's and bprop's chunks do where their
+# weight transform counts: VGG-16's conv4_2 (b64, TF32) in two parts of 26 GFLOP ran at 0.86x
+# (exp_winograd_chunks --row-factors, session 58), conv5's of 38.7 at 0.99x.
+ROW_FACTOR = 1
+
+
+def _row_parts(tile_bytes, operand_bytes, alpha, flop):
+    """Row parts (a divisor of alpha) for a chunk whose whole tiles take tile_bytes and whose GEMM
+    does `flop`: the fewest whose tiles each fit max(ROW_FACTOR * operand_bytes, TRANSIENT_FLOOR),
+    among those that leave each part's GEMM MIN_CHUNK_FLOP of work; the most of those if none fits
+    (1 where no split keeps the work)."""
+    bound = max(ROW_FACTOR * operand_bytes, TRANSIENT_FLOOR)
+    options = [p for p in range(1, alpha + 1) if alpha % p == 0 and (p == 1 or flop / p >= MIN_CHUNK_FLOP)]
+    return next((p for p in options if tile_bytes <= p * bound), options[-1])
+
+
+def _weight_gradient(xp, part, groups, m, parts=1):
     """gw (fo, f, 3, 3) = G^T [sum over groups of part] G in float64, rounded once; part
-    (groups*alpha^2, fo, f)."""
+    (parts*groups*E, fo, f): the alpha^2 elements of each group's sum in `parts` ranges of whole
+    rows, E = alpha^2 / parts each (_accgrad_grouped)."""
     fo, f = part.shape[1:]
     alpha = m + R - 1
     if xp is not np:
         gw = xp.empty((fo, f, R, R), dtype=np.float32)
-        _launch(f"winograd_weight_grad<{m}>", fo * f, (part, gw, *_ints(groups, fo, f)))
+        _launch(f"winograd_weight_grad<{m}>", fo * f, (part, gw, *_ints(groups, fo, f, parts)))
         return gw
     _, G, _ = matrices(m, np.float64)
-    acc = part.reshape(groups, alpha, alpha, fo, f).astype(np.float64).sum(axis=0)
+    acc = (part.reshape(parts, groups, alpha // parts, alpha, fo, f).astype(np.float64).sum(axis=1)
+           .reshape(alpha, alpha, fo, f))
     return np.einsum("ak,abji,bl->jikl", G, acc, G).astype(np.float32)
 
 
 # -- transforms: CUDA kernels on the GPU, the same arithmetic in NumPy on the CPU ------------------
 
-def _input_transform(xp, x, pad, th, tw, m, layout=None):
+def _input_transform(xp, x, pad, th, tw, m, layout=None, rows=None):
     """x (n, f, h, w) -> V (groups*alpha^2, f, Pg): B^T d B of every alpha x alpha input tile d,
     tile (i, j) starting at row i*m - ph, column j*m - pw; zeros outside the plane. layout =
     (groups, Pg), the tiles cut into groups of whole images (accGrad; images past n are zeros);
-    default one group, (alpha^2, f, n*th*tw)."""
+    default one group, (alpha^2, f, n*th*tw). rows = (a0, count): the elements of those rows of
+    each tile's alpha x alpha alone, (groups*count*alpha, f, Pg) (accGrad's row parts); default all."""
     n, f, h, w = x.shape
     alpha = m + R - 1
     groups, per = layout or (1, n * th * tw)
+    a0, count = rows or (0, alpha)
     if xp is not np:
-        v = xp.empty((groups * alpha * alpha, f, per), dtype=np.float32)
-        _launch(f"winograd_input<{m}>", f * groups * per, (x, v, *_ints(n, f, h, w, th, tw, *pad, groups, per)))
+        v = xp.empty((groups * count * alpha, f, per), dtype=np.float32)
+        _launch(f"winograd_input<{m}>", f * groups * per,
+                (x, v, *_ints(n, f, h, w, th, tw, *pad, groups, per, a0, count)))
         return v
     _, _, BT = matrices(m)
     rows, rmask = _window(th, m, alpha, pad[0], h)                    # (th, alpha)
@@ -441,19 +479,21 @@ def _input_transform(xp, x, pad, th, tw, m, layout=None):
     d = d * (rmask[:, :, None, None] & cmask[None, None, :, :])
     t = np.einsum("ai,nfrisj->nfrasj", BT, d)                         # B^T d: rows first, as the kernel
     t = np.einsum("bj,nfrasj->abfnrs", BT, t)                         # then columns: (alpha, alpha, f, n, th, tw)
-    return _grouped(t.reshape(alpha * alpha, f, n * th * tw), groups, per)
+    return _grouped(t[a0:a0 + count].reshape(count * alpha, f, n * th * tw), groups, per)
 
 
-def _gradient_transform(xp, gy, th, tw, m, layout):
+def _gradient_transform(xp, gy, th, tw, m, layout, rows=None):
     """gy (n, fo, oh, ow) -> Z (groups*alpha^2, fo, Pg): A g A^T of every m x m gradient tile g
     (tile (i, j) at row i*m, column j*m; zeros past the output's last row and column), in
-    _input_transform's grouped layout."""
+    _input_transform's grouped layout (rows as there)."""
     n, fo, oh, ow = gy.shape
     alpha = m + R - 1
     groups, per = layout
+    a0, count = rows or (0, alpha)
     if xp is not np:
-        z = xp.empty((groups * alpha * alpha, fo, per), dtype=np.float32)
-        _launch(f"winograd_gradient<{m}>", fo * groups * per, (gy, z, *_ints(n, fo, oh, ow, th, tw, groups, per)))
+        z = xp.empty((groups * count * alpha, fo, per), dtype=np.float32)
+        _launch(f"winograd_gradient<{m}>", fo * groups * per,
+                (gy, z, *_ints(n, fo, oh, ow, th, tw, groups, per, a0, count)))
         return z
     AT, _, _ = matrices(m)
     rows, rmask = _window(th, m, m, 0, oh)                            # (th, m)
@@ -462,11 +502,12 @@ def _gradient_transform(xp, gy, th, tw, m, layout):
     d = d * (rmask[:, :, None, None] & cmask[None, None, :, :])
     t = np.einsum("ia,nfrisj->nfrasj", AT, d)                         # A g (alpha rows)
     t = np.einsum("jb,nfrasj->abfnrs", AT, t)                         # (A g) A^T: (alpha, alpha, fo, n, th, tw)
-    return _grouped(t.reshape(alpha * alpha, fo, n * th * tw), groups, per)
+    return _grouped(t[a0:a0 + count].reshape(count * alpha, fo, n * th * tw), groups, per)
 
 
 def _grouped(t, groups, per):
-    """(alpha^2, planes, P) -> (groups*alpha^2, planes, per): tiles p of group p // per, zeros past P."""
+    """(E, planes, P) -> (groups*E, planes, per): tiles p of group p // per, zeros past P (E: the
+    elements of a tile kept, alpha^2 or a range of its rows)."""
     a2, planes, P = t.shape
     full = np.zeros((a2, planes, groups * per), dtype=np.float32)
     full[:, :, :P] = t

@@ -85,20 +85,23 @@ __device__ __forceinline__ bool which_tile(int planes, int P, int th, int tw, Ti
 }
 
 // Where transformed element e of tile p of a plane goes in the grouped layout
-// (groups, ALPHA^2, planes, Pg): tiles are cut into groups of Pg (whole images), each group a
-// block of ALPHA^2 GEMM operands. fprop and bprop use one group (Pg = P); accGrad several, so that
-// one strided-batched GEMM sums each group apart (backends/winograd.py says why).
-__device__ __forceinline__ float* grouped(float* base, const Tile& t, int planes, int Pg, int A) {
+// (groups, E, planes, Pg): tiles are cut into groups of Pg (whole images), each group a block of
+// E GEMM operands, the ALPHA^2 elements of the tile or a range of whole rows of them (E = rows *
+// ALPHA). fprop and bprop use one group (Pg = P) and every row; accGrad several groups, so that
+// one strided-batched GEMM sums each group apart, and the rows in parts where its tiles would
+// hold more memory than its operands (backends/winograd.py says why).
+__device__ __forceinline__ float* grouped(float* base, const Tile& t, int planes, int Pg, int E) {
     const int g = t.p / Pg;
-    return base + ((long long)g * A * A * planes + t.plane) * Pg + (t.p - g * Pg);
+    return base + ((long long)g * E * planes + t.plane) * Pg + (t.p - g * Pg);
 }
 
 // V = B^T d B for every ALPHA x ALPHA tile d of x (n, f, h, w), in the grouped layout with
-// groups * Pg tiles (images past n are zeros); tile (i, j) starts at row i*M - ph, column
-// j*M - pw (ph, pw may be negative: bprop's cropping).
+// groups * Pg tiles (images past n are zeros) and the rows a0 .. a0 + rows - 1 of each tile's
+// ALPHA x ALPHA elements; tile (i, j) starts at row i*M - ph, column j*M - pw (ph, pw may be
+// negative: bprop's cropping).
 template <int M>
 __global__ void winograd_input(const float* __restrict__ x, float* __restrict__ v, int n, int f, int h, int w,
-                               int th, int tw, int ph, int pw, int groups, int Pg) {
+                               int th, int tw, int ph, int pw, int groups, int Pg, int a0, int rows) {
     constexpr int A = F3<M>::ALPHA;
     Tile t;
     if (!which_tile(f, groups * Pg, th, tw, t)) return;
@@ -114,7 +117,7 @@ __global__ void winograd_input(const float* __restrict__ x, float* __restrict__ 
             d[a][b] = (r >= 0 && r < h && c >= 0 && c < w) ? __ldg(plane + (long long)r * w + c) : 0.f;
         }
     }
-    float rows[A][A];   // B^T d
+    float t_rows[A][A];   // B^T d
 #pragma unroll
     for (int a = 0; a < A; ++a) {
 #pragma unroll
@@ -122,28 +125,30 @@ __global__ void winograd_input(const float* __restrict__ x, float* __restrict__ 
             float s = 0.f;
 #pragma unroll
             for (int k = 0; k < A; ++k) s = madd(s, F3<M>::BT(a, k), d[k][b]);
-            rows[a][b] = s;
+            t_rows[a][b] = s;
         }
     }
     const long long stride = (long long)f * Pg;   // between transformed elements
-    float* out = grouped(v, t, f, Pg, A);
+    float* out = grouped(v, t, f, Pg, rows * A);
 #pragma unroll
     for (int a = 0; a < A; ++a) {
+        if (a < a0 || a >= a0 + rows) continue;
 #pragma unroll
         for (int b = 0; b < A; ++b) {
             float s = 0.f;
 #pragma unroll
-            for (int k = 0; k < A; ++k) s = madd(s, F3<M>::BT(b, k), rows[a][k]);
-            out[(a * A + b) * stride] = s;
+            for (int k = 0; k < A; ++k) s = madd(s, F3<M>::BT(b, k), t_rows[a][k]);
+            out[((a - a0) * A + b) * stride] = s;
         }
     }
 }
 
 // Z = A g A^T for every M x M tile g of gy (n, fo, oh, ow) at (i*M, j*M), in the grouped layout
-// as winograd_input; zeros past the last row and column (fprop's clipped tiles) and image.
+// as winograd_input (its rows a0 .. a0 + rows - 1); zeros past the last row and column (fprop's
+// clipped tiles) and image.
 template <int M>
 __global__ void winograd_gradient(const float* __restrict__ gy, float* __restrict__ z, int n, int fo, int oh,
-                                  int ow, int th, int tw, int groups, int Pg) {
+                                  int ow, int th, int tw, int groups, int Pg, int a0, int rows) {
     constexpr int A = F3<M>::ALPHA;
     Tile t;
     if (!which_tile(fo, groups * Pg, th, tw, t)) return;
@@ -159,7 +164,7 @@ __global__ void winograd_gradient(const float* __restrict__ gy, float* __restric
             g[a][b] = (r < oh && c < ow) ? __ldg(plane + (long long)r * ow + c) : 0.f;
         }
     }
-    float rows[A][M];   // A g
+    float t_rows[A][M];   // A g
 #pragma unroll
     for (int a = 0; a < A; ++a) {
 #pragma unroll
@@ -167,19 +172,20 @@ __global__ void winograd_gradient(const float* __restrict__ gy, float* __restric
             float s = 0.f;
 #pragma unroll
             for (int k = 0; k < M; ++k) s = madd(s, F3<M>::AT(k, a), g[k][b]);
-            rows[a][b] = s;
+            t_rows[a][b] = s;
         }
     }
     const long long stride = (long long)fo * Pg;
-    float* out = grouped(z, t, fo, Pg, A);
+    float* out = grouped(z, t, fo, Pg, rows * A);
 #pragma unroll
     for (int a = 0; a < A; ++a) {
+        if (a < a0 || a >= a0 + rows) continue;
 #pragma unroll
         for (int b = 0; b < A; ++b) {
             float s = 0.f;
 #pragma unroll
-            for (int k = 0; k < M; ++k) s = madd(s, F3<M>::AT(k, b), rows[a][k]);
-            out[(a * A + b) * stride] = s;
+            for (int k = 0; k < M; ++k) s = madd(s, F3<M>::AT(k, b), t_rows[a][k]);
+            out[((a - a0) * A + b) * stride] = s;
         }
     }
 }
@@ -265,21 +271,28 @@ __global__ void winograd_weight(const float* __restrict__ w, float* __restrict__
     }
 }
 
-// gw (fo, f, 3, 3) = G^T [sum over groups of part] G, in double, rounded once: part (groups,
-// ALPHA^2, fo, f) holds accGrad's GEMM, one sum per group of tiles. One thread per filter.
+// gw (fo, f, 3, 3) = G^T [sum over groups of part] G, in double, rounded once: part (parts,
+// groups, E, fo, f) holds accGrad's GEMM, one sum per group of tiles, its ALPHA^2 elements in
+// `parts` ranges of whole rows, E = ALPHA^2 / parts each. One thread per filter.
 template <int M>
 __global__ void winograd_weight_grad(const float* __restrict__ part, float* __restrict__ gw, int groups, int fo,
-                                     int f) {
+                                     int f, int parts) {
     constexpr int A = F3<M>::ALPHA;
     const int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= fo * f) return;
     const long long plane = (long long)fo * f;
+    const int rows_a_part = A / parts, E = rows_a_part * A;
     double m[A][A];
 #pragma unroll
     for (int e = 0; e < A * A; ++e) m[e / A][e % A] = 0.;
     for (int g = 0; g < groups; ++g) {
 #pragma unroll
-        for (int e = 0; e < A * A; ++e) m[e / A][e % A] += __ldg(part + ((long long)g * A * A + e) * plane + k);
+        for (int a = 0; a < A; ++a) {
+            const int q = a / rows_a_part;   // the part row a is in
+            const float* row = part + (((long long)q * groups + g) * E + (a - q * rows_a_part) * A) * plane + k;
+#pragma unroll
+            for (int b = 0; b < A; ++b) m[a][b] += __ldg(row + b * plane);
+        }
     }
     double rows[3][A];   // G^T m
 #pragma unroll
@@ -305,16 +318,18 @@ __global__ void winograd_weight_grad(const float* __restrict__ part, float* __re
 }
 
 #ifdef MINITORCH_EXPLICIT_INSTANTIATIONS
-template __global__ void winograd_input<2>(const float*, float*, int, int, int, int, int, int, int, int, int, int);
-template __global__ void winograd_input<4>(const float*, float*, int, int, int, int, int, int, int, int, int, int);
-template __global__ void winograd_gradient<2>(const float*, float*, int, int, int, int, int, int, int, int);
-template __global__ void winograd_gradient<4>(const float*, float*, int, int, int, int, int, int, int, int);
+template __global__ void winograd_input<2>(const float*, float*, int, int, int, int, int, int, int, int, int, int, int,
+                                           int);
+template __global__ void winograd_input<4>(const float*, float*, int, int, int, int, int, int, int, int, int, int, int,
+                                           int);
+template __global__ void winograd_gradient<2>(const float*, float*, int, int, int, int, int, int, int, int, int, int);
+template __global__ void winograd_gradient<4>(const float*, float*, int, int, int, int, int, int, int, int, int, int);
 template __global__ void winograd_weight<2, false>(const float*, float*, int, int);
 template __global__ void winograd_weight<2, true>(const float*, float*, int, int);
 template __global__ void winograd_weight<4, false>(const float*, float*, int, int);
 template __global__ void winograd_weight<4, true>(const float*, float*, int, int);
-template __global__ void winograd_weight_grad<2>(const float*, float*, int, int, int);
-template __global__ void winograd_weight_grad<4>(const float*, float*, int, int, int);
+template __global__ void winograd_weight_grad<2>(const float*, float*, int, int, int, int);
+template __global__ void winograd_weight_grad<4>(const float*, float*, int, int, int, int);
 template __global__ void winograd_output<2>(const float*, float*, int, int, int, int, int, int);
 template __global__ void winograd_output<4>(const float*, float*, int, int, int, int, int, int);
 #endif
