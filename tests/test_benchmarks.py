@@ -1452,6 +1452,10 @@ def test_exp_winograd_chunks_varies_accgrads_row_parts(tmp_path, monkeypatch, se
     assert winograd.ROW_FACTOR == factor
     assert sorted(p.name for p in tmp_path.rglob("exp_winograd_chunks*.*")) == ["exp_winograd_chunks_rows.json",
                                                                                 "exp_winograd_chunks_rows.md"]
+    import json
+    meta = json.loads(next(tmp_path.rglob("exp_winograd_chunks_rows.json")).read_text(),
+                      parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))["meta"]
+    assert meta["row_factors"] == ["inf", 1e-9]
 
 
 def test_exp_winograd_chunks_refuses_bad_arguments(capsys):

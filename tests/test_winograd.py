@@ -226,26 +226,38 @@ def test_row_parts_of_the_transforms_are_the_whole_ones_rows(device, m, rng):
                 np.testing.assert_array_equal(got, whole[:, a0:a0 + count])
 
 
+# (layout, ROW_FACTOR) -> (row parts at F(2x2), at F(4x4)) for the 5-image layer below
+ROW_PART_CASES = {("chunks", 1.0): (2, 2), ("chunks", 0.6): (4, 3), ("chunks", 1e-9): (4, 6),
+                  ("one group", 1.0): (2, 2), ("one group", 0.6): (4, 3), ("one chunk", 1.0): (4, 6)}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m", winograd.TILES)
-@pytest.mark.parametrize("row_factor, workspace_mb, group_tiles", [(1e-9, 64, 4096), (1e-9, 0.026, 1), (0.5, 64, 1)])
-def test_accgrad_in_row_parts_matches_the_reference(device, m, row_factor, workspace_mb, group_tiles, settings,
-                                                     monkeypatch, rng):
-    """accGrad with its tiles made in row parts (a row each where the bound is tiny; some where it
-    is half the operands), with one chunk or several, one group or several, against float64."""
-    settings(winograd_workspace_mb=workspace_mb)
-    monkeypatch.setattr(winograd, "GROUP_TILES", group_tiles)
+@pytest.mark.parametrize("layout, row_factor", list(ROW_PART_CASES))
+def test_accgrad_in_row_parts_matches_the_reference(device, m, layout, row_factor, monkeypatch, rng):
+    """accGrad with its tiles made in row parts, against float64 (the floor and MIN_CHUNK_FLOP at
+    zero, ROW_FACTOR times the operands the bound): 2, 3, 4 and 6 parts; in chunks of 2-3 images,
+    one image a group (the last chunk with fewer groups than the first); one group a chunk
+    (GEMM_BLOCKS 1); one chunk of two groups of 3 images (the second padded with a zero image)."""
+    alpha = m + 2
     monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
-    monkeypatch.setattr(winograd, "ROW_FACTOR", row_factor)
     monkeypatch.setattr(winograd, "MIN_CHUNK_FLOP", 0)
+    monkeypatch.setattr(winograd, "ROW_FACTOR", row_factor)
+    if layout == "one group":
+        monkeypatch.setattr(winograd, "GEMM_BLOCKS", 1)
+    if layout == "one chunk":
+        monkeypatch.setattr(winograd, "TRANSIENT_FACTOR", {**winograd.TRANSIENT_FACTOR, "accgrad": 100})
+        monkeypatch.setattr(winograd, "GEMM_BLOCKS", 2 * alpha * alpha)
     seen, own = [], winograd._row_parts
     monkeypatch.setattr(winograd, "_row_parts", lambda *a: seen.append(own(*a)) or seen[-1])
+    groups, own_groups = [], winograd.accgrad_groups
+    monkeypatch.setattr(winograd, "accgrad_groups", lambda *a: groups.append(own_groups(*a)) or groups[-1])
     x = rng.standard_normal((5, 4, 10, 12)).astype(np.float32)
     wt = rng.standard_normal((3, 4, 3, 3)).astype(np.float32)
     check_backend(forced(m), x, wt, (1, 1), (1, 1), device=device, tol=TOL, rng=rng)
-    assert seen and all(p > 1 for p in seen)
-    if row_factor < 1e-3:
-        assert set(seen) == {m + 2}
+    assert set(seen) == {ROW_PART_CASES[layout, row_factor][m == 4]}
+    per_group = {"chunks": 1, "one group": {2: 2, 4: 3}[m], "one chunk": 3}[layout]
+    assert {g[0] for g in groups} == {per_group}
 
 
 def test_tf32_mode_runs_f2_alone(settings, tmp_path, monkeypatch):

@@ -61,7 +61,8 @@ LAYERS = {**{name: bench_winograd.LAYERS[name] for name in ("vgg16.conv1_2", "vg
           "overfeat_fast.conv4": (512, 1024, 12, 128),
           "overfeat_fast.conv5": (1024, 1024, 12, 128)}
 COLUMNS = [("layer", "layer", ""), ("pass", "pass", ""), ("bound", "bound", ""), ("chunks", "chunks", ""),
-           ("images a chunk", "chunk_images", ""), ("row parts", "row_parts", ""), ("operands MiB", "operands_mib", ".1f"),
+           ("images a chunk", "chunk_images", ""), ("row parts", "row_parts", ""),
+           ("operands MiB", "operands_mib", ".1f"),
            ("pool MiB", "pool_mib", ".1f"), ("ms", "ms", ".3f"), ("ms by round", "ms_rounds", ""),
            ("vs the first bound", "vs_first_bound", ".3f"), ("rel diff", "rel_diff", ".1e")]
 
@@ -243,7 +244,10 @@ def main(argv=None):
     device = "cpu-numpy" if xp is np else xp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     meta = provenance(device, command_line=" ".join(sys.argv[1:] if argv is None else argv), tf32=args.tf32,
                       factors=None if floors or min_gflop is not None or row_factors is not None else factors,
-                      floors_mib=floors, min_chunk_gflop=min_gflop, row_factors=row_factors, passes=passes, rounds=args.rounds, repeat=args.repeat)
+                      floors_mib=floors, min_chunk_gflop=min_gflop,
+                      # JSON has no infinity: "inf" as a string (strict parsers refuse Infinity)
+                      row_factors=row_factors and [v if math.isfinite(v) else str(v) for v in row_factors],
+                      passes=passes, rounds=args.rounds, repeat=args.repeat)
     name = ("exp_winograd_chunks" + ("_floors" if floors else "") + ("_min_flop" if min_gflop is not None else "")
             + ("_rows" if row_factors is not None else "") + ("_tf32" if args.tf32 else ""))
     write_results(name, meta, rows, COLUMNS, "Winograd's batch chunks at several transient bounds, side by side",

@@ -10,8 +10,9 @@ bprop, (f' x S*tiles) @ (S*tiles x f) for accGrad (the F(3x3, m x m) correlation
 with gradient tiles, written with the transposes of fprop's matrices: the weight gradient of
 y = A^T[(G g) . (B^T d)] is G^T[(A gy) . (B^T d)]). All alpha^2 GEMMs are one strided-batched
 cuBLAS call (cgemm.matmul: strict fp32, or TF32 when the tf32 setting is on); accGrad's sums
-over tiles run in groups of images, (groups x alpha^2) GEMMs in that one call, and the groups
-are added in float64 (accgrad_groups says why).
+over tiles run in groups of images, (groups x alpha^2) GEMMs in that one call (or alpha^2 / parts
+of them in each of `parts` calls, _row_parts), and the groups are added in float64
+(accgrad_groups says why).
 
 The input and gradient transforms are CUDA kernels (kernels/winograd.cu, templated on m) that
 read their tiles with the zero padding implied (reads outside the plane are zeros, also for a
@@ -36,7 +37,9 @@ alone: on TF32 GEMMs F(4x4) is 7x a direct TF32 convolution's error (variants). 
 transformed tiles exceed winograd_workspace_mb runs in chunks; in every pass also where they
 exceed TRANSIENT_FACTOR times the pass's own operands (fprop and accGrad 2, bprop 1), or 256 MB,
 whichever is more (_chunks); fprop's and bprop's weight transform counts against the 256 MB where
-their chunks' GEMMs keep MIN_CHUNK_FLOP of work (_conv_chunks).
+their chunks' GEMMs keep MIN_CHUNK_FLOP of work (_conv_chunks). accGrad makes a chunk's tiles in
+parts of whole alpha rows where they exceed once the operands, or 256 MB, and each part's GEMMs
+keep MIN_CHUNK_FLOP of work (_row_parts).
 
 On the CPU the same algorithm runs in NumPy: same matrices, tiling, index arithmetic and layout.
 """
@@ -309,7 +312,8 @@ def accgrad_groups(g, m, images):
     A GEMM over all S*th*tw tiles would sum up to a million products per weight in float32
     (cuBLAS sums along K in order): its rounding error grows with that length and, on VGG's
     large planes, passed 1e-5 (benchmarks/NOTES.md). Groups of whole images of at most
-    GROUP_TILES tiles are summed apart, by one strided-batched GEMM over (groups x alpha^2), and
+    GROUP_TILES tiles are summed apart, by one strided-batched GEMM over (groups x alpha^2) (one a
+    row part, over groups x alpha^2 / parts, where the tiles are made in parts: _row_parts), and
     the groups' sums added in float64 (winograd_weight_grad).
 
     Groups also give the GEMM independent outputs to spread over the SMs. `fill` groups would give
@@ -320,7 +324,8 @@ def accgrad_groups(g, m, images):
     session 16). On small matrices the rule asks for more groups than pays (ResNet's 64 planes:
     26 groups 0.70 ms, 8-16 groups 0.61-0.62; tiledfft wins there anyway), so where winograd_tune
     tunes, the count is tuned per geometry among group_options (_per_group); this rule is the
-    untuned choice. The partial sums (groups, alpha^2, f', f) stay under _group_cap."""
+    untuned choice. The partial sums (groups x alpha^2 matrices of f' x f; laid out (parts, groups,
+    alpha^2 / parts, f', f), _weight_gradient) stay under _group_cap."""
     per_image = tiles(g.oh, g.ow, m)[0] * tiles(g.oh, g.ow, m)[1]
     alpha2 = (m + R - 1) ** 2
     most = _most_groups(g, m)
@@ -423,9 +428,10 @@ def _accgrad_grouped(xp, gy, x, g, m, chunks, per_group):
 # (session 58): a chunk of 64 images held 144 MiB of input tiles, 144 of gradient tiles and the
 # 64 MiB partial sum, 2 times the pass's operands (TRANSIENT_FACTOR, at which the chunks cost
 # nothing measured; at 1, three chunks, 1.20x the time, session 33). In two row parts, 144 MiB, at
-# 0.99x. A part's GEMM keeps MIN_CHUNK_FLOP of work, as fprop's and bprop's chunks do where their
-# weight transform counts: VGG-16's conv4_2 (b64, TF32) in two parts of 26 GFLOP ran at 0.86x
-# (exp_winograd_chunks --row-factors, session 58), conv5's of 38.7 at 0.99x.
+# 0.95-0.99x (session 58, calls 4-5). A part's GEMM keeps MIN_CHUNK_FLOP of work, as fprop's and
+# bprop's chunks do where their weight transform counts: VGG-16's conv4_2 (b64, TF32) in two parts
+# of 26 GFLOP ran at 0.86x (exp_winograd_chunks --row-factors, session 58), conv5's of 38.7 at
+# 0.95-0.99x.
 ROW_FACTOR = 1
 
 
@@ -458,8 +464,9 @@ def _weight_gradient(xp, part, groups, m, parts=1):
 # -- transforms: CUDA kernels on the GPU, the same arithmetic in NumPy on the CPU ------------------
 
 def _input_transform(xp, x, pad, th, tw, m, layout=None, rows=None):
-    """x (n, f, h, w) -> V (groups*alpha^2, f, Pg): B^T d B of every alpha x alpha input tile d,
-    tile (i, j) starting at row i*m - ph, column j*m - pw; zeros outside the plane. layout =
+    """x (n, f, h, w) -> V (groups*E, f, Pg), E = alpha^2 (or rows' count x alpha): B^T d B of
+    every alpha x alpha input tile d, tile (i, j) starting at row i*m - ph, column j*m - pw; zeros
+    outside the plane. layout =
     (groups, Pg), the tiles cut into groups of whole images (accGrad; images past n are zeros);
     default one group, (alpha^2, f, n*th*tw). rows = (a0, count): the elements of those rows of
     each tile's alpha x alpha alone, (groups*count*alpha, f, Pg) (accGrad's row parts); default all."""
@@ -483,8 +490,8 @@ def _input_transform(xp, x, pad, th, tw, m, layout=None, rows=None):
 
 
 def _gradient_transform(xp, gy, th, tw, m, layout, rows=None):
-    """gy (n, fo, oh, ow) -> Z (groups*alpha^2, fo, Pg): A g A^T of every m x m gradient tile g
-    (tile (i, j) at row i*m, column j*m; zeros past the output's last row and column), in
+    """gy (n, fo, oh, ow) -> Z (groups*E, fo, Pg), E as _input_transform's: A g A^T of every m x m
+    gradient tile g (tile (i, j) at row i*m, column j*m; zeros past the output's last row and column), in
     _input_transform's grouped layout (rows as there)."""
     n, fo, oh, ow = gy.shape
     alpha = m + R - 1

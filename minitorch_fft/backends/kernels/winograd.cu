@@ -1,7 +1,8 @@
 // Winograd F(M x M, 3 x 3) transforms (backends/winograd.py has the algorithm and the layouts).
 //
 // One thread per (plane, tile); consecutive threads take consecutive tiles p = (image, i, j), so
-// every one of the ALPHA^2 stores of the GEMM-ready layout (ALPHA^2, planes, P) is coalesced.
+// every one of the ALPHA^2 stores of the GEMM-ready layout (ALPHA^2, planes, P) is coalesced
+// (accGrad's grouped layout and its row parts: grouped() below).
 // Tiles are read with the zero padding implied (a bounds check per element: no padded copy),
 // and the output transform writes only the tile elements inside the output (the last tiles
 // are clipped). All register arrays are indexed by unrolled constants.
