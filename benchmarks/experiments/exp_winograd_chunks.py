@@ -143,24 +143,24 @@ def chunks_of(fn):
     """(fn(), the batch slices winograd._conv_chunks gave the pass it ran, the row parts
     winograd._row_parts gave its accGrad, 1 for fprop and bprop): as run, the tile winograd chose
     included."""
-    seen, own = [], winograd._conv_chunks
-    seen_parts, own_parts = [], winograd._row_parts
+    seen = {name: [] for name in ("_conv_chunks", "_row_parts")}
+    own = {name: getattr(winograd, name) for name in seen}
 
-    def recording(*args):
-        seen.append(own(*args))
-        return seen[-1]
-
-    def recording_parts(*args):
-        seen_parts.append(own_parts(*args))
-        return seen_parts[-1]
-    winograd._conv_chunks, winograd._row_parts = recording, recording_parts
+    def recording(name):
+        def call(*args):
+            seen[name].append(own[name](*args))
+            return seen[name][-1]
+        return call
+    for name in seen:
+        setattr(winograd, name, recording(name))
     try:
         out = fn()
     finally:
-        winograd._conv_chunks, winograd._row_parts = own, own_parts
-    if not seen:
+        for name, function in own.items():
+            setattr(winograd, name, function)
+    if not seen["_conv_chunks"]:
         raise RuntimeError("the pass made no chunks: winograd._conv_chunks was not called")
-    return out, seen[-1], seen_parts[-1] if seen_parts else 1
+    return out, seen["_conv_chunks"][-1], seen["_row_parts"][-1] if seen["_row_parts"] else 1
 
 
 def _numbers(ap, option, text, kind, what):
