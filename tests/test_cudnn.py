@@ -695,6 +695,36 @@ def test_a_plans_pointer_form_is_compared_once(monkeypatch):
     assert runs == ["public", "pointer"] and plan.pointer_form is not None and plan.checked
 
 
+def test_out_of_memory_inside_the_pointer_form_check_keeps_the_form_unchecked(monkeypatch):
+    """Out of memory for the check's second run (or its random operands) says nothing of the pointer
+    form: it raises, as out of memory for its first run does, with no warning, the form kept and the
+    plan unchecked (session 58's review: it was taken for a disagreeing form and dropped for good);
+    _keeps_nan then takes the plan unprobed, and a later check compares."""
+    monkeypatch.setattr(cudnn, "_capturing", lambda cp: False)
+    fail = [True]
+
+    def public(cp, a, b, out, c=None):
+        out[...] = 1.0
+        return out
+
+    def pointer(cp, a, b, out, c=None):
+        if fail[0]:
+            raise MemoryError("out of memory allocating 4096 bytes")
+        out[...] = 1.0
+        return out
+    plan = _stub_plan(run_public=public, run=pointer)
+    form = plan.pointer_form
+    a, b = np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 3, 3), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(MemoryError):
+            plan.check(np, a, b, (1, 3, 4, 4))
+    assert plan.pointer_form is form and not plan.checked
+    fail[0] = False
+    plan.check(np, a, b, (1, 3, 4, 4))
+    assert plan.pointer_form is form and plan.checked
+
+
 def test_a_disagreeing_pointer_form_is_dropped_before_its_warning(monkeypatch):
     """Where the pointer form disagrees with the public execute, it is dropped before the warning,
     so a warning raised as an error (warnings filtered to errors) leaves no disagreeing form in use,

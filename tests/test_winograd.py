@@ -234,12 +234,15 @@ ROW_PART_CASES = {("chunks", 1.0): (2, 2), ("chunks", 0.6): (4, 3), ("chunks", 1
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m", winograd.TILES)
 @pytest.mark.parametrize("layout, row_factor", list(ROW_PART_CASES))
-def test_accgrad_in_row_parts_matches_the_reference(device, m, layout, row_factor, monkeypatch, rng):
+def test_accgrad_in_row_parts_matches_the_reference(device, m, layout, row_factor, settings, monkeypatch, rng):
     """accGrad with its tiles made in row parts, against float64 (the floor and MIN_CHUNK_FLOP at
     zero, ROW_FACTOR times the operands the bound): 2, 3, 4 and 6 parts; in chunks of 2-3 images,
     one image a group (the last chunk with fewer groups than the first); one group a chunk
-    (GEMM_BLOCKS 1); one chunk of two groups of 3 images (the second padded with a zero image)."""
+    (GEMM_BLOCKS 1); one chunk of two groups of 3 images (the second padded with a zero image).
+    winograd_tune off: on the GPU its default tunes the images a group among group_options, each
+    with its own part count, and the cases are accgrad_groups' picks (session 59, call 1)."""
     alpha = m + 2
+    settings(winograd_tune="off")
     monkeypatch.setattr(winograd, "TRANSIENT_FLOOR", 0)
     monkeypatch.setattr(winograd, "MIN_CHUNK_FLOP", 0)
     monkeypatch.setattr(winograd, "ROW_FACTOR", row_factor)

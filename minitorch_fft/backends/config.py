@@ -89,7 +89,8 @@ SETTINGS = {s.name: s for s in (
     Setting("direct_tune", "MINITORCH_DIRECT_TUNE", "tune", "auto",
             "direct tunes its kernel configuration: auto = on the GPU only, on, off", True),
     Setting("winograd_tune", "MINITORCH_WINOGRAD_TUNE", "tune", "auto",
-            "winograd tunes its tile size where winograd_f4 allows two: auto = on the GPU only, on, off", True),
+            "winograd tunes its tile size where winograd_f4 allows two, and accGrad's images a group: "
+            "auto = on the GPU only, on, off", True),
     Setting("tiledfft_tune", "MINITORCH_TILEDFFT_TUNE", "tune", "auto",
             "tiledfft tunes its tile size (8, 16 or 32): auto = on the GPU only, on, off", True),
     Setting("cudnn_tune", "MINITORCH_CUDNN_TUNE", "tune", "auto",

@@ -382,7 +382,9 @@ class _Plan:
         Inside a CUDA graph capture (a plan first built there: after an out-of-memory error dropped
         the plans, test_faults_gpu's graphed steps) nothing can be compared, and a check run there
         would be captured with the step: the public execute serves until the plan's first call
-        outside a capture, which checks (run())."""
+        outside a capture, which checks (run()). Out of memory for its random operands or second
+        runs raises, as for its first run, the form kept and unchecked: running out of memory says
+        nothing of it (run() checks again at a later call; _keeps_nan takes the plan unprobed)."""
         if self.pointer_form is None or self.checked:
             return
         if _capturing(cp):
@@ -400,6 +402,9 @@ class _Plan:
             err = tuning.rel_error(cp, ours, public)           # a host-device sync
             why = None if err <= CHECK_TOL else f"relative difference {err:.2e}"
         except Exception as e:  # noqa: BLE001 - another signature: the public execute serves
+            from . import _is_out_of_memory
+            if _is_out_of_memory(e):  # says nothing of the pointer form: unchecked, the caller's to handle
+                raise
             why = f"{type(e).__name__}: {e}"[:200]
         if why is not None:
             self.pointer_form = None     # before the warning: one raised as an error leaves no disagreeing form
