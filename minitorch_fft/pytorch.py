@@ -46,8 +46,9 @@ the matrix of its pixels; prepared from a layer's second call on the GPU, _gemm_
 backend gemm, CPU and GPU. Our other algorithms take NCHW only: with auto, each pass takes the route
 auto timed for it, once per geometry, pass and precision (backends.nhwc_route), among those its
 candidates (auto_backends) offer: cuDNN's NHWC plans; the 1x1 GEMM; or copies to NCHW, auto's NCHW
-pass and the result copied back (the fastest, copies included; the copies' memory is not weighed;
-on the CPU, untimed, the GEMM where it takes the layer). Elsewhere (another backend, a geometry
+pass and the result copied back (the fastest, copies included; its memory is weighed only where the
+nhwc_route_mb setting bounds it: each route's temporaries counted in its first run, a route over the
+bound above the leanest one's never winning; on the CPU, untimed, the GEMM where it takes the layer). Elsewhere (another backend, a geometry
 none of these takes) the NCHW passes run on copies and their results are laid out channels-last
 again. The NHWC calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
 
@@ -324,6 +325,37 @@ class _Temporaries:
                 live += event
                 peak = max(peak, live)
         return peak, arena.high
+
+
+class _Both(_Temporaries):
+    """A count inside another (_counted within _graphed's): every allocation and release counted by both."""
+    __slots__ = ("outer",)
+
+    def __init__(self, outer):
+        super().__init__()
+        self.outer = outer
+
+    def took(self, p, size):
+        super().took(p, size)
+        self.outer.took(p, size)
+
+    def gave(self, p):
+        super().gave(p)
+        self.outer.gave(p)
+
+
+@contextlib.contextmanager
+def _counted():
+    """A _Temporaries counting what CuPy allocates inside the block (its peak after it): auto's
+    channels-last routes, each route's first run (backends.nhwc_route). A count already running
+    (_graphed's) goes on counting it too."""
+    global _measuring
+    outer = _measuring
+    _measuring = counted = _Temporaries() if outer is None else _Both(outer)
+    try:
+        yield counted
+    finally:
+        _measuring = outer
 
 
 class _Arena:
@@ -654,7 +686,7 @@ def _route(backend, pass_name, geometry, xp):
     NHWC plans where it serves the geometry (the GPU, cuDNN installed), with gemm a 1x1 kernel's GEMM
     without padding (gemm.nhwc_supports); else "nchw"."""
     if backend == "auto":
-        return backends.nhwc_route(pass_name, *geometry, xp)
+        return backends.nhwc_route(pass_name, *geometry, xp, measure=None if xp is np else _counted)
     if backend == "cudnn" and xp is not np and backends.get("cudnn").supports(*geometry):
         return "cudnn"
     if backend == "gemm" and backends.gemm.nhwc_supports(*geometry):

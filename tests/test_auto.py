@@ -1,4 +1,5 @@
 """The `auto` autotuner on the CPU: timing, checking against gemm, skipping, caching."""
+import contextlib
 import time
 import types
 
@@ -523,6 +524,110 @@ def test_a_channels_last_pass_takes_the_faster_route_once_and_caches_it(tuner, m
     geom = auto._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
     assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", auto.label())) is None
     assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc"))["choice"] == want
+
+
+class RouteCounts:
+    """A stand-in for the adapter's count (measure): `route_bytes` {route: bytes} a route's run adds to
+    the count open around it. The routes' stand-ins call took(route)."""
+
+    def __init__(self, route_bytes):
+        self.route_bytes, self.open, self.counts = route_bytes, None, 0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.open, self.counts = types.SimpleNamespace(peak=0), self.counts + 1
+        try:
+            yield self.open
+        finally:
+            self.open = None
+
+    def took(self, route):
+        if self.open is not None:
+            self.open.peak += self.route_bytes[route]
+
+
+def counted_routes(counts, cudnn_sleep, nchw_sleep):
+    """The cudnn and nchw stand-ins, each telling `counts` what it holds."""
+    cudnn, run = NhwcStandIn(sleep=cudnn_sleep), nchw_stand_in(sleep=nchw_sleep)
+    cudnn_pass, calls = cudnn.__getattr__, run.calls
+
+    class Counted(NhwcStandIn):
+        def __getattr__(self, pass_name):
+            def go(*args, **kwargs):
+                counts.took("cudnn")
+                return cudnn_pass(pass_name)(*args, **kwargs)
+            return go
+
+    def nchw(*args, **kwargs):
+        counts.took("nchw")
+        return run(*args, **kwargs)
+    nchw.calls = calls
+    return Counted(), nchw
+
+
+@pytest.mark.parametrize("bound_mb, want", [(None, "nchw"), (64, "cudnn"), (512, "nchw")])
+def test_a_routes_memory_is_weighed_under_nhwc_route_mb(tuner, settings, monkeypatch, bound_mb, want):
+    """Each route's first run is counted (measure), its peak in the record's "bytes"; under
+    nhwc_route_mb a faster route holding more than the bound above the leanest does not win, and the
+    record, keyed by the bound, says why. Unset, the fastest wins (session 59: VGG-16's TF32
+    channels-last accGrads on the copies' route, 5589 MiB against stock's 5057)."""
+    MiB = 2**20
+    counts = RouteCounts({"cudnn": 8 * MiB, "nchw": 400 * MiB})
+    cudnn, run = counted_routes(counts, cudnn_sleep=0.01, nchw_sleep=0.0)      # the copies' route is faster
+    if bound_mb is not None:
+        settings(nhwc_route_mb=bound_mb)
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "accgrad", **GEOM, xp=np, measure=counts) == want
+    assert counts.counts == 2                                                    # each route's first run alone
+    (row,) = auto.route_choices()
+    assert row["route"] == want and row["bytes"] == {"cudnn": 8 * MiB, "nchw": 400 * MiB}
+    assert row["ms"]["nchw"] < row["ms"]["cudnn"]
+    if want == "cudnn":
+        assert row["why"] == ("nchw was faster but held 400 MiB to cudnn's 8 MiB, over nhwc_route_mb above the "
+                              "leanest route's 8 MiB")
+    (key,) = auto._route_records
+    assert key[-1] == ("auto:nhwc" if bound_mb is None else f"auto:nhwc{{nhwc_route_mb={bound_mb}}}")
+    timed = len(run.calls)
+    monkeypatch.setattr(auto, "_routes", {})            # a new process: the record from the file, untimed
+    monkeypatch.setattr(auto, "_route_records", {})
+    monkeypatch.setattr(tuning, "_memo", {})
+    monkeypatch.setattr(tuning, "_caches", {})
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "accgrad", **GEOM, xp=np, measure=counts) == want
+    assert len(run.calls) == timed
+
+
+def test_a_bound_times_again_a_route_record_made_without_a_count(tuner, settings):
+    """Under nhwc_route_mb a record with no "bytes" (made where nothing counted: the CPU, a caller
+    without measure) is timed again by a process that counts, then weighed; without a count it
+    stands. The fast path keys the bound: a change of it is seen on the next call."""
+    MiB = 2**20
+    counts = RouteCounts({"cudnn": 0, "nchw": 300 * MiB})
+    cudnn, run = counted_routes(counts, cudnn_sleep=0.01, nchw_sleep=0.0)
+    with config.override(nhwc_route_mb=16):
+        assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) == "nchw"        # no count: as timed
+        timed = len(run.calls)
+        assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) == "nchw"        # stands
+        assert len(run.calls) == timed
+        auto._routes.clear()                                     # a process that counts: the record read from the cache
+        auto._route_records.clear()
+        assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np, measure=counts) == "cudnn"
+        assert len(run.calls) > timed and counts.counts == 2
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np, measure=counts) == "nchw"   # unset
+
+
+def test_weighing_keeps_a_lean_enough_choice_and_the_ms_order():
+    """_weighed: a choice within the bound stands; otherwise the fastest within it (ROUTES' order on
+    equal times); a record without "bytes", or no bound, as timed."""
+    MiB = 2**20
+    rec = {"choice": "nchw", "ms": {"cudnn": 2.0, "gemm": 1.5, "nchw": 1.0}, "skipped": {}, "why": "fastest",
+           "bytes": {"cudnn": 10 * MiB, "gemm": 20 * MiB, "nchw": 500 * MiB}}
+    assert auto._weighed(rec, None) is rec
+    assert auto._weighed(rec, 490 * MiB) is rec
+    assert auto._weighed(rec, 16 * MiB)["choice"] == "gemm"
+    assert auto._weighed(rec, 1 * MiB)["choice"] == "cudnn"
+    tied = {**rec, "ms": {"cudnn": 1.5, "gemm": 1.5, "nchw": 1.0}}
+    assert auto._weighed(tied, 16 * MiB)["choice"] == "cudnn"
+    assert auto._weighed({k: v for k, v in rec.items() if k != "bytes"}, 1 * MiB)["choice"] == "nchw"
+    assert rec["choice"] == "nchw"                                                # the record is not changed
 
 
 def test_a_pointwise_channels_last_layer_also_times_the_gemm_route(tuner, monkeypatch):

@@ -391,11 +391,42 @@ def routes_for(registry, x_shape, w_shape, stride, padding, xp):
     return routes + ("nchw",)
 
 
-def _route_label(routes):
+def _route_label(routes, bound=None):
     """The route record's backend field: label() + ":nhwc" (cuDNN's plans or copies), ":nhwc+gemm"
     (the "gemm" route too: it joined in session 46, so a 1x1 layer's record made without it is timed
-    again), else the routes named (":nhwc=gemm+nchw")."""
-    return label() + _ROUTE_LABELS.get(routes, ":nhwc=" + "+".join(routes))
+    again), else the routes named (":nhwc=gemm+nchw"); then "{nhwc_route_mb=N}" where that bound
+    (bytes) is set, so a choice weighed under one bound, or none, never stands in for another's."""
+    text = label() + _ROUTE_LABELS.get(routes, ":nhwc=" + "+".join(routes))
+    return text if bound is None else text + "{nhwc_route_mb=" + config.show("nhwc_route_mb", bound / 2**20) + "}"
+
+
+_route_bounds = {}   # config.state() -> the nhwc_route_mb setting in bytes (None: unset), read once per change
+
+
+def _route_bound():
+    state = config.state()
+    if state not in _route_bounds:
+        mib = config.get("nhwc_route_mb")
+        _route_bounds[state] = None if mib is None else mib * 2**20
+    return _route_bounds[state]
+
+
+def _weighed(record, bound):
+    """The route record with its choice weighed: where `bound` (bytes) is set and the record has
+    the routes' peaks ("bytes"), the fastest route whose peak is at most `bound` above the leanest
+    route's; else as timed. A route taken over a faster one says so in "why"."""
+    peaks = record.get("bytes") or {}
+    if bound is None or record["choice"] not in peaks:
+        return record
+    lean = min(peaks.values())
+    if peaks[record["choice"]] <= lean + bound:
+        return record
+    fits = [r for r in peaks if peaks[r] <= lean + bound and r in record["ms"]]
+    choice = min(fits, key=lambda r: (record["ms"][r], ROUTES.index(r)))
+    mib = lambda r: f"{peaks[r] / 2**20:.0f} MiB"   # noqa: E731
+    return {**record, "choice": choice,
+            "why": f"{record['choice']} was faster but held {mib(record['choice'])} to {choice}'s {mib(choice)}, "
+                   f"over nhwc_route_mb above the leanest route's {lean / 2**20:.0f} MiB"}
 
 
 def _route_revisions(registry, routes, pass_name, x_shape, w_shape, stride, padding, math):
@@ -412,7 +443,7 @@ _routes = {}          # _fast_key of ("nhwc", pass) -> route: the per-call path
 _route_records = {}   # tuning key -> record, this process's route choices (route_choices())
 
 
-def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
+def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp, measure=None):
     """How auto runs `pass_name` of a channels-last layer (operands and result laid out NHWC) on
     `xp`'s arrays: "cudnn", cuDNN's NHWC plans on the arrays as they are (GPU); "gemm" (a 1x1 kernel
     without padding: routes_for), one GEMM on the arrays as they are (gemm.fprop_nhwc, bprop_nhwc,
@@ -433,8 +464,20 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     upper bounds there. Not timed: the adapter's own host work around a pass (one scope entry a
     crossing, the route look-up, the result's crossing to a tensor), which every route pays alike, and
     the copies' memory (no auto_memory_mb cap here). The "cudnn" route is timed through the module
-    call, as the adapter makes it."""
+    call, as the adapter makes it.
+
+    Memory: `measure` (the PyTorch adapter's, on the GPU: a context manager counting the
+    temporaries allocated inside it, their peak in its `peak` after it) counts each route's first
+    run, the check's: its copies, workspaces, spectra and result, in the record's "bytes". Where
+    the nhwc_route_mb setting is set, a route whose peak is more than that above the leanest
+    route's does not win: the fastest of the others does (_weighed; the record, keyed by the bound,
+    says why). Unset (the default), the fastest wins and its memory is not weighed: VGG-16's
+    channels-last TF32 step (b64) then took three accGrads to the "nchw" route, 0.22-0.26 ms
+    faster each than cuDNN's NHWC plan, and its peak was 5589 MiB against the stock model's 5057
+    under reduce-overhead (session 59)."""
+    bound = _route_bound()
     fast = _fast_key(f"nhwc:{pass_name}", x_shape, w_shape, stride, padding, xp)
+    fast = fast and (*fast, bound)
     route = _routes.get(fast) if fast is not None else None
     if route is not None:
         return route
@@ -446,7 +489,7 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     if not tuning.enabled("auto_tune", xp):
         return routes[0]
     key = tuning.key(xp, np.float32, _geometry_key(x_shape, w_shape, stride, padding), pass_name,
-                     _route_label(routes))
+                     _route_label(routes, bound))
     record = _route_records.get(key)
     if record is None:
         revisions = _route_revisions(registry, routes, pass_name, x_shape, w_shape, stride, padding, cgemm.mode(xp))
@@ -454,13 +497,16 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
         def tuned():
             with reuse.suspended():   # a timed route pays for its own FFTs, every repeat
                 record = _tune_route(registry.get("cudnn"), run_nchw, routes, pass_name, x_shape, w_shape, stride,
-                                     padding, xp)
+                                     padding, xp, measure)
             record["revisions"] = revisions
-            return record
+            return _weighed(record, bound)
 
         record = tuning.remembered(key, tuned, valid=lambda choice: choice in routes)
         made_at = record.get("revisions", {r: v for r, v in _UNRECORDED_REVISIONS.items() if r in revisions})
-        if made_at != revisions:   # a route's pass changed since the record was made: timed again
+        # timed again where a route's pass changed since the record was made, or where a bound is to
+        # weigh what a record made without a count (the CPU's, another caller's) has not measured
+        unweighed = bound is not None and measure is not None and "bytes" not in record
+        if made_at != revisions or unweighed:
             record = tuned()
             tuning.default_cache().put(key, record)
         _route_records[key] = record
@@ -469,17 +515,18 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     return record["choice"]
 
 
-def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, padding, xp):
+def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, padding, xp, measure=None):
     """tuning.tune over `routes` (routes_for) for one pass, each checked against gemm on the NCHW data
     (without a bias: the "gemm" and "nchw" routes add a layer's bias after fprop, cuDNN's may fuse it;
-    not timed). cudnn: the backend, where "cudnn" is among the routes."""
+    not timed). cudnn: the backend, where "cudnn" is among the routes. measure: see nhwc_route; each
+    route's first run counted in it, the record's "bytes" {route: peak bytes} where given."""
     nchw = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
     a, b = (layout.to_nhwc(t) for t in nchw[:2])   # the same values, laid out as a channels-last layer's
     third = nchw[2:]
     reference = getattr(gemm, pass_name)(*nchw, stride=stride, padding=padding)
     del nchw
 
-    def run(route):
+    def plain(route):
         if route == "cudnn":
             return getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc")
         if route == "gemm":
@@ -488,11 +535,24 @@ def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, pa
                        x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=())
         return layout.to_nhwc(out)   # the adapter's copies, the same kernels (backends/layout.py)
 
+    peaks = {}
+
+    def run(route):
+        if measure is None or route in peaks:
+            return plain(route)
+        with measure() as counted:   # the first run: the check's (its result counted, as a layer's would be)
+            out = plain(route)
+        peaks[route] = counted.peak
+        return out
+
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     try:
-        return tuning.tune(routes, run, xp, reference=reference, reference_name="gemm", tol=tol,
-                           margin=margin(), prefer=ROUTES.index,
-                           explain=lambda route: "tie order: no layout copies first")
+        record = tuning.tune(routes, run, xp, reference=reference, reference_name="gemm", tol=tol,
+                             margin=margin(), prefer=ROUTES.index,
+                             explain=lambda route: "tie order: no layout copies first")
+        if peaks:
+            record["bytes"] = {r: int(peaks[r]) for r in record["ms"] if r in peaks}
+        return record
     except RuntimeError as e:
         raise RuntimeError(f"auto: no route ({', '.join(routes)}) ran {pass_name} of channels-last input "
                            f"{tuple(x_shape)}, weight {tuple(w_shape)}: {e}") from None
@@ -505,5 +565,6 @@ def route_choices():
     rows = []
     for (device, dtype, math, geom, pass_name, _), rec in _route_records.items():
         rows.append({"device": device, "dtype": dtype, "math": math, "geometry": list(geom), "pass": pass_name,
-                     "route": rec["choice"], "ms": rec["ms"], "skipped": rec["skipped"], "why": rec["why"]})
+                     "route": rec["choice"], "ms": rec["ms"], "bytes": rec.get("bytes", {}), "skipped": rec["skipped"],
+                     "why": rec["why"]})
     return rows
