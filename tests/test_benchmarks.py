@@ -1677,3 +1677,51 @@ def test_bench_pytorch_refuses_a_compile_mode_without_compile(monkeypatch, capsy
     with pytest.raises(SystemExit) as e:
         bench_pytorch.main()
     assert e.value.code == 2 and "--compile-mode reduce-overhead needs --compile" in capsys.readouterr().err
+
+
+def _pytorch_result(path, net, precision, modes, commit, ratios):
+    """A bench_pytorch result file: a stock and a converted row per mode; ratios {mode: (speed-up, peak ratio)}."""
+    rows = []
+    for mode in modes:
+        speedup, peak = ratios[mode]
+        base = {"network": net, "precision": precision, "mode": mode}
+        rows += [{**base, "converted": False, "vs_stock": 1.0, "peak_mib": 1000.0},
+                 {**base, "converted": True, "vs_stock": speedup, "peak_mib": 1000.0 * peak}]
+    meta = {"device": "Test GPU", "date": "2026-11-30T00:00:00+00:00", "commit": commit,
+            "command": f"python -m benchmarks.bench_pytorch --nets {net}"}
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
+
+
+def test_plot_pytorch_draws_the_files_of_record_and_lists_them(tmp_path):
+    """plot_pytorch reads bench_pytorch_<net>[_tf32][_reduce_overhead].json alone (a channels-last file is
+    not read), one bar per converted row with its stock row, each figure the file's; the Markdown names
+    each bar's file and commit, the bars no file holds, and each file's date and command."""
+    from benchmarks import plot_pytorch
+    _pytorch_result(tmp_path / "bench_pytorch_alexnet.json", "alexnet", "strict", ["eager", "CUDA graph"], "aaa1111",
+                    {"eager": (1.41, 0.93), "CUDA graph": (1.45, 0.97)})
+    _pytorch_result(tmp_path / "bench_pytorch_vgg16_tf32_reduce_overhead.json", "vgg16", "tf32",
+                    ["eager", "torch.compile reduce-overhead"], "bbb2222",
+                    {"eager": (9.0, 9.0), "torch.compile reduce-overhead": (0.89, 1.09)})
+    _pytorch_result(tmp_path / "bench_pytorch_vgg16_tf32_channels_last.json", "vgg16", "tf32", ["eager"], "ccc3333",
+                    {"eager": (7.0, 7.0)})
+    assert plot_pytorch.main([str(tmp_path)]) == 0
+    assert (tmp_path / "bench_pytorch_summary.png").stat().st_size > 0
+    md = (tmp_path / "bench_pytorch_summary.md").read_text()
+    assert "| alexnet | strict | eager | 1.41x | 930 / 1000 | bench_pytorch_alexnet.json | aaa1111 |" in md
+    assert "| alexnet | strict | CUDA graph | 1.45x | 970 / 1000 |" in md
+    assert ("| vgg16 | tf32 | torch.compile reduce-overhead | 0.89x | 1090 / 1000 | "
+            "bench_pytorch_vgg16_tf32_reduce_overhead.json | bbb2222 |") in md
+    assert "9.00x" not in md and "7.00x" not in md and "ccc3333" not in md   # the eager rows of other files
+    assert "vgg16 tf32 eager" in md.split("No bar")[1] and "alexnet strict eager;" not in md
+    assert "| bench_pytorch_alexnet.json | 2026-11-30T00:00:00+00:00 | aaa1111 | `python -m benchmarks" in md
+
+
+def test_plot_pytorch_refuses_a_folder_without_results(tmp_path, capsys):
+    from benchmarks import plot_pytorch
+    with pytest.raises(SystemExit) as e:
+        plot_pytorch.main([str(tmp_path / "nowhere")])
+    assert e.value.code == 2 and "is not a folder of results" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plot_pytorch.main([str(tmp_path)])
+    assert "no bench_pytorch_" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []                                    # nothing written

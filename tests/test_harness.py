@@ -259,16 +259,19 @@ def test_median_ms_pauses_the_garbage_collector():
 def test_stack_sampler_finds_where_a_thread_spends_its_time():
     from benchmarks.harness import StackSampler
 
-    def busy(seconds):
+    def busy(seconds, samples=0):
+        """Spin for `seconds`, and on (10 s at most) until the sampler has `samples`: on a loaded
+        machine (the suite under -n 12) its thread got too few turns in 0.15 s (session 59)."""
         t0 = time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
+        while time.perf_counter() - t0 < seconds or (sampler.samples < samples and time.perf_counter() - t0 < 10):
             pass
 
     def idle_caller():
-        busy(0.15)
+        busy(0.15, samples=30)
 
     switch = sys.getswitchinterval()
-    with StackSampler(interval_s=2e-3) as sampler:
+    sampler = StackSampler(interval_s=2e-3)
+    with sampler:
         idle_caller()
     assert sampler.samples >= 10
     text = sampler.report(5)

@@ -1,0 +1,139 @@
+"""The adapter's results at a glance: converted against stock PyTorch, from bench_pytorch's files.
+
+Reads the NCHW result files of record that `python -m benchmarks.bench_pytorch` wrote into one
+device's folder (bench_pytorch_<net>[_tf32][_reduce_overhead].json: the channels-last, pass-graph and
+other variants are left out) and draws, per precision (strict fp32 against PyTorch strict, TF32 mode
+against PyTorch's default), each network's converted step as a multiple of the stock step's speed in
+the same mode and run (the files' "vs_stock"), and its peak memory as a fraction of stock's. Bars
+are the modes: eager, CUDA graph, torch.compile, torch.compile reduce-overhead. Nothing is measured
+here: every figure is a file's, and the Markdown beside the plot lists each file's commit, date and
+command.
+
+  python -m benchmarks.plot_pytorch                          # results/nvidia-h200
+  python -m benchmarks.plot_pytorch results/nvidia-h100-80gb-hbm3
+
+Writes <folder>/bench_pytorch_summary.{png,md}.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.harness import RESULTS_DIR, save_figure, write_text
+
+NETWORKS = ("alexnet", "overfeat_fast", "vgg16", "resnet50")
+# the rows' "precision" -> (the column's title, the file name's part)
+PRECISIONS = {"strict": ("strict fp32, against PyTorch strict", ""), "tf32": ("TF32 mode, against PyTorch's default", "_tf32")}
+MODES = ("eager", "CUDA graph", "torch.compile", "torch.compile reduce-overhead")
+MODE_FILE = {"torch.compile reduce-overhead": "_reduce_overhead"}   # the other modes: the plain file
+NAME = "bench_pytorch_summary"
+
+
+def source(folder, net, precision, mode):
+    """The result file of record holding (net, precision, mode)'s rows."""
+    return Path(folder) / f"bench_pytorch_{net}{PRECISIONS[precision][1]}{MODE_FILE.get(mode, '')}.json"
+
+
+def collect(folder):
+    """(bars, sources): bars [{network, precision, mode, speedup, peak_ratio, commit}] for every converted
+    row found; sources {file name: meta} of the files read."""
+    bars, sources, cache = [], {}, {}
+    for net in NETWORKS:
+        for precision in PRECISIONS:
+            for mode in MODES:
+                path = source(folder, net, precision, mode)
+                if path not in cache:
+                    cache[path] = json.loads(path.read_text()) if path.exists() else None
+                data = cache[path]
+                if data is None:
+                    continue
+                rows = [r for r in data["rows"] if r["network"] == net and r["precision"] == precision
+                        and r["mode"] == mode]
+                stock = [r for r in rows if not r["converted"]]
+                ours = [r for r in rows if r["converted"]]
+                if not (stock and ours):
+                    continue
+                sources[path.name] = data["meta"]
+                bars.append({"network": net, "precision": precision, "mode": mode, "speedup": ours[0]["vs_stock"],
+                             "peak_ratio": ours[0]["peak_mib"] / stock[0]["peak_mib"],
+                             "peak": (ours[0]["peak_mib"], stock[0]["peak_mib"]), "commit": data["meta"]["commit"],
+                             "file": path.name})
+    return bars, sources
+
+
+def plot(bars, path, device):
+    """Two rows (speed-up, peak ratio) by one column per precision; a bar a mode, grouped by network."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(PRECISIONS), figsize=(14, 8), sharex=True)
+    width = 0.8 / len(MODES)
+    for col, precision in enumerate(PRECISIONS):
+        for row, (key, label) in enumerate((("speedup", "speed-up over stock (same mode, same run)"),
+                                            ("peak_ratio", "peak memory / stock's"))):
+            ax = axes[row][col]
+            for k, mode in enumerate(MODES):
+                points = [(NETWORKS.index(b["network"]) + (k - (len(MODES) - 1) / 2) * width, b[key])
+                          for b in bars if b["precision"] == precision and b["mode"] == mode]
+                if points:
+                    xs, ys = zip(*points)
+                    drawn = ax.bar(xs, ys, width, label=mode)
+                    ax.bar_label(drawn, fmt="%.2f", fontsize=7, rotation=90, padding=2)
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.set_ylabel(label)
+            ax.grid(axis="y", alpha=0.3)
+            ax.margins(y=0.15)
+            if row == 0:
+                ax.set_title(PRECISIONS[precision][0])
+            ax.set_xticks(range(len(NETWORKS)), NETWORKS)
+    handles = {h.get_label(): h for ax in axes.flat for h in ax.containers}
+    fig.legend([handles[m] for m in MODES if m in handles], [m for m in MODES if m in handles],
+               loc="lower center", ncol=len(MODES), fontsize=9, bbox_to_anchor=(0.5, -0.02))
+    fig.suptitle(f"minitorch_fft.pytorch.convert: training step against stock PyTorch, {device}\n"
+                 f"(the files of record, commits in {NAME}.md; above 1 is faster, below 1 is less memory)")
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def markdown(bars, sources, device):
+    lines = [f"# Converted against stock PyTorch, {device}: the plot's figures and their files", "",
+             f"![summary]({NAME}.png)", "",
+             "Made by `python -m benchmarks.plot_pytorch` from the result files below (nothing measured by it).", "",
+             "| network | precision | mode | speed-up | peak MiB, ours / stock | file | commit |",
+             "|---|---|---|---|---|---|---|"]
+    for b in bars:
+        lines.append(f"| {b['network']} | {b['precision']} | {b['mode']} | {b['speedup']:.2f}x | "
+                     f"{b['peak'][0]:.0f} / {b['peak'][1]:.0f} | {b['file']} | {b['commit']} |")
+    missing = [f"{net} {precision} {mode}" for net in NETWORKS for precision in PRECISIONS for mode in MODES
+               if not any((b["network"], b["precision"], b["mode"]) == (net, precision, mode) for b in bars)]
+    if missing:
+        lines += ["", "No bar (no file of record in this folder holds both rows): " + "; ".join(missing) + "."]
+    lines += ["", "| file | date | commit | command |", "|---|---|---|---|"]
+    for name, meta in sorted(sources.items()):
+        lines.append(f"| {name} | {meta.get('date', '')} | {meta.get('commit', '')} | `{meta.get('command', '')}` |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", nargs="?", default=str(RESULTS_DIR / "nvidia-h200"),
+                        help="a device's results folder (default: results/nvidia-h200)")
+    args = parser.parse_args(argv)
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        parser.error(f"{folder} is not a folder of results (expected results/<device>/)")
+    bars, sources = collect(folder)
+    if not bars:
+        parser.error(f"no bench_pytorch_<net>[_tf32][_reduce_overhead].json with stock and converted rows in {folder}")
+    device = next(iter(sources.values())).get("device", folder.name)
+    png, md = folder / f"{NAME}.png", folder / f"{NAME}.md"
+    plot(bars, png, device)
+    write_text(md, markdown(bars, sources, device))
+    print(f"{len(bars)} bars from {len(sources)} files: {png}, {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
