@@ -404,29 +404,32 @@ _route_bounds = {}   # config.state() -> the nhwc_route_mb setting in bytes (Non
 
 
 def _route_bound():
-    state = config.state()
-    if state not in _route_bounds:
+    try:
+        return _route_bounds[config.state()]
+    except KeyError:
         mib = config.get("nhwc_route_mb")
-        _route_bounds[state] = None if mib is None else mib * 2**20
-    return _route_bounds[state]
+        bound = _route_bounds[config.state()] = None if mib is None else mib * 2**20
+        return bound
 
 
 def _weighed(record, bound):
     """The route record with its choice weighed: where `bound` (bytes) is set and the record has
-    the routes' peaks ("bytes"), the fastest route whose peak is at most `bound` above the leanest
-    route's; else as timed. A route taken over a faster one says so in "why"."""
+    the routes' peaks ("bytes"), the timed choice if its peak is at most `bound` above the leanest
+    route's, else the tie rule's pick (the margin, ROUTES' order) among the routes within it;
+    otherwise as timed. A choice set aside says so in "why", its own reason kept."""
     peaks = record.get("bytes") or {}
     if bound is None or record["choice"] not in peaks:
         return record
     lean = min(peaks.values())
     if peaks[record["choice"]] <= lean + bound:
         return record
-    fits = [r for r in peaks if peaks[r] <= lean + bound and r in record["ms"]]
-    choice = min(fits, key=lambda r: (record["ms"][r], ROUTES.index(r)))
+    fits = {r: record["ms"][r] for r in peaks if peaks[r] <= lean + bound and r in record["ms"]}
+    choice, why = tuning.select(fits, margin(), prefer=ROUTES.index,
+                                explain=lambda route: "tie order: no layout copies first")
     mib = lambda r: f"{peaks[r] / 2**20:.0f} MiB"   # noqa: E731
     return {**record, "choice": choice,
-            "why": f"{record['choice']} was faster but held {mib(record['choice'])} to {choice}'s {mib(choice)}, "
-                   f"over nhwc_route_mb above the leanest route's {lean / 2**20:.0f} MiB"}
+            "why": f"{why} of the routes within nhwc_route_mb of the leanest ({lean / 2**20:.0f} MiB); "
+                   f"{record['choice']} ({record['why']}) held {mib(record['choice'])}, {choice} {mib(choice)}"}
 
 
 def _route_revisions(registry, routes, pass_name, x_shape, w_shape, stride, padding, math):
@@ -463,21 +466,24 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     backward the adapter copies gradOutput once for both NCHW passes, so the "nchw" route's times are
     upper bounds there. Not timed: the adapter's own host work around a pass (one scope entry a
     crossing, the route look-up, the result's crossing to a tensor), which every route pays alike, and
-    the copies' memory (no auto_memory_mb cap here). The "cudnn" route is timed through the module
+    the copies' memory (no auto_memory_mb cap here; see Memory below). The "cudnn" route is timed through the module
     call, as the adapter makes it.
 
-    Memory: `measure` (the PyTorch adapter's, on the GPU: a context manager counting the
-    temporaries allocated inside it, their peak in its `peak` after it) counts each route's first
-    run, the check's: its copies, workspaces, spectra and result, in the record's "bytes". Where
-    the nhwc_route_mb setting is set, a route whose peak is more than that above the leanest
-    route's does not win: the fastest of the others does (_weighed; the record, keyed by the bound,
-    says why). Unset (the default), the fastest wins and its memory is not weighed: VGG-16's
-    channels-last TF32 step (b64) then took three accGrads to the "nchw" route, 0.22-0.26 ms
-    faster each than cuDNN's NHWC plan, and its peak was 5589 MiB against the stock model's 5057
-    under reduce-overhead (session 59)."""
+    Memory: `measure` (the PyTorch adapter's, on the GPU: a context manager counting what CuPy
+    allocates inside it, `peak` and `live` after it) counts each route's second run, the timing's
+    warm-up, a call as a layer's later ones (its copies, workspaces, spectra and result), plus what
+    the first run left held besides its result (the first run, the check's, may tune: cuDNN's plan
+    search, auto's NCHW choice), in the record's "bytes". Where the nhwc_route_mb setting is set,
+    a route whose peak is more than that above the leanest route's does not win: of the others,
+    the one the tie rule picks does (_weighed; the record, keyed by the bound, says why). Unset (the
+    default), the fastest wins and its memory is not weighed: VGG-16's channels-last TF32 step
+    (b64) then took three accGrads to the "nchw" route, 0.22-0.26 ms faster each than cuDNN's NHWC
+    plan, and its peak was 5589 MiB against the stock model's 5057 under reduce-overhead (session
+    59). The count sees every thread's allocations while it runs (the adapter's count is one for
+    the process): another thread allocating meanwhile inflates it."""
     bound = _route_bound()
     fast = _fast_key(f"nhwc:{pass_name}", x_shape, w_shape, stride, padding, xp)
-    fast = fast and (*fast, bound)
+    fast = fast and fast + (bound,)
     route = _routes.get(fast) if fast is not None else None
     if route is not None:
         return route
@@ -518,8 +524,9 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
 def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, padding, xp, measure=None):
     """tuning.tune over `routes` (routes_for) for one pass, each checked against gemm on the NCHW data
     (without a bias: the "gemm" and "nchw" routes add a layer's bias after fprop, cuDNN's may fuse it;
-    not timed). cudnn: the backend, where "cudnn" is among the routes. measure: see nhwc_route; each
-    route's first run counted in it, the record's "bytes" {route: peak bytes} where given."""
+    not timed). cudnn: the backend, where "cudnn" is among the routes. measure: see nhwc_route; the
+    record's "bytes" {route: peak bytes} where given: each route's second run (the timing's warm-up)
+    counted, plus what its first run (the check's, which may tune) left held besides its result."""
     nchw = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
     a, b = (layout.to_nhwc(t) for t in nchw[:2])   # the same values, laid out as a channels-last layer's
     third = nchw[2:]
@@ -535,14 +542,18 @@ def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, pa
                        x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=())
         return layout.to_nhwc(out)   # the adapter's copies, the same kernels (backends/layout.py)
 
-    peaks = {}
+    calls, kept, peaks = {}, {}, {}
 
     def run(route):
-        if measure is None or route in peaks:
+        n = calls[route] = calls.get(route, 0) + 1
+        if measure is None or n > 2:
             return plain(route)
-        with measure() as counted:   # the first run: the check's (its result counted, as a layer's would be)
+        with measure() as counted:
             out = plain(route)
-        peaks[route] = counted.peak
+        if n == 1:   # the check's run, also the route's first call: it may tune (cuDNN's plan search, auto's NCHW
+            kept[route] = max(0, counted.live - out.nbytes)   # choice), so only what it keeps is counted
+        else:        # the timing's warm-up: a call as a layer's later ones, its result counted as theirs would be
+            peaks[route] = counted.peak + kept[route]
         return out
 
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
