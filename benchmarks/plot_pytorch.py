@@ -23,7 +23,8 @@ from benchmarks.harness import RESULTS_DIR, save_figure, write_text
 
 NETWORKS = ("alexnet", "overfeat_fast", "vgg16", "resnet50")
 # the rows' "precision" -> (the column's title, the file name's part)
-PRECISIONS = {"strict": ("strict fp32, against PyTorch strict", ""), "tf32": ("TF32 mode, against PyTorch's default", "_tf32")}
+PRECISIONS = {"strict": ("strict fp32, against PyTorch strict", ""),
+              "tf32": ("TF32 mode, against PyTorch's default", "_tf32")}
 MODES = ("eager", "CUDA graph", "torch.compile", "torch.compile reduce-overhead")
 MODE_FILE = {"torch.compile reduce-overhead": "_reduce_overhead"}   # the other modes: the plain file
 NAME = "bench_pytorch_summary"
