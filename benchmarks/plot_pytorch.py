@@ -23,7 +23,8 @@ from benchmarks.harness import RESULTS_DIR, save_figure, write_text
 
 NETWORKS = ("alexnet", "overfeat_fast", "vgg16", "resnet50")
 # the rows' "precision" -> (the column's title, the file name's part)
-PRECISIONS = {"strict": ("strict fp32, against PyTorch strict", ""), "tf32": ("TF32 mode, against PyTorch's default", "_tf32")}
+PRECISIONS = {"strict": ("strict fp32, against PyTorch strict", ""),
+              "tf32": ("TF32 mode, against PyTorch's default", "_tf32")}
 MODES = ("eager", "CUDA graph", "torch.compile", "torch.compile reduce-overhead")
 MODE_FILE = {"torch.compile reduce-overhead": "_reduce_overhead"}   # the other modes: the plain file
 NAME = "bench_pytorch_summary"
@@ -34,16 +35,43 @@ def source(folder, net, precision, mode):
     return Path(folder) / f"bench_pytorch_{net}{PRECISIONS[precision][1]}{MODE_FILE.get(mode, '')}.json"
 
 
+class BadResult(ValueError):
+    """A file named as a bench_pytorch result that does not hold one (the message names it and why)."""
+
+
+def _read(path):
+    """A bench_pytorch result file's JSON ({"meta", "rows"}), None where there is no file; BadResult
+    for anything else at that path."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadResult(f"{path}: not a readable JSON file ({e})") from None
+    if not (isinstance(data, dict) and isinstance(data.get("meta"), dict) and isinstance(data.get("rows"), list)
+            and all(isinstance(r, dict) for r in data["rows"])):
+        raise BadResult(f"{path}: not a bench_pytorch result (a JSON object with \"meta\" and a list of \"rows\")")
+    for r in data["rows"]:
+        fields = {"network": str, "precision": str, "mode": str, "converted": bool}
+        numbers = ("vs_stock", "peak_mib")
+        if not (all(isinstance(r.get(k), t) for k, t in fields.items())
+                and all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) and r[k] > 0
+                        for k in numbers)):
+            raise BadResult(f"{path}: a row without {', '.join(fields)} or a positive {' and '.join(numbers)}: "
+                            f"{r!r:.200}")
+    return data
+
+
 def collect(folder):
     """(bars, sources): bars [{network, precision, mode, speedup, peak_ratio, commit}] for every converted
-    row found; sources {file name: meta} of the files read."""
+    row found; sources {file name: meta} of the files read. BadResult for a file that is not a result."""
     bars, sources, cache = [], {}, {}
     for net in NETWORKS:
         for precision in PRECISIONS:
             for mode in MODES:
                 path = source(folder, net, precision, mode)
                 if path not in cache:
-                    cache[path] = json.loads(path.read_text()) if path.exists() else None
+                    cache[path] = _read(path)
                 data = cache[path]
                 if data is None:
                     continue
@@ -56,8 +84,8 @@ def collect(folder):
                 sources[path.name] = data["meta"]
                 bars.append({"network": net, "precision": precision, "mode": mode, "speedup": ours[0]["vs_stock"],
                              "peak_ratio": ours[0]["peak_mib"] / stock[0]["peak_mib"],
-                             "peak": (ours[0]["peak_mib"], stock[0]["peak_mib"]), "commit": data["meta"]["commit"],
-                             "file": path.name})
+                             "peak": (ours[0]["peak_mib"], stock[0]["peak_mib"]),
+                             "commit": data["meta"].get("commit", "not recorded"), "file": path.name})
     return bars, sources
 
 
@@ -96,10 +124,25 @@ def plot(bars, path, device):
     plt.close(fig)
 
 
+MADE_BY = "Made by `python -m benchmarks.plot_pytorch`"   # the Markdown's own line: a summary it may replace
+
+
+def ours(folder):
+    """Whether the summary files in `folder` are absent or plot_pytorch's own (its Markdown says so):
+    a file of the same name the user made is never replaced."""
+    md, png = folder / f"{NAME}.md", folder / f"{NAME}.png"
+    if md.exists():
+        try:
+            return MADE_BY in md.read_text()
+        except (OSError, UnicodeDecodeError):
+            return False
+    return not png.exists()
+
+
 def markdown(bars, sources, device):
     lines = [f"# Converted against stock PyTorch, {device}: the plot's figures and their files", "",
              f"![summary]({NAME}.png)", "",
-             "Made by `python -m benchmarks.plot_pytorch` from the result files below (nothing measured by it).", "",
+             f"{MADE_BY} from the result files below (nothing measured by it).", "",
              "| network | precision | mode | speed-up | peak MiB, ours / stock | file | commit |",
              "|---|---|---|---|---|---|---|"]
     for b in bars:
@@ -124,13 +167,18 @@ def main(argv=None):
     folder = Path(args.folder)
     if not folder.is_dir():
         parser.error(f"{folder} is not a folder of results (expected results/<device>/)")
-    bars, sources = collect(folder)
+    try:
+        bars, sources = collect(folder)
+    except BadResult as e:
+        parser.error(str(e))
     if not bars:
         parser.error(f"no bench_pytorch_<net>[_tf32][_reduce_overhead].json with stock and converted rows in {folder}")
+    if not ours(folder):
+        parser.error(f"{folder / NAME}.md or .png is there and was not made by plot_pytorch; move it away first")
     device = next(iter(sources.values())).get("device", folder.name)
     png, md = folder / f"{NAME}.png", folder / f"{NAME}.md"
+    write_text(md, markdown(bars, sources, device))   # first: a plot beside its Markdown is ours to replace
     plot(bars, png, device)
-    write_text(md, markdown(bars, sources, device))
     print(f"{len(bars)} bars from {len(sources)} files: {png}, {md}")
     return 0
 

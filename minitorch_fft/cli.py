@@ -22,7 +22,8 @@ JSON object with the results. Exit codes: 0 done, 2 bad input, 3 the loss became
 (nothing is saved: the last checkpoint is the last good state), 4 another data-parallel rank
 failed, 5 out of memory while training (the checks before training size what a batch's forward keeps
 for backward, a lower bound, not the backward's own arrays or a backend's scratch; the last
-checkpoint stays), 130 / 143 stopped by SIGINT / SIGTERM after saving.
+checkpoint stays), 130 / 143 stopped by SIGINT / SIGTERM after saving (130 also for Ctrl-C before
+training starts: one line, nothing saved).
 """
 import argparse
 import json
@@ -73,6 +74,15 @@ def int_at_least(lo, what):
 
 positive_int = int_at_least(1, "a positive integer")
 nonneg_int = int_at_least(0, "an integer >= 0")
+
+
+def seed_int(s):
+    """--seed: an int in [0, 2**64), what a checkpoint's run state keeps (a larger one saved a run
+    that --resume then refused)."""
+    v = nonneg_int(s)
+    if v >= 2**64:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**64), got {s!r}")
+    return v
 
 
 def momentum_float(s):
@@ -127,7 +137,7 @@ def _parser(explicit_only=False, prog=None):
     p.add_argument("--weight-decay", type=nonneg_float, default=default("weight_decay"),
                    help="SGD's L2 weight decay")
     p.add_argument("--device", default=default("device"), help="auto (GPU if CuPy sees one) | cpu | cuda")
-    p.add_argument("--seed", type=nonneg_int, default=default("seed"),
+    p.add_argument("--seed", type=seed_int, default=default("seed"),
                    help="seeds the weights, the data order, the digits' train/test split and dropout")
     p.add_argument("--fake-size", type=positive_int, default=default("fake_size"),
                    help="training images per epoch with --data fake")
@@ -176,10 +186,12 @@ def parse_args(argv=None, prog=None):
 
 
 def check_fake_flags(args):
-    """Flags of one data source only are refused with another."""
-    for flag, kind in (("fake_size", "fake"), ("num_classes", "fake"), ("skip_bad_images", "imagefolder")):
-        if flag in args.explicit and args.data.partition(":")[0] != kind:
-            raise ValueError(f"--{flag.replace('_', '-')} applies to --data {kind} only (got --data {args.data})")
+    """Flags of some data sources only are refused with another."""
+    for flag, kinds in (("fake_size", ("fake",)), ("num_classes", ("fake",)), ("skip_bad_images", ("imagefolder",)),
+                        ("workers", ("imagefolder", "cifar10"))):
+        if flag in args.explicit and args.data.partition(":")[0] not in kinds:
+            raise ValueError(f"--{flag.replace('_', '-')} applies to --data {' or '.join(kinds)} only "
+                             f"(got --data {args.data})")
 
 
 def check_outputs(args, resumed=None):
@@ -187,7 +199,16 @@ def check_outputs(args, resumed=None):
     would replace a file the run did not make (nothing is created here: a folder a path needs is
     made when the run first writes there). resumed: the checkpoint's run state (restore_run), whose
     saved --tune-report, the same path, the resumed run may replace (args.replace_report)."""
+    for flag, path in (("--checkpoint", args.checkpoint), ("--tune-report", args.tune_report)):
+        if path is not None and not path.strip():
+            raise ValueError(f"{flag} is an empty path (an unset shell variable?); give a file path")
+        if path and path.endswith((os.sep, os.altsep or os.sep)):
+            raise ValueError(f"{flag} {path!r} ends with a path separator, which names a folder; give a file path")
     if args.checkpoint:
+        if os.path.islink(args.checkpoint):
+            raise ValueError(f"--checkpoint {args.checkpoint!r} is a symbolic link; give the path it points to "
+                             f"({os.path.realpath(args.checkpoint)!r}): a save replaces the file at the path given, "
+                             "which would replace the link")
         if os.path.isdir(args.checkpoint):
             raise ValueError(f"--checkpoint {args.checkpoint!r} is a directory; give a file path")
         if os.path.exists(args.checkpoint) and not args.resume:
@@ -383,6 +404,11 @@ def main(argv=None, prog="train.py"):
             raise
         print(f"{prog}: error: out of memory before training ({e})", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C outside the training loop (which saves and returns 130 itself)
+        if _debug():
+            raise
+        print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 def run(argv=None, prog="train.py"):

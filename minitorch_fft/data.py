@@ -232,6 +232,8 @@ def bad_images(files, max_pixels=None, workers=None):
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
 
     def check(file):
+        if not os.path.isfile(file):   # a FIFO would block Image.open for ever; a socket or device is no image either
+            return "not a regular file (a FIFO, socket or device)"
         try:
             with Image.open(file) as im:
                 w, h = im.size

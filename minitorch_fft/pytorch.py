@@ -1425,15 +1425,17 @@ def conv2d(x, weight, stride=1, padding=0, backend="auto", bias=None):
         # TypeError, as nn.Conv2d's, not the dispatcher's; a tracer's proxy (torch.fx) takes Tensors' place
         if t is not None and not isinstance(t, torch.Tensor) and not hasattr(type(t), "__torch_function__"):
             raise TypeError(f"conv2d: {name} must be a torch.Tensor, got {type(t).__name__}")
-    stride, padding = _pair(stride), _pair(padding)
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
     if _eager(x, weight, bias):
         x, weight, bias = _autocast(x, weight, bias)
         return EagerConv2d.apply(x, weight, stride, padding, backend, bias)
     return torch.ops.minitorch_fft.conv2d(x, weight, stride, padding, backend, bias)
 
 
-def _pair(v):
-    return [v, v] if isinstance(v, int) else list(v)
+def _pair(v, name):
+    """[h, w] of an int or a pair of ints (NumPy's too, as PyTorch takes them); TypeError naming the
+    argument otherwise (a float, None, a string such as 'same': nn.functional.conv2d's to run)."""
+    return list(backends.utils.pair(v, f"conv2d: {name}"))
 
 
 # -- the module and the conversion --------------------------------------------------------------
@@ -1465,6 +1467,9 @@ def _check_backend(backend):
                              f"{[n for n in backends.names() if n != backend]}")
 
 
+_GEOMETRY_ATTRIBUTES = frozenset({"groups", "dilation", "padding_mode", "padding"})   # what unsupported() reads
+
+
 class Conv2d(torch.nn.Conv2d):
     """nn.Conv2d on the project's backends: same arguments, parameters, init, state_dict keys;
     `backend` one of backends.names() or "auto". groups 1, dilation 1 and numeric zero padding
@@ -1477,6 +1482,20 @@ class Conv2d(torch.nn.Conv2d):
         if reason is not None:
             raise ValueError(f"minitorch_fft.pytorch.Conv2d: {reason}; use torch.nn.Conv2d")
         self.backend = backend
+
+    def __setattr__(self, name, value):
+        """A converted layer's groups, dilation, padding_mode or padding set to what the backends do
+        not take is refused (ValueError; the old value kept), not run as if zero-padded: set them
+        before convert(), which leaves such layers as nn.Conv2d."""
+        if name not in _GEOMETRY_ATTRIBUTES or "backend" not in self.__dict__:   # nn.Conv2d.__init__ sets them first
+            return super().__setattr__(name, value)
+        old = getattr(self, name)
+        super().__setattr__(name, value)
+        reason = unsupported(self)
+        if reason is not None:
+            super().__setattr__(name, old)
+            raise ValueError(f"minitorch_fft.pytorch.Conv2d: {reason}; set it before convert(), which leaves such "
+                             "layers as nn.Conv2d, or use torch.nn.Conv2d")
 
     def forward(self, x):
         # What nn.Conv2d takes beside a batch, it takes too: an unbatched (C, H, W) image, as a

@@ -1725,3 +1725,42 @@ def test_plot_pytorch_refuses_a_folder_without_results(tmp_path, capsys):
         plot_pytorch.main([str(tmp_path)])
     assert "no bench_pytorch_" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []                                    # nothing written
+
+
+@pytest.mark.parametrize("content, why", [
+    ('{"meta": {}, "rows": [', "not a readable JSON file"),
+    ("[]", "not a bench_pytorch result"),
+    ('{"meta": {}}', "not a bench_pytorch result"),
+    ('{"meta": {}, "rows": [{"network": "alexnet", "precision": "strict", "mode": "eager", "converted": false, '
+     '"vs_stock": 1.0, "peak_mib": 0}]}', "a positive vs_stock and peak_mib"),
+    ('{"meta": {}, "rows": [{"network": "alexnet", "precision": "strict", "mode": "eager", "converted": true, '
+     '"vs_stock": null, "peak_mib": 5}]}', "a positive vs_stock and peak_mib"),
+])
+def test_plot_pytorch_names_a_file_that_is_not_a_result(tmp_path, capsys, content, why):
+    from benchmarks import plot_pytorch
+    (tmp_path / "bench_pytorch_alexnet.json").write_text(content)
+    with pytest.raises(SystemExit) as e:
+        plot_pytorch.main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "bench_pytorch_alexnet.json" in err and why in err and "Traceback" not in err
+
+
+def test_plot_pytorch_never_replaces_a_summary_it_did_not_make(tmp_path, capsys):
+    """A bench_pytorch_summary.md or .png of the user's is left as it is (an error says so); its own are
+    replaced on the next run."""
+    from benchmarks import plot_pytorch
+    _pytorch_result(tmp_path / "bench_pytorch_alexnet.json", "alexnet", "strict", ["eager"], "aaa1111",
+                    {"eager": (1.41, 0.93)})
+    mine = tmp_path / "bench_pytorch_summary.md"
+    mine.write_text("my notes")
+    with pytest.raises(SystemExit):
+        plot_pytorch.main([str(tmp_path)])
+    assert "was not made by plot_pytorch" in capsys.readouterr().err and mine.read_text() == "my notes"
+    assert not (tmp_path / "bench_pytorch_summary.png").exists()
+    mine.unlink()
+    (tmp_path / "bench_pytorch_summary.png").write_bytes(b"my picture")
+    with pytest.raises(SystemExit):
+        plot_pytorch.main([str(tmp_path)])
+    assert (tmp_path / "bench_pytorch_summary.png").read_bytes() == b"my picture"
+    (tmp_path / "bench_pytorch_summary.png").unlink()
+    assert plot_pytorch.main([str(tmp_path)]) == 0 and plot_pytorch.main([str(tmp_path)]) == 0   # its own, replaced

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import logging
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
@@ -610,6 +611,36 @@ def test_bad_input_says_why(path):
         Conv2d(3, 4, 3, backend="nope")
     with pytest.raises(ValueError, match="groups=3"):
         Conv2d(3, 3, 3, groups=3)
+
+
+def test_stride_and_padding_as_pytorch_takes_them_else_a_clear_type_error():
+    """NumPy ints are ints (nn.functional.conv2d takes them); a float, None, a string ('same') or a
+    triple is a TypeError naming the argument (it had been "'numpy.int64' object is not iterable")."""
+    x, w, _, _ = operands(CASES[0], "cpu")
+    ref = TF.conv2d(x, w, stride=2, padding=1)
+    assert torch.allclose(conv2d(x, w, np.int64(2), (np.int32(1), 1)), ref, atol=1e-5)
+    for bad in (2.0, None, "same", (1, 1, 1)):
+        with pytest.raises(TypeError, match=r"conv2d: padding must be an int or a pair \(h, w\) of ints, got"):
+            conv2d(x, w, 1, bad)
+    with pytest.raises(TypeError, match="conv2d: stride must be"):
+        conv2d(x, w, 1.5, 0)
+
+
+def test_a_converted_layer_refuses_what_its_backends_do_not_take():
+    """padding_mode, dilation, groups or string padding set after convert() (a loop over a model's
+    Conv2d layers): a ValueError, the old value kept, where the layer had gone on zero-padding, a
+    silent wrong answer (0.87 off with padding_mode='circular'). Other values still take."""
+    net = convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1)))
+    layer = net[0]
+    for name, value, old in (("padding_mode", "circular", "zeros"), ("dilation", (2, 2), (1, 1)), ("groups", 3, 1),
+                             ("padding", "same", (1, 1))):
+        with pytest.raises(ValueError, match=f"{name}=.*set it before convert"):
+            setattr(layer, name, value)
+        assert getattr(layer, name) == old
+    layer.padding = (0, 2)
+    x = torch.randn(1, 3, 8, 8)
+    assert torch.allclose(net(x), TF.conv2d(x, layer.weight, layer.bias, padding=(0, 2)), atol=1e-5)
+    copy.deepcopy(net)                                    # a copy sets nothing through __setattr__
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -147,6 +147,9 @@ def train_history(epochs):
     (["--tune-report", "README.md"], "already exists; a report never replaces a file"),
     (["--resume", "--checkpoint", "tests"], "is a directory"),
     (["--model", "resnet50", "--data", "fake", "--num-classes", "100000000"], "more than the"),
+    (["--seed", str(2**64)], "--seed: expected an integer in [0, 2**64)"),   # a checkpoint keeps [0, 2**64)
+    (["--workers", "4"], "--workers applies to --data imagefolder or cifar10 only"),
+    (["--checkpoint", ""], "--checkpoint is an empty path"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, msg):
     p = run_train(*args, check=False)
@@ -183,6 +186,56 @@ def test_outputs_never_replace_or_leave_what_the_run_did_not_make(tmp_path, caps
     ckpt, report = tmp_path / "run" / "r.ckpt", tmp_path / "reports" / "t.json"
     assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt), "--tune-report", str(report)]) == 0
     assert os.listdir(ckpt.parent) == ["r.ckpt"] and json.loads(report.read_text())
+
+
+def test_paths_that_would_fail_or_replace_after_training_are_refused_before_it(tmp_path, capsys):
+    """A path ending with a separator names a folder: refused before training (the save at the end of
+    epoch 1 failed, the epoch lost; a report after the whole run). A symbolic link at --checkpoint is
+    refused, the link left as it was (a save replaces the file at the path given: the link became a
+    plain file)."""
+    for flag in ("--checkpoint", "--tune-report"):
+        assert cli.main(["--no-progress", "--epochs", "1", flag, str(tmp_path / "new") + os.sep]) == 2
+        err = capsys.readouterr().err
+        assert "ends with a path separator" in err and "epoch 1/1" not in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+    link = tmp_path / "d.ckpt"
+    link.symlink_to(tmp_path / "elsewhere" / "t.ckpt")
+    assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(link)]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    assert link.is_symlink() and not (tmp_path / "elsewhere").exists()
+    real = tmp_path / "real.ckpt"                                   # --resume through a link to a checkpoint
+    assert cli.main(["--no-progress", "--epochs", "2", "--max-epochs-this-run", "1", "--checkpoint", str(real)]) == 0
+    saved = real.read_bytes()
+    link.unlink()
+    link.symlink_to(real)
+    assert cli.main(["--no-progress", "--epochs", "2", "--checkpoint", str(link), "--resume"]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err
+    assert link.is_symlink() and real.read_bytes() == saved
+
+
+def test_ctrl_c_before_training_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while the model is built or the data read (the training loop saves and returns 130 itself)."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "load_data", interrupted)
+    assert cli.main(["--no-progress", "--epochs", "1"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "train.py: interrupted (Ctrl-C)"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_in_an_image_folder_is_a_bad_image_not_a_hang(tmp_path, capsys):
+    """Opening a FIFO blocks until a writer comes: the image check refuses anything but a regular file."""
+    pytest.importorskip("torchvision")
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (tmp_path / cls).mkdir()
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(tmp_path / cls / f"{i}.png")
+    os.mkfifo(tmp_path / "a" / "x.png")
+    assert cli.main(["--no-progress", "--model", "digits", "--data", f"imagefolder:{tmp_path}", "--epochs", "1"]) == 2
+    assert "x.png: not a regular file (a FIFO, socket or device)" in capsys.readouterr().err
 
 
 def test_a_run_resumed_in_chunks_replaces_its_own_report(tmp_path):
