@@ -100,7 +100,11 @@ def _digest(header_bytes, array_hash):
 
 
 def save(path, model, optimizer=None, epoch=0, extra=None):
-    """Write the checkpoint atomically. `extra` is any JSON-serialisable dict."""
+    """Write the checkpoint atomically. `extra` is any JSON-serialisable dict. It replaces a
+    checkpoint (a zip archive with the header entry, its checksum not read) and nothing else:
+    ValueError, before any work, for a file that is not one, a directory, a FIFO or a symbolic
+    link (which the save would replace with a file)."""
+    _check_replaceable(path)
     arrays = {f"model/{k}": v for k, v in model.state_dict().items()}
     opt_meta = None
     if optimizer is not None:
@@ -121,6 +125,27 @@ def save(path, model, optimizer=None, epoch=0, extra=None):
     with atomic_file(path, "wb", prefix=".ckpt-") as f:
         np.savez(f, **arrays)
     return path
+
+
+def _check_replaceable(path):
+    """ValueError unless `path` is free or holds a checkpoint (save)."""
+    if os.path.islink(path):
+        raise ValueError(f"checkpoint {str(path)!r} is a symbolic link; save to the path it points to "
+                         f"({os.path.realpath(path)!r}): a save replaces the file at the path given")
+    if os.path.isdir(path):
+        raise ValueError(f"checkpoint {str(path)!r} is a directory; give a file path")
+    if not os.path.lexists(path):
+        return
+    if not os.path.isfile(path):   # a FIFO would block the read below
+        raise ValueError(f"checkpoint {str(path)!r} is not a regular file (a FIFO, socket or device); give a file path")
+    try:
+        with zipfile.ZipFile(path) as z:
+            ours = f"{HEADER}.npy" in z.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        ours = False
+    if not ours:
+        raise ValueError(f"{str(path)!r} exists and is not a checkpoint; a save never replaces another file: "
+                         "remove it or choose another path")
 
 
 def header(path):

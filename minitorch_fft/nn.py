@@ -14,6 +14,7 @@ from . import random as _random
 from .checkpoint import CheckpointError, buffer_array, state_array
 from .device import device_of, to_device
 from .tensor import Parameter, Tensor, check_sizes, check_tensors
+from .backends.common import format_bytes, machine_bytes
 from .utils import pair, positive_int
 
 
@@ -153,7 +154,15 @@ class Module:
 
 
 def _uniform(shape, fan_in):
-    """Torch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), drawn from the framework's stream."""
+    """Torch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), drawn from the framework's stream. A
+    shape whose draw (float64, then cast: 12 bytes an element) exceeds the machine's memory is a
+    ValueError before any is drawn (models.get("alexnet", num_classes=10**9) asked NumPy for 30 TiB
+    part-way through building the model; a size just under the memory could meet the OOM killer)."""
+    need = 12 * math.prod(shape)
+    limit = machine_bytes(need)
+    if need > limit:
+        raise ValueError(f"a parameter of shape {tuple(shape)} needs {format_bytes(need)} to initialise (drawn in "
+                         f"float64, then float32), more than this machine's {format_bytes(limit)}")
     bound = 1.0 / math.sqrt(fan_in)
     return Parameter(_random.generator().uniform(-bound, bound, size=shape).astype(np.float32))
 

@@ -128,6 +128,28 @@ def test_a_cached_choice_is_tuned_again_when_a_candidates_revision_changes(tuner
     assert auto.pick(reg, "accgrad", **GEOM) == "gemm"
 
 
+def test_a_hand_edited_record_with_bad_revisions_is_tuned_again(tuner, monkeypatch):
+    """"revisions" that is not a mapping (an edited file) makes the record stale, tuned again, where it
+    had raised AttributeError."""
+    import json
+    reg = {"gemm": SlowIn("accgrad"), "a": SlowIn("none")}
+    reg["gemm"].revision = lambda pass_name, x_shape, w_shape, stride, padding, math: 1
+    assert auto.pick(reg, "accgrad", **GEOM) == "a"
+    data = json.loads(tuner.read_text())
+    for records in data["devices"].values():
+        for record in records.values():
+            record["revisions"] = [1, 2]
+    tuner.write_text(json.dumps(data))
+    monkeypatch.setattr(auto, "_memory", {})
+    monkeypatch.setattr(auto, "_fast", {})
+    tuning._caches.clear()
+    tuning._memo.clear()
+    tuned = []
+    tune = auto._tune
+    monkeypatch.setattr(auto, "_tune", lambda *a, **k: tuned.append(1) or tune(*a, **k))
+    assert auto.pick(reg, "accgrad", **GEOM) == "a" and tuned == [1]
+
+
 def test_gemm_revision_marks_what_changed():
     for p in ("fprop", "bprop", "accgrad"):                     # 1x1 accGrad 3: summed by sum_rows
         assert gemm.revision(p, (2, 8, 5, 5), (4, 8, 1, 1), (1, 1), (0, 0)) == (3 if p == "accgrad" else 2)

@@ -31,6 +31,30 @@ def test_round_trip(tmp_path):
         assert np.array_equal(a, b)
 
 
+def test_a_save_replaces_a_checkpoint_and_nothing_else(tmp_path):
+    """A user's file, a directory, a FIFO or a symbolic link at the path: ValueError, nothing touched
+    (the save had replaced any file, and a link with a file); a checkpoint is replaced."""
+    model, opt = small_model_and_opt(0)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    (tmp_path / "folder").mkdir()
+    link = tmp_path / "link.ckpt"
+    link.symlink_to(tmp_path / "elsewhere.ckpt")
+    cases = [(notes, "exists and is not a checkpoint"), (tmp_path / "folder", "is a directory"),
+             (link, "is a symbolic link")]
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo")
+        cases.append((tmp_path / "fifo", "is not a regular file"))
+    for path, why in cases:
+        with pytest.raises(ValueError, match=why):
+            mt.checkpoint.save(str(path), model, opt, epoch=1)
+    assert notes.read_text() == "mine" and link.is_symlink() and not (tmp_path / "elsewhere.ckpt").exists()
+    ckpt = tmp_path / "run.ckpt"
+    mt.checkpoint.save(str(ckpt), model, opt, epoch=1)
+    mt.checkpoint.save(str(ckpt), model, opt, epoch=2)                  # its own: replaced
+    assert mt.checkpoint.header(str(ckpt))["epoch"] == 2
+
+
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     m, opt = small_model_and_opt(0)
     path = str(tmp_path / "a.ckpt")

@@ -19,6 +19,8 @@ def test_zoo_names_and_errors():
         models.get("resnet")
     with pytest.raises(ValueError, match="num_classes"):
         models.get("digits", num_classes=0)
+    with pytest.raises(ValueError, match=r"shape \(1000000000, 4096\) needs 44.7 TiB to initialise.*more than this"):
+        models.get("alexnet", num_classes=10**9)            # before any is drawn (NumPy had been asked for 30 TiB)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -424,3 +424,11 @@ def test_cuda_bad_input_is_refused_clearly(case):
     }[case]
     with pytest.raises(err, match=pattern):
         call()
+
+
+def test_a_float_basis_is_refused():
+    """16.0 == 16: a float basis passed the check and failed deep in the pass (TypeError)."""
+    x = np.zeros((1, 2, 10, 10), np.float32)
+    w = np.zeros((3, 2, 3, 3), np.float32)
+    with pytest.raises(ValueError, match=r"tiledfft basis must be one of \(8, 16, 32\), got 16.0"):
+        tiledfft.fprop(x, w, padding=(1, 1), basis=16.0)

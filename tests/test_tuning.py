@@ -309,6 +309,36 @@ def test_written_file_is_readable_by_others_under_the_umask(path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask
 
 
+def test_a_rewrite_keeps_the_files_permissions_and_a_read_only_cache_is_kept(path):
+    """A cache made private (0600) stays so when a choice is added (it came back 0644, readable by all);
+    one made read-only (0444) is not written: a warning, the choice kept in memory, the file as it was."""
+    tuning.TuneCache(path).put(a_key(), 1)
+    path.chmod(0o600)
+    tuning.TuneCache(path).put(a_key("bprop"), 2)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.chmod(0o444)
+    before = path.read_bytes()
+    cache = tuning.TuneCache(path)
+    assert "read-only" in cache.unwritable()
+    with pytest.warns(UserWarning, match=r"it is read-only \(mode 0444\)"):
+        cache.put(a_key("accgrad"), 3)
+    assert path.read_bytes() == before and stat.S_IMODE(path.stat().st_mode) == 0o444
+    assert cache.get(a_key("accgrad")) == 3
+
+
+def test_a_cache_file_past_the_size_limit_is_never_read_nor_replaced(path, monkeypatch):
+    """A file much larger than any tuning cache (a 1 GB file had been read whole, and decoded, at every
+    new choice): left untouched, choices in memory, without reading it."""
+    monkeypatch.setattr(tuning, "MAX_CACHE_BYTES", 1000)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b" " * 1001)
+    with pytest.warns(UserWarning, match="holds 1,001 bytes, more than a tuning cache's limit of 1,000"):
+        cache = tuning.TuneCache(path)
+    with pytest.warns(UserWarning, match="not a tuning cache this code wrote"):
+        cache.put(a_key(), 1)
+    assert path.read_bytes() == b" " * 1001 and cache.get(a_key()) == 1
+
+
 def test_cache_location_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "mine.json"))
     assert tuning.cache_path() == tmp_path / "mine.json"

@@ -485,3 +485,28 @@ def test_cuda_tuned_tile_is_one_of_the_variants(settings, tmp_path, rng):
     wt = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
     check_backend(winograd, x, wt, (1, 1), (1, 1), device="cuda", tol=TOL, rng=rng)
     assert (tmp_path / "cache.json").exists()
+
+
+def test_a_float_tile_is_refused_forced_or_cached(settings, tmp_path):
+    """4.0 == 4, so a float tile passed the check and then failed deep in the pass (TypeError): forced,
+    a ValueError naming it; in the cache (a JSON tool may write 4 as 4.0), ignored with a warning and
+    tuned again."""
+    import json
+    from minitorch_fft.backends import tuning
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 2, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"winograd tile must be one of \(2, 4\), got 4.0"):
+        winograd.fprop(x, w, padding=(1, 1), tile=4.0)
+    cache = tmp_path / "cache.json"
+    settings(winograd_f4=True, winograd_tune="on", tune_cache=str(cache))
+    y = winograd.fprop(x, w, padding=(1, 1))
+    data = json.loads(cache.read_text())
+    (record,) = data["devices"]["cpu"].values()
+    record["choice"] = float(record["choice"])
+    cache.write_text(json.dumps(data))
+    tuning._caches.clear()
+    tuning._memo.clear()
+    with pytest.warns(UserWarning, match="ignoring invalid cached tuning record"):
+        again = winograd.fprop(x, w, padding=(1, 1))
+    np.testing.assert_allclose(again, y, rtol=1e-4, atol=1e-5)

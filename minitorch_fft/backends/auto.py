@@ -209,7 +209,10 @@ def _compared(record, candidates, revisions):
     """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`, and
     was decided by today's rule: a tie handed to a backend that shares no spectra (TIE_ORDER of
     before session 20) is tuned again."""
-    seen = {n: r for n, r in (record.get("revisions") or {}).items() if n in candidates}
+    made_at = record.get("revisions") or {}
+    if not isinstance(made_at, dict):   # a hand-edited record: at revisions unknown, so tuned again
+        return False
+    seen = {n: r for n, r in made_at.items() if n in candidates}
     ms = record.get("ms") or {}
     stale_tie = (record.get("choice") not in TIE_ORDER and record.get("choice") in ms
                  and ms[record["choice"]] > min(ms.values()))

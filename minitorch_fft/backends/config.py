@@ -257,7 +257,7 @@ def table():
 
 _ALLOWED = {"bool": "0 or 1", "tune": "auto, on or off", "mib": "MiB > 0",
             "fraction": "0 <= x < 1", "count": "an integer >= 0",
-            "positive": "an integer >= 1", "path": "a file path", "text": "any text",
+            "positive": "an integer >= 1", "path": "a file path (~user: a user that exists)", "text": "any text",
             "names": "backend names, comma-separated, or ours"}
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 
@@ -295,7 +295,7 @@ def _parse(name, raw):
             raise bad
         return int(raw)
     if s.kind == "path":
-        if not raw.strip():
+        if not _expandable(raw):
             raise bad
         return raw
     if s.kind == "names":
@@ -318,6 +318,12 @@ def _names(items):
     return names if ok else None
 
 
+def _expandable(raw):
+    """A path that is not blank and whose ~ or ~user expands (~nosuchuser raised mid-run, when the
+    tuning cache was first opened)."""
+    return bool(raw.strip()) and not os.path.expanduser(raw).startswith("~")   # expanduser leaves ~nosuchuser
+
+
 def _in_range(kind, value):
     if kind == "mib":
         return math.isfinite(value) and value > 0
@@ -333,7 +339,7 @@ def _check(s, value):
           "mib": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and _in_range("mib", v),
           "fraction": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
           and _in_range("fraction", v),
-          "path": lambda v: isinstance(v, (str, os.PathLike)) and str(v).strip() != "",
+          "path": lambda v: isinstance(v, (str, os.PathLike)) and _expandable(str(v)),
           "text": lambda v: isinstance(v, str),
           "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
           "positive": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,

@@ -58,6 +58,7 @@ import numpy as np
 
 from . import cgemm, config, fbfft_plan, tuning
 from .common import batch_slices, check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
+from .utils import is_int
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, kh x kw kernel, oh x ow output,
 # ph x pw padding, n x n Fourier basis (a tile), mh x mw valid outputs of a tile,
@@ -107,7 +108,7 @@ def tiling(out_hw, k_hw, n):
     """The Tiling of an oh x ow output for a kh x kw kernel on basis n: mh x mw valid outputs a
     tile, th x tw tiles (the last ones clipped); ValueError where the kernel does not fit n."""
     (oh, ow), (kh, kw) = out_hw, k_hw
-    if n not in BASES:
+    if not is_int(n) or n not in BASES:   # 16.0 == 16, and then no kernel takes it
         raise ValueError(f"tiledfft basis must be one of {BASES}, got {n!r}")
     if max(kh, kw) > n - 1:
         raise ValueError(f"tiledfft basis {n} takes kernels up to {n - 1} per side, got {kh}x{kw}")
@@ -202,7 +203,7 @@ def _basis(xp, pass_name, g, out_hw, forced, run):
     key = tuning.key(xp, np.float32, tuple(g), pass_name, f"tiledfft_r{r}" if r else "tiledfft")
     return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default,
                                                       tol=tuning.variant_tol(xp, TUNE_TOL)),
-                             valid=lambda n: n in options, untuned=lambda: default)["choice"]
+                             valid=lambda n: is_int(n) and n in options, untuned=lambda: default)["choice"]
 
 
 def _correlate(xp, a, wf, op, pad, offset, out_hw, t):

@@ -175,15 +175,23 @@ def _read_regular(path):
         return None
     except OSError as e:
         raise _Foreign(f"it cannot be opened: {e}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise _Foreign("not a regular file" + (" (a directory)" if stat.S_ISDIR(mode) else ""))
+        raise _Foreign("not a regular file" + (" (a directory)" if stat.S_ISDIR(st.st_mode) else ""))
+    if st.st_size > MAX_CACHE_BYTES:   # read whole at every new choice, and decoded: 2 GB held for a 1 GB file
+        os.close(fd)
+        raise _Foreign(f"it holds {st.st_size:,} bytes, more than a tuning cache's limit of {MAX_CACHE_BYTES:,}")
     with os.fdopen(fd, "rb") as f:
         try:
-            return f.read()
+            return f.read(MAX_CACHE_BYTES + 1)
         except OSError as e:
             raise _Foreign(f"it cannot be read: {e}") from None
+
+
+# The largest tuning cache read: the zoo's networks tuned on one GPU, every record kept, took 3.4 MB
+# (results/nvidia-h200/tuning/autotune_s59_call3.json); a file far past that is not one of ours.
+MAX_CACHE_BYTES = 256 << 20
 
 
 class TuneCache:
@@ -217,6 +225,9 @@ class TuneCache:
             return f"cannot write in {folder}"
         if self._read(warn=False)[1] == "foreign":
             return f"{self.path} is not a tuning cache this code wrote, and is never replaced"
+        target = self._target()
+        if target.exists() and not target.stat().st_mode & stat.S_IWUSR:
+            return f"{self.path} is read-only, and is kept so"
         return None
 
     def put(self, key, value):
@@ -305,6 +316,9 @@ class TuneCache:
             if self._read(warn=False)[1] == "foreign":   # refused before a lock file is made beside it
                 return self._refuse()
             target = self._target()
+            if target.exists() and not target.stat().st_mode & stat.S_IWUSR:   # made read-only: kept so
+                return self._warn(f"not writing autotune cache {self.path}: it is read-only (mode "
+                                  f"{stat.S_IMODE(target.stat().st_mode):04o}); keeping new choices in memory only")
             with self._locked(target):
                 merged, state, raw = self._read(warn=False)
                 if state == "foreign":                         # it changed since the check above

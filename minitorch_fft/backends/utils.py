@@ -35,8 +35,9 @@ def positive_int(v, name):
 @contextlib.contextmanager
 def atomic_file(path, mode="w", prefix=None, replace=True):
     """Write `path` through the yielded file: it holds the old contents or the new, never part of
-    either. A temporary file beside it is written, fsynced, given the umask's usual permissions
-    (mkstemp's 0600 would hide it from a shared group), and renamed over `path`; the folder is
+    either. A temporary file beside it is written, fsynced, given the permissions of the file it
+    replaces (a cache kept 0600 stays private), else the umask's usual ones (mkstemp's 0600 would
+    hide it from a shared group), and renamed over `path`; the folder is
     then fsynced so the rename survives a power cut. On any error the temporary file is removed
     and `path` is untouched. The folder must exist. replace=False: `path` is made, never replaced
     (a hard link of the temporary file, which fails where anything is at `path`: FileExistsError,
@@ -48,7 +49,11 @@ def atomic_file(path, mode="w", prefix=None, replace=True):
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)
+        try:
+            keep = stat.S_IMODE(os.stat(path).st_mode) if replace else None
+        except OSError:   # nothing there yet (or unreadable): a new file's permissions
+            keep = None
+        os.chmod(tmp, 0o666 & ~_UMASK if keep is None else keep)
         if replace:
             os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
         else:

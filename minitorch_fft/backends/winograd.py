@@ -50,6 +50,7 @@ import numpy as np
 
 from . import cgemm, config, tuning
 from .common import batch_slices, check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
+from .utils import is_int
 
 # S batch, f in-planes, f' out-planes (fo), h x w input, oh x ow output, ph x pw padding,
 # m x m output tile, alpha = m + 2 transformed tile, th x tw tiles per plane, P = S*th*tw
@@ -244,7 +245,7 @@ def variants(math="fp32"):
 def _tile(xp, pass_name, g, forced, run):
     """m for this pass: `forced` if given, the only variant, or the tuned one (tuning.remembered)."""
     if forced is not None:
-        if forced not in TILES:
+        if not is_int(forced) or forced not in TILES:   # 4.0 == 4, and then no kernel takes it
             raise ValueError(f"winograd tile must be one of {TILES}, got {forced!r}")
         return forced
     options = variants(cgemm.mode(xp))
@@ -254,7 +255,7 @@ def _tile(xp, pass_name, g, forced, run):
     key = tuning.key(xp, np.float32, tuple(g), pass_name, f"winograd_r{r}" if r else "winograd")
     return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=options[0],
                                                       tol=tuning.variant_tol(xp, TUNE_TOL)),
-                             valid=lambda m: m in options, untuned=lambda: options[0])["choice"]
+                             valid=lambda m: is_int(m) and m in options, untuned=lambda: options[0])["choice"]
 
 
 TUNE_TOL = 1e-4   # F(4x4) against F(2x2) while tuning, strict fp32: both far inside it when correct
@@ -384,7 +385,7 @@ def _per_group(xp, g, m, images, run):
                      f"winograd_groups_r{r}_f{m}_n{images}_ws{config.get('winograd_workspace_mb'):g}")
     return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default,
                                                       tol=tuning.variant_tol(xp, TUNE_TOL)),
-                             valid=lambda per: per in options, untuned=lambda: default)["choice"]
+                             valid=lambda per: is_int(per) and per in options, untuned=lambda: default)["choice"]
 
 
 def _accgrad(xp, gy, x, g, m):
