@@ -19,18 +19,20 @@ echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out
 # its own, started first, its GPU_SHARDS shards on RELIABILITY_WORKERS workers (3), and the rest on
 # the workers left; its log is appended to pytest_gpu.log. test_pytorch is the longest file after it
 # (past 265 s on one worker in session 59, which left the rest's run waiting on it): it runs in a
-# process of its own too, its tests spread over PYTORCH_WORKERS workers (4) by --dist load (83 passed,
-# 2 skipped in 116 s on 8 workers, session 59); its log is appended as well.
-workers=${PYTEST_WORKERS:-6}
+# process of its own too, its tests spread over PYTORCH_WORKERS workers (3) by --dist load (83 passed,
+# 2 skipped in 116 s on 8 workers, session 59); its log is appended as well. PYTEST_WORKERS (10) bounds
+# the three processes' workers together (the rest take what the other two leave, one at least).
+workers=${PYTEST_WORKERS:-10}        # in all: test_reliability's, test_pytorch's and the rest's
 rworkers=${RELIABILITY_WORKERS:-3}
-pworkers=${PYTORCH_WORKERS:-4}
+pworkers=${PYTORCH_WORKERS:-3}
 python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=8 -n "$rworkers" --dist load \
     tests/test_reliability.py > "$out/pytest_gpu_reliability.log" 2>&1 &
 reliability=$!
 python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=8 -n "$pworkers" --dist load \
     tests/test_pytorch.py > "$out/pytest_gpu_pytorch.log" 2>&1 &
 adapter=$!
-python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 -n "$(( workers > rworkers + 1 ? workers - rworkers : 1 ))" \
+python3 -m pytest -m gpu -q -p no:cacheprovider -rf --durations=10 \
+    -n "$(( workers > rworkers + pworkers + 1 ? workers - rworkers - pworkers : 1 ))" \
     --dist loadfile --ignore=tests/test_reliability.py --ignore=tests/test_pytorch.py tests/ 2>&1 \
     | tee "$out/pytest_gpu.log" | tail -25
 rest_rc=${PIPESTATUS[0]}

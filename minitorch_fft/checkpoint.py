@@ -141,6 +141,9 @@ def _check_replaceable(path):
     try:
         with zipfile.ZipFile(path) as z:
             ours = f"{HEADER}.npy" in z.namelist()
+    except PermissionError as e:
+        raise ValueError(f"{str(path)!r} exists and cannot be read ({e}), so it cannot be told to be a checkpoint; "
+                         "a save never replaces another file") from None
     except (OSError, zipfile.BadZipFile, ValueError):
         ours = False
     if not ours:

@@ -159,7 +159,7 @@ def _uniform(shape, fan_in):
     ValueError before any is drawn (models.get("alexnet", num_classes=10**9) asked NumPy for 30 TiB
     part-way through building the model; a size just under the memory could meet the OOM killer)."""
     need = 12 * math.prod(shape)
-    limit = machine_bytes(need)
+    limit = machine_bytes()   # the host's: the draw is NumPy's, wherever the model goes next
     if need > limit:
         raise ValueError(f"a parameter of shape {tuple(shape)} needs {format_bytes(need)} to initialise (drawn in "
                          f"float64, then float32), more than this machine's {format_bytes(limit)}")

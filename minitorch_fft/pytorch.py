@@ -1446,8 +1446,9 @@ def unsupported(conv):
         return f"{type(conv).__name__} is a subclass of nn.Conv2d (its forward may differ)"
     if conv.groups != 1:
         return f"groups={conv.groups} (the backends take groups=1)"
-    if tuple(conv.dilation) != (1, 1):
-        return f"dilation={tuple(conv.dilation)} (the backends take dilation 1)"
+    dilation = torch.nn.modules.utils._pair(conv.dilation)   # an int set on a layer stays an int
+    if dilation != (1, 1):
+        return f"dilation={dilation} (the backends take dilation 1)"
     if conv.padding_mode != "zeros":
         return f"padding_mode={conv.padding_mode!r} (the backends zero-pad)"
     if isinstance(conv.padding, str):
@@ -1489,11 +1490,18 @@ class Conv2d(torch.nn.Conv2d):
         before convert(), which leaves such layers as nn.Conv2d."""
         if name not in _GEOMETRY_ATTRIBUTES or "backend" not in self.__dict__:   # nn.Conv2d.__init__ sets them first
             return super().__setattr__(name, value)
-        old = getattr(self, name)
+        missing = object()
+        old = getattr(self, name, missing)   # (nn.Conv2d's __setstate__ sets a padding_mode an old pickle lacks)
         super().__setattr__(name, value)
-        reason = unsupported(self)
+        try:
+            reason = unsupported(self)
+        except Exception:   # a value unsupported() cannot read (dilation=None): refused as well
+            reason = f"{name}={value!r}"
         if reason is not None:
-            super().__setattr__(name, old)
+            if old is missing:
+                object.__delattr__(self, name)
+            else:
+                super().__setattr__(name, old)
             raise ValueError(f"minitorch_fft.pytorch.Conv2d: {reason}; set it before convert(), which leaves such "
                              "layers as nn.Conv2d, or use torch.nn.Conv2d")
 

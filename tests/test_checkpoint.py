@@ -527,3 +527,19 @@ def test_the_lock_is_never_made_through_a_link(tmp_path):
         with mt.checkpoint.held(str(ckpt)):
             pass
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_save_over_an_unreadable_file_says_so(tmp_path, monkeypatch):
+    """A file that cannot be read cannot be told to be a checkpoint: refused, saying why (not "is not
+    a checkpoint"), and left as it is."""
+    import zipfile
+    model, opt = small_model_and_opt(0)
+    path = tmp_path / "run.ckpt"
+    path.write_text("unreadable")
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(zipfile, "ZipFile", denied)
+    with pytest.raises(ValueError, match="exists and cannot be read"):
+        mt.checkpoint.save(str(path), model, opt, epoch=1)
+    assert path.read_text() == "unreadable"

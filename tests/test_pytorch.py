@@ -632,7 +632,8 @@ def test_a_converted_layer_refuses_what_its_backends_do_not_take():
     silent wrong answer (0.87 off with padding_mode='circular'). Other values still take."""
     net = convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1)))
     layer = net[0]
-    for name, value, old in (("padding_mode", "circular", "zeros"), ("dilation", (2, 2), (1, 1)), ("groups", 3, 1),
+    for name, value, old in (("padding_mode", "circular", "zeros"), ("dilation", (2, 2), (1, 1)),
+                             ("dilation", 2, (1, 1)), ("dilation", None, (1, 1)), ("groups", 3, 1),
                              ("padding", "same", (1, 1))):
         with pytest.raises(ValueError, match=f"{name}=.*set it before convert"):
             setattr(layer, name, value)

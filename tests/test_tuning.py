@@ -316,6 +316,9 @@ def test_a_rewrite_keeps_the_files_permissions_and_a_read_only_cache_is_kept(pat
     path.chmod(0o600)
     tuning.TuneCache(path).put(a_key("bprop"), 2)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    path.chmod(0o4755)                                  # setuid: not carried over to the new file
+    tuning.TuneCache(path).put(a_key("accgrad"), 4)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o755
     path.chmod(0o444)
     before = path.read_bytes()
     cache = tuning.TuneCache(path)

@@ -50,7 +50,7 @@ def atomic_file(path, mode="w", prefix=None, replace=True):
             f.flush()
             os.fsync(f.fileno())
         try:
-            keep = stat.S_IMODE(os.stat(path).st_mode) if replace else None
+            keep = os.stat(path).st_mode & 0o777 if replace else None   # not setuid, setgid or sticky
         except OSError:   # nothing there yet (or unreadable): a new file's permissions
             keep = None
         os.chmod(tmp, 0o666 & ~_UMASK if keep is None else keep)
