@@ -127,18 +127,26 @@ def save(path, model, optimizer=None, epoch=0, extra=None):
     return path
 
 
+def check_file_path(path, what="checkpoint"):
+    """ValueError (naming the path as `what`) where `path` is a symbolic link (a save replaces the
+    file at the path given: the link would become a file), a directory, or anything but a regular
+    file; a free path passes. train.py asks before training, save() before writing."""
+    if os.path.islink(path):
+        raise ValueError(f"{what} {str(path)!r} is a symbolic link; give the path it points to "
+                         f"({os.path.realpath(path)!r}): a save replaces the file at the path given, which would "
+                         "replace the link")
+    if os.path.isdir(path):
+        raise ValueError(f"{what} {str(path)!r} is a directory; give a file path")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise ValueError(f"{what} {str(path)!r} is not a regular file (a FIFO, socket or device); give a file path")
+
+
 def _check_replaceable(path):
     """ValueError unless `path` is free or holds a checkpoint (save)."""
-    if os.path.islink(path):
-        raise ValueError(f"checkpoint {str(path)!r} is a symbolic link; save to the path it points to "
-                         f"({os.path.realpath(path)!r}): a save replaces the file at the path given")
-    if os.path.isdir(path):
-        raise ValueError(f"checkpoint {str(path)!r} is a directory; give a file path")
+    check_file_path(path)
     if not os.path.lexists(path):
         return
-    if not os.path.isfile(path):   # a FIFO would block the read below
-        raise ValueError(f"checkpoint {str(path)!r} is not a regular file (a FIFO, socket or device); give a file path")
-    try:
+    try:   # a regular file (check_file_path): no FIFO to block the read
         with zipfile.ZipFile(path) as z:
             ours = f"{HEADER}.npy" in z.namelist()
     except PermissionError as e:

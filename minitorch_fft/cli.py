@@ -205,12 +205,7 @@ def check_outputs(args, resumed=None):
         if path and path.endswith((os.sep, os.altsep or os.sep)):
             raise ValueError(f"{flag} {path!r} ends with a path separator, which names a folder; give a file path")
     if args.checkpoint:
-        if os.path.islink(args.checkpoint):
-            raise ValueError(f"--checkpoint {args.checkpoint!r} is a symbolic link; give the path it points to "
-                             f"({os.path.realpath(args.checkpoint)!r}): a save replaces the file at the path given, "
-                             "which would replace the link")
-        if os.path.isdir(args.checkpoint):
-            raise ValueError(f"--checkpoint {args.checkpoint!r} is a directory; give a file path")
+        mt.checkpoint.check_file_path(args.checkpoint, "--checkpoint")   # a link, a directory, a FIFO
         if os.path.exists(args.checkpoint) and not args.resume:
             raise ValueError(f"--checkpoint {args.checkpoint!r} already exists; --resume continues "
                              "that run (or remove the file, or choose another path, to start anew)")

@@ -163,6 +163,7 @@ def _ours(data):
             and not isinstance(data["version"], bool) and isinstance(data["devices"], dict))
 
 
+
 def _read_regular(path):
     """The bytes of the regular file at `path` (links followed), None where nothing is there;
     _Foreign for anything else. Opened non-blocking and checked before reading: a FIFO or a
@@ -192,6 +193,16 @@ def _read_regular(path):
 # The largest tuning cache read: the zoo's networks tuned on one GPU, every record kept, took 3.4 MB
 # (results/nvidia-h200/tuning/autotune_s59_call3.json); a file far past that is not one of ours.
 MAX_CACHE_BYTES = 256 << 20
+
+
+def _read_only_mode(path):
+    """The permission bits of the file at `path` where its owner may not write it (made read-only),
+    else None (writable, or nothing there)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):   # nothing there (as Path.exists() says)
+        return None
+    return None if mode & stat.S_IWUSR else mode
 
 
 class TuneCache:
@@ -225,8 +236,7 @@ class TuneCache:
             return f"cannot write in {folder}"
         if self._read(warn=False)[1] == "foreign":
             return f"{self.path} is not a tuning cache this code wrote, and is never replaced"
-        target = self._target()
-        if target.exists() and not target.stat().st_mode & stat.S_IWUSR:
+        if _read_only_mode(self._target()) is not None:
             return f"{self.path} is read-only, and is kept so"
         return None
 
@@ -316,9 +326,10 @@ class TuneCache:
             if self._read(warn=False)[1] == "foreign":   # refused before a lock file is made beside it
                 return self._refuse()
             target = self._target()
-            if target.exists() and not target.stat().st_mode & stat.S_IWUSR:   # made read-only: kept so
-                return self._warn(f"not writing autotune cache {self.path}: it is read-only (mode "
-                                  f"{stat.S_IMODE(target.stat().st_mode):04o}); keeping new choices in memory only")
+            mode = _read_only_mode(target)
+            if mode is not None:   # made read-only: kept so
+                return self._warn(f"not writing autotune cache {self.path}: it is read-only (mode {mode:04o}); "
+                                  "keeping new choices in memory only")
             with self._locked(target):
                 merged, state, raw = self._read(warn=False)
                 if state == "foreign":                         # it changed since the check above
