@@ -46,8 +46,10 @@ the matrix of its pixels; prepared from a layer's second call on the GPU, _gemm_
 backend gemm, CPU and GPU. Our other algorithms take NCHW only: with auto, each pass takes the route
 auto timed for it, once per geometry, pass and precision (backends.nhwc_route), among those its
 candidates (auto_backends) offer: cuDNN's NHWC plans; the 1x1 GEMM; or copies to NCHW, auto's NCHW
-pass and the result copied back (the fastest, copies included; the copies' memory is not weighed;
-on the CPU, untimed, the GEMM where it takes the layer). Elsewhere (another backend, a geometry
+pass and the result copied back (the fastest, copies included; its memory is weighed only where the
+nhwc_route_mb setting bounds it: each route's temporaries counted while auto times it, a route over
+the bound above the leanest one's never winning; on the CPU, untimed, the GEMM where it takes the
+layer). Elsewhere (another backend, a geometry
 none of these takes) the NCHW passes run on copies and their results are laid out channels-last
 again. The NHWC calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
 
@@ -326,6 +328,40 @@ class _Temporaries:
         return peak, arena.high
 
 
+class _Both(_Temporaries):
+    """A count inside another (_counted within _graphed's): every allocation and release counted by both."""
+    __slots__ = ("outer",)
+
+    def __init__(self, outer):
+        super().__init__()
+        self.outer = outer
+
+    def took(self, p, size):
+        super().took(p, size)
+        self.outer.took(p, size)
+
+    def gave(self, p):
+        super().gave(p)
+        self.outer.gave(p)
+
+
+@contextlib.contextmanager
+def _counted():
+    """A _Temporaries counting what CuPy allocates inside the block (its peak and live bytes after
+    it): auto's channels-last routes while it times them (backends.nhwc_route). A count already
+    running (_graphed's) goes on counting it too, and is running again after it. One count for the
+    process, as _graphed's: blocks of two threads that overlap may end out of order, which would
+    leave the first's count running; the routes are timed at a layer's first call in a pass,
+    one pass at a time in a training step."""
+    global _measuring
+    outer = _measuring
+    _measuring = counted = _Temporaries() if outer is None else _Both(outer)
+    try:
+        yield counted
+    finally:
+        _measuring = outer
+
+
 class _Arena:
     """One block of device memory (`tensor`: a uint8 tensor of PyTorch's caching allocator, on the
     stream the graphs replay on) that the CuPy allocations of the pass-graph captures on one stream
@@ -394,7 +430,8 @@ class _Arena:
                 self.holes.insert(i, (p, size))
 
 
-_measuring = None     # a _Temporaries while _graphed runs a key's eager calls, else None
+_measuring = None     # a _Temporaries while _graphed runs a key's eager calls or _counted a route's run, else
+                      # None; one for the process: what other threads allocate meanwhile is counted too
 _owned = {}           # address -> the uint8 tensor that serves that CuPy allocation (_owned_outputs), until CuPy frees it
 _copied_out = [0]     # results copied into a tensor of PyTorch's because no owned block held them (_from_cupy)
 _capturing = {}       # capture stream pointer -> the _Arena its CuPy allocations are cut from, while _capture captures
@@ -654,7 +691,7 @@ def _route(backend, pass_name, geometry, xp):
     NHWC plans where it serves the geometry (the GPU, cuDNN installed), with gemm a 1x1 kernel's GEMM
     without padding (gemm.nhwc_supports); else "nchw"."""
     if backend == "auto":
-        return backends.nhwc_route(pass_name, *geometry, xp)
+        return backends.nhwc_route(pass_name, *geometry, xp, measure=None if xp is np else _counted)
     if backend == "cudnn" and xp is not np and backends.get("cudnn").supports(*geometry):
         return "cudnn"
     if backend == "gemm" and backends.gemm.nhwc_supports(*geometry):

@@ -1,4 +1,5 @@
 """The `auto` autotuner on the CPU: timing, checking against gemm, skipping, caching."""
+import contextlib
 import time
 import types
 
@@ -545,6 +546,123 @@ def test_a_channels_last_pass_takes_the_faster_route_once_and_caches_it(tuner, m
     geom = auto._geometry_key(GEOM["x_shape"], GEOM["w_shape"], GEOM["stride"], GEOM["padding"])
     assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", auto.label())) is None
     assert tuning.default_cache().get(tuning.key(np, np.float32, geom, "fprop", "auto:nhwc"))["choice"] == want
+
+
+class RouteCounts:
+    """A stand-in for the adapter's count (measure): a route's run adds `route_bytes[route]` to the
+    peak of the count open around it, and its first run leaves `held[route]` bytes held (live after
+    it, as a plan's buffers kept). The routes' stand-ins call took(route)."""
+
+    def __init__(self, route_bytes, held=None):
+        self.route_bytes, self.held, self.open, self.counts, self.runs = route_bytes, held or {}, None, 0, {}
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.open, self.counts = types.SimpleNamespace(peak=0, live=0), self.counts + 1
+        try:
+            yield self.open
+        finally:
+            self.open = None
+
+    def took(self, route):
+        first = route not in self.runs
+        self.runs[route] = self.runs.get(route, 0) + 1
+        if self.open is not None:
+            self.open.peak += self.route_bytes[route]
+            if first:
+                self.open.live += self.held.get(route, 0)
+
+
+def counted_routes(counts, cudnn_sleep, nchw_sleep):
+    """The cudnn and nchw stand-ins, each telling `counts` what it holds."""
+    cudnn, run = NhwcStandIn(sleep=cudnn_sleep), nchw_stand_in(sleep=nchw_sleep)
+    cudnn_pass, calls = cudnn.__getattr__, run.calls
+
+    class Counted(NhwcStandIn):
+        def __getattr__(self, pass_name):
+            def go(*args, **kwargs):
+                counts.took("cudnn")
+                return cudnn_pass(pass_name)(*args, **kwargs)
+            return go
+
+    def nchw(*args, **kwargs):
+        counts.took("nchw")
+        return run(*args, **kwargs)
+    nchw.calls = calls
+    return Counted(), nchw
+
+
+@pytest.mark.parametrize("bound_mb, want", [(None, "nchw"), (64, "cudnn"), (512, "nchw")])
+def test_a_routes_memory_is_weighed_under_nhwc_route_mb(tuner, settings, monkeypatch, bound_mb, want):
+    """Each route's first two runs are counted (measure): the record's "bytes" is the second's peak
+    (the timing's warm-up) plus what the first (the check's, which may tune) left held besides its
+    result; under nhwc_route_mb a faster route holding more than the bound above the leanest does
+    not win, and the record, keyed by the bound, says why. Unset, the fastest wins (session 59:
+    VGG-16's TF32 channels-last accGrads on the copies' route, 5589 MiB against stock's 5057)."""
+    MiB = 2**20
+    counts = RouteCounts({"cudnn": 8 * MiB, "nchw": 400 * MiB}, held={"nchw": 2 * MiB})
+    cudnn, run = counted_routes(counts, cudnn_sleep=0.01, nchw_sleep=0.0)      # the copies' route is faster
+    if bound_mb is not None:
+        settings(nhwc_route_mb=bound_mb)
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "accgrad", **GEOM, xp=np, measure=counts) == want
+    assert counts.counts == 4 and min(counts.runs.values()) > 2                 # two runs a route of the several
+    (row,) = auto.route_choices()
+    gw_bytes = 4 * np.prod(GEOM["w_shape"])                                     # the first run's result, not held
+    assert row["route"] == want and row["bytes"] == {"cudnn": 8 * MiB, "nchw": 402 * MiB - gw_bytes}
+    assert row["ms"]["nchw"] < row["ms"]["cudnn"]
+    if want == "cudnn":
+        assert row["why"] == ("fastest of the routes within nhwc_route_mb of the leanest (8 MiB); nchw (fastest) "
+                              "held 402 MiB, cudnn 8 MiB")
+    (key,) = auto._route_records
+    assert key[-1] == ("auto:nhwc" if bound_mb is None else f"auto:nhwc{{nhwc_route_mb={bound_mb}}}")
+    timed = len(run.calls)
+    monkeypatch.setattr(auto, "_routes", {})            # a new process: the record from the file, untimed
+    monkeypatch.setattr(auto, "_route_records", {})
+    monkeypatch.setattr(tuning, "_memo", {})
+    monkeypatch.setattr(tuning, "_caches", {})
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "accgrad", **GEOM, xp=np, measure=counts) == want
+    assert len(run.calls) == timed
+
+
+def test_a_bound_times_again_a_route_record_made_without_a_count(tuner, settings):
+    """Under nhwc_route_mb a record with no "bytes" (made where nothing counted: the CPU, a caller
+    without measure) is timed again by a process that counts, then weighed; without a count it
+    stands. The fast path keys the bound: a change of it is seen on the next call."""
+    MiB = 2**20
+    counts = RouteCounts({"cudnn": 0, "nchw": 300 * MiB})
+    cudnn, run = counted_routes(counts, cudnn_sleep=0.01, nchw_sleep=0.0)
+    with config.override(nhwc_route_mb=16):
+        assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) == "nchw"        # no count: as timed
+        timed = len(run.calls)
+        assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) == "nchw"        # stands
+        assert len(run.calls) == timed
+        auto._routes.clear()                                     # a process that counts: the record read from the cache
+        auto._route_records.clear()
+        assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np, measure=counts) == "cudnn"
+        assert len(run.calls) > timed and counts.counts == 4
+        auto._routes.clear()                                     # a process that does not count: the record stands
+        auto._route_records.clear()
+        timed = len(run.calls)
+        assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np) == "cudnn"
+        assert len(run.calls) == timed
+    assert auto.nhwc_route({"cudnn": cudnn}, run, "fprop", **GEOM, xp=np, measure=counts) == "nchw"   # unset
+
+
+def test_weighing_keeps_a_lean_enough_choice_and_the_tie_rule():
+    """_weighed: a choice within the bound stands; otherwise the tie rule's pick within it (the
+    margin, then ROUTES' order); a record without "bytes", or no bound, as timed."""
+    MiB = 2**20
+    rec = {"choice": "nchw", "ms": {"cudnn": 2.0, "gemm": 1.5, "nchw": 1.0}, "skipped": {}, "why": "fastest",
+           "bytes": {"cudnn": 10 * MiB, "gemm": 20 * MiB, "nchw": 500 * MiB}}
+    assert auto._weighed(rec, None) is rec
+    assert auto._weighed(rec, 490 * MiB) is rec
+    assert auto._weighed(rec, 16 * MiB)["choice"] == "gemm"
+    assert auto._weighed(rec, 1 * MiB)["choice"] == "cudnn"
+    tied = {**rec, "ms": {"cudnn": 1.52, "gemm": 1.5, "nchw": 1.0}}       # within auto's 3 % margin
+    assert auto._weighed(tied, 16 * MiB)["choice"] == "cudnn"
+    assert auto._weighed({**rec, "ms": {"cudnn": 1.6, "gemm": 1.5, "nchw": 1.0}}, 16 * MiB)["choice"] == "gemm"
+    assert auto._weighed({k: v for k, v in rec.items() if k != "bytes"}, 1 * MiB)["choice"] == "nchw"
+    assert rec["choice"] == "nchw"                                                # the record is not changed
 
 
 def test_a_pointwise_channels_last_layer_also_times_the_gemm_route(tuner, monkeypatch):

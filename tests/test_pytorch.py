@@ -258,6 +258,37 @@ def test_channels_last_without_cudnn_among_autos_candidates(settings):
 
 
 @pytest.mark.gpu
+def test_channels_last_routes_count_their_memory(settings, tmp_path, monkeypatch):
+    """The adapter counts a route's runs while auto times a channels-last layer's routes
+    (pytorch._counted): every timed route's peak is in the record's "bytes", each at least the
+    pass's result, the "nchw" route's at least the NCHW copies of its two operands too; under
+    nhwc_route_mb (1 MiB) the route taken peaks within the bound of the leanest, and the copies'
+    route (over 3 MiB more here) never wins."""
+    if not backends.get("cudnn").available():
+        pytest.skip("cuDNN's frontend is not installed")
+    settings(tf32=False, tune_cache=str(tmp_path / "tune.json"), nhwc_route_mb=1)
+    monkeypatch.setattr(backends.auto, "_routes", {})
+    monkeypatch.setattr(backends.auto, "_route_records", {})
+    x, w, stride, padding = operands((8, 40, 36, 36, 36, 3, 3, (1, 1), (1, 1)), "cuda")   # a geometry of its own
+    x, w = (t.requires_grad_() for t in channels_last(x, w))
+    y = conv2d(x, w, stride, padding)
+    y.backward(channels_last(torch.randn_like(y))[0])
+    g = backends.auto._geometry_key(tuple(x.shape), tuple(w.shape), stride, padding)
+    rows = {r["pass"]: r for r in backends.auto.route_choices() if tuple(r["geometry"]) == g}
+    assert set(rows) == {"fprop", "bprop", "accgrad"}
+    size = {"x": 4 * x.numel(), "w": 4 * w.numel(), "y": 4 * y.numel()}
+    operands_of = {"fprop": ("x", "w", "y"), "bprop": ("y", "w", "x"), "accgrad": ("y", "x", "w")}
+    for pass_name, r in rows.items():
+        a, b, result = operands_of[pass_name]
+        assert set(r["bytes"]) == set(r["ms"]) == {"cudnn", "nchw"}, r
+        assert min(r["bytes"].values()) >= size[result], r
+        assert r["bytes"]["nchw"] >= size[a] + size[b] + size[result], r
+        assert r["bytes"][r["route"]] <= min(r["bytes"].values()) + 2**20, r
+        assert r["route"] == "cudnn" or r["bytes"]["nchw"] <= r["bytes"]["cudnn"] + 2**20, r
+    assert any(r["bytes"]["nchw"] > r["bytes"]["cudnn"] + 2**20 for r in rows.values())   # the bound had work to do
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("gy_layout", ["channels_last", "nchw"])
 @pytest.mark.parametrize("routes", [("nchw", "nchw", "nchw"), ("nchw", "cudnn", "nchw"), ("cudnn", "nchw", "cudnn")],
                          ids=["all_nchw", "mixed", "mixed_other"])

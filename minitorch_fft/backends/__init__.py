@@ -103,13 +103,15 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=
     return backend
 
 
-def nhwc_route(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np):
+def nhwc_route(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np, measure=None):
     """How "auto" runs `pass_name` of a channels-last layer on `xp`'s arrays: "cudnn" (cuDNN's NHWC
     plans on the arrays as they are, where cudnn is among its candidates and supports the geometry),
     "gemm" (a 1x1 kernel without padding, with gemm among the candidates: gemm's GEMMs on the pixels)
     or "nchw" (copies to NCHW, run_pass's auto pass, the result copied back), timed once and cached
-    (auto.nhwc_route; "nchw" untimed where it is the only route)."""
-    return auto.nhwc_route(auto_registry(), run_pass, pass_name, x_shape, w_shape, stride, padding, xp)
+    (auto.nhwc_route; "nchw" untimed where it is the only route). measure: a context manager that
+    counts the temporaries allocated in it (auto.nhwc_route: the routes' memory, weighed under the
+    nhwc_route_mb setting)."""
+    return auto.nhwc_route(auto_registry(), run_pass, pass_name, x_shape, w_shape, stride, padding, xp, measure)
 
 
 def _reason(backend, x_shape, w_shape, stride, padding):

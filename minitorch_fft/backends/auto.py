@@ -394,11 +394,45 @@ def routes_for(registry, x_shape, w_shape, stride, padding, xp):
     return routes + ("nchw",)
 
 
-def _route_label(routes):
+def _route_label(routes, bound=None):
     """The route record's backend field: label() + ":nhwc" (cuDNN's plans or copies), ":nhwc+gemm"
     (the "gemm" route too: it joined in session 46, so a 1x1 layer's record made without it is timed
-    again), else the routes named (":nhwc=gemm+nchw")."""
-    return label() + _ROUTE_LABELS.get(routes, ":nhwc=" + "+".join(routes))
+    again), else the routes named (":nhwc=gemm+nchw"); then "{nhwc_route_mb=N}" where that bound
+    (bytes) is set, so a choice weighed under one bound, or none, never stands in for another's."""
+    text = label() + _ROUTE_LABELS.get(routes, ":nhwc=" + "+".join(routes))
+    return text if bound is None else text + "{nhwc_route_mb=" + config.show("nhwc_route_mb", bound / 2**20) + "}"
+
+
+_route_bounds = {}   # config.state() -> the nhwc_route_mb setting in bytes (None: unset), read once per change
+
+
+def _route_bound():
+    try:
+        return _route_bounds[config.state()]
+    except KeyError:
+        mib = config.get("nhwc_route_mb")
+        bound = _route_bounds[config.state()] = None if mib is None else mib * 2**20
+        return bound
+
+
+def _weighed(record, bound):
+    """The route record with its choice weighed: where `bound` (bytes) is set and the record has
+    the routes' peaks ("bytes"), the timed choice if its peak is at most `bound` above the leanest
+    route's, else the tie rule's pick (the margin, ROUTES' order) among the routes within it;
+    otherwise as timed. A choice set aside says so in "why", its own reason kept."""
+    peaks = record.get("bytes") or {}
+    if bound is None or record["choice"] not in peaks:
+        return record
+    lean = min(peaks.values())
+    if peaks[record["choice"]] <= lean + bound:
+        return record
+    fits = {r: record["ms"][r] for r in peaks if peaks[r] <= lean + bound and r in record["ms"]}
+    choice, why = tuning.select(fits, margin(), prefer=ROUTES.index,
+                                explain=lambda route: "tie order: no layout copies first")
+    mib = lambda r: f"{peaks[r] / 2**20:.0f} MiB"   # noqa: E731
+    return {**record, "choice": choice,
+            "why": f"{why} of the routes within nhwc_route_mb of the leanest ({lean / 2**20:.0f} MiB); "
+                   f"{record['choice']} ({record['why']}) held {mib(record['choice'])}, {choice} {mib(choice)}"}
 
 
 def _route_revisions(registry, routes, pass_name, x_shape, w_shape, stride, padding, math):
@@ -415,7 +449,7 @@ _routes = {}          # _fast_key of ("nhwc", pass) -> route: the per-call path
 _route_records = {}   # tuning key -> record, this process's route choices (route_choices())
 
 
-def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp):
+def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding, xp, measure=None):
     """How auto runs `pass_name` of a channels-last layer (operands and result laid out NHWC) on
     `xp`'s arrays: "cudnn", cuDNN's NHWC plans on the arrays as they are (GPU); "gemm" (a 1x1 kernel
     without padding: routes_for), one GEMM on the arrays as they are (gemm.fprop_nhwc, bprop_nhwc,
@@ -435,9 +469,24 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     backward the adapter copies gradOutput once for both NCHW passes, so the "nchw" route's times are
     upper bounds there. Not timed: the adapter's own host work around a pass (one scope entry a
     crossing, the route look-up, the result's crossing to a tensor), which every route pays alike, and
-    the copies' memory (no auto_memory_mb cap here). The "cudnn" route is timed through the module
-    call, as the adapter makes it."""
+    the copies' memory (no auto_memory_mb cap here; see Memory below). The "cudnn" route is timed through the module
+    call, as the adapter makes it.
+
+    Memory: `measure` (the PyTorch adapter's, on the GPU: a context manager counting what CuPy
+    allocates inside it, `peak` and `live` after it) counts each route's second run, the timing's
+    warm-up, a call as a layer's later ones (its copies, workspaces, spectra and result), plus what
+    the first run left held besides its result (the first run, the check's, may tune: cuDNN's plan
+    search, auto's NCHW choice), in the record's "bytes". Where the nhwc_route_mb setting is set,
+    a route whose peak is more than that above the leanest route's does not win: of the others,
+    the one the tie rule picks does (_weighed; the record, keyed by the bound, says why). Unset (the
+    default), the fastest wins and its memory is not weighed: VGG-16's channels-last TF32 step
+    (b64) then took three accGrads to the "nchw" route, 0.22-0.26 ms faster each than cuDNN's NHWC
+    plan, and its peak was 5589 MiB against the stock model's 5057 under reduce-overhead (session
+    59). The count sees every thread's allocations while it runs (the adapter's count is one for
+    the process): another thread allocating meanwhile inflates it."""
+    bound = _route_bound()
     fast = _fast_key(f"nhwc:{pass_name}", x_shape, w_shape, stride, padding, xp)
+    fast = fast and fast + (bound,)
     route = _routes.get(fast) if fast is not None else None
     if route is not None:
         return route
@@ -449,7 +498,7 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     if not tuning.enabled("auto_tune", xp):
         return routes[0]
     key = tuning.key(xp, np.float32, _geometry_key(x_shape, w_shape, stride, padding), pass_name,
-                     _route_label(routes))
+                     _route_label(routes, bound))
     record = _route_records.get(key)
     if record is None:
         revisions = _route_revisions(registry, routes, pass_name, x_shape, w_shape, stride, padding, cgemm.mode(xp))
@@ -457,13 +506,16 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
         def tuned():
             with reuse.suspended():   # a timed route pays for its own FFTs, every repeat
                 record = _tune_route(registry.get("cudnn"), run_nchw, routes, pass_name, x_shape, w_shape, stride,
-                                     padding, xp)
+                                     padding, xp, measure)
             record["revisions"] = revisions
-            return record
+            return _weighed(record, bound)
 
         record = tuning.remembered(key, tuned, valid=lambda choice: choice in routes)
         made_at = record.get("revisions", {r: v for r, v in _UNRECORDED_REVISIONS.items() if r in revisions})
-        if made_at != revisions:   # a route's pass changed since the record was made: timed again
+        # timed again where a route's pass changed since the record was made, or where a bound is to
+        # weigh what a record made without a count (the CPU's, another caller's) has not measured
+        unweighed = bound is not None and measure is not None and "bytes" not in record
+        if made_at != revisions or unweighed:
             record = tuned()
             tuning.default_cache().put(key, record)
         _route_records[key] = record
@@ -472,17 +524,19 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     return record["choice"]
 
 
-def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, padding, xp):
+def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, padding, xp, measure=None):
     """tuning.tune over `routes` (routes_for) for one pass, each checked against gemm on the NCHW data
     (without a bias: the "gemm" and "nchw" routes add a layer's bias after fprop, cuDNN's may fuse it;
-    not timed). cudnn: the backend, where "cudnn" is among the routes."""
+    not timed). cudnn: the backend, where "cudnn" is among the routes. measure: see nhwc_route; the
+    record's "bytes" {route: peak bytes} where given: each route's second run (the timing's warm-up)
+    counted, plus what its first run (the check's, which may tune) left held besides its result."""
     nchw = _pass_inputs(xp, pass_name, x_shape, w_shape, stride, padding)
     a, b = (layout.to_nhwc(t) for t in nchw[:2])   # the same values, laid out as a channels-last layer's
     third = nchw[2:]
     reference = getattr(gemm, pass_name)(*nchw, stride=stride, padding=padding)
     del nchw
 
-    def run(route):
+    def plain(route):
         if route == "cudnn":
             return getattr(cudnn, pass_name)(a, b, *third, stride=stride, padding=padding, layout="nhwc")
         if route == "gemm":
@@ -491,11 +545,28 @@ def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, pa
                        x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, later=())
         return layout.to_nhwc(out)   # the adapter's copies, the same kernels (backends/layout.py)
 
+    calls, kept, peaks = {}, {}, {}
+
+    def run(route):
+        n = calls[route] = calls.get(route, 0) + 1
+        if measure is None or n > 2:
+            return plain(route)
+        with measure() as counted:
+            out = plain(route)
+        if n == 1:   # the check's run, also the route's first call: it may tune (cuDNN's plan search, auto's NCHW
+            kept[route] = max(0, counted.live - out.nbytes)   # choice), so only what it keeps is counted
+        else:        # the timing's warm-up: a call as a layer's later ones, its result counted as theirs would be
+            peaks[route] = counted.peak + kept[route]
+        return out
+
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     try:
-        return tuning.tune(routes, run, xp, reference=reference, reference_name="gemm", tol=tol,
-                           margin=margin(), prefer=ROUTES.index,
-                           explain=lambda route: "tie order: no layout copies first")
+        record = tuning.tune(routes, run, xp, reference=reference, reference_name="gemm", tol=tol,
+                             margin=margin(), prefer=ROUTES.index,
+                             explain=lambda route: "tie order: no layout copies first")
+        if peaks:
+            record["bytes"] = {r: int(peaks[r]) for r in record["ms"] if r in peaks}
+        return record
     except RuntimeError as e:
         raise RuntimeError(f"auto: no route ({', '.join(routes)}) ran {pass_name} of channels-last input "
                            f"{tuple(x_shape)}, weight {tuple(w_shape)}: {e}") from None
@@ -508,5 +579,6 @@ def route_choices():
     rows = []
     for (device, dtype, math, geom, pass_name, _), rec in _route_records.items():
         rows.append({"device": device, "dtype": dtype, "math": math, "geometry": list(geom), "pass": pass_name,
-                     "route": rec["choice"], "ms": rec["ms"], "skipped": rec["skipped"], "why": rec["why"]})
+                     "route": rec["choice"], "ms": rec["ms"], "bytes": rec.get("bytes", {}), "skipped": rec["skipped"],
+                     "why": rec["why"]})
     return rows

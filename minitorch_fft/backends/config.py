@@ -80,6 +80,9 @@ SETTINGS = {s.name: s for s in (
             "unset: every registered backend", True),
     Setting("auto_memory_mb", "MINITORCH_AUTO_MEMORY_MB", "mib", None,
             "extra GPU memory a candidate may take while auto times it (unset: no cap)", False),
+    Setting("nhwc_route_mb", "MINITORCH_NHWC_ROUTE_MB", "mib", None,
+            "auto's channels-last routes in the PyTorch adapter: a route whose temporaries peak more than this "
+            "above the leanest route's does not win (unset: the fastest wins, its memory not weighed)", True),
     Setting("gemm_tune", "MINITORCH_GEMM_TUNE", "tune", "auto",
             "gemm tunes its forms (per-image GEMMs, one over the batch, accGrad's implicit and rows kernels): "
             "auto = on the GPU only, on, off",
