@@ -44,11 +44,11 @@ if [ -n "${TUNE:-}" ] && [ ! -f "$TUNE" ]; then
 fi
 nvidia-smi -L | tee "$out/device.txt"
 echo "commit: ${MINITORCH_COMMIT:-not named (set MINITORCH_COMMIT)}" | tee "$out/commit.txt"
-export MINITORCH_TUNE_CACHE=/tmp/minitorch_tune.json
+export MINITORCH_TUNE_CACHE=${TMPDIR:-/tmp}/minitorch_tune.json
 [ -n "${TUNE:-}" ] && cp "$TUNE" "$MINITORCH_TUNE_CACHE"   # a file: checked above
 # what the carried cache holds of this network's choices (the rest is tuned afresh: the long part)
 python3 -m benchmarks.tune_coverage "$MINITORCH_TUNE_CACHE" --networks "$net" 2>&1 | tail -n 1
-results=/tmp/minitorch_results
+results=${TMPDIR:-/tmp}/minitorch_results
 mkdir -p "$results"
 save() {   # the tables and the cache so far, whatever the next step does
     cp "$MINITORCH_TUNE_CACHE" "$out/autotune.json" 2>/dev/null
@@ -56,20 +56,22 @@ save() {   # the tables and the cache so far, whatever the next step does
 }
 timeout "${TABLE3_S:-330}" python3 -m benchmarks.paper table3 --networks "$net" --impls auto "${tf32[@]}" --quick \
     --runs "${TABLE3_RUNS:-1}" --out "$results" > "$out/table3_$net.log" 2>&1
-echo "table3 $net: exit $?"
+rc=$?; echo "table3 $net: exit $rc"; status=$rc   # the script exits with the first step that failed
 save
 if [ "$step" = 1 ]; then
     timeout "${STEP_S:-230}" python3 -m benchmarks.paper step --networks "$net" "${tf32[@]}" --quick --out "$results" \
         > "$out/step_$net.log" 2>&1
-    echo "step $net: exit $?"
+    rc=$?; echo "step $net: exit $rc"; [ "$status" -eq 0 ] && status=$rc
     save
 fi
 if [ "$ours" = 1 ]; then
     MINITORCH_AUTO_BACKENDS=ours timeout "${STEP_S:-230}" python3 -m benchmarks.paper step --networks "$net" --quick \
         --out "$results" > "$out/step_ours_$net.log" 2>&1
-    echo "step (ours alone) $net: exit $?"
+    rc=$?; echo "step (ours alone) $net: exit $rc"; [ "$status" -eq 0 ] && status=$rc
     save
 fi
+# the summary: a step that did not run has no log (session 60: the test for one was the script's exit status)
 for f in "$out/table3_$net.log" "$out/step_$net.log" "$out/step_ours_$net.log"; do
-    [ -f "$f" ] && grep -E "^\| $net \||SHORTFALL|^- " "$f" | grep -v "^- [a-z_]*: " | head -20
+    if [ -f "$f" ]; then grep -E "^\| $net \||SHORTFALL|^- " "$f" | grep -v "^- [a-z_]*: " | head -20; fi
 done
+exit "$status"

@@ -1354,6 +1354,27 @@ def test_gpu_tables_refuses_a_tune_cache_that_is_not_there(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("failing", ["", "benchmarks.paper"])
+def test_gpu_tables_exits_with_its_steps_status(tmp_path, failing):
+    """gpu_tables.sh exits 0 after a clean table3 under --no-step (session 60's clean run exited 1: its
+    summary tested for the step logs --no-step leaves out), and with the failing step's status otherwise.
+    nvidia-smi and python3 are stand-ins; a python3 given the failing module exits 3."""
+    bin_dir, scratch, out = tmp_path / "bin", tmp_path / "scratch", tmp_path / "out"
+    for d in (bin_dir, scratch, out):
+        d.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in'\n")
+    (bin_dir / "python3").write_text(f'#!/bin/sh\ncase "$*" in *"{failing or "no such module"}"*) exit 3 ;; esac\n'
+                                     'echo "| alexnet | 128 | auto | 1 |"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), "TMPDIR": str(scratch), "TUNE": ""}
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_tables.sh"), "alexnet", "--no-step"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == (3 if failing else 0), run.stdout + run.stderr
+    assert f"table3 alexnet: exit {3 if failing else 0}" in run.stdout
+    assert (out / "results.tgz").exists() and (scratch / "minitorch_results").is_dir()
+
+
 def test_exp_step_error_tf32_rows_are_settings_the_config_takes():
     """exp_step_error --tf32's rows: auto as tuned, winograd at F(2x2), and every default candidate
     but winograd; each row's settings are ones config.override accepts (checked before a GPU run)."""
