@@ -142,13 +142,17 @@ def check_file_path(path, what="checkpoint"):
 
 
 def _check_replaceable(path):
-    """ValueError unless `path` is free or holds a checkpoint (save)."""
+    """ValueError unless `path` is free or holds a checkpoint (save): an archive of .npy members only,
+    the header and the checksum among them (a user's own .npz holding a `__meta__` array is not
+    one: session 59's review). Its contents are not checked: a damaged checkpoint may be replaced."""
     check_file_path(path)
     if not os.path.lexists(path):
         return
     try:   # a regular file (check_file_path): no FIFO to block the read
         with zipfile.ZipFile(path) as z:
-            ours = f"{HEADER}.npy" in z.namelist()
+            names = z.namelist()
+        ours = ({f"{HEADER}.npy", f"{CHECKSUM}.npy"} <= set(names)
+                and all(n.endswith(".npy") for n in names))
     except PermissionError as e:
         raise ValueError(f"{str(path)!r} exists and cannot be read ({e}), so it cannot be told to be a checkpoint; "
                          "a save never replaces another file") from None

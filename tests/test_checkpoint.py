@@ -32,15 +32,20 @@ def test_round_trip(tmp_path):
 
 
 def test_a_save_replaces_a_checkpoint_and_nothing_else(tmp_path):
-    """A user's file, a directory, a FIFO or a symbolic link at the path: ValueError, nothing touched
-    (the save had replaced any file, and a link with a file); a checkpoint is replaced."""
+    """A user's file (text, or an .npz with a `__meta__` array of its own), a directory, a FIFO or a
+    symbolic link at the path: ValueError, nothing touched (the save had replaced any file, and a link
+    with a file); a checkpoint is replaced."""
     model, opt = small_model_and_opt(0)
     notes = tmp_path / "notes.txt"
     notes.write_text("mine")
+    arrays = tmp_path / "mine.npz"   # a user's archive with a __meta__ array of its own: not a checkpoint
+    np.savez(arrays, __meta__=np.arange(3), weights=np.ones(2))
+    kept = arrays.read_bytes()
     (tmp_path / "folder").mkdir()
     link = tmp_path / "link.ckpt"
     link.symlink_to(tmp_path / "elsewhere.ckpt")
-    cases = [(notes, "exists and is not a checkpoint"), (tmp_path / "folder", "is a directory"),
+    cases = [(notes, "exists and is not a checkpoint"), (arrays, "exists and is not a checkpoint"),
+             (tmp_path / "folder", "is a directory"),
              (link, "is a symbolic link")]
     if hasattr(os, "mkfifo"):
         os.mkfifo(tmp_path / "fifo")
@@ -49,6 +54,7 @@ def test_a_save_replaces_a_checkpoint_and_nothing_else(tmp_path):
         with pytest.raises(ValueError, match=why):
             mt.checkpoint.save(str(path), model, opt, epoch=1)
     assert notes.read_text() == "mine" and link.is_symlink() and not (tmp_path / "elsewhere.ckpt").exists()
+    assert arrays.read_bytes() == kept
     ckpt = tmp_path / "run.ckpt"
     mt.checkpoint.save(str(ckpt), model, opt, epoch=1)
     mt.checkpoint.save(str(ckpt), model, opt, epoch=2)                  # its own: replaced
