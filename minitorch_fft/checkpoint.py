@@ -159,8 +159,8 @@ def _check_replaceable(path):
     except (OSError, zipfile.BadZipFile, ValueError):
         ours = False
     if not ours:
-        raise ValueError(f"{str(path)!r} exists and is not a checkpoint; a save never replaces another file: "
-                         "remove it or choose another path")
+        raise ValueError(f"{str(path)!r} exists and is not a checkpoint (of format {FORMAT_VERSION}, this version's); "
+                         "a save never replaces another file: remove it or choose another path")
 
 
 def header(path):

@@ -50,8 +50,8 @@ pass and the result copied back (the fastest, copies included; its memory is wei
 nhwc_route_mb setting bounds it: each route's temporaries counted while auto times it, a route over
 the bound above the leanest one's never winning: at 64 MiB VGG-16 b64's TF32 reduce-overhead step
 peaks under the stock model's at 0.99x its speed, where unbounded three accGrads' copies put it 532 MiB
-over, and ResNet-50 b128 fp32 runs 1.39x stock where unbounded 1.44x, so it is unset by default,
-session 60; on the CPU, untimed, the GEMM where it takes the layer). Elsewhere (another backend, a geometry
+over, and ResNet-50 b128 fp32 runs 1.39x stock where unbounded 1.44x (its requested peak the same), so
+it is unset by default, session 60; on the CPU, untimed, the GEMM where it takes the layer). Elsewhere (another backend, a geometry
 none of these takes) the NCHW passes run on copies and their results are laid out channels-last
 again. The NHWC calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
 

@@ -1354,24 +1354,35 @@ def test_gpu_tables_refuses_a_tune_cache_that_is_not_there(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("failing", ["", "benchmarks.paper"])
-def test_gpu_tables_exits_with_its_steps_status(tmp_path, failing):
-    """gpu_tables.sh exits 0 after a clean table3 under --no-step (session 60's clean run exited 1: its
-    summary tested for the step logs --no-step leaves out), and with the failing step's status otherwise.
-    nvidia-smi and python3 are stand-ins; a python3 given the failing module exits 3."""
+@pytest.mark.parametrize("options,failing,status", [
+    (["--no-step"], "", 0), ([], "", 0), (["--ours"], "", 0),
+    (["--no-step"], "paper table3", 3), ([], "paper step", 3), (["--ours"], "AUTO_BACKENDS=ours", 3),
+])
+def test_gpu_tables_exits_with_its_steps_status(tmp_path, options, failing, status):
+    """gpu_tables.sh exits 0 after clean steps (until session 60 it exited 1 after every run without
+    --ours: its summary's last test was for step_ours's log), and with a failing step's status where
+    the earlier steps passed; its summary shows the logs of this run's steps alone, not an earlier
+    run's left in a reused $OUT. nvidia-smi and python3 are stand-ins: python3 prints a row naming
+    what it was asked, and exits 3 where its arguments (or, for the ours step, its environment) hold
+    `failing`."""
     bin_dir, scratch, out = tmp_path / "bin", tmp_path / "scratch", tmp_path / "out"
     for d in (bin_dir, scratch, out):
         d.mkdir()
+    (out / "step_ours_alexnet.log").write_text("| alexnet | an earlier run's row |\n")
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in'\n")
-    (bin_dir / "python3").write_text(f'#!/bin/sh\ncase "$*" in *"{failing or "no such module"}"*) exit 3 ;; esac\n'
-                                     'echo "| alexnet | 128 | auto | 1 |"\n')
+    (bin_dir / "python3").write_text(
+        '#!/bin/sh\nargs="$* AUTO_BACKENDS=${MINITORCH_AUTO_BACKENDS:-all}"\n'
+        f'case "$args" in *"{failing or "no such step"}"*) exit 3 ;; esac\n'
+        'echo "| alexnet | $3 | $MINITORCH_AUTO_BACKENDS |"\n')
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(out), "TMPDIR": str(scratch), "TUNE": ""}
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_tables.sh"), "alexnet", "--no-step"], env=env,
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_tables.sh"), "alexnet", *options], env=env,
                          capture_output=True, text=True, timeout=60)
-    assert run.returncode == (3 if failing else 0), run.stdout + run.stderr
-    assert f"table3 alexnet: exit {3 if failing else 0}" in run.stdout
+    assert run.returncode == status, run.stdout + run.stderr
+    assert f"table3 alexnet: exit {3 if failing == 'paper table3' else 0}" in run.stdout
+    assert ("step alexnet: exit" in run.stdout) == ("--no-step" not in options)
+    assert ("| alexnet | an earlier run's row |" in run.stdout) is False
     assert (out / "results.tgz").exists() and (scratch / "minitorch_results").is_dir()
 
 

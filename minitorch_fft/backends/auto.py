@@ -483,7 +483,9 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
     (b64) then took three accGrads to the "nchw" route, 0.22-0.26 ms faster each than cuDNN's NHWC
     plan, and its peak was 5589 MiB against the stock model's 5057 under reduce-overhead (session
     59). The count sees every thread's allocations while it runs (the adapter's count is one for
-    the process): another thread allocating meanwhile inflates it."""
+    the process): another thread allocating meanwhile inflates it. Within a process the first choice
+    for a geometry and pass stands (the fast path, _routes): a caller that counts after one that did
+    not (the adapter always counts on the GPU) is not weighed again until the next process."""
     bound = _route_bound()
     fast = _fast_key(f"nhwc:{pass_name}", x_shape, w_shape, stride, padding, xp)
     fast = fast and fast + (bound,)
