@@ -53,7 +53,8 @@ peaks under the stock model's at 0.99x its speed, where unbounded three accGrads
 over, and ResNet-50 b128 fp32 runs 1.39x stock where unbounded 1.44x (its requested peak the same), so
 it is unset by default, session 60; on the CPU, untimed, the GEMM where it takes the layer).
 Elsewhere (another backend, a geometry none of these takes) the NCHW passes run on copies and their
-results are laid out channels-last again. The NHWC calls take no gemm fallback on running out of memory (run_pass's, which is NCHW).
+results are laid out channels-last again. The NHWC calls take no gemm fallback on running out of
+memory (run_pass's, which is NCHW).
 
 Pass graphs (the pass_graphs setting, MINITORCH_PASS_GRAPHS=1; off by default): on CUDA, a layer's
 forward and its backward each replay as one CUDA graph once their operands and results come back to
