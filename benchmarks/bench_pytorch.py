@@ -117,7 +117,9 @@ def result_name(net, args):
     tf32_only = all(IMPLS[i][2] == "tf32" for i in args.impls)
     return (f"bench_pytorch_{net}" + ("_tf32" if tf32_only else "") + ("_quick" if args.quick else "")
             + ("_no_reuse" if args.no_reuse else "") + ("_input_reuse" if args.input_reuse else "")
-            + ("_channels_last" if args.channels_last else "") + ("_pass_graphs" if args.pass_graphs else "")
+            + ("_channels_last" if args.channels_last else "")
+            + ("_convert_channels_last" if args.convert_channels_last else "")
+            + ("_pass_graphs" if args.pass_graphs else "")
             + (f"_{args.pass_graph_mb:g}mb" if args.pass_graphs and args.pass_graph_mb else "")
             + ("_reduce_overhead" if args.compile_mode == "reduce-overhead" else ""))
 
@@ -273,7 +275,7 @@ def run_network(net, args, log, on_rows=None):
                                       pass_graph_mb=args.pass_graph_mb):
             model = copy.deepcopy(base).cuda().to(memory_format=layout)
             if converted:
-                convert(model)
+                convert(model, channels_last=args.convert_channels_last)
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             scope = (contextlib.nullcontext if not converted or args.no_reuse else
                      functools.partial(reuse_spectra, inputs=args.input_reuse))
@@ -582,11 +584,19 @@ def main():
                         help="every row's model and input channels-last (model.to(memory_format=torch.channels_last)): "
                              "each converted pass runs cuDNN's NHWC plans or our NCHW passes on copies, whichever auto "
                              "timed faster (minitorch_fft.pytorch)")
+    parser.add_argument("--convert-channels-last", action="store_true",
+                        help="the converted rows' models by convert(model, channels_last=True): the NCHW model run "
+                             "channels-last inside (its parameters, and the batch by a forward pre-hook, a copy a "
+                             "step), the stock rows' models and the batch NCHW as given (inductor lays out its "
+                             "compiled model itself); result files *_convert_channels_last")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
     if args.compile_mode != "default" and not args.compile:
         parser.error(f"--compile-mode {args.compile_mode} needs --compile")
+    if args.convert_channels_last and args.channels_last:
+        parser.error("--convert-channels-last converts an NCHW model; with --channels-last every model is "
+                     "channels-last already")
     if args.no_reuse and args.input_reuse:
         parser.error("--no-reuse and --input-reuse exclude each other")
     if args.pass_graph_mb is not None and (not args.pass_graphs or not 0 < args.pass_graph_mb < float("inf")):
@@ -623,7 +633,8 @@ def main():
                       cupy=cp.__version__, warmup=args.warmup, repeat=args.repeat,
                       image={net: IMAGE.get(net, 224) for net in nets},
                       tune_cache=str(tuning.cache_path()),
-                      memory_format="channels_last" if args.channels_last else "contiguous", host_probe_ms=round(host_probe_ms(), 2), **cudnn_setup)
+                      memory_format="channels_last" if args.channels_last else "contiguous",
+                      convert_channels_last=args.convert_channels_last, host_probe_ms=round(host_probe_ms(), 2), **cudnn_setup)
     batches = {net: args.batch or BATCH[net] for net in nets}
     start = time.perf_counter()
 

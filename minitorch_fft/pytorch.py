@@ -1525,12 +1525,27 @@ class Conv2d(torch.nn.Conv2d):
         return f"{super().extra_repr()}, backend={self.backend!r}"
 
 
-def convert(model, backend="auto"):
+def convert(model, backend="auto", channels_last=False):
     """Every nn.Conv2d of `model` it can serve becomes a Conv2d in place (the same module object,
     so the same Parameters, hooks and state_dict keys); returns the model. The layers left alone
-    are logged (logger minitorch_fft.pytorch) with the reason; unsupported() says it for one."""
+    are logged (logger minitorch_fft.pytorch) with the reason; unsupported() says it for one.
+
+    channels_last=True also runs the model channels-last, as inductor's layout optimization runs a
+    stock model under torch.compile: its 4-d parameters and buffers laid out channels-last in place
+    (model.to(memory_format=torch.channels_last): the same Parameter objects, the same values and
+    state_dict), and a forward pre-hook on `model` that lays out each 4-d tensor argument
+    channels-last (one copy of an NCHW batch a step); the layers after a convolution keep the layout
+    (PyTorch's elementwise ops, batch norm and pooling do), so each converted layer takes the
+    channels-last routes (cuDNN's NHWC plans without layout conversion, the 1x1 GEMM, or our NCHW
+    passes on copies: see above). For an NCHW model in TF32 mode, where our NCHW calls into cuDNN
+    convert layouts inside cuDNN at every pass (workspace and time; VGG-16's and ResNet-50's
+    compiled steps, session 60). What the model returns keeps PyTorch's layout rules (a 4-d output
+    stays channels-last). Once set, the hook stays: convert() again does not add a second one, and
+    channels_last=False leaves the model's layout as it finds it."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(channels_last, bool):
+        raise TypeError(f"convert(): channels_last takes True or False, got {channels_last!r}")
     _check_backend(backend)
     converted, left = 0, []
     for name, m in model.named_modules():
@@ -1547,7 +1562,18 @@ def convert(model, backend="auto"):
     for name, reason in left:
         log.warning("convert: left %s as nn.Conv2d: %s", name or "the model", reason)
     log.info("convert: %d Conv2d layers on backend %r, %d left alone", converted, backend, len(left))
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+        if _inputs_channels_last not in model._forward_pre_hooks.values():   # once (nothing kept on the model)
+            model.register_forward_pre_hook(_inputs_channels_last)
     return model
+
+
+def _inputs_channels_last(module, args):
+    """convert(channels_last=True)'s forward pre-hook: each 4-d tensor argument channels-last (a
+    copy where it is not already)."""
+    return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4
+                 else a for a in args)
 
 
 __all__ = ["Conv2d", "EagerConv2d", "convert", "conv2d", "pass_graph_stats", "release_pass_graphs", "reuse_spectra",

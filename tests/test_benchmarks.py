@@ -1677,7 +1677,7 @@ def test_bench_pytorch_writes_tf32_and_strict_runs_apart():
     import argparse
     from benchmarks.bench_pytorch import result_name
     base = dict(quick=False, no_reuse=False, input_reuse=False, channels_last=True, pass_graphs=False,
-                compile_mode="default")
+                compile_mode="default", convert_channels_last=False)
     names = {impls: result_name("vgg16", argparse.Namespace(impls=list(impls), **base))
              for impls in (("strict", "fp32"), ("default", "tf32"), ("strict", "default", "fp32", "tf32"))}
     assert names[("default", "tf32")] == "bench_pytorch_vgg16_tf32_channels_last"
@@ -1690,6 +1690,9 @@ def test_bench_pytorch_writes_tf32_and_strict_runs_apart():
     graphed = dict(base, channels_last=False, compile_mode="reduce-overhead")
     assert result_name("alexnet", argparse.Namespace(impls=["strict", "fp32"], **graphed)) \
         == "bench_pytorch_alexnet_reduce_overhead"
+    inside = dict(graphed, convert_channels_last=True)
+    assert result_name("vgg16", argparse.Namespace(impls=["default", "tf32"], **inside)) \
+        == "bench_pytorch_vgg16_tf32_convert_channels_last_reduce_overhead"
 
 
 @pytest.mark.parametrize("argv", [["--pass-graph-mb", "64"], ["--pass-graphs", "--pass-graph-mb", "0"],
@@ -1709,6 +1712,14 @@ def test_bench_pytorch_refuses_a_compile_mode_without_compile(monkeypatch, capsy
     with pytest.raises(SystemExit) as e:
         bench_pytorch.main()
     assert e.value.code == 2 and "--compile-mode reduce-overhead needs --compile" in capsys.readouterr().err
+
+
+def test_bench_pytorch_refuses_convert_channels_last_with_channels_last(monkeypatch, capsys):
+    from benchmarks import bench_pytorch
+    monkeypatch.setattr(sys, "argv", ["bench_pytorch", "--channels-last", "--convert-channels-last"])
+    with pytest.raises(SystemExit) as e:
+        bench_pytorch.main()
+    assert e.value.code == 2 and "--convert-channels-last converts an NCHW model" in capsys.readouterr().err
 
 
 def _pytorch_result(path, net, precision, modes, commit, ratios):

@@ -983,6 +983,78 @@ def test_convert_refuses_what_it_cannot_serve_when_asked():
         Conv2d(3, 4, 3, backend="cudnn")
 
 
+def bn_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8),
+                               torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3, padding=1),
+                               torch.nn.ReLU(), torch.nn.Conv2d(8, 6, 1), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(6, 10))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_fp32):
+    """convert(model, channels_last=True): the same Parameter objects, their 4-d ones laid out
+    channels-last with the same values; an NCHW batch in, every converted layer takes a
+    channels-last input (batch norm, ReLU and pooling keep the layout); output and every gradient as
+    the stock NCHW model's in float64; the hook once however often convert() runs; the state_dict
+    loads into the stock model and back."""
+    stock = bn_net().to(device)
+    model = copy.deepcopy(stock)
+    params = list(model.parameters())
+    assert convert(model, channels_last=True) is model
+    convert(model, channels_last=True)
+    convert(model)                                     # channels_last=False leaves the layout as it is
+    assert all(a is b for a, b in zip(params, model.parameters()))
+    assert len(model._forward_pre_hooks) == 1
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in params if p.dim() == 4)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), stock.state_dict().values()))
+    seen = []
+    for m in model.modules():
+        if isinstance(m, Conv2d):
+            m.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous(
+                memory_format=torch.channels_last)))
+    x = torch.randn(4, 3, 12, 12, device=device)
+    assert x.is_contiguous()
+    out = model(x)
+    assert seen == [True, True, True]
+    ref_model = stock.double()
+    x64 = x.double()
+    ref = ref_model(x64)
+    assert rel_error(out.detach().cpu().numpy(), ref.detach().cpu().numpy()) <= 1e-4
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (name, a), b in zip(model.named_parameters(), ref_model.parameters()):
+        assert rel_error(a.grad.cpu().numpy(), b.grad.cpu().numpy()) <= 1e-4, name
+    back = bn_net().to(device)
+    back.load_state_dict(model.state_dict())
+    model.load_state_dict(back.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
+
+
+def test_convert_channels_last_takes_a_bool():
+    with pytest.raises(TypeError, match="channels_last takes True or False, got 'yes'"):
+        convert(small_net(), channels_last="yes")
+
+
+def test_convert_channels_last_compiles_whole(strict_fp32):
+    """torch.compile(fullgraph=True) over convert(channels_last=True)'s model, NCHW input: no graph
+    break (the pre-hook's copy traces), and the compiled step's output and gradients as the eager
+    one's (aot_eager on the CPU)."""
+    torch._dynamo.reset()
+    model = convert(bn_net(), channels_last=True)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 3, 12, 12)
+    out = compiled(x)
+    out.square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref = model(x)
+    ref.square().sum().backward()
+    assert rel_error(out.detach().numpy(), ref.detach().numpy()) <= 1e-5
+    for a, p in zip(got, model.parameters()):
+        assert rel_error(a.numpy(), p.grad.numpy()) <= 1e-5
+
+
 def _stock_copy(model):
     """A deep copy with every Conv2d back to nn.Conv2d (the reference)."""
     ref = copy.deepcopy(model)
