@@ -1565,15 +1565,16 @@ def convert(model, backend="auto", channels_last=False):
     if channels_last:
         model.to(memory_format=torch.channels_last)
         if _inputs_channels_last not in model._forward_pre_hooks.values():   # once (nothing kept on the model)
-            model.register_forward_pre_hook(_inputs_channels_last)
+            model.register_forward_pre_hook(_inputs_channels_last, with_kwargs=True)
     return model
 
 
-def _inputs_channels_last(module, args):
-    """convert(channels_last=True)'s forward pre-hook: each 4-d tensor argument channels-last (a
-    copy where it is not already)."""
-    return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4
-                 else a for a in args)
+def _inputs_channels_last(module, args, kwargs):
+    """convert(channels_last=True)'s forward pre-hook: each 4-d tensor argument, positional or
+    keyword, channels-last (a copy where it is not already; the values the same)."""
+    def laid_out(a):
+        return a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
+    return tuple(laid_out(a) for a in args), {k: laid_out(v) for k, v in kwargs.items()}
 
 
 __all__ = ["Conv2d", "EagerConv2d", "convert", "conv2d", "pass_graph_stats", "release_pass_graphs", "reuse_spectra",

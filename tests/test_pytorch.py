@@ -1031,6 +1031,25 @@ def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_f
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
 
 
+def test_convert_channels_last_lays_out_keyword_arguments_too():
+    """A model whose forward takes its batch by keyword: laid out channels-last as a positional one."""
+    class ByKeyword(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, *, image):
+            return self.conv(image)
+    model = convert(ByKeyword(), channels_last=True)
+    seen = []
+    model.conv.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous(
+        memory_format=torch.channels_last)))
+    x = torch.randn(2, 3, 8, 8)
+    out = model(image=x)
+    assert seen == [True]
+    assert rel_error(out.detach().numpy(), _stock_copy(model)(image=x).detach().numpy()) <= 1e-5
+
+
 def test_convert_channels_last_takes_a_bool():
     with pytest.raises(TypeError, match="channels_last takes True or False, got 'yes'"):
         convert(small_net(), channels_last="yes")
