@@ -97,6 +97,7 @@ import bisect
 import collections
 import contextlib
 import functools
+import itertools
 import logging
 import math
 import threading
@@ -1530,17 +1531,22 @@ def convert(model, backend="auto", channels_last=False):
     so the same Parameters, hooks and state_dict keys); returns the model. The layers left alone
     are logged (logger minitorch_fft.pytorch) with the reason; unsupported() says it for one.
 
-    channels_last=True also runs the model channels-last, as inductor's layout optimization runs a
-    stock model under torch.compile: its 4-d parameters and buffers laid out channels-last in place
-    (model.to(memory_format=torch.channels_last): the same Parameter objects, the same values and
-    state_dict), and a forward pre-hook on `model` that lays out each 4-d tensor argument
-    channels-last (one copy of an NCHW batch a step); the layers after a convolution keep the layout
-    (PyTorch's elementwise ops, batch norm and pooling do), so each converted layer takes the
-    channels-last routes (cuDNN's NHWC plans without layout conversion, the 1x1 GEMM, or our NCHW
-    passes on copies: see above). For an NCHW model in TF32 mode, where our NCHW calls into cuDNN
-    convert layouts inside cuDNN at every pass (workspace and time; VGG-16's and ResNet-50's
-    compiled steps, session 60). What the model returns keeps PyTorch's layout rules (a 4-d output
-    stays channels-last). Once set, the hook stays: convert() again does not add a second one, and
+    channels_last=True also runs the model channels-last, as `model.to(memory_format=
+    torch.channels_last)` with channels-last inputs would: every 4-d parameter, gradient and buffer
+    re-laid channels-last in place (the same tensor objects, whatever torch.__future__ says; the same
+    values and state_dict; 5-d ones left as they are), and a forward pre-hook on `model` that lays
+    out each 4-d tensor argument, positional or keyword, channels-last (a copy a call of each one not
+    already so). Elementwise ops, batch norm and pooling keep the layout, so each converted layer
+    takes the channels-last routes (cuDNN's NHWC plans without layout conversion, the 1x1 GEMM, or our
+    NCHW passes on copies: see above). It is meant for NCHW models in TF32 mode: there our NCHW
+    calls into cuDNN convert layouts inside cuDNN at every pass (workspace and time), where inductor
+    runs a stock model channels-last under torch.compile (VGG-16's and ResNet-50's compiled steps,
+    session 60; not yet measured with this setting). What channels-last changes for the model's own
+    code: `x.view(n, -1)` of a channels-last activation raises (reshape and flatten do not), code that
+    reads storage as NCHW reads other values, an argument the forward writes into in place is the
+    hook's copy, not the caller's tensor, and an optimizer made before convert() keeps its state
+    NCHW (PyTorch's fused optimizers then compute wrong steps): convert first, then make the
+    optimizer. Once set, the hook stays: convert() again does not add a second one, and
     channels_last=False leaves the model's layout as it finds it."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(model).__name__}")
@@ -1563,7 +1569,11 @@ def convert(model, backend="auto", channels_last=False):
         log.warning("convert: left %s as nn.Conv2d: %s", name or "the model", reason)
     log.info("convert: %d Conv2d layers on backend %r, %d left alone", converted, backend, len(left))
     if channels_last:
-        model.to(memory_format=torch.channels_last)
+        with torch.no_grad():   # in place, not model.to(): the same tensors, shared buffers still shared
+            for t in itertools.chain(model.parameters(), model.buffers()):
+                for u in (t, t.grad):
+                    if u is not None and u.dim() == 4 and not u.is_contiguous(memory_format=torch.channels_last):
+                        u.data = u.data.contiguous(memory_format=torch.channels_last)
         if _inputs_channels_last not in model._forward_pre_hooks.values():   # once (nothing kept on the model)
             model.register_forward_pre_hook(_inputs_channels_last, with_kwargs=True)
     return model

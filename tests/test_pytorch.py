@@ -1040,14 +1040,41 @@ def test_convert_channels_last_lays_out_keyword_arguments_too():
 
         def forward(self, *, image):
             return self.conv(image)
-    model = convert(ByKeyword(), channels_last=True)
+    torch.manual_seed(0)
+    stock = ByKeyword()
+    model = convert(copy.deepcopy(stock), channels_last=True)
     seen = []
     model.conv.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous(
         memory_format=torch.channels_last)))
     x = torch.randn(2, 3, 8, 8)
     out = model(image=x)
     assert seen == [True]
-    assert rel_error(out.detach().numpy(), _stock_copy(model)(image=x).detach().numpy()) <= 1e-5
+    assert rel_error(out.detach().numpy(), stock(image=x).detach().numpy()) <= 1e-5
+
+
+def test_convert_channels_last_relays_tensors_in_place():
+    """The same tensor objects whatever torch.__future__ says (model.to() makes new Parameters under
+    overwrite_module_params_on_conversion), a buffer two modules share still shared, a gradient
+    already there re-laid too, and a 5-d parameter (Conv3d) left as it is (model.to() raised on it,
+    leaving the model half converted)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Conv3d(1, 1, 1))
+    shared = torch.randn(1, 2, 3, 4)
+    model[0].register_buffer("t", shared)
+    model[1].register_buffer("t", shared)
+    model[0].weight.grad = torch.randn_like(model[0].weight)
+    weight, grad, values = model[0].weight, model[0].weight.grad, model[0].weight.detach().clone()
+    saved = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        convert(model, channels_last=True)
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(saved)
+    assert model[0].weight is weight and weight.grad is grad and torch.equal(weight, values)
+    assert weight.is_contiguous(memory_format=torch.channels_last)
+    assert grad.is_contiguous(memory_format=torch.channels_last)
+    assert model[0].t is model[1].t is shared and shared.is_contiguous(memory_format=torch.channels_last)
+    assert model[1].weight.dim() == 5 and model[1].weight.is_contiguous()
 
 
 def test_convert_channels_last_takes_a_bool():
