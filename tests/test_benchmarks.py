@@ -1526,6 +1526,14 @@ def test_exp_compile_gap_finds_where_the_gpu_waits_for_the_host():
     assert abs(span - (90 + 30) / 2e3) < 1e-12
 
 
+def test_exp_compile_gap_refuses_convert_channels_last_with_channels_last(monkeypatch, capsys):
+    from benchmarks.experiments import exp_compile_gap as exp
+    monkeypatch.setattr(sys, "argv", ["exp_compile_gap", "--channels-last", "--convert-channels-last"])
+    with pytest.raises(SystemExit) as e:
+        exp.main()
+    assert e.value.code == 2 and "--convert-channels-last converts an NCHW model" in capsys.readouterr().err
+
+
 def test_exp_compile_gap_counts_kernels_not_annotations_as_gpu_work():
     """A device event marked as a user annotation (the optimizer's range spanning its kernels) is
     not GPU work; a kernel, or an event of a profiler without the flag, is."""

@@ -47,6 +47,9 @@ for, Dynamo is reset before every compiled row.
 With --output-code, inductor's generated code for the converted model goes to stderr
 (TORCH_LOGS=output_code for that compile only).
 
+With --convert-channels-last the converted rows' model is convert(model, channels_last=True)'s (an NCHW model
+run channels-last inside; --passes then times the crossings, as with --channels-last), the stock rows' NCHW.
+
 With --tf32, the stock rows run PyTorch's TF32 defaults and the converted ones the framework's
 TF32 mode (bench_pytorch's "default" and "tf32" rows).
 
@@ -530,6 +533,9 @@ def main():
                          "in allocated bytes (the allocator's blocks) and requested ones (the sizes asked for)")
     ap.add_argument("--channels-last", action="store_true",
                     help="every row's model and input channels-last (the converted layers run cuDNN's NHWC plans)")
+    ap.add_argument("--convert-channels-last", action="store_true",
+                    help="the converted rows' model by convert(model, channels_last=True): the NCHW model run "
+                         "channels-last inside, the stock rows NCHW (bench_pytorch --convert-channels-last)")
     ap.add_argument("--tf32", action="store_true",
                     help="PyTorch's TF32 defaults against the converted model in the framework's TF32 mode")
     ap.add_argument("--compile-mode", choices=("default", "reduce-overhead"), default="default",
@@ -539,6 +545,9 @@ def main():
     rows = [r.strip() for r in args.rows.split(",")]
     if any(r not in ROWS for r in rows):
         ap.error(f"unknown row in --rows {args.rows!r}; choose from {', '.join(ROWS)}")
+    if args.convert_channels_last and args.channels_last:
+        ap.error("--convert-channels-last converts an NCHW model; with --channels-last every model is channels-last "
+                 "already")
     graphs = args.compile_mode == "reduce-overhead"
     if graphs and args.left:
         ap.error("--left does not go with --compile-mode reduce-overhead (its recorded steps would hold the trees' "
@@ -573,7 +582,7 @@ def main():
             start_recording(LEFT_ENTRIES)
         model = copy.deepcopy(base).cuda().to(memory_format=layout)
         if converted:
-            convert(model)
+            convert(model, channels_last=args.convert_channels_last)
         if compiled:   # inductor reads it at compile time (the first step)
             torch._inductor.config.layout_optimization = label not in NCHW_ROWS
         run = torch.compile(model, mode=args.compile_mode if graphs else None) if compiled else model
@@ -672,7 +681,7 @@ def main():
             print("(--passes: a replay runs no pass, so none to time; the listing above names where each allocation "
                   "alive at the recording's peak was made)")
         elif args.passes and converted:
-            step_peak, stretches = pass_peaks(step, args.top, crossings=args.channels_last)
+            step_peak, stretches = pass_peaks(step, args.top, crossings=args.channels_last or args.convert_channels_last)
             print(f"the highest stretches of one step (peak {step_peak:.0f} MiB above its start; MiB: peak, allocated at "
                   "the stretch's start, transient):")
             for p, start, what in stretches:
