@@ -1082,25 +1082,6 @@ def test_convert_channels_last_takes_a_bool():
         convert(small_net(), channels_last="yes")
 
 
-def test_convert_channels_last_compiles_whole(strict_fp32):
-    """torch.compile(fullgraph=True) over convert(channels_last=True)'s model, NCHW input: no graph
-    break (the pre-hook's copy traces), and the compiled step's output and gradients as the eager
-    one's (aot_eager on the CPU)."""
-    torch._dynamo.reset()
-    model = convert(bn_net(), channels_last=True)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    x = torch.randn(2, 3, 12, 12)
-    out = compiled(x)
-    out.square().sum().backward()
-    got = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    ref = model(x)
-    ref.square().sum().backward()
-    assert rel_error(out.detach().numpy(), ref.detach().numpy()) <= 1e-5
-    for a, p in zip(got, model.parameters()):
-        assert rel_error(a.numpy(), p.grad.numpy()) <= 1e-5
-
-
 def _stock_copy(model):
     """A deep copy with every Conv2d back to nn.Conv2d (the reference)."""
     ref = copy.deepcopy(model)
@@ -1267,14 +1248,18 @@ def small_net():
                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10))
 
 
-@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("layout", ["nchw", "channels_last", "convert_channels_last"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_torch_compile_fullgraph(device, layout, strict_fp32):
     """torch.compile(fullgraph=True) raises on a graph break: the operator traces whole, and the
     compiled forward and backward call the operators, not the eager path (on the CPU aot_eager's
-    graphs are kept and read); a channels-last model and input too."""
+    graphs are kept and read); a channels-last model and input too, and an NCHW input to
+    convert(channels_last=True)'s model (its pre-hook's copy traces)."""
     torch._dynamo.reset()
-    model = convert(small_net()).to(device, memory_format=layout)
+    model = convert(small_net(), channels_last=layout == "convert_channels_last").to(device)
+    layout = torch.channels_last if layout == "channels_last" else torch.contiguous_format   # the input's
+    if layout == torch.channels_last:
+        model = model.to(memory_format=layout)
     graphs = []
     if device == "cpu":
         from functorch.compile import make_boxed_func
