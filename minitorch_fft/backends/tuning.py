@@ -163,7 +163,6 @@ def _ours(data):
             and not isinstance(data["version"], bool) and isinstance(data["devices"], dict))
 
 
-
 def _read_regular(path):
     """The bytes of the regular file at `path` (links followed), None where nothing is there;
     _Foreign for anything else. Opened non-blocking and checked before reading: a FIFO or a

@@ -481,9 +481,9 @@ def _input_transform(xp, x, pad, th, tw, m, layout=None, rows=None):
                 (x, v, *_ints(n, f, h, w, th, tw, *pad, groups, per, a0, count)))
         return v
     _, _, BT = matrices(m)
-    rows, rmask = _window(th, m, alpha, pad[0], h)                    # (th, alpha)
-    cols, cmask = _window(tw, m, alpha, pad[1], w)                    # (tw, alpha)
-    d = x[:, :, rows[:, :, None, None], cols[None, None, :, :]]       # (n, f, th, alpha, tw, alpha)
+    ri, rmask = _window(th, m, alpha, pad[0], h)                      # (th, alpha): not `rows`, the parameter
+    ci, cmask = _window(tw, m, alpha, pad[1], w)                      # (tw, alpha)
+    d = x[:, :, ri[:, :, None, None], ci[None, None, :, :]]           # (n, f, th, alpha, tw, alpha)
     d = d * (rmask[:, :, None, None] & cmask[None, None, :, :])
     t = np.einsum("ai,nfrisj->nfrasj", BT, d)                         # B^T d: rows first, as the kernel
     t = np.einsum("bj,nfrasj->abfnrs", BT, t)                         # then columns: (alpha, alpha, f, n, th, tw)
@@ -504,9 +504,9 @@ def _gradient_transform(xp, gy, th, tw, m, layout, rows=None):
                 (gy, z, *_ints(n, fo, oh, ow, th, tw, groups, per, a0, count)))
         return z
     AT, _, _ = matrices(m)
-    rows, rmask = _window(th, m, m, 0, oh)                            # (th, m)
-    cols, cmask = _window(tw, m, m, 0, ow)                            # (tw, m)
-    d = gy[:, :, rows[:, :, None, None], cols[None, None, :, :]]      # (n, fo, th, m, tw, m)
+    ri, rmask = _window(th, m, m, 0, oh)                              # (th, m): not `rows`, the parameter
+    ci, cmask = _window(tw, m, m, 0, ow)                              # (tw, m)
+    d = gy[:, :, ri[:, :, None, None], ci[None, None, :, :]]          # (n, fo, th, m, tw, m)
     d = d * (rmask[:, :, None, None] & cmask[None, None, :, :])
     t = np.einsum("ia,nfrisj->nfrasj", AT, d)                         # A g (alpha rows)
     t = np.einsum("jb,nfrasj->abfnrs", AT, t)                         # (A g) A^T: (alpha, alpha, fo, n, th, tw)
