@@ -1,13 +1,15 @@
 """The adapter's results at a glance: converted against stock PyTorch, from bench_pytorch's files.
 
-Reads the NCHW result files of record that `python -m benchmarks.bench_pytorch` wrote into one
-device's folder (bench_pytorch_<net>[_tf32][_reduce_overhead].json: the channels-last, pass-graph and
-other variants are left out) and draws, per precision (strict fp32 against PyTorch strict, TF32 mode
-against PyTorch's default), each network's converted step as a multiple of the stock step's speed in
-the same mode and run (the files' "vs_stock"), and its peak memory as a fraction of stock's. Bars
-are the modes: eager, CUDA graph, torch.compile, torch.compile reduce-overhead. Nothing is measured
-here: every figure is a file's, and the Markdown beside the plot lists each file's commit, date and
-command.
+Reads the result files of record for NCHW models that `python -m benchmarks.bench_pytorch` wrote into
+one device's folder (bench_pytorch_<net>[_tf32][_reduce_overhead].json, and
+bench_pytorch_<net>[_tf32]_convert_channels_last[_reduce_overhead].json: the stock NCHW model against
+`convert(model, channels_last=True)`; the channels-last models', pass-graph and other variants are
+left out) and draws, per precision (strict fp32 against PyTorch strict, TF32 mode against PyTorch's
+default), each network's converted step as a multiple of the stock step's speed in the same mode and
+run (the files' "vs_stock"), and its peak memory as a fraction of stock's. Bars are the modes:
+eager, CUDA graph, torch.compile, torch.compile reduce-overhead, and eager and reduce-overhead again
+with `channels_last=True` where a file holds them. Nothing is measured here: every figure is a
+file's, and the Markdown beside the plot lists each file's commit, date and command.
 
   python -m benchmarks.plot_pytorch                          # results/nvidia-h200
   python -m benchmarks.plot_pytorch results/nvidia-h100-80gb-hbm3
@@ -25,14 +27,20 @@ NETWORKS = ("alexnet", "overfeat_fast", "vgg16", "resnet50")
 # the rows' "precision" -> (the column's title, the file name's part)
 PRECISIONS = {"strict": ("strict fp32, against PyTorch strict", ""),
               "tf32": ("TF32 mode, against PyTorch's default", "_tf32")}
-MODES = ("eager", "CUDA graph", "torch.compile", "torch.compile reduce-overhead")
-MODE_FILE = {"torch.compile reduce-overhead": "_reduce_overhead"}   # the other modes: the plain file
+# a bar: its label -> (the rows' "mode", the file name's part after the precision's)
+BARS = {"eager": ("eager", ""), "CUDA graph": ("CUDA graph", ""), "torch.compile": ("torch.compile", ""),
+        "torch.compile reduce-overhead": ("torch.compile reduce-overhead", "_reduce_overhead"),
+        "eager, channels_last=True": ("eager", "_convert_channels_last"),
+        "reduce-overhead, channels_last=True": ("torch.compile reduce-overhead",
+                                                "_convert_channels_last_reduce_overhead")}
+MODES = tuple(BARS)
+STOCK_MODES = MODES[:4]   # the bars every network and precision should have (the Markdown names those missing)
 NAME = "bench_pytorch_summary"
 
 
-def source(folder, net, precision, mode):
-    """The result file of record holding (net, precision, mode)'s rows."""
-    return Path(folder) / f"bench_pytorch_{net}{PRECISIONS[precision][1]}{MODE_FILE.get(mode, '')}.json"
+def source(folder, net, precision, bar):
+    """The result file of record holding (net, precision, bar)'s rows."""
+    return Path(folder) / f"bench_pytorch_{net}{PRECISIONS[precision][1]}{BARS[bar][1]}.json"
 
 
 class BadResult(ValueError):
@@ -70,13 +78,14 @@ def collect(folder):
         for precision in PRECISIONS:
             for mode in MODES:
                 path = source(folder, net, precision, mode)
+                row_mode = BARS[mode][0]
                 if path not in cache:
                     cache[path] = _read(path)
                 data = cache[path]
                 if data is None:
                     continue
                 rows = [r for r in data["rows"] if r["network"] == net and r["precision"] == precision
-                        and r["mode"] == mode]
+                        and r["mode"] == row_mode]
                 stock = [r for r in rows if not r["converted"]]
                 ours = [r for r in rows if r["converted"]]
                 if not (stock and ours):
@@ -117,7 +126,7 @@ def plot(bars, path, device):
             ax.set_xticks(range(len(NETWORKS)), NETWORKS)
     handles = {h.get_label(): h for ax in axes.flat for h in ax.containers}
     fig.legend([handles[m] for m in MODES if m in handles], [m for m in MODES if m in handles],
-               loc="lower center", ncol=len(MODES), fontsize=9, bbox_to_anchor=(0.5, -0.02))
+               loc="upper center", ncol=3, fontsize=9, bbox_to_anchor=(0.5, 0.02))
     fig.suptitle(f"minitorch_fft.pytorch.convert: training step against stock PyTorch, {device}\n"
                  f"(the files of record, commits in {NAME}.md; above 1 is faster, below 1 is less memory)")
     save_figure(fig, path, dpi=110, bbox_inches="tight")
@@ -148,7 +157,7 @@ def markdown(bars, sources, device):
     for b in bars:
         lines.append(f"| {b['network']} | {b['precision']} | {b['mode']} | {b['speedup']:.2f}x | "
                      f"{b['peak'][0]:.0f} / {b['peak'][1]:.0f} | {b['file']} | {b['commit']} |")
-    missing = [f"{net} {precision} {mode}" for net in NETWORKS for precision in PRECISIONS for mode in MODES
+    missing = [f"{net} {precision} {mode}" for net in NETWORKS for precision in PRECISIONS for mode in STOCK_MODES
                if not any((b["network"], b["precision"], b["mode"]) == (net, precision, mode) for b in bars)]
     if missing:
         lines += ["", "No bar (no file of record in this folder holds both rows): " + "; ".join(missing) + "."]

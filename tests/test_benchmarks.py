@@ -1744,9 +1744,10 @@ def _pytorch_result(path, net, precision, modes, commit, ratios):
 
 
 def test_plot_pytorch_draws_the_files_of_record_and_lists_them(tmp_path):
-    """plot_pytorch reads bench_pytorch_<net>[_tf32][_reduce_overhead].json alone (a channels-last file is
-    not read), one bar per converted row with its stock row, each figure the file's; the Markdown names
-    each bar's file and commit, the bars no file holds, and each file's date and command."""
+    """plot_pytorch reads bench_pytorch_<net>[_tf32][_reduce_overhead].json and the convert-channels-last
+    variants alone (a channels-last model's file is not read), one bar per converted row with its stock row,
+    each figure the file's; the Markdown names each bar's file and commit, the stock modes' bars no file
+    holds (not the channels_last=True ones), and each file's date and command."""
     from benchmarks import plot_pytorch
     _pytorch_result(tmp_path / "bench_pytorch_alexnet.json", "alexnet", "strict", ["eager", "CUDA graph"], "aaa1111",
                     {"eager": (1.41, 0.93), "CUDA graph": (1.45, 0.97)})
@@ -1755,6 +1756,9 @@ def test_plot_pytorch_draws_the_files_of_record_and_lists_them(tmp_path):
                     {"eager": (9.0, 9.0), "torch.compile reduce-overhead": (0.89, 1.09)})
     _pytorch_result(tmp_path / "bench_pytorch_vgg16_tf32_channels_last.json", "vgg16", "tf32", ["eager"], "ccc3333",
                     {"eager": (7.0, 7.0)})
+    _pytorch_result(tmp_path / "bench_pytorch_resnet50_tf32_convert_channels_last_reduce_overhead.json", "resnet50",
+                    "tf32", ["eager", "torch.compile reduce-overhead"], "ddd4444",
+                    {"eager": (1.02, 1.01), "torch.compile reduce-overhead": (1.03, 0.99)})
     assert plot_pytorch.main([str(tmp_path)]) == 0
     assert (tmp_path / "bench_pytorch_summary.png").stat().st_size > 0
     md = (tmp_path / "bench_pytorch_summary.md").read_text()
@@ -1765,6 +1769,11 @@ def test_plot_pytorch_draws_the_files_of_record_and_lists_them(tmp_path):
     assert "9.00x" not in md and "7.00x" not in md and "ccc3333" not in md   # the eager rows of other files
     assert "vgg16 tf32 eager" in md.split("No bar")[1] and "alexnet strict eager;" not in md
     assert "| bench_pytorch_alexnet.json | 2026-11-30T00:00:00+00:00 | aaa1111 | `python -m benchmarks" in md
+    assert ("| resnet50 | tf32 | reduce-overhead, channels_last=True | 1.03x | 990 / 1000 | "
+            "bench_pytorch_resnet50_tf32_convert_channels_last_reduce_overhead.json | ddd4444 |") in md
+    assert "1.02x" not in md     # an eager row of a reduce-overhead file: eager bars come from the plain files
+    assert "channels_last=True" not in md.split("No bar")[1].split("\n\n")[0]
+    assert "resnet50 tf32 eager;" in md                      # the NCHW file's bar, still missing
 
 
 def test_plot_pytorch_refuses_a_folder_without_results(tmp_path, capsys):
