@@ -586,8 +586,8 @@ def main():
                              "timed faster (minitorch_fft.pytorch)")
     parser.add_argument("--convert-channels-last", action="store_true",
                         help="the converted rows' models by convert(model, channels_last=True): the NCHW model run "
-                             "channels-last inside (its parameters, and the batch by a forward pre-hook, a copy a "
-                             "step), the stock rows' models and the batch NCHW as given (inductor lays out its "
+                             "channels-last inside (its parameters laid out channels-last; the NCHW batch taken as it "
+                             "is, every conv's output channels-last), the stock rows' models and the batch NCHW as given (inductor lays out its "
                              "compiled model itself); result files *_convert_channels_last")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)

@@ -1532,22 +1532,25 @@ def convert(model, backend="auto", channels_last=False):
     are logged (logger minitorch_fft.pytorch) with the reason; unsupported() says it for one.
 
     channels_last=True also runs the model channels-last, as `model.to(memory_format=
-    torch.channels_last)` with channels-last inputs would: every 4-d parameter, gradient and buffer
-    re-laid channels-last in place (the same tensor objects, whatever torch.__future__ says; the same
-    values and state_dict; 5-d ones left as they are), and a forward pre-hook on `model` that lays
-    out each 4-d tensor argument, positional or keyword, channels-last (a copy a call of each one not
-    already so). Elementwise ops, batch norm and pooling keep the layout, so each converted layer
-    takes the channels-last routes (cuDNN's NHWC plans without layout conversion, the 1x1 GEMM, or our
-    NCHW passes on copies: see above). It is meant for NCHW models in TF32 mode: there our NCHW
-    calls into cuDNN convert layouts inside cuDNN at every pass (workspace and time), where inductor
-    runs a stock model channels-last under torch.compile (VGG-16's and ResNet-50's compiled steps,
-    session 60; not yet measured with this setting). What channels-last changes for the model's own
-    code: `x.view(n, -1)` of a channels-last activation raises (reshape and flatten do not), code that
-    reads storage as NCHW reads other values, an argument the forward writes into in place is the
-    hook's copy, not the caller's tensor, and an optimizer made before convert() keeps its state
-    NCHW (PyTorch's fused optimizers then compute wrong steps): convert first, then make the
-    optimizer. Once set, the hook stays: convert() again does not add a second one, and
-    channels_last=False leaves the model's layout as it finds it."""
+    torch.channels_last)` would: every 4-d parameter, gradient and buffer re-laid channels-last in
+    place (the same tensor objects, whatever torch.__future__ says; the same values and state_dict;
+    5-d ones left as they are). The model's inputs are not copied: a convolution whose weight is
+    channels-last gives a channels-last output whatever its input's layout (ours as PyTorch's own),
+    so the first layer takes the caller's NCHW batch as it is (a pass that needs it channels-last
+    lays out a transient copy, freed after the pass; the tensor kept for the backward is the
+    caller's), and from its output on the activations are channels-last: elementwise ops, batch norm
+    and pooling keep the layout, so each later converted layer takes the channels-last routes
+    (cuDNN's NHWC plans without layout conversion, the 1x1 GEMM, or our NCHW passes on copies: see
+    above). It is meant for NCHW models in TF32 mode: there our NCHW
+    calls into cuDNN convert layouts inside cuDNN at every pass (workspace and time; 5.3 ms of
+    ResNet-50 b128's 42 ms of kernels under torch.compile), where inductor runs a stock model
+    channels-last under torch.compile (session 61, reduce-overhead against the stock NCHW model:
+    ResNet-50 b128 1.03x, where the NCHW layers run 0.82x; VGG-16 b64 0.99x, its peak under stock's).
+    What channels-last changes for the model's own code: `x.view(n, -1)` of a channels-last
+    activation raises (reshape and flatten do not), code that reads storage as NCHW reads other
+    values, and an optimizer made before convert() keeps its state NCHW (PyTorch's fused optimizers
+    then compute wrong steps): convert first, then make the optimizer. channels_last=False leaves
+    the model's layout as it finds it."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(channels_last, bool):
@@ -1574,17 +1577,7 @@ def convert(model, backend="auto", channels_last=False):
                 for u in (t, t.grad):
                     if u is not None and u.dim() == 4 and not u.is_contiguous(memory_format=torch.channels_last):
                         u.data = u.data.contiguous(memory_format=torch.channels_last)
-        if _inputs_channels_last not in model._forward_pre_hooks.values():   # once (nothing kept on the model)
-            model.register_forward_pre_hook(_inputs_channels_last, with_kwargs=True)
     return model
-
-
-def _inputs_channels_last(module, args, kwargs):
-    """convert(channels_last=True)'s forward pre-hook: each 4-d tensor argument, positional or
-    keyword, channels-last (a copy where it is not already; the values the same)."""
-    def laid_out(a):
-        return a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.dim() == 4 else a
-    return tuple(laid_out(a) for a in args), {k: laid_out(v) for k, v in kwargs.items()}
 
 
 __all__ = ["Conv2d", "EagerConv2d", "convert", "conv2d", "pass_graph_stats", "release_pass_graphs", "reuse_spectra",

@@ -994,10 +994,11 @@ def bn_net():
 @pytest.mark.parametrize("device", DEVICES)
 def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_fp32):
     """convert(model, channels_last=True): the same Parameter objects, their 4-d ones laid out
-    channels-last with the same values; an NCHW batch in, every converted layer takes a
-    channels-last input (batch norm, ReLU and pooling keep the layout); output and every gradient as
-    the stock NCHW model's in float64; the hook once however often convert() runs; the state_dict
-    loads into the stock model and back."""
+    channels-last with the same values; an NCHW batch in, the first layer takes it as it is and every
+    layer gives a channels-last output, so the later ones take channels-last inputs (batch norm, ReLU
+    and pooling keep the layout); the batch is not copied for the backward (the first layer keeps
+    the caller's tensor); output and every gradient as the stock NCHW model's in float64; no hook
+    on the model however often convert() runs; the state_dict loads into the stock model and back."""
     stock = bn_net().to(device)
     model = copy.deepcopy(stock)
     params = list(model.parameters())
@@ -1005,18 +1006,23 @@ def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_f
     convert(model, channels_last=True)
     convert(model)                                     # channels_last=False leaves the layout as it is
     assert all(a is b for a, b in zip(params, model.parameters()))
-    assert len(model._forward_pre_hooks) == 1
+    assert not model._forward_pre_hooks and not model._forward_hooks
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in params if p.dim() == 4)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), stock.state_dict().values()))
     seen = []
     for m in model.modules():
         if isinstance(m, Conv2d):
-            m.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous(
-                memory_format=torch.channels_last)))
+            m.register_forward_hook(lambda m, args, y: seen.append(
+                (args[0].is_contiguous(memory_format=torch.channels_last), y.is_contiguous(
+                    memory_format=torch.channels_last))))
     x = torch.randn(4, 3, 12, 12, device=device)
     assert x.is_contiguous()
-    out = model(x)
-    assert seen == [True, True, True]
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = model(x)
+    assert seen == [(False, True), (True, True), (True, True)]
+    batches = [t for t in saved if t.shape == x.shape]
+    assert batches and all(t.data_ptr() == x.data_ptr() for t in batches)   # the caller's, no copy
     ref_model = stock.double()
     x64 = x.double()
     ref = ref_model(x64)
@@ -1031,8 +1037,10 @@ def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_f
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
 
 
-def test_convert_channels_last_lays_out_keyword_arguments_too():
-    """A model whose forward takes its batch by keyword: laid out channels-last as a positional one."""
+def test_convert_channels_last_leaves_the_callers_batch_as_it_is():
+    """A model whose forward takes its batch by keyword (the pre-hook before session 61 copied keyword
+    arguments too): its first layer gets the caller's tensor itself, NCHW, and gives a channels-last
+    output with the stock model's values."""
     class ByKeyword(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -1044,11 +1052,11 @@ def test_convert_channels_last_lays_out_keyword_arguments_too():
     stock = ByKeyword()
     model = convert(copy.deepcopy(stock), channels_last=True)
     seen = []
-    model.conv.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous(
-        memory_format=torch.channels_last)))
+    model.conv.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
     x = torch.randn(2, 3, 8, 8)
     out = model(image=x)
-    assert seen == [True]
+    assert len(seen) == 1 and seen[0] is x and x.is_contiguous()
+    assert out.is_contiguous(memory_format=torch.channels_last)
     assert rel_error(out.detach().numpy(), stock(image=x).detach().numpy()) <= 1e-5
 
 
@@ -1254,7 +1262,7 @@ def test_torch_compile_fullgraph(device, layout, strict_fp32):
     """torch.compile(fullgraph=True) raises on a graph break: the operator traces whole, and the
     compiled forward and backward call the operators, not the eager path (on the CPU aot_eager's
     graphs are kept and read); a channels-last model and input too, and an NCHW input to
-    convert(channels_last=True)'s model (its pre-hook's copy traces)."""
+    convert(channels_last=True)'s model (its first layer NCHW in, channels-last out)."""
     torch._dynamo.reset()
     model = convert(small_net(), channels_last=layout == "convert_channels_last").to(device)
     layout = torch.channels_last if layout == "channels_last" else torch.contiguous_format   # the input's
