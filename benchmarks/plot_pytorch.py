@@ -2,14 +2,16 @@
 
 Reads the result files of record for NCHW models that `python -m benchmarks.bench_pytorch` wrote into
 one device's folder (bench_pytorch_<net>[_tf32][_reduce_overhead].json, and
-bench_pytorch_<net>[_tf32]_convert_channels_last[_reduce_overhead].json: the stock NCHW model against
-`convert(model, channels_last=True)`; the channels-last models', pass-graph and other variants are
-left out) and draws, per precision (strict fp32 against PyTorch strict, TF32 mode against PyTorch's
-default), each network's converted step as a multiple of the stock step's speed in the same mode and
-run (the files' "vs_stock"), and its peak memory as a fraction of stock's. Bars are the modes:
-eager, CUDA graph, torch.compile, torch.compile reduce-overhead, and eager and reduce-overhead again
-with `channels_last=True` where a file holds them. Nothing is measured here: every figure is a
-file's, and the Markdown beside the plot lists each file's commit, date and command.
+bench_pytorch_<net>[_tf32]_convert_channels_last[_reduce_overhead].json: the same stock NCHW model
+against `convert(model, channels_last=True)`; the channels-last models', pass-graph and other
+variants are left out) and draws, per precision (strict fp32 against PyTorch strict, TF32 mode
+against PyTorch's default), each network's converted step as a multiple of the stock step's speed
+in the same mode and run (the files' "vs_stock"), and its peak memory as a fraction of stock's. Bars
+are the modes: eager, CUDA graph, torch.compile, torch.compile reduce-overhead, and each again with
+channels_last=True where a convert-channels-last file holds it (an eager row comes from the plain
+file of its variant, as the NCHW eager bars do: a reduce-overhead file's eager rows are not drawn).
+A panel has a slot for each mode it draws. Nothing is measured here: every figure is a file's, and
+the Markdown beside the plot lists each file's commit, date and command.
 
   python -m benchmarks.plot_pytorch                          # results/nvidia-h200
   python -m benchmarks.plot_pytorch results/nvidia-h100-80gb-hbm3
@@ -31,6 +33,8 @@ PRECISIONS = {"strict": ("strict fp32, against PyTorch strict", ""),
 BARS = {"eager": ("eager", ""), "CUDA graph": ("CUDA graph", ""), "torch.compile": ("torch.compile", ""),
         "torch.compile reduce-overhead": ("torch.compile reduce-overhead", "_reduce_overhead"),
         "eager, channels_last=True": ("eager", "_convert_channels_last"),
+        "CUDA graph, channels_last=True": ("CUDA graph", "_convert_channels_last"),
+        "torch.compile, channels_last=True": ("torch.compile", "_convert_channels_last"),
         "reduce-overhead, channels_last=True": ("torch.compile reduce-overhead",
                                                 "_convert_channels_last_reduce_overhead")}
 MODES = tuple(BARS)
@@ -105,18 +109,19 @@ def plot(bars, path, device):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, len(PRECISIONS), figsize=(14, 8), sharex=True)
-    width = 0.8 / len(MODES)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]   # a mode's colour the same in every panel
     for col, precision in enumerate(PRECISIONS):
+        drawn_modes = [m for m in MODES if any(b["precision"] == precision and b["mode"] == m for b in bars)]
+        width = 0.8 / max(len(drawn_modes), 1)
         for row, (key, label) in enumerate((("speedup", "speed-up over stock (same mode, same run)"),
                                             ("peak_ratio", "peak memory / stock's"))):
             ax = axes[row][col]
-            for k, mode in enumerate(MODES):
-                points = [(NETWORKS.index(b["network"]) + (k - (len(MODES) - 1) / 2) * width, b[key])
+            for k, mode in enumerate(drawn_modes):
+                points = [(NETWORKS.index(b["network"]) + (k - (len(drawn_modes) - 1) / 2) * width, b[key])
                           for b in bars if b["precision"] == precision and b["mode"] == mode]
-                if points:
-                    xs, ys = zip(*points)
-                    drawn = ax.bar(xs, ys, width, label=mode)
-                    ax.bar_label(drawn, fmt="%.2f", fontsize=7, rotation=90, padding=2)
+                xs, ys = zip(*points)
+                drawn = ax.bar(xs, ys, width, label=mode, color=colors[MODES.index(mode) % len(colors)])
+                ax.bar_label(drawn, fmt="%.2f", fontsize=7, rotation=90, padding=2)
             ax.axhline(1.0, color="black", lw=0.8)
             ax.set_ylabel(label)
             ax.grid(axis="y", alpha=0.3)
@@ -126,9 +131,11 @@ def plot(bars, path, device):
             ax.set_xticks(range(len(NETWORKS)), NETWORKS)
     handles = {h.get_label(): h for ax in axes.flat for h in ax.containers}
     fig.legend([handles[m] for m in MODES if m in handles], [m for m in MODES if m in handles],
-               loc="upper center", ncol=3, fontsize=9, bbox_to_anchor=(0.5, 0.02))
+               loc="upper center", ncol=4, fontsize=9, bbox_to_anchor=(0.5, 0.02))
     fig.suptitle(f"minitorch_fft.pytorch.convert: training step against stock PyTorch, {device}\n"
-                 f"(the files of record, commits in {NAME}.md; above 1 is faster, below 1 is less memory)")
+                 f"(the files of record, commits in {NAME}.md; above 1 is faster, below 1 is less memory;\n"
+                 "channels_last=True: convert(model, channels_last=True) against the stock NCHW model)")
+    fig.subplots_adjust(top=0.86)   # the three-line title above the panels' own
     save_figure(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
@@ -181,7 +188,8 @@ def main(argv=None):
     except BadResult as e:
         parser.error(str(e))
     if not bars:
-        parser.error(f"no bench_pytorch_<net>[_tf32][_reduce_overhead].json with stock and converted rows in {folder}")
+        parser.error(f"no bench_pytorch_<net>[_tf32][_convert_channels_last][_reduce_overhead].json with stock and "
+                     f"converted rows in {folder}")
     if not ours(folder):
         parser.error(f"{folder / NAME}.md or .png is there and was not made by plot_pytorch; move it away first")
     device = next(iter(sources.values())).get("device", folder.name)

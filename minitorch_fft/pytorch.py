@@ -1541,11 +1541,14 @@ def convert(model, backend="auto", channels_last=False):
     caller's), and from its output on the activations are channels-last: elementwise ops, batch norm
     and pooling keep the layout, so each later converted layer takes the channels-last routes
     (cuDNN's NHWC plans without layout conversion, the 1x1 GEMM, or our NCHW passes on copies: see
-    above). It is meant for NCHW models in TF32 mode: there our NCHW
-    calls into cuDNN convert layouts inside cuDNN at every pass (workspace and time; 5.3 ms of
-    ResNet-50 b128's 42 ms of kernels under torch.compile), where inductor runs a stock model
-    channels-last under torch.compile (session 61, reduce-overhead against the stock NCHW model:
-    ResNet-50 b128 1.03x, where the NCHW layers run 0.82x; VGG-16 b64 0.99x, its peak under stock's).
+    above). A weight that is both NCHW- and NHWC-contiguous (one input channel, or a 1x1 kernel)
+    says nothing about the layout, so such a first layer follows its NCHW input, and the
+    activations turn channels-last at the next layer whose weight is (values the same either way).
+    It is meant for NCHW models in TF32 mode: there our NCHW calls into cuDNN convert layouts inside
+    cuDNN at every pass (workspace and time; 5.3 ms of ResNet-50 b128's 42 ms of kernels under
+    torch.compile), where inductor runs a stock model channels-last under torch.compile (session
+    61, reduce-overhead against the stock NCHW model: ResNet-50 b128 1.01-1.03x, where the NCHW
+    layers run 0.82x; VGG-16 b64 0.99x, its peak under stock's with MINITORCH_NHWC_ROUTE_MB=64).
     What channels-last changes for the model's own code: `x.view(n, -1)` of a channels-last
     activation raises (reshape and flatten do not), code that reads storage as NCHW reads other
     values, and an optimizer made before convert() keeps its state NCHW (PyTorch's fused optimizers
@@ -1555,6 +1558,10 @@ def convert(model, backend="auto", channels_last=False):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(channels_last, bool):
         raise TypeError(f"convert(): channels_last takes True or False, got {channels_last!r}")
+    if channels_last and any(torch.nn.parameter.is_lazy(t) for t in itertools.chain(model.parameters(),
+                                                                                   model.buffers())):
+        raise ValueError("convert(channels_last=True): the model has uninitialized (lazy) parameters or buffers, "
+                         "whose layout cannot be set; run one forward first, then convert")
     _check_backend(backend)
     converted, left = 0, []
     for name, m in model.named_modules():

@@ -1759,6 +1759,9 @@ def test_plot_pytorch_draws_the_files_of_record_and_lists_them(tmp_path):
     _pytorch_result(tmp_path / "bench_pytorch_resnet50_tf32_convert_channels_last_reduce_overhead.json", "resnet50",
                     "tf32", ["eager", "torch.compile reduce-overhead"], "ddd4444",
                     {"eager": (1.02, 1.01), "torch.compile reduce-overhead": (1.03, 0.99)})
+    _pytorch_result(tmp_path / "bench_pytorch_vgg16_tf32_convert_channels_last.json", "vgg16", "tf32",
+                    ["eager", "CUDA graph", "torch.compile"], "eee5555",
+                    {"eager": (1.38, 1.005), "CUDA graph": (1.21, 0.98), "torch.compile": (0.97, 0.97)})
     assert plot_pytorch.main([str(tmp_path)]) == 0
     assert (tmp_path / "bench_pytorch_summary.png").stat().st_size > 0
     md = (tmp_path / "bench_pytorch_summary.md").read_text()
@@ -1772,6 +1775,10 @@ def test_plot_pytorch_draws_the_files_of_record_and_lists_them(tmp_path):
     assert ("| resnet50 | tf32 | reduce-overhead, channels_last=True | 1.03x | 990 / 1000 | "
             "bench_pytorch_resnet50_tf32_convert_channels_last_reduce_overhead.json | ddd4444 |") in md
     assert "1.02x" not in md     # an eager row of a reduce-overhead file: eager bars come from the plain files
+    for mode, figure in (("eager", "1.38x | 1005 / 1000"), ("CUDA graph", "1.21x | 980 / 1000"),
+                         ("torch.compile", "0.97x | 970 / 1000")):
+        assert (f"| vgg16 | tf32 | {mode}, channels_last=True | {figure} | "
+                "bench_pytorch_vgg16_tf32_convert_channels_last.json | eee5555 |") in md
     assert "channels_last=True" not in md.split("No bar")[1].split("\n\n")[0]
     assert "resnet50 tf32 eager;" in md                      # the NCHW file's bar, still missing
 

@@ -183,8 +183,8 @@ def test_benchmarks_are_a_package_that_reads_settings_only_through_config():
 
 
 def test_results_index_links_resolve():
-    """Every file results/<device>/README.md links to exists (and the top-level README's results links)."""
-    for index in sorted((ROOT / "results").glob("*/README.md")):
+    """Every file results/<device>/README.md links to exists, and every file the top-level README links to."""
+    for index in [ROOT / "README.md", *sorted((ROOT / "results").glob("*/README.md"))]:
         for target in re.findall(r"\]\(([^)#]+)\)", index.read_text()):
             if "://" not in target:
                 assert (index.parent / target).exists(), f"{index}: {target}"

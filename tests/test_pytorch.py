@@ -1033,12 +1033,17 @@ def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_f
         assert rel_error(a.grad.cpu().numpy(), b.grad.cpu().numpy()) <= 1e-4, name
     back = bn_net().to(device)
     back.load_state_dict(model.state_dict())
-    model.load_state_dict(back.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
+    with torch.no_grad():
+        for p in back.parameters():
+            p.add_(1.0)
+    model.load_state_dict(back.state_dict())                # the stock model's values, laid out as before
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in params if p.dim() == 4)
 
 
 def test_convert_channels_last_leaves_the_callers_batch_as_it_is():
-    """A model whose forward takes its batch by keyword (the pre-hook before session 61 copied keyword
+    """A model whose forward takes its batch by keyword (the pre-hook before 7e04df1 copied keyword
     arguments too): its first layer gets the caller's tensor itself, NCHW, and gives a channels-last
     output with the stock model's values."""
     class ByKeyword(torch.nn.Module):
@@ -1088,6 +1093,18 @@ def test_convert_channels_last_relays_tensors_in_place():
 def test_convert_channels_last_takes_a_bool():
     with pytest.raises(TypeError, match="channels_last takes True or False, got 'yes'"):
         convert(small_net(), channels_last="yes")
+
+
+def test_convert_channels_last_refuses_lazy_parameters_before_changing_anything():
+    """A LazyConv2d's uninitialized weight has no layout to set: a ValueError saying to run a forward
+    first, raised before any layer is swapped; after one forward it converts."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.LazyConv2d(5, 3))
+    with pytest.raises(ValueError, match=r"uninitialized \(lazy\) parameters.*run one forward first"):
+        convert(model, channels_last=True)
+    assert type(model[0]) is torch.nn.Conv2d and model[0].weight.is_contiguous()   # untouched
+    model(torch.randn(1, 3, 9, 9))
+    convert(model, channels_last=True)
+    assert all(type(m) is Conv2d and m.weight.is_contiguous(memory_format=torch.channels_last) for m in model)
 
 
 def _stock_copy(model):
@@ -1264,17 +1281,20 @@ def test_torch_compile_fullgraph(device, layout, strict_fp32):
     graphs are kept and read); a channels-last model and input too, and an NCHW input to
     convert(channels_last=True)'s model (its first layer NCHW in, channels-last out)."""
     torch._dynamo.reset()
-    model = convert(small_net(), channels_last=layout == "convert_channels_last").to(device)
+    converted_cl = layout == "convert_channels_last"
+    model = convert(small_net(), channels_last=converted_cl).to(device)
     layout = torch.channels_last if layout == "channels_last" else torch.contiguous_format   # the input's
     if layout == torch.channels_last:
         model = model.to(memory_format=layout)
-    graphs = []
+    graphs, conv_out = [], []
     if device == "cpu":
         from functorch.compile import make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
         def keep(gm, example_inputs):
             graphs.append({n.target for n in gm.graph.nodes if n.op == "call_function"})
+            conv_out.extend(n.meta["val"].is_contiguous(memory_format=torch.channels_last) for n in gm.graph.nodes
+                            if n.op == "call_function" and n.target == torch.ops.minitorch_fft.conv2d.default)
             return make_boxed_func(gm.forward)
         backend = aot_autograd(fw_compiler=keep, bw_compiler=keep)
     else:
@@ -1297,6 +1317,9 @@ def test_torch_compile_fullgraph(device, layout, strict_fp32):
         # every layer's gradients (the first's without bprop): one operator each
         assert ops.conv2d_grads.default in backward
         assert not {ops.conv2d_accgrad.default, ops.conv2d_bprop.default} & backward
+        # each layer's output as traced: channels-last but for the NCHW model (convert(channels_last=True)'s
+        # first layer too, from an NCHW input)
+        assert conv_out == [layout == torch.channels_last or converted_cl] * 2
 
 
 # -- GPU: CUDA graphs, no copies, streams ---------------------------------------------------------
