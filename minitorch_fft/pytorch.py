@@ -37,7 +37,8 @@ out-of-memory error takes run_pass's gemm fallback as CuPy's does.
 Channels-last: a layer whose input or weight is channels-last (model.to(memory_format=
 torch.channels_last), channels-last inputs) gives channels-last results, forward and backward, as
 the fake implementations declare and as PyTorch's cuDNN convolutions decide (a tensor that is both
-NCHW and NHWC, one plane or 1x1 planes, says nothing: a grayscale first layer's input).
+NCHW- and NHWC-contiguous, one plane or 1x1 planes, counts as channels-last only where strided
+exactly so, as model.to() lays out such a weight: a grayscale first layer's NCHW input says nothing).
 On the GPU with backend cudnn, where cuDNN is installed, the passes run cuDNN's NHWC plans on the
 tensors as they are (backends.cudnn, layout "nhwc"): no layout conversion, and in TF32 mode the
 VGG-16 step's compiled peak under the stock model's (session 42). A 1x1 kernel without padding is
@@ -178,14 +179,21 @@ def _cupy_nhwc(t, cp):
 
 def _channels_last(t):
     """Whether t is a 4-d tensor laid out channels-last (model.to(memory_format=torch.channels_last)'s
-    layout) and not also C-contiguous (one plane, or 1x1 planes: then it says nothing)."""
-    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+    layout). A tensor both NCHW- and NHWC-contiguous (one channel, or 1x1 planes) is channels-last only
+    where its strides are exactly channels-last's and not NCHW's, as model.to() lays out such a weight
+    and PyTorch's suggest_memory_format reads it; an NCHW batch of one channel says nothing."""
+    if t.dim() != 4 or not t.is_contiguous(memory_format=torch.channels_last):
+        return False
+    if not t.is_contiguous():
+        return True
+    _, c, h, w = t.shape
+    return t.stride() == (c * h * w, 1, w * c, c) and t.stride() != (c * h * w, h * w, w, 1)
 
 
 def _nhwc(a, b):
     """Whether a pass (or a layer) on a and b is channels-last: either one is, as PyTorch's cuDNN
-    convolutions decide from input and weight (a grayscale first layer's input, one plane, says
-    nothing, and its weight decides)."""
+    convolutions decide from input and weight (a grayscale first layer's NCHW input says nothing,
+    and its weight decides)."""
     return _channels_last(a) or _channels_last(b)
 
 
@@ -1541,10 +1549,9 @@ def convert(model, backend="auto", channels_last=False):
     caller's), and from its output on the activations are channels-last: elementwise ops, batch norm
     and pooling keep the layout, so each later converted layer takes the channels-last routes
     (cuDNN's NHWC plans without layout conversion, the 1x1 GEMM, or our NCHW passes on copies: see
-    above). A weight that is both NCHW- and NHWC-contiguous (one input channel, or a 1x1 kernel)
-    says nothing about the layout, so such a first layer follows its NCHW input, and the
-    activations turn channels-last at the next layer whose weight is (values the same either way).
-    It is meant for NCHW models in TF32 mode: there our NCHW calls into cuDNN convert layouts inside
+    above). A weight of one input channel or a 1x1 kernel, which is NCHW- and NHWC-contiguous
+    both, is strided exactly channels-last, as model.to() lays it out, and counts so (only a 1x1
+    kernel on one channel, the same strides either way, says nothing). It is meant for NCHW models in TF32 mode: there our NCHW calls into cuDNN convert layouts inside
     cuDNN at every pass (workspace and time; 5.3 ms of ResNet-50 b128's 42 ms of kernels under
     torch.compile), where inductor runs a stock model channels-last under torch.compile (session
     61, reduce-overhead against the stock NCHW model: ResNet-50 b128 1.01-1.03x, where the NCHW
@@ -1582,8 +1589,9 @@ def convert(model, backend="auto", channels_last=False):
         with torch.no_grad():   # in place, not model.to(): the same tensors, shared buffers still shared
             for t in itertools.chain(model.parameters(), model.buffers()):
                 for u in (t, t.grad):
-                    if u is not None and u.dim() == 4 and not u.is_contiguous(memory_format=torch.channels_last):
-                        u.data = u.data.contiguous(memory_format=torch.channels_last)
+                    if u is not None and u.dim() == 4 and not _channels_last(u):
+                        # strided channels-last even where NCHW-contiguous too (one channel, 1x1): a copy
+                        u.data = torch.empty_like(u.data, memory_format=torch.channels_last).copy_(u.data)
     return model
 
 

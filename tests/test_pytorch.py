@@ -561,17 +561,24 @@ def test_channels_last_auto_times_both_routes_per_pass(settings, tmp_path, case)
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_weight_decides_where_the_input_says_nothing(device):
     """As PyTorch's cuDNN convolutions: an NCHW input with a channels-last weight gives channels-last
-    results; a one-plane input and weight (NCHW and NHWC at once: a grayscale first layer's) say
-    nothing and give NCHW (the next layer's weight decides again). Checked by opcheck (fakes
-    against the real results) and against float64."""
+    results; a one-plane input and weight (NCHW- and NHWC-contiguous at once: a grayscale first
+    layer's) strided as NCHW say nothing and give NCHW (the next layer's weight decides again), and
+    such a weight or a 1x1 one strided exactly channels-last (as model.to(memory_format=
+    torch.channels_last) and convert(channels_last=True) lay it out) gives channels-last. Checked by
+    opcheck (fakes against the real results) and against float64."""
     g = torch.Generator().manual_seed(3)
-    for xs, ws, want in (((2, 3, 9, 9), (4, 3, 3, 3), True), ((2, 1, 9, 9), (4, 1, 3, 3), False)):
+    exactly = lambda w: torch.empty_like(w, memory_format=torch.channels_last).copy_(w)   # noqa: E731
+    for xs, ws, lay, want in (((2, 3, 9, 9), (4, 3, 3, 3), channels_last, True),
+                              ((2, 1, 9, 9), (4, 1, 3, 3), channels_last, False),
+                              ((2, 1, 9, 9), (4, 1, 3, 3), exactly, True),
+                              ((2, 3, 9, 9), (4, 3, 1, 1), exactly, True)):
         x, w = torch.randn(xs, generator=g).to(device), torch.randn(ws, generator=g).to(device)
-        wl = channels_last(w)[0]
+        wl = lay(w)[0] if lay is channels_last else lay(w)
         assert pt._nhwc(x, wl) == want and not pt._nhwc(x, w)
         torch.library.opcheck(torch.ops.minitorch_fft.conv2d, (x, wl, [1, 1], [1, 1], "auto"))
         y = conv2d(x, wl, (1, 1), (1, 1))
-        assert y.is_contiguous(memory_format=torch.channels_last if want else torch.contiguous_format)
+        assert pt._channels_last(y) == want and y.is_contiguous(
+            memory_format=torch.channels_last if want else torch.contiguous_format)
         ref = TF.conv2d(x.double().cpu(), w.double().cpu(), padding=1)
         assert rel_error(y.cpu().numpy(), ref.numpy()) <= 1e-5
         gy = torch.randn(y.shape, generator=g).to(device)
@@ -1040,6 +1047,33 @@ def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_f
     model.load_state_dict(back.state_dict())                # the stock model's values, laid out as before
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in params if p.dim() == 4)
+
+
+@pytest.mark.parametrize("first", ["grayscale", "1x1"])
+def test_convert_channels_last_lays_out_weights_of_both_layouts_too(first, strict_fp32):
+    """A first layer whose weight is NCHW- and NHWC-contiguous at once (one input channel, or a 1x1
+    kernel): convert(channels_last=True) strides it exactly channels-last (as model.to() does), so its
+    output from the NCHW batch is channels-last like every later layer's; values and gradients as
+    the stock model's in float64."""
+    torch.manual_seed(0)
+    cin, layer = (1, torch.nn.Conv2d(1, 4, 3, padding=1)) if first == "grayscale" else (3, torch.nn.Conv2d(3, 4, 1))
+    stock = torch.nn.Sequential(layer, torch.nn.ReLU(), torch.nn.Conv2d(4, 5, 3), torch.nn.Conv2d(5, 6, 1))
+    model = convert(copy.deepcopy(stock), channels_last=True)
+    assert all(pt._channels_last(p) for p in model.parameters() if p.dim() == 4)
+    outs = []
+    for m in model:
+        if isinstance(m, Conv2d):
+            m.register_forward_hook(lambda m, args, y: outs.append(pt._channels_last(y)))
+    x = torch.randn(2, cin, 8, 8)
+    out = model(x)
+    assert outs == [True, True, True]
+    ref_model = stock.double()
+    ref = ref_model(x.double())
+    assert rel_error(out.detach().numpy(), ref.detach().numpy()) <= 1e-5
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for (name, a), b in zip(model.named_parameters(), ref_model.parameters()):
+        assert rel_error(a.grad.numpy(), b.grad.numpy()) <= 1e-5, name
 
 
 def test_convert_channels_last_leaves_the_callers_batch_as_it_is():
