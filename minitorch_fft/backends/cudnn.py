@@ -336,7 +336,7 @@ class _Plan:
         self.provisional = False     # _prepare: built for one call, unsearched (_run keeps it not)
 
     def run(self, cp, a, b, out, c=None):
-        if self.unchecked is not None and not cp.cuda.get_current_stream().is_capturing():
+        if self.unchecked is not None and not _capturing(cp):   # its check syncs: never in a capture
             form, self.pointer_form, self.unchecked = self.unchecked, self.unchecked, None
             try:
                 self.check(cp, a, b, out.shape, c)
