@@ -440,20 +440,22 @@ def test_cpu_passes_take_no_graphs():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nhwc", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("nhwc", [False, True, "convert"], ids=["nchw", "channels_last", "convert_channels_last"])
 def test_a_converted_model_replays_its_steps(nhwc):
     """A small converted network's training steps (forward, loss, backward inside reuse_spectra(), as
     bench_pytorch runs them, then SGD, which changes the weights in place) on a batch refilled in
     place: its loss and every conv's weight gradient against the same network trained in float64 at
-    every step, and its layers replayed after the warm-up."""
+    every step, and its layers replayed after the warm-up. Also convert(channels_last=True)'s model on
+    an NCHW batch, whose first layer's passes copy the batch channels-last inside their graphs."""
     torch.manual_seed(3)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                               torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
                               torch.nn.Conv2d(16, 16, 1), torch.nn.Flatten(), torch.nn.Linear(16 * 8 * 8, 10))
     ref = copy.deepcopy(net).double()
-    model = pt.convert(net.cuda())
-    layout = torch.channels_last if nhwc else torch.contiguous_format
-    model = model.to(memory_format=layout)
+    model = pt.convert(net.cuda(), channels_last=nhwc == "convert")
+    layout = torch.channels_last if nhwc is True else torch.contiguous_format   # the batch's
+    if nhwc is True:
+        model = model.to(memory_format=layout)
     x = torch.empty(4, 3, 16, 16, device="cuda").contiguous(memory_format=layout)
     target = torch.tensor([1, 2, 3, 4], device="cuda")
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.01) for m in (model, ref))
