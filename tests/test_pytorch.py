@@ -1198,15 +1198,16 @@ def _torchvision(name):
     return getattr(torchvision.models, name)(num_classes=10)
 
 
-def network_check(name, device, tol=1e-4):
-    """A converted torchvision net against the original in float32 (output and every gradient to
-    `tol`), and each conv's weight gradient against the original in float64. Both originals take
+def network_check(name, device, tol=1e-4, channels_last=False):
+    """A converted torchvision net (channels_last: convert(channels_last=True)'s, on the same NCHW
+    batch) against the original in float32 (output and every gradient to `tol`), and each conv's
+    weight gradient against the original in float64. Both originals take
     the converted net's branch at every ReLU and max-pool (reference.Kinks): an input within
     rounding of a kink may fall on either side in each precision, which moves a gradient by a
     whole term (0.5-1.5 % on ResNet-18; benchmarks/NOTES.md, session 19) without any conv being
     wrong. The flips themselves must be rounding: each within `tol` of its input's RMS."""
     stock = _torchvision(name).to(device)
-    ours = convert(copy.deepcopy(stock))
+    ours = convert(copy.deepcopy(stock), channels_last=channels_last)
     ref64 = copy.deepcopy(stock).double()
     # eval: dropout (AlexNet) draws differently in each; BatchNorm then normalises with its
     # running statistics, so each net is a fixed function of its weights
@@ -1246,6 +1247,7 @@ def network_check(name, device, tol=1e-4):
                       + backends.auto.format_choices())
     n_conv = sum(type(m) is Conv2d for m in ours.modules())
     assert n_conv == sum(type(m) is torch.nn.Conv2d for m in stock.modules()) > 0
+    return ours
 
 
 def test_kinks_replay_takes_the_recorded_branch():
@@ -1298,6 +1300,20 @@ def strict_fp32():
 @pytest.mark.parametrize("name", list(NETS))
 def test_torchvision_network(name, device, strict_fp32):
     network_check(name, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(NETS))
+def test_torchvision_network_run_channels_last_inside(name, device, strict_fp32):
+    """convert(channels_last=True): the same bounds as the NCHW conversion, every converted layer's output
+    channels-last from an NCHW batch."""
+    ours = network_check(name, device, channels_last=True)
+    laid = []
+    for m in ours.modules():
+        if type(m) is Conv2d:
+            m.register_forward_hook(lambda m, args, y: laid.append(pt._channels_last(y)))
+    ours(torch.randn(1, 3, NETS[name], NETS[name], device=device))
+    assert len(laid) == sum(type(m) is Conv2d for m in ours.modules()) and all(laid), laid
 
 
 def small_net():
