@@ -177,17 +177,25 @@ def _cupy_nhwc(t, cp):
     return _cupy_view(t, cp, tuple(4 * s for s in t.stride()))
 
 
+def _channels_last_strides(shape):
+    """The strides torch.empty(shape, memory_format=torch.channels_last) has, shape (N, C, H, W)."""
+    _, c, h, w = shape
+    return (c * h * w, 1, w * c, c)
+
+
 def _channels_last(t):
     """Whether t is a 4-d tensor laid out channels-last (model.to(memory_format=torch.channels_last)'s
-    layout). A tensor both NCHW- and NHWC-contiguous (one channel, or 1x1 planes) is channels-last only
-    where its strides are exactly channels-last's and not NCHW's, as model.to() lays out such a weight
-    and PyTorch's suggest_memory_format reads it; an NCHW batch of one channel says nothing."""
+    layout). A dense tensor both NCHW- and NHWC-contiguous (one channel, or 1x1 planes) is channels-last
+    only where its strides are exactly channels-last's and not NCHW's, as model.to() lays out such a
+    weight and PyTorch's suggest_memory_format reads it (an empty tensor counts by its strides too,
+    where PyTorch says NCHW: Conv2d.forward hands an empty batch to PyTorch's own convolution); an
+    NCHW batch of one channel says nothing."""
     if t.dim() != 4 or not t.is_contiguous(memory_format=torch.channels_last):
         return False
     if not t.is_contiguous():
         return True
     _, c, h, w = t.shape
-    return t.stride() == (c * h * w, 1, w * c, c) and t.stride() != (c * h * w, h * w, w, 1)
+    return t.stride() == _channels_last_strides(t.shape) and t.stride() != (c * h * w, h * w, w, 1)
 
 
 def _nhwc(a, b):
@@ -610,9 +618,26 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
         if results is not None:
             return results
         with owned:
-            return _isolated(backend, geometry, passes, nhwc, bias)
-    with owned:
-        return _passes(backend, geometry, passes, nhwc, bias)
+            results = _isolated(backend, geometry, passes, nhwc, bias)
+    else:
+        with owned:
+            results = _passes(backend, geometry, passes, nhwc, bias)
+    return [_strided_channels_last(r) for r in results] if nhwc else results
+
+
+def _strided_channels_last(t):
+    """t, a channels-last layer's result, with channels-last's own strides: one both NCHW- and
+    NHWC-contiguous (one channel, or 1x1 planes: a one-class head's output, a 1x1 layer's weight
+    gradient) comes back from NumPy and DLPack with C order's, which the next layer would read as
+    NCHW (_channels_last) where the fake implementations (_laid_out) say channels-last: under
+    torch.compile the two would then lay out that layer's output differently. The same memory read
+    the same way (the strides differ only on dimensions of size 1), as a tensor of its own (set_, as
+    _on_storage: not a view for autograd to see)."""
+    strides = _channels_last_strides(t.shape)
+    if t.stride() == strides or not t.is_contiguous(memory_format=torch.channels_last):
+        return t
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
+                                                               strides)
 
 
 def _passes(backend, geometry, passes, nhwc=False, bias=None, outs=None):
@@ -1542,7 +1567,8 @@ def convert(model, backend="auto", channels_last=False):
     channels_last=True also runs the model channels-last, as `model.to(memory_format=
     torch.channels_last)` would: every 4-d parameter, gradient and buffer re-laid channels-last in
     place (the same tensor objects, whatever torch.__future__ says; the same values and state_dict;
-    5-d ones left as they are). The model's inputs are not copied: a convolution whose weight is
+    5-d ones left as they are; the gradients the layers make later are channels-last too). The model's
+    inputs are not copied: a convolution whose weight is
     channels-last gives a channels-last output whatever its input's layout (ours as PyTorch's own),
     so the first layer takes the caller's NCHW batch as it is (a pass that needs it channels-last
     lays out a transient copy, freed after the pass; the tensor kept for the backward is the
@@ -1565,11 +1591,14 @@ def convert(model, backend="auto", channels_last=False):
         raise TypeError(f"convert() takes a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(channels_last, bool):
         raise TypeError(f"convert(): channels_last takes True or False, got {channels_last!r}")
-    if channels_last and any(torch.nn.parameter.is_lazy(t) for t in itertools.chain(model.parameters(),
-                                                                                   model.buffers())):
-        raise ValueError("convert(channels_last=True): the model has uninitialized (lazy) parameters or buffers, "
-                         "whose layout cannot be set; run one forward first, then convert")
     _check_backend(backend)
+    if channels_last:
+        lazy = [name for name, t in itertools.chain(model.named_parameters(), model.named_buffers())
+                if torch.nn.parameter.is_lazy(t)]
+        if lazy:
+            raise ValueError(f"convert(channels_last=True): {len(lazy)} uninitialized (lazy) parameters or buffers "
+                             f"({', '.join(lazy[:3])}{', ...' if len(lazy) > 3 else ''}), whose layout cannot be "
+                             "set; run one forward first, then convert")
     converted, left = 0, []
     for name, m in model.named_modules():
         if isinstance(m, Conv2d):
@@ -1589,8 +1618,9 @@ def convert(model, backend="auto", channels_last=False):
         with torch.no_grad():   # in place, not model.to(): the same tensors, shared buffers still shared
             for t in itertools.chain(model.parameters(), model.buffers()):
                 for u in (t, t.grad):
-                    if u is not None and u.dim() == 4 and not _channels_last(u):
-                        # strided channels-last even where NCHW-contiguous too (one channel, 1x1): a copy
+                    if u is not None and u.dim() == 4 and u.stride() != _channels_last_strides(u.shape):
+                        # strided channels-last even where NCHW-contiguous too (one channel, 1x1): a copy;
+                        # none where so strided already (a second convert: the same storage, as a graph took it)
                         u.data = torch.empty_like(u.data, memory_format=torch.channels_last).copy_(u.data)
     return model
 

@@ -457,6 +457,10 @@ def test_a_converted_model_replays_its_steps(nhwc):
     if nhwc is True:
         model = model.to(memory_format=layout)
     x = torch.empty(4, 3, 16, 16, device="cuda").contiguous(memory_format=layout)
+    laid = []   # each conv's output: channels-last in both channels-last cases, NCHW batch or not
+    for m in model:
+        if isinstance(m, pt.Conv2d):
+            m.register_forward_hook(lambda m, args, y: laid.append(pt._channels_last(y)))
     target = torch.tensor([1, 2, 3, 4], device="cuda")
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.01) for m in (model, ref))
     for i in range(STEPS + 2):
@@ -473,3 +477,4 @@ def test_a_converted_model_replays_its_steps(nhwc):
         assert_matches([m.weight.grad for m, _ in convs], [r.weight.grad for _, r in convs], 1e-4)
         opt.step(), ref_opt.step()
     assert stats()["failed"] == 0 and stats()["replays"] >= 6, stats()
+    assert len(laid) == 3 * (STEPS + 2) and set(laid) == {nhwc is not False}, laid

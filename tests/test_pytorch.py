@@ -1014,7 +1014,7 @@ def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_f
     convert(model)                                     # channels_last=False leaves the layout as it is
     assert all(a is b for a, b in zip(params, model.parameters()))
     assert not model._forward_pre_hooks and not model._forward_hooks
-    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in params if p.dim() == 4)
+    assert all(pt._channels_last(p) for p in params if p.dim() == 4)   # exactly: the 1x1 weight too
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), stock.state_dict().values()))
     seen = []
     for m in model.modules():
@@ -1046,7 +1046,7 @@ def test_convert_channels_last_runs_an_nchw_model_channels_last(device, strict_f
             p.add_(1.0)
     model.load_state_dict(back.state_dict())                # the stock model's values, laid out as before
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), model.state_dict().values()))
-    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in params if p.dim() == 4)
+    assert all(pt._channels_last(p) for p in params if p.dim() == 4)   # exactly: the 1x1 weight too
 
 
 @pytest.mark.parametrize("first", ["grayscale", "1x1"])
@@ -1074,6 +1074,10 @@ def test_convert_channels_last_lays_out_weights_of_both_layouts_too(first, stric
     ref.square().sum().backward()
     for (name, a), b in zip(model.named_parameters(), ref_model.parameters()):
         assert rel_error(a.grad.numpy(), b.grad.numpy()) <= 1e-5, name
+    assert all(pt._channels_last(p.grad) for p in model.parameters() if p.dim() == 4)   # the gradients too
+    storage = [p.data_ptr() for p in model.parameters()]
+    convert(model, channels_last=True)                    # laid out already: nothing copied again
+    assert [p.data_ptr() for p in model.parameters()] == storage
 
 
 def test_convert_channels_last_leaves_the_callers_batch_as_it_is():
@@ -1133,7 +1137,8 @@ def test_convert_channels_last_refuses_lazy_parameters_before_changing_anything(
     """A LazyConv2d's uninitialized weight has no layout to set: a ValueError saying to run a forward
     first, raised before any layer is swapped; after one forward it converts."""
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.LazyConv2d(5, 3))
-    with pytest.raises(ValueError, match=r"uninitialized \(lazy\) parameters.*run one forward first"):
+    with pytest.raises(ValueError, match=r"2 uninitialized \(lazy\) parameters or buffers \(1.weight, 1.bias\).*"
+                                         r"run one forward first"):
         convert(model, channels_last=True)
     assert type(model[0]) is torch.nn.Conv2d and model[0].weight.is_contiguous()   # untouched
     model(torch.randn(1, 3, 9, 9))
@@ -1322,6 +1327,80 @@ def small_net():
     return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
                                torch.nn.Conv2d(8, 8, 5, stride=2, padding=2), torch.nn.ReLU(),
                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10))
+
+
+# Operands both NCHW- and NHWC-contiguous on some side: (x, w, stride, padding), laid out as named
+AMBIGUOUS = {
+    "one_class_head": ((2, 3, 9, 9, "cl"), (1, 3, 3, 3, "cl"), 1, 1),       # y (2, 1, 9, 9)
+    "grayscale": ((2, 1, 9, 9, "nchw"), (4, 1, 3, 3, "cl"), 1, 1),         # x, w and gx of one channel
+    "one_by_one": ((2, 8, 5, 5, "cl"), (6, 8, 1, 1, "cl"), 1, 0),           # w and gw 1x1
+    "one_pixel": ((2, 8, 3, 3, "cl"), (6, 8, 3, 3, "cl"), 1, 0),            # y and gy of 1x1 planes
+}
+
+
+def _laid(shape, device, seed):
+    *dims, layout = shape
+    t = torch.randn(*dims, generator=torch.Generator().manual_seed(seed)).to(device)
+    return torch.empty_like(t, memory_format=torch.channels_last).copy_(t) if layout == "cl" else t.contiguous()
+
+
+@pytest.mark.parametrize("case", list(AMBIGUOUS))
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_operators_return_the_strides_their_fakes_say(case, device, strict_fp32):
+    """Each operator's result has exactly the strides its fake implementation gives (what torch.compile
+    plans the next op on), where a tensor is NCHW- and NHWC-contiguous at once: before, such a result of
+    a channels-last layer came back C-order strided (NumPy's and DLPack's), so a 1x1 layer after a
+    one-class head ran NCHW where its fake said channels-last. The eager path's results too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    xs, ws, stride, padding = AMBIGUOUS[case]
+    x, w = _laid(xs, device, 1), _laid(ws, device, 2)
+    ops = torch.ops.minitorch_fft
+    y = ops.conv2d(x, w, [stride] * 2, [padding] * 2, "auto", None)
+    gy = _laid((*y.shape, "cl"), device, 3)
+    real = {"fprop": y,
+            "bprop": ops.conv2d_bprop(gy, w, list(x.shape), [stride] * 2, [padding] * 2, "auto"),
+            "accgrad": ops.conv2d_accgrad(gy, x, list(w.shape), [stride] * 2, [padding] * 2, "auto")}
+    real["grads"] = ops.conv2d_grads(gy, x, w, [stride] * 2, [padding] * 2, "auto", [True, True, False])[:2]
+    with FakeTensorMode() as mode:
+        fx, fw, fgy = (mode.from_tensor(t) for t in (x, w, gy))
+        fake = {"fprop": ops.conv2d(fx, fw, [stride] * 2, [padding] * 2, "auto", None),
+                "bprop": ops.conv2d_bprop(fgy, fw, list(x.shape), [stride] * 2, [padding] * 2, "auto"),
+                "accgrad": ops.conv2d_accgrad(fgy, fx, list(w.shape), [stride] * 2, [padding] * 2, "auto")}
+        fake["grads"] = ops.conv2d_grads(fgy, fx, fw, [stride] * 2, [padding] * 2, "auto", [True, True, False])[:2]
+        strides = {k: [t.stride() for t in (v if isinstance(v, tuple) else (v,))] for k, v in fake.items()}
+    assert {k: [t.stride() for t in (v if isinstance(v, tuple) else (v,))] for k, v in real.items()} == strides
+    assert all(pt._channels_last(t) for v in real.values() for t in (v if isinstance(v, tuple) else (v,)))
+    xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ye = pt.conv2d(xe, we, stride, padding)
+    ye.backward(gy)
+    assert [ye.stride(), xe.grad.stride(), we.grad.stride()] == [*strides["fprop"], *strides["grads"]]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_torch_compile_a_one_class_head_then_a_1x1_layer(device, strict_fp32):
+    """convert(channels_last=True)'s model with a one-channel activation between two layers (a one-class
+    head, then a 1x1 layer on it, whose (4, 1, 1, 1) weight says nothing of its layout, so the head's
+    output strides decide): compiled whole (inductor on the GPU, which checks its operators' strides;
+    aot_eager on the CPU), its output channels-last as the eager run's, with its values and gradients.
+    (With an elementwise op between, PyTorch's own kernels give the one-channel tensor C order's
+    strides, and both paths then run the 1x1 layer NCHW.)"""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = convert(torch.nn.Sequential(torch.nn.Conv2d(3, 1, 3, padding=1), torch.nn.Conv2d(1, 4, 1)).to(device),
+                    channels_last=True)
+    x = torch.randn(2, 3, 9, 9, device=device)
+    compiled = torch.compile(model, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
+    out = compiled(x)
+    assert pt._channels_last(out)
+    out.square().sum().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ref = model(x)
+    assert pt._channels_last(ref) and ref.stride() == out.stride()
+    ref.square().sum().backward()
+    assert rel_error(out.detach().cpu().numpy(), ref.detach().cpu().numpy()) <= 1e-5
+    for a, p in zip(got, model.parameters()):
+        assert rel_error(a.cpu().numpy(), p.grad.cpu().numpy()) <= 1e-5
 
 
 @pytest.mark.parametrize("layout", ["nchw", "channels_last", "convert_channels_last"])
