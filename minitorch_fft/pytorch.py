@@ -1573,11 +1573,13 @@ def convert(model, backend="auto", channels_last=False):
     so the first layer takes the caller's NCHW batch as it is (a pass that needs it channels-last
     lays out a transient copy, freed after the pass; the tensor kept for the backward is the
     caller's), and from its output on the activations are channels-last: elementwise ops, batch norm
-    and pooling keep the layout, so each later converted layer takes the channels-last routes
+    and pooling keep the layout (but for an activation of one channel, which PyTorch's elementwise
+    kernels give C order's strides), so each later converted layer takes the channels-last routes
     (cuDNN's NHWC plans without layout conversion, the 1x1 GEMM, or our NCHW passes on copies: see
     above). A weight of one input channel or a 1x1 kernel, which is NCHW- and NHWC-contiguous
     both, is strided exactly channels-last, as model.to() lays it out, and counts so (only a 1x1
-    kernel on one channel, the same strides either way, says nothing). It is meant for NCHW models in TF32 mode: there our NCHW calls into cuDNN convert layouts inside
+    kernel on one channel, the same strides either way, says nothing: that layer follows its input's
+    layout). It is meant for NCHW models in TF32 mode: there our NCHW calls into cuDNN convert layouts inside
     cuDNN at every pass (workspace and time; 5.3 ms of ResNet-50 b128's 42 ms of kernels under
     torch.compile), where inductor runs a stock model channels-last under torch.compile (session
     61, reduce-overhead against the stock NCHW model: ResNet-50 b128 1.01-1.03x, where the NCHW
