@@ -622,20 +622,31 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
     else:
         with owned:
             results = _passes(backend, geometry, passes, nhwc, bias)
-    return [_strided_channels_last(r) for r in results] if nhwc else results
+    return [_as_laid_out(r, nhwc) for r in results]
 
 
-def _strided_channels_last(t):
-    """t, a channels-last layer's result, with channels-last's own strides: one both NCHW- and
-    NHWC-contiguous (one channel, or 1x1 planes: a one-class head's output, a 1x1 layer's weight
-    gradient) comes back from NumPy and DLPack with C order's, which the next layer would read as
-    NCHW (_channels_last) where the fake implementations (_laid_out) say channels-last: under
-    torch.compile the two would then lay out that layer's output differently. The same memory read
-    the same way (the strides differ only on dimensions of size 1), as a tensor of its own (set_, as
-    _on_storage: not a view for autograd to see)."""
-    strides = _channels_last_strides(t.shape)
-    if t.stride() == strides or not t.is_contiguous(memory_format=torch.channels_last):
+def _as_laid_out(t, nhwc):
+    """t, a result of a layer that is channels-last where nhwc, with the strides the fake implementations
+    give (_laid_out: channels-last's, else C order's). A result both NCHW- and NHWC-contiguous (one
+    channel, or 1x1 planes: a one-class head's output, a 1x1 layer's weight gradient) keeps whatever
+    strides its dimensions of size 1 got on the way: NumPy and DLPack give C order's to a channels-last
+    layer's, and a backend's own (direct's one-channel output, tiledfft's 1x1 weight gradient) can
+    leave channels-last's on an NCHW layer's. The next layer reads its layout from them (_channels_last),
+    so the real run and the fake one (torch.compile's plan) would lay that layer out differently, and
+    code such as `y.view(n, -1)` raises on what should be NCHW. The same memory read the same way (the
+    strides differ only on dimensions of size 1), as a tensor of its own (set_, as _on_storage: not a
+    view for autograd to see)."""
+    if t.dim() != 4:
         return t
+    if nhwc:
+        strides = _channels_last_strides(t.shape)
+        if t.stride() == strides or not t.is_contiguous(memory_format=torch.channels_last):
+            return t
+    else:
+        _, c, h, w = t.shape
+        strides = (c * h * w, h * w, w, 1)
+        if t.stride() == strides or not t.is_contiguous():
+            return t
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
                                                                strides)
 

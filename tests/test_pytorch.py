@@ -1338,6 +1338,12 @@ AMBIGUOUS = {
     "grayscale": ((2, 1, 9, 9, "nchw"), (4, 1, 3, 3, "cl"), 1, 1),         # x, w and gx of one channel
     "one_by_one": ((2, 8, 5, 5, "cl"), (6, 8, 1, 1, "cl"), 1, 0),           # w and gw 1x1
     "one_pixel": ((2, 8, 3, 3, "cl"), (6, 8, 3, 3, "cl"), 1, 0),            # y and gy of 1x1 planes
+    # NCHW layers: a backend's own strides on dimensions of size 1 (direct's one-channel output, tiledfft's
+    # 1x1 weight gradient) must not make the result look channels-last
+    "one_class_head_nchw": ((2, 3, 9, 9, "nchw"), (1, 3, 3, 3, "nchw"), 1, 1),
+    "one_class_head_nchw_stride2": ((2, 3, 8, 8, "nchw"), (1, 3, 3, 3, "nchw"), 2, 1),
+    "one_by_one_nchw": ((2, 8, 5, 5, "nchw"), (6, 8, 1, 1, "nchw"), 1, 0),
+    "one_pixel_nchw": ((2, 8, 3, 3, "nchw"), (6, 8, 3, 3, "nchw"), 1, 0),
 }
 
 
@@ -1347,36 +1353,45 @@ def _laid(shape, device, seed):
     return torch.empty_like(t, memory_format=torch.channels_last).copy_(t) if layout == "cl" else t.contiguous()
 
 
-@pytest.mark.parametrize("case", list(AMBIGUOUS))
+@pytest.mark.parametrize("case,backend", [(c, b) for c in AMBIGUOUS for b in ("auto", "direct", "tiledfft")
+                                          if not (b == "tiledfft" and AMBIGUOUS[c][2] != 1)])   # tiledfft: stride 1
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_operators_return_the_strides_their_fakes_say(case, device, strict_fp32):
+def test_the_operators_return_the_strides_their_fakes_say(case, device, backend, strict_fp32):
     """Each operator's result has exactly the strides its fake implementation gives (what torch.compile
     plans the next op on), where a tensor is NCHW- and NHWC-contiguous at once: before, such a result of
     a channels-last layer came back C-order strided (NumPy's and DLPack's), so a 1x1 layer after a
-    one-class head ran NCHW where its fake said channels-last. The eager path's results too."""
+    one-class head ran NCHW where its fake said channels-last; and an NCHW layer's could come back with
+    channels-last's strides (direct's one-channel output), so the next layer ran channels-last and
+    `y.view(n, -1)` raised. The eager path's results too (through autograd.grad: the operator's own,
+    not AccumulateGrad's, which may copy a gradient into its variable's strides)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     xs, ws, stride, padding = AMBIGUOUS[case]
     x, w = _laid(xs, device, 1), _laid(ws, device, 2)
+    nhwc = "cl" in (xs[-1], ws[-1])
     ops = torch.ops.minitorch_fft
-    y = ops.conv2d(x, w, [stride] * 2, [padding] * 2, "auto", None)
-    gy = _laid((*y.shape, "cl"), device, 3)
+    st, pad = [stride] * 2, [padding] * 2
+
+    def each(results):
+        return {k: [t.stride() for t in (v if isinstance(v, tuple) else (v,))] for k, v in results.items()}
+
+    y = ops.conv2d(x, w, st, pad, backend, None)
+    gy = _laid((*y.shape, "cl" if nhwc else "nchw"), device, 3)
     real = {"fprop": y,
-            "bprop": ops.conv2d_bprop(gy, w, list(x.shape), [stride] * 2, [padding] * 2, "auto"),
-            "accgrad": ops.conv2d_accgrad(gy, x, list(w.shape), [stride] * 2, [padding] * 2, "auto")}
-    real["grads"] = ops.conv2d_grads(gy, x, w, [stride] * 2, [padding] * 2, "auto", [True, True, False])[:2]
+            "bprop": ops.conv2d_bprop(gy, w, list(x.shape), st, pad, backend),
+            "accgrad": ops.conv2d_accgrad(gy, x, list(w.shape), st, pad, backend),
+            "grads": ops.conv2d_grads(gy, x, w, st, pad, backend, [True, True, False])[:2]}
     with FakeTensorMode() as mode:
         fx, fw, fgy = (mode.from_tensor(t) for t in (x, w, gy))
-        fake = {"fprop": ops.conv2d(fx, fw, [stride] * 2, [padding] * 2, "auto", None),
-                "bprop": ops.conv2d_bprop(fgy, fw, list(x.shape), [stride] * 2, [padding] * 2, "auto"),
-                "accgrad": ops.conv2d_accgrad(fgy, fx, list(w.shape), [stride] * 2, [padding] * 2, "auto")}
-        fake["grads"] = ops.conv2d_grads(fgy, fx, fw, [stride] * 2, [padding] * 2, "auto", [True, True, False])[:2]
-        strides = {k: [t.stride() for t in (v if isinstance(v, tuple) else (v,))] for k, v in fake.items()}
-    assert {k: [t.stride() for t in (v if isinstance(v, tuple) else (v,))] for k, v in real.items()} == strides
-    assert all(pt._channels_last(t) for v in real.values() for t in (v if isinstance(v, tuple) else (v,)))
+        strides = each({"fprop": ops.conv2d(fx, fw, st, pad, backend, None),
+                        "bprop": ops.conv2d_bprop(fgy, fw, list(x.shape), st, pad, backend),
+                        "accgrad": ops.conv2d_accgrad(fgy, fx, list(w.shape), st, pad, backend),
+                        "grads": ops.conv2d_grads(fgy, fx, fw, st, pad, backend, [True, True, False])[:2]})
+    assert each(real) == strides
+    assert {pt._channels_last(t) for v in real.values() for t in (v if isinstance(v, tuple) else (v,))} == {nhwc}
     xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
-    ye = pt.conv2d(xe, we, stride, padding)
-    ye.backward(gy)
-    assert [ye.stride(), xe.grad.stride(), we.grad.stride()] == [*strides["fprop"], *strides["grads"]]
+    ye = pt.conv2d(xe, we, stride, padding, backend=backend)
+    gx, gw = torch.autograd.grad(ye, (xe, we), gy)
+    assert [ye.stride(), gx.stride(), gw.stride()] == [*strides["fprop"], *strides["grads"]]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
