@@ -634,8 +634,8 @@ def _as_laid_out(t, nhwc):
     leave channels-last's on an NCHW layer's. The next layer reads its layout from them (_channels_last),
     so the real run and the fake one (torch.compile's plan) would lay that layer out differently, and
     code such as `y.view(n, -1)` raises on what should be NCHW. The same memory read the same way (the
-    strides differ only on dimensions of size 1), as a tensor of its own (set_, as _on_storage: not a
-    view for autograd to see)."""
+    strides differ only on dimensions of size 1), as a tensor of its own (_on_storage: not a view for
+    autograd to see)."""
     if t.dim() != 4:
         return t
     if nhwc:
@@ -647,8 +647,7 @@ def _as_laid_out(t, nhwc):
         strides = (c * h * w, h * w, w, 1)
         if t.stride() == strides or not t.is_contiguous():
             return t
-    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.shape,
-                                                               strides)
+    return _on_storage(t, t.shape, tuple(4 * s for s in strides), 4 * t.storage_offset())   # float32: 4 bytes
 
 
 def _passes(backend, geometry, passes, nhwc=False, bias=None, outs=None):
