@@ -26,17 +26,16 @@ leaves that out (result files *_no_reuse); --input-reuse also keeps each layer's
 from forward for accGrad (reuse_spectra(inputs=True): faster, and on AlexNet b128 310 MiB more at
 the step's peak, above stock's; benchmarks/NOTES.md sessions 11-13; result files *_input_reuse).
 --pass-graphs turns the pass_graphs setting on for the converted rows (minitorch_fft.pytorch: a layer's
-passes replayed as one CUDA graph; result files *_pass_graphs; --pass-graphs traced sets it to traced,
-the operator's calls alone, which the compiled rows make and the eager ones do not: files
-*_pass_graphs_traced): their warm-up runs on until a step captures nothing more (at most SETTLE steps
-past --warmup). The graphs' temporaries are held throughout: their arena is a tensor, in the row's peaks
-already; what of the pool is allocated at no moment between replays (temporaries that did not fit the
-arena) is added to them. The row's pass graphs' MiB are the two together. The CUDA-graph rows run with
-the setting off: a whole-step capture records the passes as they run, and the pass graphs' warm-up path
-would only add its copies to the row's peak. --pass-graph-mb N captures only the layers whose passes take
-at most N MiB of temporaries (the pass_graph_mb setting; files *_pass_graphs_Nmb): a smaller arena, more
-host time. Both flags decide for the converted rows: MINITORCH_PASS_GRAPHS and MINITORCH_PASS_GRAPH_MB in
-the environment are overridden there (the header's settings list what the environment had).
+passes replayed as one CUDA graph; result files *_pass_graphs): their warm-up runs on until a step
+captures nothing more (at most SETTLE steps past --warmup). The graphs' temporaries are held
+throughout: their arena is a tensor, in the row's peaks already; what of the pool is allocated at no
+moment between replays (temporaries that did not fit the arena) is added to them. The row's pass
+graphs' MiB are the two together. The CUDA-graph rows run with the setting off: a
+whole-step capture records the passes as they run, and the pass graphs' warm-up path would only add
+its copies to the row's peak. --pass-graph-mb N captures only the layers whose passes take at most N MiB
+of temporaries (the pass_graph_mb setting; files *_pass_graphs_Nmb): a smaller arena, more host time.
+Both flags decide for the converted rows: MINITORCH_PASS_GRAPHS and MINITORCH_PASS_GRAPH_MB in the
+environment are overridden there (the header's settings list what the environment had).
 
 Each row gives two times a step: the median of single steps, each waited for (CUDA events, a
 wait after every step: the step's latency from an idle GPU, which the targets judge), and "back to
@@ -120,7 +119,7 @@ def result_name(net, args):
             + ("_no_reuse" if args.no_reuse else "") + ("_input_reuse" if args.input_reuse else "")
             + ("_channels_last" if args.channels_last else "")
             + ("_convert_channels_last" if args.convert_channels_last else "")
-            + ("_pass_graphs" if args.pass_graphs else "") + ("_traced" if args.pass_graphs == "traced" else "")
+            + ("_pass_graphs" if args.pass_graphs else "")
             + (f"_{args.pass_graph_mb:g}mb" if args.pass_graphs and args.pass_graph_mb else "")
             + ("_reduce_overhead" if args.compile_mode == "reduce-overhead" else ""))
 
@@ -567,11 +566,9 @@ def main():
     parser.add_argument("--no-graphs", action="store_true", help="eager rows only")
     parser.add_argument("--no-reuse", action="store_true",
                         help="converted rows without spectra reuse (less memory; result files *_no_reuse)")
-    parser.add_argument("--pass-graphs", nargs="?", const=True, default=False, choices=("traced",),
+    parser.add_argument("--pass-graphs", action="store_true",
                         help="the converted layers replay their passes as CUDA graphs (the pass_graphs setting; "
-                             "its pool counted in each row's peak; result files *_pass_graphs); --pass-graphs "
-                             "traced: only the operator's calls, the compiled rows' (result files "
-                             "*_pass_graphs_traced)")
+                             "its pool counted in each row's peak; result files *_pass_graphs)")
     parser.add_argument("--pass-graph-mb", type=float, default=None,
                         help="with --pass-graphs: capture only the layers whose passes take at most this many MiB "
                              "of temporaries (the pass_graph_mb setting; result files *_pass_graphs_<N>mb)")

@@ -69,13 +69,7 @@ GEMM route, which write it there (elsewhere the boundary is no longer copy-free)
 large as the largest layer's temporaries (converted AlexNet b128: 444 MiB, conv1's fprop;
 benchmarks/NOTES.md, sessions 48-50), held beside the step's peak, where eagerly they come and go:
 hence off by default, and pass_graph_mb leaves the layers that take more eager. The
-section "a layer's passes as one CUDA graph" below has the details. MINITORCH_PASS_GRAPHS=traced
-graphs the operator's calls alone (torch.compile's graph, or torch.ops called directly) and leaves
-eager calls (EagerConv2d) as they are: in torch.compile's default mode each call costs the
-dispatcher's Python on top of the passes' own, and the planned step leaves memory for a bounded
-arena, while an eager step inside reuse_spectra() shares spectra from forward to backward, which a
-graphed layer does not (converted AlexNet b128 fp32 at pass_graph_mb 128: benchmarks/NOTES.md,
-session 63).
+section "a layer's passes as one CUDA graph" below has the details.
 
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
@@ -618,7 +612,7 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
     geometry = (tuple(x_shape), tuple(w_shape), tuple(stride), tuple(padding))
     owned = (_owned_outputs(passes, geometry) if _local.operator and passes[0][1].is_cuda
              else contextlib.nullcontext())
-    if (passes[0][1].is_cuda and _graphs_on()
+    if (passes[0][1].is_cuda and backends.config.get("pass_graphs")
             and not torch.cuda.is_current_stream_capturing()):   # in a caller's capture: as they are
         results = _graphed(backend, geometry, passes, nhwc, bias)   # into tensors of PyTorch's already
         if results is not None:
@@ -629,13 +623,6 @@ def _crossing(backend, x_shape, w_shape, stride, padding, passes, nhwc=False, bi
         with owned:
             results = _passes(backend, geometry, passes, nhwc, bias)
     return [_as_laid_out(r, nhwc) for r in results]
-
-
-def _graphs_on():
-    """Whether this crossing may run as a pass graph: the pass_graphs setting on, or "traced" and the
-    call the operator's (torch.compile's graph, or a direct torch.ops call), not EagerConv2d's."""
-    mode = backends.config.get("pass_graphs")
-    return mode is True or mode == "traced" and _local.operator
 
 
 def _as_laid_out(t, nhwc):

@@ -1695,9 +1695,6 @@ def test_bench_pytorch_writes_tf32_and_strict_runs_apart():
     bounded = dict(base, channels_last=False, pass_graphs=True, pass_graph_mb=128.0)
     assert result_name("alexnet", argparse.Namespace(impls=["strict", "fp32"], **bounded)) \
         == "bench_pytorch_alexnet_pass_graphs_128mb"
-    traced = dict(bounded, pass_graphs="traced")
-    assert result_name("alexnet", argparse.Namespace(impls=["strict", "fp32"], **traced)) \
-        == "bench_pytorch_alexnet_pass_graphs_traced_128mb"
     graphed = dict(base, channels_last=False, compile_mode="reduce-overhead")
     assert result_name("alexnet", argparse.Namespace(impls=["strict", "fp32"], **graphed)) \
         == "bench_pytorch_alexnet_reduce_overhead"

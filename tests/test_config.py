@@ -28,7 +28,6 @@ def test_every_variable_is_declared_once_with_its_doc():
     ("cufft_tune", "off", "off"), ("tune_cache", "~/x.json", "~/x.json"),
     ("auto_backends", "ours", ("ours",)), ("auto_backends", " gemm, fbfft,gemm", ("gemm", "fbfft")),
     ("world_size", "4", 4), ("rank", "0", 0), ("master_addr", "127.0.0.1", "127.0.0.1"),
-    ("pass_graphs", "1", True), ("pass_graphs", "0", False), ("pass_graphs", "traced", "traced"),
 ])
 def test_the_environment_sets_a_value(monkeypatch, name, raw, value):
     monkeypatch.setenv(config.SETTINGS[name].env, raw)
@@ -42,7 +41,6 @@ def test_the_environment_sets_a_value(monkeypatch, name, raw, value):
     ("tf32", "yes"), ("tf32", "true"), ("direct_tune", "of"), ("auto_tune", "sometimes"),
     ("tune_cache", " "), ("world_size", "-1"), ("world_size", "0"), ("rank", "1.5"), ("master_port", "x"),
     ("master_port", "0"), ("auto_backends", ""), ("auto_backends", "gemm,,fbfft"), ("auto_backends", "GEMM"),
-    ("pass_graphs", "Traced"), ("pass_graphs", "2"), ("pass_graphs", "all"),
 ])
 def test_a_bad_value_names_the_variable_and_the_limit(monkeypatch, name, raw):
     s = config.SETTINGS[name]
@@ -77,7 +75,7 @@ def test_override_nests_restores_and_beats_the_environment(monkeypatch):
 
 @pytest.mark.parametrize("values", [dict(gemm_workspace_mb=0), dict(gemm_workspace_mb=float("inf")),
                                     dict(tf32=1), dict(cufft_tune="of"), dict(auto_margin=1.0),
-                                    dict(gemm_workspace_mb=True), dict(pass_graphs=1), dict(pass_graphs="all")])
+                                    dict(gemm_workspace_mb=True)])
 def test_a_bad_override_is_refused_before_the_block(values):
     with pytest.raises(config.ConfigError, match="takes"):
         with config.override(**values):

@@ -53,16 +53,15 @@ def reference(x, w, bias, stride, padding, seed):
     return gy, (y64, x64.grad, w64.grad, b64.grad)
 
 
-def steps(conv, x, n=STEPS, tol=1e-5, forward=None):
-    """n training-style calls of conv (or forward, conv compiled) on x: x, the weight and the bias
-    refilled with new data in place before each (same addresses, so the graphs replay), a new
-    gradOutput each; forward and backward, every output and gradient against float64 at every call (a
-    replay reading stale data fails)."""
+def steps(conv, x, n=STEPS, tol=1e-5):
+    """n training-style calls of conv on x: x, the weight and the bias refilled with new data in place
+    before each (same addresses, so the graphs replay), a new gradOutput each; forward and backward,
+    every output and gradient against float64 at every call (a replay reading stale data fails)."""
     layout = torch.channels_last if not x.is_contiguous() else torch.contiguous_format
     for i in range(n):
         fill(x, 100 + i), fill(conv.weight, 200 + i), fill(conv.bias, 300 + i)
         x.grad = conv.weight.grad = conv.bias.grad = None
-        y = (conv if forward is None else forward)(x)   # a compiled module has no truth value (len())
+        y = conv(x)
         gy, refs = reference(x, conv.weight, conv.bias, conv.stride, conv.padding, 400 + i)
         y.backward(gy.float().cuda().contiguous(memory_format=layout))
         assert_matches((y, x.grad, conv.weight.grad, conv.bias.grad), refs, tol)
@@ -146,24 +145,6 @@ def test_off_runs_every_pass_eagerly():
     with backends.config.override(pass_graphs=False):
         steps(conv, x)
     assert stats() == {**stats(), "eager": 0, "captures": 0, "replays": 0, "graphs": 0}
-
-
-@pytest.mark.gpu
-def test_traced_graphs_the_compiled_calls_alone(settings):
-    """pass_graphs="traced": a layer called eagerly (EagerConv2d) runs as with the setting off, nothing
-    counted; the same layer compiled (inductor's graphs call the operators) captures its forward and
-    its backward and replays them, every result within fp32 of float64 at every step."""
-    settings(pass_graphs="traced")
-    torch._dynamo.reset()
-    conv = layer("auto")
-    x = torch.empty(2, 3, 9, 9, device="cuda", requires_grad=True)
-    steps(conv, x)
-    assert stats() == {**stats(), "eager": 0, "captures": 0, "replays": 0, "graphs": 0}
-    steps(conv, x, forward=torch.compile(conv, fullgraph=True))
-    graphed = {key[1][3][0][0] for key, entry in pt._pass_graphs.items() if entry.graphs}   # first passes
-    assert graphed == {"fprop", "accgrad"} and stats()["failed"] == 0, stats()
-    assert stats()["replays"] >= 2 * (STEPS - 4), stats()
-    torch._dynamo.reset()
 
 
 @pytest.mark.gpu
@@ -445,18 +426,6 @@ def test_a_pool_is_live_while_a_graph_of_it_is():
     assert pt._pool_live("pool a", [entry, other]) and not pt._pool_live("pool b", [entry, other])
     entry.graphs.clear()
     assert not pt._pool_live("pool a", [entry, other])
-
-
-def test_traced_means_the_operators_calls(settings):
-    """pass_graphs="traced" graphs a crossing inside the operators (torch.ops: what torch.compile's graphs
-    call), not an eager call's; off graphs neither."""
-    settings(pass_graphs="traced")
-    assert not pt._graphs_on()
-    with pt._as_operator():
-        assert pt._graphs_on()
-    settings(pass_graphs=False)
-    with pt._as_operator():
-        assert not pt._graphs_on()
 
 
 def test_cpu_passes_take_no_graphs():

@@ -39,10 +39,10 @@ class ConfigError(ValueError):
 
 
 Setting = namedtuple("Setting", "name env kind default doc keyed")
-# kind: "bool" (0 or 1), "graphs" (0, 1 or traced: False, True or "traced"), "tune" (auto, on or off), "mib"
-# (a size in MiB, > 0 and finite), "fraction" ([0, 1)), "count" (an int >= 0), "positive" (an int >= 1), "path",
-# "text", "names" (backend names, comma-separated, kept as a tuple; which names exist is checked where the
-# registry is, backends.auto_registry). keyed: part of snapshot().
+# kind: "bool" (0 or 1), "tune" (auto, on or off), "mib" (a size in MiB, > 0 and finite),
+# "fraction" ([0, 1)), "count" (an int >= 0), "positive" (an int >= 1), "path", "text", "names" (backend
+# names, comma-separated, kept as a tuple; which names exist is checked where the registry is,
+# backends.auto_registry). keyed: part of snapshot().
 
 SETTINGS = {s.name: s for s in (
     Setting("tf32", "MINITORCH_CGEMM_TF32", "bool", False,
@@ -64,10 +64,9 @@ SETTINGS = {s.name: s for s in (
             True),
     Setting("cudnn_workspace_mb", "MINITORCH_CUDNN_WORKSPACE_MB", "mib", 4096.0,
             "cudnn's workspace: cuDNN plans needing more are not used", True),
-    Setting("pass_graphs", "MINITORCH_PASS_GRAPHS", "graphs", False,
+    Setting("pass_graphs", "MINITORCH_PASS_GRAPHS", "bool", False,
             "the PyTorch adapter replays a layer's passes as one CUDA graph once their addresses repeat "
-            "(1: less host time, an arena of their temporaries held; traced: only the operator's calls, "
-            "torch.compile's, not eager ones)", False),
+            "(1: less host time, an arena of their temporaries held)", False),
     Setting("pass_graph_mb", "MINITORCH_PASS_GRAPH_MB", "mib", None,
             "pass graphs: a layer's passes are captured only where their eager calls' temporaries peak at most "
             "this, the others run eagerly (unset: every layer's); the arena held is the largest layer's under the "
@@ -256,7 +255,7 @@ def table():
 
 # -- parsing and checking ------------------------------------------------------------------------
 
-_ALLOWED = {"bool": "0 or 1", "graphs": "0, 1 or traced", "tune": "auto, on or off", "mib": "MiB > 0",
+_ALLOWED = {"bool": "0 or 1", "tune": "auto, on or off", "mib": "MiB > 0",
             "fraction": "0 <= x < 1", "count": "an integer >= 0",
             "positive": "an integer >= 1", "path": "a file path (~user: a user that exists)", "text": "any text",
             "names": "backend names, comma-separated, or ours"}
@@ -279,10 +278,6 @@ def _parse(name, raw):
         if raw not in ("0", "1"):
             raise bad
         return raw == "1"
-    if s.kind == "graphs":
-        if raw not in ("0", "1", "traced"):
-            raise bad
-        return "traced" if raw == "traced" else raw == "1"
     if s.kind == "tune":
         if raw not in ("auto", "on", "off"):
             raise bad
@@ -340,7 +335,6 @@ def _check(s, value):
     if value is ENVIRONMENT or value is None and s.default is None:
         return value
     ok = {"bool": lambda v: isinstance(v, bool),
-          "graphs": lambda v: isinstance(v, bool) or v == "traced",
           "tune": lambda v: v in ("auto", "on", "off"),
           "mib": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and _in_range("mib", v),
           "fraction": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -361,7 +355,7 @@ def show(name, value):
     """A value of setting `name` as its variable would spell it, exactly: 1 or 0 for a bool, 1024 for
     1024.0 MiB, 512.5 as it is (the settings table, backends.auto's tuning-key label)."""
     s = _setting(name)
-    if s.kind in ("bool", "graphs") and isinstance(value, bool):
+    if s.kind == "bool":
         return "1" if value else "0"
     if s.kind in ("mib", "fraction"):
         return str(int(value)) if float(value).is_integer() else repr(float(value))
