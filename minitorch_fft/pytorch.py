@@ -74,6 +74,13 @@ section "a layer's passes as one CUDA graph" below has the details.
 float32 only; other dtypes raise TypeError. Under autocast the operator runs in float32 (its
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
 
+Reverse-mode autograd only: torch.func.vmap runs the operator per sample (custom_op's fallback),
+but torch.func's derivative transforms (grad, vjp, jacrev, jvp, jacfwd, hessian) and forward-mode AD
+raise NotImplementedError (custom_op's autograd cannot serve them: PyTorch raised an error of its own
+under grad, and jvp gave zero tangents, silently), and a second backward raises PyTorch's error (no
+derivative is registered for the backward's operator). A direct torch.ops call under jvp is not
+checked.
+
 Spectra reuse across the autograd boundary (backends/reuse.py) is opt-in: wrap forward and
 backward, not the optimiser step, in `with minitorch_fft.pytorch.reuse_spectra():`. reuse.py keys a
 spectrum by the identity of the array it came from, and each pass here sees a new CuPy/NumPy view
@@ -118,6 +125,23 @@ Tensor = torch.Tensor
 # -- crossing to NumPy / CuPy and back -----------------------------------------------------------
 
 _views = None   # inside reuse_spectra(): {(device index, address, shape, strides, version): array view}
+_open_views = []   # the open blocks' dicts, in the order they opened; _views is the last (_view_block)
+
+
+@contextlib.contextmanager
+def _view_block():
+    """_views a dict of the block's own while it runs. At its end the dict leaves the open ones
+    wherever it is, so two threads' blocks that end out of order leave each other's as they were
+    (as backends.reuse's blocks; a view kept past every block would hold its tensor for good)."""
+    global _views
+    views = {}
+    _open_views.append(views)
+    _views = views
+    try:
+        yield
+    finally:
+        del _open_views[max(i for i, v in enumerate(_open_views) if v is views)]
+        _views = _open_views[-1] if _open_views else None
 
 
 def _key(t):
@@ -295,13 +319,8 @@ def reuse_spectra(inputs=False):
     reduce-overhead keep inputs=False: a spectrum kept from forward to backward would live in the
     cudagraph trees' pool between their forward and backward graphs, and the trees refuse the step
     ("tensor(s) in the cudagraph pool not tracked as outputs"; benchmarks/NOTES.md, session 55)."""
-    global _views
-    outer, _views = _views, {}
-    try:
-        with backends.reuse_spectra(inputs) as cache:
-            yield cache
-    finally:
-        _views = outer
+    with backends.reuse_spectra(inputs) as cache, _view_block():
+        yield cache
 
 
 class _Temporaries:
@@ -904,8 +923,8 @@ def _check_float32(what, a, b):
     if a.dtype != torch.float32 or b.dtype != torch.float32:
         t = a if a.dtype != torch.float32 else b
         raise TypeError(f"minitorch_fft.conv2d ({what}) takes float32 tensors only, got {t.dtype} "
-                        "(the backends compute in fp32; use nn.Conv2d for other dtypes, or autocast, "
-                        "under which this operator runs in float32)")
+                        "(the backends compute in fp32; use nn.Conv2d for other dtypes; under autocast "
+                        "float16 and bfloat16 inputs run in float32, float64 ones do not)")
     if a.device != b.device:
         raise ValueError(f"minitorch_fft.conv2d ({what}): tensors on different devices, {a.device} "
                          f"and {b.device}")
@@ -1097,14 +1116,9 @@ def _isolated(backend, geometry, passes, nhwc, bias, outs=None):
     """The crossing's passes sharing spectra among themselves alone: a view dict and a spectrum
     block of their own, fprop keeping nothing for the backward (a pass graph holds nothing past
     its end). outs: as _passes takes them."""
-    global _views
-    outer, _views = _views, {}
-    try:
-        with backends.reuse_spectra(inputs=False):
-            return _passes(backend, geometry, [(p, a, b, () if p == "fprop" else later) for p, a, b, later in passes],
-                           nhwc, bias, outs)
-    finally:
-        _views = outer
+    with _view_block(), backends.reuse_spectra(inputs=False):
+        return _passes(backend, geometry, [(p, a, b, () if p == "fprop" else later) for p, a, b, later in passes],
+                       nhwc, bias, outs)
 
 
 def _arena_for(index, stream):
@@ -1431,6 +1445,10 @@ class EagerConv2d(torch.autograd.Function):
         gx, gw, gb = _grads(gy, x, weight, stride, padding, backend, need_x, need_w, need_b)
         return gx, gw, None, None, None, gb
 
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(_NO_FORWARD_AD)
+
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -1465,14 +1483,40 @@ def _autocast(*tensors):
                  and t.device.type == kind else t for t in tensors)
 
 
+_NO_FORWARD_AD = ("minitorch_fft.pytorch.conv2d has no forward-mode derivative (torch.autograd.forward_ad, "
+                  "torch.func.jvp, jacfwd, hessian): use reverse mode (loss.backward(), torch.autograd.grad), or "
+                  "torch.nn.Conv2d for the layers that need it")
+_NO_FUNC_GRAD = ("minitorch_fft.pytorch.conv2d runs under torch.func.vmap and functional_call, but not under "
+                 "torch.func's derivative transforms (grad, grad_and_value, vjp, jacrev, jvp, jacfwd, hessian): "
+                 "use torch.autograd (loss.backward(), torch.autograd.grad, torch.autograd.functional), or "
+                 "torch.nn.Conv2d for the layers that need them")
+
+
+def _under_func_derivative():
+    """Whether a torch.func transform that differentiates (grad, vjp, jvp and those built on them) is
+    active. custom_op's autograd cannot serve one (PyTorch raised an error that asks for an
+    autograd.Function's setup_context under grad, and jvp and jacfwd gave zero tangents, silently);
+    vmap can (custom_op's fallback runs the operator per sample). Not asked under Dynamo, which
+    traces the transforms itself."""
+    if torch._C._functorch.peek_interpreter_stack() is None or torch.compiler.is_compiling():
+        return False
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    kinds = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    return any(i.key() in kinds for i in retrieve_all_functorch_interpreters())
+
+
 def conv2d(x, weight, stride=1, padding=0, backend="auto", bias=None):
     """torch.ops.minitorch_fft.conv2d with int-or-pair stride and padding, and the bias (f') added
-    if given; an eager call runs EagerConv2d instead, the same passes without the dispatcher."""
+    if given; an eager call runs EagerConv2d instead, the same passes without the dispatcher.
+    NotImplementedError under torch.func's derivative transforms and forward-mode AD
+    (_under_func_derivative; a direct torch.ops call there is not checked)."""
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         # TypeError, as nn.Conv2d's, not the dispatcher's; a tracer's proxy (torch.fx) takes Tensors' place
         if t is not None and not isinstance(t, torch.Tensor) and not hasattr(type(t), "__torch_function__"):
             raise TypeError(f"conv2d: {name} must be a torch.Tensor, got {type(t).__name__}")
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
+    if _under_func_derivative():
+        raise NotImplementedError(_NO_FUNC_GRAD)
     if _eager(x, weight, bias):
         x, weight, bias = _autocast(x, weight, bias)
         return EagerConv2d.apply(x, weight, stride, padding, backend, bias)
@@ -1489,7 +1533,7 @@ def _pair(v, name):
 
 def unsupported(conv):
     """Why this nn.Conv2d cannot run on the backends (a string), or None if it can."""
-    if type(conv) not in (torch.nn.Conv2d, Conv2d):
+    if type(conv) is not torch.nn.Conv2d and not isinstance(conv, Conv2d):   # a subclass of ours is the user's
         return f"{type(conv).__name__} is a subclass of nn.Conv2d (its forward may differ)"
     if conv.groups != 1:
         return f"groups={conv.groups} (the backends take groups=1)"

@@ -163,6 +163,30 @@ def test_nan_and_inf_propagate(device):
             assert np.isnan(out).any(), name
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_nan_stays_in_its_image(device):
+    """A NaN or Inf in one image of a batch leaves the other images' outputs as they are, on every
+    backend: the FFT backends spread it over the whole image (cufft, fbfft) or its tile (tiledfft,
+    winograd), where their rounding is relative to what they transform together (RELIABILITY.md,
+    known limits), but never across images. gemm's output on the same batch is the reference."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 2, 16, 16)).astype(f32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(f32)
+    xp = np if device == "cpu" else mt.device.cupy_or_none()
+    for bad in (np.nan, np.inf):
+        x[0, 0, 5, 9] = bad
+        ref = mt.to_device(backends.get("gemm").fprop(mt.to_device(x, device), mt.to_device(w, device),
+                                                      padding=(1, 1)), "cpu")
+        for name in backends.names():
+            b = backends.get(name)
+            if not (b.supports(x.shape, w.shape, (1, 1), (1, 1)) and backends.auto.runs_on(b, xp)):
+                continue
+            out = mt.to_device(b.fprop(mt.to_device(x, device), mt.to_device(w, device), padding=(1, 1)), "cpu")
+            assert not np.isfinite(out[0]).all(), (name, bad)                    # visible in its image
+            assert np.isfinite(out[1]).all(), (name, bad)                        # and nowhere else
+            assert np.abs(out[1] - ref[1]).max() <= 1e-4 * np.abs(ref[1]).max(), (name, bad)
+
+
 @pytest.mark.gpu
 def test_numpy_mixed_with_cupy_is_a_clear_error():
     import cupy as cp

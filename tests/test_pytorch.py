@@ -674,6 +674,78 @@ def test_autocast_runs_in_float32(path):
     assert rel_error(xb.grad.double().numpy(), x64.grad.numpy()) <= 1e-2     # bfloat16's rounding
 
 
+def test_torch_func_derivatives_are_refused_not_wrong():
+    """Under torch.func's derivative transforms custom_op's autograd cannot serve the operator (jvp
+    and jacfwd gave zero tangents silently; grad raised PyTorch's setup_context error): a clear
+    NotImplementedError instead, on both layer and function; eager forward-mode AD likewise. vmap
+    still runs (test_traced_calls_take_the_operator)."""
+    torch.manual_seed(0)
+    c = Conv2d(3, 4, 3)
+    x, t = torch.randn(1, 3, 6, 6), torch.randn(1, 3, 6, 6)
+    for transform in (lambda: torch.func.jvp(c, (x,), (t,)), lambda: torch.func.jacfwd(c)(x),
+                      lambda: torch.func.grad(lambda a: c(a).sum())(x),
+                      lambda: torch.func.vjp(lambda w: conv2d(x, w), c.weight),
+                      lambda: torch.func.vmap(torch.func.grad(lambda a: conv2d(a[None], c.weight).sum()))(x)):
+        with pytest.raises(NotImplementedError, match="torch.func's derivative transforms"):
+            transform()
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        with pytest.raises(NotImplementedError, match="no forward-mode derivative"):
+            c(fwAD.make_dual(x, t))
+
+
+def test_reuse_blocks_of_two_threads_may_end_out_of_order():
+    """Two threads' reuse_spectra() blocks, the first opened ending first: neither raises, and after
+    both nothing is left open (a view kept past every block would hold its tensor for good), so a
+    later call outside any block keeps no view."""
+    import threading
+    from minitorch_fft.backends import reuse
+    steps = [threading.Event() for _ in range(3)]
+    errors = []
+
+    def second():
+        try:
+            with reuse_spectra():
+                steps[0].set()       # B open, after A
+                steps[1].wait(10)    # A ends
+                conv2d(torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3))
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+        steps[2].set()
+
+    with reuse_spectra():
+        thread = threading.Thread(target=second)
+        thread.start()
+        steps[0].wait(10)
+    steps[1].set()
+    steps[2].wait(10)
+    thread.join(10)
+    assert not errors, errors
+    assert pt._views is None and not pt._open_views and reuse.active() is None and not reuse._open
+    conv2d(torch.randn(1, 3, 6, 6), torch.randn(4, 3, 3, 3))
+    assert pt._views is None
+
+
+def test_a_subclass_of_conv2d_is_made_and_runs():
+    """A subclass of the adapter's Conv2d is the user's own extension of it: made and run as Conv2d
+    (a subclass of nn.Conv2d, whose forward may differ, is what convert() leaves alone)."""
+    class Logged(Conv2d):
+        calls = 0
+
+        def forward(self, x):
+            Logged.calls += 1
+            return super().forward(x)
+
+    layer = Logged(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.allclose(layer(x), TF.conv2d(x, layer.weight, layer.bias, padding=1), atol=1e-5)
+    assert Logged.calls == 1 and unsupported(layer) is None
+
+    class Own(torch.nn.Conv2d):
+        pass
+    assert "subclass of nn.Conv2d" in unsupported(Own(3, 4, 3))
+
+
 # -- which path a call takes, and what crosses ------------------------------------------------------
 
 def profiled_names(fn):

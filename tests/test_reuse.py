@@ -403,3 +403,20 @@ def test_an_optimizer_step_inside_the_block_drops_the_weights_spectra(name):
     ref, _, _ = conv_reference(x.data, layer.weight.data, np.zeros(after.shape), (stride, stride), (1, 1))
     ref = ref + layer.bias.data.reshape(1, -1, 1, 1)
     assert rel_error(after, ref) < 1e-5
+
+
+def test_a_block_leaves_wherever_it_is():
+    """Blocks end in any order (two threads' steps: the state is the process's, as a CUDA backward
+    runs on PyTorch's own thread): the one that ends leaves, the others stay as they were, and
+    suspended() hides the block open under it until it ends."""
+    first, second = backends.reuse_spectra(), backends.reuse_spectra()
+    a = first.__enter__()
+    b = second.__enter__()
+    assert reuse.active() is b
+    first.__exit__(None, None, None)           # the first opened ends first
+    assert reuse.active() is b
+    with reuse.suspended():
+        assert reuse.active() is None
+    assert reuse.active() is b and len(a) == 0
+    second.__exit__(None, None, None)
+    assert reuse.active() is None and not reuse._open

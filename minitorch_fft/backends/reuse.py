@@ -101,6 +101,20 @@ class StepCache:
 
 _active = None
 _keep = None     # the roles a miss may keep (keeping()); None: every role
+_open = []       # the open blocks, StepCaches and suspended()'s markers, in the order they opened; _active is
+                 # the last if a StepCache. A block leaves wherever it is, so blocks of two threads that end
+                 # out of order leave the others' as they were (a CUDA backward runs on PyTorch's thread, so
+                 # the state is the process's, not a thread's)
+
+
+def _left(block):
+    """`block` out of the open ones (by identity), _active the last left."""
+    global _active
+    for i in range(len(_open) - 1, -1, -1):
+        if _open[i] is block:
+            del _open[i]
+            break
+    _active = _open[-1] if _open and isinstance(_open[-1], StepCache) else None
 
 
 @contextlib.contextmanager
@@ -113,23 +127,27 @@ def reuse_spectra(inputs=True):
     bprop's gy spectrum still serves accGrad, inside the backward pass. (A step saves 1 forward
     FFT per layer instead of 2, for the memory of one layer's gy spectrum at a time.)"""
     global _active
-    outer, _active = _active, StepCache(inputs)
+    cache = StepCache(inputs)
+    _open.append(cache)
+    _active = cache
     try:
-        yield _active
+        yield cache
     finally:
-        _active.clear()
-        _active = outer
+        cache.clear()
+        _left(cache)
 
 
 @contextlib.contextmanager
 def suspended():
     """No sharing inside the block (tuners: every timed candidate must pay for its FFTs)."""
     global _active
-    outer, _active = _active, None
+    marker = object()
+    _open.append(marker)
+    _active = None
     try:
         yield
     finally:
-        _active = outer
+        _left(marker)
 
 
 @contextlib.contextmanager
