@@ -2,6 +2,8 @@
 
 BAD_INPUTS is the table RELIABILITY.md counts; each row is (entry point, call, error, pattern).
 """
+import ast
+
 import numpy as np
 import pytest
 
@@ -131,6 +133,17 @@ def test_unsupported_geometry_for_a_named_backend_is_clear():
             backends.choose("stride1_stub", "fprop", X.shape, W.shape, (2, 2), (0, 0))
     finally:
         del backends._REGISTRY["stride1_stub"]
+
+
+def test_a_refusal_names_the_backends_that_take_the_geometry_here():
+    """A named backend that cannot take a geometry names the ones that can, on this device and in
+    this process: not one that cannot (cudnn without a GPU, a stride-1 FFT backend at stride 2)."""
+    with pytest.raises(ValueError, match="does not support fprop") as e:
+        backends.choose("fbfft", "fprop", (2, 3, 9, 9), (4, 3, 3, 3), (2, 2), (1, 1))
+    takers = ast.literal_eval(str(e.value).split("one that takes it here: ")[1])
+    assert "gemm" in takers and "fbfft" not in takers and "cufft" not in takers
+    assert all(backends.get(n).supports((2, 3, 9, 9), (4, 3, 3, 3), (2, 2), (1, 1)) for n in takers)
+    assert all(backends.auto.runs_on(backends.get(n), np) for n in takers)   # cudnn: CuPy arrays only
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -99,8 +99,15 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=
         raise ValueError(f"backend {name!r} does not support {pass_name} for input {tuple(x_shape)}, "
                          f"weight {tuple(w_shape)}, stride {stride}, padding {padding}"
                          f"{_reason(backend, x_shape, w_shape, stride, padding)}; "
-                         f"use backend='auto' or another of {[n for n in names() if n != name]}")
+                         f"use backend='auto' or one that takes it here: {_takers(name, x_shape, w_shape, stride, padding, xp)}")
     return backend
+
+
+def _takers(name, x_shape, w_shape, stride, padding, xp):
+    """The other backends that support the geometry and run on `xp`'s arrays (and, where they say,
+    in this process: cudnn without its frontend does not), for a refusal's message."""
+    return [n for n in names() if n != name and get(n).supports(x_shape, w_shape, stride, padding)
+            and auto.runs_on(get(n), xp) and getattr(get(n), "available", lambda: True)()]
 
 
 def nhwc_route(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np, measure=None):
