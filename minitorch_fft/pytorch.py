@@ -75,11 +75,12 @@ float32 only; other dtypes raise TypeError. Under autocast the operator runs in 
 inputs are cast, as PyTorch does for its own fp32-only operators); the result is float32.
 
 Reverse-mode autograd only: torch.func.vmap runs the operator per sample (custom_op's fallback),
-but torch.func's derivative transforms (grad, vjp, jacrev, jvp, jacfwd, hessian) and forward-mode AD
-raise NotImplementedError (custom_op's autograd cannot serve them: PyTorch raised an error of its own
-under grad, and jvp gave zero tangents, silently), and a second backward raises PyTorch's error (no
-derivative is registered for the backward's operator). A direct torch.ops call under jvp is not
-checked.
+but torch.func's derivative transforms (grad, vjp, jacrev, jvp, jacfwd, hessian) of a converted
+layer's input, weight or bias, and forward-mode AD, raise NotImplementedError (custom_op's autograd
+cannot serve them: PyTorch raised an error of its own under grad, and jvp gave zero tangents,
+silently); a frozen layer inside them runs. A second backward raises PyTorch's error (no derivative
+is registered for the backward's operator). Not checked, and still zero tangents: jvp under
+torch.compile, and a direct torch.ops call under jvp.
 
 Spectra reuse across the autograd boundary (backends/reuse.py) is opt-in: wrap forward and
 backward, not the optimiser step, in `with minitorch_fft.pytorch.reuse_spectra():`. reuse.py keys a
@@ -140,7 +141,7 @@ def _view_block():
     try:
         yield
     finally:
-        del _open_views[max(i for i, v in enumerate(_open_views) if v is views)]
+        _open_views[:] = [v for v in _open_views if v is not views]
         _views = _open_views[-1] if _open_views else None
 
 
@@ -161,18 +162,19 @@ def _array(t, cp, keep=True):
     an autograd.Function's forward and backward or below the dispatcher's autograd key); the view
     owns the tensor, and through it the storage, unless the tensor's storage is swapped (`.data =`),
     one of the writes under which reuse_spectra() is not safe (module docstring)."""
+    views = _views                       # read once: another thread's block may end meanwhile
     if cp is None:
         t = t.detach()                   # NumPy refuses a tensor that requires grad
     if not t.is_contiguous():            # a copy, as the backends would make (e.g. the expanded
         t = t.contiguous()               # gradient of a sum(), a caller's strided input, a channels-
         key = None                       # last layer's operand): no later pass sees it, so not kept
     else:
-        key = None if _views is None else _key(t)
-    if key is not None and key in _views:
-        return _views.pop(key)           # each tensor feeds two passes: hand it out once more, then drop
+        key = None if views is None else _key(t)
+    if key is not None and key in views:
+        return views.pop(key)            # each tensor feeds two passes: hand it out once more, then drop
     a = t.numpy() if cp is None else _cupy_view(t, cp)
     if key is not None and keep:
-        _views[key] = a
+        views[key] = a
     return a
 
 
@@ -1486,23 +1488,28 @@ def _autocast(*tensors):
 _NO_FORWARD_AD = ("minitorch_fft.pytorch.conv2d has no forward-mode derivative (torch.autograd.forward_ad, "
                   "torch.func.jvp, jacfwd, hessian): use reverse mode (loss.backward(), torch.autograd.grad), or "
                   "torch.nn.Conv2d for the layers that need it")
-_NO_FUNC_GRAD = ("minitorch_fft.pytorch.conv2d runs under torch.func.vmap and functional_call, but not under "
-                 "torch.func's derivative transforms (grad, grad_and_value, vjp, jacrev, jvp, jacfwd, hessian): "
-                 "use torch.autograd (loss.backward(), torch.autograd.grad, torch.autograd.functional), or "
+_NO_FUNC_GRAD = ("minitorch_fft.pytorch.conv2d runs under torch.func.vmap and functional_call, but cannot be "
+                 "differentiated by torch.func's derivative transforms (grad, grad_and_value, vjp, jacrev, jvp, "
+                 "jacfwd, hessian): use torch.autograd (loss.backward(), torch.autograd.grad), or "
                  "torch.nn.Conv2d for the layers that need them")
 
 
-def _under_func_derivative():
-    """Whether a torch.func transform that differentiates (grad, vjp, jvp and those built on them) is
-    active. custom_op's autograd cannot serve one (PyTorch raised an error that asks for an
-    autograd.Function's setup_context under grad, and jvp and jacfwd gave zero tangents, silently);
-    vmap can (custom_op's fallback runs the operator per sample). Not asked under Dynamo, which
-    traces the transforms itself."""
-    if torch._C._functorch.peek_interpreter_stack() is None or torch.compiler.is_compiling():
+def _under_func_derivative(*tensors):
+    """Whether a torch.func transform that differentiates (grad, vjp, jvp and those built on them)
+    tracks one of the tensors. custom_op's autograd cannot serve one (PyTorch raised an error that
+    asks for an autograd.Function's setup_context under grad, and jvp and jacfwd gave zero tangents,
+    silently); vmap can (custom_op's fallback runs the operator per sample), and so can a transform
+    that tracks none of them (a frozen layer inside grad or jvp). Not asked under Dynamo, which
+    cannot trace the question: there, jvp still gives zero tangents (PyTorch's custom_op)."""
+    functorch = torch._C._functorch
+    if functorch.peek_interpreter_stack() is None or torch.compiler.is_compiling():
         return False
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-    kinds = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
-    return any(i.key() in kinds for i in retrieve_all_functorch_interpreters())
+    for t in tensors:
+        while isinstance(t, torch.Tensor) and functorch.is_functorch_wrapped_tensor(t):
+            if functorch.is_gradtrackingtensor(t):   # grad's and jvp's wrapper, at some level
+                return True
+            t = functorch.get_unwrapped(t)
+    return False
 
 
 def conv2d(x, weight, stride=1, padding=0, backend="auto", bias=None):
@@ -1515,7 +1522,7 @@ def conv2d(x, weight, stride=1, padding=0, backend="auto", bias=None):
         if t is not None and not isinstance(t, torch.Tensor) and not hasattr(type(t), "__torch_function__"):
             raise TypeError(f"conv2d: {name} must be a torch.Tensor, got {type(t).__name__}")
     stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
-    if _under_func_derivative():
+    if _under_func_derivative(x, weight, bias):
         raise NotImplementedError(_NO_FUNC_GRAD)
     if _eager(x, weight, bias):
         x, weight, bias = _autocast(x, weight, bias)

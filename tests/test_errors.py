@@ -137,13 +137,12 @@ def test_unsupported_geometry_for_a_named_backend_is_clear():
 
 def test_a_refusal_names_the_backends_that_take_the_geometry_here():
     """A named backend that cannot take a geometry names the ones that can, on this device and in
-    this process: not one that cannot (cudnn without a GPU, a stride-1 FFT backend at stride 2)."""
+    this process: not one that cannot (cudnn on NumPy arrays, a stride-1 FFT backend at stride 2)."""
     with pytest.raises(ValueError, match="does not support fprop") as e:
         backends.choose("fbfft", "fprop", (2, 3, 9, 9), (4, 3, 3, 3), (2, 2), (1, 1))
     takers = ast.literal_eval(str(e.value).split("one that takes it here: ")[1])
-    assert "gemm" in takers and "fbfft" not in takers and "cufft" not in takers
-    assert all(backends.get(n).supports((2, 3, 9, 9), (4, 3, 3, 3), (2, 2), (1, 1)) for n in takers)
-    assert all(backends.auto.runs_on(backends.get(n), np) for n in takers)   # cudnn: CuPy arrays only
+    assert {"gemm", "direct", "polyphase"} <= set(takers)
+    assert not {"fbfft", "cufft", "tiledfft", "winograd", "cudnn"} & set(takers)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -179,7 +178,7 @@ def test_nan_and_inf_propagate(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_nan_stays_in_its_image(device):
     """A NaN or Inf in one image of a batch leaves the other images' outputs as they are, on every
-    backend: the FFT backends spread it over the whole image (cufft, fbfft) or its tile (tiledfft,
+    backend that takes a stride-1 3x3 layer (polyphase takes strided ones): the FFT backends spread it over the whole image (cufft, fbfft) or its tile (tiledfft,
     winograd), where their rounding is relative to what they transform together (RELIABILITY.md,
     known limits), but never across images. gemm's output on the same batch is the reference."""
     rng = np.random.default_rng(1)

@@ -411,6 +411,9 @@ def test_a_block_leaves_wherever_it_is():
     suspended() hides the block open under it until it ends."""
     first, second = backends.reuse_spectra(), backends.reuse_spectra()
     a = first.__enter__()
+    x, w, _ = operands(padding=(0, 0))
+    fbfft.fprop(x, w)                          # the first block keeps x's and w's spectra
+    assert len(a) == 2
     b = second.__enter__()
     assert reuse.active() is b
     first.__exit__(None, None, None)           # the first opened ends first

@@ -99,15 +99,16 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=
         raise ValueError(f"backend {name!r} does not support {pass_name} for input {tuple(x_shape)}, "
                          f"weight {tuple(w_shape)}, stride {stride}, padding {padding}"
                          f"{_reason(backend, x_shape, w_shape, stride, padding)}; "
-                         f"use backend='auto' or one that takes it here: {_takers(name, x_shape, w_shape, stride, padding, xp)}")
+                         f"use backend='auto'{_takers(name, x_shape, w_shape, stride, padding, xp)}")
     return backend
 
 
 def _takers(name, x_shape, w_shape, stride, padding, xp):
-    """The other backends that support the geometry and run on `xp`'s arrays (and, where they say,
-    in this process: cudnn without its frontend does not), for a refusal's message."""
-    return [n for n in names() if n != name and get(n).supports(x_shape, w_shape, stride, padding)
-            and auto.runs_on(get(n), xp) and getattr(get(n), "available", lambda: True)()]
+    """A refusal's list of the other backends that support the geometry and run on `xp`'s arrays
+    (supports() says whether in this process: cudnn's is False without its frontend)."""
+    takers = [n for n in names() if n != name and get(n).supports(x_shape, w_shape, stride, padding)
+              and auto.runs_on(get(n), xp)]
+    return f" or one that takes it here: {takers}" if takers else " (no other backend takes it here)"
 
 
 def nhwc_route(pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=np, measure=None):

@@ -80,7 +80,8 @@ class StepCache:
             return entry[1]
         self.misses += 1
         spectrum = compute()
-        if _keep is None or key.role in _keep:
+        keep = _keep   # read once: another thread's pass may change it
+        if keep is None or key.role in keep:
             self._entries[(key, id(owner))] = (owner, spectrum)   # holding owner keeps its id unique
         return spectrum
 
@@ -100,7 +101,8 @@ class StepCache:
 
 
 _active = None
-_keep = None     # the roles a miss may keep (keeping()); None: every role
+_keep = None     # the roles a miss may keep (keeping(): the last of _keeps); None: every role
+_keeps = []      # keeping()'s open blocks, (marker, roles) in the order they opened; one leaves wherever it is
 _open = []       # the open blocks, StepCaches and suspended()'s markers, in the order they opened; _active is
                  # the last if a StepCache. A block leaves wherever it is, so blocks of two threads that end
                  # out of order leave the others' as they were (a CUDA backward runs on PyTorch's thread, so
@@ -155,11 +157,14 @@ def keeping(roles):
     """Inside the block, a spectrum computed afresh is kept only if its Key's role is in `roles`
     (None: every role): the pass knows which of its spectra a later pass will ask for."""
     global _keep
-    outer, _keep = _keep, None if roles is None else frozenset(roles)
+    entry = (object(), None if roles is None else frozenset(roles))
+    _keeps.append(entry)
+    _keep = entry[1]
     try:
         yield
     finally:
-        _keep = outer
+        _keeps[:] = [e for e in _keeps if e is not entry]
+        _keep = _keeps[-1][1] if _keeps else None
 
 
 def active():
@@ -169,8 +174,9 @@ def active():
 
 def drop():
     """Free the current block's spectra (the out-of-memory fallback); later passes recompute."""
-    if _active is not None:
-        _active.clear()
+    active = _active   # read once: another thread's block may end meanwhile
+    if active is not None:
+        active.clear()
 
 
 def shared(key, owner, compute, *args):
@@ -178,6 +184,7 @@ def shared(key, owner, compute, *args):
 
     owner None: a chunk of the batch, never shared.
     """
-    if _active is None or owner is None:
+    active = _active   # read once: another thread's block may end meanwhile
+    if active is None or owner is None:
         return compute(*args)
-    return _active.get(key, owner, lambda: compute(*args))
+    return active.get(key, owner, lambda: compute(*args))
