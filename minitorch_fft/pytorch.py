@@ -126,7 +126,14 @@ Tensor = torch.Tensor
 # -- crossing to NumPy / CuPy and back -----------------------------------------------------------
 
 _views = None   # inside reuse_spectra(): {(device index, address, shape, strides, version): array view}
-_open_views = []   # the open blocks' dicts, in the order they opened; _views is the last (_view_block)
+
+
+def _set_views(views):
+    global _views
+    _views = views
+
+
+_open_views = backends.utils.OpenBlocks(_set_views)   # the open blocks' dicts; _views is the last's
 
 
 @contextlib.contextmanager
@@ -134,15 +141,8 @@ def _view_block():
     """_views a dict of the block's own while it runs. At its end the dict leaves the open ones
     wherever it is, so two threads' blocks that end out of order leave each other's as they were
     (as backends.reuse's blocks; a view kept past every block would hold its tensor for good)."""
-    global _views
-    views = {}
-    _open_views.append(views)
-    _views = views
-    try:
+    with _open_views.open({}):
         yield
-    finally:
-        _open_views[:] = [v for v in _open_views if v is not views]
-        _views = _open_views[-1] if _open_views else None
 
 
 def _key(t):
@@ -659,15 +659,11 @@ def _as_laid_out(t, nhwc):
     autograd to see)."""
     if t.dim() != 4:
         return t
-    if nhwc:
-        strides = _channels_last_strides(t.shape)
-        if t.stride() == strides or not t.is_contiguous(memory_format=torch.channels_last):
-            return t
-    else:
-        _, c, h, w = t.shape
-        strides = (c * h * w, h * w, w, 1)
-        if t.stride() == strides or not t.is_contiguous():
-            return t
+    _, c, h, w = t.shape
+    strides = _channels_last_strides(t.shape) if nhwc else (c * h * w, h * w, w, 1)
+    layout = torch.channels_last if nhwc else torch.contiguous_format
+    if t.stride() == strides or not t.is_contiguous(memory_format=layout):
+        return t
     return _on_storage(t, t.shape, tuple(4 * s for s in strides), 4 * t.storage_offset())   # float32: 4 bytes
 
 
@@ -1566,6 +1562,23 @@ def _check_backend(backend):
                              f"{[n for n in backends.names() if n != backend]}")
 
 
+@torch.fx.wrap
+def _layer(x, weight, bias, stride, padding, backend):
+    """Conv2d's forward. What nn.Conv2d takes beside a batch, it takes too: an unbatched (C, H, W)
+    image, as a batch of one; an empty batch, through PyTorch's own convolution (an empty output
+    and gradients). The bias goes into the operator, which adds it in place on its fresh output (as
+    nn.Conv2d's cuDNN path does: no second output-sized tensor; a channels-last layer on cuDNN may
+    add it inside the convolution) and returns its gradient from the layer's backward operator
+    (conv2d_grads: why). A leaf of torch.fx's symbolic tracing (torch.fx.wrap), so that a traced
+    model (torch.fx.symbolic_trace, torchvision's create_feature_extractor) calls this, with its
+    branches, where tracing through it would keep only the operator's call."""
+    if isinstance(x, torch.Tensor) and x.dim() == 3:
+        return _layer(x.unsqueeze(0), weight, bias, stride, padding, backend).squeeze(0)
+    if isinstance(x, torch.Tensor) and x.dim() == 4 and x.shape[0] == 0:
+        return torch.nn.functional.conv2d(x, weight, bias, stride, padding)   # groups, dilation 1 (unsupported())
+    return conv2d(x, weight, stride, padding, backend, bias)
+
+
 _GEOMETRY_ATTRIBUTES = frozenset({"groups", "dilation", "padding_mode", "padding"})   # what unsupported() reads
 
 
@@ -1604,17 +1617,7 @@ class Conv2d(torch.nn.Conv2d):
                              "layers as nn.Conv2d, or use torch.nn.Conv2d")
 
     def forward(self, x):
-        # What nn.Conv2d takes beside a batch, it takes too: an unbatched (C, H, W) image, as a
-        # batch of one; an empty batch, through nn.Conv2d itself (an empty output and gradients).
-        if isinstance(x, torch.Tensor) and x.dim() == 3:
-            return self.forward(x.unsqueeze(0)).squeeze(0)
-        if isinstance(x, torch.Tensor) and x.dim() == 4 and x.shape[0] == 0:
-            return super().forward(x)
-        # the bias goes into the operator, which adds it in place on its fresh output (as
-        # nn.Conv2d's cuDNN path does: no second output-sized tensor; a channels-last layer on
-        # cuDNN may add it inside the convolution) and returns its gradient
-        # from the layer's backward operator (conv2d_grads: why)
-        return conv2d(x, self.weight, self.stride, self.padding, self.backend, self.bias)
+        return _layer(x, self.weight, self.bias, self.stride, self.padding, self.backend)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, backend={self.backend!r}"

@@ -610,6 +610,8 @@ def test_bad_input_says_why(path):
         call(path, x, w, stride, padding, "no_such_backend")
     with pytest.raises(ValueError, match="conv2d: channel mismatch"):   # the op named
         call(path, x, w[:, :2], stride, padding)
+    with pytest.raises(RuntimeError, match="conv2d: channel mismatch"):   # what nn.Conv2d raises for it
+        call(path, x, w[:, :2], stride, padding)
     with pytest.raises(ValueError, match=rf"bias of shape \(3,\).*one value per output plane, \({w.shape[0]},\)"):
         call(path, x, w, stride, padding, bias=torch.zeros(3))
     with pytest.raises(TypeError, match="float32"):
@@ -1050,6 +1052,31 @@ def test_torch_fx_traces_a_converted_model():
     traced = torch.fx.symbolic_trace(model)
     x = torch.randn(2, 3, 9, 9)
     assert torch.equal(traced(x), model(x))
+    # each layer a leaf of the trace, its forward called whole (torch.fx.wrap): an unbatched image and
+    # an empty batch run as in the model (traced through, only the operator's call had been kept, and
+    # both raised "input must be 4-D" and "zero-size dimension")
+    assert [n.target for n in traced.graph.nodes if n.op == "call_function"] == [pt._layer, pt._layer]
+    assert torch.equal(traced(x[0]), model(x[0])) and traced(x[0]).shape == (2, 4, 4)
+    empty = traced(x[:0])
+    assert empty.shape == (0, 2, 4, 4) and torch.equal(empty, model(x[:0]))
+
+
+def test_torchvision_feature_extraction_of_a_converted_model():
+    """torchvision's create_feature_extractor (an fx trace) on a converted ResNet-18 gives the stock
+    model's features: the converted layers are leaves of its trace."""
+    from torchvision.models import resnet18
+    from torchvision.models.feature_extraction import create_feature_extractor
+    torch.manual_seed(0)
+    stock = resnet18().eval()
+    converted = convert(copy.deepcopy(stock), backend="gemm")
+    nodes = {"layer1": "low", "layer3.1.conv2": "conv"}
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        want = create_feature_extractor(stock, nodes)(x)
+        got = create_feature_extractor(converted, nodes)(x)
+    for k in nodes.values():
+        assert got[k].shape == want[k].shape
+        assert rel_error(got[k].numpy(), want[k].double().numpy()) <= 1e-5
 
 
 def test_convert_refuses_what_it_cannot_serve_when_asked():

@@ -423,3 +423,37 @@ def test_a_block_leaves_wherever_it_is():
     assert reuse.active() is b and len(a) == 0
     second.__exit__(None, None, None)
     assert reuse.active() is None and not reuse._open
+
+
+def test_blocks_of_threads_opening_and_ending_at_once_stay_open_while_they_run():
+    """Threads opening and ending reuse_spectra() and keeping() blocks at once: each block is among
+    the open ones all the while it runs, and none is left open after. (Without a lock, a block's end
+    raised IndexError where another thread's block had left the list between its look and its
+    delete, and the list rebuilt without a keeping() block could drop another thread's.)"""
+    import sys
+    import threading
+    lost, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(3000):
+                with backends.reuse_spectra() as cache, reuse.keeping(("x",)):
+                    open_now = list(reuse._open._blocks)   # copied in one C call: atomic
+                    if not any(b is cache for b in open_now):
+                        lost.append(cache)
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # threads switch as often as the interpreter lets them
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert not lost, f"{len(lost)} blocks dropped from the open ones while they ran"
+    assert reuse.active() is None and not reuse._open and reuse._keep is None and not reuse._keeps

@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from . import auto, common, config, cudnn, cufft, direct, fbfft, gemm, layout, polyphase, reuse, tiledfft, winograd
-from .common import PASSES, geometry
+from .common import PASSES, GeometryError, geometry
 from .reuse import reuse_spectra
 from .device import get_array_module
 
@@ -391,5 +391,5 @@ def _free_gpu_pool():
         cp.get_default_memory_pool().free_all_blocks()
 
 
-__all__ = ["names", "get", "auto_registry", "choose", "run_pass", "reuse_spectra", "geometry", "held_on_device", "PASSES",
-           "config"]
+__all__ = ["names", "get", "auto_registry", "choose", "run_pass", "reuse_spectra", "geometry", "GeometryError",
+           "held_on_device", "PASSES", "config"]

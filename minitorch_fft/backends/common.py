@@ -18,12 +18,19 @@ from .utils import is_int, pair
 
 Geometry = namedtuple("Geometry", "S f fo h w kh kw sh sw ph pw oh ow")
 
+
+class GeometryError(ValueError, RuntimeError):
+    """Shapes, stride or padding that no convolution can take. A ValueError, and a RuntimeError as
+    PyTorch's conv2d raises for the same shapes, so code written around nn.Conv2d catches it where
+    the PyTorch adapter's Conv2d stands in for one."""
+
 PASSES = ("fprop", "bprop", "accgrad")
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
 
 def geometry(x_shape, w_shape, stride=(1, 1), padding=(0, 0)):
-    """Check a convolution's shapes and return its Geometry; ValueError names what is wrong.
+    """Check a convolution's shapes and return its Geometry; GeometryError (a ValueError) names what
+    is wrong.
 
     Every pass asks (the backends, the autotuner, the layer): valid geometries are remembered,
     so the checks run once per shape (a few microseconds of Python saved per pass). Arguments
@@ -63,25 +70,25 @@ def _geometry_cached(x_shape, w_shape, stride, padding):
 def _geometry(x_shape, w_shape, stride, padding):
     x_shape, w_shape = tuple(x_shape), tuple(w_shape)
     if len(x_shape) != 4:
-        raise ValueError(f"conv2d: input must be 4-D (batch, planes, height, width), got shape {x_shape}")
+        raise GeometryError(f"conv2d: input must be 4-D (batch, planes, height, width), got shape {x_shape}")
     if len(w_shape) != 4:
-        raise ValueError(f"conv2d: weight must be 4-D (out planes, in planes, kh, kw), got shape {w_shape}")
+        raise GeometryError(f"conv2d: weight must be 4-D (out planes, in planes, kh, kw), got shape {w_shape}")
     (sh, sw), (ph, pw) = pair(stride, "stride"), pair(padding, "padding")
     S, f, h, w = x_shape
     fo, fw, kh, kw = w_shape
     if min(x_shape) < 1:
-        raise ValueError(f"conv2d: input has a zero-size dimension: shape {x_shape}")
+        raise GeometryError(f"conv2d: input has a zero-size dimension: shape {x_shape}")
     if min(w_shape) < 1:
-        raise ValueError(f"conv2d: weight has a zero-size dimension: shape {w_shape}")
+        raise GeometryError(f"conv2d: weight has a zero-size dimension: shape {w_shape}")
     if f != fw:
-        raise ValueError(f"conv2d: channel mismatch: input has {f} planes, weight expects {fw} "
+        raise GeometryError(f"conv2d: channel mismatch: input has {f} planes, weight expects {fw} "
                          f"(input {x_shape}, weight {w_shape})")
     if sh < 1 or sw < 1:
-        raise ValueError(f"conv2d: stride must be >= 1, got {(sh, sw)}")
+        raise GeometryError(f"conv2d: stride must be >= 1, got {(sh, sw)}")
     if ph < 0 or pw < 0:
-        raise ValueError(f"conv2d: padding must be >= 0, got {(ph, pw)}")
+        raise GeometryError(f"conv2d: padding must be >= 0, got {(ph, pw)}")
     if kh > h + 2 * ph or kw > w + 2 * pw:
-        raise ValueError(f"conv2d: kernel {kh}x{kw} is larger than the padded input "
+        raise GeometryError(f"conv2d: kernel {kh}x{kw} is larger than the padded input "
                          f"{h + 2 * ph}x{w + 2 * pw} (input {h}x{w}, padding {(ph, pw)})")
     oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
     g = Geometry(S, f, fo, h, w, kh, kw, sh, sw, ph, pw, oh, ow)
@@ -91,7 +98,7 @@ def _geometry(x_shape, w_shape, stride, padding):
         shape = pass_output_shape(g, pass_name)
         nbytes = math.prod(shape) * 4
         if nbytes > machine_bytes(nbytes):
-            raise ValueError(f"conv2d: {pass_name}'s output {shape} (input {x_shape}, weight {w_shape}, stride "
+            raise GeometryError(f"conv2d: {pass_name}'s output {shape} (input {x_shape}, weight {w_shape}, stride "
                              f"{(sh, sw)}, padding {(ph, pw)}) would take {format_bytes(nbytes)}, more "
                              f"than this machine's {format_bytes(machine_bytes(nbytes))} of memory")
     return g

@@ -57,6 +57,8 @@ Hazards:
 import contextlib
 from collections import namedtuple
 
+from .utils import OpenBlocks
+
 # backend "cufft" | "fbfft", role "x" | "w" | "gy", basis (n, m), offset (rows, cols) in the basis
 Key = namedtuple("Key", "backend role basis offset")
 
@@ -100,23 +102,25 @@ class StepCache:
         return len(self._entries)
 
 
-_active = None
-_keep = None     # the roles a miss may keep (keeping(): the last of _keeps); None: every role
-_keeps = []      # keeping()'s open blocks, (marker, roles) in the order they opened; one leaves wherever it is
-_open = []       # the open blocks, StepCaches and suspended()'s markers, in the order they opened; _active is
-                 # the last if a StepCache. A block leaves wherever it is, so blocks of two threads that end
-                 # out of order leave the others' as they were (a CUDA backward runs on PyTorch's thread, so
-                 # the state is the process's, not a thread's)
+_active = None   # the last open block if a StepCache (reuse_spectra's), else None (suspended(), or none open)
+_keep = None     # the roles a miss may keep (the last open keeping() block's); None: every role
 
 
-def _left(block):
-    """`block` out of the open ones (by identity), _active the last left."""
+def _set_active(block):
     global _active
-    for i in range(len(_open) - 1, -1, -1):
-        if _open[i] is block:
-            del _open[i]
-            break
-    _active = _open[-1] if _open and isinstance(_open[-1], StepCache) else None
+    _active = block if isinstance(block, StepCache) else None
+
+
+def _set_keep(entry):
+    global _keep
+    _keep = None if entry is None else entry[1]
+
+
+# The open blocks in the order they opened: reuse_spectra()'s StepCaches and suspended()'s markers;
+# keeping()'s (marker, roles). Each leaves wherever it is (utils.OpenBlocks: the state is the
+# process's, since a CUDA backward runs on PyTorch's thread, and two threads' blocks may end out of order).
+_open = OpenBlocks(_set_active)
+_keeps = OpenBlocks(_set_keep)
 
 
 @contextlib.contextmanager
@@ -128,43 +132,26 @@ def reuse_spectra(inputs=True):
     layer's activations are alive then): fprop keeps no x spectrum, and accGrad transforms x again;
     bprop's gy spectrum still serves accGrad, inside the backward pass. (A step saves 1 forward
     FFT per layer instead of 2, for the memory of one layer's gy spectrum at a time.)"""
-    global _active
-    cache = StepCache(inputs)
-    _open.append(cache)
-    _active = cache
-    try:
-        yield cache
-    finally:
-        cache.clear()
-        _left(cache)
+    with _open.open(StepCache(inputs)) as cache:
+        try:
+            yield cache
+        finally:
+            cache.clear()
 
 
 @contextlib.contextmanager
 def suspended():
     """No sharing inside the block (tuners: every timed candidate must pay for its FFTs)."""
-    global _active
-    marker = object()
-    _open.append(marker)
-    _active = None
-    try:
+    with _open.open(object()):
         yield
-    finally:
-        _left(marker)
 
 
 @contextlib.contextmanager
 def keeping(roles):
     """Inside the block, a spectrum computed afresh is kept only if its Key's role is in `roles`
     (None: every role): the pass knows which of its spectra a later pass will ask for."""
-    global _keep
-    entry = (object(), None if roles is None else frozenset(roles))
-    _keeps.append(entry)
-    _keep = entry[1]
-    try:
+    with _keeps.open((object(), None if roles is None else frozenset(roles))):
         yield
-    finally:
-        _keeps[:] = [e for e in _keeps if e is not entry]
-        _keep = _keeps[-1][1] if _keeps else None
 
 
 def active():

@@ -3,6 +3,7 @@ import contextlib
 import os
 import stat
 import tempfile
+import threading
 
 import numpy as np
 
@@ -30,6 +31,39 @@ def positive_int(v, name):
     if not is_int(v) or v < 1:
         raise ValueError(f"{name} must be a positive int, got {v!r}")
     return int(v)
+
+
+class OpenBlocks:
+    """The blocks of a process-wide state that are open at once, in the order they opened (the
+    spectra blocks of backends.reuse, the PyTorch adapter's view dicts: a CUDA backward runs on
+    PyTorch's own thread and must find the step's block, so the state cannot be a thread's).
+    A block leaves wherever it is, by identity, so blocks of two threads that end out of order
+    leave each other's as they were. `on_top(block)` is told the last open block (None when none
+    is) after each change, under the lock the change holds, so that what it sets always names it."""
+
+    def __init__(self, on_top):
+        self._blocks = []
+        self._lock = threading.Lock()
+        self._on_top = on_top
+
+    def __len__(self):
+        return len(self._blocks)
+
+    @contextlib.contextmanager
+    def open(self, block):
+        """`block` the last open one inside the `with`; yields it."""
+        with self._lock:
+            self._blocks.append(block)
+            self._on_top(block)
+        try:
+            yield block
+        finally:
+            with self._lock:
+                for i in range(len(self._blocks) - 1, -1, -1):
+                    if self._blocks[i] is block:
+                        del self._blocks[i]
+                        break
+                self._on_top(self._blocks[-1] if self._blocks else None)
 
 
 @contextlib.contextmanager
