@@ -73,19 +73,29 @@ CASES_H200_TF32 = [
     ("resnet50 conv26", (128, 256, 28, 28), (256, 256, 3, 3), (2, 2), "fprop", (1, 1)),   # 0.969x
     ("resnet50 conv29", (128, 1024, 14, 14), (256, 1024, 1, 1), (1, 1), "fprop"),         # 0.96x (session 64)
 ]
-CASE_SETS = {"shortcuts": CASES, "resnet50_tf32": CASES_RESNET50_TF32, "resnet18_tf32": CASES_RESNET18_TF32,
-             "h200_tf32": CASES_H200_TF32}
+# ResNet-50's stride-2 1x1 fprops in fp32 (session 64): table3 has conv47's auto (with cudnn) on cudnn at 0.98-1.01x
+# cuDNN strict where auto[ours] runs gemm 1.16-1.22x faster; auto's tuner (single calls) timed gemm 0.879 ms, cudnn 0.841
+CASES_SHORTCUTS_S64 = [
+    ("resnet50 conv47", (128, 1024, 14, 14), (2048, 1024, 1, 1), (2, 2), "fprop"),
+    ("resnet50 conv28", (128, 512, 28, 28), (1024, 512, 1, 1), (2, 2), "fprop"),
+    ("resnet50 conv15", (128, 256, 56, 56), (512, 256, 1, 1), (2, 2), "fprop"),
+]
+CASE_SETS = {"shortcuts": CASES, "shortcuts_s64": CASES_SHORTCUTS_S64, "resnet50_tf32": CASES_RESNET50_TF32,
+             "resnet18_tf32": CASES_RESNET18_TF32, "h200_tf32": CASES_H200_TF32}
 
 
 def timings(fn, lib):
-    """(GPU-only, back-to-back per call, host per call) in ms. PyTorch's GPU-only time is taken on
-    CuPy's events too: both libraries queue on the legacy default stream here."""
+    """(GPU-only, back-to-back per call, host per call, one call from an idle GPU) in ms. PyTorch's
+    GPU-only time is taken on CuPy's events too: both libraries queue on the legacy default stream
+    here. The last is what auto's tuner times (tuning.timeit with inner=1): events around a single
+    call, its host time up to its launches counted."""
     fn()
     gpu = median_ms(fn, "cupy", 3, 30, spin_us=3000)
     b2b = median_ms(lambda: [fn() for _ in range(5)], lib, 3, 30) / 5
     sync = cp.cuda.Device().synchronize if lib == "cupy" else torch.cuda.synchronize
     host = median_ms(fn, "cpu", 3, 30, before=sync)
-    return gpu, b2b, host
+    single = median_ms(fn, lib, 3, 30)
+    return gpu, b2b, host, single
 
 
 def plan_of(p, xs, ws, stride, pad=(0, 0)):
@@ -110,7 +120,7 @@ def main():
 
 def run(args):
     mode = "tf32" if args.tf32 else "strict"
-    print(f"{'layer-pass':24} {'what':18} {'gpu ms':>8} {'b2b ms':>8} {'host ms':>8}  choice")
+    print(f"{'layer-pass':24} {'what':18} {'gpu ms':>8} {'b2b ms':>8} {'host ms':>8} {'one ms':>8}  choice")
     profiled = {}
     for name, xs, ws, stride, p, *padding in CASE_SETS[args.cases]:
         pad = padding[0] if padding else (0, 0)
@@ -129,10 +139,10 @@ def run(args):
         rows.append(("gemm direct", layer.ours(backends.get("gemm"), p), "cupy", ""))
         for what, f, lib, note, *restrict in rows:
             with config.override(auto_backends=restrict[0] if restrict else None):
-                gpu, b2b, host = timings(f, lib)
+                gpu, b2b, host, single = timings(f, lib)
             if "cudnn" in (what + note) and backends.get("cudnn").available():
                 note = f"{note} {plan_of(p, xs, ws, stride, pad)}".strip()
-            print(f"{name + ' ' + p:24} {what:18} {gpu:8.4f} {b2b:8.4f} {host:8.4f}  {note}", flush=True)
+            print(f"{name + ' ' + p:24} {what:18} {gpu:8.4f} {b2b:8.4f} {host:8.4f} {single:8.4f}  {note}", flush=True)
             profiled[(name + " " + p, what)] = (f, restrict[0] if restrict else None)
     for case in ([] if args.no_profile else PROFILED):
         if case not in profiled:
