@@ -121,6 +121,7 @@ from .backends import cgemm, cufft_buffers
 
 log = logging.getLogger(__name__)
 Tensor = torch.Tensor
+GeometryError = backends.GeometryError   # bad shapes: a ValueError, and a RuntimeError as nn.Conv2d raises
 
 
 # -- crossing to NumPy / CuPy and back -----------------------------------------------------------
@@ -1691,5 +1692,5 @@ def convert(model, backend="auto", channels_last=False):
     return model
 
 
-__all__ = ["Conv2d", "EagerConv2d", "convert", "conv2d", "pass_graph_stats", "release_pass_graphs", "reuse_spectra",
-           "unsupported"]
+__all__ = ["Conv2d", "EagerConv2d", "GeometryError", "convert", "conv2d", "pass_graph_stats", "release_pass_graphs",
+           "reuse_spectra", "unsupported"]

@@ -293,9 +293,9 @@ def test_stack_sampler_sees_other_threads_and_skips_waits():
 
     from benchmarks.harness import StackSampler
 
-    def worker_spins():   # 0.15 s, longer where a loaded host (parallel tests) lets the sampler run less often
+    def worker_spins():   # 0.15 s, longer where a loaded host (parallel tests) lets the sampler count it less often
         t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 0.15 or (sampler.samples < 40 and time.perf_counter() - t0 < 5):
+        while time.perf_counter() - t0 < 0.15 or (sampler.own_of("(worker_spins)") < 20 and time.perf_counter() - t0 < 5):
             pass
 
     def waits_for(thread):

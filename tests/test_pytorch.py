@@ -610,8 +610,9 @@ def test_bad_input_says_why(path):
         call(path, x, w, stride, padding, "no_such_backend")
     with pytest.raises(ValueError, match="conv2d: channel mismatch"):   # the op named
         call(path, x, w[:, :2], stride, padding)
-    with pytest.raises(RuntimeError, match="conv2d: channel mismatch"):   # what nn.Conv2d raises for it
+    with pytest.raises(pt.GeometryError, match="conv2d: channel mismatch"):   # a RuntimeError, as nn.Conv2d's
         call(path, x, w[:, :2], stride, padding)
+    assert issubclass(pt.GeometryError, RuntimeError) and issubclass(pt.GeometryError, ValueError)
     with pytest.raises(ValueError, match=rf"bias of shape \(3,\).*one value per output plane, \({w.shape[0]},\)"):
         call(path, x, w, stride, padding, bias=torch.zeros(3))
     with pytest.raises(TypeError, match="float32"):

@@ -39,31 +39,45 @@ class OpenBlocks:
     PyTorch's own thread and must find the step's block, so the state cannot be a thread's).
     A block leaves wherever it is, by identity, so blocks of two threads that end out of order
     leave each other's as they were. `on_top(block)` is told the last open block (None when none
-    is) after each change, under the lock the change holds, so that what it sets always names it."""
+    is) after each change, under the lock the change holds, so that what it sets names it.
+
+    The lock is re-entrant and each change one dict operation: the garbage collector may close an
+    abandoned generator that holds a block (a `with` left suspended) in the middle of a change, on
+    the same thread (Python 3.12 runs collections at a call's start, on_top's too). Its block then
+    leaves inside the change, and on_top is told again until what it was told is the last block."""
 
     def __init__(self, on_top):
-        self._blocks = []
-        self._lock = threading.Lock()
+        self._blocks = {}   # id(block) -> block, in the order they opened (the dict holds them, so ids stay theirs)
+        self._lock = threading.RLock()
         self._on_top = on_top
 
     def __len__(self):
         return len(self._blocks)
 
+    def _top(self):
+        return next(reversed(self._blocks.values()), None)
+
+    def _publish(self):
+        top = self._top()
+        while True:
+            self._on_top(top)
+            now = self._top()
+            if now is top:
+                return
+            top = now
+
     @contextlib.contextmanager
     def open(self, block):
         """`block` the last open one inside the `with`; yields it."""
-        with self._lock:
-            self._blocks.append(block)
-            self._on_top(block)
         try:
+            with self._lock:
+                self._blocks[id(block)] = block
+                self._publish()
             yield block
         finally:
             with self._lock:
-                for i in range(len(self._blocks) - 1, -1, -1):
-                    if self._blocks[i] is block:
-                        del self._blocks[i]
-                        break
-                self._on_top(self._blocks[-1] if self._blocks else None)
+                self._blocks.pop(id(block), None)
+                self._publish()
 
 
 @contextlib.contextmanager
