@@ -82,14 +82,14 @@ def _geometry(x_shape, w_shape, stride, padding):
         raise GeometryError(f"conv2d: weight has a zero-size dimension: shape {w_shape}")
     if f != fw:
         raise GeometryError(f"conv2d: channel mismatch: input has {f} planes, weight expects {fw} "
-                         f"(input {x_shape}, weight {w_shape})")
+                            f"(input {x_shape}, weight {w_shape})")
     if sh < 1 or sw < 1:
         raise GeometryError(f"conv2d: stride must be >= 1, got {(sh, sw)}")
     if ph < 0 or pw < 0:
         raise GeometryError(f"conv2d: padding must be >= 0, got {(ph, pw)}")
     if kh > h + 2 * ph or kw > w + 2 * pw:
         raise GeometryError(f"conv2d: kernel {kh}x{kw} is larger than the padded input "
-                         f"{h + 2 * ph}x{w + 2 * pw} (input {h}x{w}, padding {(ph, pw)})")
+                            f"{h + 2 * ph}x{w + 2 * pw} (input {h}x{w}, padding {(ph, pw)})")
     oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
     g = Geometry(S, f, fo, h, w, kh, kw, sh, sw, ph, pw, oh, ow)
     # Each pass's output is one of these three and the other two exist already: one larger than all
@@ -98,9 +98,9 @@ def _geometry(x_shape, w_shape, stride, padding):
         shape = pass_output_shape(g, pass_name)
         nbytes = math.prod(shape) * 4
         if nbytes > machine_bytes(nbytes):
-            raise GeometryError(f"conv2d: {pass_name}'s output {shape} (input {x_shape}, weight {w_shape}, stride "
-                             f"{(sh, sw)}, padding {(ph, pw)}) would take {format_bytes(nbytes)}, more "
-                             f"than this machine's {format_bytes(machine_bytes(nbytes))} of memory")
+            raise GeometryError(f"conv2d: {pass_name}'s output {shape} (input {x_shape}, weight {w_shape}, "
+                                f"stride {(sh, sw)}, padding {(ph, pw)}) would take {format_bytes(nbytes)}, more "
+                                f"than this machine's {format_bytes(machine_bytes(nbytes))} of memory")
     return g
 
 
