@@ -204,10 +204,11 @@ def _cupy_nhwc(t, cp):
     return _cupy_view(t, cp, tuple(4 * s for s in t.stride()))
 
 
-def _channels_last_strides(shape):
-    """The strides torch.empty(shape, memory_format=torch.channels_last) has, shape (N, C, H, W)."""
+def _dense_strides(shape, nhwc):
+    """The strides torch.empty(shape) has, shape (N, C, H, W), with memory_format=torch.channels_last
+    where nhwc."""
     _, c, h, w = shape
-    return (c * h * w, 1, w * c, c)
+    return (c * h * w, 1, w * c, c) if nhwc else (c * h * w, h * w, w, 1)
 
 
 def _channels_last(t):
@@ -221,8 +222,7 @@ def _channels_last(t):
         return False
     if not t.is_contiguous():
         return True
-    _, c, h, w = t.shape
-    return t.stride() == _channels_last_strides(t.shape) and t.stride() != (c * h * w, h * w, w, 1)
+    return t.stride() == _dense_strides(t.shape, True) and t.stride() != _dense_strides(t.shape, False)
 
 
 def _nhwc(a, b):
@@ -660,8 +660,7 @@ def _as_laid_out(t, nhwc):
     autograd to see)."""
     if t.dim() != 4:
         return t
-    _, c, h, w = t.shape
-    strides = _channels_last_strides(t.shape) if nhwc else (c * h * w, h * w, w, 1)
+    strides = _dense_strides(t.shape, nhwc)
     layout = torch.channels_last if nhwc else torch.contiguous_format
     if t.stride() == strides or not t.is_contiguous(memory_format=layout):
         return t
@@ -1685,7 +1684,7 @@ def convert(model, backend="auto", channels_last=False):
         with torch.no_grad():   # in place, not model.to(): the same tensors, shared buffers still shared
             for t in itertools.chain(model.parameters(), model.buffers()):
                 for u in (t, t.grad):
-                    if u is not None and u.dim() == 4 and u.stride() != _channels_last_strides(u.shape):
+                    if u is not None and u.dim() == 4 and u.stride() != _dense_strides(u.shape, True):
                         # strided channels-last even where NCHW-contiguous too (one channel, 1x1): a copy;
                         # none where so strided already (a second convert: the same storage, as a graph took it)
                         u.data = torch.empty_like(u.data, memory_format=torch.channels_last).copy_(u.data)
