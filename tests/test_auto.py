@@ -128,6 +128,55 @@ def test_a_cached_choice_is_tuned_again_when_a_candidates_revision_changes(tuner
     assert auto.pick(reg, "accgrad", **GEOM) == "gemm"
 
 
+def test_gpu_candidates_are_timed_in_bursts_and_single_call_records_are_tuned_again(tuner, monkeypatch):
+    """On the GPU auto times each span as INNER back-to-back calls (a step queues its passes, so a
+    candidate's host time between launches hides behind the GPU), and records it; a record timed
+    otherwise (before session 65: single calls, no "inner") is tuned again, and one in today's bursts
+    stands. The CPU times single calls (nothing queues there)."""
+    seen = []
+    real = tuning.timeit
+
+    def spy(fn, xp, warmup=1, repeat=5, inner=1):
+        seen.append(inner)
+        return real(fn, xp, warmup=warmup, repeat=repeat, inner=inner)
+    monkeypatch.setattr(tuning, "timeit", spy)
+    reg = {"gemm": SlowIn("accgrad"), "a": SlowIn("none")}
+    assert auto._inner(np) == 1 and auto.INNER > 1
+    assert auto.pick(reg, "accgrad", **GEOM) == "a"
+    assert seen and set(seen) == {1} and "inner" not in next(iter(auto._memory.values()))
+
+    def new_process():
+        monkeypatch.setattr(auto, "_memory", {})
+        monkeypatch.setattr(tuning, "_memo", {})
+        tuning._caches.clear()
+        seen.clear()
+    new_process()
+    monkeypatch.setattr(auto, "_inner", lambda xp: auto.INNER)   # as on the GPU
+    assert auto.pick(reg, "accgrad", **GEOM) == "a"              # the single-call record: tuned again
+    assert seen and set(seen) == {auto.INNER}
+    key = next(iter(auto._memory))
+    assert tuning.default_cache().get(key)["inner"] == auto.INNER
+    new_process()
+    monkeypatch.setattr(auto, "_tune", lambda *a: pytest.fail("tuned again despite a record in today's bursts"))
+    assert auto.pick(reg, "accgrad", **GEOM) == "a" and seen == []
+
+
+def test_a_route_record_timed_in_other_bursts_is_timed_again(tuner, monkeypatch):
+    """Channels-last route records carry the bursts they were timed in, as auto's NCHW records do."""
+    pointwise = dict(x_shape=(2, 6, 5, 7), w_shape=(4, 6, 1, 1), stride=(1, 1), padding=(0, 0))
+    run = nchw_stand_in(0.01)
+    assert auto.nhwc_route({"gemm": gemm}, run, "fprop", **pointwise, xp=np) == "gemm"
+    key = next(iter(auto._route_records))
+    assert "inner" not in tuning.default_cache().get(key)
+    for name in ("_routes", "_route_records"):
+        monkeypatch.setattr(auto, name, {})
+    monkeypatch.setattr(tuning, "_memo", {})
+    monkeypatch.setattr(auto, "_inner", lambda xp: auto.INNER)
+    calls = len(run.calls)
+    assert auto.nhwc_route({"gemm": gemm}, run, "fprop", **pointwise, xp=np) == "gemm"
+    assert len(run.calls) > calls and tuning.default_cache().get(key)["inner"] == auto.INNER
+
+
 def test_a_hand_edited_record_with_bad_revisions_is_tuned_again(tuner, monkeypatch):
     """"revisions" that is not a mapping (an edited file) makes the record stale, tuned again, where it
     had raised AttributeError."""
@@ -434,6 +483,9 @@ def test_a_tie_decided_by_the_old_order_is_tuned_again():
     shared = {"choice": "fbfft", "ms": {"fbfft": 1.02, "cudnn": 1.0}, "skipped": {}, "why": "tie order"}
     assert auto._compared(shared, ["fbfft", "cudnn"], {})          # still today's rule
     assert auto._compared({"choice": "gemm", "ms": {}, "skipped": {}, "why": "untimed"}, [], {})
+    assert not auto._compared(dict(shared, inner=4), ["fbfft", "cudnn"], {})          # bursts of 4, asked 1
+    assert auto._compared(dict(shared, inner=4), ["fbfft", "cudnn"], {}, inner=4)
+    assert not auto._compared(shared, ["fbfft", "cudnn"], {}, inner=4)               # single calls, asked 4
 
 
 def test_choices_under_other_memory_bounds_are_keyed_apart(tuner, monkeypatch, settings):

@@ -84,7 +84,7 @@ def main():
             x[...] = cp.random.standard_normal(xs, dtype=cp.float32)
             cells = []
             for k, fn in fns.items():
-                t, gpu = time_both(lambda: fn(x, w))
+                t, gpu = time_both(lambda fn=fn, x=x: fn(x, w))
                 per[k][0].append(t)
                 per[k][1].append(gpu)
                 cells.append(f"{t:13.4f} {gpu:11.4f}")
@@ -105,7 +105,7 @@ def main():
                 y = fn(x, w)
                 ptr = y.data.ptr
                 del y
-                t, gpu = time_both(lambda: fn(x, w))
+                t, gpu = time_both(lambda fn=fn, x=x: fn(x, w))
                 outs[k].append(gpu)
                 cells.append(f"{k} y {ptr:#x} {t:.4f} {gpu:.4f}")
             print(f"{i:5d} " + "  ".join(cells), flush=True)

@@ -3,8 +3,9 @@
 For each (device, dtype, GEMM precision, geometry, pass) the first call runs backends.tuning's
 recipe over every registered backend that ``supports()`` the geometry, on fresh random data of
 the pass's shapes: each is checked against ``gemm`` (CHECK_TOL, or cgemm.TF32_TOL with the FFT
-backends' GEMM on TF32), timed in interleaved rounds, and the winner is cached in memory and on
-disk (tuning.remembered), so a second run does not tune again. Choices are per pass: fprop,
+backends' GEMM on TF32), timed in interleaved rounds (on the GPU each timed span a burst of INNER
+back-to-back calls, as a step queues them), and the winner is cached in memory and on disk
+(tuning.remembered), so a second run does not tune again. Choices are per pass: fprop,
 bprop and accGrad of one layer may use different backends.
 
 Ties (tuning.select): candidates within margin() of the fastest are tied, and among them the
@@ -19,7 +20,8 @@ A cached choice stands while its record timed (or skipped) every candidate of to
 today's revision: one made before a backend joined (tiledfft in session 11; cuDNN installed
 since), or before a backend's code for that geometry and pass changed speed (a backend module's
 optional revision(pass_name, x_shape, w_shape, stride, padding, math), an int, 0 where absent;
-math is the GEMM precision, "fp32" or "tf32", whose records are apart), is tuned again.
+math is the GEMM precision, "fp32" or "tf32", whose records are apart), or timed in bursts of
+another length (the record's "inner"; records before session 65 timed single calls), is tuned again.
 
 A candidate whose module offers prepare() (gemm, cudnn) is timed through the call it prepares,
 after its first (checked) run: what backends.run_pass runs on a layer's later calls, without the
@@ -58,6 +60,15 @@ OPT_IN = ()   # candidates only where auto_backends names them (the docstring sa
 # to gemm at 2.8 % slower in tuning, 7.6 % slower in table3 (0.692 ms against cuDNN's 0.643, H200).
 TIE_ORDER = ("fbfft", "cufft", "polyphase")
 ROUNDS, REPEAT = tuning.ROUNDS, tuning.REPEAT   # the recipe's timing (backends/tuning.py)
+# On the GPU candidates are timed in bursts of INNER back-to-back calls (tuning.timeit's inner), as a step runs
+# its passes and as cudnn's plan search times its plans. One call per event pair from an idle GPU charged a
+# candidate its host time between launches in full, where a step's queue hides it: ResNet-50's conv47 fprop
+# (1x1 stride 2, b128, H200, session 65), gemm's flat form three launches with ~0.13 ms of host work and 0.62 ms
+# on the GPU, was timed 0.66-0.85 ms against cudnn's one launch (0.73 GPU-only) at 0.74-0.84, so the choice
+# followed how fast the tuning process's host ran (27 tunings, cudnn chosen in 9) and table3 ran it at 0.98x
+# cuDNN strict. A record made in other bursts ("inner", 1 where absent) is made again. The bursts cost INNER x
+# the timed runs; no candidate is dropped early to save them: one slow round (a clock hiccup) would drop a winner.
+INNER = 4
 MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)
 _memory = {}      # key -> record, this process's choices (choices(), remembered())
@@ -178,13 +189,15 @@ def _pick(registry, pass_name, x_shape, w_shape, stride, padding, xp):
         record = _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp, siblings)
         if revisions:
             record["revisions"] = revisions
+        if _inner(xp) > 1:
+            record["inner"] = _inner(xp)
         return record
 
     record = tuning.remembered(key, tuned, valid=lambda choice: choice in candidates)
-    if record["choice"] not in candidates or not _compared(record, candidates, revisions):
+    if record["choice"] not in candidates or not _compared(record, candidates, revisions, _inner(xp)):
         # remembered in this process for another registry, or made before a candidate it never
-        # timed joined (a new backend, cuDNN installed since) or before a candidate's code changed:
-        # tuned again over today's candidates
+        # timed joined (a new backend, cuDNN installed since), before a candidate's code changed,
+        # or timed in other bursts: tuned again over today's candidates
         record = tuned()
         tuning.default_cache().put(key, record)
     _memory[key] = record
@@ -205,10 +218,18 @@ def _revisions(registry, candidates, pass_name, x_shape, w_shape, stride, paddin
     return out
 
 
-def _compared(record, candidates, revisions):
-    """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`, and
-    was decided by today's rule: a tie handed to a backend that shares no spectra (TIE_ORDER of
-    before session 20) is tuned again."""
+def _inner(xp):
+    """The calls a timed span of the recipe holds on xp's arrays: INNER on the GPU; one on the CPU, where
+    nothing queues and a call's time is its host time."""
+    return 1 if xp is np else INNER
+
+
+def _compared(record, candidates, revisions, inner=1):
+    """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`, in
+    bursts of `inner` calls, and was decided by today's rule: a tie handed to a backend that shares
+    no spectra (TIE_ORDER of before session 20) is tuned again."""
+    if record.get("inner", 1) != inner:
+        return False
     made_at = record.get("revisions") or {}
     if not isinstance(made_at, dict):   # a hand-edited record: at revisions unknown, so tuned again
         return False
@@ -311,7 +332,7 @@ def _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp
         # The cap holds for the whole tuning, set once: outside the timed runs' event brackets.
         with _memory_cap(xp, cap_mb):
             return tuning.tune(candidates, run, xp, reference=reference, reference_name="gemm", tol=tol,
-                               margin=margin(), prefer=prefer, explain=explain)
+                               margin=margin(), prefer=prefer, explain=explain, inner=_inner(xp))
     except RuntimeError as e:
         raise RuntimeError(f"auto: every backend failed for {pass_name} of input {tuple(x_shape)}, "
                            f"weight {tuple(w_shape)}: {e}") from None
@@ -510,6 +531,8 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
                 record = _tune_route(registry.get("cudnn"), run_nchw, routes, pass_name, x_shape, w_shape, stride,
                                      padding, xp, measure)
             record["revisions"] = revisions
+            if _inner(xp) > 1:
+                record["inner"] = _inner(xp)
             return _weighed(record, bound)
 
         record = tuning.remembered(key, tuned, valid=lambda choice: choice in routes)
@@ -517,7 +540,7 @@ def nhwc_route(registry, run_nchw, pass_name, x_shape, w_shape, stride, padding,
         # timed again where a route's pass changed since the record was made, or where a bound is to
         # weigh what a record made without a count (the CPU's, another caller's) has not measured
         unweighed = bound is not None and measure is not None and "bytes" not in record
-        if made_at != revisions or unweighed:
+        if made_at != revisions or unweighed or record.get("inner", 1) != _inner(xp):
             record = tuned()
             tuning.default_cache().put(key, record)
         _route_records[key] = record
@@ -564,7 +587,7 @@ def _tune_route(cudnn, run_nchw, routes, pass_name, x_shape, w_shape, stride, pa
     tol = cgemm.TF32_TOL if cgemm.mode(xp) == "tf32" else CHECK_TOL
     try:
         record = tuning.tune(routes, run, xp, reference=reference, reference_name="gemm", tol=tol,
-                             margin=margin(), prefer=ROUTES.index,
+                             margin=margin(), prefer=ROUTES.index, inner=_inner(xp),
                              explain=lambda route: "tie order: no layout copies first")
         if peaks:
             record["bytes"] = {r: int(peaks[r]) for r in record["ms"] if r in peaks}
