@@ -25,6 +25,7 @@ default stream as CuPy's spin kernel), and each of our rows names the cuDNN plan
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases resnet50_tf32
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases resnet18_tf32 --no-profile
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases h200_tf32 --no-profile   # session 40's
+  PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s65_tf32 --also tiledfft --no-profile
 """
 import argparse
 import cProfile
@@ -80,7 +81,13 @@ CASES_SHORTCUTS_S64 = [
     ("resnet50 conv28", (128, 512, 28, 28), (1024, 512, 1, 1), (2, 2), "fprop"),
     ("resnet50 conv15", (128, 256, 56, 56), (512, 256, 1, 1), (2, 2), "fprop"),
 ]
-CASE_SETS = {"shortcuts": CASES, "shortcuts_s64": CASES_SHORTCUTS_S64, "resnet50_tf32": CASES_RESNET50_TF32,
+# Session 65: with auto timing bursts, ResNet-18's conv7 TF32 bprop went to tiledfft (0.162 ms in tuning against
+# cudnn's 0.163) and table3 ran it at 0.243 (0.71x cuDNN TF32); ResNet-50's conv17, the same geometry and record, 0.160
+CASES_S65_TF32 = [
+    ("resnet18 conv7", (128, 128, 28, 28), (128, 128, 3, 3), (1, 1), "bprop", (1, 1)),
+    ("resnet18 conv7", (128, 128, 28, 28), (128, 128, 3, 3), (1, 1), "accgrad", (1, 1)),
+]
+CASE_SETS = {"shortcuts": CASES, "shortcuts_s64": CASES_SHORTCUTS_S64, "s65_tf32": CASES_S65_TF32, "resnet50_tf32": CASES_RESNET50_TF32,
              "resnet18_tf32": CASES_RESNET18_TF32, "h200_tf32": CASES_H200_TF32}
 
 
@@ -110,6 +117,7 @@ def main():
     ap.add_argument("--tf32", action="store_true", help="the framework's TF32 mode against PyTorch's cuDNN TF32")
     ap.add_argument("--cases", choices=list(CASE_SETS), default="shortcuts")
     ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--also", default="", help="comma-separated backends to add as run_pass rows (e.g. tiledfft)")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = args.tf32
@@ -130,6 +138,7 @@ def run(args):
             rows += [("cudnn direct", layer.ours(backends.get("cudnn"), p), "cupy", ""),
                      ("run_pass cudnn", layer.dispatched("cudnn", p), "cupy", "")]
         rows.append(("run_pass gemm", layer.dispatched("gemm", p), "cupy", ""))
+        rows += [(f"run_pass {b}", layer.dispatched(b, p), "cupy", "") for b in filter(None, args.also.split(","))]
         for what, restrict in (("auto[ours]", "ours"), ("auto", None)):
             with config.override(auto_backends=restrict):
                 fn = layer.dispatched("auto", p)
