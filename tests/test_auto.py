@@ -479,7 +479,9 @@ def test_a_tie_decided_by_the_old_order_is_tuned_again():
     (gemm before cudnn): today's rule would have taken the faster, so the record is not reused."""
     old = {"choice": "gemm", "ms": {"gemm": 1.02, "cudnn": 1.0}, "skipped": {}, "why": "tie order"}
     assert not auto._compared(old, ["gemm", "cudnn"], {})
-    assert auto._compared(dict(old, choice="cudnn"), ["gemm", "cudnn"], {})
+    host = {"gemm": 0.1, "cudnn": 0.05}
+    assert auto._compared(dict(old, choice="cudnn", host_ms=host), ["gemm", "cudnn"], {})
+    assert not auto._compared(dict(old, choice="cudnn"), ["gemm", "cudnn"], {})   # a tie host work decides now
     shared = {"choice": "fbfft", "ms": {"fbfft": 1.02, "cudnn": 1.0}, "skipped": {}, "why": "tie order"}
     assert auto._compared(shared, ["fbfft", "cudnn"], {})          # still today's rule
     assert auto._compared({"choice": "gemm", "ms": {}, "skipped": {}, "why": "untimed"}, [], {})

@@ -536,6 +536,38 @@ def test_select_ties_within_the_margin_go_to_the_preference():
         tuning.select({})
 
 
+def test_select_gives_a_tie_to_the_least_host_work_where_host_times_are_given():
+    """With host times (auto's), candidates the margin and the preference leave tied go to the one whose
+    call costs the host least, and why says so; a preference still decides first, a candidate outside
+    the margin is not tied, and without a host time for every tied one the faster wins as before."""
+    times, host = {"a": 1.0, "b": 1.02, "c": 1.5}, {"a": 0.9, "b": 0.05, "c": 0.01}
+    winner, why = tuning.select(times, 0.03, host=host)
+    assert winner == "b" and why == "2.0% slower than a, within the 3.0% margin: less host work a call (0.050 ms " \
+                                    "against a's 0.900)"
+    assert tuning.select(times, 0.03, {"a": 0, "b": 1, "c": 1}.get, host=host)[0] == "a"   # the preference first
+    assert tuning.select(times, 0.0, host=host) == ("a", "fastest")                       # no tie
+    assert tuning.select(times, 0.03, host={"a": 0.9})[0] == "a"                          # b's host unknown
+    assert tuning.select({"a": 1.0, "b": 1.02}, 0.03, host={"a": 0.01, "b": 0.05}) == ("a", "fastest")
+
+
+def test_tune_times_the_host_work_of_each_call_where_asked(monkeypatch):
+    """tune(host=True) clocks run() itself around every timed call (its host work, nothing waited on),
+    keeps the median a call per candidate in "host_ms", and hands the times to select."""
+    clock = iter(range(10**6))
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: next(clock) * 1e-3)   # every read 1 ms later
+    costs = {"busy": 3, "idle": 0}
+
+    def run(c):
+        for _ in range(costs[c]):
+            tuning.time.perf_counter()   # the host's work: three clock reads, 3 ms
+        return np.ones(2)
+    monkeypatch.setattr(tuning, "timeit", lambda fn, xp, warmup, repeat, **k: (fn(), 1.0)[1])   # a tie
+    record = tuning.tune(["busy", "idle"], run, np, margin=0.03, host=True)
+    assert record["host_ms"] == {"busy": 4.0, "idle": 1.0}
+    assert record["choice"] == "idle" and "less host work" in record["why"]
+    assert "host_ms" not in tuning.tune(["busy", "idle"], run, np, margin=0.03)
+
+
 def test_a_record_is_written_once_and_read_back_through_the_memo(tmp_path, monkeypatch):
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
     calls = []
@@ -590,10 +622,11 @@ def test_auto_cufft_and_direct_store_the_same_record_format(tmp_path, monkeypatc
     assert set(tuners) == {"auto", "cufft", "direct"}
     for name, rec in tuners.items():
         # auto's record also names the revisions it timed where a candidate has one (gemm's
-        # non-1x1 fprop: 1 since session 14's im2col)
-        extra = {"revisions"} if name == "auto" else set()
+        # non-1x1 fprop: 1 since session 14's im2col), and each candidate's host work a call (tune's host)
+        extra = {"revisions", "host_ms"} if name == "auto" else set()
         assert tuning.is_record(rec) and set(rec) - extra == {"choice", "ms", "skipped", "why"}, name
     assert tuners["auto"].get("revisions") == {"gemm": 1}
+    assert set(tuners["auto"]["host_ms"]) == set(tuners["auto"]["ms"]) and "host_ms" not in tuners["cufft"]
     assert tuners["auto"]["choice"] in ("gemm", "cufft") and tuners["cufft"]["choice"]["basis"]
     assert tuners["direct"] == record and record["choice"] in outputs
 

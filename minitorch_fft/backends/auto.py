@@ -11,8 +11,9 @@ bprop and accGrad of one layer may use different backends.
 Ties (tuning.select): candidates within margin() of the fastest are tied, and among them the
 winner is the FFT backend already chosen for most of the layer's other passes (so a layer stays on
 one FFT backend and shares spectra, backends.reuse, which the tuner cannot see: it times each
-pass alone), then the first in TIE_ORDER (the backends that share spectra), then the faster: a tie
-among backends that share nothing goes to time. The tied candidates are timed again
+pass alone), then the first in TIE_ORDER (the backends that share spectra), then the one with the
+least host work a call (tuning.tune's host): a tie among backends that share nothing goes to the
+one whose time depends least on the host's speed. The tied candidates are timed again
 before that rule decides (tuning.tune), so that one slow round does not hand a pass to a slower
 backend.
 
@@ -21,7 +22,8 @@ today's revision: one made before a backend joined (tiledfft in session 11; cuDN
 since), or before a backend's code for that geometry and pass changed speed (a backend module's
 optional revision(pass_name, x_shape, w_shape, stride, padding, math), an int, 0 where absent;
 math is the GEMM precision, "fp32" or "tf32", whose records are apart), or timed in bursts of
-another length (the record's "inner"; records before session 65 timed single calls), is tuned again.
+another length (the record's "inner"; records before session 65 timed single calls), or holding a
+tie that host work decides without its host times ("host_ms", since session 65), is tuned again.
 
 A candidate whose module offers prepare() (gemm, cudnn) is timed through the call it prepares,
 after its first (checked) run: what backends.run_pass runs on a layer's later calls, without the
@@ -68,6 +70,11 @@ ROUNDS, REPEAT = tuning.ROUNDS, tuning.REPEAT   # the recipe's timing (backends/
 # followed how fast the tuning process's host ran (27 tunings, cudnn chosen in 9) and table3 ran it at 0.98x
 # cuDNN strict. A record made in other bursts ("inner", 1 where absent) is made again. The bursts cost INNER x
 # the timed runs; no candidate is dropped early to save them: one slow round (a clock hiccup) would drop a winner.
+# Bursts still hide a candidate's host work only while it stays under its GPU time, and the host's speed varies
+# between processes (session 65: ResNet-18's conv7 TF32 bprop, tiledfft 0.149 ms on the GPU with 0.16-0.17 of
+# host work a call, cudnn 0.162 with 0.04, tuned 0.162 against 0.163; table3's process ran tiledfft at 0.24,
+# 0.71x cuDNN TF32). So among candidates tied within the margin that TIE_ORDER does not decide, the one with the
+# least host work a call wins (tuning.tune's host): it stays where it was timed when the host is slower.
 INNER = 4
 MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)
@@ -228,7 +235,7 @@ def _compared(record, candidates, revisions, inner=1):
     """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`, in
     bursts of `inner` calls, and was decided by today's rule: a tie handed to a backend that shares
     no spectra (TIE_ORDER of before session 20) is tuned again."""
-    if record.get("inner", 1) != inner:
+    if record.get("inner", 1) != inner or _host_undecided(record):
         return False
     made_at = record.get("revisions") or {}
     if not isinstance(made_at, dict):   # a hand-edited record: at revisions unknown, so tuned again
@@ -239,6 +246,18 @@ def _compared(record, candidates, revisions, inner=1):
                  and ms[record["choice"]] > min(ms.values()))
     return (set(candidates) <= set(ms) | set(record.get("skipped") or ()) and seen == revisions
             and not stale_tie)
+
+
+def _host_undecided(record):
+    """Whether a record made without host times (no "host_ms": before session 65's tie rule) holds a tie the
+    host work a call decides today: two or more candidates within the margin of the fastest, none of them in
+    TIE_ORDER (which would decide first). Only such records are tuned again for it: elsewhere the rule cannot
+    change the choice."""
+    ms = record.get("ms") or {}
+    if "host_ms" in record or len(ms) < 2:
+        return False
+    tied = tuning._tied(ms, margin())
+    return len(tied) > 1 and not any(name in TIE_ORDER for name in tied)
 
 
 def runs_on(backend, xp):
@@ -332,7 +351,8 @@ def _tune(registry, candidates, pass_name, x_shape, w_shape, stride, padding, xp
         # The cap holds for the whole tuning, set once: outside the timed runs' event brackets.
         with _memory_cap(xp, cap_mb):
             return tuning.tune(candidates, run, xp, reference=reference, reference_name="gemm", tol=tol,
-                               margin=margin(), prefer=prefer, explain=explain, inner=_inner(xp))
+                               margin=margin(), prefer=prefer, explain=explain, inner=_inner(xp),
+                               host=True)
     except RuntimeError as e:
         raise RuntimeError(f"auto: every backend failed for {pass_name} of input {tuple(x_shape)}, "
                            f"weight {tuple(w_shape)}: {e}") from None

@@ -11,7 +11,8 @@ The recipe, tune(candidates, run, ...):
      whichever ran last. Optionally (drop_slower) a candidate more than that factor behind the
      best after a round is not timed again.
   3. select(): the fastest wins, unless others are within `margin` of it (time <= (1 + margin) x
-     fastest); among those tied the caller's preference decides, then time. "why" says which.
+     fastest); among those tied the caller's preference decides, then time (or, where the caller
+     asks for host times, the least host work a call: auto does). "why" says which.
      Before a preference decides, the tied candidates are timed ROUNDS rounds more (interleaved
      again) and judged on the median of all their rounds: a tie is where one slow round decides
      (session 16: winograd timed at 0.493 ms against fbfft's 0.490 put OverFeat-fast's conv3 bprop
@@ -446,7 +447,8 @@ class Untunable(Exception):
 
 
 def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name="the reference",
-         tol=0.0, label=str, margin=0.0, prefer=None, explain=None, drop_slower=None, warn=False, inner=1):
+         tol=0.0, label=str, margin=0.0, prefer=None, explain=None, drop_slower=None, warn=False, inner=1,
+         host=False):
     """Time `candidates` with run(candidate) -> output by the recipe in the module docstring and
     return the record {"choice", "ms", "skipped", "why"}.
 
@@ -459,6 +461,10 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
     drop_slower: a factor; after a round, a candidate slower than it x the best is timed no more.
     warn: a candidate that disagrees with the reference is also a warning (a kernel bug), not
     only a log line. inner: runs back to back per timed span (timeit), times given per run.
+    host: also time the host's part of every timed run (the clock around run(), nothing waited on:
+    what issuing the call costs), kept as the record's "host_ms" {label: median ms a run}; among
+    candidates the margin and the preference leave tied, the one with the least host work wins
+    (select's host), not the faster.
     A lone candidate is neither run nor timed.
     """
     candidates = list(candidates)
@@ -500,13 +506,24 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
         rounds[name] = []
 
     bursts = {"inner": inner} if inner > 1 else {}   # timeit(fn, xp, warmup, repeat) otherwise, as stubs take it
+    issued = {name: [] for name in rounds} if host else None   # host ms of each timed run (and warm-up's)
+
+    def hosted(name):
+        if issued is None:
+            return lambda: run(by_label[name])
+
+        def call():
+            start = time.perf_counter()
+            out = run(by_label[name])
+            issued[name].append((time.perf_counter() - start) * 1e3)
+            return out
+        return call
 
     def time_rounds(names, drop=None):             # interleaved: a b c, a b c, ...
         for _ in range(ROUNDS):
             for name in list(names):
                 try:
-                    rounds[name].append(timeit(lambda: run(by_label[name]), xp, warmup=1, repeat=REPEAT,
-                                               **bursts))
+                    rounds[name].append(timeit(hosted(name), xp, warmup=1, repeat=REPEAT, **bursts))
                 except Exception as e:  # noqa: BLE001
                     skipped[name] = f"{type(e).__name__}: {e}"[:300]
                     del rounds[name]
@@ -525,24 +542,34 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
     if not rounds:
         raise RuntimeError(f"every candidate failed: {skipped}")
     times = {name: statistics.median(ms) for name, ms in rounds.items()}
-    winner, why = select(times, margin, prefer, explain)
-    return {"choice": by_label[winner], "ms": {k: round(v, 4) for k, v in times.items()},
-            "skipped": skipped, "why": why}
+    host_ms = None if issued is None else {name: statistics.median(issued[name]) for name in times if issued[name]}
+    winner, why = select(times, margin, prefer, explain, host=host_ms)
+    record = {"choice": by_label[winner], "ms": {k: round(v, 4) for k, v in times.items()},
+              "skipped": skipped, "why": why}
+    if host_ms is not None:
+        record["host_ms"] = {k: round(v, 4) for k, v in host_ms.items()}
+    return record
 
 
-def select(times, margin=0.0, prefer=None, explain=None):
+def select(times, margin=0.0, prefer=None, explain=None, host=None):
     """(winner, why) from times {label: ms}: the fastest, unless others are within `margin` (a
     fraction) of it; among those tied, the least prefer(label) (default: none preferred), then
-    the faster. why is "fastest", or says how far behind the winner is and explain(winner)."""
+    the least host work a call where `host` {label: ms} has it for every one of them, else the
+    faster. why is "fastest", or says how far behind the winner is and explain(winner) (or the host
+    times)."""
     if not times:
         raise ValueError("select: no timed candidates")
     fastest = min(times, key=times.get)
     tied = _tied(times, margin)
     rank = prefer or (lambda name: 0)
-    winner = min(tied, key=lambda name: (rank(name), times[name]))
+    by_host = host is not None and all(name in host for name in tied)
+    winner = min(tied, key=lambda name: (rank(name), host[name] if by_host else times[name]))
     if winner == fastest:
         return winner, "fastest"
     within = f"{times[winner] / times[fastest] - 1:.1%} slower than {fastest}, within the {margin:.1%} margin"
+    if by_host and rank(winner) == rank(fastest):
+        return winner, (f"{within}: less host work a call ({host[winner]:.3f} ms against {fastest}'s "
+                        f"{host[fastest]:.3f})")
     return winner, f"{within}: {explain(winner)}" if explain else within
 
 
