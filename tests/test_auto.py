@@ -175,6 +175,11 @@ def test_a_route_record_timed_in_other_bursts_is_timed_again(tuner, monkeypatch)
     calls = len(run.calls)
     assert auto.nhwc_route({"gemm": gemm}, run, "fprop", **pointwise, xp=np) == "gemm"
     assert len(run.calls) > calls and tuning.default_cache().get(key)["inner"] == auto.INNER
+    for name in ("_routes", "_route_records"):                     # a record in today's bursts stands
+        monkeypatch.setattr(auto, name, {})
+    monkeypatch.setattr(tuning, "_memo", {})
+    calls = len(run.calls)
+    assert auto.nhwc_route({"gemm": gemm}, run, "fprop", **pointwise, xp=np) == "gemm" and len(run.calls) == calls
 
 
 def test_a_hand_edited_record_with_bad_revisions_is_tuned_again(tuner, monkeypatch):
@@ -476,7 +481,8 @@ def test_tuning_leaves_no_cufft_buffers(tmp_path, monkeypatch, settings):
 
 def test_a_tie_decided_by_the_old_order_is_tuned_again():
     """Records from before session 20 may hold a tie handed to a backend that shares no spectra
-    (gemm before cudnn): today's rule would have taken the faster, so the record is not reused."""
+    (gemm before cudnn): today's rule takes the faster there (or the one with clearly less host work,
+    which a record without host times cannot tell), so the record is not reused."""
     old = {"choice": "gemm", "ms": {"gemm": 1.02, "cudnn": 1.0}, "skipped": {}, "why": "tie order"}
     assert not auto._compared(old, ["gemm", "cudnn"], {})
     host = {"gemm": 0.1, "cudnn": 0.05}
@@ -488,6 +494,27 @@ def test_a_tie_decided_by_the_old_order_is_tuned_again():
     assert not auto._compared(dict(shared, inner=4), ["fbfft", "cudnn"], {})          # bursts of 4, asked 1
     assert auto._compared(dict(shared, inner=4), ["fbfft", "cudnn"], {}, inner=4)
     assert not auto._compared(shared, ["fbfft", "cudnn"], {}, inner=4)               # single calls, asked 4
+
+
+def test_a_tie_given_to_less_host_work_is_kept_and_one_the_rule_undoes_is_tuned_again(tuner, monkeypatch):
+    """A record whose slower choice won its tie on host work (session 65's rule) is today's rule's own
+    answer: it stands in every later process. One whose host saving is under the margin's share of the
+    time is not (the faster wins that now), nor one without host times; a tie with a backend of
+    TIE_ORDER in it is decided by the order, whatever the host times."""
+    ms = {"gemm": 1.02, "cudnn": 1.0}
+    won = {"choice": "gemm", "ms": ms, "skipped": {}, "why": "host", "inner": 4,
+           "host_ms": {"gemm": 0.05, "cudnn": 0.2}}
+    assert auto._compared(won, ["gemm", "cudnn"], {}, inner=4)
+    assert not auto._compared(dict(won, host_ms={"gemm": 0.05, "cudnn": 0.06}), ["gemm", "cudnn"], {}, inner=4)
+    assert not auto._compared({k: v for k, v in won.items() if k != "host_ms"}, ["gemm", "cudnn"], {}, inner=4)
+    assert not auto._host_undecided({"choice": "fbfft", "ms": {"fbfft": 1.02, "gemm": 1.0, "cudnn": 1.01},
+                                     "skipped": {}, "why": "tie order"})
+    # in a process: the record on disk is reused, not tuned again
+    reg = {"gemm": SlowIn("none"), "cudnn": SlowIn("none")}
+    geom = auto._geometry_key(**GEOM)
+    tuning.default_cache().put(tuning.key(np, np.float32, geom, "fprop", "auto"), dict(won, inner=1))
+    monkeypatch.setattr(auto, "_tune", lambda *a: pytest.fail("tuned again despite a record of today's rule"))
+    assert auto.pick(reg, "fprop", **GEOM) == "gemm"
 
 
 def test_choices_under_other_memory_bounds_are_keyed_apart(tuner, monkeypatch, settings):

@@ -548,6 +548,9 @@ def test_select_gives_a_tie_to_the_least_host_work_where_host_times_are_given():
     assert tuning.select(times, 0.0, host=host) == ("a", "fastest")                       # no tie
     assert tuning.select(times, 0.03, host={"a": 0.9})[0] == "a"                          # b's host unknown
     assert tuning.select({"a": 1.0, "b": 1.02}, 0.03, host={"a": 0.01, "b": 0.05}) == ("a", "fastest")
+    # a host saving under the margin's share of the time (0.03 x 1.0 ms) decides nothing: it would flip
+    assert tuning.select({"a": 1.0, "b": 1.008}, 0.03, host={"a": 0.012, "b": 0.011}) == ("a", "fastest")
+    assert tuning.select({"a": 1.0, "b": 1.008}, 0.03, host={"a": 0.05, "b": 0.011})[0] == "b"
 
 
 def test_tune_times_the_host_work_of_each_call_where_asked(monkeypatch):

@@ -8,8 +8,8 @@ Here each case's input x is placed at many offsets inside one arena (a single al
 and the pool plays no part), the weight and the output staying where they are; then x is held still and the output
 moved (pad blocks held from CuPy's pool before each call). Timed at each placement: gemm's prepared call (as auto
 times and runs it), cudnn's prepared call, and the stride's gather alone (x[:, :, ::sh, ::sw] copied, the memory
-traffic of gemm's gather form). Each as auto's tuner times it (tuning.timeit: one warm-up, the median of five
-single calls) and GPU-only (a spin kernel hides the launch; median of 15).
+traffic of gemm's gather form). Each as auto's tuner timed it until session 65 (tuning.timeit: one warm-up, the
+median of five single calls; it times bursts of four since) and GPU-only (a spin kernel hides the launch; median of 15).
 
   PYTHONPATH=. python3 benchmarks/experiments/exp_placement.py                 # conv47, 48 placements
   PYTHONPATH=. python3 benchmarks/experiments/exp_placement.py --cases all --places 24

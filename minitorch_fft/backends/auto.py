@@ -11,9 +11,10 @@ bprop and accGrad of one layer may use different backends.
 Ties (tuning.select): candidates within margin() of the fastest are tied, and among them the
 winner is the FFT backend already chosen for most of the layer's other passes (so a layer stays on
 one FFT backend and shares spectra, backends.reuse, which the tuner cannot see: it times each
-pass alone), then the first in TIE_ORDER (the backends that share spectra), then the one with the
-least host work a call (tuning.tune's host): a tie among backends that share nothing goes to the
-one whose time depends least on the host's speed. The tied candidates are timed again
+pass alone), then the first in TIE_ORDER (the backends that share spectra), then the faster,
+unless another's host work a call is less by more than the margin's share of the time (tuning.tune's
+host): a tie among backends that share nothing goes to the one whose time depends least on the
+host's speed. The tied candidates are timed again
 before that rule decides (tuning.tune), so that one slow round does not hand a pass to a slower
 backend.
 
@@ -57,7 +58,7 @@ PREFERENCE = ("gemm", "cufft", "fbfft", "direct", "polyphase", "winograd", "tile
 OPT_IN = ()   # candidates only where auto_backends names them (the docstring says which belong here)
 # Order among candidates tied within the margin: the backends that share spectra across a step's
 # passes (backends.reuse), which their timings leave out, first; every other tied candidate by
-# time alone. Up to session 20 gemm, direct, winograd and tiledfft were listed too, before cudnn
+# time, or by host work where that differs by more than the margin (tuning.select). Up to session 20 gemm, direct, winograd and tiledfft were listed too, before cudnn
 # ("a tie is the framework's own"): that gave ResNet-50's conv28 fprop (512->1024, 1x1 stride 2)
 # to gemm at 2.8 % slower in tuning, 7.6 % slower in table3 (0.692 ms against cuDNN's 0.643, H200).
 TIE_ORDER = ("fbfft", "cufft", "polyphase")
@@ -74,7 +75,8 @@ ROUNDS, REPEAT = tuning.ROUNDS, tuning.REPEAT   # the recipe's timing (backends/
 # between processes (session 65: ResNet-18's conv7 TF32 bprop, tiledfft 0.149 ms on the GPU with 0.16-0.17 of
 # host work a call, cudnn 0.162 with 0.04, tuned 0.162 against 0.163; table3's process ran tiledfft at 0.24,
 # 0.71x cuDNN TF32). So among candidates tied within the margin that TIE_ORDER does not decide, the one with the
-# least host work a call wins (tuning.tune's host): it stays where it was timed when the host is slower.
+# least host work a call wins (tuning.tune's host) where it saves more than the margin's share of the time: it
+# stays where it was timed when the host is slower.
 INNER = 4
 MARGIN = config.SETTINGS["auto_margin"].default   # default tie margin, a fraction of the fastest time
 CHECK_TOL = 1e-4  # a candidate further than this from gemm (relative) never wins (fp32 GEMM)
@@ -233,8 +235,10 @@ def _inner(xp):
 
 def _compared(record, candidates, revisions, inner=1):
     """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`, in
-    bursts of `inner` calls, and was decided by today's rule: a tie handed to a backend that shares
-    no spectra (TIE_ORDER of before session 20) is tuned again."""
+    bursts of `inner` calls, and was decided by today's rule: a choice that shares no spectra must be
+    what tuning.select makes of the record's own times (and host times) today, so a tie handed to it
+    by the order of before session 20 is tuned again, and so is one the host rule would decide
+    otherwise (a record keeps the rounded values its choice was made on: tuning.tune)."""
     if record.get("inner", 1) != inner or _host_undecided(record):
         return False
     made_at = record.get("revisions") or {}
@@ -242,8 +246,9 @@ def _compared(record, candidates, revisions, inner=1):
         return False
     seen = {n: r for n, r in made_at.items() if n in candidates}
     ms = record.get("ms") or {}
-    stale_tie = (record.get("choice") not in TIE_ORDER and record.get("choice") in ms
-                 and ms[record["choice"]] > min(ms.values()))
+    choice = record.get("choice")
+    stale_tie = (choice not in TIE_ORDER and choice in ms
+                 and tuning.select(ms, margin(), _tie_rule(None)[0], host=record.get("host_ms"))[0] != choice)
     return (set(candidates) <= set(ms) | set(record.get("skipped") or ()) and seen == revisions
             and not stale_tie)
 
@@ -279,15 +284,16 @@ def _siblings(xp, geom, pass_name):
     return chosen
 
 
-def select(times, siblings=None, tie_margin=MARGIN):
-    """(winner, why) from times {backend: ms} by tuning.select's rule with auto's preference."""
-    return tuning.select(times, tie_margin, *_tie_rule(siblings))
+def select(times, siblings=None, tie_margin=MARGIN, host=None):
+    """(winner, why) from times {backend: ms} (and host times, as tune records them) by tuning.select's
+    rule with auto's preference."""
+    return tuning.select(times, tie_margin, *_tie_rule(siblings), host=host)
 
 
 def _tie_rule(siblings):
     """(prefer, explain) for tuning.select: among tied backends that share spectra (TIE_ORDER), the
     one chosen for most of the layer's other passes (siblings, {pass: backend}), then the first in
-    TIE_ORDER; the others after them, by time (tuning.select's last key)."""
+    TIE_ORDER; the others after them, by time or host work (tuning.select's last keys)."""
     siblings = siblings or {}
     votes = Counter(name for name in siblings.values() if name in TIE_ORDER)
     rank = {name: i for i, name in enumerate(TIE_ORDER)}

@@ -21,6 +21,9 @@ The result is one record format, stored as is in the cache below:
 
   {"choice": <JSON-able>, "ms": {label: median ms}, "skipped": {label: reason}, "why": "fastest"}
 
+plus "host_ms" {label: median ms of host work a call} where the caller asked for host times (auto),
+and the fields a caller adds (auto: "revisions", "inner").
+
 remembered(key, tune) is the lookup every tuner uses: an in-process memo (valid while the
 cache's version is unchanged: a lookup through the file's JSON entry names costs ~20 us, more
 than a small pass's kernels take to start), else the cache, else tune() and store. enabled(name,
@@ -541,33 +544,42 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
         log.info("tuning: skipped %s (%s)", name, why)
     if not rounds:
         raise RuntimeError(f"every candidate failed: {skipped}")
-    times = {name: statistics.median(ms) for name, ms in rounds.items()}
-    host_ms = None if issued is None else {name: statistics.median(issued[name]) for name in times if issued[name]}
+    # decided on the values the record keeps, so that a caller can tell from a record what today's rule makes of it
+    times = {name: round(statistics.median(ms), 4) for name, ms in rounds.items()}
+    host_ms = None if issued is None else {name: round(statistics.median(issued[name]), 4) for name in times
+                                           if issued[name]}
     winner, why = select(times, margin, prefer, explain, host=host_ms)
-    record = {"choice": by_label[winner], "ms": {k: round(v, 4) for k, v in times.items()},
-              "skipped": skipped, "why": why}
+    record = {"choice": by_label[winner], "ms": times, "skipped": skipped, "why": why}
     if host_ms is not None:
-        record["host_ms"] = {k: round(v, 4) for k, v in host_ms.items()}
+        record["host_ms"] = host_ms
     return record
 
 
 def select(times, margin=0.0, prefer=None, explain=None, host=None):
     """(winner, why) from times {label: ms}: the fastest, unless others are within `margin` (a
-    fraction) of it; among those tied, the least prefer(label) (default: none preferred), then
-    the least host work a call where `host` {label: ms} has it for every one of them, else the
-    faster. why is "fastest", or says how far behind the winner is and explain(winner) (or the host
-    times)."""
+    fraction) of it; among those tied, the least prefer(label) (default: none preferred), then the
+    faster, unless `host` {label: ms} has every one of them and some call costs the host less than
+    the faster's by more than `margin` x the faster's time: then the one of those with the least
+    host work (a difference of a few microseconds decides nothing: it would flip from process to
+    process). why is "fastest", or says how far behind the winner is and explain(winner) (or the
+    host times)."""
     if not times:
         raise ValueError("select: no timed candidates")
     fastest = min(times, key=times.get)
     tied = _tied(times, margin)
     rank = prefer or (lambda name: 0)
-    by_host = host is not None and all(name in host for name in tied)
-    winner = min(tied, key=lambda name: (rank(name), host[name] if by_host else times[name]))
+    best = min(rank(name) for name in tied)
+    group = [name for name in tied if rank(name) == best]
+    winner = min(group, key=times.get)
+    lighter = []
+    if host is not None and all(name in host for name in group):
+        lighter = [name for name in group if host[winner] - host[name] > margin * times[winner]]
+        if lighter:
+            winner = min(lighter, key=host.get)
     if winner == fastest:
         return winner, "fastest"
     within = f"{times[winner] / times[fastest] - 1:.1%} slower than {fastest}, within the {margin:.1%} margin"
-    if by_host and rank(winner) == rank(fastest):
+    if lighter:
         return winner, (f"{within}: less host work a call ({host[winner]:.3f} ms against {fastest}'s "
                         f"{host[fastest]:.3f})")
     return winner, f"{within}: {explain(winner)}" if explain else within
