@@ -517,6 +517,24 @@ def test_a_tie_given_to_less_host_work_is_kept_and_one_the_rule_undoes_is_tuned_
     assert auto.pick(reg, "fprop", **GEOM) == "gemm"
 
 
+def test_an_exact_tie_reads_back_from_the_file_as_it_was_decided(tuner, monkeypatch):
+    """The cache file stores a record's dicts sorted; an exact tie in the rounded times must be decided the
+    same way on them as in the tuning process (by label, not by the candidates' order), or the record would be
+    tuned again in the next process."""
+    clock = {"gemm": 0.10001, "cudnn": 0.09999}   # both 0.1 once rounded, gemm first in the candidates' order
+    last = []
+    monkeypatch.setattr(tuning, "timeit", lambda fn, xp, warmup, repeat, **k: (fn(), clock[last[-1]])[1])
+    record = tuning.tune(["gemm", "cudnn"], lambda c: (last.append(c), np.ones(2))[1], np, margin=0.03,
+                         prefer=auto._tie_rule(None)[0], host=True)
+    assert record["ms"] == {"gemm": 0.1, "cudnn": 0.1}
+    key = tuning.key(np, np.float32, auto._geometry_key(**GEOM), "fprop", "auto")
+    tuning.default_cache().put(key, record)
+    tuning._caches.clear()                                  # a new process reads the file
+    back = tuning.default_cache().get(key)
+    assert list(back["ms"]) == ["cudnn", "gemm"] and back["choice"] == record["choice"]
+    assert auto._compared(back, ["gemm", "cudnn"], {})
+
+
 def test_choices_under_other_memory_bounds_are_keyed_apart(tuner, monkeypatch, settings):
     """A choice made under the default workspace bounds does not stand under others (a smaller
     cuDNN workspace admits slower plans, a smaller gemm workspace runs in more chunks): tuned

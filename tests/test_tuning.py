@@ -571,6 +571,25 @@ def test_tune_times_the_host_work_of_each_call_where_asked(monkeypatch):
     assert "host_ms" not in tuning.tune(["busy", "idle"], run, np, margin=0.03)
 
 
+def test_tune_decides_on_the_rounded_times_it_stores(monkeypatch):
+    """A reader re-deriving the choice from a record (auto's _compared) sees the rounded times: 1.03004 ms is
+    outside a 3 % margin of 1.0, its stored 1.03 inside, so tune must decide on 1.03 too."""
+    last, clock = [], {"a": 1.0, "b": 1.03004}
+    ticks = iter(range(10**6))
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: next(ticks) * 1e-3)   # every read 1 ms later
+
+    def run(c):
+        last.append(c)
+        for _ in range(3 if c == "a" else 0):   # a's call costs the host 3 ms more: b wins if they tie
+            tuning.time.perf_counter()
+        return np.ones(2)
+    monkeypatch.setattr(tuning, "timeit", lambda fn, xp, warmup, repeat, **k: (fn(), clock[last[-1]])[1])
+    record = tuning.tune(["a", "b"], run, np, margin=0.03, prefer=lambda name: 0, host=True)
+    assert record["ms"] == {"a": 1.0, "b": 1.03} and record["host_ms"] == {"a": 4.0, "b": 1.0}
+    assert record["choice"] == "b"      # tied on the stored 1.03 (decided on 1.03004, a would have won)
+    assert record["choice"] == tuning.select(record["ms"], 0.03, lambda name: 0, host=record["host_ms"])[0]
+
+
 def test_a_record_is_written_once_and_read_back_through_the_memo(tmp_path, monkeypatch):
     monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "t.json"))
     calls = []

@@ -12,7 +12,8 @@ The recipe, tune(candidates, run, ...):
      best after a round is not timed again.
   3. select(): the fastest wins, unless others are within `margin` of it (time <= (1 + margin) x
      fastest); among those tied the caller's preference decides, then time (or, where the caller
-     asks for host times, the least host work a call: auto does). "why" says which.
+     asks for host times, as auto does, the least host work a call, where it saves more than
+     margin x the faster's time). "why" says which.
      Before a preference decides, the tied candidates are timed ROUNDS rounds more (interleaved
      again) and judged on the median of all their rounds: a tie is where one slow round decides
      (session 16: winograd timed at 0.493 ms against fbfft's 0.490 put OverFeat-fast's conv3 bprop
@@ -466,8 +467,8 @@ def tune(candidates, run, xp=np, *, reference=None, against=None, reference_name
     only a log line. inner: runs back to back per timed span (timeit), times given per run.
     host: also time the host's part of every timed run (the clock around run(), nothing waited on:
     what issuing the call costs), kept as the record's "host_ms" {label: median ms a run}; among
-    candidates the margin and the preference leave tied, the one with the least host work wins
-    (select's host), not the faster.
+    candidates the margin and the preference leave tied, one whose host work is less than the
+    faster's by more than margin x its time wins (select's host).
     A lone candidate is neither run nor timed.
     """
     candidates = list(candidates)
@@ -565,17 +566,18 @@ def select(times, margin=0.0, prefer=None, explain=None, host=None):
     host times)."""
     if not times:
         raise ValueError("select: no timed candidates")
-    fastest = min(times, key=times.get)
+    # exact ties (the stored times are rounded) go by label: a cache file's dicts come back in another order
+    fastest = min(times, key=lambda name: (times[name], name))
     tied = _tied(times, margin)
     rank = prefer or (lambda name: 0)
     best = min(rank(name) for name in tied)
     group = [name for name in tied if rank(name) == best]
-    winner = min(group, key=times.get)
+    winner = min(group, key=lambda name: (times[name], name))
     lighter = []
     if host is not None and all(name in host for name in group):
         lighter = [name for name in group if host[winner] - host[name] > margin * times[winner]]
         if lighter:
-            winner = min(lighter, key=host.get)
+            winner = min(lighter, key=lambda name: (host[name], name))
     if winner == fastest:
         return winner, "fastest"
     within = f"{times[winner] / times[fastest] - 1:.1%} slower than {fastest}, within the {margin:.1%} margin"
