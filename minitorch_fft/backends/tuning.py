@@ -572,18 +572,18 @@ def select(times, margin=0.0, prefer=None, explain=None, host=None):
     rank = prefer or (lambda name: 0)
     best = min(rank(name) for name in tied)
     group = [name for name in tied if rank(name) == best]
-    winner = min(group, key=lambda name: (times[name], name))
+    winner = faster = min(group, key=lambda name: (times[name], name))
     lighter = []
     if host is not None and all(name in host for name in group):
-        lighter = [name for name in group if host[winner] - host[name] > margin * times[winner]]
+        lighter = [name for name in group if host[faster] - host[name] > margin * times[faster]]
         if lighter:
             winner = min(lighter, key=lambda name: (host[name], name))
     if winner == fastest:
         return winner, "fastest"
     within = f"{times[winner] / times[fastest] - 1:.1%} slower than {fastest}, within the {margin:.1%} margin"
     if lighter:
-        return winner, (f"{within}: less host work a call ({host[winner]:.3f} ms against {fastest}'s "
-                        f"{host[fastest]:.3f})")
+        return winner, (f"{within}: less host work a call ({host[winner]:.3f} ms against {faster}'s "
+                        f"{host[faster]:.3f})")
     return winner, f"{within}: {explain(winner)}" if explain else within
 
 
