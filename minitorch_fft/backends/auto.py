@@ -59,8 +59,9 @@ OPT_IN = ()   # candidates only where auto_backends names them (the docstring sa
 # Order among candidates tied within the margin: the backends that share spectra across a step's
 # passes (backends.reuse), which their timings leave out, first; every other tied candidate by
 # time, or by host work where that differs by more than the margin (tuning.select). Up to session 20
-# gemm, direct, winograd and tiledfft were listed too, before cudnn ("a tie is the framework's own"): that gave ResNet-50's conv28 fprop (512->1024, 1x1 stride 2)
-# to gemm at 2.8 % slower in tuning, 7.6 % slower in table3 (0.692 ms against cuDNN's 0.643, H200).
+# gemm, direct, winograd and tiledfft were listed too, before cudnn ("a tie is the framework's own"):
+# that gave ResNet-50's conv28 fprop (512->1024, 1x1 stride 2) to gemm at 2.8 % slower in tuning,
+# 7.6 % slower in table3 (0.692 ms against cuDNN's 0.643, H200).
 TIE_ORDER = ("fbfft", "cufft", "polyphase")
 ROUNDS, REPEAT = tuning.ROUNDS, tuning.REPEAT   # the recipe's timing (backends/tuning.py)
 # On the GPU candidates are timed in bursts of INNER back-to-back calls (tuning.timeit's inner), as a step runs
