@@ -237,7 +237,7 @@ def _inner(xp):
 def _compared(record, candidates, revisions, inner=1):
     """Whether a tuned record timed or skipped every one of `candidates`, each at `revisions`, in
     bursts of `inner` calls, and was decided by today's rule: a choice that shares no spectra must be
-    what tuning.select makes of the record's own times (and host times) today, so a tie handed to it
+    what select() makes of the record's own times (and host times) today, so a tie handed to it
     by the order of before session 20 is tuned again, and so is one the host rule would decide
     otherwise (a record keeps the rounded values its choice was made on: tuning.tune)."""
     if record.get("inner", 1) != inner or _host_undecided(record):
@@ -249,7 +249,7 @@ def _compared(record, candidates, revisions, inner=1):
     ms = record.get("ms") or {}
     choice = record.get("choice")
     stale_tie = (choice not in TIE_ORDER and choice in ms
-                 and tuning.select(ms, margin(), _tie_rule(None)[0], host=record.get("host_ms"))[0] != choice)
+                 and select(ms, None, margin(), host=record.get("host_ms"))[0] != choice)
     return (set(candidates) <= set(ms) | set(record.get("skipped") or ()) and seen == revisions
             and not stale_tie)
 
