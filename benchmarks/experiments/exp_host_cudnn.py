@@ -26,6 +26,7 @@ default stream as CuPy's spin kernel), and each of our rows names the cuDNN plan
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases resnet18_tf32 --no-profile
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases h200_tf32 --no-profile   # session 40's
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s65_tf32 --also tiledfft --no-profile
+  PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s66_tf32 --also winograd --no-profile
 """
 import argparse
 import cProfile
@@ -87,7 +88,12 @@ CASES_S65_TF32 = [
     ("resnet18 conv7", (128, 128, 28, 28), (128, 128, 3, 3), (1, 1), "bprop", (1, 1)),
     ("resnet18 conv7", (128, 128, 28, 28), (128, 128, 3, 3), (1, 1), "accgrad", (1, 1)),
 ]
-CASE_SETS = {"shortcuts": CASES, "shortcuts_s64": CASES_SHORTCUTS_S64, "s65_tf32": CASES_S65_TF32, "resnet50_tf32": CASES_RESNET50_TF32,
+# Session 66: the TF32-mode fprops lowest against cuDNN TF32 in table3 at 844c3a5 and cd0ccf2 (auto runs cudnn on both)
+CASES_S66_TF32 = [
+    ("overfeat_fast conv3", (128, 256, 12, 12), (512, 256, 3, 3), (1, 1), "fprop", (1, 1)),   # 0.959x
+    ("resnet50 conv44", (128, 1024, 14, 14), (512, 1024, 1, 1), (1, 1), "fprop"),             # 0.97x
+]
+CASE_SETS = {"shortcuts": CASES, "s66_tf32": CASES_S66_TF32, "shortcuts_s64": CASES_SHORTCUTS_S64, "s65_tf32": CASES_S65_TF32, "resnet50_tf32": CASES_RESNET50_TF32,
              "resnet18_tf32": CASES_RESNET18_TF32, "h200_tf32": CASES_H200_TF32}
 
 
