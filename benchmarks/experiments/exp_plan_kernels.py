@@ -58,7 +58,7 @@ def plans(name, tf32, within):
     w = (cp.random.standard_normal(ws, dtype=cp.float32) / (ws[1] * ws[2] * ws[3]) ** 0.5).astype(cp.float32)
     g = backends.geometry(xs, ws, stride, pad)
     y_shape = (xs[0], ws[0], g.oh, g.ow)
-    cudnn, limit = cudnn_backend._frontend(), config.mib_bytes("cudnn_workspace_mb")
+    cudnn, limit = cudnn_backend._frontend()[0], config.mib_bytes("cudnn_workspace_mb")
     handle = cudnn_backend._handle(cp, cudnn)
     graph, uids = cudnn_backend._planned_graph(cudnn, handle, "fprop", g, "tf32" if tf32 else "fp32", limit,
                                                cudnn_backend.HEURISTICS, every_engine=True)
