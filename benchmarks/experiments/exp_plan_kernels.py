@@ -13,6 +13,7 @@ Call 5 (dbea634): PyTorch keeps the NaN, and runs the same implicit-GEMM kernel 
 plan our search times for the pass within --within of the best (cudnn backend's _planned_graph), and for each
 gives its main kernel's name and time, its GPU-only time, and the search's own measure (bursts of four,
 tuning's rounds) three times in shuffled orders: is the search's ranking stable, and does it follow the kernel?
+PyTorch's conv2d (cudnn.benchmark) is timed GPU-only beside the fastest plan, alternated, three times.
 
   PYTHONPATH=. python3 benchmarks/experiments/exp_plan_kernels.py --tf32 --plans "overfeat_fast conv3"
 """
@@ -85,6 +86,13 @@ def plans(name, tf32, within):
             searched[n].append(statistics.median(rounds[n]))
     print(f"\n{name} fprop ({'TF32' if tf32 else 'strict'}, {cgemm.mode(cp)}): {len(built)} plans built, "
           f"{len(names)} within {within}x of the best")
+    xt, wt = torch.from_dlpack(x), torch.from_dlpack(w)
+    torch_conv = lambda: TF.conv2d(xt, wt, stride=stride, padding=pad)   # noqa: E731
+    torch_conv()
+    gpu = [(median_ms(torch_conv, "cupy", 3, 30, spin_us=3000), median_ms(runs[names[0]], "cupy", 3, 30, spin_us=3000))
+           for _ in range(3)]   # PyTorch's conv2d and the search's best, alternated (both on the legacy stream)
+    print("GPU-only ms, PyTorch's cuDNN against the fastest plan, three times: "
+          + ", ".join(f"{a:.4f} / {b:.4f}" for a, b in gpu))
     print(f"{'plan':48} {'gpu ms':>8} {'kernel us':>9}  {'search ms (3 times)':22} main kernel")
     for n in names:
         ks = kernels(runs[n])
@@ -99,12 +107,12 @@ def main():
     ap.add_argument("--plans", choices=list(CASES), help="every plan of this case's fprop within --within of the best")
     ap.add_argument("--within", type=float, default=1.15)
     args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = args.tf32
     if args.plans:
         with config.override(tf32=args.tf32):
             plans(args.plans, args.tf32, args.within)
         return
-    torch.backends.cudnn.benchmark = True
-    torch.backends.cudnn.allow_tf32 = args.tf32
     cudnn = backends.get("cudnn")
     for name, (xs, ws, stride, pad) in CASES.items():
         x = torch.randn(xs, device="cuda")
