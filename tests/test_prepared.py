@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minitorch_fft import backends
-from minitorch_fft.backends import auto, common, config, cudnn, gemm, tuning
+from minitorch_fft.backends import auto, cgemm, common, config, cudnn, gemm, tuning, winograd
 from reference import conv_reference, rel_error
 
 f32 = np.float32
@@ -128,6 +128,58 @@ def test_pointwise_form_is_run_directly(form, case, runner, settings, tmp_path, 
         second = _run("gemm", pn, args, xs, ws, stride, padding)
         assert len(chosen) == before
         assert rel_error(first, ref[pn]) <= 1e-5 and rel_error(second, ref[pn]) <= 1e-5
+
+
+# winograd's prepared fprop and bprop: 3x3 stride 1, with the padding of a same-size layer, none, and more
+# than 2 (bprop's transforms then read at a negative offset: its gradient plane cropped)
+WINOGRAD_GEOMETRIES = [((4, 8, 12, 12), (16, 8, 3, 3), (1, 1)), ((3, 5, 9, 7), (6, 5, 3, 3), (0, 0)),
+                       ((2, 4, 6, 5), (3, 4, 3, 3), (3, 3))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tf32,tile", [(False, 2), (False, 4), (True, 2)])
+@pytest.mark.parametrize("xs,ws,padding", WINOGRAD_GEOMETRIES)
+def test_winograd_fprop_and_bprop_are_their_launches(tf32, tile, xs, ws, padding, settings, tmp_path, chosen,
+                                                      monkeypatch):
+    """winograd's prepared fprop and bprop (winograd.prepare: its four launches, the tile as tuned)
+    against PyTorch float64 and against the full path's result, every output element written
+    (allocations NaN-poisoned); accGrad is its pass function."""
+    cp = _need("winograd")
+    settings(tune_cache=str(tmp_path / "t.json"), tf32=tf32, winograd_tune="on", winograd_f4=not tf32)
+    g = backends.geometry(xs, ws, (1, 1), padding)
+    for pn in ("fprop", "bprop"):    # the tile, as the tuner would have stored it (of two; TF32 mode has one)
+        tuning.remembered(winograd._tile_key(cp, pn, g), lambda: {"choice": tile, "ms": {}, "skipped": {}, "why": "test"})
+    monkeypatch.setattr(cp, "empty", lambda shape, dtype=float: cp.full(shape, cp.nan, dtype))
+    x, w, gy, ref = _data(xs, ws, (1, 1), padding, 5)
+    tol = cgemm.TF32_TOL if tf32 else 1e-5
+    for pn in backends.PASSES:
+        args = _args(pn, *(cp.asarray(a) for a in (x, w, gy)))
+        first = _run("winograd", pn, args, xs, ws, (1, 1), padding)
+        entry = backends._prepared[("winograd", pn, xs, ws, (1, 1), padding, config.state())]
+        assert ("winograd.prepare.<locals>.run" in getattr(entry.run, "__qualname__", "")) == (pn != "accgrad"), pn
+        before = len(chosen)
+        second = _run("winograd", pn, args, xs, ws, (1, 1), padding)
+        assert len(chosen) == before, pn
+        assert rel_error(first, ref[pn]) <= tol and rel_error(second, ref[pn]) <= tol, pn
+        assert rel_error(second, first) <= 1e-6, pn
+
+
+@pytest.mark.gpu
+def test_winograd_prepares_nothing_it_would_run_otherwise(settings, tmp_path):
+    """Where the full path would do more than one chunk's four launches, or its tile is not tuned
+    yet, winograd.prepare answers None (run_pass then calls the pass function)."""
+    cp = _need("winograd")
+    xs, ws, padding = WINOGRAD_GEOMETRIES[0]
+    g = backends.geometry(xs, ws, (1, 1), padding)
+    settings(tune_cache=str(tmp_path / "t.json"), tf32=False, winograd_tune="on", winograd_f4=True)
+    assert winograd.prepare("fprop", g, cp) is None                     # two tiles, neither tuned
+    tuning.remembered(winograd._tile_key(cp, "fprop", g), lambda: {"choice": 4, "ms": {}, "skipped": {}, "why": "t"})
+    assert winograd.prepare("fprop", g, cp) is not None
+    assert winograd.prepare("accgrad", g, cp) is None
+    assert winograd.prepare("fprop", g, np) is None
+    with config.override(winograd_workspace_mb=2**-20):                  # one image a chunk
+        assert len(winograd._conv_chunks("fprop", g.S, g.f, g.fo, (g.h, g.w), (g.oh, g.ow), 4)) == g.S
+        assert winograd.prepare("fprop", g, cp) is None
 
 
 @pytest.mark.gpu

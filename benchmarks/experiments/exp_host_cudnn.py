@@ -27,6 +27,9 @@ default stream as CuPy's spin kernel), and each of our rows names the cuDNN plan
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases h200_tf32 --no-profile   # session 40's
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s65_tf32 --also tiledfft --no-profile
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s66_tf32 --also winograd --no-profile
+
+Each --also backend gets two rows: run_pass (a layer's call: its prepared path from the second call on) and
+its pass function called directly (the full call, minus the dispatch).
 """
 import argparse
 import cProfile
@@ -144,7 +147,10 @@ def run(args):
             rows += [("cudnn direct", layer.ours(backends.get("cudnn"), p), "cupy", ""),
                      ("run_pass cudnn", layer.dispatched("cudnn", p), "cupy", "")]
         rows.append(("run_pass gemm", layer.dispatched("gemm", p), "cupy", ""))
-        rows += [(f"run_pass {b}", layer.dispatched(b, p), "cupy", "") for b in filter(None, args.also.split(","))]
+        for b in filter(None, args.also.split(",")):   # as a layer runs it (prepared), and its pass function
+            if backends.get(b).supports(xs, ws, stride, pad):
+                rows += [(f"run_pass {b}", layer.dispatched(b, p), "cupy", ""),
+                         (f"{b} direct", layer.ours(backends.get(b), p), "cupy", "")]
         for what, restrict in (("auto[ours]", "ours"), ("auto", None)):
             with config.override(auto_backends=restrict):
                 fn = layer.dispatched("auto", p)

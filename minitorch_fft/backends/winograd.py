@@ -229,6 +229,62 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), tile=None):
     return run(_tile(xp, "accgrad", g, tile, run))
 
 
+def prepare(pass_name, g, xp):
+    """run(a, b) -> out for backends.run_pass's prepared path (a, b checked there: C-contiguous float32
+    CuPy arrays of g's shapes). fprop and bprop in one chunk, at a tile already chosen: their four
+    launches (weight, input and output transforms, the GEMM), with the tile, shapes, kernels and
+    integer arguments worked out here once; else (accGrad, a batch in chunks, a tile not tuned yet)
+    None, and run_pass calls the pass function. The full call's checks, tile lookup and chunk
+    sums cost ~0.13 ms of host time a call against ~0.17 ms of GPU time at OverFeat-fast conv3's
+    TF32 fprop (exp_host_cudnn, session 66), which left winograd tied with cuDNN back to back
+    where its kernels are the faster."""
+    if xp is np or pass_name == "accgrad":
+        return None
+    m = _chosen_tile(xp, pass_name, g)
+    bprop = pass_name == "bprop"
+    f_in, f_out = (g.fo, g.f) if bprop else (g.f, g.fo)
+    in_hw, out_hw = ((g.oh, g.ow), (g.h, g.w)) if bprop else ((g.h, g.w), (g.oh, g.ow))
+    pad = (R - 1 - g.ph, R - 1 - g.pw) if bprop else (g.ph, g.pw)
+    if m is None or len(_conv_chunks(pass_name, g.S, f_in, f_out, in_hw, out_hw, m)) != 1:
+        return None
+    alpha, (th, tw) = m + R - 1, tiles(*out_hw, m)
+    P = g.S * th * tw
+    if max(f_in, f_out) * P >= 2**31:       # _launch's bound (the full path says so)
+        return None
+    module = cuda_module("winograd.cu", name_expressions=NAME_EXPRESSIONS)
+    launches = [(module.get_function(name), ((threads + BLOCK - 1) // BLOCK,), _ints(*ints))
+                for name, threads, ints in
+                ((f"winograd_weight<{m}, {'true' if bprop else 'false'}>", g.fo * g.f, (g.fo, g.f)),
+                 (f"winograd_input<{m}>", f_in * P, (g.S, f_in, *in_hw, th, tw, *pad, 1, P, 0, alpha)),
+                 (f"winograd_output<{m}>", f_out * P, (g.S, f_out, *out_hw, th, tw)))]
+    (weight, w_grid, w_ints), (inputs, v_grid, v_ints), (output, y_grid, y_ints) = launches
+    u_shape, v_shape, y_shape = (alpha * alpha, f_out, f_in), (alpha * alpha, f_in, P), (g.S, f_out, *out_hw)
+    f32, empty, block = np.float32, xp.empty, (BLOCK,)
+
+    def run(a, w):                          # a: x (fprop) or gy (bprop); as _conv's one chunk
+        u = empty(u_shape, dtype=f32)
+        weight(w_grid, block, (w, u, *w_ints))
+        v = empty(v_shape, dtype=f32)
+        inputs(v_grid, block, (a, v, *v_ints))
+        prod = cgemm.matmul(xp, u, v)       # (alpha^2, f_out, P)
+        del u, v                            # freed before the output is made
+        y = empty(y_shape, dtype=f32)
+        output(y_grid, block, (prod, y, *y_ints))
+        return y
+    return run
+
+
+def _chosen_tile(xp, pass_name, g):
+    """The tile _tile would take for the pass without tuning: the only variant, or the tuned one
+    (None where it is not tuned yet)."""
+    options = variants(cgemm.mode(xp))
+    if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
+        return options[0]
+    record = tuning.peek(_tile_key(xp, pass_name, g))
+    choice = None if record is None else record.get("choice")
+    return choice if is_int(choice) and choice in options else None
+
+
 def variants(math="fp32"):
     """The tile sizes auto may use: F(2x2); F(4x4) too where the winograd_f4 setting is on and the
     GEMMs are strict fp32 (math, cgemm.mode).
@@ -251,11 +307,16 @@ def _tile(xp, pass_name, g, forced, run):
     options = variants(cgemm.mode(xp))
     if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
         return options[0]
-    r = revision(pass_name, *_shapes(g), cgemm.mode(xp))
-    key = tuning.key(xp, np.float32, tuple(g), pass_name, f"winograd_r{r}" if r else "winograd")
-    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=options[0],
-                                                      tol=tuning.variant_tol(xp, TUNE_TOL)),
+    return tuning.remembered(_tile_key(xp, pass_name, g),
+                             lambda: tuning.tune(options, run, xp, against=options[0],
+                                                 tol=tuning.variant_tol(xp, TUNE_TOL)),
                              valid=lambda m: is_int(m) and m in options, untuned=lambda: options[0])["choice"]
+
+
+def _tile_key(xp, pass_name, g):
+    """The tuning cache's key of the pass's tile (with winograd's revision for it)."""
+    r = revision(pass_name, *_shapes(g), cgemm.mode(xp))
+    return tuning.key(xp, np.float32, tuple(g), pass_name, f"winograd_r{r}" if r else "winograd")
 
 
 TUNE_TOL = 1e-4   # F(4x4) against F(2x2) while tuning, strict fp32: both far inside it when correct
