@@ -163,7 +163,7 @@ def test_winograd_fprop_and_bprop_are_their_launches(tf32, tile, xs, ws, padding
         second = _run("winograd", pn, args, xs, ws, (1, 1), padding)
         assert len(chosen) == before, pn
         assert rel_error(first, ref[pn]) <= tol and rel_error(second, ref[pn]) <= tol, pn
-        assert rel_error(second, first) <= 1e-6, pn
+        assert rel_error(second.get(), first.get()) <= 1e-6, pn
 
 
 @pytest.mark.gpu
