@@ -510,3 +510,76 @@ def test_a_float_tile_is_refused_forced_or_cached(settings, tmp_path):
     with pytest.warns(UserWarning, match="ignoring invalid cached tuning record"):
         again = winograd.fprop(x, w, padding=(1, 1))
     np.testing.assert_allclose(again, y, rtol=1e-4, atol=1e-5)
+
+
+# -- the prepared fprop and bprop (winograd.prepare) on the CPU -------------------------------------
+
+class _Recorder:
+    """A stand-in for CuPy under winograd's GPU code: NumPy allocations, and every kernel launch and
+    GEMM recorded (names, grids, blocks, integer arguments and array shapes), nothing run."""
+
+    def __init__(self):
+        self.calls = []
+
+    @staticmethod
+    def empty(shape, dtype):
+        return np.empty(shape, dtype)
+
+    def get_function(self, name):
+        return lambda grid, block, args: self.calls.append((name, grid, block, self._plain(args)))
+
+    def matmul(self, xp, a, b, **kw):
+        self.calls.append(("matmul", a.shape, b.shape, tuple(sorted(kw.items()))))
+        return np.empty((a.shape[0], a.shape[1], b.shape[2]), np.float32)
+
+    @staticmethod
+    def _plain(args):
+        return tuple(("array", a.shape) if isinstance(a, np.ndarray) else int(a) for a in args)
+
+
+@pytest.mark.parametrize("xs,ws,padding", [((3, 5, 9, 7), (6, 5, 3, 3), (1, 0)), ((2, 4, 6, 5), (3, 4, 3, 3), (0, 3)),
+                                           ((1, 8, 12, 12), (16, 8, 3, 3), (1, 1)), ((4, 3, 5, 8), (2, 3, 3, 3), (2, 1))])
+@pytest.mark.parametrize("m", winograd.TILES)
+@pytest.mark.parametrize("pass_name", ["fprop", "bprop"])
+def test_prepared_call_launches_what_the_full_path_launches(pass_name, m, xs, ws, padding, monkeypatch):
+    """winograd.prepare's run makes the kernel launches and the GEMM of the full path (fprop or bprop
+    through _conv, one chunk), argument for argument: asymmetric padding, planes and planes swapped in
+    bprop, its 2 - p padding (negative where p > 2)."""
+    fake = _Recorder()
+    monkeypatch.setattr(winograd, "cuda_module", lambda *a, **k: fake)
+    monkeypatch.setattr(winograd.cgemm, "matmul", fake.matmul)
+    monkeypatch.setattr(winograd, "check_arrays", lambda **arrays: (fake, *arrays.values()))
+    monkeypatch.setattr(winograd, "_chosen_tile", lambda xp, pn, g: m)
+    g = winograd.check_geometry(xs, ws, (1, 1), padding)
+    x, w = np.zeros(xs, np.float32), np.zeros(ws, np.float32)
+    gy = np.zeros((g.S, g.fo, g.oh, g.ow), np.float32)
+    if pass_name == "fprop":
+        full = winograd.fprop(x, w, (1, 1), padding, tile=m)
+    else:
+        full = winograd.bprop(gy, w, xs, (1, 1), padding, tile=m)
+    launched, fake.calls = fake.calls, []
+    run = winograd.prepare(pass_name, g, fake)
+    assert run is not None
+    prepared = run(x if pass_name == "fprop" else gy, w)
+    assert fake.calls == launched and len(launched) == 4
+    assert prepared.shape == full.shape and prepared.dtype == full.dtype == np.float32
+
+
+def test_prepared_tile_is_the_tuned_one(settings, tmp_path):
+    """_chosen_tile (what prepare runs) answers the tile _tile would take: none before the pass is
+    tuned, the tuned one after (tuned here on the CPU, winograd_tune on), the only one in TF32 mode
+    or where F(4x4) is off, F(2x2) with tuning off."""
+    settings(tune_cache=str(tmp_path / "t.json"), winograd_tune="on", winograd_f4=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 10, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    g = winograd.check_geometry(x.shape, w.shape, (1, 1), (1, 1))
+    assert winograd._chosen_tile(np, "fprop", g) is None
+    winograd.fprop(x, w, (1, 1), (1, 1))                       # tunes the tile
+    record = backends.tuning.peek(winograd._tile_key(np, "fprop", g))
+    assert record is not None and winograd._chosen_tile(np, "fprop", g) == record["choice"] in winograd.TILES
+    assert winograd._chosen_tile(np, "bprop", g) is None       # another pass, not tuned
+    with backends.config.override(winograd_f4=False):
+        assert winograd._chosen_tile(np, "bprop", g) == 2
+    with backends.config.override(winograd_tune="off"):
+        assert winograd._chosen_tile(np, "bprop", g) == 2

@@ -126,8 +126,11 @@ def main():
     ap.add_argument("--tf32", action="store_true", help="the framework's TF32 mode against PyTorch's cuDNN TF32")
     ap.add_argument("--cases", choices=list(CASE_SETS), default="shortcuts")
     ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--also", default="", help="comma-separated backends to add as run_pass rows (e.g. tiledfft)")
+    ap.add_argument("--also", default="", help="comma-separated backends (not gemm or cudnn, which have their rows) "
+                    "to add as a run_pass row and a direct row each, where they take the case (e.g. tiledfft)")
     args = ap.parse_args()
+    if {"gemm", "cudnn"} & set(args.also.split(",")):
+        ap.error("--also: gemm and cudnn have their rows already")
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -148,9 +151,11 @@ def run(args):
                      ("run_pass cudnn", layer.dispatched("cudnn", p), "cupy", "")]
         rows.append(("run_pass gemm", layer.dispatched("gemm", p), "cupy", ""))
         for b in filter(None, args.also.split(",")):   # as a layer runs it (prepared), and its pass function
-            if backends.get(b).supports(xs, ws, stride, pad):
-                rows += [(f"run_pass {b}", layer.dispatched(b, p), "cupy", ""),
-                         (f"{b} direct", layer.ours(backends.get(b), p), "cupy", "")]
+            if not backends.get(b).supports(xs, ws, stride, pad):
+                print(f"{name + ' ' + p:24} {b} does not take this case: no rows", flush=True)
+                continue
+            rows += [(f"run_pass {b}", layer.dispatched(b, p), "cupy", ""),
+                     (f"{b} direct", layer.ours(backends.get(b), p), "cupy", "")]
         for what, restrict in (("auto[ours]", "ours"), ("auto", None)):
             with config.override(auto_backends=restrict):
                 fn = layer.dispatched("auto", p)
