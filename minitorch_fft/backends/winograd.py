@@ -215,9 +215,14 @@ def bprop(gy, w, x_shape, stride=(1, 1), padding=(0, 0), tile=None):
     xp, gy, w = check_arrays(gy=gy, w=w)
     g = check_geometry(x_shape, w.shape, stride, padding)
     check_output_shape("gy", gy, g, (g.oh, g.ow))
-    pad = (R - 1 - g.ph, R - 1 - g.pw)                                # negative: the plane is cropped
+    pad = _bprop_padding(g)
     run = lambda m: _conv(xp, gy, _weight_transform(xp, w, m, rotate=True), pad, (g.h, g.w), m, "bprop")  # noqa: E731
     return run(_tile(xp, "bprop", g, tile, run))
+
+
+def _bprop_padding(g):
+    """bprop's padding of gy: 2 - p a side (negative: the plane is cropped)."""
+    return R - 1 - g.ph, R - 1 - g.pw
 
 
 def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), tile=None):
@@ -244,7 +249,7 @@ def prepare(pass_name, g, xp):
     bprop = pass_name == "bprop"
     f_in, f_out = (g.fo, g.f) if bprop else (g.f, g.fo)
     in_hw, out_hw = ((g.oh, g.ow), (g.h, g.w)) if bprop else ((g.h, g.w), (g.oh, g.ow))
-    pad = (R - 1 - g.ph, R - 1 - g.pw) if bprop else (g.ph, g.pw)
+    pad = _bprop_padding(g) if bprop else (g.ph, g.pw)
     if m is None or len(_conv_chunks(pass_name, g.S, f_in, f_out, in_hw, out_hw, m)) != 1:
         return None
     alpha, (th, tw) = m + R - 1, tiles(*out_hw, m)
