@@ -85,3 +85,61 @@ def test_planned_passes_take_any_int_sequence_and_refuse_non_ints(rng):
         fbfft.bprop(gy, wt, (2, 3, 8.0, 8), (1, 1), (1, 1))
     with pytest.raises(ValueError, match=r"gy must have shape \(2, 4, 8, 8\)"):
         fbfft.bprop(gy[:, :3], wt, (2, 3, 8, 8), (1, 1), (1, 1))
+
+
+# -- the prepared passes (fbfft.prepare) on the CPU, on a stand-in for CuPy -------------------------
+
+def _operands(rng, g):
+    x = rng.standard_normal((g.S, g.f, g.h, g.w)).astype(np.float32)
+    wt = rng.standard_normal((g.fo, g.f, g.kh, g.kw)).astype(np.float32)
+    gy = rng.standard_normal((g.S, g.fo, g.oh, g.ow)).astype(np.float32)
+    return {"fprop": (x, wt), "bprop": (gy, wt), "accgrad": (gy, x)}, {"bprop": (g.S, g.f, g.h, g.w),
+                                                                       "accgrad": wt.shape}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] > 1 or c[7] != (0, 0)][:6])
+@pytest.mark.parametrize("pass_name", backends.PASSES)
+def test_prepared_pass_launches_what_the_pass_function_launches(pass_name, case, rng, monkeypatch):
+    """fbfft.prepare's run makes the pass function's FFT launches, GEMM (its operands' shapes, op flags)
+    and inverse launch (sizes, offsets: x at (ph, pw), bprop's window read back there), in its order,
+    on a stand-in for CuPy; its result has the pass function's shape."""
+    from recorder import Recorder
+    fake = Recorder().install(monkeypatch)
+    S, f, fo, h, w, kh, kw, pad = case
+    g = backends.geometry((S, f, h, w), (fo, f, kh, kw), (1, 1), pad)
+    args, third = _operands(rng, g)
+    full = getattr(fbfft, pass_name)(*args[pass_name], *((third[pass_name],) if pass_name in third else ()),
+                                     stride=(1, 1), padding=pad)
+    launched, fake.calls = fake.calls, []
+    run = fbfft.prepare(pass_name, g, fake)
+    assert run is not None
+    prepared = run(*args[pass_name])
+    assert fake.calls == launched and [c[0] for c in launched] == ["rfft2", "rfft2", "gemm", "irfft2"]
+    assert prepared.shape == full.shape and prepared.dtype == full.dtype == np.float32
+
+
+def test_prepared_passes_share_spectra_as_the_pass_functions(rng, monkeypatch):
+    """Inside reuse_spectra(), a layer's three prepared passes find and keep the spectra the pass
+    functions do (accGrad takes fprop's x, bprop accGrad's gy: 3 of 6 FFTs saved with the weight's
+    kept), and nothing is prepared where the batch goes in chunks or on NumPy."""
+    from recorder import Recorder
+    fake = Recorder().install(monkeypatch)
+    g = backends.geometry((3, 4, 9, 9), (5, 4, 3, 3), (1, 1), (1, 1))
+    args, third = _operands(rng, g)
+    order = (("fprop", ()), ("accgrad", (third["accgrad"],)), ("bprop", (third["bprop"],)))
+    runs = {pn: fbfft.prepare(pn, g, fake) for pn in backends.PASSES}
+    recorded = []
+    for prepared in (False, True):
+        fake.calls = []
+        with backends.reuse_spectra() as cache:
+            for pn, rest in order:
+                if prepared:
+                    runs[pn](*args[pn])
+                else:
+                    getattr(fbfft, pn)(*args[pn], *rest, stride=(1, 1), padding=(1, 1))
+            assert cache.hits == 3 and len(cache) == 0
+        recorded.append(fake.calls)
+    assert recorded[0] == recorded[1] and [c[0] for c in recorded[1]].count("rfft2") == 3
+    assert fbfft.prepare("fprop", g, np) is None
+    with backends.config.override(fbfft_workspace_mb=2**-20):    # one image a chunk
+        assert fbfft.prepare("fprop", g, fake) is None

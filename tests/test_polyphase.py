@@ -143,3 +143,43 @@ def test_one_input_into_two_kernels_of_one_stride_shares_nothing_wrong(rng):
         ref, _, _ = conv_reference(x, w, np.zeros((2, 4, 4, 4)), (2, 2), (0, 0))
         assert y.shape == ref.shape == (2, 4, 4, 4)
         assert rel_error(y, ref) < 1e-5
+
+
+# -- the prepared passes (polyphase.prepare) on the CPU, on a stand-in for CuPy ---------------------
+
+@pytest.mark.parametrize("case", CASES[:5])
+@pytest.mark.parametrize("pass_name", backends.PASSES)
+def test_prepared_pass_launches_what_the_pass_function_launches(pass_name, case, rng, monkeypatch):
+    """polyphase.prepare's run makes the pass function's launches (the rearrangements' grids and
+    integer arguments, the inner fbfft pass's FFTs, GEMM and inverse) in its order, on a stand-in
+    for CuPy; its result has the pass function's shape."""
+    from recorder import Recorder
+    fake = Recorder().install(monkeypatch)
+    S, f, fo, h, w, kh, kw, stride, pad = case
+    g = backends.geometry((S, f, h, w), (fo, f, kh, kw), stride, pad)
+    assert polyphase._inner(g) is fbfft
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = rng.standard_normal((fo, f, kh, kw)).astype(np.float32)
+    gy = rng.standard_normal((S, fo, g.oh, g.ow)).astype(np.float32)
+    args = {"fprop": (x, wt), "bprop": (gy, wt), "accgrad": (gy, x)}[pass_name]
+    third = {"fprop": (), "bprop": (x.shape,), "accgrad": (wt.shape,)}[pass_name]
+    full = getattr(polyphase, pass_name)(*args, *third, stride=stride, padding=pad)
+    launched, fake.calls = fake.calls, []
+    run = polyphase.prepare(pass_name, g, fake)
+    assert run is not None
+    prepared = run(*args)
+    assert fake.calls == launched
+    kinds = [c[0] for c in launched]
+    assert kinds.count("gemm") == 1 and sum(k.startswith("polyphase_") for k in kinds) == 2
+    assert prepared.shape == full.shape and prepared.dtype == full.dtype == np.float32
+
+
+def test_prepares_nothing_the_inner_backend_would_not(monkeypatch):
+    """No prepared call on NumPy, at stride 1, or where the inner backend is cufft (no prepare())."""
+    from recorder import Recorder
+    fake = Recorder().install(monkeypatch)
+    g = backends.geometry((2, 3, 23, 23), (4, 3, 11, 11), (4, 4), (2, 2))
+    assert polyphase.prepare("fprop", g, fake) is not None
+    assert polyphase.prepare("fprop", g, np) is None
+    monkeypatch.setattr(polyphase, "_inner", lambda g: cufft)
+    assert polyphase.prepare("fprop", g, fake) is None

@@ -284,18 +284,20 @@ def test_kept_roles_are_final_only_once_every_consumer_is_tuned(settings, tmp_pa
         assert backends._kept_roles("fbfft", "accgrad", fbfft, (), np, xs, ws, s, p) == (set(), True)
 
 
-# a stride-1 layer (fbfft's own) and a strided one (polyphase over fbfft)
+# a stride-1 layer (fbfft's own, and cufft's: a pass function that keeps spectra) and a strided one (polyphase
+# over fbfft)
 SPECTRA_GEOMETRIES = [("fbfft", (4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1)),
+                      ("cufft", (4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1)),
                       ("polyphase", (4, 3, 23, 23), (8, 3, 5, 5), (2, 2), (1, 1))]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,xs,ws,stride,padding", SPECTRA_GEOMETRIES)
-def test_a_pass_function_is_prepared_and_shares_spectra_as_the_full_path(name, xs, ws, stride, padding, settings,
-                                                                           tmp_path, chosen):
-    """A backend without prepare(): a layer's later calls run its pass function straight (no
-    choosing), and inside reuse_spectra() keep and find the spectra the full path's calls do: the
-    same hits, step after step, each result against float64."""
+def test_a_prepared_fft_pass_shares_spectra_as_the_full_path(name, xs, ws, stride, padding, settings, tmp_path,
+                                                             chosen):
+    """An FFT backend's prepared call (fbfft's and polyphase's prepare(), cufft's pass function): a
+    layer's later calls run it straight (no choosing), and inside reuse_spectra() keep and find the
+    spectra the full path's calls do: the same hits, step after step, each result against float64."""
     cp = _need(name)
     settings(tune_cache=str(tmp_path / "t.json"))
     x, w, gy, ref = _data(xs, ws, stride, padding, 7)
@@ -318,6 +320,46 @@ def test_a_pass_function_is_prepared_and_shares_spectra_as_the_full_path(name, x
     assert hits[0] == hits[1] == hits[2] >= 2, hits   # accGrad finds fprop's x, bprop accGrad's gy
     entry = backends._prepared[(name, "accgrad", xs, ws, stride, padding, config.state())]
     assert entry.spectra and entry.roles == {(("bprop",), True): {"gy"}}
+    assert _prepared_by(entry, backends.get(name)) == (name != "cufft")
+
+
+def _prepared_by(entry, module):
+    """Whether a prepared call's run is module.prepare()'s (else the pass function, bound)."""
+    run = entry.run
+    return getattr(run, "__qualname__", "").startswith("prepare.") and getattr(run, "__module__", "") == module.__name__
+
+
+# fbfft's prepared passes: a 3x3 layer, asymmetric padding, a 5x5 one; polyphase's: AlexNet's conv1 scaled down
+FFT_GEOMETRIES = [("fbfft", (4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1)),
+                  ("fbfft", (3, 5, 9, 7), (6, 5, 3, 3), (1, 1), (2, 0)),
+                  ("fbfft", (2, 4, 13, 13), (3, 4, 5, 5), (1, 1), (2, 2)),
+                  ("polyphase", (4, 3, 23, 23), (8, 3, 11, 11), (4, 4), (2, 2)),
+                  ("polyphase", (3, 2, 13, 12), (5, 2, 4, 3), (2, 3), (1, 2))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("name,xs,ws,stride,padding", FFT_GEOMETRIES)
+def test_fft_prepared_passes_are_their_launches(name, xs, ws, stride, padding, tf32, settings, tmp_path, chosen,
+                                                monkeypatch):
+    """fbfft's and polyphase's prepared passes (prepare(): the launches with their arguments worked
+    out once, cgemm.prepare's GEMM) against PyTorch float64 and against the full path's result, every
+    output element written (allocations NaN-poisoned), in strict fp32 and in TF32 mode."""
+    cp = _need(name)
+    settings(tune_cache=str(tmp_path / "t.json"), tf32=tf32)
+    monkeypatch.setattr(cp, "empty", lambda shape, dtype=float: cp.full(shape, cp.nan, dtype))
+    x, w, gy, ref = _data(xs, ws, stride, padding, 11)
+    tol = cgemm.TF32_TOL if tf32 else 1e-5
+    module = backends.get(name)
+    for pn in backends.PASSES:
+        args = _args(pn, *(cp.asarray(a) for a in (x, w, gy)))
+        first = _run(name, pn, args, xs, ws, stride, padding)
+        assert _prepared_by(backends._prepared[(name, pn, xs, ws, stride, padding, config.state())], module), pn
+        before = len(chosen)
+        second = _run(name, pn, args, xs, ws, stride, padding)
+        assert len(chosen) == before, pn
+        assert rel_error(first, ref[pn]) <= tol and rel_error(second, ref[pn]) <= tol, pn
+        assert rel_error(second.get(), first.get()) <= 1e-6, pn
 
 
 class _FakeCupy:
@@ -340,7 +382,8 @@ def test_the_prepared_call_asks_nothing_about_memory(monkeypatch):
     monkeypatch.setattr(common, "check_fits", lambda *args: asked.append(args))
     monkeypatch.setattr(common, "available_bytes", lambda xp: asked.append(xp) or (0, "in the test"))
     monkeypatch.setattr(backends, "_prepared", {})
-    xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
+    monkeypatch.setattr(backends.get("fbfft"), "prepare", lambda *args: None)   # its pass function, bound (its own
+    xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)                   # prepare() launches GPU kernels)
     x, w, _, ref = _data(xs, ws, s, p, 9)
     backends._prepare("fbfft", "fprop", backends.get("fbfft"), (x, w), _FakeCupy, xs, ws, s, p)
     entry = backends._prepared[("fbfft", "fprop", xs, ws, s, p, config.state())]

@@ -27,6 +27,7 @@ default stream as CuPy's spin kernel), and each of our rows names the cuDNN plan
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases h200_tf32 --no-profile   # session 40's
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s65_tf32 --also tiledfft --no-profile
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s66_tf32 --also winograd --no-profile
+  PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s67_alexnet --also fbfft,polyphase --no-profile
 
 Each --also backend gets two rows: run_pass (a layer's call: its prepared path from the second call on) and
 its pass function called directly (the full call, minus the dispatch).
@@ -96,7 +97,19 @@ CASES_S66_TF32 = [
     ("overfeat_fast conv3", (128, 256, 12, 12), (512, 256, 3, 3), (1, 1), "fprop", (1, 1)),   # 0.959x
     ("resnet50 conv44", (128, 1024, 14, 14), (512, 1024, 1, 1), (1, 1), "fprop"),             # 0.97x
 ]
-CASE_SETS = {"shortcuts": CASES, "s66_tf32": CASES_S66_TF32, "shortcuts_s64": CASES_SHORTCUTS_S64, "s65_tf32": CASES_S65_TF32, "resnet50_tf32": CASES_RESNET50_TF32,
+# Session 67: converted AlexNet b128's passes that auto runs on fbfft or polyphase in TF32 mode (its eager and compiled
+# steps host-bound), for their prepare()d calls (run_pass) beside their pass functions (--also fbfft,polyphase)
+CASES_S67_ALEXNET = [
+    ("alexnet conv1", (128, 3, 224, 224), (64, 3, 11, 11), (4, 4), "fprop", (2, 2)),
+    ("alexnet conv1", (128, 3, 224, 224), (64, 3, 11, 11), (4, 4), "accgrad", (2, 2)),
+    ("alexnet conv2", (128, 64, 27, 27), (192, 64, 5, 5), (1, 1), "fprop", (2, 2)),
+    ("alexnet conv2", (128, 64, 27, 27), (192, 64, 5, 5), (1, 1), "bprop", (2, 2)),
+    ("alexnet conv2", (128, 64, 27, 27), (192, 64, 5, 5), (1, 1), "accgrad", (2, 2)),
+    ("alexnet conv3", (128, 192, 13, 13), (384, 192, 3, 3), (1, 1), "accgrad", (1, 1)),
+    ("alexnet conv4", (128, 384, 13, 13), (256, 384, 3, 3), (1, 1), "fprop", (1, 1)),
+    ("alexnet conv5", (128, 256, 13, 13), (256, 256, 3, 3), (1, 1), "accgrad", (1, 1)),
+]
+CASE_SETS = {"shortcuts": CASES, "s67_alexnet": CASES_S67_ALEXNET, "s66_tf32": CASES_S66_TF32, "shortcuts_s64": CASES_SHORTCUTS_S64, "s65_tf32": CASES_S65_TF32, "resnet50_tf32": CASES_RESNET50_TF32,
              "resnet18_tf32": CASES_RESNET18_TF32, "h200_tf32": CASES_H200_TF32}
 
 

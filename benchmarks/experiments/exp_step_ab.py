@@ -16,12 +16,15 @@ Variants (--variants, comma-separated; the first is the reference):
               before session 37) instead of once for both
   old adapter converted, with the adapter's per-pass functions (ADAPTER_FUNCTIONS) as the file
               --old-adapter defines them (session 38: the file before its per-pass trims)
+  unprepared fft  converted, fbfft's and polyphase's passes through their pass functions as before
+              session 67 (their prepare() answering None)
 
 Times per variant and round: the step's median (CUDA events, steps back to back after a wait) and
 its issue time (the host clock around a step started on an idle GPU), medians over --steps steps.
 
   python -m benchmarks.experiments.exp_step_ab --net alexnet --tf32 --variants converted,check,stock
   python -m benchmarks.experiments.exp_step_ab --compile --variants "converted,old adapter" --old-adapter FILE
+  python -m benchmarks.experiments.exp_step_ab --net alexnet --tf32 --variants "converted,unprepared fft,stock"
 """
 import argparse
 import contextlib
@@ -147,9 +150,26 @@ def _adapter_from_file():
                 pt.__dict__[name] = fn
 
 
+@contextlib.contextmanager
+def _unprepared_fft():
+    """fbfft's and polyphase's passes through their pass functions (bound), as before session 67 gave
+    them prepare(): their prepare() answers None, and the prepared calls are made again on entry and
+    on exit."""
+    from minitorch_fft import backends
+    from minitorch_fft.backends import fbfft, polyphase
+    saved = fbfft.prepare, polyphase.prepare
+    fbfft.prepare = polyphase.prepare = lambda pass_name, g, xp: None
+    backends._prepared.clear()
+    try:
+        yield
+    finally:
+        fbfft.prepare, polyphase.prepare = saved
+        backends._prepared.clear()
+
+
 VARIANTS = {"stock": (False, contextlib.nullcontext), "converted": (True, contextlib.nullcontext),
             "check": (True, _driver_check_per_pass), "two crossings": (True, _two_crossings),
-            "old adapter": (True, _adapter_from_file)}
+            "old adapter": (True, _adapter_from_file), "unprepared fft": (True, _unprepared_fft)}
 # name: (converted model, context around its steps)
 
 

@@ -234,8 +234,9 @@ class _Prepared:
     memory on every call in the PyTorch adapter, whose allocator is not CuPy's pool: 40-65 us
     each for converted AlexNet's two outputs above the threshold (session 37, H200).
 
-    Spectra: a prepare()'d call keeps none (gemm's and cudnn's), so reuse_spectra() has nothing to
-    say to it. A pass function may (fbfft, cufft, polyphase): inside a reuse_spectra() block it
+    Spectra: gemm's, cudnn's and winograd's prepare()'d calls keep none, so reuse_spectra() has
+    nothing to say to them. A pass function may (cufft), and so may the prepare()'d calls
+    of a backend that says so (PREPARED_SPECTRA: fbfft, polyphase): inside a reuse_spectra() block it
     runs under reuse.keeping() with the roles the full path would give it (_kept_roles), worked out
     once per (later, the block's `inputs`) and kept from the first call at which every consumer
     pass had its backend chosen (before that, an untuned consumer counts as the same backend, and
@@ -294,8 +295,8 @@ def _prepare(name, pass_name, backend, args, xp, x_shape, w_shape, stride, paddi
             return
     prepare = getattr(backend, "prepare", None)
     run = None if prepare is None else prepare(pass_name, g, xp)
-    spectra = run is None
-    if spectra:
+    spectra = run is None or getattr(backend, "PREPARED_SPECTRA", False)
+    if run is None:
         run = functools.partial(_pass_call, getattr(backend, pass_name), tuple(args[2:]), stride, padding)
     _prepared[(name, pass_name, x_shape, w_shape, stride, padding, config.state())] = \
         _Prepared(xp, run, backend, pass_name, args, record, spectra, (name, x_shape, w_shape, stride, padding))

@@ -136,8 +136,8 @@ def _batchable(a, b):
 
 
 def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
-    """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags: through CuPy
-    on its handle, or, while a CUDA graph is captured, on the handle capturing() names."""
+    """One cublasGemmStridedBatchedEx over the batch, operand ops as cuBLAS flags (_launch), the
+    operands checked and the plan looked up on every call."""
 
     for name, arr in (("a", a), ("b", b), ("out", out)):
         if arr is not None and not isinstance(arr, xp.ndarray):
@@ -159,7 +159,18 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
         if not accumulate:
             out.fill(0)
         return out
-    compute = _CUBLAS_COMPUTE_32F_FAST_TF32 if not strict and mode(xp) == "tf32" else _CUBLAS_COMPUTE_32F
+    _launch(xp, g, a, b, out, accumulate, _compute(xp, strict))
+    return out
+
+
+def _compute(xp, strict):
+    """The cuBLAS compute type of a GEMM now: TF32's where the mode is tf32 and the GEMM not strict."""
+    return _CUBLAS_COMPUTE_32F_FAST_TF32 if not strict and mode(xp) == "tf32" else _CUBLAS_COMPUTE_32F
+
+
+def _launch(xp, g, a, b, out, accumulate, compute):
+    """The cublasGemmStridedBatchedEx of plan g on C-contiguous a, b and out: through CuPy on its
+    handle, or, while a CUDA graph is captured, on the handle capturing() names."""
     capture = getattr(_capture, "now", None)
     if capture is None:
         from cupy_backends.cuda.libs import cublas
@@ -173,7 +184,29 @@ def _gemm(xp, a, b, out, op_a, op_b, accumulate, strict):
         g.one, b.data.ptr, g.dtype, g.ldb, g.stride_b, a.data.ptr, g.dtype, g.lda, g.stride_a,
         g.one if accumulate else g.zero, out.data.ptr, g.dtype, g.q, g.p * g.q, g.count, compute,
         _CUBLAS_GEMM_DEFAULT)
-    return out
+
+
+def prepare(xp, a_shape, b_shape, dtype=np.complex64, op_a="N", op_b="N", strict=False):
+    """gemm(a, b, out=None, accumulate=False) -> out: matmul's GEMM for a caller that runs one shape
+    again and again (the FFT backends' prepared passes), its cuBLAS arguments and compute type worked
+    out here once: the mode as it is now (a caller keys what it keeps on the settings' state). a and
+    b must be C-contiguous CuPy arrays of these shapes and of `dtype` (float32 or complex64), out
+    (made if None) of the result's; gemm does not check them again. None where the product is
+    empty (matmul's own cases: a zero-size result, or a zero inner size)."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.complex64) or xp is np:
+        raise ValueError(f"cgemm.prepare: a GPU GEMM of float32 or complex64, got {dtype} on {xp.__name__}")
+    g = _gemm_plan(tuple(a_shape), tuple(b_shape), dtype, op_a, op_b)
+    if g.count * g.p * g.q * g.r == 0:
+        return None
+    compute, empty, shape = _compute(xp, strict), xp.empty, g.out_shape
+
+    def gemm(a, b, out=None, accumulate=False):
+        if out is None:
+            out = empty(shape, dtype=dtype)
+        _launch(xp, g, a, b, out, accumulate, compute)
+        return out
+    return gemm
 
 
 # -- CUDA graphs ---------------------------------------------------------------------------------

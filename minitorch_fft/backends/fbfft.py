@@ -31,7 +31,7 @@ import functools
 
 import numpy as np
 
-from . import cgemm, config, fbfft_emulator, fbfft_plan
+from . import cgemm, config, fbfft_emulator, fbfft_kernels, fbfft_plan
 from .common import batch_slices, check_arrays, check_output_shape, geometry, plain_args, valid_geometry
 from .reuse import Key, shared
 
@@ -121,13 +121,9 @@ def _make_kernels(xp):
     # The GPU pair launches the kernels straight on C-contiguous arrays (the passes' operands, whole
     # or sliced along the batch, always are): the kernels address B planes from a pointer, so no
     # reshape is needed, and the sizes are checked once per geometry by the cached launchers.
-    import cupy as cp
-
-    from . import fbfft_kernels
-
     def fft(a, n, offset):
         p, q, h, w = a.shape
-        F = cp.empty((fbfft_plan.stored_frequencies(n), p, q), dtype=np.complex64)
+        F = xp.empty((fbfft_plan.stored_frequencies(n), p, q), dtype=np.complex64)
         fbfft_kernels.rfft2_launcher(n, p * q, h, w, offset)(a, F)
         return F
 
@@ -140,6 +136,74 @@ def _make_kernels(xp):
         fbfft_kernels.irfft2_launcher(n, planes, (oh, ow), offset)(F, out)
         return out
     return fft, ifft
+
+
+def prepare(pass_name, g, xp):
+    """run(a, b) -> out for backends.run_pass's prepared path (a, b checked there: C-contiguous float32
+    CuPy arrays of g's shapes): a pass whose batch fits the workspace in one piece, as the pass
+    function runs it (its spectra found or kept through reuse.shared, so run_pass runs it under the
+    roles it gives the pass function: PREPARED_SPECTRA), with the basis, launchers, keys and the
+    GEMM's cuBLAS arguments (cgemm.prepare) worked out here once. None on the CPU or where the batch
+    goes in chunks (run_pass then calls the pass function). The output is made after the GEMM (the
+    pass function makes it first): a spectrum nobody keeps is freed before it. test_fbfft checks on
+    the CPU that it launches what the pass function launches."""
+    if xp is np:
+        return None
+    x_shape, w_shape = (g.S, g.f, g.h, g.w), (g.fo, g.f, g.kh, g.kw)
+    _, n, chunks = _plan(x_shape, w_shape, (g.sh, g.sw), (g.ph, g.pw))
+    if chunks != (None,):
+        return None
+    nf, pad, empty, f32 = fbfft_plan.stored_frequencies(n), (g.ph, g.pw), xp.empty, np.float32
+
+    def transform(role):
+        """spectrum(a): reuse.shared's spectrum (nf, p, q) of operand `role` (p x q planes of h x w)."""
+        p, q, h, w = {"x": x_shape, "w": w_shape, "gy": (g.S, g.fo, g.oh, g.ow)}[role]
+        offset = pad if role == "x" else (0, 0)
+        key, launch = _key(role, n, offset), fbfft_kernels.rfft2_launcher(n, p * q, h, w, offset)
+
+        def fft(a):
+            F = empty((nf, p, q), dtype=np.complex64)
+            launch(a, F)
+            return F
+        return lambda a: shared(key, a, fft, a)
+
+    if pass_name == "fprop":          # (nf, S, f) @ conj(nf, f', f)^T -> y (S, f', oh, ow)
+        gemm = cgemm.prepare(xp, (nf, g.S, g.f), (nf, g.fo, g.f), op_b="C")
+        ifft, out_shape = fbfft_kernels.irfft2_launcher(n, g.S * g.fo, (g.oh, g.ow), (0, 0)), (g.S, g.fo, g.oh, g.ow)
+        spectrum_w, spectrum_x = transform("w"), transform("x")
+
+        def operands(x, w):           # the GEMM's, each found or made in the pass function's order
+            wf = spectrum_w(w)
+            return spectrum_x(x), wf
+    elif pass_name == "bprop":        # (nf, S, f') @ (nf, f', f) -> gx (S, f, h, w), read back at (ph, pw)
+        gemm = cgemm.prepare(xp, (nf, g.S, g.fo), (nf, g.fo, g.f))
+        ifft, out_shape = fbfft_kernels.irfft2_launcher(n, g.S * g.f, (g.h, g.w), pad), x_shape
+        spectrum_w, spectrum_gy = transform("w"), transform("gy")
+
+        def operands(gy, w):
+            wf = spectrum_w(w)
+            return spectrum_gy(gy), wf
+    else:                             # conj(nf, S, f')^T @ (nf, S, f) -> gw (f', f, kh, kw)
+        gemm = cgemm.prepare(xp, (nf, g.S, g.fo), (nf, g.S, g.f), op_a="C")
+        ifft, out_shape = fbfft_kernels.irfft2_launcher(n, g.fo * g.f, (g.kh, g.kw), (0, 0)), w_shape
+        spectrum_gy, spectrum_x = transform("gy"), transform("x")
+
+        def operands(gy, x):
+            return spectrum_gy(gy), spectrum_x(x)
+    if gemm is None:
+        return None
+
+    def run(a, b):
+        left, right = operands(a, b)
+        product = gemm(left, right)
+        del left, right               # a spectrum no later pass keeps is freed here
+        out = empty(out_shape, dtype=f32)
+        ifft(product, out)
+        return out
+    return run
+
+
+PREPARED_SPECTRA = True   # prepare()'s run keeps and finds spectra as the pass function does
 
 
 def _batch_chunks(g, n, planes_per_image, workspace_bytes):

@@ -28,11 +28,12 @@ supports() is True only for strides other than (1, 1): a stride-1 layer has one 
 inner backend serves it directly.
 """
 import functools
+import math
 
 import numpy as np
 
 from . import cufft, fbfft
-from .common import check_arrays, check_output_shape, geometry, valid_geometry
+from .common import check_arrays, check_output_shape, cuda_module, geometry, valid_geometry
 from .reuse import Key, shared
 
 INNER = (fbfft, cufft)  # first that supports the phase-image geometry
@@ -90,19 +91,28 @@ def _geometry(x_shape, w_shape, stride, padding, gy=None):
 
 
 def _launch(kind, src, out, h, w, sh, sw, ph, pw, A, B):
-    """polyphase_<kind> over the rows of `out`: one row per (block, threadIdx.y), columns
-    across threadIdx.x (a warp or two: the rows are short)."""
-    from .common import cuda_module
+    """polyphase_<kind> from src into out (_launcher's launch); returns out."""
+    return _launcher(kind, out.size, h, w, sh, sw, ph, pw, A, B)(src, out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launcher(kind, size, h, w, sh, sw, ph, pw, A, B):
+    """launch(src, out) -> out: polyphase_<kind> over the rows of an `out` of `size` elements, one
+    row per (block, threadIdx.y), columns across threadIdx.x (a warp or two: the rows are short);
+    the grid, kernel and integer arguments worked out once per geometry."""
     cols = B if kind == "gather" else w
-    rows = out.size // cols
+    rows = size // cols
     tx = 32 if cols <= 32 else 64 if cols <= 64 else 128
     ty = 256 // tx
-    grid = int(min(-(-rows // ty), 2**31 - 1))
+    grid, block = (int(min(-(-rows // ty), 2**31 - 1)),), (tx, ty)
     kern = cuda_module("polyphase.cu").get_function(f"polyphase_{kind}")
     i32 = np.int32
-    kern((grid,), (tx, ty), (src, out, i32(h), i32(w), i32(sh), i32(sw), i32(ph), i32(pw), i32(A), i32(B),
-                             np.int64(rows)))
-    return out
+    scalars = (i32(h), i32(w), i32(sh), i32(sw), i32(ph), i32(pw), i32(A), i32(B), np.int64(rows))
+
+    def launch(src, out):
+        kern(grid, block, (src, out) + scalars)
+        return out
+    return launch
 
 
 def _covered(h, w, rows, cols):
@@ -154,16 +164,72 @@ def _split_kernel(xp, w, g):
     return _gather(xp, w, g, (0, 0), KH, KW)
 
 
-def _x2(xp, x, g):
+def _x2_key(g):
     # x2's size depends on the kernel too (Ha = oh + KH - 1): two strided layers reading one input
     # with the same stride and padding but different kernels must not share it.
-    KH, KW, Ha, Wa = phases(g)
-    return shared(Key("polyphase", "x", (g.sh, g.sw, Ha, Wa), (g.ph, g.pw)), x, _space_to_depth, xp, x, g)
+    _, _, Ha, Wa = phases(g)
+    return Key("polyphase", "x", (g.sh, g.sw, Ha, Wa), (g.ph, g.pw))
+
+
+def _w2_key(g):
+    KH, KW, _, _ = phases(g)
+    return Key("polyphase", "w", (g.sh, g.sw, KH, KW), (0, 0))
+
+
+def _x2(xp, x, g):
+    return shared(_x2_key(g), x, _space_to_depth, xp, x, g)
 
 
 def _w2(xp, w, g):
-    KH, KW, _, _ = phases(g)
-    return shared(Key("polyphase", "w", (g.sh, g.sw, KH, KW), (0, 0)), w, _split_kernel, xp, w, g)
+    return shared(_w2_key(g), w, _split_kernel, xp, w, g)
+
+
+def prepare(pass_name, g, xp):
+    """run(a, b) -> out for backends.run_pass's prepared path (a, b checked there: C-contiguous float32
+    CuPy arrays of g's shapes): the pass as the pass function runs it, its rearrangements' launches
+    worked out here once and the inner convolution the inner backend's own prepared call; x2 and w2
+    found or kept through reuse.shared as there (PREPARED_SPECTRA). None on the CPU or where the
+    inner backend prepares nothing (cufft; fbfft with its batch in chunks): run_pass then calls the
+    pass function. test_polyphase checks on the CPU that it launches what the pass function does."""
+    inner = None if xp is np else _inner(g)
+    prepare_inner = getattr(inner, "prepare", None)
+    if prepare_inner is None or (g.sh, g.sw) == (1, 1):
+        return None
+    x2_shape, w2_shape = inner_shapes(g)
+    run_inner = prepare_inner(pass_name, geometry(x2_shape, w2_shape, (1, 1), (0, 0)), xp)
+    if run_inner is None:
+        return None
+    KH, KW, Ha, Wa = phases(g)
+    empty, f32 = xp.empty, np.float32
+
+    def rearrange(kind, shape, h, w, pad, A, B):
+        """f(src) -> a new array of `shape` that polyphase_<kind> fills from src."""
+        launch = _launcher(kind, math.prod(shape), h, w, g.sh, g.sw, *pad, A, B)
+        return lambda src: launch(src, empty(shape, dtype=f32))
+
+    pad = (g.ph, g.pw)
+    if pass_name in ("fprop", "accgrad"):
+        key_x, gather_x = _x2_key(g), rearrange("gather", x2_shape, g.h, g.w, pad, Ha, Wa)
+    if pass_name in ("fprop", "bprop"):
+        key_w, gather_w = _w2_key(g), rearrange("gather", w2_shape, g.kh, g.kw, (0, 0), KH, KW)
+    if pass_name == "fprop":
+        def run(x, w):
+            x2 = shared(key_x, x, gather_x, x)
+            return run_inner(x2, shared(key_w, w, gather_w, w))
+    elif pass_name == "bprop":
+        scatter = rearrange("scatter", (g.S, g.f, g.h, g.w), g.h, g.w, pad, Ha, Wa)
+
+        def run(gy, w):
+            return scatter(run_inner(gy, shared(key_w, w, gather_w, w)))
+    else:
+        scatter = rearrange("scatter", (g.fo, g.f, g.kh, g.kw), g.kh, g.kw, (0, 0), KH, KW)
+
+        def run(gy, x):
+            return scatter(run_inner(gy, shared(key_x, x, gather_x, x)))
+    return run
+
+
+PREPARED_SPECTRA = True   # prepare()'s run keeps and finds x2, w2 and the inner spectra as the pass function does
 
 
 def fprop(x, w, stride=(1, 1), padding=(0, 0)):

@@ -1,0 +1,75 @@
+"""A stand-in for CuPy under the FFT backends' GPU code (fbfft, polyphase over it), for CPU tests of
+their prepared calls: NumPy allocations, and every FFT launch, GEMM and rearrangement launch recorded
+(kernel, sizes, offsets, operand shapes, GEMM flags), nothing computed. The prepared call and the
+pass function, run on the same stand-in, must record the same list."""
+import functools
+
+import numpy as np
+
+from minitorch_fft.backends import cgemm, fbfft, fbfft_kernels, polyphase
+
+
+def _plain(args):
+    return tuple(("array", a.shape) if isinstance(a, np.ndarray) else int(a) for a in args)
+
+
+def _product_shape(a_shape, b_shape, op_a, op_b):
+    p = a_shape[-2] if op_a == "N" else a_shape[-1]
+    q = b_shape[-1] if op_b == "N" else b_shape[-2]
+    return tuple(a_shape[:-2]) + (p, q)
+
+
+class Recorder:
+    """Install with install(monkeypatch); calls holds what was launched, in order."""
+
+    __name__ = "recorder"
+
+    def __init__(self):
+        self.calls = []
+
+    @staticmethod
+    def empty(shape, dtype):
+        return np.empty(shape, dtype)
+
+    def install(self, monkeypatch):
+        """fbfft's and polyphase's GPU code on this stand-in: their array checks answer it, the FFT
+        launchers, cgemm's matmul and prepare, and polyphase's kernels record."""
+        check = lambda **arrays: (self, *arrays.values())  # noqa: E731
+        for module in (fbfft, polyphase):
+            monkeypatch.setattr(module, "check_arrays", check)
+        monkeypatch.setattr(fbfft, "_PAIRS", {})
+        monkeypatch.setattr(fbfft_kernels, "rfft2_launcher", self._launcher("rfft2"))
+        monkeypatch.setattr(fbfft_kernels, "irfft2_launcher", self._launcher("irfft2"))
+        monkeypatch.setattr(cgemm, "matmul", self.matmul)
+        monkeypatch.setattr(cgemm, "prepare", self.prepare_gemm)
+        monkeypatch.setattr(polyphase, "cuda_module", lambda *a, **k: self)
+        # a cache of the test's own: the module's keeps no launcher of the stand-in's
+        monkeypatch.setattr(polyphase, "_launcher", functools.lru_cache(maxsize=None)(polyphase._launcher.__wrapped__))
+        return self
+
+    def _launcher(self, name):
+        def make(n, B, *geometry):
+            def launch(src, dst):
+                self.calls.append((name, n, B, geometry, src.shape, dst.shape))
+                return dst
+            return launch
+        return make
+
+    def _gemm(self, a, b, out, op_a, op_b, accumulate):
+        self.calls.append(("gemm", a.shape, b.shape, op_a, op_b, accumulate))
+        return out if out is not None else np.empty(_product_shape(a.shape, b.shape, op_a, op_b), a.dtype)
+
+    def matmul(self, xp, a, b, out=None, op_a="N", op_b="N", accumulate=False, strict=False):
+        assert xp is self and not strict
+        return self._gemm(a, b, out, op_a, op_b, accumulate)
+
+    def prepare_gemm(self, xp, a_shape, b_shape, dtype=np.complex64, op_a="N", op_b="N", strict=False):
+        assert xp is self and not strict and dtype == np.complex64
+
+        def gemm(a, b, out=None, accumulate=False):
+            assert (a.shape, b.shape) == (a_shape, b_shape), "run on the shapes it was prepared for"
+            return self._gemm(a, b, out, op_a, op_b, accumulate)
+        return gemm
+
+    def get_function(self, name):
+        return lambda grid, block, args: self.calls.append((name, grid, block, _plain(args)))
