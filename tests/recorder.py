@@ -1,4 +1,4 @@
-"""A stand-in for CuPy under the FFT backends' GPU code (fbfft, polyphase over it), for CPU tests of
+"""A stand-in for CuPy under the FFT backends' GPU code (fbfft, polyphase over it, tiledfft), for CPU tests of
 their prepared calls: NumPy allocations, and every FFT launch, GEMM and rearrangement launch recorded
 (kernel, sizes, offsets, operand shapes, GEMM flags), nothing computed. The prepared call and the
 pass function, run on the same stand-in, must record the same list."""
@@ -6,11 +6,12 @@ import functools
 
 import numpy as np
 
-from minitorch_fft.backends import cgemm, fbfft, fbfft_kernels, polyphase
+from minitorch_fft.backends import cgemm, fbfft, fbfft_kernels, polyphase, tiledfft
 
 
 def _plain(args):
-    return tuple(("array", a.shape) if isinstance(a, np.ndarray) else int(a) for a in args)
+    return tuple(("array", a.shape) if isinstance(a, np.ndarray) else float(a) if isinstance(a, (float, np.floating))
+                 else int(a) for a in args)
 
 
 def _product_shape(a_shape, b_shape, op_a, op_b):
@@ -32,19 +33,20 @@ class Recorder:
         return np.empty(shape, dtype)
 
     def install(self, monkeypatch):
-        """fbfft's and polyphase's GPU code on this stand-in: their array checks answer it, the FFT
-        launchers, cgemm's matmul and prepare, and polyphase's kernels record."""
+        """fbfft's, polyphase's and tiledfft's GPU code on this stand-in: their array checks answer it,
+        the FFT launchers, cgemm's matmul and prepare, and polyphase's and tiledfft's kernels record."""
         check = lambda **arrays: (self, *arrays.values())  # noqa: E731
-        for module in (fbfft, polyphase):
+        for module in (fbfft, polyphase, tiledfft):
             monkeypatch.setattr(module, "check_arrays", check)
         monkeypatch.setattr(fbfft, "_PAIRS", {})
         monkeypatch.setattr(fbfft_kernels, "rfft2_launcher", self._launcher("rfft2"))
         monkeypatch.setattr(fbfft_kernels, "irfft2_launcher", self._launcher("irfft2"))
         monkeypatch.setattr(cgemm, "matmul", self.matmul)
         monkeypatch.setattr(cgemm, "prepare", self.prepare_gemm)
-        monkeypatch.setattr(polyphase, "cuda_module", lambda *a, **k: self)
-        # a cache of the test's own: the module's keeps no launcher of the stand-in's
-        monkeypatch.setattr(polyphase, "_launcher", functools.lru_cache(maxsize=None)(polyphase._launcher.__wrapped__))
+        # caches of the test's own: the modules' keep no kernel or launcher of the stand-in's
+        for module, cached in ((polyphase, "_launcher"), (tiledfft, "_launcher"), (tiledfft, "_kernel")):
+            monkeypatch.setattr(module, "cuda_module", lambda *a, **k: self)
+            monkeypatch.setattr(module, cached, functools.lru_cache(maxsize=None)(getattr(module, cached).__wrapped__))
         return self
 
     def _launcher(self, name):
@@ -72,4 +74,4 @@ class Recorder:
         return gemm
 
     def get_function(self, name):
-        return lambda grid, block, args: self.calls.append((name, grid, block, _plain(args)))
+        return lambda grid, block, args, **kw: self.calls.append((name, grid, block, _plain(args), kw))

@@ -331,12 +331,16 @@ def _prepared_by(entry, module):
     return getattr(run, "__qualname__", "").startswith("prepare.") and getattr(run, "__module__", "") == module.__name__
 
 
-# fbfft's prepared passes: a 3x3 layer, asymmetric padding, a 5x5 one; polyphase's: AlexNet's conv1 scaled down
+# fbfft's prepared passes: a 3x3 layer, asymmetric padding, a 5x5 one; polyphase's: AlexNet's conv1 scaled down;
+# tiledfft's (its basis tuned at the first call): clipped last tiles, and a tall plane with a rectangular kernel
+# and bprop's padding negative
 FFT_GEOMETRIES = [("fbfft", (4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1)),
                   ("fbfft", (3, 5, 9, 7), (6, 5, 3, 3), (1, 1), (2, 0)),
                   ("fbfft", (2, 4, 13, 13), (3, 4, 5, 5), (1, 1), (2, 2)),
                   ("polyphase", (4, 3, 23, 23), (8, 3, 11, 11), (4, 4), (2, 2)),
-                  ("polyphase", (3, 2, 13, 12), (5, 2, 4, 3), (2, 3), (1, 2))]
+                  ("polyphase", (3, 2, 13, 12), (5, 2, 4, 3), (2, 3), (1, 2)),
+                  ("tiledfft", (4, 8, 20, 13), (16, 8, 3, 3), (1, 1), (1, 1)),
+                  ("tiledfft", (2, 4, 40, 9), (3, 4, 7, 2), (1, 1), (3, 4))]
 
 
 @pytest.mark.gpu
@@ -344,9 +348,9 @@ FFT_GEOMETRIES = [("fbfft", (4, 8, 12, 12), (16, 8, 3, 3), (1, 1), (1, 1)),
 @pytest.mark.parametrize("name,xs,ws,stride,padding", FFT_GEOMETRIES)
 def test_fft_prepared_passes_are_their_launches(name, xs, ws, stride, padding, tf32, settings, tmp_path, chosen,
                                                 monkeypatch):
-    """fbfft's and polyphase's prepared passes (prepare(): the launches with their arguments worked
-    out once, cgemm.prepare's GEMM) against PyTorch float64 and against the full path's result, every
-    output element written (allocations NaN-poisoned), in strict fp32 and in TF32 mode."""
+    """fbfft's, polyphase's and tiledfft's prepared passes (prepare(): the launches with their arguments
+    worked out once, cgemm.prepare's GEMM) against PyTorch float64 and against the full path's result,
+    every output element written (allocations NaN-poisoned), in strict fp32 and in TF32 mode."""
     cp = _need(name)
     settings(tune_cache=str(tmp_path / "t.json"), tf32=tf32)
     monkeypatch.setattr(cp, "empty", lambda shape, dtype=float: cp.full(shape, cp.nan, dtype))

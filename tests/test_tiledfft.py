@@ -432,3 +432,56 @@ def test_a_float_basis_is_refused():
     w = np.zeros((3, 2, 3, 3), np.float32)
     with pytest.raises(ValueError, match=r"tiledfft basis must be one of \(8, 16, 32\), got 16.0"):
         tiledfft.fprop(x, w, padding=(1, 1), basis=16.0)
+
+
+# -- the prepared passes (tiledfft.prepare) on the CPU, on a stand-in for CuPy ----------------------
+
+@pytest.mark.parametrize("case", CASES[:5])
+@pytest.mark.parametrize("pass_name", backends.PASSES)
+def test_prepared_pass_launches_what_the_pass_function_launches(pass_name, case, rng, settings, monkeypatch):
+    """tiledfft.prepare's run makes the pass function's launches (the weight's or operands' spectra
+    with their windows' sizes, pads and limits, the GEMM's shapes and op flags, the inverse with its
+    block's offset and scale), in its order, on a stand-in for CuPy at the heuristic basis; its result
+    has the pass function's shape."""
+    from recorder import Recorder
+    settings(tiledfft_tune="off")
+    fake = Recorder().install(monkeypatch)
+    S, f, fo, h, w, kh, kw, pad = case
+    g = backends.geometry((S, f, h, w), (fo, f, kh, kw), (1, 1), pad)
+    x = rng.standard_normal((S, f, h, w)).astype(np.float32)
+    wt = rng.standard_normal((fo, f, kh, kw)).astype(np.float32)
+    gy = rng.standard_normal((S, fo, g.oh, g.ow)).astype(np.float32)
+    args = {"fprop": (x, wt), "bprop": (gy, wt), "accgrad": (gy, x)}[pass_name]
+    third = {"fprop": (), "bprop": (x.shape,), "accgrad": (wt.shape,)}[pass_name]
+    full = getattr(tiledfft, pass_name)(*args, *third, stride=(1, 1), padding=pad)
+    launched, fake.calls = fake.calls, []
+    run = tiledfft.prepare(pass_name, g, fake)
+    assert run is not None
+    prepared = run(*args)
+    assert fake.calls == launched and [c[0] for c in launched].count("gemm") == 1 and len(launched) == 4
+    assert prepared.shape == full.shape and prepared.dtype == full.dtype == np.float32
+
+
+def test_prepared_basis_is_the_tuned_one_and_nothing_else_is_prepared(settings, tmp_path, monkeypatch):
+    """_chosen_basis (what prepare runs) answers the basis _basis would take: none before the pass is
+    tuned, the tuned one after (tuned here on the CPU, tiledfft_tune on), the heuristic's where it does
+    not tune; prepare answers None on NumPy and where the batch goes in chunks."""
+    settings(tune_cache=str(tmp_path / "t.json"), tiledfft_tune="on")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 12, 11)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    g = backends.geometry(x.shape, w.shape, (1, 1), (1, 1))
+    assert tiledfft._chosen_basis(np, "fprop", g) is None
+    tiledfft.fprop(x, w, (1, 1), (1, 1))                       # tunes the basis
+    record = backends.tuning.peek(tiledfft._basis_key(np, "fprop", g))
+    assert record is not None and tiledfft._chosen_basis(np, "fprop", g) == record["choice"] in tiledfft.BASES
+    assert tiledfft._chosen_basis(np, "bprop", g) is None      # another pass, not tuned
+    with backends.config.override(tiledfft_tune="off"):
+        assert tiledfft._chosen_basis(np, "bprop", g) == tiledfft.basis((g.h, g.w), (3, 3))
+    assert tiledfft.prepare("fprop", g, np) is None
+    from recorder import Recorder
+    fake = Recorder().install(monkeypatch)
+    with backends.config.override(tiledfft_tune="off"):
+        assert tiledfft.prepare("fprop", g, fake) is not None
+        with backends.config.override(fbfft_workspace_mb=2**-20):   # one image a chunk
+            assert tiledfft.prepare("fprop", g, fake) is None

@@ -28,6 +28,7 @@ default stream as CuPy's spin kernel), and each of our rows names the cuDNN plan
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s65_tf32 --also tiledfft --no-profile
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s66_tf32 --also winograd --no-profile
   PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --tf32 --cases s67_alexnet --also fbfft,polyphase --no-profile
+  PYTHONPATH=. python3 benchmarks/experiments/exp_host_cudnn.py --cases s67_tiledfft --also tiledfft --no-profile
 
 Each --also backend gets two rows: run_pass (a layer's call: its prepared path from the second call on) and
 its pass function called directly (the full call, minus the dispatch).
@@ -109,7 +110,15 @@ CASES_S67_ALEXNET = [
     ("alexnet conv4", (128, 384, 13, 13), (256, 384, 3, 3), (1, 1), "fprop", (1, 1)),
     ("alexnet conv5", (128, 256, 13, 13), (256, 256, 3, 3), (1, 1), "accgrad", (1, 1)),
 ]
-CASE_SETS = {"shortcuts": CASES, "s67_alexnet": CASES_S67_ALEXNET, "s66_tf32": CASES_S66_TF32, "shortcuts_s64": CASES_SHORTCUTS_S64, "s65_tf32": CASES_S65_TF32, "resnet50_tf32": CASES_RESNET50_TF32,
+# Session 67: ResNet-18 b128's passes that auto runs on tiledfft in fp32 (conv2's 56x56 layer, conv7's bprop), for
+# tiledfft's prepare()d calls beside its pass function (--also tiledfft)
+CASES_S67_TILEDFFT = [
+    ("resnet18 conv2", (128, 64, 56, 56), (64, 64, 3, 3), (1, 1), "fprop", (1, 1)),
+    ("resnet18 conv2", (128, 64, 56, 56), (64, 64, 3, 3), (1, 1), "bprop", (1, 1)),
+    ("resnet18 conv2", (128, 64, 56, 56), (64, 64, 3, 3), (1, 1), "accgrad", (1, 1)),
+    ("resnet18 conv7", (128, 128, 28, 28), (128, 128, 3, 3), (1, 1), "bprop", (1, 1)),
+]
+CASE_SETS = {"shortcuts": CASES, "s67_alexnet": CASES_S67_ALEXNET, "s67_tiledfft": CASES_S67_TILEDFFT, "s66_tf32": CASES_S66_TF32, "shortcuts_s64": CASES_SHORTCUTS_S64, "s65_tf32": CASES_S65_TF32, "resnet50_tf32": CASES_RESNET50_TF32,
              "resnet18_tf32": CASES_RESNET18_TF32, "h200_tf32": CASES_H200_TF32}
 
 

@@ -16,8 +16,8 @@ Variants (--variants, comma-separated; the first is the reference):
               before session 37) instead of once for both
   old adapter converted, with the adapter's per-pass functions (ADAPTER_FUNCTIONS) as the file
               --old-adapter defines them (session 38: the file before its per-pass trims)
-  unprepared fft  converted, fbfft's and polyphase's passes through their pass functions as before
-              session 67 (their prepare() answering None)
+  unprepared fft  converted, fbfft's, polyphase's and tiledfft's passes through their pass functions
+              as before session 67 (their prepare() answering None)
 
 Times per variant and round: the step's median (CUDA events, steps back to back after a wait) and
 its issue time (the host clock around a step started on an idle GPU), medians over --steps steps.
@@ -152,18 +152,22 @@ def _adapter_from_file():
 
 @contextlib.contextmanager
 def _unprepared_fft():
-    """fbfft's and polyphase's passes through their pass functions (bound), as before session 67 gave
-    them prepare(): their prepare() answers None, and the prepared calls are made again on entry and
-    on exit."""
+    """fbfft's, polyphase's and tiledfft's passes through their pass functions (bound), as before
+    session 67 gave them prepare() (tiledfft's in the session's second change: session 67's call 3
+    ran the variant without it): their prepare() answers None, and the prepared calls are made again
+    on entry and on exit."""
     from minitorch_fft import backends
-    from minitorch_fft.backends import fbfft, polyphase
-    saved = fbfft.prepare, polyphase.prepare
-    fbfft.prepare = polyphase.prepare = lambda pass_name, g, xp: None
+    from minitorch_fft.backends import fbfft, polyphase, tiledfft
+    modules = (fbfft, polyphase, tiledfft)
+    saved = [m.prepare for m in modules]
+    for m in modules:
+        m.prepare = lambda pass_name, g, xp: None
     backends._prepared.clear()
     try:
         yield
     finally:
-        fbfft.prepare, polyphase.prepare = saved
+        for m, prepare in zip(modules, saved):
+            m.prepare = prepare
         backends._prepared.clear()
 
 

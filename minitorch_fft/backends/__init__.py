@@ -234,10 +234,10 @@ class _Prepared:
     memory on every call in the PyTorch adapter, whose allocator is not CuPy's pool: 40-65 us
     each for converted AlexNet's two outputs above the threshold (session 37, H200).
 
-    Spectra: gemm's, cudnn's and winograd's prepare()'d calls keep none, so reuse_spectra() has
-    nothing to say to them. A pass function may (cufft), and so may the prepare()'d calls
-    of a backend that says so (PREPARED_SPECTRA: fbfft, polyphase): inside a reuse_spectra() block it
-    runs under reuse.keeping() with the roles the full path would give it (_kept_roles), worked out
+    Spectra: gemm's, cudnn's, winograd's and tiledfft's prepare()'d calls keep none, so
+    reuse_spectra() has nothing to say to them. A pass function may (cufft), and so may the
+    prepare()'d calls of a backend that says so (PREPARED_SPECTRA: fbfft, polyphase): inside a
+    reuse_spectra() block it runs under reuse.keeping() with the roles the full path would give it (_kept_roles), worked out
     once per (later, the block's `inputs`) and kept from the first call at which every consumer
     pass had its backend chosen (before that, an untuned consumer counts as the same backend, and
     the answer may change)."""

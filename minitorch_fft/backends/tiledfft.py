@@ -199,11 +199,92 @@ def _basis(xp, pass_name, g, out_hw, forced, run):
     default, options = basis(out_hw, k_hw), bases(k_hw)
     if len(options) == 1 or not tuning.enabled("tiledfft_tune", xp):
         return default
-    r = _revision(pass_name, cgemm.mode(xp))   # bases timed before a revision are timed again
-    key = tuning.key(xp, np.float32, tuple(g), pass_name, f"tiledfft_r{r}" if r else "tiledfft")
-    return tuning.remembered(key, lambda: tuning.tune(options, run, xp, against=default,
-                                                      tol=tuning.variant_tol(xp, TUNE_TOL)),
+    return tuning.remembered(_basis_key(xp, pass_name, g),
+                             lambda: tuning.tune(options, run, xp, against=default, tol=tuning.variant_tol(xp, TUNE_TOL)),
                              valid=lambda n: is_int(n) and n in options, untuned=lambda: default)["choice"]
+
+
+def _basis_key(xp, pass_name, g):
+    """The tuning key of the pass's basis (bases timed before a revision are timed again)."""
+    r = _revision(pass_name, cgemm.mode(xp))
+    return tuning.key(xp, np.float32, tuple(g), pass_name, f"tiledfft_r{r}" if r else "tiledfft")
+
+
+def _chosen_basis(xp, pass_name, g):
+    """The basis _basis would take for the pass without tuning: the only one, the heuristic's where
+    tiledfft_tune does not tune, else the tuned one (None where this process's tuning memory holds
+    no valid record of it for the cache as it is)."""
+    k_hw = (g.kh, g.kw)
+    options = bases(k_hw)
+    if len(options) == 1 or not tuning.enabled("tiledfft_tune", xp):
+        return basis((g.h, g.w) if pass_name == "bprop" else (g.oh, g.ow), k_hw)
+    record = tuning.peek(_basis_key(xp, pass_name, g))
+    choice = None if record is None else record.get("choice")
+    return choice if is_int(choice) and choice in options else None
+
+
+def prepare(pass_name, g, xp):
+    """run(a, b) -> out for backends.run_pass's prepared path (a, b checked there: C-contiguous float32
+    CuPy arrays of g's shapes): a pass at a basis already chosen whose batch fits the workspace in one
+    piece, as its launches (the weight's or the operands' spectra, the inverse: _launcher's, their
+    grids and integer arguments worked out here once) and one GEMM (cgemm.prepare); None on the CPU,
+    where the batch goes in chunks or the basis is not tuned yet (run_pass then calls the pass
+    function, which tunes it). The output is made after the GEMM (the pass function makes it first):
+    the operands' spectra are freed before it. test_tiledfft checks on the CPU that it launches what
+    the pass function launches."""
+    n = None if xp is np else _chosen_basis(xp, pass_name, g)
+    if n is None:
+        return None
+    bprop = pass_name == "bprop"
+    t = tiling((g.h, g.w) if bprop else (g.oh, g.ow), (g.kh, g.kw), n)
+    if len(_chunks(g.S, _spectrum_bytes(t, g.f + g.fo))) != 1:
+        return None
+    from . import fbfft_kernels
+    P, nf, empty, c64, f32 = g.S * t.th * t.tw, fbfft_plan.stored_frequencies(n), xp.empty, np.complex64, np.float32
+
+    def spectra(c, h, w, pad, limit):
+        """f(a) -> the spectra (nf, P, c) of a's windows (_spectra's launch)."""
+        launch = _launcher("rfft2", n, P * c, (P * c, c, h, w, t.th, t.tw, t.mh, t.mw, *pad, *limit))
+        return lambda a: launch(a, empty((nf, P, c), dtype=c64))
+
+    if pass_name == "accgrad":       # G^H (nf, P, f') @ X (nf, P, f) -> gw (nf, f', f) -> (f', f, kh, kw)
+        spectra_x = spectra(g.f, g.h, g.w, (g.ph, g.pw), (n, n))
+        spectra_gy = spectra(g.fo, g.oh, g.ow, (0, 0), (t.mh, t.mw))
+        gemm = cgemm.prepare(xp, (nf, P, g.fo), (nf, P, g.f), op_a="C")
+        inverse = fbfft_kernels.irfft2_launcher(n, g.fo * g.f, (g.kh, g.kw))
+        out_shape = (g.fo, g.f, g.kh, g.kw)
+
+        def products(gy, x):
+            xf = spectra_x(x)
+            return gemm(spectra_gy(gy), xf)
+    else:                            # fprop X @ W^H (nf, P, f'); bprop GY @ W (nf, P, f)
+        weight = fbfft_kernels.rfft2_launcher(n, g.fo * g.f, g.kh, g.kw)
+        c, out_planes = (g.fo, g.f) if bprop else (g.f, g.fo)
+        in_hw, out_hw = ((g.oh, g.ow), (g.h, g.w)) if bprop else ((g.h, g.w), (g.oh, g.ow))
+        pad = (g.kh - 1 - g.ph, g.kw - 1 - g.pw) if bprop else (g.ph, g.pw)
+        offset = (g.kh - 1, g.kw - 1) if bprop else (0, 0)
+        spectra_a = spectra(c, *in_hw, pad, (n, n))
+        gemm = cgemm.prepare(xp, (nf, P, c), (nf, g.fo, g.f), op_b="N" if bprop else "C")
+        write = _launcher("irfft2", n, P * out_planes, (P * out_planes, out_planes, *out_hw, t.th, t.tw, t.mh, t.mw,
+                                                         *offset), np.float32(1.0 / (n * n)))
+        out_shape = (g.S, out_planes, *out_hw)
+
+        def products(a, w):
+            wf = empty((nf, g.fo, g.f), dtype=c64)
+            weight(w, wf)
+            return gemm(spectra_a(a), wf)
+
+        def inverse(product, out):
+            write(product, out)
+    if gemm is None:
+        return None
+
+    def run(a, b):
+        product = products(a, b)     # the operands' spectra freed here
+        out = empty(out_shape, dtype=f32)
+        inverse(product, out)
+        return out
+    return run
 
 
 def _correlate(xp, a, wf, op, pad, offset, out_hw, t):
@@ -308,10 +389,21 @@ def _kernel(name, n):
 
 
 def _launch(name, n, B, src, dst, ints, *rest):
-    """One launch over B (tile, plane) entries, fbfft's 2-D plan: a block takes `planes` of them."""
+    """One launch over B (tile, plane) entries (_launcher's)."""
+    _launcher(name, n, B, tuple(ints), *rest)(src, dst)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launcher(name, n, B, ints, *rest):
+    """launch(src, dst) -> dst over B (tile, plane) entries, fbfft's 2-D plan (a block takes `planes` of
+    them), its grid and arguments worked out once per geometry; ValueError past the 32-bit index."""
     if B >= 2**31:
         raise ValueError(f"tiledfft: {B} tile-planes in one chunk exceed the kernels' 32-bit index; "
                          "lower fbfft_workspace_mb")
     kernel, planes, threads, smem = _kernel(name, n)
-    kernel(((B + planes - 1) // planes,), (threads,), (src, dst, *(np.int32(v) for v in ints), *rest),
-           shared_mem=smem)
+    grid, block, scalars = ((B + planes - 1) // planes,), (threads,), (*(np.int32(v) for v in ints), *rest)
+
+    def launch(src, dst):
+        kernel(grid, block, (src, dst, *scalars), shared_mem=smem)
+        return dst
+    return launch
