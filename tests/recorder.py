@@ -1,7 +1,8 @@
-"""A stand-in for CuPy under the FFT backends' GPU code (fbfft, polyphase over it, tiledfft), for CPU tests of
-their prepared calls: NumPy allocations, and every FFT launch, GEMM and rearrangement launch recorded
-(kernel, sizes, offsets, operand shapes, GEMM flags), nothing computed. The prepared call and the
-pass function, run on the same stand-in, must record the same list."""
+"""A stand-in for CuPy under the backends' GPU code, for CPU tests of their prepared calls: NumPy
+allocations, and every FFT launch, GEMM and kernel launch recorded (kernel, sizes, offsets, operand
+shapes, GEMM flags, integer arguments), nothing computed. The prepared call and the pass function,
+run on the same stand-in, must record the same list. install() puts it under fbfft, polyphase and
+tiledfft; winograd's test puts its pieces in place itself."""
 import functools
 
 import numpy as np

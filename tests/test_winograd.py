@@ -514,29 +514,6 @@ def test_a_float_tile_is_refused_forced_or_cached(settings, tmp_path):
 
 # -- the prepared fprop and bprop (winograd.prepare) on the CPU -------------------------------------
 
-class _Recorder:
-    """A stand-in for CuPy under winograd's GPU code: NumPy allocations, and every kernel launch and
-    GEMM recorded (names, grids, blocks, integer arguments and array shapes), nothing run."""
-
-    def __init__(self):
-        self.calls = []
-
-    @staticmethod
-    def empty(shape, dtype):
-        return np.empty(shape, dtype)
-
-    def get_function(self, name):
-        return lambda grid, block, args: self.calls.append((name, grid, block, self._plain(args)))
-
-    def matmul(self, xp, a, b, **kw):
-        self.calls.append(("matmul", a.shape, b.shape, tuple(sorted(kw.items()))))
-        return np.empty((a.shape[0], a.shape[1], b.shape[2]), np.float32)
-
-    @staticmethod
-    def _plain(args):
-        return tuple(("array", a.shape) if isinstance(a, np.ndarray) else int(a) for a in args)
-
-
 @pytest.mark.parametrize("xs,ws,padding", [((3, 5, 9, 7), (6, 5, 3, 3), (1, 0)), ((2, 4, 6, 5), (3, 4, 3, 3), (0, 3)),
                                            ((1, 8, 12, 12), (16, 8, 3, 3), (1, 1)), ((4, 3, 5, 8), (2, 3, 3, 3), (2, 1))])
 @pytest.mark.parametrize("m", winograd.TILES)
@@ -545,7 +522,8 @@ def test_prepared_call_launches_what_the_full_path_launches(pass_name, m, xs, ws
     """winograd.prepare's run makes the kernel launches and the GEMM of the full path (fprop or bprop
     through _conv, one chunk), argument for argument: asymmetric padding, planes and planes swapped in
     bprop, its 2 - p padding (negative where p > 2)."""
-    fake = _Recorder()
+    from recorder import Recorder            # its kernel launches and GEMMs recorded; installed for winograd alone
+    fake = Recorder()
     monkeypatch.setattr(winograd, "cuda_module", lambda *a, **k: fake)
     monkeypatch.setattr(winograd.cgemm, "matmul", fake.matmul)
     monkeypatch.setattr(winograd, "check_arrays", lambda **arrays: (fake, *arrays.values()))
