@@ -1,6 +1,7 @@
 """A stand-in for CuPy under the backends' GPU code, for CPU tests of their prepared calls: NumPy
 allocations, and every FFT launch, GEMM and kernel launch recorded (kernel, sizes, offsets, operand
-shapes, GEMM flags, integer arguments), nothing computed. The prepared call and the pass function,
+shapes, GEMM flags, integer arguments), and every spectrum asked of reuse.shared (its key and its
+owner: a name given with watch(), else "made" and its shape), nothing computed. The prepared call and the pass function,
 run on the same stand-in, must record the same list. install() puts it under fbfft, polyphase and
 tiledfft; winograd's test puts its pieces in place itself."""
 import functools
@@ -28,6 +29,12 @@ class Recorder:
 
     def __init__(self):
         self.calls = []
+        self.watched = {}
+
+    def watch(self, **arrays):
+        """Name these arrays in the record of reuse.shared's owners (any other owner is recorded as an
+        array the pass made, by its shape: a new object each call)."""
+        self.watched.update((id(a), name) for name, a in arrays.items())
 
     @staticmethod
     def empty(shape, dtype):
@@ -39,6 +46,8 @@ class Recorder:
         check = lambda **arrays: (self, *arrays.values())  # noqa: E731
         for module in (fbfft, polyphase, tiledfft):
             monkeypatch.setattr(module, "check_arrays", check)
+        for module in (fbfft, polyphase):      # each spectrum asked for: its key and owner, before it is made
+            monkeypatch.setattr(module, "shared", self._shared(module.shared))
         monkeypatch.setattr(fbfft, "_PAIRS", {})
         monkeypatch.setattr(fbfft_kernels, "rfft2_launcher", self._launcher("rfft2"))
         monkeypatch.setattr(fbfft_kernels, "irfft2_launcher", self._launcher("irfft2"))
@@ -49,6 +58,13 @@ class Recorder:
             monkeypatch.setattr(module, "cuda_module", lambda *a, **k: self)
             monkeypatch.setattr(module, cached, functools.lru_cache(maxsize=None)(getattr(module, cached).__wrapped__))
         return self
+
+    def _shared(self, real):
+        def shared(key, owner, compute, *args):
+            who = None if owner is None else self.watched.get(id(owner), ("made", tuple(owner.shape)))
+            self.calls.append(("shared", key, who))
+            return real(key, owner, compute, *args)
+        return shared
 
     def _launcher(self, name):
         def make(n, B, *geometry):

@@ -108,13 +108,15 @@ def test_prepared_pass_launches_what_the_pass_function_launches(pass_name, case,
     S, f, fo, h, w, kh, kw, pad = case
     g = backends.geometry((S, f, h, w), (fo, f, kh, kw), (1, 1), pad)
     args, third = _operands(rng, g)
+    fake.watch(**dict(zip(("a", "b"), args[pass_name])))      # each spectrum's owner: the operand itself
     full = getattr(fbfft, pass_name)(*args[pass_name], *((third[pass_name],) if pass_name in third else ()),
                                      stride=(1, 1), padding=pad)
     launched, fake.calls = fake.calls, []
     run = fbfft.prepare(pass_name, g, fake)
     assert run is not None
     prepared = run(*args[pass_name])
-    assert fake.calls == launched and [c[0] for c in launched] == ["rfft2", "rfft2", "gemm", "irfft2"]
+    assert fake.calls == launched
+    assert [c[0] for c in launched] == ["shared", "rfft2", "shared", "rfft2", "gemm", "irfft2"]
     assert prepared.shape == full.shape and prepared.dtype == full.dtype == np.float32
 
 
@@ -143,3 +145,24 @@ def test_prepared_passes_share_spectra_as_the_pass_functions(rng, monkeypatch):
     assert fbfft.prepare("fprop", g, np) is None
     with backends.config.override(fbfft_workspace_mb=2**-20):    # one image a chunk
         assert fbfft.prepare("fprop", g, fake) is None
+
+
+@pytest.mark.parametrize("pad", [(1, 1), (2, 0)])
+def test_prepared_and_full_passes_find_each_others_spectra(pad, rng, monkeypatch):
+    """In one reuse_spectra() block the pass function's fprop keeps x's spectrum for a prepared accGrad,
+    and a prepared fprop's for the pass function's accGrad (the same key, x at (ph, pw), and owner):
+    one hit each way, and x transformed once."""
+    from recorder import Recorder
+    fake = Recorder().install(monkeypatch)
+    g = backends.geometry((3, 4, 9, 9), (5, 4, 3, 3), (1, 1), pad)
+    args, third = _operands(rng, g)
+    prepared = {pn: fbfft.prepare(pn, g, fake) for pn in ("fprop", "accgrad")}
+    full = {"fprop": lambda x, w: fbfft.fprop(x, w, (1, 1), pad),
+            "accgrad": lambda gy, x: fbfft.accgrad(gy, x, third["accgrad"], (1, 1), pad)}
+    for first, second in ((full, prepared), (prepared, full)):
+        fake.calls = []
+        with backends.reuse_spectra() as cache:
+            first["fprop"](*args["fprop"])
+            second["accgrad"](*args["accgrad"])
+        assert cache.hits == 1 and cache.hit_keys[0].role == "x" and cache.hit_keys[0].offset == pad
+        assert [c[0] for c in fake.calls].count("rfft2") == 3      # w, x; then gy only

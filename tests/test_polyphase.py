@@ -163,6 +163,7 @@ def test_prepared_pass_launches_what_the_pass_function_launches(pass_name, case,
     gy = rng.standard_normal((S, fo, g.oh, g.ow)).astype(np.float32)
     args = {"fprop": (x, wt), "bprop": (gy, wt), "accgrad": (gy, x)}[pass_name]
     third = {"fprop": (), "bprop": (x.shape,), "accgrad": (wt.shape,)}[pass_name]
+    fake.watch(x=x, w=wt, gy=gy)
     full = getattr(polyphase, pass_name)(*args, *third, stride=stride, padding=pad)
     launched, fake.calls = fake.calls, []
     run = polyphase.prepare(pass_name, g, fake)

@@ -426,3 +426,21 @@ def test_prepared_roles_are_kept_only_once_final(settings, monkeypatch):
         assert set(entry.roles) == {(("bprop",), True), ((), True)}
     assert entry((gy, x, ws), ("bprop",)) == "ran" and kept[-1] is None
     assert entry((gy.astype(np.float64), x, ws), ("bprop",)) is None      # the full path's to check
+
+
+def test_a_backend_says_whether_its_prepared_call_keeps_spectra(monkeypatch):
+    """backends._prepare runs a prepare()'d call under the spectra roles where the backend module says
+    PREPARED_SPECTRA (fbfft, polyphase), not where it does not (tiledfft, winograd, gemm, cudnn); a
+    pass function always. Stand-ins for CuPy (NumPy arrays on "device 0") and for the prepared runs."""
+    monkeypatch.setattr(backends, "_prepared", {})
+    xs, ws, s, p = (2, 3, 9, 9), (4, 3, 3, 3), (1, 1), (1, 1)
+    x, w, _, _ = _data(xs, ws, s, p, 10)
+    kept = {}
+    for name in ("fbfft", "polyphase", "tiledfft", "winograd", "gemm", "cufft"):
+        module = backends.get(name)
+        if hasattr(module, "prepare"):
+            monkeypatch.setattr(module, "prepare", lambda pass_name, g, xp: (lambda a, b: "ran"))
+        backends._prepare(name, "fprop", module, (x, w), _FakeCupy, xs, ws, s, p)
+        kept[name] = backends._prepared[(name, "fprop", xs, ws, s, p, config.state())].spectra
+    assert kept == {"fbfft": True, "polyphase": True, "tiledfft": False, "winograd": False, "gemm": False,
+                    "cufft": True}

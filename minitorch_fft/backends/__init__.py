@@ -235,12 +235,12 @@ class _Prepared:
     each for converted AlexNet's two outputs above the threshold (session 37, H200).
 
     Spectra: gemm's, cudnn's, winograd's and tiledfft's prepare()'d calls keep none, so
-    reuse_spectra() has nothing to say to them. A pass function may (cufft), and so may the
-    prepare()'d calls of a backend that says so (PREPARED_SPECTRA: fbfft, polyphase): inside a
-    reuse_spectra() block it runs under reuse.keeping() with the roles the full path would give it (_kept_roles), worked out
-    once per (later, the block's `inputs`) and kept from the first call at which every consumer
-    pass had its backend chosen (before that, an untuned consumer counts as the same backend, and
-    the answer may change)."""
+    reuse_spectra() has nothing to say to them. A pass function may (cufft, polyphase over it),
+    and so may the prepare()'d calls of a backend that says so (PREPARED_SPECTRA: fbfft,
+    polyphase): inside a reuse_spectra() block it runs under reuse.keeping() with the roles the
+    full path would give it (_kept_roles), worked out once per (later, the block's `inputs`) and
+    kept from the first call at which every consumer pass had its backend chosen (before that, an
+    untuned consumer counts as the same backend, and the answer may change)."""
 
     __slots__ = ("cp", "run", "backend", "pass_name", "fn", "registry", "device", "shapes", "rest",
                  "record_key", "record", "spectra", "where", "roles")

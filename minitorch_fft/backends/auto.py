@@ -26,9 +26,10 @@ math is the GEMM precision, "fp32" or "tf32", whose records are apart), or timed
 another length (the record's "inner"; records before session 65 timed single calls), or holding a
 tie that host work decides without its host times ("host_ms", since session 65), is tuned again.
 
-A candidate whose module offers prepare() (gemm, cudnn) is timed through the call it prepares,
-after its first (checked) run: what backends.run_pass runs on a layer's later calls, without the
-module call's checks and dispatch, which on a 0.07 ms pass are a tenth of its time.
+A candidate whose module offers prepare() (gemm, cudnn, winograd, fbfft, polyphase, tiledfft) is timed
+through the call it prepares, after its first (checked) run: what backends.run_pass runs on a layer's
+later calls, without the module call's checks and dispatch, which on a 0.07 ms pass are a tenth of its
+time.
 
 A candidate that raises or runs out of memory is skipped, with the reason kept in the record.
 ``MINITORCH_AUTO_MEMORY_MB`` caps the extra GPU memory a candidate may take (CuPy's pool limit

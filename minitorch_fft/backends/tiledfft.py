@@ -229,9 +229,11 @@ def prepare(pass_name, g, xp):
     piece, as its launches (the weight's or the operands' spectra, the inverse: _launcher's, their
     grids and integer arguments worked out here once) and one GEMM (cgemm.prepare); None on the CPU,
     where the batch goes in chunks or the basis is not tuned yet (run_pass then calls the pass
-    function, which tunes it). The output is made after the GEMM (the pass function makes it first):
-    the operands' spectra are freed before it. test_tiledfft checks on the CPU that it launches what
-    the pass function launches."""
+    function, which tunes it). The basis is the one chosen when the call is prepared: a tuning cache
+    replaced later (another process's, a cleared memory) is not read again for it, as for winograd's
+    tile (results the same at any basis; only its speed may differ from a re-read choice's). The
+    output is made after the GEMM (the pass function makes it first): the operands' spectra are freed
+    before it. test_tiledfft checks on the CPU that it launches what the pass function launches."""
     n = None if xp is np else _chosen_basis(xp, pass_name, g)
     if n is None:
         return None
