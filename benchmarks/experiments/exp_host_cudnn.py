@@ -118,8 +118,15 @@ CASES_S67_TILEDFFT = [
     ("resnet18 conv2", (128, 64, 56, 56), (64, 64, 3, 3), (1, 1), "accgrad", (1, 1)),
     ("resnet18 conv7", (128, 128, 28, 28), (128, 128, 3, 3), (1, 1), "bprop", (1, 1)),
 ]
-CASE_SETS = {"shortcuts": CASES, "s67_alexnet": CASES_S67_ALEXNET, "s67_tiledfft": CASES_S67_TILEDFFT, "s66_tf32": CASES_S66_TF32, "shortcuts_s64": CASES_SHORTCUTS_S64, "s65_tf32": CASES_S65_TF32, "resnet50_tf32": CASES_RESNET50_TF32,
-             "resnet18_tf32": CASES_RESNET18_TF32, "h200_tf32": CASES_H200_TF32}
+CASE_SETS = {"shortcuts": CASES,
+             "s67_alexnet": CASES_S67_ALEXNET,
+             "s67_tiledfft": CASES_S67_TILEDFFT,
+             "s66_tf32": CASES_S66_TF32,
+             "shortcuts_s64": CASES_SHORTCUTS_S64,
+             "s65_tf32": CASES_S65_TF32,
+             "resnet50_tf32": CASES_RESNET50_TF32,
+             "resnet18_tf32": CASES_RESNET18_TF32,
+             "h200_tf32": CASES_H200_TF32}
 
 
 def timings(fn, lib):

@@ -199,8 +199,8 @@ def _basis(xp, pass_name, g, out_hw, forced, run):
     default, options = basis(out_hw, k_hw), bases(k_hw)
     if len(options) == 1 or not tuning.enabled("tiledfft_tune", xp):
         return default
-    return tuning.remembered(_basis_key(xp, pass_name, g),
-                             lambda: tuning.tune(options, run, xp, against=default, tol=tuning.variant_tol(xp, TUNE_TOL)),
+    tune = lambda: tuning.tune(options, run, xp, against=default, tol=tuning.variant_tol(xp, TUNE_TOL))  # noqa: E731
+    return tuning.remembered(_basis_key(xp, pass_name, g), tune,
                              valid=lambda n: is_int(n) and n in options, untuned=lambda: default)["choice"]
 
 
