@@ -732,6 +732,47 @@ def test_reuse_blocks_of_two_threads_may_end_out_of_order():
     assert pt._views is None and not pt._open_views and reuse.active() is None and not reuse._open
 
 
+def test_view_blocks_of_threads_opening_and_ending_at_once_stay_open_while_they_run():
+    """The adapter's view dicts (reuse_spectra()'s, _view_block) under threads opening and ending
+    blocks at once, as test_reuse's threads test does for the spectra blocks (the same OpenBlocks
+    class): each thread's dict is among the open ones all the while its block runs, _views names the
+    last open one whenever it is read under the lock, and nothing is left open after; each thread's
+    full reuse_spectra() block as well."""
+    import sys
+    import threading
+    from test_reuse import _consistent
+    lost, stale, errors = [], [], []
+
+    def worker():
+        try:
+            for i in range(2000):
+                views = {}
+                with pt._open_views.open(views), (reuse_spectra() if i % 2 else contextlib.nullcontext()):
+                    blocks, ok = _consistent(pt._open_views, lambda: pt._views, lambda b: b)
+                    if not any(b is views for b in blocks):
+                        lost.append(i)
+                    if not ok:
+                        stale.append(i)
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # threads switch as often as the interpreter lets them
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads), "a thread is still running (a deadlock?)"
+    assert not errors, errors
+    assert not lost, f"{len(lost)} view dicts dropped from the open ones while their blocks ran"
+    assert not stale, f"_views named another dict than the last open one {len(stale)} times"
+    assert pt._views is None and not pt._open_views
+
+
 def test_a_subclass_of_conv2d_is_made_and_runs():
     """A subclass of the adapter's Conv2d is the user's own extension of it: made and run as Conv2d
     (a subclass of nn.Conv2d, whose forward may differ, is what convert() leaves alone)."""
