@@ -738,9 +738,7 @@ def test_view_blocks_of_threads_opening_and_ending_at_once_stay_open_while_they_
     class): each thread's dict is among the open ones all the while its block runs, _views names the
     last open one whenever it is read under the lock, and nothing is left open after; each thread's
     full reuse_spectra() block as well."""
-    import sys
-    import threading
-    from test_reuse import _consistent
+    from test_reuse import _consistent, run_at_once
     lost, stale, errors = [], [], []
 
     def worker():
@@ -756,17 +754,7 @@ def test_view_blocks_of_threads_opening_and_ending_at_once_stay_open_while_they_
         except Exception as e:   # noqa: BLE001 - reported below
             errors.append(e)
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)   # threads switch as often as the interpreter lets them
-    try:
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        sys.setswitchinterval(interval)
-    assert not any(t.is_alive() for t in threads), "a thread is still running (a deadlock?)"
+    run_at_once(worker)
     assert not errors, errors
     assert not lost, f"{len(lost)} view dicts dropped from the open ones while their blocks ran"
     assert not stale, f"_views named another dict than the last open one {len(stale)} times"

@@ -432,6 +432,24 @@ def _consistent(blocks, state, top_state):
         return open_now, state() is top_state(open_now[-1] if open_now else None)
 
 
+def run_at_once(worker, threads=4):
+    """worker() on `threads` threads at once, switching as often as the interpreter lets them; fails
+    plainly if one is still running after a minute (a deadlock?)."""
+    import sys
+    import threading
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        running = [threading.Thread(target=worker) for _ in range(threads)]
+        for t in running:
+            t.start()
+        for t in running:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in running), "a thread is still running (a deadlock?)"
+
+
 def test_blocks_of_threads_opening_and_ending_at_once_stay_open_while_they_run():
     """Threads opening and ending reuse_spectra() and keeping() blocks at once: each block is among
     the open ones all the while it runs, the state names the last open block whenever it is read
@@ -439,8 +457,6 @@ def test_blocks_of_threads_opening_and_ending_at_once_stay_open_while_they_run()
     where another thread's block had left the list between its look and its delete, and the list
     rebuilt without a keeping() block could drop another thread's; with on_top outside the lock the
     state could name a block that had left.)"""
-    import sys
-    import threading
     lost, stale, errors = [], [], []
     active_of = lambda b: b if isinstance(b, reuse.StepCache) else None   # noqa: E731
     keep_of = lambda e: None if e is None else e[1]                        # noqa: E731
@@ -458,17 +474,7 @@ def test_blocks_of_threads_opening_and_ending_at_once_stay_open_while_they_run()
         except Exception as e:   # noqa: BLE001 - reported below
             errors.append(e)
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)   # threads switch as often as the interpreter lets them
-    try:
-        threads = [threading.Thread(target=worker) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-    finally:
-        sys.setswitchinterval(interval)
-    assert not any(t.is_alive() for t in threads), "a thread is still running (a deadlock?)"
+    run_at_once(worker)
     assert not errors, errors
     assert not lost, f"{len(lost)} blocks dropped from the open ones while they ran"
     assert not stale, f"the state named another block than the last open one {len(stale)} times"
