@@ -1602,6 +1602,83 @@ def test_torch_compile_fullgraph(device, layout, strict_fp32):
         assert conv_out == [layout == torch.channels_last or converted_cl] * 2
 
 
+@torch.library.custom_op("minitorch_fft_test::hook_state", mutates_args=())
+def _hook_state(x: torch.Tensor) -> torch.Tensor:
+    """Test-only operator: x, with whether Dynamo's frame hook is installed where it runs recorded."""
+    _HOOK_SEEN.append(_HOOK.get(_HOOK.interpreter()) != _HOOK.default)
+    return x.clone()
+
+
+_hook_state.register_fake(lambda x: torch.empty_like(x))
+_HOOK, _HOOK_SEEN = pt.FRAME_HOOK, []
+
+
+@pytest.mark.skipif(pt.FRAME_HOOK is None, reason="this Python has no interpreter frame hook to lift")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_compiled_forward_runs_the_operator_without_dynamos_frame_hook(device, strict_fp32, monkeypatch):
+    """In a compiled forward the operator runs with Dynamo's frame hook lifted (_AsOperator: CPython
+    specialises no Python call while it is installed) and puts it back for what follows: the next
+    operator in the region finds it installed. With the lift off (FRAME_HOOK None) the passes run
+    under the hook, which is how the test knows it would see one; results equal either way."""
+    torch._dynamo.reset()
+    model = convert(small_net()).to(device)
+
+    def run(x):
+        return _hook_state(model(x))
+    compiled = torch.compile(run, fullgraph=True, backend="inductor" if device == "cuda" else "aot_eager")
+    x = torch.randn(2, 3, 12, 12, device=device)
+    hooked, lifted = [], []
+    crossing, hook = pt._crossing, pt.FRAME_HOOK
+
+    def watched(*args, **kwargs):
+        hooked.append((args[5][0][0], hook.get(hook.interpreter()) != hook.default))
+        return crossing(*args, **kwargs)
+
+    class Counted:
+        def lift(self):
+            lifted.append(hook.lift())
+            return lifted[-1]
+
+        def restore(self, token):
+            hook.restore(token)
+    monkeypatch.setattr(pt, "_crossing", watched)
+    monkeypatch.setattr(pt, "FRAME_HOOK", Counted())
+    with torch.no_grad():
+        out = compiled(x)
+    assert [p for p, _ in hooked] == ["fprop", "fprop"] and not any(h for _, h in hooked)
+    assert len(lifted) == 2 and all(token is not None for token in lifted)
+    assert _HOOK_SEEN[-1], "the hook was not put back after the operators"
+    assert hook.get(hook.interpreter()) == hook.default   # outside the region: none, as before
+    hooked.clear()
+    monkeypatch.setattr(pt, "FRAME_HOOK", None)
+    with torch.no_grad():
+        again = compiled(x)
+    assert [h for _, h in hooked] == [True, True]
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_operator_puts_the_frame_hook_back_when_it_raises(monkeypatch):
+    """An operator that raises (a bias of the wrong size, refused in its implementation) restores
+    what it lifted, and its thread's operator flag."""
+    calls = []
+
+    class Stub:
+        def lift(self):
+            calls.append("lift")
+            return "token"
+
+        def restore(self, token):
+            calls.append(("restore", token))
+    monkeypatch.setattr(pt, "FRAME_HOOK", Stub())
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    with pytest.raises(ValueError, match="one value per output plane"):
+        torch.ops.minitorch_fft.conv2d(x, w, [1, 1], [0, 0], "gemm", torch.zeros(4))
+    assert calls == ["lift", ("restore", "token")]
+    assert pt._local.operator is False
+
+
 # -- GPU: CUDA graphs, no copies, streams ---------------------------------------------------------
 
 def use_path(monkeypatch, path):
