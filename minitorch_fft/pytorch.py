@@ -289,82 +289,13 @@ class _OperatorState(threading.local):
 _local = _OperatorState()
 
 
-# -- Dynamo's frame hook, lifted while an operator's implementation runs --------------------------
-# While a torch.compile'd region runs, Dynamo keeps its frame-evaluation hook (PEP 523) installed on
-# the interpreter, to run compiled code where a frame has some, and CPython specialises no
-# Python-to-Python call while any such hook is installed: every call our passes make there takes
-# the generic path. The compiled forward calls the operator inside that region (the compiled
-# backward runs on autograd's thread, where the hook was found not installed), so the operators'
-# implementations take the hook off for their own duration and put it back after (_AsOperator).
-# On a CPU (torch 2.14, Python 3.11; tests/test_pytorch.py checks the lift) a loop of small calls
-# took 22-23 us a call plainly, 28-31 inside a compiled region's operator, 24-26 with the hook
-# lifted there; the step this buys on the GPU is benchmarks/NOTES.md's (session 68).
-# - Nothing else changes: no frame of Dynamo's runs while the lift lasts (the passes call no compiled
-#   code), and frames already running keep running as they were.
-# - Another Python thread that calls a torch.compile'd function while the lift lasts (a few hundred
-#   us at a time) runs that call as plain Python, as Dynamo itself does where it is disabled: the same
-#   results, that call uncompiled.
-# - Only where CPython has the calls (3.9 and later: _PyInterpreterState_Get/SetEvalFrameFunc) and
-#   runs with the GIL, which keeps the interpreter's state ours between the calls; elsewhere
-#   (a free-threaded build, another interpreter) nothing is lifted.
-
-class _FrameHook:
-    """ctypes calls into CPython for the interpreter's frame-evaluation function (lift, restore)."""
-
-    def __init__(self):
-        import ctypes
-        api = ctypes.pythonapi   # a PyDLL: its calls keep the GIL
-        proto = ctypes.PYFUNCTYPE
-        self.interpreter = proto(ctypes.c_void_p)(("PyInterpreterState_Get", api))
-        self.get = proto(ctypes.c_void_p, ctypes.c_void_p)(("_PyInterpreterState_GetEvalFrameFunc", api))
-        self.set = proto(None, ctypes.c_void_p, ctypes.c_void_p)(("_PyInterpreterState_SetEvalFrameFunc", api))
-        self.default = ctypes.cast(api._PyEval_EvalFrameDefault, ctypes.c_void_p).value
-
-    def lift(self):
-        """(interpreter, the hook) after taking an installed hook off, else None."""
-        interpreter = self.interpreter()
-        hook = self.get(interpreter)
-        if hook is None or hook == self.default:
-            return None
-        self.set(interpreter, self.default)
-        return interpreter, hook
-
-    def restore(self, lifted):
-        """The hook lift() took off put back, unless another has been installed since."""
-        interpreter, hook = lifted
-        current = self.get(interpreter)
-        if current is None or current == self.default:
-            self.set(interpreter, hook)
-
-
-def _frame_hook():
-    import sys
-    if not getattr(sys, "_is_gil_enabled", lambda: True)() or sys.implementation.name != "cpython":
-        return None
+@contextlib.contextmanager
+def _as_operator():
+    was, _local.operator = _local.operator, True
     try:
-        return _FrameHook()
-    except (AttributeError, OSError, ValueError):   # a CPython without the calls
-        return None
-
-
-FRAME_HOOK = _frame_hook()   # None: never lifted (also how benchmarks/experiments/exp_step_ab turns it off)
-
-
-class _AsOperator:
-    """An operator's implementation runs (_local.operator) with Dynamo's frame hook lifted (above)."""
-    __slots__ = ("was", "lifted")
-
-    def __enter__(self):
-        self.was, _local.operator = _local.operator, True
-        self.lifted = FRAME_HOOK.lift() if FRAME_HOOK is not None else None
-
-    def __exit__(self, *exc):
-        _local.operator = self.was
-        if self.lifted is not None:
-            FRAME_HOOK.restore(self.lifted)
-
-
-_as_operator = _AsOperator
+        yield
+    finally:
+        _local.operator = was
 
 
 @contextlib.contextmanager
@@ -1304,8 +1235,8 @@ def _conv2d(x: Tensor, weight: Tensor, stride: Sequence[int], padding: Sequence[
             bias: Optional[Tensor] = None) -> Tensor:
     """y (S, f', oh, ow) = x (S, f, h, w) cross-correlated with weight (f', f, kh, kw), plus bias (f')
     if given: fprop, the bias added in place on its fresh output (or inside cuDNN's fprop: _crossing)."""
+    _check_bias(x, weight, bias)
     with _as_operator():
-        _check_bias(x, weight, bias)
         return _run("fprop", backend, x, weight, x.shape, weight.shape, stride, padding, bias=bias)
 
 

@@ -26,11 +26,9 @@ With --split N, each converted row also splits its issue time (N steps, each fro
 the host time inside our passes (minitorch_fft.pytorch._crossing: the crossings, the CuPy scope and
 backends.run_pass, itself also given) and the rest (PyTorch: autograd, the dispatcher, a compiled
 region's wrappers, and the stock layers), by timing those two functions; it also gives run_pass's
-time by pass, the time of the pieces under the passes, our crossings' time by their passes (a
-layer's fprop, or its backward's passes), and how many of the operators' calls found Dynamo's frame
-hook installed and lifted it (minitorch_fft.pytorch's _AsOperator) (issue_split). The split runs
-before the row's profiler session; set TEARDOWN_CUPTI=1 so that an earlier row's session leaves no
-residue.
+time by pass, the time of the pieces under the passes, and our crossings' time by their passes (a
+layer's fprop, or its backward's passes) (issue_split). The split runs before the row's profiler
+session; set TEARDOWN_CUPTI=1 so that an earlier row's session leaves no residue.
 
 With --passes, each converted row also finds which pass its peak is in: one step with every
 backends.run_pass call timed by the allocator's own counters (torch.cuda.memory_allocated and its
@@ -333,9 +331,8 @@ def issue_split(step, steps):
     took the full path (backends.choose's calls: the prepared path skips it) by (pass, input shape),
     over all the steps; run_pass's host us a call by (pass, input shape, weight shape, backend that
     ran it); the pieces under the passes (PIECES: the launches, GEMMs, cuDNN calls, allocations
-    and memory checks), each as (label, calls a step, us a call), over all the steps; our crossings'
-    ms a step by their passes ("fprop", "accgrad+bprop", ...; means); and (the operators' calls a step
-    that lifted Dynamo's frame hook, those that looked)."""
+    and memory checks), each as (label, calls a step, us a call), over all the steps; and our
+    crossings' ms a step by their passes ("fprop", "accgrad+bprop", ...; means)."""
     import statistics
 
     import torch
@@ -350,24 +347,10 @@ def issue_split(step, steps):
 
     def by_crossing(backend, x_shape, w_shape, stride, padding, passes, *rest, **kwargs):
         return "+".join(p[0] for p in passes)
-    hook = pt.FRAME_HOOK
-    lifts = Counter()   # the operators' calls a step that found Dynamo's frame hook installed (and lifted it)
-
-    class Counted:
-        def lift(self):
-            lifted = hook.lift()
-            lifts[lifted is not None] += 1
-            return lifted
-
-        def restore(self, lifted):
-            hook.restore(lifted)
     crossings = Counter()
     for _ in range(steps):
         torch.cuda.synchronize()
         with contextlib.ExitStack() as stack:
-            if hook is not None:
-                pt.FRAME_HOOK = Counted()
-                stack.callback(setattr, pt, "FRAME_HOOK", hook)
             ours = stack.enter_context(Timed(pt, "_crossing", label=by_crossing))
             framework = stack.enter_context(Timed(backends, "run_pass", label=by_pass))
             chosen = stack.enter_context(Timed(backends, "choose",
@@ -392,8 +375,7 @@ def issue_split(step, steps):
     per_piece = sorted(((label, piece_n[label] / steps, piece_s[label] / piece_n[label] * 1e6) for label in piece_n),
                        key=lambda r: -r[1] * r[2])
     by_kind = [(kind, seconds * 1e3 / steps) for kind, seconds in crossings.most_common()]
-    return (tuple(statistics.median(col) for col in zip(*rows)), full, per_pass, per_piece, by_kind,
-            (lifts[True] / steps, (lifts[True] + lifts[False]) / steps))
+    return tuple(statistics.median(col) for col in zip(*rows)), full, per_pass, per_piece, by_kind
 
 
 def pass_peaks(step, top, crossings=False):
@@ -688,7 +670,7 @@ def main():
         if args.split and converted and recorded is not None:
             print("(--split: a replay runs none of our crossings on the host, so there is nothing to split)")
         if split is not None:
-            (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass, per_piece, by_kind, lifted = split
+            (issue_ms, ours_ms, framework_ms, calls, full_calls), full, per_pass, per_piece, by_kind = split
             print(f"issue {issue_ms:.2f} ms a step ({args.split} steps from an idle GPU, medians): "
                   f"{ours_ms:.2f} in our crossings (minitorch_fft.pytorch._crossing; backends.run_pass "
                   f"{framework_ms:.2f} of it, {calls:.0f} calls: a channels-last pass on cuDNN's plans or the GEMM "
@@ -700,8 +682,6 @@ def main():
             print("our crossings by their passes, ms a step (means):")
             for kind, ms_ in by_kind:
                 print(f"  {ms_:7.3f}  {kind}")
-            print(f"the operators' calls that found Dynamo's frame hook installed and lifted it (pytorch.FRAME_HOOK): "
-                  f"{lifted[0]:.1f} a step of {lifted[1]:.1f}")
             print("backends.run_pass, host us a call (mean over the steps), by pass and the backend that ran it:")
             for us_, pass_name, x_shape, w_shape, picked in per_pass:
                 print(f"  {us_:7.1f}  {pass_name:8s} {picked:10s} x {x_shape} w {w_shape}")

@@ -18,8 +18,6 @@ Variants (--variants, comma-separated; the first is the reference):
               --old-adapter defines them (session 38: the file before its per-pass trims)
   unprepared fft  converted, fbfft's, polyphase's and tiledfft's passes through their pass functions
               as before session 67 (their prepare() answering None)
-  hook kept   converted, the operators run under Dynamo's frame hook where it is installed (a
-              compiled forward), as before session 68 (pytorch.FRAME_HOOK None): with --compile
 
 Times per variant and round: the step's median (CUDA events, steps back to back after a wait) and
 its issue time (the host clock around a step started on an idle GPU), medians over --steps steps.
@@ -176,22 +174,9 @@ def _unprepared_fft():
         backends._prepared.clear()
 
 
-@contextlib.contextmanager
-def _frame_hook_kept():
-    """The operators' implementations run under Dynamo's frame hook where it is installed (a
-    compiled forward), as before session 68: pytorch.FRAME_HOOK None, so nothing is lifted."""
-    from minitorch_fft import pytorch as pt
-    hook, pt.FRAME_HOOK = pt.FRAME_HOOK, None
-    try:
-        yield
-    finally:
-        pt.FRAME_HOOK = hook
-
-
 VARIANTS = {"stock": (False, contextlib.nullcontext), "converted": (True, contextlib.nullcontext),
             "check": (True, _driver_check_per_pass), "two crossings": (True, _two_crossings),
-            "old adapter": (True, _adapter_from_file), "unprepared fft": (True, _unprepared_fft),
-            "hook kept": (True, _frame_hook_kept)}
+            "old adapter": (True, _adapter_from_file), "unprepared fft": (True, _unprepared_fft)}
 # name: (converted model, context around its steps)
 
 
