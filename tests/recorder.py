@@ -83,10 +83,11 @@ class Recorder:
         return self._gemm(a, b, out, op_a, op_b, accumulate)
 
     def prepare_gemm(self, xp, a_shape, b_shape, dtype=np.complex64, op_a="N", op_b="N", strict=False):
-        assert xp is self and not strict and dtype == np.complex64
+        assert xp is self and not strict and np.dtype(dtype) in (np.complex64, np.float32)   # the FFTs', winograd's
 
         def gemm(a, b, out=None, accumulate=False):
             assert (a.shape, b.shape) == (a_shape, b_shape), "run on the shapes it was prepared for"
+            assert a.dtype == b.dtype == dtype, "run on the dtype it was prepared for"
             return self._gemm(a, b, out, op_a, op_b, accumulate)
         return gemm
 

@@ -746,3 +746,18 @@ def test_unwritable_says_why_a_cache_would_stay_in_memory(tmp_path):
     with pytest.warns(UserWarning, match="cannot be opened"):
         under = tuning.TuneCache(tmp_path / "a_file" / "tune.json")
     assert under.unwritable() == f"cannot write in {tmp_path / 'a_file'}"
+
+
+def test_peek_choice_answers_a_remembered_valid_choice_only(tmp_path, monkeypatch):
+    """peek_choice (a prepared call's variant): the remembered record's choice where it is an int among
+    the options; None where nothing is remembered, the choice is not an option, or it is not an int
+    (4.0 == 4, and no kernel takes it); the file itself is never read."""
+    monkeypatch.setenv("MINITORCH_TUNE_CACHE", str(tmp_path / "peek.json"))
+    record = {"choice": 4, "ms": {}, "skipped": {}}
+    key = a_key()
+    assert tuning.peek_choice(key, (2, 4)) is None                        # nothing remembered yet
+    assert tuning.remembered(key, lambda: record)["choice"] == 4
+    assert tuning.peek_choice(key, (2, 4)) == 4
+    assert tuning.peek_choice(key, (2,)) is None                          # not among the options
+    record["choice"] = 4.0                                                # the memo holds this dict
+    assert tuning.peek_choice(key, (2, 4)) is None

@@ -525,7 +525,8 @@ def test_prepared_call_launches_what_the_full_path_launches(pass_name, m, xs, ws
     from recorder import Recorder            # its kernel launches and GEMMs recorded; installed for winograd alone
     fake = Recorder()
     monkeypatch.setattr(winograd, "cuda_module", lambda *a, **k: fake)
-    monkeypatch.setattr(winograd.cgemm, "matmul", fake.matmul)
+    monkeypatch.setattr(winograd.cgemm, "matmul", fake.matmul)        # the full path's GEMM
+    monkeypatch.setattr(winograd.cgemm, "prepare", fake.prepare_gemm)  # the prepared one's
     monkeypatch.setattr(winograd, "check_arrays", lambda **arrays: (fake, *arrays.values()))
     monkeypatch.setattr(winograd, "_chosen_tile", lambda xp, pn, g: m)
     g = winograd.check_geometry(xs, ws, (1, 1), padding)

@@ -218,9 +218,7 @@ def _chosen_basis(xp, pass_name, g):
     options = bases(k_hw)
     if len(options) == 1 or not tuning.enabled("tiledfft_tune", xp):
         return basis((g.h, g.w) if pass_name == "bprop" else (g.oh, g.ow), k_hw)
-    record = tuning.peek(_basis_key(xp, pass_name, g))
-    choice = None if record is None else record.get("choice")
-    return choice if is_int(choice) and choice in options else None
+    return tuning.peek_choice(_basis_key(xp, pass_name, g), options)
 
 
 def prepare(pass_name, g, xp):

@@ -81,7 +81,7 @@ try:
 except ImportError:  # not POSIX: writes stay atomic, but concurrent writers may drop a choice
     fcntl = None
 
-from .utils import atomic_file, open_lock_file
+from .utils import atomic_file, is_int, open_lock_file
 
 from . import cgemm, config
 
@@ -609,6 +609,14 @@ def peek(key):
     hit = _memo.get(key)
     cache = default_cache()
     return hit[2] if hit is not None and hit[0] is cache and hit[1] == cache.version else None
+
+
+def peek_choice(key, options):
+    """The choice of peek(key)'s record where it is an int among `options` (what the tuner's valid
+    test would accept: a prepared call fixes its variant from it), else None."""
+    record = peek(key)
+    choice = None if record is None else record.get("choice")
+    return choice if is_int(choice) and choice in options else None
 
 
 UNTUNED = "untuned this call"   # the why of remembered()'s record for one call only

@@ -264,6 +264,9 @@ def prepare(pass_name, g, xp):
                  (f"winograd_output<{m}>", f_out * P, (g.S, f_out, *out_hw, th, tw)))]
     (weight, w_grid, w_ints), (inputs, v_grid, v_ints), (output, y_grid, y_ints) = launches
     u_shape, v_shape, y_shape = (alpha * alpha, f_out, f_in), (alpha * alpha, f_in, P), (g.S, f_out, *out_hw)
+    gemm = cgemm.prepare(xp, u_shape, v_shape, dtype=np.float32)   # the mode now: _prepared keys on the settings
+    if gemm is None:
+        return None
     f32, empty, block = np.float32, xp.empty, (BLOCK,)
 
     def run(a, w):                          # a: x (fprop) or gy (bprop); as _conv's one chunk
@@ -271,7 +274,7 @@ def prepare(pass_name, g, xp):
         weight(w_grid, block, (w, u, *w_ints))
         v = empty(v_shape, dtype=f32)
         inputs(v_grid, block, (a, v, *v_ints))
-        prod = cgemm.matmul(xp, u, v)       # (alpha^2, f_out, P)
+        prod = gemm(u, v)                   # (alpha^2, f_out, P)
         del u, v                            # freed before the output is made
         y = empty(y_shape, dtype=f32)
         output(y_grid, block, (prod, y, *y_ints))
@@ -285,9 +288,7 @@ def _chosen_tile(xp, pass_name, g):
     options = variants(cgemm.mode(xp))
     if len(options) == 1 or not tuning.enabled("winograd_tune", xp):
         return options[0]
-    record = tuning.peek(_tile_key(xp, pass_name, g))
-    choice = None if record is None else record.get("choice")
-    return choice if is_int(choice) and choice in options else None
+    return tuning.peek_choice(_tile_key(xp, pass_name, g), options)
 
 
 def variants(math="fp32"):
