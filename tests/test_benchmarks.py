@@ -51,7 +51,7 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_capture_handle", "benchmarks.experiments.exp_fbfft_pieces",
                 "benchmarks.experiments.exp_call_host", "benchmarks.experiments.exp_step_ab",
                 "benchmarks.experiments.exp_step_profile", "benchmarks.experiments.exp_pass_graph_pool",
-                "benchmarks.experiments.exp_cudnn_failed_execute",
+                "benchmarks.experiments.exp_cudnn_failed_execute", "benchmarks.experiments.exp_bench_probe",
                 "benchmarks.tune_coverage", "benchmarks.tune_zoo")
 
 
