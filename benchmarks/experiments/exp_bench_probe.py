@@ -1,6 +1,6 @@
 """Experiment (not a benchmark of record): bench_pytorch's own process, probed. Its converted
-compiled rows issue their steps in 7-11.6 ms from process to process, where exp_compile_gap's
-process issues the same step in 6.8-8.8 (benchmarks/NOTES.md, session 68). This runs bench_pytorch
+AlexNet fp32 compiled row issued its step in 6.25-11.57 ms from process to process in session 68,
+where exp_compile_gap's processes issued the same step in 6.8-8.8 (benchmarks/NOTES.md). This runs bench_pytorch
 as it is (its arguments after ours, its files written as usual) and adds, per row:
 
   --gc       Python's garbage collections by generation, and their ms, over the row's timed_row
@@ -32,7 +32,7 @@ def _collections():
             counts[g] += 1
             spent[g] += time.perf_counter() - started.pop(g)
     gc.callbacks.append(callback)
-    return counts, spent
+    return callback, counts, spent
 
 
 def main(argv=None):
@@ -47,7 +47,7 @@ def main(argv=None):
     from benchmarks import bench_pytorch as bp
     from benchmarks.experiments.exp_compile_gap import issue_split
     from minitorch_fft import pytorch as pt
-    counts, spent = _collections() if args.gc else (None, None)
+    callback, counts, spent = _collections() if args.gc else (None, None, None)
     timed_row, compiled_row, convert = bp.timed_row, bp._compiled_row, pt.convert
     row = {"name": None}   # the converted row whose steps timed_row runs (None: a stock row)
 
@@ -78,18 +78,22 @@ def main(argv=None):
             row["name"] = None
 
     def converting(model, *a, **k):   # run_network converts each converted row's model; the eager rows of
-        row["name"] = "converted eager"   # the stock models all come before (bench_pytorch.IMPLS' order)
+        row["name"] = "converted eager"   # the stock models all come before (bench_pytorch.IMPLS' order); its
+                                          # precision is the bench log's next row's
         return convert(model, *a, **k)
     def network(*a, **k):              # each network starts with its stock rows
         row["name"] = None
         return run_network(*a, **k)
     run_network = bp.run_network
     bp.timed_row, bp._compiled_row, bp.run_network, pt.convert = probed, compiled, network, converting
+    argv_was, sys.argv = sys.argv, ["bench_pytorch", *bench_args]
     try:
-        sys.argv = ["bench_pytorch", *bench_args]
         bp.main()
     finally:
         bp.timed_row, bp._compiled_row, bp.run_network, pt.convert = timed_row, compiled_row, run_network, convert
+        sys.argv = argv_was
+        if callback is not None:
+            gc.callbacks.remove(callback)
 
 
 if __name__ == "__main__":
