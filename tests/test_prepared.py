@@ -142,8 +142,9 @@ WINOGRAD_GEOMETRIES = [((4, 8, 12, 12), (16, 8, 3, 3), (1, 1)), ((3, 5, 9, 7), (
 def test_winograd_fprop_and_bprop_are_their_launches(tf32, tile, xs, ws, padding, settings, tmp_path, chosen,
                                                       monkeypatch):
     """winograd's prepared fprop and bprop (winograd.prepare: its four launches, the tile as tuned)
-    against PyTorch float64 and against the full path's result, every output element written
-    (allocations NaN-poisoned); accGrad is its pass function."""
+    against PyTorch float64 and against the full path's result, bit for bit (the same kernels and
+    GEMM on the same data), every output element written (allocations NaN-poisoned); accGrad is its
+    pass function."""
     cp = _need("winograd")
     settings(tune_cache=str(tmp_path / "t.json"), tf32=tf32, winograd_tune="on", winograd_f4=not tf32)
     g = backends.geometry(xs, ws, (1, 1), padding)
@@ -163,7 +164,7 @@ def test_winograd_fprop_and_bprop_are_their_launches(tf32, tile, xs, ws, padding
         second = _run("winograd", pn, args, xs, ws, (1, 1), padding)
         assert len(chosen) == before, pn
         assert rel_error(first, ref[pn]) <= tol and rel_error(second, ref[pn]) <= tol, pn
-        assert rel_error(second.get(), first.get()) <= 1e-6, pn
+        assert np.array_equal(second.get(), first.get()), pn   # the same launches and GEMM: bit for bit
 
 
 @pytest.mark.gpu
@@ -350,7 +351,8 @@ def test_fft_prepared_passes_are_their_launches(name, xs, ws, stride, padding, t
                                                 monkeypatch):
     """fbfft's, polyphase's and tiledfft's prepared passes (prepare(): the launches with their arguments
     worked out once, cgemm.prepare's GEMM) against PyTorch float64 and against the full path's result,
-    every output element written (allocations NaN-poisoned), in strict fp32 and in TF32 mode."""
+    bit for bit (the same kernels and GEMM on the same data), every output element written
+    (allocations NaN-poisoned), in strict fp32 and in TF32 mode."""
     cp = _need(name)
     settings(tune_cache=str(tmp_path / "t.json"), tf32=tf32)
     monkeypatch.setattr(cp, "empty", lambda shape, dtype=float: cp.full(shape, cp.nan, dtype))
@@ -365,7 +367,7 @@ def test_fft_prepared_passes_are_their_launches(name, xs, ws, stride, padding, t
         second = _run(name, pn, args, xs, ws, stride, padding)
         assert len(chosen) == before, pn
         assert rel_error(first, ref[pn]) <= tol and rel_error(second, ref[pn]) <= tol, pn
-        assert rel_error(second.get(), first.get()) <= 1e-6, pn
+        assert np.array_equal(second.get(), first.get()), pn   # the same launches and GEMM: bit for bit
 
 
 class _FakeCupy:
