@@ -1831,3 +1831,48 @@ def test_plot_pytorch_never_replaces_a_summary_it_did_not_make(tmp_path, capsys)
     assert (tmp_path / "bench_pytorch_summary.png").read_bytes() == b"my picture"
     (tmp_path / "bench_pytorch_summary.png").unlink()
     assert plot_pytorch.main([str(tmp_path)]) == 0 and plot_pytorch.main([str(tmp_path)]) == 0   # its own, replaced
+
+
+def test_exp_bench_probe_splits_the_converted_rows_and_restores_what_it_patched(monkeypatch):
+    """exp_bench_probe runs bench_pytorch's main with its row functions wrapped: each converted row,
+    eager and compiled, gets an issue split right after its timed_row, no stock row and no graph
+    row's replay does, and what it patched (and sys.argv) is put back. bench_pytorch's rows are
+    stood in for, in its order (row_rounds: the stock rows first, the compiled ones last)."""
+    import torch
+
+    from benchmarks import bench_pytorch as bp
+    from benchmarks.experiments import exp_bench_probe, exp_compile_gap
+    from minitorch_fft import pytorch as pt
+    split = []
+    monkeypatch.setattr(exp_compile_gap, "issue_split",
+                        lambda step, n: split.append(step()) or ((1.0, 0.5, 0.4, 3, 0), {}, [], [], [("fprop", 0.5)]))
+
+    def timed_row(step, args, *rest, **kwargs):   # (ms, back to back, issue, peak, requested, pool)
+        return 1.0, 1.0, 0.02 if step()[1] == "graph" else 1.0, 0.0, 0.0, 0.0
+
+    def compiled_row(model, opt, scope, x, y, args, net, label, log, leftover):
+        return bp.timed_row(lambda: (label, "compiled"), args)
+
+    def run_network(net, args, log, on_rows=None):
+        for label, converted, compiled in (("stock", False, False), ("conv", True, False), ("stock", False, True),
+                                           ("conv", True, True)):
+            model = torch.nn.Sequential(torch.nn.Conv2d(1, 1, 1))
+            if converted:
+                pt.convert(model)
+            if compiled:
+                bp._compiled_row(model, None, None, None, None, args, net, label, log, None)
+            else:
+                bp.timed_row(lambda label=label: (label, "eager"), args)
+                bp.timed_row(lambda label=label: (label, "graph"), args)
+        return [], []
+    monkeypatch.setattr(bp, "timed_row", timed_row)
+    monkeypatch.setattr(bp, "_compiled_row", compiled_row)
+    monkeypatch.setattr(bp, "run_network", run_network)
+    monkeypatch.setattr(bp, "main", lambda: bp.run_network("alexnet", sys.argv, print))
+    import gc
+    argv, convert, callbacks = sys.argv, pt.convert, list(gc.callbacks)
+    exp_bench_probe.main(["--gc", "--split", "2", "--", "--nets", "alexnet"])
+    assert split == [("conv", "eager"), ("conv", "compiled")]
+    assert gc.callbacks == callbacks
+    assert (bp.timed_row, bp._compiled_row, bp.run_network, pt.convert, sys.argv) == (
+        timed_row, compiled_row, run_network, convert, argv)
