@@ -18,6 +18,8 @@ Variants (--variants, comma-separated; the first is the reference):
               --old-adapter defines them (session 38: the file before its per-pass trims)
   unprepared fft  converted, fbfft's, polyphase's and tiledfft's passes through their pass functions
               as before session 67 (their prepare() answering None)
+  one thread  converted, PyTorch's intra-op pool at one thread while its steps run (stock one thread:
+              the stock model so)
 
 Times per variant and round: the step's median (CUDA events, steps back to back after a wait) and
 its issue time (the host clock around a step started on an idle GPU), medians over --steps steps.
@@ -174,9 +176,26 @@ def _unprepared_fft():
         backends._prepared.clear()
 
 
+@contextlib.contextmanager
+def _one_thread():
+    """PyTorch's intra-op thread pool at one thread (torch.set_num_threads(1)) while the variant's steps
+    run; its size put back after. On a 2-core CPU, the adapter's tiny NumPy crossing took 52 us alone,
+    129-143 us with 90 small PyTorch layers' forward and backward run between calls on one intra-op
+    thread, 280-520 us on two (their threads spin after a parallel region, beside the caller's):
+    benchmarks/NOTES.md, session 68. A GPU step has few CPU operators; this asks whether it has any."""
+    import torch
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)
+
+
 VARIANTS = {"stock": (False, contextlib.nullcontext), "converted": (True, contextlib.nullcontext),
             "check": (True, _driver_check_per_pass), "two crossings": (True, _two_crossings),
-            "old adapter": (True, _adapter_from_file), "unprepared fft": (True, _unprepared_fft)}
+            "old adapter": (True, _adapter_from_file), "unprepared fft": (True, _unprepared_fft),
+            "one thread": (True, _one_thread), "stock one thread": (False, _one_thread)}
 # name: (converted model, context around its steps)
 
 
