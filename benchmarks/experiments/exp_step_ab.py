@@ -179,10 +179,10 @@ def _unprepared_fft():
 @contextlib.contextmanager
 def _one_thread():
     """PyTorch's intra-op thread pool at one thread (torch.set_num_threads(1)) while the variant's steps
-    run; its size put back after. On a 2-core CPU, the adapter's tiny NumPy crossing took 52 us alone,
-    129-143 us with 90 small PyTorch layers' forward and backward run between calls on one intra-op
-    thread, 280-520 us on two (their threads spin after a parallel region, beside the caller's):
-    benchmarks/NOTES.md, session 68. A GPU step has few CPU operators; this asks whether it has any."""
+    run; its size put back after. On a 2-core CPU (exp_interleaved, session 68) the adapter's tiny NumPy
+    crossing took 51-55 us in a loop of itself, 135-145 us with small PyTorch layers' forward and
+    backward run between calls on one intra-op thread, 185-268 us on two (their threads spin after a
+    parallel region, beside the caller's). A GPU step has few CPU operators; this asks whether it has any."""
     import torch
     was = torch.get_num_threads()
     torch.set_num_threads(1)
