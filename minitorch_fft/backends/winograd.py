@@ -237,12 +237,13 @@ def accgrad(gy, x, w_shape, stride=(1, 1), padding=(0, 0), tile=None):
 def prepare(pass_name, g, xp):
     """run(a, b) -> out for backends.run_pass's prepared path (a, b checked there: C-contiguous float32
     CuPy arrays of g's shapes). fprop and bprop in one chunk, at a tile already chosen: their four
-    launches (weight, input and output transforms, the GEMM), with the tile, shapes, kernels and
-    integer arguments worked out here once; else (accGrad, a batch in chunks, a tile not tuned yet)
-    None, and run_pass calls the pass function. At OverFeat-fast conv3's TF32 fprop (H200, session
-    66, exp_host_cudnn) the pass function's checks, tile lookup and chunk arithmetic made 0.119 ms
-    of host work a call against 0.171 ms of GPU time (0.180 back to back); prepared, 0.060 (0.171).
-    test_winograd checks on the CPU that it launches what the full path launches."""
+    launches (weight, input and output transforms, the GEMM), with the tile, shapes, kernels, integer
+    arguments and the GEMM's cuBLAS arguments (cgemm.prepare) worked out here once; else (accGrad, a
+    batch in chunks, a tile not tuned yet) None, and run_pass calls the pass function. At
+    OverFeat-fast conv3's TF32 fprop (H200, session 66, exp_host_cudnn) the pass function's checks,
+    tile lookup and chunk arithmetic made 0.119 ms of host work a call against 0.171 ms of GPU time
+    (0.180 back to back); prepared, 0.060 (0.171). test_winograd checks on the CPU that it launches
+    what the full path launches."""
     if xp is np or pass_name == "accgrad":
         return None
     m = _chosen_tile(xp, pass_name, g)
