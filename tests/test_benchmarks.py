@@ -52,7 +52,7 @@ ENTRY_POINTS = ("benchmarks.paper", "benchmarks.bench_cufft", "benchmarks.bench_
                 "benchmarks.experiments.exp_call_host", "benchmarks.experiments.exp_step_ab",
                 "benchmarks.experiments.exp_step_profile", "benchmarks.experiments.exp_pass_graph_pool",
                 "benchmarks.experiments.exp_cudnn_failed_execute", "benchmarks.experiments.exp_bench_probe",
-                "benchmarks.experiments.exp_interleaved",
+                "benchmarks.experiments.exp_interleaved", "benchmarks.experiments.exp_host_ties",
                 "benchmarks.tune_coverage", "benchmarks.tune_zoo")
 
 
