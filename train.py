@@ -13,12 +13,16 @@ Examples:
 
 What each flag does, the output (a summary line on stderr, one JSON line on stdout) and the exit
 codes (0 done, 2 bad input, 3 the loss became NaN or infinite, 4 another data-parallel rank failed,
-5 out of memory while training, 130 / 143 stopped by SIGINT / SIGTERM after saving): `python
-train.py --help` and minitorch_fft/cli.py, where the code lives.
+5 out of memory while training, 6 a checkpoint or report could not be written, 130 / 143 stopped by
+SIGINT / SIGTERM after saving): `python train.py --help` and minitorch_fft/cli.py, where the code lives.
 """
 import sys
 
-from minitorch_fft.cli import main
+try:
+    from minitorch_fft.cli import main
+except KeyboardInterrupt:   # Ctrl-C while the package loads: one line, as main() says it once running
+    print("train.py: interrupted (Ctrl-C)", file=sys.stderr)
+    sys.exit(130)
 
 if __name__ == "__main__":
     sys.exit(main(prog="train.py"))

@@ -122,9 +122,37 @@ def save(path, model, optimizer=None, epoch=0, extra=None):
     arrays[CHECKSUM] = np.frombuffer(_digest(header_bytes, array_hash), dtype=np.uint8)
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with atomic_file(path, "wb", prefix=".ckpt-") as f:
+    with atomic_file(path, "wb", prefix=_partial_prefix(path)) as f:
         np.savez(f, **arrays)
     return path
+
+
+def _partial_prefix(path):
+    """How the temporary file of a save of `path` is named, beside it: `.<name>.partial-XXXXXXXX.tmp`
+    (the name cut to 200 characters, within a file name's 255). A save that fails or is interrupted
+    removes it; a process killed outright (SIGKILL, a power cut) leaves it: remove_partial_saves()."""
+    return f".{os.path.basename(path)[:200]}.partial-"
+
+
+def remove_partial_saves(path):
+    """Remove the temporary files that saves of checkpoint `path` left when their process was killed
+    mid-save (a 200 MB model leaves 200 MB): regular files beside it named by _partial_prefix, and
+    nothing else. Call it only while holding the path (held()), when no save of it can be running.
+    Returns [(file, bytes)] removed."""
+    folder, prefix = os.path.dirname(os.path.abspath(path)), _partial_prefix(path)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:   # no folder yet: nothing was saved there
+        return []
+    removed = []
+    for name in names:
+        file = os.path.join(folder, name)
+        if name.startswith(prefix) and name.endswith(".tmp") and os.path.isfile(file) and not os.path.islink(file):
+            size = os.path.getsize(file)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(file)
+                removed.append((file, size))
+    return removed
 
 
 def check_file_path(path, what="checkpoint"):
@@ -330,7 +358,7 @@ RNG_KEYS = ("bit_generator", "state", "has_uint32", "uinteger")
 
 def check_run_state(extra, n_train=None):
     """CheckpointError unless `extra` is a run state train.py can resume: {"progress", "rng",
-    "args"}, every field it reads type- and range-checked. `n_train` (the number of training
+    "args"} and, for an image folder, "data" (its fingerprint), every field it reads type- and range-checked. `n_train` (the number of training
     images, once the data is loaded) adds the check that the saved batch lies within an epoch.
 
     progress: epoch 0..args.epochs, one history entry per finished epoch ({epoch: its number,
@@ -402,6 +430,11 @@ def check_run_state(extra, n_train=None):
                 bad(f"progress.history[{i}].{k}", f"must be a finite number >= 0"
                     f"{' and <= 1' if k == 'train_accuracy' else ''}, got {h[k]!r}")
     _check_rng_state(extra["rng"], bad)
+    data = extra.get("data")   # an image folder's fingerprint (data.imagefolder); absent in older files
+    if data is not None and not (isinstance(data, dict) and set(data) == {"images", "sha256"}
+                                 and is_int(data["images"]) and data["images"] >= 0
+                                 and isinstance(data["sha256"], str) and len(data["sha256"]) == 64):
+        bad("data", f"must be null or {{images: an int >= 0, sha256: 64 hex digits}}, got {data!r}")
 
 
 def _check_rng_state(rng, bad):

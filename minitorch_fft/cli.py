@@ -18,12 +18,15 @@ writes the checkpoint; a rank that fails or gets SIGTERM stops every rank withou
 last checkpoint stays, and --resume with the same --gpus continues from it).
 
 Progress bars, one line per epoch and a one-line summary go to stderr; stdout holds one line, a
-JSON object with the results. Exit codes: 0 done, 2 bad input, 3 the loss became NaN or infinite
-(nothing is saved: the last checkpoint is the last good state), 4 another data-parallel rank
-failed, 5 out of memory while training (the checks before training size what a batch's forward keeps
-for backward, a lower bound, not the backward's own arrays or a backend's scratch; the last
-checkpoint stays), 130 / 143 stopped by SIGINT / SIGTERM after saving (130 also for Ctrl-C before
-training starts: one line, nothing saved).
+JSON object with the results ("finished": false where --max-epochs-this-run stopped the run before
+--epochs). Exit codes: 0 done, 2 bad input (one line, before training), 3 the loss became NaN or
+infinite (nothing is saved: the last checkpoint is the last good state), 4 another data-parallel
+rank failed, 5 out of memory while training (the checks before training size what a batch's forward
+keeps for backward, a lower bound, not the backward's own arrays or a backend's scratch; the last
+checkpoint stays), 6 a file could not be written while or after training (a checkpoint: the one
+before it stays; the --tune-report: the run's result is already on stdout), 130 / 143 stopped by
+SIGINT / SIGTERM after saving (130 also for Ctrl-C before training starts: one line, nothing
+saved; a second signal stops at once, the save in flight abandoned and the last checkpoint kept).
 """
 import argparse
 import json
@@ -32,6 +35,7 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 
 import numpy as np
 from tqdm import tqdm
@@ -53,10 +57,29 @@ RUN_FLAGS = ("model", "data", "epochs", "batch_size", "lr", "momentum", "weight_
              "fake_size", "num_classes", "gpus", "skip_bad_images")
 EXIT_DIVERGED = 3
 EXIT_OUT_OF_MEMORY = 5
+EXIT_WRITE_FAILED = 6
+# Flags of some data sources only: refused with another (a fresh run's and a resumed run's alike).
+DATA_ONLY_FLAGS = {"fake_size": ("fake",), "num_classes": ("fake",), "skip_bad_images": ("imagefolder",),
+                   "workers": ("imagefolder", "cifar10")}
 
 
 class OutOfMemoryInTraining(Exception):
     """A MemoryError in the training loop or the evaluation after it: main() says it in one line, exit 5."""
+
+
+class WriteFailed(Exception):
+    """A checkpoint or report that could not be written once training had started (a full disk): main()
+    says which file and what stays, in one line, exit 6."""
+
+
+class _StopNow(BaseException):
+    """A second SIGINT or SIGTERM in the training loop or its saves: stop at once. A BaseException, so
+    that no handler of Exception takes it; a save it interrupts removes its temporary file
+    (utils.atomic_file), and the checkpoint before it stays."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def int_at_least(lo, what):
@@ -113,13 +136,21 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
         return action.help if "(default" in action.help else super()._get_help_string(action)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line like every other bad input's (argparse prints its usage
+    block first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
 def _parser(explicit_only=False, prog=None):
     """The command line; with explicit_only, absent flags stay out of the namespace (so a caller
     can tell `--lr 0.05` from the default)."""
     def default(name):
         return argparse.SUPPRESS if explicit_only else DEFAULTS[name]
 
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0], formatter_class=_HelpFormatter,
+    p = _Parser(prog=prog, description=__doc__.split("\n")[0], formatter_class=_HelpFormatter,
                                 epilog=__doc__.split("\n", 2)[2],
                                 argument_default=argparse.SUPPRESS if explicit_only else None)
     p.add_argument("--model", choices=models.names(), default=default("model"),
@@ -187,8 +218,7 @@ def parse_args(argv=None, prog=None):
 
 def check_fake_flags(args):
     """Flags of some data sources only are refused with another."""
-    for flag, kinds in (("fake_size", ("fake",)), ("num_classes", ("fake",)), ("skip_bad_images", ("imagefolder",)),
-                        ("workers", ("imagefolder", "cifar10"))):
+    for flag, kinds in DATA_ONLY_FLAGS.items():
         if flag in args.explicit and args.data.partition(":")[0] not in kinds:
             raise ValueError(f"--{flag.replace('_', '-')} applies to --data {' or '.join(kinds)} only "
                              f"(got --data {args.data})")
@@ -228,6 +258,28 @@ def check_outputs(args, resumed=None):
         _check_writable_folder(args.tune_report, "--tune-report")
 
 
+def check_tune_cache():
+    """ValueError, before any work, where MINITORCH_TUNE_CACHE names a path the tuning cache cannot
+    use: a directory, a file that is not a tuning cache (the cache would leave it untouched and
+    keep its choices in memory, with a warning in the middle of the run), or a new file in a folder
+    that cannot be written or made. A cache of its own that is read-only is read, and kept so. The
+    default path (unset) is not checked: a run that cannot keep its choices there still trains."""
+    raw = backends.config.get("tune_cache")
+    if not raw:
+        return
+    env, path = backends.config.SETTINGS["tune_cache"].env, str(backends.tuning.cache_path())
+    if os.path.isdir(path):
+        raise ValueError(f"{env}={raw!r} is a directory; give the tuning cache's file path")
+    if os.path.lexists(path):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            why = backends.tuning.TuneCache(path).foreign()
+        if why:
+            raise ValueError(f"{env}={raw!r}: {why}; it is left untouched: give a tuning cache's path or a new one")
+    else:
+        _check_writable_folder(path, env)
+
+
 def _same_path(a, b):
     return os.path.realpath(a) == os.path.realpath(b)
 
@@ -264,12 +316,17 @@ def restore_run(args, meta):
         raise CheckpointError(f"checkpoint {args.checkpoint!r} was not written by train.py (it has no "
                               "training progress to resume); load it with mt.checkpoint.load instead")
     mt.checkpoint.check_run_state(extra)   # every field train.py reads, checked before it is used
+    kind = str(saved.get("data", "")).partition(":")[0]
     for flag in RUN_FLAGS:
         if flag not in saved:
             continue
-        if flag in args.explicit and getattr(args, flag) != saved[flag]:
+        # a flag of another data source is refused below as a new run's would be (check_fake_flags);
+        # the others are compared as the run used them (--num-classes 10 is a digits-sized fake run's None)
+        applies = kind in DATA_ONLY_FLAGS.get(flag, (kind,))
+        ran = _as_run(flag, saved[flag], saved)
+        if flag in args.explicit and applies and _as_run(flag, getattr(args, flag), saved) != ran:
             raise ValueError(f"--resume: --{flag.replace('_', '-')} {getattr(args, flag)} differs from the "
-                             f"checkpoint's {saved[flag]}; a resumed run keeps its flags (start a new run "
+                             f"checkpoint's {ran}; a resumed run keeps its flags (start a new run "
                              "to change them)")
         setattr(args, flag, saved[flag])
     if "backend" not in args.explicit and saved.get("backend"):
@@ -278,10 +335,24 @@ def restore_run(args, meta):
     return extra
 
 
+def _as_run(flag, value, saved):
+    """A run flag's value as the run used it: --num-classes' default (None) is the number of classes
+    load_data gives fake data for the saved model."""
+    if flag == "num_classes" and value is None:
+        return fake_classes(saved.get("model"))
+    return value
+
+
+def fake_classes(model, num_classes=None):
+    """--data fake's number of classes: --num-classes, else 10 for the digits model, 1000 for the others."""
+    return num_classes or (10 if model == "digits" else 1000)
+
+
 def load_data(spec, model, seed, fake_size, num_classes, workers=None, skip_bad_images=False):
     """(train, test, num_classes) for a --data spec (workers: image-decoding threads)."""
     shape = models.input_shape(model)
     kind, _, path = spec.partition(":")
+    path = os.path.expanduser(path)   # the shell expands ~ only at a word's start, not after "imagefolder:"
     if kind == "digits" and not path:
         if seed >= 2**32:
             raise ValueError(f"--data digits is split as scikit-learn splits it, with NumPy's RandomState, whose seeds "
@@ -292,7 +363,7 @@ def load_data(spec, model, seed, fake_size, num_classes, workers=None, skip_bad_
         train, test = mt.data.digits(seed=seed)
         return train, test, 10
     if kind == "fake" and not path:
-        n_cls = num_classes or (10 if model == "digits" else 1000)
+        n_cls = fake_classes(model, num_classes)
         return (mt.data.FakeDataset(fake_size, shape, n_cls, seed),
                 mt.data.FakeDataset(max(1, fake_size // 8), shape, n_cls, seed + 1), n_cls)
     if kind == "imagefolder" and path:
@@ -305,6 +376,20 @@ def load_data(spec, model, seed, fake_size, num_classes, workers=None, skip_bad_
 
 
 BIG_HEAD = 10_000   # classes above which check_model_fits sizes the model before it is made
+
+
+def check_same_data(spec, saved, train):
+    """ValueError where a resumed run's image folder is not the one its checkpoint was made on (files
+    added, removed or renamed since: data.fingerprint): its split and batches would differ from the
+    run's. A checkpoint from before the fingerprint, or data that cannot change, is not checked."""
+    now = getattr(train, "fingerprint", None)
+    if saved is None or now is None or saved == now:
+        return
+    change = (f"{now['images']:,} images where the checkpoint's run read {saved['images']:,}"
+              if now["images"] != saved["images"] else
+              f"{now['images']:,} images, as the checkpoint's run did, but not the same files")
+    raise ValueError(f"--resume: --data {spec} now holds {change}; a resumed run must read the same data "
+                     "(put the folder back as it was, or start a new run)")
 
 
 def check_model_fits(model, num_classes, device, momentum=0.9):
@@ -383,7 +468,14 @@ def main(argv=None, prog="train.py"):
     docstring). Bad input, a bad MINITORCH_* setting included, is one line on stderr and exit code
     2 (MINITORCH_DEBUG=1: the traceback instead); `prog` names the program in messages."""
     try:
-        return run(argv, prog)
+        with warnings.catch_warnings():   # the library's warnings (a tuning cache it cannot write...): one line each
+            warnings.showwarning = _one_line_warning(prog)
+            return run(argv, prog)
+    except WriteFailed as e:
+        if _debug():
+            raise
+        print(f"{prog}: {e}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except (ValueError, TypeError, OSError, CheckpointError) as e:
         if _debug():
             raise
@@ -406,12 +498,28 @@ def main(argv=None, prog="train.py"):
         return 130
 
 
+def _one_line_warning(prog):
+    """warnings.showwarning for the command line: `train.py: warning: ...`, without the source line."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {message}", file=sys.stderr if file is None else file)
+    return show
+
+
 def run(argv=None, prog="train.py"):
     """main() without its error handling: bad input raises ValueError, TypeError, OSError or
     CheckpointError (argparse's own usage errors exit 2 as SystemExit)."""
     backends.config.check()   # a bad MINITORCH_* value: one line and exit 2, before any work
+    unknown = backends.config.unknown_variables()   # and a misspelt name, which would be ignored
+    if unknown:
+        name, close = unknown[0]
+        raise ValueError(f"{name} is not a setting of minitorch-fft" + (f" (did you mean {close}?)" if close else "")
+                         + "; `python -m minitorch_fft.backends` lists them: unset it or correct its name")
     backends.auto_registry()  # and an auto_backends name that is not registered
+    check_tune_cache()
     args = parse_args(argv, prog)
+    if args.resume and not os.path.lexists(args.checkpoint) and os.path.lexists(mt.checkpoint.lock_path(args.checkpoint)):
+        with mt.checkpoint.held(args.checkpoint):   # a run before its first save holds it: that, not "does not exist"
+            pass
     resumed = restore_run(args, mt.checkpoint.header(args.checkpoint)) if args.resume else None
     check_outputs(args, resumed)
     if args.gpus is not None and distributed.launched() is None:   # start one process per GPU
@@ -423,6 +531,9 @@ def run(argv=None, prog="train.py"):
     if not args.checkpoint or not distributed.is_rank0():   # rank 0 alone writes it
         return _train(args, resumed, prog)
     with mt.checkpoint.held(args.checkpoint):   # the path is this run's until it ends
+        for file, size in mt.checkpoint.remove_partial_saves(args.checkpoint):
+            print(f"{prog}: removed {file} ({format_bytes(size)}), what was written of a save before its run was "
+                  "killed", file=sys.stderr)
         return _train(args, resumed, prog)
 
 
@@ -460,6 +571,7 @@ def _train_in(args, resumed, prog, group):
                              np if device == "cpu" else mt.device.cupy_or_none())
     if resumed is not None:   # the progress must fit this data set: found now, not after an epoch
         mt.checkpoint.check_run_state(resumed, n_train=len(train))
+        check_same_data(args.data, resumed.get("data"), train)
     check_model_fits(args.model, n_cls, device, args.momentum)
     try:
         model = models.get(args.model, num_classes=n_cls, backend=args.backend)
@@ -484,13 +596,23 @@ def _train_in(args, resumed, prog, group):
         mt.random.set_state(rng)
         print(f"resumed {args.checkpoint} {_place(state['epoch'], state['batch'], args.epochs)}", file=sys.stderr)
 
+    on_disk = [resumed is not None]   # whether --checkpoint holds this run (a save of it succeeded)
+
     def save():
         if group is not None:
             group.barrier()             # every rank has finished the epoch's steps
         if args.checkpoint and not quiet:
             saved_args = {k: v for k, v in vars(args).items() if k not in ("explicit", "replace_report")}
-            mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"],
-                               extra={"progress": state, "rng": mt.random.get_state(), "args": saved_args})
+            extra = {"progress": state, "rng": mt.random.get_state(), "args": saved_args}
+            if getattr(train, "fingerprint", None):
+                extra["data"] = train.fingerprint
+            try:
+                mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"], extra=extra)
+            except OSError as e:        # a full disk: the save is atomic, so the checkpoint before it stays
+                raise WriteFailed(f"could not save --checkpoint {args.checkpoint!r} "
+                                  f"{_place(state['epoch'], state['batch'], args.epochs)} ({e.strerror or e})"
+                                  f"{kept()}") from None
+            on_disk[0] = True
 
     sync, rank, world = None, 0, 1
     if group is not None:
@@ -506,13 +628,14 @@ def _train_in(args, resumed, prog, group):
     epochs = tqdm(range(state["epoch"], args.epochs), desc="epochs", disable=bars_off,
                   initial=state["epoch"], total=args.epochs)
     # Ctrl-C or SIGTERM (what schedulers send) sets a flag; the step in flight finishes, so the
-    # checkpoint is consistent. A second signal interrupts at once.
+    # checkpoint is consistent. A second signal stops at once (_StopNow), a save in flight too: its
+    # temporary file is removed, and the checkpoint before it stays.
     interrupted = []
 
     def on_signal(signum, frame):
+        if interrupted:
+            raise _StopNow(signum)
         interrupted.append(signum)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     handler = on_signal if group is None else group.on_signal    # a rank: every rank stops, no save
     previous_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -520,9 +643,11 @@ def _train_in(args, resumed, prog, group):
         """What a run that stops now leaves on disk: the last epoch's save, a resumed run's, or nothing."""
         if not args.checkpoint:
             return ""
-        if resumed is not None or state["epoch"] > first_epoch:
+        if on_disk[0]:
             return f"; {args.checkpoint} keeps the run as last saved"
-        return "; no epoch had finished, so there is no checkpoint"
+        if state["epoch"] == first_epoch:
+            return "; no epoch had finished, so there is no checkpoint"
+        return "; no save of the run succeeded, so there is no checkpoint"
     # NumPy's overflow and invalid-value warnings on the way to a diverging loss: the loss check below
     # says it in one line instead
     previous_errors = np.seterr(over="ignore", invalid="ignore", divide="ignore")
@@ -546,7 +671,8 @@ def _train_in(args, resumed, prog, group):
                     loss_value, logits_np = loss.item(), logits.numpy()
                 if not np.isfinite(loss_value):
                     print(f"{prog}: the loss became {loss_value} in epoch {epoch + 1} at batch "
-                          f"{state['batch'] + 1} (try a smaller --lr); stopping without saving{kept()}",
+                          f"{state['batch'] + 1} (try a smaller --lr or --weight-decay); stopping without "
+                          f"saving{kept()}",
                           file=sys.stderr)
                     return EXIT_DIVERGED
                 state["loss_sum"] += loss_value * len(y)
@@ -579,9 +705,16 @@ def _train_in(args, resumed, prog, group):
             epochs.set_postfix(loss=f"{last['loss']:.4f}", img_s=f"{imgs_per_s:.0f}")
             if not quiet:
                 tqdm.write(f"epoch {epoch + 1}/{args.epochs}: loss {last['loss']:.4f}, train accuracy "
-                           f"{last['train_accuracy']:.3f}, lr {opt.lr:.4g}, {imgs_per_s:.0f} images/s", file=sys.stderr)
+                           f"{last['train_accuracy']:.3f}, lr {opt.lr:.4g}, {rate(imgs_per_s)} images/s",
+                           file=sys.stderr)
             if args.max_epochs_this_run and epoch + 1 - first_epoch >= args.max_epochs_this_run:
                 break
+        if interrupted:
+            save()   # under this run's handlers still: a second signal abandons it (_StopNow)
+    except _StopNow as stop:
+        print(f"{prog}: {signal.Signals(stop.signum).name} again: stopped at once "
+              f"{_place(state['epoch'], state['batch'], args.epochs)}{kept()}", file=sys.stderr)
+        return 128 + stop.signum
     except MemoryError as e:   # NumPy's or CuPy's: a batch's activations, which nothing sized before
         raise OutOfMemoryInTraining(f"out of memory {_place(state['epoch'], state['batch'], args.epochs)} ({e}); "
                                     f"try a smaller --batch-size{kept()}") from None
@@ -590,7 +723,6 @@ def _train_in(args, resumed, prog, group):
         for s, handler in previous_handlers.items():
             signal.signal(s, handler)
     if interrupted:
-        save()
         where = f"; saved {args.checkpoint} (resume with --resume)" if args.checkpoint else ""
         name = signal.Signals(interrupted[0]).name
         print(f"{prog}: {name}: interrupted {_place(state['epoch'], state['batch'], args.epochs)}{where}",
@@ -609,7 +741,8 @@ def _train_in(args, resumed, prog, group):
         "cuda_graph": args.cuda_graph, "gpus": world if group is not None else None,
         "batch_size_per_gpu": args.batch_size if group is not None else None,
         "device": backends.tuning.device_name(mt.get_array_module(model.parameters()[0].data)), "data": args.data,
-        "epochs": state["epoch"], "test_accuracy": round(accuracy, 4),
+        "epochs": state["epoch"], "epochs_planned": args.epochs, "finished": state["epoch"] >= args.epochs,
+        "test_accuracy": round(accuracy, 4),
         "train_loss": state["history"][-1]["loss"] if state["history"] else None,
         "images_per_s": None if imgs_per_s is None else round(imgs_per_s, 1),
         "seconds": round(time.perf_counter() - t_start, 2), "history": state["history"],
@@ -618,7 +751,11 @@ def _train_in(args, resumed, prog, group):
     print(summary(result, device), file=sys.stderr)
     print(json.dumps(result, allow_nan=False))     # the last line on stdout: what scripts parse
     if args.tune_report:    # after the result: a report refused now (a file made there since) loses no result
-        write_report(args.tune_report, backends.auto.choices(), replace=getattr(args, "replace_report", False))
+        try:
+            write_report(args.tune_report, backends.auto.choices(), replace=getattr(args, "replace_report", False))
+        except OSError as e:   # a full disk, or a file made at the path meanwhile (never replaced)
+            raise WriteFailed(f"could not write --tune-report {args.tune_report!r} ({e.strerror or e}); the run "
+                              "finished: its result is the JSON line on stdout") from None
     return 0
 
 
@@ -639,15 +776,22 @@ def write_report(path, rows, replace=False):
 def summary(result, device):
     """One line for a person: `digits on cpu: test accuracy 97.2% after 10 epochs in 12.3 s (1,234 images/s)`
     (images/s: the last epoch's training throughput)."""
-    n = result["epochs"]
-    speed = "" if result["images_per_s"] is None else f" ({result['images_per_s']:,.0f} images/s)"
+    n, planned = result["epochs"], result.get("epochs_planned")
+    speed = "" if result["images_per_s"] is None else f" ({rate(result['images_per_s'])} images/s)"
     if result.get("gpus"):
         device = (f"{result['gpus']} GPU{'' if result['gpus'] == 1 else 's'}, batch "
                   f"{result['batch_size_per_gpu']} per GPU ({result['batch_size_per_gpu'] * result['gpus']} a step)")
     skipped = result.get("skipped_images")
     left_out = f"; {skipped} bad image{'' if skipped == 1 else 's'} skipped" if skipped else ""
-    return (f"{result['model']} on {device}: test accuracy {result['test_accuracy']:.1%} after {n} "
-            f"epoch{'' if n == 1 else 's'} in {result['seconds']:.1f} s{speed}{left_out}")
+    epochs = (f"{n} epoch{'' if n == 1 else 's'}" if result.get("finished", True) else
+              f"{n} of {planned} epochs (stopped by --max-epochs-this-run; --resume continues)")
+    return (f"{result['model']} on {device}: test accuracy {result['test_accuracy']:.1%} after {epochs} "
+            f"in {result['seconds']:.1f} s{speed}{left_out}")
+
+
+def rate(images_per_s):
+    """images/s for a person: 1,234; 12; 0.41 (a slow CPU's, where '0' would say nothing)."""
+    return f"{images_per_s:,.0f}" if images_per_s >= 10 else f"{images_per_s:.2g}"
 
 
 def _debug():

@@ -11,6 +11,7 @@ at random and half are flipped, from a generator seeded by (seed, epoch, image i
 run sees the same crops, whatever the number of threads, and a resumed run too. Evaluation
 images are cropped at the centre.
 """
+import hashlib
 import math
 import os
 import queue
@@ -220,7 +221,19 @@ def imagefolder(path, input_shape, test_fraction=0.1, seed=0, workers=None, skip
     train, test = (TorchvisionDataset(tud.Subset(full, perm[n_test:].tolist()), augment=True, **common),
                    TorchvisionDataset(tud.Subset(full, perm[:n_test].tolist()), augment=False, **common))
     train.skipped = test.skipped = bad
+    train.fingerprint = test.fingerprint = fingerprint(path, full.samples)
     return train, test
+
+
+def fingerprint(root, samples):
+    """{"images": how many, "sha256": of their paths under `root` and classes, in order}: what a
+    checkpoint keeps of an image folder, so that a run resumed on a folder whose files were added,
+    removed or renamed since is refused (its split and batches would no longer be the run's). The
+    files' contents are not read: an image rewritten in place under its name is not seen."""
+    h = hashlib.sha256()
+    for file, target in samples:
+        h.update(f"{os.path.relpath(file, root)}\0{target}\n".encode("utf-8", "surrogateescape"))
+    return {"images": len(samples), "sha256": h.hexdigest()}
 
 
 def bad_images(files, max_pixels=None, workers=None):
@@ -266,7 +279,7 @@ def cifar10(path, input_shape, seed=0, workers=None):
     try:
         train = tv.datasets.CIFAR10(path, train=True, transform=_resize(T, input_shape), download=False)
         test = tv.datasets.CIFAR10(path, train=False, transform=_resize(T, input_shape), download=False)
-    except RuntimeError as e:
+    except RuntimeError:
         # torchvision's message suggests download=True, which train.py never does: name the files instead
         raise ValueError(f"no CIFAR-10 found under {path!r}: it needs torchvision's cifar-10-batches-py folder "
                          "there (data_batch_1..5 and test_batch from the CIFAR-10 python archive), each file "

@@ -230,6 +230,12 @@ def test_the_candidate_set_restricts_auto_and_keys_its_choices_apart(tuner, monk
     settings(auto_backends="gemm,nothing")
     with pytest.raises(ValueError, match=r"MINITORCH_AUTO_BACKENDS names \['nothing'\], which are not registered"):
         backends.choose("auto", "fprop", **GEOM)
+    reg["none"] = SlowIn("fprop")
+    reg["none"].supports = lambda *args: False
+    settings(auto_backends=("none",))                   # the message names the setting that left no candidate
+    with pytest.raises(ValueError, match=r"among \['none'\], the candidates the auto_backends setting "
+                                         r"\(MINITORCH_AUTO_BACKENDS\) leaves"):
+        backends.choose("auto", "fprop", **GEOM)
 
 
 def test_cpu_default_is_untimed_and_deterministic(monkeypatch):

@@ -492,3 +492,204 @@ def test_a_runs_place_is_counted_as_the_progress_bars_count():
     assert cli._place(2, 25, 40) == "in epoch 3 after batch 25"
     assert cli._place(1, 0, 3) == "at the start of epoch 2"
     assert cli._place(1, 0, 1) == "after its last epoch (1 of 1)"   # a finished run resumed: no epoch 2
+
+
+# -- what a user meets when something goes wrong (a CPU audit of the command line, session 69) --------------
+
+def test_argparse_errors_are_one_line_too():
+    """The README promises one line for bad input: argparse printed its usage block first."""
+    for args in (["--batch-size", "0"], ["--model", "foo"], ["--resume"]):
+        p = run_train(*args, check=False)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert p.stderr.startswith("train.py: error: ") and "usage:" not in p.stderr
+
+
+def test_a_misspelt_setting_is_refused_by_name(monkeypatch, capsys):
+    monkeypatch.setenv("MINITORCH_CGEM_TF32", "1")
+    monkeypatch.setattr(cli, "load_data", lambda *a, **k: pytest.fail("the data was loaded"))
+    assert cli.main(["--no-progress", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "MINITORCH_CGEM_TF32 is not a setting of minitorch-fft (did you mean MINITORCH_CGEMM_TF32?)" in err
+    assert backends.config.unknown_variables({"MINITORCH_DEBUG": "1", "PATH": "/bin"}) == []
+
+
+def test_a_tune_cache_that_cannot_serve_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    """MINITORCH_TUNE_CACHE at a folder, at a file that is not a tuning cache (left as it is), or at a
+    new file whose folder cannot be written: one line before any work, not warnings mid-run."""
+    monkeypatch.setattr(cli, "load_data", lambda *a, **k: pytest.fail("the data was loaded"))
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"mine": 1}')
+    cases = [(tmp_path, "is a directory"), (mine, "it is not a tuning cache this code wrote")]
+    if os.path.isdir("/proc/self"):
+        cases.append(("/proc/minitorch_fft_x.json", "its folder '/proc' is not writable"))
+    for path, msg in cases:
+        with backends.config.override(tune_cache=str(path)):
+            assert cli.main(["--no-progress", "--epochs", "1"]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "MINITORCH_TUNE_CACHE" in err and len(err.strip().splitlines()) == 1, err
+    assert mine.read_text() == '{"mine": 1}'
+
+
+def test_the_librarys_warnings_are_one_line_each(monkeypatch, capsys):
+    import warnings
+
+    def warn_once():
+        warnings.warn("cannot write autotune cache x (read-only); keeping choices in memory only")
+    monkeypatch.setattr(cli, "check_tune_cache", warn_once)
+    assert cli.main(["--no-progress", "--epochs", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "train.py: warning: cannot write autotune cache x (read-only)" in err and "UserWarning" not in err
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_exit_6(tmp_path, monkeypatch, capsys):
+    """A full disk while training: which file, where the run stood, what stays; not exit 2 (bad input)."""
+    ckpt, real_save, calls = tmp_path / "run.ckpt", mt.checkpoint.save, []
+
+    def full_on_the_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_save(*args, **kwargs)
+    monkeypatch.setattr(mt.checkpoint, "save", full_on_the_second)
+    assert cli.main(["--no-progress", "--epochs", "3", "--checkpoint", str(ckpt)]) == cli.EXIT_WRITE_FAILED == 6
+    err = capsys.readouterr().err
+    assert (f"could not save --checkpoint {str(ckpt)!r} at the start of epoch 3 (No space left on device); "
+            f"{ckpt} keeps the run as last saved") in err
+    assert mt.checkpoint.header(str(ckpt))["epoch"] == 1
+    calls.clear()
+    calls.append(1)                                      # the first save fails: nothing on disk
+    other = tmp_path / "other.ckpt"
+    assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(other)]) == 6
+    assert "no save of the run succeeded, so there is no checkpoint" in capsys.readouterr().err
+
+
+def test_a_report_that_cannot_be_written_keeps_the_result_and_exits_6(tmp_path, monkeypatch, capsys):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(cli, "write_report", full)
+    report = tmp_path / "r.json"
+    assert cli.main(["--no-progress", "--epochs", "1", "--tune-report", str(report)]) == 6
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[-1])["epochs"] == 1
+    assert f"could not write --tune-report {str(report)!r} (No space left on device); the run finished" in err
+
+
+def test_a_second_signal_stops_at_once_and_leaves_no_partial_save(tmp_path, monkeypatch, capsys):
+    """SIGTERM, then SIGTERM again while the checkpoint is being written (schedulers send a second
+    one): the save is abandoned, its temporary file removed; it used to be killed there, leaving
+    the partial file (hundreds of MB for AlexNet) beside the checkpoint for good."""
+    ckpt, real_step, sent = tmp_path / "run.ckpt", mt.train_step, []
+
+    def step(*args, **kwargs):
+        out = real_step(*args, **kwargs)
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)        # the first: finish the step, save, stop
+        return out
+
+    def savez(file, **arrays):
+        file.write(b"half a checkpoint")
+        os.kill(os.getpid(), signal.SIGTERM)            # the second, mid-save
+        time.sleep(1)
+        pytest.fail("the second signal did not stop the save")
+    monkeypatch.setattr(mt, "train_step", step)
+    monkeypatch.setattr(mt.checkpoint.np, "savez", savez)
+    assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert ("SIGTERM again: stopped at once in epoch 1 after batch 1; no epoch had finished, so there is no "
+            "checkpoint") in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []               # no partial save, no lock
+    assert signal.getsignal(signal.SIGTERM) is not None  # the handlers before the run are back
+
+
+def test_partial_saves_a_killed_run_left_are_removed_by_the_next(tmp_path, capsys):
+    ckpt = tmp_path / "run.ckpt"
+    left = tmp_path / ".run.ckpt.partial-abcd1234.tmp"
+    left.write_bytes(b"x" * 1000)
+    others = [tmp_path / ".other.ckpt.partial-abcd1234.tmp", tmp_path / ".ckpt-abcd1234.tmp",
+              tmp_path / ".run.ckpt.partial-notes.txt"]
+    for f in others:
+        f.write_text("not this run's")
+    assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)]) == 0
+    assert f"removed {left} (1000 B), what was written of a save before its run was killed" in capsys.readouterr().err
+    assert not left.exists() and all(f.read_text() == "not this run's" for f in others)
+
+
+def test_ctrl_c_while_the_package_loads_is_one_line():
+    code = ("import builtins, runpy, sys\n"
+            "real = builtins.__import__\n"
+            "def interrupted(name, *args, **kwargs):\n"
+            "    if name == 'minitorch_fft.cli':\n"
+            "        raise KeyboardInterrupt\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = interrupted\n"
+            "sys.argv = ['train.py']\n"
+            "runpy.run_path('train.py', run_name='__main__')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 130 and p.stderr.strip() == "train.py: interrupted (Ctrl-C)", p.stderr
+
+
+def test_a_run_stopped_by_max_epochs_this_run_says_so(tmp_path, capsys):
+    ckpt = str(tmp_path / "c.ckpt")
+    assert cli.main(["--no-progress", "--epochs", "3", "--max-epochs-this-run", "1", "--checkpoint", ckpt]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out.splitlines()[-1])
+    assert (result["epochs"], result["epochs_planned"], result["finished"]) == (1, 3, False)
+    assert "after 1 of 3 epochs (stopped by --max-epochs-this-run; --resume continues)" in err
+    assert cli.main(["--no-progress", "--checkpoint", ckpt, "--resume"]) == 0
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (result["epochs"], result["finished"]) == (3, True)
+
+
+def test_resume_compares_flags_as_the_run_used_them(tmp_path, capsys):
+    """A fake digits run's --num-classes default is 10: --num-classes 10 on --resume is the same run.
+    A flag of another data source gets a new run's message, not a comparison with a stored value."""
+    fake, digits = str(tmp_path / "f.ckpt"), str(tmp_path / "d.ckpt")
+    assert cli.main(["--no-progress", "--data", "fake", "--fake-size", "32", "--epochs", "2",
+                     "--max-epochs-this-run", "1", "--checkpoint", fake]) == 0
+    assert cli.main(["--no-progress", "--epochs", "2", "--max-epochs-this-run", "1", "--checkpoint", digits]) == 0
+    capsys.readouterr()
+    assert cli.main(["--no-progress", "--checkpoint", fake, "--resume", "--num-classes", "20"]) == 2
+    assert "--num-classes 20 differs from the checkpoint's 10" in capsys.readouterr().err
+    assert cli.main(["--no-progress", "--checkpoint", digits, "--resume", "--fake-size", "5"]) == 2
+    assert "--fake-size applies to --data fake only (got --data digits)" in capsys.readouterr().err
+    assert cli.main(["--no-progress", "--checkpoint", fake, "--resume", "--num-classes", "10"]) == 0
+
+
+def test_a_resumed_run_refuses_an_image_folder_changed_since(tmp_path, monkeypatch, capsys):
+    """Images added or renamed between the chunks of a run: the split and the batches would not be
+    the run's. `~` in --data is the home folder (the shell does not expand it after `imagefolder:`)."""
+    pytest.importorskip("torchvision")
+    from PIL import Image
+    monkeypatch.setenv("HOME", str(tmp_path))
+    rng = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "imgs" / cls / f"{i}.png")
+    ckpt = str(tmp_path / "run.ckpt")
+    run = ["--no-progress", "--checkpoint", ckpt, "--batch-size", "2"]
+    assert cli.main(run + ["--data", "imagefolder:~/imgs", "--epochs", "3", "--max-epochs-this-run", "1"]) == 0
+    assert mt.checkpoint.header(ckpt)["extra"]["data"]["images"] == 8
+    Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "imgs" / "a" / "4.png")
+    capsys.readouterr()
+    assert cli.main(run + ["--resume"]) == 2
+    assert "--data imagefolder:~/imgs now holds 9 images where the checkpoint's run read 8" in capsys.readouterr().err
+    os.rename(tmp_path / "imgs" / "a" / "4.png", tmp_path / "imgs" / "b" / "9.png")
+    os.remove(tmp_path / "imgs" / "b" / "0.png")
+    assert cli.main(run + ["--resume"]) == 2
+    assert "8 images, as the checkpoint's run did, but not the same files" in capsys.readouterr().err
+    os.rename(tmp_path / "imgs" / "b" / "9.png", tmp_path / "imgs" / "b" / "0.png")   # back as it was
+    assert cli.main(run + ["--resume", "--max-epochs-this-run", "1"]) == 0
+
+
+def test_resume_while_another_run_holds_the_path_says_so(tmp_path, capsys):
+    """Before its first save a run holds the lock but no file: 'in use by another run', not 'does not exist'."""
+    ckpt = str(tmp_path / "run.ckpt")
+    with mt.checkpoint.held(ckpt):
+        assert cli.main(["--no-progress", "--checkpoint", ckpt, "--resume"]) == 2
+    assert f"checkpoint {ckpt!r} is in use by another run (pid {os.getpid()}" in capsys.readouterr().err
+
+
+def test_slow_rates_keep_their_digits():
+    assert (cli.rate(0.41), cli.rate(9.96), cli.rate(12.4), cli.rate(12345.2)) == ("0.41", "10", "12", "12,345")

@@ -91,7 +91,8 @@ def choose(name, pass_name, x_shape, w_shape, stride=(1, 1), padding=(0, 0), xp=
         if picked is None:
             raise ValueError(f"no backend supports input {tuple(x_shape)}, weight {tuple(w_shape)}, "
                              f"stride {stride}, padding {padding}"
-                             f"{'' if registry is _REGISTRY else ' among ' + str(list(registry))}")
+                             + ("" if registry is _REGISTRY else f" among {list(registry)}, the candidates the "
+                                f"auto_backends setting ({config.SETTINGS['auto_backends'].env}) leaves"))
         return registry[picked]
     backend = get(name)
     if not backend.supports(x_shape, w_shape, stride, padding):

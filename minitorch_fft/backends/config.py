@@ -27,6 +27,7 @@ tuned under their bound's batch chunks but keyed without it, and reused as they 
 choice tuned under other tuning modes.
 """
 import contextlib
+import difflib
 import functools
 import math
 import os
@@ -242,6 +243,16 @@ def check():
     """Read every setting once, so that a bad environment fails before any work (train.py)."""
     for name in SETTINGS:
         get(name)
+
+
+def unknown_variables(environ=None):
+    """[(name, the declared variable it is closest to, or None)] for each MINITORCH_* variable in
+    `environ` (default: this process's environment) that names no setting: a misspelling
+    (MINITORCH_CGEM_TF32) would otherwise be ignored without a word. train.py refuses them."""
+    declared = [s.env for s in SETTINGS.values()]
+    env = os.environ if environ is None else environ
+    return [(name, next(iter(difflib.get_close_matches(name, declared, n=1)), None))
+            for name in sorted(env) if name.startswith("MINITORCH_") and name not in declared]
 
 
 def table():

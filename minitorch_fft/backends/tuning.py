@@ -244,6 +244,18 @@ class TuneCache:
             return f"{self.path} is read-only, and is kept so"
         return None
 
+    def foreign(self):
+        """Why what is at the path is not a tuning cache this code wrote (left untouched and never
+        replaced: the choices stay in memory), or None: a cache of its own, or nothing there. For a
+        caller that refuses such a path before any work (train.py); the cache itself only warns."""
+        try:
+            raw = _read_regular(self._target())
+        except _Foreign as e:
+            return str(e)
+        if raw is None or self._read(warn=False)[1] != "foreign":
+            return None
+        return "it is not a tuning cache this code wrote (no format marker, or not JSON)"
+
     def put(self, key, value):
         """Store `value` (JSON-able) for `key`, in memory and on disk."""
         try:
