@@ -128,10 +128,13 @@ def save(path, model, optimizer=None, epoch=0, extra=None):
 
 
 def _partial_prefix(path):
-    """How the temporary file of a save of `path` is named, beside it: `.<name>.partial-XXXXXXXX.tmp`
-    (the name cut to 200 characters, within a file name's 255). A save that fails or is interrupted
-    removes it; a process killed outright (SIGKILL, a power cut) leaves it: remove_partial_saves()."""
-    return f".{os.path.basename(path)[:200]}.partial-"
+    """How the temporary file of a save of `path` is named, beside it: `.<name>.<hash>.partial-XXXXXXXX.tmp`,
+    the name cut to 100 bytes (a file name takes 255) and the hash (12 hex digits of the whole name's
+    sha256) telling apart two checkpoints whose names start alike (`a` and `a.partial-x` too). A save
+    that fails or is interrupted removes it; a process killed outright (SIGKILL, a power cut) leaves
+    it: remove_partial_saves()."""
+    name = os.fsencode(os.path.basename(path))   # bytes: the limit is the file system's, in bytes
+    return f".{os.fsdecode(name[:100])}.{hashlib.sha256(name).hexdigest()[:12]}.partial-"
 
 
 def remove_partial_saves(path):
@@ -433,7 +436,8 @@ def check_run_state(extra, n_train=None):
     data = extra.get("data")   # an image folder's fingerprint (data.imagefolder); absent in older files
     if data is not None and not (isinstance(data, dict) and set(data) == {"images", "sha256"}
                                  and is_int(data["images"]) and data["images"] >= 0
-                                 and isinstance(data["sha256"], str) and len(data["sha256"]) == 64):
+                                 and isinstance(data["sha256"], str) and len(data["sha256"]) == 64
+                                 and set(data["sha256"]) <= set("0123456789abcdef")):
         bad("data", f"must be null or {{images: an int >= 0, sha256: 64 hex digits}}, got {data!r}")
 
 

@@ -261,8 +261,9 @@ def check_outputs(args, resumed=None):
 def check_tune_cache():
     """ValueError, before any work, where MINITORCH_TUNE_CACHE names a path the tuning cache cannot
     use: a directory, a file that is not a tuning cache (the cache would leave it untouched and
-    keep its choices in memory, with a warning in the middle of the run), or a new file in a folder
-    that cannot be written or made. A cache of its own that is read-only is read, and kept so. The
+    keep its choices in memory, with a warning in the middle of the run; an empty file, as mktemp
+    makes, is one), or a new file in a folder that cannot be written or made. A cache of its own
+    that is read-only is read, and kept so. The
     default path (unset) is not checked: a run that cannot keep its choices there still trains."""
     raw = backends.config.get("tune_cache")
     if not raw:
@@ -476,6 +477,9 @@ def main(argv=None, prog="train.py"):
             raise
         print(f"{prog}: {e}", file=sys.stderr)
         return EXIT_WRITE_FAILED
+    except _StopNow as stop:   # a second signal just before or after the training loop's own handling of it
+        print(f"{prog}: {signal.Signals(stop.signum).name} again: stopped at once", file=sys.stderr)
+        return 128 + stop.signum
     except (ValueError, TypeError, OSError, CheckpointError) as e:
         if _debug():
             raise
@@ -498,6 +502,15 @@ def main(argv=None, prog="train.py"):
         return 130
 
 
+def _file_id(path):
+    """(inode, mtime) of the file at `path`, None where there is none: whether a save replaced it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
 def _one_line_warning(prog):
     """warnings.showwarning for the command line: `train.py: warning: ...`, without the source line."""
     def show(message, category, filename, lineno, file=None, line=None):
@@ -508,6 +521,7 @@ def _one_line_warning(prog):
 def run(argv=None, prog="train.py"):
     """main() without its error handling: bad input raises ValueError, TypeError, OSError or
     CheckpointError (argparse's own usage errors exit 2 as SystemExit)."""
+    args = parse_args(argv, prog)   # first: --help answers whatever the environment holds
     backends.config.check()   # a bad MINITORCH_* value: one line and exit 2, before any work
     unknown = backends.config.unknown_variables()   # and a misspelt name, which would be ignored
     if unknown:
@@ -516,7 +530,6 @@ def run(argv=None, prog="train.py"):
                          + "; `python -m minitorch_fft.backends` lists them: unset it or correct its name")
     backends.auto_registry()  # and an auto_backends name that is not registered
     check_tune_cache()
-    args = parse_args(argv, prog)
     if args.resume and not os.path.lexists(args.checkpoint) and os.path.lexists(mt.checkpoint.lock_path(args.checkpoint)):
         with mt.checkpoint.held(args.checkpoint):   # a run before its first save holds it: that, not "does not exist"
             pass
@@ -570,8 +583,8 @@ def _train_in(args, resumed, prog, group):
         mt.data.check_memory(dataset, args.batch_size, models.input_shape(args.model),
                              np if device == "cpu" else mt.device.cupy_or_none())
     if resumed is not None:   # the progress must fit this data set: found now, not after an epoch
+        check_same_data(args.data, resumed.get("data"), train)   # first: the clearer message where both fail
         mt.checkpoint.check_run_state(resumed, n_train=len(train))
-        check_same_data(args.data, resumed.get("data"), train)
     check_model_fits(args.model, n_cls, device, args.momentum)
     try:
         model = models.get(args.model, num_classes=n_cls, backend=args.backend)
@@ -601,17 +614,23 @@ def _train_in(args, resumed, prog, group):
     def save():
         if group is not None:
             group.barrier()             # every rank has finished the epoch's steps
+        if args.checkpoint and quiet:
+            on_disk[0] = True           # rank 0 saves now (a rank that fails stops every rank)
         if args.checkpoint and not quiet:
             saved_args = {k: v for k, v in vars(args).items() if k not in ("explicit", "replace_report")}
             extra = {"progress": state, "rng": mt.random.get_state(), "args": saved_args}
             if getattr(train, "fingerprint", None):
                 extra["data"] = train.fingerprint
+            before = _file_id(args.checkpoint)
             try:
                 mt.checkpoint.save(args.checkpoint, model, opt, epoch=state["epoch"], extra=extra)
-            except OSError as e:        # a full disk: the save is atomic, so the checkpoint before it stays
+            except (OSError, ValueError) as e:   # a full disk; the path made a folder meanwhile: the checkpoint before stays
                 raise WriteFailed(f"could not save --checkpoint {args.checkpoint!r} "
-                                  f"{_place(state['epoch'], state['batch'], args.epochs)} ({e.strerror or e})"
-                                  f"{kept()}") from None
+                                  f"{_place(state['epoch'], state['batch'], args.epochs)} "
+                                  f"({getattr(e, 'strerror', None) or e}){kept()}") from None
+            except _StopNow:            # abandoned: on disk only if it got as far as its rename
+                on_disk[0] = on_disk[0] or _file_id(args.checkpoint) != before
+                raise
             on_disk[0] = True
 
     sync, rank, world = None, 0, 1
@@ -633,9 +652,9 @@ def _train_in(args, resumed, prog, group):
     interrupted = []
 
     def on_signal(signum, frame):
-        if interrupted:
-            raise _StopNow(signum)
         interrupted.append(signum)
+        if len(interrupted) == 2:        # the second: once (a third, while it is handled, is ignored)
+            raise _StopNow(signum)
     handler = on_signal if group is None else group.on_signal    # a rank: every rank stops, no save
     previous_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -754,8 +773,8 @@ def _train_in(args, resumed, prog, group):
         try:
             write_report(args.tune_report, backends.auto.choices(), replace=getattr(args, "replace_report", False))
         except OSError as e:   # a full disk, or a file made at the path meanwhile (never replaced)
-            raise WriteFailed(f"could not write --tune-report {args.tune_report!r} ({e.strerror or e}); the run "
-                              "finished: its result is the JSON line on stdout") from None
+            raise WriteFailed(f"could not write --tune-report {args.tune_report!r} ({e.strerror or e}); the run's "
+                              "result is the JSON line on stdout") from None
     return 0
 
 

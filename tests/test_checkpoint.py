@@ -358,6 +358,7 @@ RUN_STATE_EDITS = [
     (("data",), {"images": 3}, "data must be null or"),
     (("data",), {"images": -1, "sha256": "0" * 64}, "data must be null or"),
     (("data",), {"images": 3, "sha256": "abc"}, "data must be null or"),
+    (("data",), {"images": 3, "sha256": "g" * 64}, "data must be null or"),
 ]
 
 
@@ -555,21 +556,28 @@ def test_a_save_over_an_unreadable_file_says_so(tmp_path, monkeypatch):
 
 
 def test_partial_saves_of_a_killed_run_are_found_by_name_and_only_they(tmp_path):
-    """A save writes `.<name>.partial-XXXXXXXX.tmp` beside the checkpoint; a process killed mid-save
-    leaves it, and remove_partial_saves takes exactly those away: not another checkpoint's, not a
-    link (nor what it points to), not a file of another shape of name."""
+    """A save writes `.<name>.<hash>.partial-XXXXXXXX.tmp` beside the checkpoint; a process killed
+    mid-save leaves it, and remove_partial_saves takes exactly those away: not another checkpoint's
+    (one whose name starts alike included), not a link (nor what it points to), not a file of
+    another shape of name. A name of 245 bytes (80 CJK characters) still saves."""
     net = mt.models.get("digits", 10)
     path = tmp_path / "run.ckpt"
     mt.checkpoint.save(str(path), net)
     assert os.listdir(tmp_path) == ["run.ckpt"]               # a finished save leaves nothing beside it
-    ours = tmp_path / ".run.ckpt.partial-0123abcd.tmp"
+    prefix = mt.checkpoint._partial_prefix
+    ours = tmp_path / (prefix(str(path)) + "0123abcd.tmp")
     ours.write_bytes(b"x" * 10)
     target = tmp_path / "keep.bin"
     target.write_bytes(b"mine")
-    kept = [tmp_path / ".run.ckpt2.partial-0123abcd.tmp", tmp_path / ".run.ckpt.partial-0123abcd.txt", target]
-    for f in kept[:2]:
+    kept = [tmp_path / (prefix(str(tmp_path / "run.ckpt2")) + "0123abcd.tmp"),
+            tmp_path / (prefix(str(tmp_path / "run.ckpt.partial-x")) + "0123abcd.tmp"),
+            tmp_path / (prefix(str(path)) + "0123abcd.txt"), target]
+    for f in kept[:3]:
         f.write_bytes(b"y")
-    (tmp_path / ".run.ckpt.partial-link.tmp").symlink_to(target)
+    (tmp_path / (prefix(str(path)) + "link.tmp")).symlink_to(target)
     assert mt.checkpoint.remove_partial_saves(str(path)) == [(str(ours), 10)]
     assert not ours.exists() and all(f.exists() for f in kept) and target.read_bytes() == b"mine"
     assert mt.checkpoint.remove_partial_saves(str(tmp_path / "none" / "x.ckpt")) == []   # no folder: nothing
+    long = tmp_path / ("\u6a21" * 80 + ".ckpt")                 # 245 bytes: within a file name's 255
+    mt.checkpoint.save(str(long), net)
+    assert long.exists()

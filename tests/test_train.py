@@ -506,6 +506,9 @@ def test_argparse_errors_are_one_line_too():
 
 def test_a_misspelt_setting_is_refused_by_name(monkeypatch, capsys):
     monkeypatch.setenv("MINITORCH_CGEM_TF32", "1")
+    with pytest.raises(SystemExit) as help_exit:        # --help answers whatever the environment holds
+        cli.main(["--help"])
+    assert help_exit.value.code == 0 and "--max-epochs-this-run" in capsys.readouterr().out
     monkeypatch.setattr(cli, "load_data", lambda *a, **k: pytest.fail("the data was loaded"))
     assert cli.main(["--no-progress", "--epochs", "1"]) == 2
     err = capsys.readouterr().err
@@ -528,6 +531,20 @@ def test_a_tune_cache_that_cannot_serve_is_refused_before_training(tmp_path, mon
         err = capsys.readouterr().err
         assert msg in err and "MINITORCH_TUNE_CACHE" in err and len(err.strip().splitlines()) == 1, err
     assert mine.read_text() == '{"mine": 1}'
+    # and what can serve passes: a cache of its own (read-only too), a link to one, a new file in a
+    # folder to be made, a relative path
+    own = tmp_path / "own.json"
+    backends.tuning.TuneCache(own).put(backends.tuning.key(np, np.float32, (1, 2, 3), "fprop", "auto"), "gemm")
+    link = tmp_path / "link.json"
+    link.symlink_to(own)
+    frozen = tmp_path / "frozen.json"
+    frozen.write_text(own.read_text())
+    frozen.chmod(0o444)
+    monkeypatch.chdir(tmp_path)
+    for path in (own, link, frozen, tmp_path / "new" / "sub" / "c.json", "rel.json"):
+        with backends.config.override(tune_cache=str(path)):
+            cli.check_tune_cache()
+    assert not (tmp_path / "new").exists()             # nothing made by the check
 
 
 def test_the_librarys_warnings_are_one_line_each(monkeypatch, capsys):
@@ -563,6 +580,23 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line_and_exit_6(tmp_path, mo
     assert "no save of the run succeeded, so there is no checkpoint" in capsys.readouterr().err
 
 
+def test_a_checkpoint_path_made_a_folder_mid_run_is_exit_6(tmp_path, monkeypatch, capsys):
+    """save() refuses to replace what is not a checkpoint (ValueError): after training has started that
+    is a write that failed, exit 6, not bad input's 2."""
+    ckpt, real_save, calls = tmp_path / "run.ckpt", mt.checkpoint.save, []
+
+    def made_a_folder(path, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.remove(path)
+            os.mkdir(path)
+        return real_save(path, *args, **kwargs)
+    monkeypatch.setattr(mt.checkpoint, "save", made_a_folder)
+    assert cli.main(["--no-progress", "--epochs", "3", "--checkpoint", str(ckpt)]) == 6
+    err = capsys.readouterr().err
+    assert f"could not save --checkpoint {str(ckpt)!r} at the start of epoch 3" in err and "is a directory" in err
+
+
 def test_a_report_that_cannot_be_written_keeps_the_result_and_exits_6(tmp_path, monkeypatch, capsys):
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -571,7 +605,7 @@ def test_a_report_that_cannot_be_written_keeps_the_result_and_exits_6(tmp_path, 
     assert cli.main(["--no-progress", "--epochs", "1", "--tune-report", str(report)]) == 6
     out, err = capsys.readouterr()
     assert json.loads(out.splitlines()[-1])["epochs"] == 1
-    assert f"could not write --tune-report {str(report)!r} (No space left on device); the run finished" in err
+    assert f"could not write --tune-report {str(report)!r} (No space left on device); the run's result is the JSON" in err
 
 
 def test_a_second_signal_stops_at_once_and_leaves_no_partial_save(tmp_path, monkeypatch, capsys):
@@ -594,20 +628,57 @@ def test_a_second_signal_stops_at_once_and_leaves_no_partial_save(tmp_path, monk
         pytest.fail("the second signal did not stop the save")
     monkeypatch.setattr(mt, "train_step", step)
     monkeypatch.setattr(mt.checkpoint.np, "savez", savez)
+    before = signal.getsignal(signal.SIGTERM)
     assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)]) == 128 + signal.SIGTERM
     err = capsys.readouterr().err
     assert ("SIGTERM again: stopped at once in epoch 1 after batch 1; no epoch had finished, so there is no "
             "checkpoint") in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []               # no partial save, no lock
-    assert signal.getsignal(signal.SIGTERM) is not None  # the handlers before the run are back
+    assert signal.getsignal(signal.SIGTERM) is before   # the handlers before the run are back
+
+
+def test_a_second_signal_after_the_saves_rename_says_the_checkpoint_is_there(tmp_path, monkeypatch, capsys):
+    """The save had renamed its file into place (its folder's fsync still to come) when the second signal
+    came: the message says the checkpoint holds the run, as it does."""
+    import functools
+    from minitorch_fft.backends import utils as backend_utils
+    ckpt = tmp_path / "run.ckpt"
+
+    def fsync_dir(folder):
+        os.kill(os.getpid(), signal.SIGTERM)            # the second, after os.replace
+        time.sleep(1)
+        pytest.fail("the second signal did not stop the run")
+    monkeypatch.setattr(mt, "train_step", functools.partial(_first_then, mt.train_step, []))
+    monkeypatch.setattr(backend_utils, "_fsync_dir", fsync_dir)
+    assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert f"SIGTERM again: stopped at once in epoch 1 after batch 1; {ckpt} keeps the run as last saved" in err
+    assert mt.checkpoint.header(str(ckpt))["extra"]["progress"]["batch"] == 1
+
+
+def _first_then(real_step, sent, *args, **kwargs):
+    """A training step that sends this process SIGTERM after its first call."""
+    out = real_step(*args, **kwargs)
+    if not sent:
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+
+def test_a_second_signal_outside_the_loop_is_one_line(monkeypatch, capsys):
+    def stop(*args, **kwargs):
+        raise cli._StopNow(signal.SIGTERM)
+    monkeypatch.setattr(cli, "run", stop)
+    assert cli.main([]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip() == "train.py: SIGTERM again: stopped at once"
 
 
 def test_partial_saves_a_killed_run_left_are_removed_by_the_next(tmp_path, capsys):
     ckpt = tmp_path / "run.ckpt"
-    left = tmp_path / ".run.ckpt.partial-abcd1234.tmp"
+    left = tmp_path / (mt.checkpoint._partial_prefix(str(ckpt)) + "abcd1234.tmp")
     left.write_bytes(b"x" * 1000)
-    others = [tmp_path / ".other.ckpt.partial-abcd1234.tmp", tmp_path / ".ckpt-abcd1234.tmp",
-              tmp_path / ".run.ckpt.partial-notes.txt"]
+    others = [tmp_path / (mt.checkpoint._partial_prefix(str(tmp_path / "other.ckpt")) + "abcd1234.tmp"),
+              tmp_path / ".ckpt-abcd1234.tmp", tmp_path / (mt.checkpoint._partial_prefix(str(ckpt)) + "notes.txt")]
     for f in others:
         f.write_text("not this run's")
     assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)]) == 0
