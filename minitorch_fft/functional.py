@@ -184,8 +184,13 @@ def linear(x, weight, bias=None):
     check_tensors("linear", x=x, weight=weight, bias=bias)
     if x.ndim != 2:
         raise ValueError(f"linear expects input of shape (batch, features), got {tuple(x.shape)}")
+    if weight.ndim != 2:
+        raise ValueError(f"linear expects weight of shape (out_features, in_features), got {tuple(weight.shape)}")
     if x.shape[1] != weight.shape[1]:
         raise ValueError(f"linear: input has {x.shape[1]} features, weight expects {weight.shape[1]}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):   # numpy would broadcast any other
+        raise ValueError(f"linear: bias must have shape ({weight.shape[0]},), one value per output, "
+                         f"got {tuple(bias.shape)}")
     return LinearFn.apply(x, weight) if bias is None else LinearFn.apply(x, weight, bias)
 
 

@@ -54,6 +54,9 @@ class SGD:
             for i, p in enumerate(self.params):
                 if p.grad is None:
                     continue
+                if tuple(p.grad.shape) != tuple(p.data.shape):   # broadcast silently otherwise (or read past it)
+                    raise ValueError(f"SGD: parameter {i} has a gradient of shape {tuple(p.grad.shape)} for its "
+                                     f"shape {tuple(p.data.shape)}")
                 if (self.momentum and get_array_module(p.data) is not np and p.data.flags.c_contiguous
                         and (self.velocity[i] is None or self.velocity[i].flags.c_contiguous)):
                     self._fused_step(i, p)
@@ -75,9 +78,7 @@ class SGD:
         """The same update as step()'s, as one GPU kernel per parameter instead of four
         (kernels/sgd.cu; p.data and its velocity C-contiguous)."""
         xp = get_array_module(p.data)
-        g = xp.ascontiguousarray(p.grad, dtype=np.float32)
-        if g.shape != p.data.shape:   # the kernel would read past g
-            raise ValueError(f"gradient of shape {tuple(g.shape)} for a parameter of shape {tuple(p.shape)}")
+        g = xp.ascontiguousarray(p.grad, dtype=np.float32)   # its shape checked by step()
         first = self.velocity[i] is None
         if first:
             self.velocity[i] = xp.empty_like(p.data)

@@ -1619,6 +1619,13 @@ class Conv2d(torch.nn.Conv2d):
     def forward(self, x):
         return _layer(x, self.weight, self.bias, self.stride, self.padding, self.backend)
 
+    def __prepare_scriptable__(self):
+        """torch.jit.script asks every module of a model this first: TorchScript cannot compile the
+        forward's Python (NumPy or CuPy under it), and failed deep inside with "function '_layer' is
+        called recursively". torch.jit.trace, torch.export, torch.fx and torch.compile take it."""
+        raise TypeError("minitorch_fft.pytorch.Conv2d cannot be scripted (torch.jit.script): its forward runs "
+                        "Python on NumPy or CuPy; trace it (torch.jit.trace, torch.export), or use torch.compile")
+
     def extra_repr(self):
         return f"{super().extra_repr()}, backend={self.backend!r}"
 

@@ -74,12 +74,22 @@ def test_override_nests_restores_and_beats_the_environment(monkeypatch):
 
 
 @pytest.mark.parametrize("values", [dict(gemm_workspace_mb=0), dict(gemm_workspace_mb=float("inf")),
-                                    dict(tf32=1), dict(cufft_tune="of"), dict(auto_margin=1.0),
+                                    dict(tf32=2), dict(tf32="1"), dict(cufft_tune="of"), dict(auto_margin=1.0),
                                     dict(gemm_workspace_mb=True)])
 def test_a_bad_override_is_refused_before_the_block(values):
     with pytest.raises(config.ConfigError, match="takes"):
         with config.override(**values):
             pytest.fail("the block ran")
+
+
+def test_an_on_off_setting_takes_0_and_1_as_its_variable_does():
+    """The README's table gives 0 or 1 for them: tf32=1 in code is tf32=True (the message said 'takes 0
+    or 1, got 1')."""
+    with config.override(tf32=1, winograd_f4=0):
+        assert config.get("tf32") is True and config.get("winograd_f4") is False
+        state = config.state()
+    with config.override(tf32=True, winograd_f4=False):
+        assert config.state() == state                 # the same settings, the same decisions cached
 
 
 def test_an_unknown_setting_is_refused():

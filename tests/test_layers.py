@@ -357,3 +357,15 @@ def test_gpu_pooling_run_on_the_host_equals_the_cpu_passes(pool_cu, k, s, hw, rn
     np.testing.assert_array_equal(arg64, cpu.arg)
     assert [name for name, _, _ in log] == ["minitorch_maxpool_fwd<int>", "minitorch_maxpool_bwd<int>",
                                             "minitorch_maxpool_fwd<long long>"]
+
+
+def test_linear_refuses_a_bias_or_weight_of_another_shape():
+    """numpy broadcast a bias of shape (1,) or (batch, out) into the output, and failed only at backward."""
+    x, w = mt.Tensor(np.ones((2, 3), np.float32)), mt.Tensor(np.ones((4, 3), np.float32))
+    for bias in (np.array([10.0]), np.ones((2, 4)), np.ones(5)):
+        with pytest.raises(ValueError, match=r"linear: bias must have shape \(4,\), one value per output"):
+            functional.linear(x, w, mt.Tensor(bias.astype(np.float32)))
+    with pytest.raises(ValueError, match=r"linear expects weight of shape \(out_features, in_features\), got \(3,\)"):
+        functional.linear(x, mt.Tensor(np.ones(3, np.float32)))
+    y = functional.linear(x, w, mt.Tensor(np.arange(4, dtype=np.float32)))
+    assert np.array_equal(y.numpy(), np.tile(np.arange(4, dtype=np.float32) + 3, (2, 1)))

@@ -86,3 +86,16 @@ def test_gpu_step_run_on_the_host_equals_the_cpu_step(sgd_cu, momentum, weight_d
         assert max(grid for _, grid, _ in log) == (300 * 7 + 255) // 256
     else:
         assert log == []   # plain SGD stays four array operations
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_gradient_of_another_shape_is_refused_not_broadcast(device):
+    """A .grad set by hand to another shape: numpy broadcast it into every weight on the CPU (the GPU's fused
+    kernel refused it); both refuse it now, the weights untouched."""
+    p = mt.nn.SpatialConvolution(2, 2, 3).to(device).weight
+    before = p.numpy().copy()
+    p.grad = p.xp.ones((1,), np.float32)
+    for momentum in (0.0, 0.9):
+        with pytest.raises(ValueError, match=r"parameter 0 has a gradient of shape \(1,\) for its shape \(2, 2, 3, 3\)"):
+            optim.SGD([p], lr=0.1, momentum=momentum).step()
+    assert np.array_equal(p.numpy(), before)

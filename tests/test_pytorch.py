@@ -2042,3 +2042,16 @@ def test_the_memory_checks_count_a_registered_pools_unused_bytes(monkeypatch):
     with pytest.raises(ValueError, match=r"needs 2\.0 GiB, more than the 1\.0 GiB free on the GPU \(with the pool's"):
         common.check_fits(2 << 30, cp, "an output")
     common.check_fits(1 << 30, cp, "an output")
+
+
+def test_torch_jit_script_is_refused_in_one_clear_error_and_trace_works():
+    """TorchScript cannot compile the forward's Python: a TypeError saying so (it failed deep inside with
+    "function '_layer' is called recursively"); tracing the same model runs it."""
+    import warnings
+    model = torch.nn.Sequential(torch.nn.ReLU(), convert(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3)))[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # torch.jit's deprecation and tracer warnings
+        with pytest.raises(TypeError, match=r"cannot be scripted \(torch.jit.script\).*torch.jit.trace"):
+            torch.jit.script(model)
+        x = torch.randn(2, 3, 8, 8)
+        assert torch.equal(torch.jit.trace(model, x)(x), model(x))

@@ -345,7 +345,7 @@ def _check(s, value):
     """An override's value checked as the environment's would be (ConfigError otherwise)."""
     if value is ENVIRONMENT or value is None and s.default is None:
         return value
-    ok = {"bool": lambda v: isinstance(v, bool),
+    ok = {"bool": lambda v: isinstance(v, bool) or isinstance(v, int) and v in (0, 1),   # 1: as the environment's
           "tune": lambda v: v in ("auto", "on", "off"),
           "mib": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and _in_range("mib", v),
           "fraction": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -359,6 +359,8 @@ def _check(s, value):
         raise ConfigError(f"setting {s.name} ({s.env}) takes {_ALLOWED[s.kind]}, got {value!r}")
     if s.kind == "names":
         return _names(_items(value))
+    if s.kind == "bool":
+        return bool(value)
     return float(value) if s.kind in ("mib", "fraction") else value
 
 
