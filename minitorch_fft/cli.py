@@ -263,8 +263,8 @@ def check_tune_cache():
     use: a directory, a file that is not a tuning cache (the cache would leave it untouched and
     keep its choices in memory, with a warning in the middle of the run; an empty file, as mktemp
     makes, is one), or a new file in a folder that cannot be written or made. A cache of its own
-    that is read-only is read, and kept so. The
-    default path (unset) is not checked: a run that cannot keep its choices there still trains."""
+    that is read-only is read, and kept so. The default path (unset) is not checked: a run that
+    cannot keep its choices there still trains."""
     raw = backends.config.get("tune_cache")
     if not raw:
         return
