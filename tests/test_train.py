@@ -612,21 +612,15 @@ def test_a_second_signal_stops_at_once_and_leaves_no_partial_save(tmp_path, monk
     """SIGTERM, then SIGTERM again while the checkpoint is being written (schedulers send a second
     one): the save is abandoned, its temporary file removed; it used to be killed there, leaving
     the partial file (hundreds of MB for AlexNet) beside the checkpoint for good."""
-    ckpt, real_step, sent = tmp_path / "run.ckpt", mt.train_step, []
-
-    def step(*args, **kwargs):
-        out = real_step(*args, **kwargs)
-        if not sent:
-            sent.append(1)
-            os.kill(os.getpid(), signal.SIGTERM)        # the first: finish the step, save, stop
-        return out
+    import functools
+    ckpt = tmp_path / "run.ckpt"
 
     def savez(file, **arrays):
         file.write(b"half a checkpoint")
         os.kill(os.getpid(), signal.SIGTERM)            # the second, mid-save
         time.sleep(1)
         pytest.fail("the second signal did not stop the save")
-    monkeypatch.setattr(mt, "train_step", step)
+    monkeypatch.setattr(mt, "train_step", functools.partial(_first_then, mt.train_step, []))   # the first
     monkeypatch.setattr(mt.checkpoint.np, "savez", savez)
     before = signal.getsignal(signal.SIGTERM)
     assert cli.main(["--no-progress", "--epochs", "1", "--checkpoint", str(ckpt)]) == 128 + signal.SIGTERM
@@ -657,7 +651,8 @@ def test_a_second_signal_after_the_saves_rename_says_the_checkpoint_is_there(tmp
 
 
 def _first_then(real_step, sent, *args, **kwargs):
-    """A training step that sends this process SIGTERM after its first call."""
+    """A training step that sends this process SIGTERM after its first call (the first signal: the step
+    finishes, the run saves and stops)."""
     out = real_step(*args, **kwargs)
     if not sent:
         sent.append(1)
